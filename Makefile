@@ -1,0 +1,54 @@
+# Two commands: `make lab` opens the course, `make test` runs every test. Both do all set-up first,
+# and a second run reinstalls nothing (stamp files record what is installed).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+COURSE_STAMP := $(VENV)/.course-installed
+TEST_STAMP := $(VENV)/.test-installed
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+# nbval re-runs every notebook and compares its text outputs with the committed ones.
+NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
+# JupyterLab refuses to run as root unless told to; containers and CI run as root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+.PHONY: lab test test-unit test-notebooks bench setup setup-test dot browser execute-notebooks clean
+
+lab: setup dot
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
+
+test: setup-test dot
+	$(PY) -m pytest $(NBVAL_ARGS) $(PYTEST_ARGS) tests notebooks
+
+setup: $(COURSE_STAMP)
+setup-test: $(TEST_STAMP)
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# --no-deps for the helpers: the pinned requirements already hold everything, and an unpinned
+# `torch` dependency must never reach the resolver (it would fetch a multi-GB CUDA build).
+$(COURSE_STAMP): requirements.txt pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+$(TEST_STAMP): requirements-test.txt $(COURSE_STAMP)
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt
+	touch $@
+
+dot:
+	@bash scripts/ensure-dot.sh
+
+# Re-run every notebook top to bottom in a fresh kernel and save outputs and widget state.
+execute-notebooks: setup dot
+	$(VENV)/bin/jupyter execute --inplace notebooks/*.ipynb
+
+bench: setup-test dot
+	$(PY) benchmarks/bench_meter.py
+	$(PY) benchmarks/bench_notebook.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,308 @@
+"""Draw the autograd graph with the tensors each node saved, and whether each is alive or freed.
+
+torchviz's ``make_dot(show_saved=True)`` reads ``grad_fn._saved_*``, which raises after backward,
+and names nodes by ``id()``, so its output changes on every run. :func:`draw_graph` records what
+each node saved the first time it sees it (in the node's ``metadata`` dict, which lives as long
+as the node), tells freed from alive by trying to read each saved attribute, and numbers nodes in
+walk order so the same graph always gives the same drawing.
+
+Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Union
+
+import graphviz
+import torch
+
+from helpers.meter import format_bytes
+
+__all__ = [
+    "AutogradGraph",
+    "SavedTensorInfo",
+    "draw_graph",
+    "dot_install_help",
+    "record_saved_tensors",
+    "saved_tensors_of",
+]
+
+Roots = Union[torch.Tensor, Sequence[torch.Tensor], Mapping[str, torch.Tensor]]
+Params = Union[torch.nn.Module, Mapping[str, torch.Tensor], None]
+
+_RECORD_KEY = "backward_twice.saved"
+
+# torchviz's palette, so drawings look like the make_dot ones learners meet elsewhere.
+_OUTPUT_COLOUR = "darkolivegreen1"
+_LEAF_COLOUR = "lightblue"
+_SAVED_COLOUR = "orange"
+_FREED_COLOUR = "white"
+
+DOT_INSTALL_COMMANDS = {
+    "Debian/Ubuntu": "sudo apt-get install -y graphviz",
+    "macOS (Homebrew)": "brew install graphviz",
+    "conda": "conda install -c conda-forge graphviz",
+}
+
+
+def dot_install_help() -> str:
+    """How to install Graphviz's ``dot`` on each platform (shown when it is missing)."""
+    lines = ["Graphviz's `dot` program is not installed, so the graph cannot be drawn as a picture."]
+    lines.append("Install it, then restart the kernel:")
+    lines += [f"  {platform:<17} {command}" for platform, command in DOT_INSTALL_COMMANDS.items()]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class SavedTensorInfo:
+    """One tensor a graph node saved for backward.
+
+    ``shape``, ``dtype`` and ``nbytes`` are ``None`` when the buffer was freed before anything
+    recorded it (draw the graph before backward to keep them).
+    """
+
+    node: str
+    name: str
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    nbytes: int | None
+    alive: bool
+
+    def describe(self) -> str:
+        """``'_saved_self (3, 4) float32 48 B alive'``."""
+        state = "alive" if self.alive else "FREED"
+        if self.shape is None:
+            return f"{self.name} (size not recorded) {state}"
+        nbytes = format_bytes(self.nbytes or 0)
+        return f"{self.name} {tuple(self.shape)} {self.dtype} {nbytes} {state}"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _saved_attribute_names(fn: Any) -> list[str]:
+    return sorted(name for name in dir(fn) if name.startswith("_saved_"))
+
+
+def _tensors_in(name: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            if isinstance(item, torch.Tensor):
+                yield f"{name}[{i}]", item
+
+
+def _read_saved(fn: Any) -> tuple[list[tuple[str, torch.Tensor]], list[str]]:
+    """Readable saved tensors of a node, and the names of saved attributes already freed."""
+    alive: list[tuple[str, torch.Tensor]] = []
+    freed: list[str] = []
+    for name in _saved_attribute_names(fn):
+        try:
+            value = getattr(fn, name)
+        except RuntimeError:
+            freed.append(name)
+            continue
+        alive.extend(_tensors_in(name, value))
+    return alive, freed
+
+
+def saved_tensors_of(fn: Any) -> list[SavedTensorInfo]:
+    """What one graph node (a ``grad_fn``) saved, alive or freed, in a stable order.
+
+    The first call while the buffers are alive records their shapes in ``fn.metadata`` so that
+    later calls, after backward, can still say what was freed. Used by notebook 01_graph_buffers.
+    """
+    node = type(fn).__name__
+    alive, freed_names = _read_saved(fn)
+    metadata = getattr(fn, "metadata", None)
+    recorded: list[SavedTensorInfo] = list(metadata.get(_RECORD_KEY, [])) if metadata is not None else []
+    current = {
+        name: SavedTensorInfo(node, name, tuple(t.shape), _dtype_name(t.dtype), t.numel() * t.element_size(), True)
+        for name, t in alive
+    }
+    if metadata is not None and not recorded and current:
+        metadata[_RECORD_KEY] = list(current.values())
+        recorded = list(current.values())
+    result: list[SavedTensorInfo] = []
+    seen: set[str] = set()
+    for info in recorded:
+        still_alive = info.name in current
+        result.append(replace(info, alive=still_alive))
+        seen.add(info.name)
+    for name, info in current.items():
+        if name not in seen:
+            result.append(info)
+    for name in freed_names:
+        if not any(info.name == name or info.name.startswith(name + "[") for info in result):
+            result.append(SavedTensorInfo(node, name, None, None, None, False))
+    return result
+
+
+def record_saved_tensors(roots: Roots) -> int:
+    """Record what every node of the graph saved, so drawings after backward can show it.
+
+    :func:`draw_graph` does this itself; call this when you want to backward before drawing.
+    Returns how many saved tensors were recorded. Used by notebook 01_graph_buffers.
+    """
+    return sum(len(saved_tensors_of(fn)) for fn in _walk(_root_tensors(roots, "record_saved_tensors")))
+
+
+def _root_tensors(roots: Roots, caller: str) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(roots, torch.Tensor):
+        named = [("output", roots)]
+    elif isinstance(roots, Mapping):
+        named = list(roots.items())
+    elif isinstance(roots, (list, tuple)):
+        named = [(f"output {i}", t) for i, t in enumerate(roots)]
+    else:
+        raise TypeError(
+            f"{caller}() takes a tensor, a list of tensors or a dict of named tensors, "
+            f"not {type(roots).__name__}."
+        )
+    if not named:
+        raise ValueError(f"{caller}() needs at least one tensor to draw.")
+    for name, tensor in named:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{caller}(): {name!r} is a {type(tensor).__name__}, not a torch.Tensor.")
+        if tensor.grad_fn is None and not tensor.requires_grad:
+            raise ValueError(
+                f"{caller}(): {name!r} has no autograd graph: it was computed from tensors that "
+                "do not require grad (or under torch.no_grad(), or it was detached). Build it "
+                "from parameters or from a tensor made with requires_grad=True."
+            )
+    return named
+
+
+def _walk(named_roots: list[tuple[str, torch.Tensor]]) -> list[Any]:
+    """Graph nodes in breadth-first order from the roots: the order names are given in."""
+    order: list[Any] = []
+    seen: set[int] = set()
+    queue = [t.grad_fn for _, t in named_roots if t.grad_fn is not None]
+    while queue:
+        fn = queue.pop(0)
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        order.append(fn)
+        queue.extend(next_fn for next_fn, _ in fn.next_functions)
+    return order
+
+
+class AutogradGraph(graphviz.Digraph):
+    """A graphviz drawing of an autograd graph, with the saved tensors it lists.
+
+    It shows as a picture in Jupyter. When Graphviz's ``dot`` is missing it shows the install
+    commands and a text rendering instead of a traceback; ``.text`` always holds that rendering.
+    """
+
+    saved: list[SavedTensorInfo]
+    text: str
+
+    def summary(self) -> str:
+        """``'7 saved tensors: 4 alive, 3 freed'``: a stable line to print under a drawing."""
+        alive = sum(info.alive for info in self.saved)
+        return f"{len(self.saved)} saved tensors: {alive} alive, {len(self.saved) - alive} freed"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any) -> dict[str, str]:
+        if shutil.which("dot") is None:
+            return {"text/plain": dot_install_help() + "\n\nThe graph as text:\n" + self.text}
+        try:
+            return super()._repr_mimebundle_(include, exclude, **kwargs)
+        except graphviz.ExecutableNotFound:
+            return {"text/plain": dot_install_help() + "\n\nThe graph as text:\n" + self.text}
+
+
+def _parameter_names(params: Params) -> dict[int, str]:
+    if params is None:
+        return {}
+    if isinstance(params, torch.nn.Module):
+        return {id(p): name for name, p in params.named_parameters()}
+    if isinstance(params, Mapping):
+        names: dict[int, str] = {}
+        for name, p in params.items():
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"draw_graph(params=...): {name!r} is a {type(p).__name__}, not a tensor.")
+            names[id(p)] = name
+        return names
+    raise TypeError(
+        "draw_graph(params=...) takes a torch.nn.Module or a dict of named tensors, "
+        f"not {type(params).__name__}."
+    )
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "(" + ", ".join(str(d) for d in t.shape) + ")"
+
+
+def _saved_label(info: SavedTensorInfo) -> str:
+    name = info.name.removeprefix("_saved_")
+    state = "alive" if info.alive else "FREED"
+    if info.shape is None:
+        return f"{name}\n(size not recorded)\n{state}"
+    return f"{name}\n{tuple(info.shape)} {info.dtype}\n{format_bytes(info.nbytes or 0)} {state}"
+
+
+def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True) -> AutogradGraph:
+    """The autograd graph behind ``roots`` with each node's saved tensors, alive or freed.
+
+    ``roots`` is a tensor (usually a loss), a list of tensors or a dict of named tensors.
+    ``params`` (a module or a dict of named tensors) names the leaves, as in torchviz. Colours
+    follow torchviz: green outputs, blue leaves, grey operations, orange saved tensors; freed
+    buffers are white, dashed and labelled FREED. Works before and after backward, and the same
+    graph gives the same drawing on every run. Used by notebooks 01_graph_buffers, 02_multi_loss
+    and 03_gan_step.
+    """
+    named_roots = _root_tensors(roots, "draw_graph")
+    param_names = _parameter_names(params)
+    graph = AutogradGraph(
+        node_attr=dict(style="filled", shape="box", align="left", fontsize="10", ranksep="0.1",
+                       height="0.2", fontname="monospace"),
+        graph_attr=dict(size="12,12"),
+    )
+    nodes = _walk(named_roots)
+    node_ids = {id(fn): f"op{i}" for i, fn in enumerate(nodes)}
+    graph.saved = []
+    text_lines: list[str] = []
+
+    for i, (name, tensor) in enumerate(named_roots):
+        root_id = f"out{i}"
+        graph.node(root_id, f"{name}\n{_shape(tensor)}", fillcolor=_OUTPUT_COLOUR)
+        if tensor.grad_fn is not None:
+            graph.edge(node_ids[id(tensor.grad_fn)], root_id)
+            text_lines.append(f"{name} {_shape(tensor)} <- {node_ids[id(tensor.grad_fn)]}")
+        else:
+            text_lines.append(f"{name} {_shape(tensor)} (a leaf: no operations)")
+
+    for fn in nodes:
+        fn_id = node_ids[id(fn)]
+        variable = getattr(fn, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            leaf_name = param_names.get(id(variable), "")
+            graph.node(fn_id, f"{leaf_name}\n{_shape(variable)}".strip(), fillcolor=_LEAF_COLOUR)
+            text_lines.append(f"{fn_id} leaf {leaf_name or 'tensor'} {_shape(variable)}".replace("  ", " "))
+            continue
+        graph.node(fn_id, type(fn).__name__)
+        inputs = []
+        for next_fn, _ in fn.next_functions:
+            if next_fn is not None:
+                graph.edge(node_ids[id(next_fn)], fn_id)
+                inputs.append(node_ids[id(next_fn)])
+        saved = saved_tensors_of(fn) if show_saved else []
+        graph.saved.extend(saved)
+        text_lines.append(f"{fn_id} {type(fn).__name__} <- {', '.join(inputs) or 'nothing'}")
+        for j, info in enumerate(saved):
+            saved_id = f"{fn_id}_saved{j}"
+            label = _saved_label(info)
+            if info.alive:
+                graph.node(saved_id, label, fillcolor=_SAVED_COLOUR)
+            else:
+                graph.node(saved_id, label, fillcolor=_FREED_COLOUR, style="filled,dashed", fontcolor="gray40")
+            graph.edge(saved_id, fn_id, dir="none", style="dotted" if not info.alive else "solid")
+            text_lines.append(f"    saved {info.describe()}")
+    graph.text = "\n".join(text_lines)
+    return graph

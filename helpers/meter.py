@@ -1,0 +1,262 @@
+"""Count the tensors autograd saves for backward, and the bytes only the graph keeps alive.
+
+Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step, and by :class:`BackwardLab`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Callable
+
+import torch
+
+__all__ = ["MeterReading", "SavedTensorMeter", "format_bytes"]
+
+# Private torch API: the number of owners of a storage. Guarded, because a torch release may
+# rename it; without it the meter cannot tell graph-only storages apart and says so.
+_storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
+
+# Only one meter may install saved-tensor hooks at a time: a tensor saved while two meters are
+# active would be counted by the inner one only, and the outer figures would silently be wrong.
+_active_meter: SavedTensorMeter | None = None
+
+
+class _SavedBox:
+    """What autograd keeps in place of a saved tensor while a meter is active.
+
+    It holds a *detached* view of the saved tensor: keeping the tensor handed to the pack hook
+    (which still carries its ``grad_fn``) would form a reference cycle through C++ that
+    ``gc.collect()`` cannot break, and the whole graph would outlive ``del loss``.
+    """
+
+    __slots__ = ("tensor", "meter", "key", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor, meter: SavedTensorMeter, key: int) -> None:
+        self.tensor = tensor
+        self.meter = meter
+        self.key = key
+
+    def __del__(self) -> None:
+        # __del__ rather than weakref.finalize: it runs while this box and its tensor are still
+        # alive and reachable through the meter's weak references, so the meter sees the figures
+        # from just before the release, and it costs less per saved tensor.
+        self.meter._release(self)
+
+
+class _StorageEntry:
+    """One storage saved by the graph, with weak references to the boxes that hold it."""
+
+    __slots__ = ("nbytes", "device", "boxes")
+
+    def __init__(self, nbytes: int, device: torch.device) -> None:
+        self.nbytes = nbytes
+        self.device = device
+        self.boxes: list[weakref.ref[_SavedBox]] = []
+
+
+@dataclass(frozen=True)
+class MeterReading:
+    """The meter's figures at one moment (bytes are distinct storages, never double counted)."""
+
+    saved_tensors: int
+    saved_bytes: int
+    graph_only_bytes: int
+    peak_graph_only_bytes: int
+    cuda_allocated_bytes: int | None
+
+
+class SavedTensorMeter:
+    """A context manager that counts every tensor autograd saves while forward runs inside it.
+
+    ``saved_bytes`` are the distinct storages held by live saved tensors. ``graph_only_bytes``
+    are the part that nothing but autograd keeps alive: exactly what a plain ``backward()`` or
+    dropping the graph (``del loss``) frees. Parameters and inputs are saved too, but they stay
+    alive through the model and your variables, so they count in ``saved_bytes`` only.
+
+    The counters follow frees as they happen, after the ``with`` block too, for as long as the
+    graphs built inside it live. The meter keeps only weak references, so it never keeps a graph
+    or a tensor alive. A meter can be entered again (the lab does, once per forward); meters
+    cannot be nested.
+
+    Not counted: a Python number in an expression (``x * 2``) is kept by the graph as a 0-dim
+    tensor that never passes through saved-tensor hooks (it is a few bytes).
+
+    Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
+
+    Example::
+
+        meter = SavedTensorMeter()
+        with meter:
+            loss = model(x).pow(2).mean()
+        meter.graph_only_bytes   # what backward() will free
+        loss.backward()
+        meter.graph_only_bytes   # 0
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, _StorageEntry] = {}
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._peak_graph_only = 0
+        # Graph-only bytes only rise when Python drops its own references, which nobody is told
+        # about, and only fall when a buffer is released. So the true peak is reached just before
+        # a release or now; sampling at the first release after any pack or read catches it
+        # without scanning all storages on every release.
+        self._sample_before_release = False
+        self.exact = _storage_use_count is not None
+
+    # -- context manager -------------------------------------------------------------------
+    def __enter__(self) -> SavedTensorMeter:
+        global _active_meter
+        if _active_meter is not None:
+            which = "this meter is" if _active_meter is self else "another SavedTensorMeter is"
+            raise ValueError(
+                f"Cannot enter a SavedTensorMeter: {which} already active. Meters cannot be "
+                "nested, because a tensor saved inside both would be counted by the inner one "
+                "only. Use one meter and read it as often as you like."
+            )
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        _active_meter = self
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        global _active_meter
+        assert self._hooks is not None
+        self._hooks.__exit__(exc_type, exc, tb)
+        self._hooks = None
+        _active_meter = None
+
+    @property
+    def active(self) -> bool:
+        """True while forward code inside ``with meter:`` is being recorded."""
+        return self._hooks is not None
+
+    # -- hooks -----------------------------------------------------------------------------
+    def _pack(self, tensor: torch.Tensor) -> _SavedBox:
+        storage = tensor.untyped_storage()
+        # Live storages never share a data pointer, and CPU and CUDA pointers live in one
+        # virtual address space, so the pointer alone names the storage (cheaper than a tuple).
+        key = storage.data_ptr()
+        box = _SavedBox(tensor.detach(), self, key)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _StorageEntry(storage.nbytes(), tensor.device)
+        entry.boxes.append(weakref.ref(box))
+        self._sample_before_release = True
+        return box
+
+    @staticmethod
+    def _unpack(box: _SavedBox) -> torch.Tensor:
+        return box.tensor
+
+    def _release(self, box: _SavedBox) -> None:
+        if self._sample_before_release:
+            self._sample_before_release = False
+            self._peak_graph_only = max(self._peak_graph_only, self._graph_only_bytes())
+        entry = self._entries.get(box.key)
+        if entry is None:
+            return
+        boxes = entry.boxes
+        for index, ref in enumerate(boxes):
+            if ref() is box:
+                del boxes[index]
+                break
+        if not boxes:
+            del self._entries[box.key]
+
+    # -- figures ---------------------------------------------------------------------------
+    def _live_boxes(self, entry: _StorageEntry) -> list[_SavedBox]:
+        return [box for box in (ref() for ref in entry.boxes) if box is not None]
+
+    def _graph_only_bytes(self) -> int:
+        if _storage_use_count is None:
+            return 0
+        total = 0
+        for entry in self._entries.values():
+            boxes = entry.boxes
+            first = boxes[0]() if boxes else None
+            if first is None:
+                continue
+            # Owners: one per box's tensor, plus the storage object made here. Any other owner
+            # (a parameter, an input, a variable of yours) keeps the storage alive.
+            if _storage_use_count(first.tensor.untyped_storage()._cdata) == len(boxes) + 1:
+                total += entry.nbytes
+        return total
+
+    @property
+    def saved_tensors(self) -> int:
+        """How many saved tensors are alive (one storage saved by two nodes counts twice)."""
+        return sum(len(self._live_boxes(entry)) for entry in self._entries.values())
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes of the distinct storages held by live saved tensors."""
+        return sum(entry.nbytes for entry in self._entries.values() if self._live_boxes(entry))
+
+    @property
+    def graph_only_bytes(self) -> int:
+        """Bytes of saved storages that nothing but autograd keeps alive right now."""
+        value = self._graph_only_bytes()
+        self._peak_graph_only = max(self._peak_graph_only, value)
+        self._sample_before_release = True
+        return value
+
+    @property
+    def peak_graph_only_bytes(self) -> int:
+        """The highest ``graph_only_bytes`` since creation or :meth:`reset_peak`."""
+        return max(self._peak_graph_only, self.graph_only_bytes)
+
+    @property
+    def cuda_allocated_bytes(self) -> int | None:
+        """``torch.cuda.memory_allocated()`` for comparison on a GPU, ``None`` without CUDA."""
+        if not torch.cuda.is_available():
+            return None
+        return int(torch.cuda.memory_allocated())
+
+    def reset_peak(self) -> None:
+        """Start the peak again from the current ``graph_only_bytes``."""
+        self._peak_graph_only = 0
+        self._peak_graph_only = self.graph_only_bytes
+
+    def reading(self) -> MeterReading:
+        """All figures at once, as a frozen record (handy for tables and tests)."""
+        graph_only = self.graph_only_bytes
+        return MeterReading(
+            saved_tensors=self.saved_tensors,
+            saved_bytes=self.saved_bytes,
+            graph_only_bytes=graph_only,
+            peak_graph_only_bytes=max(self._peak_graph_only, graph_only),
+            cuda_allocated_bytes=self.cuda_allocated_bytes,
+        )
+
+    def __repr__(self) -> str:
+        r = self.reading()
+        text = (
+            f"SavedTensorMeter(saved_tensors={r.saved_tensors}, saved_bytes={format_bytes(r.saved_bytes)}, "
+            f"graph_only_bytes={format_bytes(r.graph_only_bytes)}, "
+            f"peak_graph_only_bytes={format_bytes(r.peak_graph_only_bytes)}"
+        )
+        if r.cuda_allocated_bytes is not None:
+            text += f", cuda_allocated_bytes={format_bytes(r.cuda_allocated_bytes)}"
+        if not self.exact:
+            text += ", exact=False"
+        return text + ")"
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``'1.5 KiB'``; exact bytes below 1 KiB. Used by every notebook."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
