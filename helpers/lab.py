@@ -1,0 +1,332 @@
+"""BackwardLab: a panel to toggle retain_graph on each backward and watch the saved bytes.
+
+Used by notebook 01_graph_buffers (one loss) and notebook 02_multi_loss (several losses).
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ipywidgets as widgets
+import torch
+from IPython.display import Image, display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from helpers.meter import SavedTensorMeter, format_bytes
+
+__all__ = ["BackwardLab"]
+
+ForwardFn = Callable[[], "torch.Tensor | Mapping[str, torch.Tensor]"]
+
+
+def _css_name(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_-]+", "-", name).strip("-") or "loss"
+
+
+def _byte_text(n: int) -> str:
+    return f"{n:,} B ({format_bytes(n)})" if n >= 1024 else f"{n:,} B"
+
+
+class BackwardLab:
+    """An ipywidgets panel around a forward function that returns one or more named losses.
+
+    Buttons run forward (inside a :class:`SavedTensorMeter`), each loss's backward with its own
+    ``retain_graph`` checkbox, ``zero_grad``, reset, and N iterations (optionally keeping every
+    loss in a history list, the way memory really grows). Live figures show the meter's saved,
+    graph-only and peak bytes, the number of backward calls and the watched parameter's
+    accumulated ``.grad``; errors are shown in the panel, which stays usable. A chart of
+    graph-only bytes over the actions is kept as an image in the saved notebook.
+
+    Drive it by clicking, or from Python: ``lab.forward_button.click()``,
+    ``lab.retain[name].value = True``, ``lab.backward_buttons[name].click()``.
+
+    Used by notebooks 01_graph_buffers and 02_multi_loss.
+    """
+
+    def __init__(
+        self,
+        forward: ForwardFn,
+        model: torch.nn.Module,
+        watch: str | None = None,
+        title: str = "retain_graph lab",
+        iterations: int = 20,
+    ) -> None:
+        if not callable(forward):
+            raise TypeError(f"BackwardLab needs a forward function, not {type(forward).__name__}.")
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"BackwardLab(model=...) takes a torch.nn.Module, not {type(model).__name__}.")
+        parameters = dict(model.named_parameters())
+        if not parameters:
+            raise ValueError("BackwardLab(model=...): the model has no parameters to watch.")
+        if watch is None:
+            watch = next(iter(parameters))
+        if watch not in parameters:
+            raise ValueError(f"BackwardLab(watch={watch!r}): no such parameter; choose one of {sorted(parameters)}.")
+        self._forward = forward
+        self.model = model
+        self.watch = watch
+        self.meter = SavedTensorMeter()
+        self.loss_names = list(self._validated(forward()).keys())
+        self.losses: dict[str, torch.Tensor] | None = None
+        self.kept: list[dict[str, torch.Tensor]] = []
+        self.backward_calls = 0
+        self.last_error: str | None = None
+        self.actions: list[tuple[str, int]] = [("start", self.meter.graph_only_bytes)]
+        self._first_grad: float | None = None
+        self._chart_handle: Any = None
+        self._running = False
+        self._build_widgets(title, iterations)
+        self._refresh("Press Forward to build a graph.")
+
+    # -- validation ------------------------------------------------------------------------
+    @staticmethod
+    def _validated(result: Any) -> dict[str, torch.Tensor]:
+        if isinstance(result, torch.Tensor):
+            losses = {"loss": result}
+        elif isinstance(result, Mapping) and result:
+            losses = dict(result)
+        else:
+            raise TypeError(
+                "The lab's forward function must return a scalar loss tensor or a dict of named "
+                f"scalar losses, not {type(result).__name__}."
+            )
+        for name, loss in losses.items():
+            if not isinstance(name, str):
+                raise TypeError(f"Loss names must be strings; got {name!r}.")
+            if not isinstance(loss, torch.Tensor):
+                raise TypeError(f"Loss {name!r} is a {type(loss).__name__}, not a tensor.")
+            if loss.numel() != 1:
+                raise ValueError(
+                    f"Loss {name!r} has shape {tuple(loss.shape)}; backward() without a gradient "
+                    "argument needs a single number. Reduce it with .mean() or .sum()."
+                )
+            if loss.grad_fn is None:
+                raise ValueError(
+                    f"Loss {name!r} has no autograd graph: nothing it was computed from requires "
+                    "grad (or it ran under torch.no_grad()). Compute it from the model's parameters."
+                )
+        return losses
+
+    # -- widgets ---------------------------------------------------------------------------
+    def _button(self, description: str, tooltip: str, css: str, handler: Callable[[], None]) -> widgets.Button:
+        button = widgets.Button(description=description, tooltip=tooltip,
+                                layout=widgets.Layout(width="auto"))
+        button.add_class(css)
+        button.on_click(lambda _button: self._safely(handler))
+        return button
+
+    def _build_widgets(self, title: str, iterations: int) -> None:
+        self.forward_button = self._button(
+            "Forward", "Run the forward pass inside the meter: builds a new graph that saves tensors for backward",
+            "bt-forward", self.forward)
+        self.retain: dict[str, widgets.Checkbox] = {}
+        self.backward_buttons: dict[str, widgets.Button] = {}
+        loss_rows = []
+        for name in self.loss_names:
+            css = _css_name(name)
+            checkbox = widgets.Checkbox(value=False, description=f"retain_graph for {name}", indent=False,
+                                        tooltip=f"Keep the graph's buffers after {name}.backward()",
+                                        layout=widgets.Layout(width="auto"))
+            checkbox.add_class(f"bt-retain-{css}")
+            self.retain[name] = checkbox
+            button = self._button(f"{name}.backward()", f"Backpropagate {name} with the retain_graph setting beside it",
+                                  f"bt-backward-{css}", lambda name=name: self.backward(name))
+            self.backward_buttons[name] = button
+            loss_rows.append(widgets.HBox([button, checkbox]))
+        self.zero_grad_button = self._button("zero_grad()", "Set every parameter's .grad to None",
+                                             "bt-zero-grad", self.zero_grad)
+        self.reset_button = self._button("Reset", "Drop every graph and loss, clear .grad and the counters",
+                                         "bt-reset", self.reset)
+        self.keep_history = widgets.Checkbox(
+            value=False, description="keep each loss in a history list", indent=False,
+            tooltip="Like history.append(loss): the list keeps every iteration's graph reachable",
+            layout=widgets.Layout(width="auto"))
+        self.keep_history.add_class("bt-keep-history")
+        self.iterations = widgets.BoundedIntText(value=iterations, min=1, max=1000, description="iterations",
+                                                 tooltip="How many forward + backward iterations to run",
+                                                 layout=widgets.Layout(width="180px"))
+        self.iterations.add_class("bt-iterations")
+        self.run_button = self._button("Run iterations", "Forward, then every loss's backward, repeated",
+                                       "bt-run", lambda: self.run(self.iterations.value))
+        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="progress",
+                                            layout=widgets.Layout(width="300px"))
+        self.progress.add_class("bt-progress")
+
+        self.values: dict[str, widgets.Label] = {}
+        rows = []
+        for key, label, tip in [
+            ("saved-tensors", "saved tensors", "Saved tensors alive now (a buffer saved by two nodes counts twice)"),
+            ("saved-bytes", "saved bytes", "Distinct storages held by saved tensors, parameters and inputs included"),
+            ("graph-only-bytes", "graph-only bytes", "Saved bytes nothing but the graph keeps alive: what backward() frees"),
+            ("peak-bytes", "peak graph-only bytes", "Highest graph-only bytes since the last reset"),
+            ("backward-calls", "backward calls", "How many backward() calls succeeded since the last reset"),
+            ("grad", f"{self.watch}.grad", "The watched parameter's accumulated gradient"),
+            ("history", "losses kept in history", "Loss tensors the history list keeps (with their graphs)"),
+        ]:
+            name = widgets.Label(value=label, tooltip=tip, layout=widgets.Layout(width="190px"))
+            value = widgets.Label(value="", tooltip=tip)
+            value.add_class(f"bt-value-{key}")
+            self.values[key] = value
+            rows.append(widgets.HBox([name, value]))
+        self.status = widgets.HTML(value="")
+        self.status.add_class("bt-status")
+        self.panel = widgets.VBox([
+            widgets.HTML(f"<b>{title}</b>"),
+            self.forward_button,
+            *loss_rows,
+            widgets.HBox([self.zero_grad_button, self.reset_button]),
+            widgets.HBox([self.iterations, self.keep_history, self.run_button]),
+            self.progress,
+            widgets.VBox(rows),
+            self.status,
+        ])
+        self.panel.add_class("bt-lab")
+
+    def _ipython_display_(self) -> None:
+        display(self.panel)
+        self._chart_handle = display(self._chart_image(), display_id=True)
+
+    # -- actions ---------------------------------------------------------------------------
+    def _safely(self, action: Callable[[], None]) -> None:
+        # ipywidgets swallows exceptions raised in click handlers; show them in the panel instead.
+        try:
+            action()
+        except Exception as exc:  # noqa: BLE001 - every error must reach the learner
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self._refresh(error=self.last_error)
+
+    def forward(self) -> None:
+        """Build a new graph inside the meter (the previous one is dropped unless kept in history)."""
+        with self.meter:
+            losses = self._validated(self._forward())
+        if list(losses) != self.loss_names:
+            raise ValueError(f"The forward function returned losses {list(losses)}; expected {self.loss_names}.")
+        if self.keep_history.value:
+            self.kept.append(losses)
+        self.losses = losses
+        self._record("forward", "Forward built a new graph.")
+
+    def backward(self, name: str) -> None:
+        """``losses[name].backward(retain_graph=<its checkbox>)``."""
+        if name not in self.loss_names:
+            raise ValueError(f"No loss named {name!r}; the losses are {self.loss_names}.")
+        if self.losses is None:
+            raise RuntimeError("There is no graph yet: press Forward first, then backward.")
+        retain = self.retain[name].value
+        self.losses[name].backward(retain_graph=retain)
+        self.backward_calls += 1
+        grad = self._watched().grad
+        if self._first_grad is None and grad is not None:
+            self._first_grad = float(grad.flatten()[0])
+        self._record(f"{name}.backward({'retain' if retain else 'free'})",
+                     f"{name}.backward(retain_graph={retain}) worked.")
+
+    def zero_grad(self) -> None:
+        """Set every parameter's ``.grad`` to ``None``."""
+        self.model.zero_grad(set_to_none=True)
+        self._first_grad = None
+        self._record("zero_grad", "Gradients cleared.")
+
+    def reset(self) -> None:
+        """Drop every loss and graph, clear gradients, counters, the chart and the error."""
+        self.losses = None
+        self.kept.clear()
+        self.model.zero_grad(set_to_none=True)
+        self._first_grad = None
+        self.backward_calls = 0
+        self.last_error = None
+        self.meter.reset_peak()
+        self.actions = [("reset", self.meter.graph_only_bytes)]
+        self.progress.value = 0
+        self._refresh("Reset: no graph, no gradients.")
+        self._update_chart()
+
+    def run(self, iterations: int) -> None:
+        """Forward, then each loss's backward with its checkbox, ``iterations`` times."""
+        if not isinstance(iterations, int) or iterations < 1:
+            raise ValueError(f"iterations must be a positive whole number, not {iterations!r}.")
+        self.progress.max = iterations
+        self.progress.value = 0
+        self._running = True  # one chart at the end, not one per action
+        try:
+            for i in range(iterations):
+                try:
+                    self.forward()
+                    for name in self.loss_names:
+                        self.backward(name)
+                except RuntimeError as exc:
+                    raise RuntimeError(f"stopped at iteration {i + 1} of {iterations}: {exc}") from exc
+                self.progress.value = i + 1
+        finally:
+            self._running = False
+            self._update_chart()
+        self._refresh(f"Ran {iterations} iterations.")
+
+    # -- figures ---------------------------------------------------------------------------
+    def _watched(self) -> torch.Tensor:
+        return dict(self.model.named_parameters())[self.watch]
+
+    def _grad_text(self) -> str:
+        grad = self._watched().grad
+        if grad is None:
+            return "None (no backward since the last zero_grad)"
+        first = float(grad.flatten()[0])
+        text = f"first element {first:+.6f}, norm {float(grad.norm()):.6f}"
+        if self._first_grad not in (None, 0.0):
+            text += f" ({first / self._first_grad:.2f}× the first backward)"
+        return text
+
+    def _record(self, action: str, message: str) -> None:
+        self.actions.append((action, self.meter.graph_only_bytes))
+        self.last_error = None
+        self._refresh(message)
+        if not self._running:
+            self._update_chart()
+
+    def _refresh(self, message: str = "", error: str | None = None) -> None:
+        reading = self.meter.reading()
+        self.values["saved-tensors"].value = str(reading.saved_tensors)
+        self.values["saved-bytes"].value = _byte_text(reading.saved_bytes)
+        self.values["graph-only-bytes"].value = _byte_text(reading.graph_only_bytes)
+        self.values["peak-bytes"].value = _byte_text(reading.peak_graph_only_bytes)
+        self.values["backward-calls"].value = str(self.backward_calls)
+        self.values["grad"].value = self._grad_text()
+        self.values["history"].value = str(sum(len(losses) for losses in self.kept))
+        if error is not None:
+            self.status.value = (
+                "<div style='color:#b00020'><b>Error</b> (the panel still works: press Forward for a new "
+                f"graph, or Reset)<br><code>{html.escape(error)}</code></div>"
+            )
+        else:
+            self.status.value = f"<span>Status: {message}</span>"
+
+    def chart_png(self) -> bytes:
+        """The chart of graph-only bytes over the actions, as PNG bytes."""
+        figure = Figure(figsize=(7, 2.6), dpi=90)
+        FigureCanvasAgg(figure)
+        axes = figure.add_subplot()
+        values = [nbytes / 1024 for _, nbytes in self.actions]
+        axes.step(range(len(values)), values, where="post", marker="o", markersize=3)
+        axes.set_xlabel("action number (forward, backward, ...)")
+        axes.set_ylabel("graph-only KiB")
+        axes.set_title("Bytes only the graph keeps alive, after each action")
+        axes.set_ylim(bottom=0)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.grid(alpha=0.3)
+        figure.tight_layout()
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        return buffer.getvalue()
+
+    def _chart_image(self) -> Image:
+        return Image(data=self.chart_png(), format="png")
+
+    def _update_chart(self) -> None:
+        if self._chart_handle is not None:
+            self._chart_handle.update(self._chart_image())
