@@ -1,0 +1,85 @@
+"""The lesson notebooks: committed executed, and every error demo really raises its error.
+
+nbval (configured in pyproject.toml) re-runs each notebook and compares its text outputs with the
+committed ones. It does not compare tracebacks, and a ``raises-exception`` tag only *allows* an
+error, so this file executes each notebook once more and requires every tagged cell to raise the
+error its ``expected_error`` metadata names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+ERROR_TAG = "raises-exception"
+
+
+def code_cells(path: Path) -> list[dict]:
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    return [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+
+
+def test_the_course_notebooks_exist() -> None:
+    names = [path.name for path in NOTEBOOKS]
+    assert "01_graph_buffers.ipynb" in names, names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_executed_in_order(path: Path) -> None:
+    counts = [cell.get("execution_count") for cell in code_cells(path)]
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{path.name} is not committed executed top to bottom in a fresh kernel: {counts}. "
+        "Run `make execute-notebooks`."
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_widget_state_saved_when_widgets_shown(path: Path) -> None:
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    shows_widgets = any(
+        "application/vnd.jupyter.widget-view+json" in output.get("data", {})
+        for cell in code_cells(path) for output in cell.get("outputs", [])
+    )
+    if shows_widgets:
+        state = notebook["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+        assert state.get("state"), f"{path.name} shows widgets but saved no widget state"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_error_outputs_only_in_declared_error_demos(path: Path) -> None:
+    for index, cell in enumerate(code_cells(path), start=1):
+        tags = cell.get("metadata", {}).get("tags", [])
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if ERROR_TAG in tags:
+            expected = cell["metadata"].get("expected_error")
+            assert expected, f"{path.name} code cell {index} is tagged {ERROR_TAG} without expected_error metadata"
+            assert errors, f"{path.name} code cell {index} should show its error in the committed outputs"
+        else:
+            assert not errors, f"{path.name} code cell {index} has an error output but is not an error demo"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_error_demos_still_raise(path: Path) -> None:
+    """Execute the notebook; each tagged cell must raise exactly the error it declares."""
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(notebook, timeout=300, kernel_name="python3", allow_errors=False,
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    demos = 0
+    for index, cell in enumerate((c for c in notebook.cells if c.cell_type == "code"), start=1):
+        if ERROR_TAG not in cell.metadata.get("tags", []):
+            continue
+        demos += 1
+        expected = cell.metadata["expected_error"]
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        assert errors, f"{path.name} code cell {index} no longer raises {expected['ename']}: the lesson is out of date"
+        assert errors[0].ename == expected["ename"], (index, errors[0].ename)
+        assert re.search(expected["evalue"], errors[0].evalue), (index, errors[0].evalue)
+    tagged = sum(ERROR_TAG in c.get("metadata", {}).get("tags", []) for c in code_cells(path))
+    assert demos == tagged
