@@ -2,14 +2,31 @@
 
 One module per idea: ``meter`` (saved-tensor bytes), ``graph`` (drawings), ``errors`` (error
 demos that fail when the error stops happening), ``lab`` (the retain_graph widget panel),
-``tables`` (live tables), ``checks`` (exercise checks) and ``environment`` (the setup line).
+``tables`` (live tables), ``compare`` (patterns side by side), ``growth`` (memory over
+iterations), ``checks`` (exercise checks) and ``environment`` (the setup line).
 Importing the package has no side effects.
 """
 
-from helpers.checks import CheckResult, check_backward_three_times, check_predictions, check_training_loop
+from helpers.checks import (
+    CheckResult,
+    check_backward_both,
+    check_backward_three_times,
+    check_predictions,
+    check_training_loop,
+    check_two_loss_loop,
+)
+from helpers.compare import PatternComparison, PatternResult, compare_patterns, profiler_peak_bytes
 from helpers.environment import describe_environment, pick_device, seed_everything
 from helpers.errors import ExpectedError, expect_error
-from helpers.graph import AutogradGraph, SavedTensorInfo, dot_install_help, draw_graph, record_saved_tensors, saved_tensors_of
+from helpers.graph import (
+    AutogradGraph,
+    SavedTensorInfo,
+    dot_install_help,
+    draw_graph,
+    record_saved_tensors,
+    saved_tensors_of,
+)
+from helpers.growth import GrowthResult, GrowthVariant, growth_experiment
 from helpers.lab import BackwardLab
 from helpers.meter import MeterReading, SavedTensorMeter, format_bytes
 from helpers.tables import Table, operation_table
@@ -19,20 +36,29 @@ __all__ = [
     "BackwardLab",
     "CheckResult",
     "ExpectedError",
+    "GrowthResult",
+    "GrowthVariant",
     "MeterReading",
+    "PatternComparison",
+    "PatternResult",
     "SavedTensorInfo",
     "SavedTensorMeter",
     "Table",
+    "check_backward_both",
     "check_backward_three_times",
     "check_predictions",
     "check_training_loop",
+    "check_two_loss_loop",
+    "compare_patterns",
     "describe_environment",
     "dot_install_help",
     "draw_graph",
     "expect_error",
     "format_bytes",
+    "growth_experiment",
     "operation_table",
     "pick_device",
+    "profiler_peak_bytes",
     "record_saved_tensors",
     "saved_tensors_of",
     "seed_everything",

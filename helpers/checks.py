@@ -2,7 +2,7 @@
 
 Every check returns a :class:`CheckResult`, which is truthy when the answer is right and shows as
 the verdict (a tick, or what is wrong plus a hint); it never raises on a wrong answer. Used by
-notebook 01_graph_buffers.
+notebooks 01_graph_buffers and 02_multi_loss.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from helpers.meter import SavedTensorMeter, format_bytes
 __all__ = [
     "CheckResult",
     "SECOND_BACKWARD_QUESTIONS",
+    "check_backward_both",
     "check_backward_three_times",
     "check_predictions",
     "check_training_loop",
+    "check_two_loss_loop",
 ]
 
 # Expression text -> function of (x, w) building it; the check measures the answers live.
@@ -35,7 +37,10 @@ SECOND_BACKWARD_QUESTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torc
 
 @dataclass(frozen=True)
 class CheckResult:
-    """The verdict on one exercise answer: shown as text, truthy when the answer is right."""
+    """The verdict on one exercise answer: shown as text, truthy when the answer is right.
+
+    Returned by every check in notebooks 01_graph_buffers and 02_multi_loss.
+    """
 
     passed: bool
     message: str
@@ -69,7 +74,7 @@ def second_backward_works(expression: str) -> bool:
 
 
 def check_predictions(predictions: Mapping[str, bool]) -> CheckResult:
-    """Exercise 1: for each expression, predict whether a second plain backward() works."""
+    """Notebook 01_graph_buffers, exercise 1: predict, per expression, whether a second plain backward() works."""
     if not isinstance(predictions, Mapping):
         return _verdict(False, f"Give a dict of expression -> True/False, not {type(predictions).__name__}.")
     missing = [e for e in SECOND_BACKWARD_QUESTIONS if not isinstance(predictions.get(e), bool)]
@@ -86,7 +91,7 @@ def check_predictions(predictions: Mapping[str, bool]) -> CheckResult:
 
 
 def check_backward_three_times(backward_three_times: Callable[[torch.Tensor], None]) -> CheckResult:
-    """Exercise 2: backward one loss three times so ``.grad`` is 3x, leaving no buffers behind."""
+    """Notebook 01_graph_buffers, exercise 2: backward three times so ``.grad`` is 3x, leaving no buffers."""
     if not callable(backward_three_times):
         return _verdict(False, "Pass your function itself (without calling it).")
     weight = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
@@ -114,7 +119,7 @@ def check_backward_three_times(backward_three_times: Callable[[torch.Tensor], No
 
 
 def check_training_loop(train: Callable[[torch.nn.Module, list[torch.Tensor]], list[float]]) -> CheckResult:
-    """Exercise 3: a loop that records each step's loss must leave no graph buffers behind."""
+    """Notebook 01_graph_buffers, exercise 3: a loop that records its losses must leave no buffers behind."""
     if not callable(train):
         return _verdict(False, "Pass your function itself (without calling it).")
     torch.manual_seed(0)
@@ -138,3 +143,131 @@ def check_training_loop(train: Callable[[torch.nn.Module, list[torch.Tensor]], l
     if not all(isinstance(item, float) for item in history):
         return _verdict(False, "Each history item should be a float (loss.item()).")
     return _verdict(True, "The loop keeps only numbers, so every graph was freed by its backward.")
+
+
+class _TwoHeads(torch.nn.Module):
+    """The checks' own copy of notebook 02's model: a shared trunk, a classifier and a regressor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = torch.nn.Sequential(torch.nn.Linear(16, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
+                                         torch.nn.ReLU())
+        self.classify = torch.nn.Linear(128, 4)
+        self.regress = torch.nn.Linear(128, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.trunk(x)
+        return self.classify(features), self.regress(features)
+
+
+def _two_head_setup(batches: int = 4) -> tuple[_TwoHeads, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    net = _TwoHeads()
+    data = [(torch.randn(64, 16, generator=generator), torch.randint(0, 4, (64,), generator=generator),
+             torch.randn(64, 1, generator=generator)) for _ in range(batches)]
+    return net, data
+
+
+def _two_losses(net: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor,
+                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits, value = net(x)
+    return torch.nn.functional.cross_entropy(logits, labels), torch.nn.functional.mse_loss(value, targets)
+
+
+def _reference_gradients(net: torch.nn.Module, data: list[tuple[torch.Tensor, ...]]) -> dict[str, torch.Tensor]:
+    net.zero_grad(set_to_none=True)
+    for x, labels, targets in data:
+        l1, l2 = _two_losses(net, x, labels, targets)
+        (l1 + l2).backward()
+    grads = {name: p.grad.clone() for name, p in net.named_parameters()}
+    net.zero_grad(set_to_none=True)
+    return grads
+
+
+def _gradients_match(net: torch.nn.Module, reference: dict[str, torch.Tensor]) -> str | None:
+    for name, p in net.named_parameters():
+        if p.grad is None:
+            return f"{name}.grad is None: did every loss reach the backward pass?"
+        if not torch.allclose(p.grad, reference[name], rtol=1e-4, atol=1e-6):
+            ratio = float(p.grad.norm() / reference[name].norm())
+            return f"{name}.grad differs from the gradient of l1 + l2 (its norm is {ratio:.2f}x the expected one)."
+    return None
+
+
+def check_two_loss_loop(
+    train: Callable[[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]], list[float]],
+) -> CheckResult:
+    """Notebook 02, exercise 1: a two-loss loop must accumulate the right gradients and keep no graphs."""
+    if not callable(train):
+        return _verdict(False, "Pass your function itself (without calling it).")
+    net, data = _two_head_setup()
+    reference = _reference_gradients(net, data)
+    meter = SavedTensorMeter()
+    with meter:
+        try:
+            history = train(net, data)
+        except RuntimeError as exc:
+            return _verdict(False, f"Your loop raised: {str(exc).splitlines()[0][:90]}...",
+                            "Both losses share the trunk: the first backward through it must keep the buffers.")
+    if not isinstance(history, list) or len(history) != len(data):
+        return _verdict(False, f"Return a list with one entry per batch ({len(data)} items).")
+    if any(isinstance(item, torch.Tensor) for item in history):
+        return _verdict(False, "The history holds tensors; each keeps its graph (and any retained buffers) alive.",
+                        "Append (l1 + l2).item() or l1.item() + l2.item(): plain numbers.")
+    left = meter.graph_only_bytes
+    if left:
+        return _verdict(False, f"After the loop, graphs still hold {format_bytes(left)} of buffers.",
+                        "Which backward is the last one through each graph? It should not retain.")
+    problem = _gradients_match(net, reference)
+    if problem:
+        return _verdict(False, problem, "Backpropagate both losses once per batch, and do not zero .grad in the loop.")
+    return _verdict(True, "Right gradients, numbers in the history, and no buffers left behind.")
+
+
+def check_backward_both(backward_both: Callable[[torch.Tensor, torch.Tensor], None]) -> CheckResult:
+    """Notebook 02, exercise 2: both losses' gradients, freed buffers, and no more memory than one backward."""
+    if not callable(backward_both):
+        return _verdict(False, "Pass your function itself (without calling it).")
+    from helpers.compare import profiler_peak_bytes
+
+    net, data = _two_head_setup(batches=1)
+    reference = _reference_gradients(net, data)
+    x, labels, targets = data[0]
+
+    def summed() -> None:
+        l1, l2 = _two_losses(net, x, labels, targets)
+        (l1 + l2).backward()
+
+    meter = SavedTensorMeter()
+
+    def learners() -> None:
+        with meter:
+            l1, l2 = _two_losses(net, x, labels, targets)
+        backward_both(l1, l2)
+
+    try:
+        learners()
+    except RuntimeError as exc:
+        return _verdict(False, f"Your function raised: {str(exc).splitlines()[0][:90]}...",
+                        "The two losses share the trunk's buffers.")
+    problem = _gradients_match(net, reference)
+    if problem:
+        return _verdict(False, problem)
+    if meter.graph_only_bytes:
+        return _verdict(False, f"The graph still holds {format_bytes(meter.graph_only_bytes)} after your function.",
+                        "The last backward should not retain the graph.")
+    net.zero_grad(set_to_none=True)
+    expected_peak = min(profiler_peak_bytes(summed) for _ in range(2))
+    net.zero_grad(set_to_none=True)
+    your_peak = min(profiler_peak_bytes(learners) for _ in range(2))
+    net.zero_grad(set_to_none=True)
+    if your_peak > 1.1 * expected_peak:
+        return _verdict(
+            False,
+            f"Right gradients, but your step allocated up to {format_bytes(your_peak)}; one backward of l1 + l2 "
+            f"needs {format_bytes(expected_peak)}.",
+            "Two backward passes through the trunk allocate its gradients twice while the buffers are retained. "
+            "Can you do it in one pass?")
+    return _verdict(True, f"Right gradients in one pass: peak {format_bytes(your_peak)} "
+                          f"(one backward of l1 + l2: {format_bytes(expected_peak)}).")

@@ -36,7 +36,7 @@ def _dot_version() -> str:
 
 
 def describe_environment() -> str:
-    """One line with Python, torch, device and Graphviz versions; print it in the setup cell."""
+    """One line with Python, torch, device and Graphviz versions, printed by every notebook's setup cell."""
     device = pick_device()
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     return (

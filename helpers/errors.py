@@ -21,7 +21,7 @@ __all__ = ["ExpectedError", "expect_error"]
 
 @dataclass
 class ExpectedError:
-    """What :func:`expect_error` caught: the exception type name and its full message."""
+    """What :func:`expect_error` caught: the exception type name and its full message (every notebook)."""
 
     type_name: str = ""
     message: str = ""
@@ -46,6 +46,8 @@ def expect_error(
 
         with expect_error(RuntimeError, match="backward through the graph a second time"):
             loss.backward()
+
+    Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
     """
     if not (isinstance(error_type, type) and issubclass(error_type, BaseException)):
         raise TypeError(f"expect_error() needs an exception class, not {error_type!r}.")

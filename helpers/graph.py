@@ -49,7 +49,7 @@ DOT_INSTALL_COMMANDS = {
 
 
 def dot_install_help() -> str:
-    """How to install Graphviz's ``dot`` on each platform (shown when it is missing)."""
+    """How to install Graphviz's ``dot`` on each platform, shown by every notebook's drawings when it is missing."""
     lines = ["Graphviz's `dot` program is not installed, so the graph cannot be drawn as a picture."]
     lines.append("Install it, then restart the kernel:")
     lines += [f"  {platform:<17} {command}" for platform, command in DOT_INSTALL_COMMANDS.items()]
@@ -61,7 +61,8 @@ class SavedTensorInfo:
     """One tensor a graph node saved for backward.
 
     ``shape``, ``dtype`` and ``nbytes`` are ``None`` when the buffer was freed before anything
-    recorded it (draw the graph before backward to keep them).
+    recorded it (draw the graph before backward to keep them). Listed in notebooks 01_graph_buffers
+    and 02_multi_loss.
     """
 
     node: str
@@ -198,6 +199,7 @@ class AutogradGraph(graphviz.Digraph):
 
     It shows as a picture in Jupyter. When Graphviz's ``dot`` is missing it shows the install
     commands and a text rendering instead of a traceback; ``.text`` always holds that rendering.
+    Returned by :func:`draw_graph` in notebooks 01_graph_buffers and 02_multi_loss.
     """
 
     saved: list[SavedTensorInfo]

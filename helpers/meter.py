@@ -58,7 +58,10 @@ class _StorageEntry:
 
 @dataclass(frozen=True)
 class MeterReading:
-    """The meter's figures at one moment (bytes are distinct storages, never double counted)."""
+    """The meter's figures at one moment (bytes are distinct storages, never double counted).
+
+    Returned by :meth:`SavedTensorMeter.reading`; used by the lab in notebooks 01 and 02.
+    """
 
     saved_tensors: int
     saved_bytes: int

@@ -18,7 +18,10 @@ __all__ = ["Table", "operation_table"]
 
 
 class Table:
-    """Rows of values shown as an HTML table in Jupyter and as aligned text elsewhere."""
+    """Rows of values shown as an HTML table in Jupyter and as aligned text elsewhere.
+
+    Used by notebooks 01_graph_buffers and 02_multi_loss.
+    """
 
     def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         self.columns = list(columns)

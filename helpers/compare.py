@@ -1,0 +1,223 @@
+"""Run several ways of doing one training step side by side: gradients, time and memory.
+
+Every pattern is a function that runs one full step (forward and backward) on the same model and
+data, leaving gradients in ``.grad``. :func:`compare_patterns` checks each pattern's gradients
+against a reference pattern, times them in alternating rounds (so machine noise hits all alike),
+takes the peak graph-only bytes from a :class:`SavedTensorMeter` and cross-checks memory with
+``torch.profiler``'s allocation events.
+
+Used by notebooks 02_multi_loss and 03_gan_step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+from matplotlib.figure import Figure
+from tqdm.auto import tqdm
+
+from helpers.meter import SavedTensorMeter, format_bytes
+from helpers.tables import Table
+
+__all__ = ["PatternComparison", "PatternResult", "compare_gradients", "compare_patterns", "profiler_peak_bytes"]
+
+Step = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class PatternResult:
+    """One pattern's figures from :func:`compare_patterns` (notebooks 02_multi_loss and 03_gan_step)."""
+
+    name: str
+    gradients: str  # "bit-equal", "close (max diff ...)" or "DIFFERENT (max diff ...)"
+    bit_equal: bool
+    close: bool
+    max_difference: float
+    seconds_per_step: float
+    time_ratio: float
+    peak_graph_only_bytes: int
+    profiler_peak_bytes: int
+
+
+def compare_gradients(
+    grads: Mapping[str, torch.Tensor | None], reference: Mapping[str, torch.Tensor | None]
+) -> tuple[bool, bool, float]:
+    """(bit-equal, close, largest absolute difference) between two sets of named gradients."""
+    if set(grads) != set(reference):
+        raise ValueError(f"Gradients name different parameters: {sorted(grads)} vs {sorted(reference)}.")
+    bit_equal, close, worst = True, True, 0.0
+    for name, ref in reference.items():
+        got = grads[name]
+        if got is None or ref is None:
+            if (got is None) != (ref is None):
+                return False, False, float("inf")
+            continue
+        if not torch.equal(got, ref):
+            bit_equal = False
+            worst = max(worst, float((got - ref).abs().max()))
+            close = close and torch.allclose(got, ref, rtol=1e-5, atol=1e-7)
+    return bit_equal, close, worst
+
+
+def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+    return {name: None if p.grad is None else p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    # The profiler's C++ side prints start/stop lines with timestamps straight to file
+    # descriptor 2, which Jupyter shows as output; silence it so notebook outputs stay stable.
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def profiler_peak_bytes(step: Step) -> int:
+    """The highest net CPU memory allocated while ``step`` runs, from torch.profiler's events.
+
+    Allocations and frees are summed in time order; the peak includes everything the step
+    allocates (activations, gradients, temporaries), not only saved tensors. Used by notebook
+    02_multi_loss (through :func:`compare_patterns` and its exercise check).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted(
+        (event.start_ns(), event.nbytes())
+        for event in prof.profiler.kineto_results.events()
+        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU
+    )
+    running = peak = 0
+    for _, nbytes in events:
+        running += nbytes
+        peak = max(peak, running)
+    return peak
+
+
+@dataclass
+class PatternComparison:
+    """What :func:`compare_patterns` measured, as a table and a chart (notebooks 02 and 03)."""
+
+    reference: str
+    results: list[PatternResult]
+    rounds: int
+
+    def __getitem__(self, name: str) -> PatternResult:
+        for result in self.results:
+            if result.name == name:
+                return result
+        raise KeyError(f"No pattern {name!r}; the patterns are {[r.name for r in self.results]}.")
+
+    def table(self) -> Table:
+        """One row per pattern: gradients against the reference, time, memory."""
+        rows = [
+            [r.name, r.gradients, f"{r.seconds_per_step * 1e3:.2f} ms", f"{r.time_ratio:.2f}x",
+             format_bytes(r.peak_graph_only_bytes), format_bytes(r.profiler_peak_bytes)]
+            for r in self.results
+        ]
+        return Table(["pattern", f"gradients vs {self.reference}", "time per step", f"time / {self.reference}",
+                      "peak graph-only (meter)", "peak allocated (profiler)"], rows)
+
+    def chart(self) -> Figure:
+        """Bars: time relative to the reference, and the two memory figures, per pattern."""
+        figure = Figure(figsize=(10, 3.4), dpi=90)
+        names = [r.name for r in self.results]
+        short = [name.split(":")[0] for name in names]
+        time_axes, memory_axes = figure.subplots(1, 2)
+        time_axes.bar(short, [r.time_ratio for r in self.results], color="tab:blue")
+        time_axes.axhline(1.0, color="gray", linewidth=1, linestyle="--")
+        time_axes.set_ylabel(f"time per step / {self.reference.split(':')[0]}")
+        time_axes.set_title(f"Time (median of {self.rounds} rounds)")
+        positions = range(len(names))
+        width = 0.4
+        memory_axes.bar([p - width / 2 for p in positions], [r.peak_graph_only_bytes / 1024 for r in self.results],
+                        width, label="peak graph-only (meter)", color="tab:orange")
+        memory_axes.bar([p + width / 2 for p in positions], [r.profiler_peak_bytes / 1024 for r in self.results],
+                        width, label="peak allocated (profiler)", color="tab:gray")
+        memory_axes.set_xticks(list(positions), short)
+        memory_axes.set_ylabel("KiB")
+        memory_axes.set_title("Memory during one step")
+        memory_axes.legend(fontsize=8, loc="lower right")
+        figure.tight_layout()
+        return figure
+
+
+def compare_patterns(
+    patterns: Mapping[str, Step],
+    model: torch.nn.Module,
+    reference: str,
+    rounds: int = 30,
+    progress: bool = True,
+) -> PatternComparison:
+    """Measure each pattern on ``model``: gradients vs ``reference``, time per step, memory.
+
+    Each pattern runs one complete step (forward and backward, no optimizer step, so every
+    pattern sees the same weights). Gradients are compared after one step from zeroed
+    ``.grad``; time is the median over ``rounds`` alternating rounds; memory is the meter's peak
+    graph-only bytes and the profiler's peak allocation over one step. Used by notebooks
+    02_multi_loss and 03_gan_step.
+    """
+    if not isinstance(patterns, Mapping) or not patterns:
+        raise TypeError("compare_patterns() takes a non-empty dict of name -> step function.")
+    if reference not in patterns:
+        raise ValueError(f"reference={reference!r} is not one of the patterns {list(patterns)}.")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"compare_patterns(model=...) takes a torch.nn.Module, not {type(model).__name__}.")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive whole number, not {rounds!r}.")
+    for name, step in patterns.items():
+        if not callable(step):
+            raise TypeError(f"Pattern {name!r} is not a function.")
+
+    gradients: dict[str, dict[str, torch.Tensor | None]] = {}
+    peaks: dict[str, int] = {}
+    profiled: dict[str, int] = {}
+    for name, step in patterns.items():
+        model.zero_grad(set_to_none=True)
+        meter = SavedTensorMeter()
+        with meter:
+            step()
+        peaks[name] = meter.peak_graph_only_bytes
+        gradients[name] = _gradients(model)
+        model.zero_grad(set_to_none=True)
+        profiled[name] = profiler_peak_bytes(step)
+
+    times: dict[str, list[float]] = {name: [] for name in patterns}
+    names = list(patterns)
+    for round_index in tqdm(range(rounds), desc="timing rounds", disable=not progress, leave=True):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            model.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            patterns[name]()
+            times[name].append(time.perf_counter() - start)
+    model.zero_grad(set_to_none=True)
+
+    reference_time = statistics.median(times[reference])
+    results = []
+    for name in names:
+        bit_equal, close, worst = compare_gradients(gradients[name], gradients[reference])
+        if bit_equal:
+            verdict = "bit-equal"
+        elif close:
+            verdict = f"close (max diff {worst:.1e})"
+        else:
+            verdict = f"DIFFERENT (max diff {worst:.1e})"
+        median = statistics.median(times[name])
+        results.append(PatternResult(name, verdict, bit_equal, close, worst, median, median / reference_time,
+                                     peaks[name], profiled[name]))
+    if progress:
+        print(f"Measured {len(names)} patterns: gradients, {rounds} timing rounds, meter and profiler memory.")
+    return PatternComparison(reference, results, rounds)
