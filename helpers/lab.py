@@ -125,6 +125,8 @@ class BackwardLab:
         self.forward_button = self._button(
             "Forward", "Run the forward pass inside the meter: builds a new graph that saves tensors for backward",
             "bt-forward", self.forward)
+        # Alone in the panel's column it would stretch into a full-width bar that reads as a header.
+        self.forward_button.layout.align_self = "flex-start"
         self.retain: dict[str, widgets.Checkbox] = {}
         self.backward_buttons: dict[str, widgets.Button] = {}
         loss_rows = []

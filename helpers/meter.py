@@ -102,12 +102,12 @@ class SavedTensorMeter:
         self._entries: dict[int, _StorageEntry] = {}
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._peak_graph_only = 0
-        # Graph-only bytes only rise when Python drops its own references, which nobody is told
-        # about, and only fall when a buffer is released. So the true peak is reached just before
-        # a release or now; sampling at the first release after any pack or read catches it
-        # without scanning all storages on every release.
-        self._sample_before_release = False
-        self.exact = _storage_use_count is not None
+        if _storage_use_count is None:
+            raise RuntimeError(
+                "SavedTensorMeter needs torch._C._storage_Use_Count to tell which saved storages only "
+                f"the graph keeps alive, and torch {torch.__version__} does not have it. The course is "
+                "tested with torch==2.13.0 (see requirements.txt)."
+            )
 
     # -- context manager -------------------------------------------------------------------
     def __enter__(self) -> SavedTensorMeter:
@@ -152,7 +152,6 @@ class SavedTensorMeter:
         if entry is None:
             entry = self._entries[key] = _StorageEntry(storage.nbytes(), tensor.device)
         entry.boxes.append(weakref.ref(box))
-        self._sample_before_release = True
         return box
 
     @staticmethod
@@ -160,9 +159,12 @@ class SavedTensorMeter:
         return box.tensor
 
     def _release(self, box: _SavedBox) -> None:
-        if self._sample_before_release:
-            self._sample_before_release = False
-            self._peak_graph_only = max(self._peak_graph_only, self._graph_only_bytes())
+        # Graph-only bytes rise only when Python drops its own references, which nobody is told
+        # about, and fall only when a buffer is released. So the true peak is reached just before
+        # some release, or now: sampling before every release (and on every read) is exact.
+        graph_only = self._graph_only_bytes()
+        if graph_only > self._peak_graph_only:
+            self._peak_graph_only = graph_only
         entry = self._entries.get(box.key)
         if entry is None:
             return
@@ -179,17 +181,15 @@ class SavedTensorMeter:
         return [box for box in (ref() for ref in entry.boxes) if box is not None]
 
     def _graph_only_bytes(self) -> int:
-        if _storage_use_count is None:
-            return 0
+        use_count = _storage_use_count
+        assert use_count is not None  # checked in __init__
         total = 0
         for entry in self._entries.values():
             boxes = entry.boxes
             first = boxes[0]() if boxes else None
-            if first is None:
-                continue
             # Owners: one per box's tensor, plus the storage object made here. Any other owner
             # (a parameter, an input, a variable of yours) keeps the storage alive.
-            if _storage_use_count(first.tensor.untyped_storage()._cdata) == len(boxes) + 1:
+            if first is not None and use_count(first.tensor.untyped_storage()._cdata) == len(boxes) + 1:
                 total += entry.nbytes
         return total
 
@@ -208,7 +208,6 @@ class SavedTensorMeter:
         """Bytes of saved storages that nothing but autograd keeps alive right now."""
         value = self._graph_only_bytes()
         self._peak_graph_only = max(self._peak_graph_only, value)
-        self._sample_before_release = True
         return value
 
     @property
@@ -248,8 +247,6 @@ class SavedTensorMeter:
         )
         if r.cuda_allocated_bytes is not None:
             text += f", cuda_allocated_bytes={format_bytes(r.cuda_allocated_bytes)}"
-        if not self.exact:
-            text += ", exact=False"
         return text + ")"
 
 

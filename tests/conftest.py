@@ -1,0 +1,102 @@
+"""Shared fixtures: an independent ground truth for saved-tensor bytes, and small seeded models."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+
+@dataclass
+class SavedStorages:
+    """Weak references to every distinct storage a graph saved, found by walking grad_fn.
+
+    Only weak references are kept, so the graph alone decides when each storage dies.
+    """
+
+    refs: dict[tuple[str, int], tuple[StorageWeakRef, int]]
+    saved_attributes: int  # tensor-valued _saved_* attributes (one storage may appear twice)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(nbytes for _, nbytes in self.refs.values())
+
+    def dead_bytes(self) -> int:
+        gc.collect()
+        return sum(nbytes for ref, nbytes in self.refs.values() if ref.expired())
+
+    def alive_bytes(self) -> int:
+        gc.collect()
+        return sum(nbytes for ref, nbytes in self.refs.values() if not ref.expired())
+
+
+def _walk_saved_storages(*roots: torch.Tensor) -> SavedStorages:
+    refs: dict[tuple[str, int], tuple[StorageWeakRef, int]] = {}
+    attributes = 0
+    seen: set[int] = set()
+    stack = [root.grad_fn for root in roots if root.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for name in dir(fn):
+            if not name.startswith("_saved_"):
+                continue
+            value = getattr(fn, name)
+            if isinstance(value, torch.Tensor):
+                tensors = [value]
+            elif isinstance(value, (list, tuple)):
+                tensors = [item for item in value if isinstance(item, torch.Tensor)]
+            else:
+                tensors = []
+            for tensor in tensors:
+                attributes += 1
+                storage = tensor.untyped_storage()
+                assert storage.nbytes() > 0, "ground truth keys storages by data_ptr; avoid empty tensors"
+                key = (str(tensor.device), storage.data_ptr())
+                if key not in refs:
+                    refs[key] = (StorageWeakRef(storage), storage.nbytes())
+                del storage
+            del value, tensors
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    gc.collect()
+    return SavedStorages(refs, attributes)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_gc():
+    """Move what the imports made (torch, matplotlib, ipywidgets) out of the collector's sight.
+
+    Every ``gc.collect()`` otherwise rescans that whole heap (about 0.2 s each); objects the tests
+    make are still collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
+@pytest.fixture
+def saved_storages() -> Callable[..., SavedStorages]:
+    """``saved_storages(loss, ...)``: weak refs to the storages the graph behind the roots saved."""
+    return _walk_saved_storages
+
+
+@pytest.fixture
+def make_mlp() -> Callable[..., torch.nn.Module]:
+    """``make_mlp(seed=0, device='cpu')``: the same small Linear/ReLU/Tanh MLP for a given seed."""
+
+    def make(seed: int = 0, device: str = "cpu") -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(),
+            torch.nn.Linear(16, 16), torch.nn.Tanh(),
+            torch.nn.Linear(16, 1),
+        ).to(device)
+
+    return make

@@ -1,0 +1,82 @@
+"""expect_error: shows the expected error, and fails when it stops happening or changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.errors import ExpectedError, expect_error
+
+
+def _backward_twice() -> None:
+    w = torch.tensor([1.0, 2.0], requires_grad=True)
+    loss = (w * w).sum()
+    loss.backward()
+    loss.backward()
+
+
+def test_expected_error_is_caught_recorded_and_printed(capsys):
+    with expect_error(RuntimeError, match="backward through the graph a second time") as caught:
+        _backward_twice()
+    assert isinstance(caught, ExpectedError)
+    assert caught.type_name == "RuntimeError"
+    assert "retain_graph=True" in caught.message
+    assert isinstance(caught.exception, RuntimeError)
+    out = capsys.readouterr().out
+    assert "RuntimeError" in out
+    assert "backward through the graph a second time" in out.replace("\n  ", " ")
+
+
+def test_subclass_of_the_expected_type_counts_and_show_false_prints_nothing(capsys):
+    with expect_error(LookupError, show=False) as caught:
+        {}["missing"]
+    assert caught.type_name == "KeyError"
+    assert capsys.readouterr().out == ""
+
+
+def test_long_messages_are_wrapped(capsys):
+    with expect_error(ValueError, width=30):
+        raise ValueError("word " * 40)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 3
+    assert all(len(line) <= 30 for line in lines[1:])
+
+
+def test_no_error_is_an_assertion_error():
+    with pytest.raises(AssertionError, match="ran without error"):
+        with expect_error(RuntimeError):
+            pass
+
+
+def test_error_of_another_type_is_reraised_with_a_note():
+    with pytest.raises(KeyError) as info:
+        with expect_error(RuntimeError, match="second time"):
+            raise KeyError("other")
+    notes = getattr(info.value, "__notes__", [])
+    assert any("expected RuntimeError" in note and "KeyError" in note for note in notes)
+
+
+def test_message_that_does_not_match_is_reraised_with_a_note(capsys):
+    with pytest.raises(RuntimeError, match="something else") as info:
+        with expect_error(RuntimeError, match="backward through the graph"):
+            raise RuntimeError("something else")
+    notes = getattr(info.value, "__notes__", [])
+    assert any("did not match" in note for note in notes)
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("not_an_exception", [int, "RuntimeError", RuntimeError("x"), None])
+def test_non_exception_class_is_a_type_error(not_an_exception):
+    ran = []
+    with pytest.raises(TypeError, match="exception class"):
+        with expect_error(not_an_exception):
+            ran.append(True)
+    assert not ran
+
+
+def test_match_must_be_a_string():
+    ran = []
+    with pytest.raises(TypeError, match="regular expression"):
+        with expect_error(RuntimeError, match=42):
+            ran.append(True)
+    assert not ran

@@ -1,0 +1,338 @@
+"""SavedTensorMeter against an independent ground truth: which saved storages really die."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from helpers.meter import MeterReading, SavedTensorMeter, format_bytes
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _mlp_loss(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).pow(2).mean()
+
+
+# -- ground truth ----------------------------------------------------------------------------
+
+def test_mlp_graph_only_bytes_match_storages_freed_by_backward(make_mlp, saved_storages):
+    model = make_mlp()
+    x = torch.randn(32, 8)
+    meter = SavedTensorMeter()
+    with meter:
+        loss = _mlp_loss(model, x)
+    truth = saved_storages(loss)
+    assert truth.dead_bytes() == 0  # the walk itself keeps nothing alive, and nothing died yet
+    before = meter.graph_only_bytes
+    loss.backward()
+    died = truth.dead_bytes()
+    assert died > 0
+    assert before == died
+    assert meter.graph_only_bytes == 0
+    assert meter.peak_graph_only_bytes == before
+    assert meter.saved_bytes == 0
+    assert meter.saved_tensors == 0
+
+
+def test_parameters_and_kept_input_do_not_count_but_inline_input_does(make_mlp, saved_storages):
+    model = make_mlp()
+    x_kept = torch.randn(5, 8)
+    meter = SavedTensorMeter()
+
+    def forward():
+        x_inline = torch.randn(3, 8)  # only the graph will hold this one
+        loss = model(x_kept).pow(2).sum() + model(x_inline).pow(2).sum()
+        return loss, StorageWeakRef(x_inline.untyped_storage()), x_inline.untyped_storage().nbytes()
+
+    with meter:
+        loss, inline_ref, inline_bytes = forward()
+    gc.collect()
+    assert not inline_ref.expired(), "the graph saved the inline input, so it must still be alive"
+    truth = saved_storages(loss)
+    before_graph_only = meter.graph_only_bytes
+    before_saved = meter.saved_bytes
+    loss.backward()
+    died = truth.dead_bytes()
+    survived = truth.alive_bytes()
+
+    assert inline_ref.expired()
+    assert before_graph_only == died
+    assert before_graph_only >= inline_bytes
+    # Parameters and x_kept were saved too (they are what survived) and count in saved_bytes only.
+    kept_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept_storages.add(x_kept.untyped_storage().data_ptr())
+    surviving_keys = {ptr for (_, ptr), (ref, _) in truth.refs.items() if not ref.expired()}
+    assert surviving_keys and surviving_keys <= kept_storages
+    assert x_kept.untyped_storage().data_ptr() in surviving_keys
+    assert before_saved == died + survived
+    assert meter.graph_only_bytes == 0
+
+
+def test_activation_saved_by_two_nodes_is_counted_once(saved_storages):
+    torch.manual_seed(1)
+    x = torch.randn(6, 7)
+    w1 = torch.randn(7, 9, requires_grad=True)
+    w2 = torch.randn(7, 9, requires_grad=True)
+    meter = SavedTensorMeter()
+    with meter:
+        h = torch.tanh(x @ w1)  # saved by TanhBackward (result) and by MulBackward (self)
+        h2 = torch.sin(x @ w2)
+        loss = (h * h2).sum() + h.exp().sum()
+    del h, h2
+    truth = saved_storages(loss)
+    # h is saved twice: the meter counts every saved tensor but every storage once.
+    assert truth.saved_attributes > len(truth.refs)
+    assert meter.saved_tensors == truth.saved_attributes
+    assert meter.saved_bytes == truth.total_bytes
+    before = meter.graph_only_bytes
+    loss.backward()
+    assert before == truth.dead_bytes()
+    assert meter.graph_only_bytes == 0
+
+
+def test_retain_graph_frees_nothing_until_the_graph_is_dropped(make_mlp, saved_storages):
+    model = make_mlp()
+    x = torch.randn(16, 8)
+    meter = SavedTensorMeter()
+    with meter:
+        loss = _mlp_loss(model, x)
+    truth = saved_storages(loss)
+    before = meter.graph_only_bytes
+    assert before > 0
+    loss.backward(retain_graph=True)
+    assert truth.dead_bytes() == 0
+    assert meter.graph_only_bytes == before
+    del loss
+    died = truth.dead_bytes()
+    assert died == before
+    assert meter.graph_only_bytes == 0
+
+
+def test_del_loss_without_backward_frees_the_graph(make_mlp, saved_storages):
+    model = make_mlp()
+    x = torch.randn(16, 8)
+    meter = SavedTensorMeter()
+    with meter:
+        loss = _mlp_loss(model, x)
+    truth = saved_storages(loss)
+    before = meter.graph_only_bytes
+    del loss
+    assert before == truth.dead_bytes() > 0
+    assert meter.graph_only_bytes == 0
+    assert meter.saved_tensors == 0
+
+
+# -- peak, reset, readings ---------------------------------------------------------------------
+
+def test_peak_keeps_the_pre_backward_figure_without_a_prior_read(make_mlp, saved_storages):
+    model = make_mlp()
+    x = torch.randn(16, 8)
+    meter = SavedTensorMeter()
+    with meter:
+        loss = _mlp_loss(model, x)
+    truth = saved_storages(loss)
+    loss.backward()  # no figure read before: the meter must sample the peak itself
+    died = truth.dead_bytes()
+    assert meter.graph_only_bytes == 0
+    assert meter.peak_graph_only_bytes == died > 0
+
+
+def test_reset_peak_starts_from_the_current_figure(make_mlp):
+    model = make_mlp()
+    meter = SavedTensorMeter()
+    with meter:
+        loss = _mlp_loss(model, torch.randn(16, 8))
+    loss.backward()
+    assert meter.peak_graph_only_bytes > 0
+    meter.reset_peak()
+    assert meter.peak_graph_only_bytes == 0
+
+    with meter:
+        loss = _mlp_loss(model, torch.randn(4, 8))
+    current = meter.graph_only_bytes
+    meter.reset_peak()
+    assert meter.peak_graph_only_bytes == current > 0
+
+
+def test_saved_bytes_cover_graph_only_bytes_and_reading_agrees(make_mlp):
+    model = make_mlp()
+    meter = SavedTensorMeter()
+    with meter:
+        loss = _mlp_loss(model, torch.randn(16, 8))
+    reading = meter.reading()
+    assert isinstance(reading, MeterReading)
+    assert reading.saved_bytes > reading.graph_only_bytes > 0  # parameters are saved, not graph-only
+    assert reading.graph_only_bytes == meter.graph_only_bytes
+    assert reading.saved_bytes == meter.saved_bytes
+    assert reading.saved_tensors == meter.saved_tensors
+    assert reading.peak_graph_only_bytes >= reading.graph_only_bytes
+    loss.backward()
+    assert meter.saved_bytes >= meter.graph_only_bytes
+    text = repr(meter)
+    assert text.startswith("SavedTensorMeter(") and "graph_only_bytes=0 B" in text
+
+
+def test_counters_follow_frees_after_the_with_block(make_mlp):
+    model = make_mlp()
+    meter = SavedTensorMeter()
+    with meter:
+        assert meter.active
+        loss_a = _mlp_loss(model, torch.randn(16, 8))
+        loss_b = _mlp_loss(model, torch.randn(16, 8))
+    assert not meter.active
+    both = meter.graph_only_bytes
+    loss_a.backward()
+    after_a = meter.graph_only_bytes
+    assert 0 < after_a < both
+    del loss_b
+    gc.collect()
+    assert meter.graph_only_bytes == 0
+
+
+def test_tensors_saved_outside_the_block_are_not_counted(make_mlp):
+    model = make_mlp()
+    meter = SavedTensorMeter()
+    with meter:
+        pass
+    loss = _mlp_loss(model, torch.randn(16, 8))
+    assert meter.saved_tensors == 0
+    assert meter.graph_only_bytes == 0
+    loss.backward()
+
+
+def test_meter_keeps_no_graph_or_tensor_alive(make_mlp):
+    model = make_mlp()
+    meter = SavedTensorMeter()
+    with meter:
+        hidden = torch.tanh(model[0](torch.randn(16, 8)))  # saved by TanhBackward: graph-only once dropped
+        loss = hidden.pow(2).sum()
+    hidden_storage = StorageWeakRef(hidden.untyped_storage())
+    loss_ref = weakref.ref(loss)
+    del loss, hidden
+    gc.collect()
+    assert loss_ref() is None
+    assert hidden_storage.expired()
+    assert meter.saved_tensors == 0
+    assert meter.graph_only_bytes == 0
+
+
+def test_peak_sees_a_rise_after_a_release_without_a_read(saved_storages):
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, requires_grad=True)
+    meter = SavedTensorMeter()
+    with meter:
+        small = torch.tanh(torch.randn(1, 64) @ w).sum()
+        x_big = torch.randn(256, 64)
+        hidden = torch.tanh(x_big @ w)
+        big = hidden.exp().sum()
+    truth = saved_storages(big)
+    small.backward()
+    del hidden, x_big  # now the big graph alone holds these
+    big.backward()
+    assert meter.peak_graph_only_bytes >= truth.dead_bytes()
+
+
+def test_without_the_private_use_count_the_meter_refuses_to_guess(monkeypatch):
+    import helpers.meter as meter_module
+
+    monkeypatch.setattr(meter_module, "_storage_use_count", None)
+    with pytest.raises(RuntimeError, match="_storage_Use_Count.*torch==2.13.0"):
+        SavedTensorMeter()
+
+
+# -- entering ----------------------------------------------------------------------------------
+
+def test_nested_meters_raise_a_clear_error():
+    outer, inner = SavedTensorMeter(), SavedTensorMeter()
+    with outer:
+        with pytest.raises(ValueError, match="another SavedTensorMeter is already active.*cannot be nested"):
+            with inner:
+                pass
+        assert outer.active and not inner.active
+    assert not outer.active
+    with inner:  # the failed nesting left nothing behind
+        assert inner.active
+
+
+def test_entering_the_same_meter_twice_nested_raises():
+    meter = SavedTensorMeter()
+    with meter:
+        with pytest.raises(ValueError, match="this meter is already active"):
+            with meter:
+                pass
+        assert meter.active
+    assert not meter.active
+
+
+def test_meter_can_be_entered_again_sequentially(make_mlp, saved_storages):
+    model = make_mlp()
+    meter = SavedTensorMeter()
+    with meter:
+        loss_a = _mlp_loss(model, torch.randn(16, 8))
+    with meter:
+        loss_b = _mlp_loss(model, torch.randn(16, 8))
+    truth_a, truth_b = saved_storages(loss_a), saved_storages(loss_b)
+    total = meter.graph_only_bytes
+    loss_a.backward()
+    loss_b.backward()
+    assert total == truth_a.dead_bytes() + truth_b.dead_bytes()
+    assert meter.graph_only_bytes == 0
+
+
+def test_exception_inside_the_block_deactivates_the_meter():
+    meter = SavedTensorMeter()
+    with pytest.raises(KeyError):
+        with meter:
+            raise KeyError("boom")
+    assert not meter.active
+    with SavedTensorMeter() as other:  # no meter is left registered as active
+        assert other.active
+
+
+# -- devices -----------------------------------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_cuda_allocated_bytes_is_none_without_cuda():
+    meter = SavedTensorMeter()
+    assert meter.cuda_allocated_bytes is None
+    assert meter.reading().cuda_allocated_bytes is None
+    assert "cuda_allocated_bytes" not in repr(meter)
+
+
+@requires_cuda
+def test_cuda_mlp_ground_truth_and_allocator_drop(make_mlp, saved_storages):
+    model = make_mlp(device="cuda")
+    x = torch.randn(256, 8, device="cuda")
+    _mlp_loss(model, x).backward()  # allocate .grad once, so the measured backward only frees
+    meter = SavedTensorMeter()
+    with meter:
+        loss = _mlp_loss(model, x)
+    truth = saved_storages(loss)
+    torch.cuda.synchronize()
+    before_graph_only = meter.graph_only_bytes
+    allocated_before = torch.cuda.memory_allocated()
+    assert meter.cuda_allocated_bytes == allocated_before
+    loss.backward()
+    torch.cuda.synchronize()
+    gc.collect()
+    drop = allocated_before - torch.cuda.memory_allocated()
+    print(f"graph_only={before_graph_only} B, memory_allocated drop={drop} B")
+    assert before_graph_only == truth.dead_bytes() > 0
+    assert before_graph_only <= drop + 4096
+    assert meter.graph_only_bytes == 0
+
+
+# -- format_bytes ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("n", "expected"),
+    [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"), (3 * 1024**2, "3.0 MiB"),
+     (5 * 1024**3, "5.0 GiB"), (2048 * 1024**3, "2048.0 GiB")],
+)
+def test_format_bytes(n, expected):
+    assert format_bytes(n) == expected
