@@ -31,10 +31,12 @@ class _SavedBox:
     ``gc.collect()`` cannot break, and the whole graph would outlive ``del loss``.
     """
 
-    __slots__ = ("tensor", "meter", "key", "__weakref__")
+    __slots__ = ("tensor", "version", "meter", "key", "__weakref__")
 
     def __init__(self, tensor: torch.Tensor, meter: SavedTensorMeter, key: int) -> None:
         self.tensor = tensor
+        # A detached tensor shares the version counter of the tensor it came from.
+        self.version = tensor._version
         self.meter = meter
         self.key = key
 
@@ -85,6 +87,10 @@ class SavedTensorMeter:
 
     Not counted: a Python number in an expression (``x * 2``) is kept by the graph as a 0-dim
     tensor that never passes through saved-tensor hooks (it is a few bytes).
+
+    Saved-tensor hooks switch off autograd's check that a saved tensor was not modified in place;
+    the meter repeats that check itself, so a step that raises "modified by an inplace
+    operation" raises it inside the meter too.
 
     Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
 
@@ -156,7 +162,18 @@ class SavedTensorMeter:
 
     @staticmethod
     def _unpack(box: _SavedBox) -> torch.Tensor:
-        return box.tensor
+        # With saved-tensor hooks installed, autograd no longer checks whether a saved tensor
+        # was modified in place after it was saved; without this check a step that raises
+        # "modified by an inplace operation" would run silently inside the meter.
+        tensor = box.tensor
+        if tensor._version != box.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: [{tensor.type()} {list(tensor.shape)}] is at version {tensor._version}; "
+                f"expected version {box.version} instead. (Checked by SavedTensorMeter: its saved-tensor "
+                "hooks replace autograd's own check, which reports the same error without a meter.)"
+            )
+        return tensor
 
     def _release(self, box: _SavedBox) -> None:
         # Graph-only bytes rise only when Python drops its own references, which nobody is told

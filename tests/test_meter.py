@@ -336,3 +336,26 @@ def test_cuda_mlp_ground_truth_and_allocator_drop(make_mlp, saved_storages):
 )
 def test_format_bytes(n, expected):
     assert format_bytes(n) == expected
+
+
+# -- the in-place check ------------------------------------------------------------------------
+
+def test_a_saved_tensor_modified_in_place_still_raises_inside_the_meter():
+    weight = torch.randn(3, 3, requires_grad=True)
+    with SavedTensorMeter():
+        loss = (weight.t() * weight).sum()
+    with torch.no_grad():
+        weight.add_(1.0)
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation: \[torch.FloatTensor \[3, 3\]\] "
+                                           r"is at version 1; expected version 0"):
+        loss.backward()
+
+
+def test_in_place_operations_before_saving_are_fine_inside_the_meter():
+    x = torch.randn(5, requires_grad=True)
+    with SavedTensorMeter():
+        h = x * 2
+        h.relu_()
+        loss = (h * h).sum()
+    loss.backward()
+    assert torch.allclose(x.grad, 8 * x * (x > 0))
