@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import textwrap
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import torch
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
+from helpers.figures import PngFigure
 from helpers.meter import SavedTensorMeter, format_bytes
 from helpers.tables import Table
 
@@ -106,6 +108,13 @@ def profiler_peak_bytes(step: Step) -> int:
     return peak
 
 
+def _short_label(name: str) -> str:
+    """``'(a) retain, then backward'`` -> ``'(a)'``; other names wrapped to fit under a bar."""
+    if name.startswith("(") and ")" in name:
+        return name[: name.index(")") + 1]
+    return textwrap.fill(name, 16)
+
+
 @dataclass
 class PatternComparison:
     """What :func:`compare_patterns` measured, as a table and a chart (notebooks 02 and 03)."""
@@ -132,13 +141,13 @@ class PatternComparison:
 
     def chart(self) -> Figure:
         """Bars: time relative to the reference, and the two memory figures, per pattern."""
-        figure = Figure(figsize=(10, 3.4), dpi=90)
+        figure = PngFigure(figsize=(10, 3.4), dpi=90)
         names = [r.name for r in self.results]
-        short = [name.split(":")[0] for name in names]
+        short = [_short_label(name) for name in names]
         time_axes, memory_axes = figure.subplots(1, 2)
         time_axes.bar(short, [r.time_ratio for r in self.results], color="tab:blue")
         time_axes.axhline(1.0, color="gray", linewidth=1, linestyle="--")
-        time_axes.set_ylabel(f"time per step / {self.reference.split(':')[0]}")
+        time_axes.set_ylabel(f"time per step / {_short_label(self.reference)}")
         time_axes.set_title(f"Time (median of {self.rounds} rounds)")
         positions = range(len(names))
         width = 0.4
@@ -149,7 +158,9 @@ class PatternComparison:
         memory_axes.set_xticks(list(positions), short)
         memory_axes.set_ylabel("KiB")
         memory_axes.set_title("Memory during one step")
-        memory_axes.legend(fontsize=8, loc="lower right")
+        top = max(max(r.peak_graph_only_bytes, r.profiler_peak_bytes) for r in self.results) / 1024
+        memory_axes.set_ylim(0, top * 1.3)  # room for the legend above the bars
+        memory_axes.legend(fontsize=8, loc="upper left", ncol=2)
         figure.tight_layout()
         return figure
 

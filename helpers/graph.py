@@ -264,7 +264,8 @@ def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True) -> 
     graph = AutogradGraph(
         node_attr=dict(style="filled", shape="box", align="left", fontsize="10", ranksep="0.1",
                        height="0.2", fontname="monospace"),
-        graph_attr=dict(size="12,12"),
+        # At most about 800 px wide, the width of a JupyterLab notebook column: wider graphs scale down.
+        graph_attr=dict(size="8.5,14"),
     )
     nodes = _walk(named_roots)
     node_ids = {id(fn): f"op{i}" for i, fn in enumerate(nodes)}

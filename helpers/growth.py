@@ -21,6 +21,7 @@ import torch
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
+from helpers.figures import PngFigure
 from helpers.meter import SavedTensorMeter, format_bytes
 from helpers.tables import Table
 
@@ -72,7 +73,8 @@ class GrowthResult:
         return values[-1] > values[0]
 
     def table(self) -> Table:
-        """Per variant: final graph-only bytes, growth per iteration, early vs late iteration time."""
+        """Per variant: final graph-only bytes, growth per iteration, and the median time of the first
+        and last tenth of the iterations with their ratio (above 1: later iterations were slower)."""
         window = max(1, self.iterations // 10)
         rows = []
         for name, variant in self.variants.items():
@@ -80,21 +82,25 @@ class GrowthResult:
             early, late = statistics.median(times[:window]), statistics.median(times[-window:])
             rows.append([name, variant.code, format_bytes(self.graph_only_bytes[name][-1]),
                          format_bytes(int(self.growth_per_iteration(name))),
-                         f"{early * 1e3:.2f} ms", f"{late * 1e3:.2f} ms"])
+                         f"{early * 1e3:.2f} ms", f"{late * 1e3:.2f} ms", f"{late / early:.2f}"])
         return Table(["variant", "loop body", "graph-only bytes at the end", "growth per iteration",
-                      f"time, first {window}", f"time, last {window}"], rows)
+                      f"time, first {window}", f"time, last {window}", "last / first"], rows)
 
     def chart(self) -> Figure:
         """Graph-only MiB and time per iteration (a moving median), one line per variant."""
-        figure = Figure(figsize=(10, 3.4), dpi=90)
+        figure = PngFigure(figsize=(10, 3.4), dpi=90)
         memory_axes, time_axes = figure.subplots(1, 2)
         window = max(1, self.iterations // 20)
-        for name in self.variants:
+        # Line styles as well as colours: variants that grow alike draw on top of each other.
+        styles = ["-", "--", "-.", ":", (0, (5, 1, 1, 1))]
+        for index, name in enumerate(self.variants):
+            style = styles[index % len(styles)]
             values = self.graph_only_bytes[name]
-            memory_axes.plot(range(1, len(values) + 1), [v / 2**20 for v in values], label=name)
+            memory_axes.plot(range(1, len(values) + 1), [v / 2**20 for v in values], label=name, linestyle=style,
+                             linewidth=2)
             times = self.seconds[name]
             smooth = [statistics.median(times[max(0, i - window):i + 1]) * 1e3 for i in range(len(times))]
-            time_axes.plot(range(1, len(smooth) + 1), smooth, label=name)
+            time_axes.plot(range(1, len(smooth) + 1), smooth, label=name, linestyle=style)
         memory_axes.set_xlabel("iteration")
         memory_axes.set_ylabel("graph-only MiB")
         memory_axes.set_title("Memory kept alive by graphs")
@@ -119,7 +125,7 @@ def growth_experiment(
     ``loss_fn`` runs the forward pass and returns a scalar loss; each iteration is
     ``zero_grad``, ``loss_fn()``, backward with the variant's ``retain_graph``, ``optimizer.step()``
     and then the variant's way of keeping the loss. Everything a variant kept is dropped before
-    the next variant starts. Used by notebook 02_multi_loss.
+    the next variant starts. Three untimed warm-up steps run first. Used by notebook 02_multi_loss.
     """
     if not callable(loss_fn):
         raise TypeError(f"growth_experiment() needs a loss function, not {type(loss_fn).__name__}.")
@@ -134,6 +140,10 @@ def growth_experiment(
         raise ValueError(f"iterations must be a whole number of at least 2, not {iterations!r}.")
 
     result = GrowthResult(iterations, dict(variants))
+    for _ in range(3):  # warm up (the optimizer's first steps are slow), keeping nothing
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn().backward()
+        optimizer.step()
     bar = tqdm(total=iterations * len(variants), desc="iterations", disable=not progress, leave=True)
     for name, variant in variants.items():
         meter = SavedTensorMeter()

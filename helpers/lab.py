@@ -6,7 +6,6 @@ Used by notebook 01_graph_buffers (one loss) and notebook 02_multi_loss (several
 from __future__ import annotations
 
 import html
-import io
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -14,10 +13,9 @@ from typing import Any
 import ipywidgets as widgets
 import torch
 from IPython.display import Image, display
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from helpers.figures import PngFigure
 from helpers.meter import SavedTensorMeter, format_bytes
 
 __all__ = ["BackwardLab"]
@@ -280,7 +278,8 @@ class BackwardLab:
             return "None (no backward since the last zero_grad)"
         first = float(grad.flatten()[0])
         text = f"first element {first:+.6f}, norm {float(grad.norm()):.6f}"
-        if self._first_grad not in (None, 0.0):
+        # With several losses each backward adds a different gradient, so a ratio would mean nothing.
+        if len(self.loss_names) == 1 and self._first_grad not in (None, 0.0):
             text += f" ({first / self._first_grad:.2f}× the first backward)"
         return text
 
@@ -310,8 +309,7 @@ class BackwardLab:
 
     def chart_png(self) -> bytes:
         """The chart of graph-only bytes over the actions, as PNG bytes."""
-        figure = Figure(figsize=(7, 2.6), dpi=90)
-        FigureCanvasAgg(figure)
+        figure = PngFigure(figsize=(7, 2.6), dpi=90)
         axes = figure.add_subplot()
         values = [nbytes / 1024 for _, nbytes in self.actions]
         axes.step(range(len(values)), values, where="post", marker="o", markersize=3)
@@ -322,9 +320,7 @@ class BackwardLab:
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(alpha=0.3)
         figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png")
-        return buffer.getvalue()
+        return figure.to_png()
 
     def _chart_image(self) -> Image:
         return Image(data=self.chart_png(), format="png")

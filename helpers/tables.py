@@ -45,12 +45,14 @@ class Table:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in self.columns)
+        # Inline padding: inside a widget (the panels' result tables) no notebook stylesheet applies.
+        cell = "text-align:left;padding:2px 12px 2px 0;vertical-align:top"
+        head = "".join(f"<th style='{cell}'>{html.escape(c)}</th>" for c in self.columns)
         body = "".join(
-            "<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(v))}</td>" for v in row) + "</tr>"
+            "<tr>" + "".join(f"<td style='{cell}'>{html.escape(str(v))}</td>" for v in row) + "</tr>"
             for row in self.rows
         )
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return f"<table style='border-collapse:collapse'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _second_backward_works(loss: torch.Tensor) -> str:
