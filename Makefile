@@ -18,7 +18,9 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: setup dot
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
-test: setup-test dot
+# tests/browser/ (JupyterLab in Chromium, marker `browser`) is collected with the rest; skip it with
+# PYTEST_ARGS="-m 'not browser'".
+test: setup-test dot browser
 	$(PY) -m pytest $(NBVAL_ARGS) $(PYTEST_ARGS) tests notebooks
 
 setup: $(COURSE_STAMP)
@@ -41,6 +43,11 @@ $(TEST_STAMP): requirements-test.txt $(COURSE_STAMP)
 
 dot:
 	@bash scripts/ensure-dot.sh
+
+# Chromium for the browser tests: apt-get when root on Debian/Ubuntu, otherwise the command to run
+# (the tests then skip; with CI=true this step fails instead).
+browser:
+	@bash scripts/ensure-chromium.sh
 
 # Re-run every notebook top to bottom in a fresh kernel and save outputs and widget state.
 execute-notebooks: setup dot
