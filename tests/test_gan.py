@@ -6,7 +6,6 @@ from __future__ import annotations
 import ipywidgets as widgets
 import pytest
 import torch
-import torch.nn.functional as F
 
 from helpers.gan import (
     GanLab,
@@ -24,31 +23,13 @@ from helpers.gan import (
     training_figure,
 )
 
-IN_PLACE = "modified by an inplace operation"
-SECOND_TIME = "backward through the graph a second time"
-
-
-def d_loss_fn(real_out: torch.Tensor, fake_out: torch.Tensor) -> torch.Tensor:
-    return (F.binary_cross_entropy_with_logits(real_out, torch.ones_like(real_out))
-            + F.binary_cross_entropy_with_logits(fake_out, torch.zeros_like(fake_out)))
-
-
-def g_loss_fn(fake_out: torch.Tensor) -> torch.Tensor:
-    return F.binary_cross_entropy_with_logits(fake_out, torch.ones_like(fake_out))
+from gan_steps import IN_PLACE, SECOND_TIME, d_loss_fn, g_loss_fn, inputs_step, one_thread, standard_step  # noqa: F401
 
 
 def mlp(n_in: int, n_out: int) -> torch.nn.Sequential:
+    """Smaller than the notebook's networks: these tests judge logic, not learning."""
     return torch.nn.Sequential(torch.nn.Linear(n_in, 16), torch.nn.LeakyReLU(0.2), torch.nn.Linear(16, 16),
                                torch.nn.LeakyReLU(0.2), torch.nn.Linear(16, n_out))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny networks: one thread is steadier (and, on a busy machine, much faster) than two."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -440,30 +421,6 @@ def test_lab_rejects_bad_input(checker):
 
 
 # -- exercise checks --------------------------------------------------------------------------------
-
-def standard_step(netG, netD, optimizerG, optimizerD, real, z):
-    fake = netG(z)
-    netD.zero_grad()
-    d_loss = d_loss_fn(netD(real), netD(fake.detach()))
-    d_loss.backward()
-    optimizerD.step()
-    netG.zero_grad()
-    g_loss = g_loss_fn(netD(fake))
-    g_loss.backward()
-    optimizerG.step()
-    return d_loss.item(), g_loss.item()
-
-
-def inputs_step(netG, netD, optimizerG, optimizerD, real, z):
-    netD.zero_grad()
-    netG.zero_grad()
-    fake_out = netD(netG(z))
-    d_loss, g_loss = d_loss_fn(netD(real), fake_out), g_loss_fn(fake_out)
-    d_loss.backward(inputs=list(netD.parameters()), retain_graph=True)
-    g_loss.backward(inputs=list(netG.parameters()))
-    optimizerD.step()
-    optimizerG.step()
-
 
 def plain_single_step(netG, netD, optimizerG, optimizerD, real, z):
     netD.zero_grad()
