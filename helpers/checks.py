@@ -60,6 +60,20 @@ def _verdict(ok: bool, message: str, hint: str = "") -> CheckResult:
     return CheckResult(ok, message, hint)
 
 
+def _history_problem(history: object, batches: int, meter: SavedTensorMeter, tensor_hint: str,
+                     left_hint: str) -> CheckResult | None:
+    """What is wrong with a training loop's returned history, judged after the loop ran; None if nothing."""
+    if not isinstance(history, list) or len(history) != batches:
+        return _verdict(False, f"Return a list with one loss per batch ({batches} items).")
+    if any(isinstance(item, torch.Tensor) for item in history):
+        return _verdict(False, "The history holds tensors, and each one keeps its whole graph (and any "
+                               "retained buffers) reachable.", tensor_hint)
+    left = meter.graph_only_bytes
+    if left:
+        return _verdict(False, f"After the loop the graphs still hold {format_bytes(left)} of buffers.", left_hint)
+    return None
+
+
 def second_backward_works(expression: str) -> bool:
     """Build ``expression`` on fresh ``x`` and ``w``, backward twice, say whether the second worked."""
     x = torch.arange(1.0, 7.0, requires_grad=True)
@@ -132,15 +146,10 @@ def check_training_loop(train: Callable[[torch.nn.Module, list[torch.Tensor]], l
             history = train(model, batches)
         except RuntimeError as exc:
             return _verdict(False, f"Your loop raised: {str(exc).splitlines()[0][:90]}...")
-    if not isinstance(history, list) or len(history) != len(batches):
-        return _verdict(False, f"Return a list with one loss per batch ({len(batches)} items).")
-    if any(isinstance(item, torch.Tensor) for item in history):
-        return _verdict(False, "The history holds tensors, and each one keeps its whole graph reachable.",
-                        "Store loss.item(), a plain Python number.")
-    left = meter.graph_only_bytes
-    if left:
-        return _verdict(False, f"After the loop the graphs still hold {format_bytes(left)} of buffers.",
-                        "Is something still retaining graphs, or keeping tensors that carry a grad_fn?")
+    problem = _history_problem(history, len(batches), meter, "Store loss.item(), a plain Python number.",
+                               "Is something still retaining graphs, or keeping tensors that carry a grad_fn?")
+    if problem is not None:
+        return problem
     if not all(isinstance(item, float) for item in history):
         return _verdict(False, "Each history item should be a float (loss.item()).")
     return _verdict(True, "The loop keeps only numbers, so every graph was freed by its backward.")
@@ -212,15 +221,11 @@ def check_two_loss_loop(
         except RuntimeError as exc:
             return _verdict(False, f"Your loop raised: {str(exc).splitlines()[0][:90]}...",
                             "Both losses share the trunk: the first backward through it must keep the buffers.")
-    if not isinstance(history, list) or len(history) != len(data):
-        return _verdict(False, f"Return a list with one entry per batch ({len(data)} items).")
-    if any(isinstance(item, torch.Tensor) for item in history):
-        return _verdict(False, "The history holds tensors; each keeps its graph (and any retained buffers) alive.",
-                        "Append (l1 + l2).item() or l1.item() + l2.item(): plain numbers.")
-    left = meter.graph_only_bytes
-    if left:
-        return _verdict(False, f"After the loop, graphs still hold {format_bytes(left)} of buffers.",
-                        "Which backward is the last one through each graph? It should not retain.")
+    problem = _history_problem(history, len(data), meter,
+                               "Append (l1 + l2).item() or l1.item() + l2.item(): plain numbers.",
+                               "Which backward is the last one through each graph? It should not retain.")
+    if problem is not None:
+        return problem
     problem = _gradients_match(net, reference)
     if problem:
         return _verdict(False, problem, "Backpropagate both losses once per batch, and do not zero .grad in the loop.")

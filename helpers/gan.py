@@ -780,7 +780,8 @@ class GanLab:
         self.panel = widgets.VBox([
             widgets.HTML(f"<b>{html.escape(title)}</b>"),
             self.retain, self.detach, self.fresh_pass, self.order,
-            widgets.HBox([self.run_button, self.run_all_button]),
+            # Room above, so the run buttons do not read as a third option of the order toggle.
+            widgets.HBox([self.run_button, self.run_all_button], layout=widgets.Layout(margin="10px 0 0 0")),
             self.code, self.outcome, widgets.VBox(rows), self.status, self.summary,
         ])
         self.panel.add_class("bt-gan-lab")

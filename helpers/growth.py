@@ -12,6 +12,7 @@ Used by notebook 02_multi_loss.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,11 @@ from helpers.meter import SavedTensorMeter, format_bytes
 from helpers.tables import Table
 
 __all__ = ["GrowthResult", "GrowthVariant", "growth_experiment"]
+
+if sys.platform != "win32":
+    import resource
+else:  # pragma: no cover - the course runs on Linux and macOS; Windows has no getrusage
+    resource = None
 
 Keep = Literal["tensor", "sum", "value"]
 KEEP_CODE = {"tensor": "history.append(loss)", "sum": "total += loss", "value": "history.append(loss.item())"}
@@ -61,6 +67,7 @@ class GrowthResult:
     variants: dict[str, GrowthVariant]
     graph_only_bytes: dict[str, list[int]] = field(default_factory=dict)
     seconds: dict[str, list[float]] = field(default_factory=dict)
+    page_faults: dict[str, list[int]] = field(default_factory=dict)  # empty where getrusage is missing
 
     def growth_per_iteration(self, name: str) -> float:
         """Average bytes added per iteration over the run (0 when memory stays flat)."""
@@ -72,19 +79,34 @@ class GrowthResult:
         values = self.graph_only_bytes[name]
         return values[-1] > values[0]
 
+    def slowdown(self, name: str) -> float:
+        """Median time of the last tenth of the iterations over that of the first tenth."""
+        window = max(1, self.iterations // 10)
+        times = self.seconds[name]
+        return statistics.median(times[-window:]) / statistics.median(times[:window])
+
+    def faults_per_iteration(self, name: str) -> float | None:
+        """Minor page faults per iteration: memory the process had to get fresh from the system."""
+        faults = self.page_faults.get(name)
+        return None if not faults else sum(faults) / len(faults)
+
     def table(self) -> Table:
-        """Per variant: final graph-only bytes, growth per iteration, and the median time of the first
-        and last tenth of the iterations with their ratio (above 1: later iterations were slower)."""
+        """Per variant: final graph-only bytes, growth per iteration, the median time of the first and
+        last tenth of the iterations with their ratio (above 1: later iterations were slower), and the
+        minor page faults per iteration (fresh memory from the operating system)."""
         window = max(1, self.iterations // 10)
         rows = []
         for name, variant in self.variants.items():
             times = self.seconds[name]
             early, late = statistics.median(times[:window]), statistics.median(times[-window:])
+            faults = self.faults_per_iteration(name)
             rows.append([name, variant.code, format_bytes(self.graph_only_bytes[name][-1]),
                          format_bytes(int(self.growth_per_iteration(name))),
-                         f"{early * 1e3:.2f} ms", f"{late * 1e3:.2f} ms", f"{late / early:.2f}"])
+                         f"{early * 1e3:.2f} ms", f"{late * 1e3:.2f} ms", f"{late / early:.2f}",
+                         "-" if faults is None else f"{faults:.1f}"])
         return Table(["variant", "loop body", "graph-only bytes at the end", "growth per iteration",
-                      f"time, first {window}", f"time, last {window}", "last / first"], rows)
+                      f"time, first {window}", f"time, last {window}", "last / first",
+                      "page faults per iteration"], rows)
 
     def chart(self) -> Figure:
         """Graph-only MiB and time per iteration (a moving median), one line per variant."""
@@ -149,8 +171,9 @@ def growth_experiment(
         meter = SavedTensorMeter()
         history: list[object] = []
         total: torch.Tensor | float = 0.0
-        memory, seconds = [], []
+        memory, seconds, faults = [], [], []
         for _ in range(iterations):
+            faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
             start = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             with meter:
@@ -164,11 +187,15 @@ def growth_experiment(
             else:
                 history.append(loss.item())
             seconds.append(time.perf_counter() - start)
+            if resource:
+                faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before)
             del loss
             memory.append(meter.graph_only_bytes)
             bar.update()
         result.graph_only_bytes[name] = memory
         result.seconds[name] = seconds
+        if resource:
+            result.page_faults[name] = faults
         del history, total
     bar.close()
     if progress:

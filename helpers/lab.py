@@ -154,6 +154,7 @@ class BackwardLab:
         self.iterations.add_class("bt-iterations")
         self.run_button = self._button("Run iterations", "Forward, then every loss's backward, repeated",
                                        "bt-run", lambda: self.run(self.iterations.value))
+        self.run_button.layout.margin = "2px 2px 2px 14px"  # apart from the history checkbox's label
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="progress",
                                             layout=widgets.Layout(width="300px"))
         self.progress.add_class("bt-progress")
@@ -199,7 +200,11 @@ class BackwardLab:
             action()
         except Exception as exc:  # noqa: BLE001 - every error must reach the learner
             self.last_error = f"{type(exc).__name__}: {exc}"
+            # A failed backward may already have freed part of the graph: chart that too.
+            self.actions.append(("error", self.meter.graph_only_bytes))
             self._refresh(error=self.last_error)
+            if not self._running:
+                self._update_chart()
 
     def forward(self) -> None:
         """Build a new graph inside the meter (the previous one is dropped unless kept in history)."""

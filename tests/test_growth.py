@@ -43,9 +43,15 @@ def test_only_retained_graphs_kept_reachable_grow_by_one_graph_per_iteration() -
 def test_times_table_and_chart() -> None:
     result = run(iterations=4)
     assert all(len(result.seconds[name]) == 4 and min(result.seconds[name]) > 0 for name in VARIANTS)
+    assert all(len(result.page_faults[name]) == 4 and min(result.page_faults[name]) >= 0 for name in VARIANTS)
+    for name in VARIANTS:
+        times = result.seconds[name]
+        assert result.slowdown(name) == pytest.approx(times[-1] / times[0])
+        assert result.faults_per_iteration(name) == sum(result.page_faults[name]) / 4
     table = result.table()
     assert table.column("variant") == list(VARIANTS)
     assert "history.append(loss.item())" in table.column("loop body")[1]
+    assert len(table.column("page faults per iteration")) == len(VARIANTS)
     assert len(result.chart().axes) == 2
 
 

@@ -249,3 +249,21 @@ def test_chart_png_and_display(single, capsys):
     lab.backward_buttons["loss"].click()  # updates the displayed chart
     assert lab.last_error is None
     capsys.readouterr()
+
+
+def test_a_failed_backward_adds_a_chart_point_matching_the_counter():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    x = torch.randn(16, 4)
+
+    def forward():
+        out = model(x)
+        return {"first": out[:, 0].pow(2).mean(), "second": out[:, 1].exp().mean()}
+
+    lab = BackwardLab(forward, model=model)
+    lab.forward_button.click()
+    lab.backward_buttons["first"].click()
+    before = len(lab.actions)
+    lab.backward_buttons["second"].click()
+    assert lab.last_error and "second time" in lab.last_error
+    assert len(lab.actions) == before + 1 and lab.actions[-1] == ("error", lab.meter.graph_only_bytes)

@@ -1,7 +1,9 @@
-"""Real-browser fixtures: one JupyterLab server and one Chromium per session, a fresh page per test.
+"""Real-browser fixtures: one JupyterLab server and one Chromium per session; each notebook run once.
 
 Chromium is Debian's ``/usr/bin/chromium`` driven by Playwright. Everything started here is shut
-down by finalizers, also when a test fails. Screenshots, the server log and the latency figures go
+down by finalizers, also when a test fails. ``notebook_page(path)`` gives the tests of a notebook one
+shared page in which Run All ran once (the tests are ordered by notebook, the Run All test first);
+``lab_page`` gives a fresh, empty page. Screenshots, the server log and the latency figures go
 to ``test-artifacts/browser/`` (git-ignored). Without Chromium the tests skip (and fail under CI=true).
 """
 
@@ -9,12 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from labdriver import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, INIT_SCRIPT, INSTALL_HINT, VIEWPORT, LabPage, LabServer, slug
+from labdriver import (ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, INIT_SCRIPT, INSTALL_HINT, NOTEBOOKS, VIEWPORT, LabPage,
+                       LabServer, NotebookPages, slug)
 
 # Nothing here is a notebook for nbval to collect; the notebooks under test are copied to a temp dir.
 collect_ignore_glob = ["*.ipynb"]
@@ -25,6 +28,29 @@ LATENCY_KEY = pytest.StashKey[list]()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[LATENCY_KEY] = []
+
+
+# -- test order: grouped by notebook, so each notebook runs once ----------------------------------
+def _notebook_order(item: pytest.Item) -> tuple[int, int]:
+    """(notebook number, 0 for its Run All test or 1 for a panel test); (-1, 0) for other tests.
+
+    A Run All test is parametrized with ``notebook``; a panel test's module names it in ``NOTEBOOK``.
+    """
+    callspec = getattr(item, "callspec", None)
+    notebook, kind = (callspec.params.get("notebook") if callspec else None), 0
+    if notebook is None:
+        notebook, kind = getattr(getattr(item, "module", None), "NOTEBOOK", None), 1
+    if notebook is None:
+        return (-1, 0)
+    return (NOTEBOOKS.index(notebook) if notebook in NOTEBOOKS else len(NOTEBOOKS), kind)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).resolve().parent
+    slots = [i for i, item in enumerate(items) if here in Path(item.path).resolve().parents]
+    ordered = sorted((items[i] for i in slots), key=_notebook_order)  # stable: ties keep their order
+    for slot, item in zip(slots, ordered):
+        items[slot] = item
 
 
 # -- failures and the summary ------------------------------------------------------------------
@@ -116,10 +142,33 @@ def browser_context(browser: Any) -> Iterator[Any]:
     context.close()
 
 
+def _failed(request: pytest.FixtureRequest) -> bool:
+    return any(getattr(getattr(request.node, f"bt_report_{when}", None), "failed", False) for when in ("setup", "call"))
+
+
+@pytest.fixture(scope="session")
+def notebook_pages(browser_context: Any, lab_server: LabServer, artifacts: Path) -> Iterator[NotebookPages]:
+    pages = NotebookPages(browser_context, lab_server, artifacts)
+    yield pages
+    pages.close()
+
+
+@pytest.fixture
+def notebook_page(request: pytest.FixtureRequest, notebook_pages: NotebookPages) -> Iterator[Callable[[Path], LabPage]]:
+    """``notebook_page(path)``: the notebook open in JupyterLab after Run All, run once per session and
+    shared with the notebook's other tests (their clicks change its kernel's state); a screenshot and
+    the console errors on failure."""
+    yield notebook_pages.get
+    if _failed(request):
+        notebook_pages.save_failure(slug(request.node.name))
+
+
 @pytest.fixture
 def lab_page(request: pytest.FixtureRequest, browser_context: Any, lab_server: LabServer,
-             artifacts: Path) -> Iterator[LabPage]:
-    """A fresh page; a screenshot and the console errors on failure; every kernel shut down afterwards."""
+             artifacts: Path, notebook_pages: NotebookPages) -> Iterator[LabPage]:
+    """A fresh page; a screenshot and the console errors on failure; every kernel shut down afterwards
+    (so the shared notebook page, whose kernel that would kill, is closed first)."""
+    notebook_pages.close()
     page = browser_context.new_page()
     console: list[str] = []
     page.on("console", lambda message: console.append(f"{message.type}: {message.text}")
@@ -130,9 +179,7 @@ def lab_page(request: pytest.FixtureRequest, browser_context: Any, lab_server: L
     try:
         yield lab
     finally:
-        failed = any(getattr(getattr(request.node, f"bt_report_{when}", None), "failed", False)
-                     for when in ("setup", "call"))
-        if failed:
+        if _failed(request):
             failures = artifacts / "failures"
             failures.mkdir(exist_ok=True)
             try:

@@ -69,6 +69,17 @@ LEARNER_VIEW_JS = r"""(path) => {
 }"""
 
 
+# What the panels show, read back as numbers.
+SECOND_TIME = "backward through the graph a second time"
+
+
+def byte_count(text: str) -> int:
+    """A panel's byte figure as a number: '665,600 B (650.0 KiB)' -> 665600."""
+    match = re.match(r"\s*([\d,]+) B\b", text)
+    assert match, f"not a byte figure: {text!r}"
+    return int(match.group(1).replace(",", ""))
+
+
 # -- notebook files --------------------------------------------------------------------------
 @dataclass
 class NotebookFile:
@@ -391,6 +402,19 @@ class LabPage:
     def cell(self, index: int) -> Any:
         return self.page.locator(f'.jp-Notebook .jp-Cell[data-bt-cell="{index}"]')
 
+    def live_panel(self, cell_pattern: str, css: str) -> tuple[Any, int]:
+        """The live widget panel (element with class ``css``) that the one code cell whose source
+        matches the regex ``cell_pattern`` shows after Run All, scrolled into view, and that cell's index."""
+        assert self.notebook is not None, "open a notebook first"
+        pattern = re.compile(cell_pattern, re.MULTILINE)
+        cells = [i for i in self.notebook.code_indices() if pattern.search(self.notebook.source(i))]
+        assert len(cells) == 1, f"{self.notebook.name}: expected one cell matching {cell_pattern!r}, found cells {cells}"
+        # Run All replaced the cell's outputs, so its output holds only the live view; .last guards
+        # against a view of the saved widget state rendered next to it.
+        panel = self.outputs(cells[0]).locator(f".{css}").last
+        panel.scroll_into_view_if_needed()
+        return panel, cells[0]
+
     def output_children(self, index: int) -> Any:
         """One element per output of the cell, in the model's order (not those nested in Output widgets)."""
         return self.cell(index).locator(".jp-Cell-outputArea > .jp-OutputArea-child")
@@ -422,6 +446,26 @@ class LabPage:
         self.page.screenshot(path=str(path))
         return path
 
+    def screenshot_element(self, locator: Any, name: str) -> Path:
+        """A screenshot of one element, whole. An element taller than the notebook's scroll area would be
+        cut off (and JupyterLab's status bar drawn over it), so the viewport is first made tall enough,
+        then restored."""
+        path = self.artifacts / f"{slug(name)}.png"
+        size = self.page.viewport_size
+        locator.scroll_into_view_if_needed()
+        box = locator.bounding_box()
+        need = int(box["height"]) + 250 if box else 0  # room for JupyterLab's bars around the notebook
+        try:
+            if size and need > size["height"]:
+                self.page.set_viewport_size({"width": size["width"], "height": min(need, 6000)})
+                self.page.wait_for_timeout(300)  # relayout, and content-visibility renders what came in
+                locator.scroll_into_view_if_needed()
+            locator.screenshot(path=str(path))
+        finally:
+            if size:
+                self.page.set_viewport_size(size)
+        return path
+
     def screenshot_notebook(self, name: str, max_shots: int = 60) -> list[Path]:
         """Scroll the notebook from top to bottom, one viewport at a time, a screenshot each."""
         folder = self.artifacts / slug(name)
@@ -447,3 +491,67 @@ class LabPage:
             if position["top"] <= previous:  # cannot scroll further
                 break
         return shots
+
+
+# -- one Run All per notebook per session ---------------------------------------------------------
+class NotebookPages:
+    """Each notebook opened and run with Run All once per session, then shared by all its tests.
+
+    The Run All test checks the page first; the panel tests then click in the same live page (and its
+    kernel), so no notebook runs twice. Only one notebook is open at a time: asking for another one
+    closes the page and shuts down the kernel of the previous one (conftest orders the tests by
+    notebook, Run All test first). A Run All that failed is not retried: later tests of that notebook
+    fail at once with its error.
+    """
+
+    def __init__(self, context: Any, server: LabServer, artifacts: Path) -> None:
+        self.context = context
+        self.server = server
+        self.artifacts = artifacts
+        self.notebook: Path | None = None
+        self.lab: LabPage | None = None
+        self.console: list[str] = []
+        self.failed: dict[Path, str] = {}
+
+    def get(self, notebook: Path) -> LabPage:
+        if self.lab is not None and self.notebook == notebook:
+            self.lab.mark_cells()
+            return self.lab
+        self.close()
+        if notebook in self.failed:
+            raise RuntimeError(f"Run All of {notebook.name} failed earlier in this session: {self.failed[notebook]}")
+        page = self.context.new_page()
+        self.console = []
+        page.on("console", lambda message: self.console.append(f"{message.type}: {message.text}")
+                if message.type == "error" else None)
+        page.on("pageerror", lambda error: self.console.append(f"pageerror: {error}"))
+        self.notebook, self.lab = notebook, LabPage(page, self.server, self.artifacts)
+        try:
+            self.lab.open(notebook)
+            self.lab.run_all()
+        except Exception as exc:
+            self.failed[notebook] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            raise  # the page stays open until the next get() or close(), for the failure screenshot
+        return self.lab
+
+    def save_failure(self, name: str) -> None:
+        """The open page's screenshot and console errors, under ``failures/``."""
+        if self.lab is None:
+            return
+        failures = self.artifacts / "failures"
+        failures.mkdir(parents=True, exist_ok=True)
+        lines = list(self.console)
+        try:
+            self.lab.page.screenshot(path=str(failures / f"{name}.png"))
+        except Exception as exc:  # noqa: BLE001 - a failed screenshot must not hide the failure
+            lines.append(f"(failure screenshot failed: {exc})")
+        (failures / f"{name}.console.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def close(self) -> None:
+        lab, self.lab, self.notebook = self.lab, None, None
+        if lab is None:
+            return
+        try:
+            lab.page.close()
+        finally:
+            self.server.shutdown_sessions()

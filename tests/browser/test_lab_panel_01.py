@@ -11,44 +11,27 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
-from labdriver import ARTIFACTS, NOTEBOOK_DIR, LabPage
+from labdriver import ARTIFACTS, NOTEBOOK_DIR, SECOND_TIME, LabPage, byte_count
 
 pytestmark = pytest.mark.browser
 
 NOTEBOOK = NOTEBOOK_DIR / "01_graph_buffers.ipynb"
-LAB_CELL = re.compile(r"^lab\s*=\s*bt\.BackwardLab\(", re.MULTILINE)
-SECOND_TIME = "backward through the graph a second time"
+LAB_CELL = r"^lab\s*=\s*bt\.BackwardLab\("
 LATENCY_CLICKS = 25
 LATENCY_WARMUP = 3
 LATENCY_TARGET_MS = 100.0
 
 
 def open_lab(lab_page: LabPage) -> Any:
-    """Open notebook 01, Run All, return the live panel of the cell that creates ``lab``."""
-    if not NOTEBOOK.exists():
-        pytest.skip(f"{NOTEBOOK.name} is not in notebooks/")
-    nb = lab_page.open(NOTEBOOK)
-    cells = [i for i in nb.code_indices() if LAB_CELL.search(nb.source(i))]
-    assert len(cells) == 1, f"expected one cell creating `lab = bt.BackwardLab(...)`, found cells {cells}"
-    lab_page.run_all()
-    # Run All replaced the cell's outputs, so its output holds only the live view; .last guards
-    # against a view of the saved widget state rendered next to it.
-    panel = lab_page.outputs(cells[0]).locator(".bt-lab").last
-    panel.scroll_into_view_if_needed()
-    return panel, cells[0]
-
-
-def byte_count(text: str) -> int:
-    """'665,600 B (650.0 KiB)' -> 665600."""
-    match = re.match(r"\s*([\d,]+) B\b", text)
-    assert match, f"not a byte figure: {text!r}"
-    return int(match.group(1).replace(",", ""))
+    """Notebook 01 after Run All: the live panel of the cell that creates ``lab``, and that cell."""
+    return lab_page.live_panel(LAB_CELL, "bt-lab")
 
 
 def kernel_lab_state(lab_page: LabPage) -> dict:
@@ -58,7 +41,11 @@ def kernel_lab_state(lab_page: LabPage) -> dict:
     return json.loads(lab_page.kernel_execute(code).strip().splitlines()[-1])
 
 
-def test_lab_01_backward_twice_by_clicking_then_latency(lab_page: LabPage, expect: Any, report_in_summary: Any) -> None:
+def test_lab_01_backward_twice_by_clicking_then_latency(notebook_page: Callable[[Path], LabPage], expect: Any,
+                                                        report_in_summary: Any) -> None:
+    if not NOTEBOOK.exists():
+        pytest.skip(f"{NOTEBOOK.name} is not in notebooks/")
+    lab_page = notebook_page(NOTEBOOK)  # after Run All, shared with the Run All test of notebook 01
     panel, cell = open_lab(lab_page)
     status = panel.locator(".bt-status")
     calls = panel.locator(".bt-value-backward-calls")
@@ -123,7 +110,7 @@ def test_lab_01_backward_twice_by_clicking_then_latency(lab_page: LabPage, expec
     assert state == {"graph_only_bytes": shown, "backward_calls": 2, "retain": True, "last_error": None}, state
     assert shown == held_after_forward > 0
     lab_page.outputs(cell).first.scroll_into_view_if_needed()
-    lab_page.cell(cell).locator(".jp-Cell-outputArea").screenshot(path=str(ARTIFACTS / "01-lab-after-retain.png"))
+    lab_page.screenshot_element(lab_page.cell(cell).locator(".jp-Cell-outputArea"), "01-lab-after-retain")
     lab_page.screenshot("01-lab-page-after-interaction")
 
     # 3. Latency, on the same live panel (a benchmark figure, not an assertion).

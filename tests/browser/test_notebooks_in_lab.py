@@ -8,6 +8,7 @@ Notebooks are discovered with a glob, so new ones are covered automatically.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,9 +35,11 @@ def test_every_notebook_is_found() -> None:
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
-def test_run_all_shows_no_unexpected_errors_and_renders_graphs_and_panels(lab_page: LabPage, notebook: Path) -> None:
-    nb = lab_page.open(notebook)
-    lab_page.run_all()
+def test_run_all_shows_no_unexpected_errors_and_renders_graphs_and_panels(
+        notebook_page: Callable[[Path], LabPage], notebook: Path) -> None:
+    # Opened and run here (the first test of each notebook); its panel tests then click in this page.
+    lab_page = notebook_page(notebook)
+    nb = lab_page.notebook
     lab_page.screenshot_notebook(f"{notebook.stem}-after-run-all")
     states = lab_page.cell_states()
     assert len(states) == len(nb.cells), "JupyterLab shows a different number of cells than the .ipynb file holds"
