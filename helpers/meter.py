@@ -5,7 +5,8 @@ Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step, and by :class
 
 from __future__ import annotations
 
-import weakref
+import os
+import sys
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Callable
@@ -17,6 +18,30 @@ __all__ = ["MeterReading", "SavedTensorMeter", "format_bytes"]
 # Private torch API: the number of owners of a storage. Guarded, because a torch release may
 # rename it; without it the meter cannot tell graph-only storages apart and says so.
 _storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+# Private torch API, guarded like the use count: which backward call is running (-1: none).
+_graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+
+
+def _release_site() -> tuple[int, int] | None:
+    """What caused the current release: one backward call, or one statement of Python code.
+
+    Inside backward it is the backward call's own id. Otherwise (``del loss``, a variable
+    reassigned) it walks out of torch's frames to the statement that dropped the graph, named by
+    (frame id, instruction). Every release caused by one backward call or one statement reports
+    the same site.
+    """
+    task = _graph_task_id()
+    if task != -1:
+        return (-1, task)
+    frame = sys._getframe(3)  # _release_site <- _release <- _SavedBox.__del__ <- what freed it
+    while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
+        frame = frame.f_back
+    return None if frame is None else (id(frame), frame.f_lasti)
+
 
 # Only one meter may install saved-tensor hooks at a time: a tensor saved while two meters are
 # active would be counted by the inner one only, and the outer figures would silently be wrong.
@@ -31,7 +56,7 @@ class _SavedBox:
     ``gc.collect()`` cannot break, and the whole graph would outlive ``del loss``.
     """
 
-    __slots__ = ("tensor", "version", "meter", "key", "__weakref__")
+    __slots__ = ("tensor", "version", "meter", "key")
 
     def __init__(self, tensor: torch.Tensor, meter: SavedTensorMeter, key: int) -> None:
         self.tensor = tensor
@@ -41,21 +66,20 @@ class _SavedBox:
         self.key = key
 
     def __del__(self) -> None:
-        # __del__ rather than weakref.finalize: it runs while this box and its tensor are still
-        # alive and reachable through the meter's weak references, so the meter sees the figures
-        # from just before the release, and it costs less per saved tensor.
+        # __del__ rather than weakref.finalize: it runs while this box's tensor is still alive,
+        # so the meter sees the figures from just before the release, and it costs less.
         self.meter._release(self)
 
 
 class _StorageEntry:
-    """One storage saved by the graph, with weak references to the boxes that hold it."""
+    """One storage saved by the graph, and how many live boxes hold it."""
 
     __slots__ = ("nbytes", "device", "boxes")
 
     def __init__(self, nbytes: int, device: torch.device) -> None:
         self.nbytes = nbytes
         self.device = device
-        self.boxes: list[weakref.ref[_SavedBox]] = []
+        self.boxes = 0
 
 
 @dataclass(frozen=True)
@@ -108,6 +132,13 @@ class SavedTensorMeter:
         self._entries: dict[int, _StorageEntry] = {}
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._peak_graph_only = 0
+        # Graph-only bytes rise only when Python drops its own references, which nobody is told
+        # about, and fall only when a buffer is released. So the true peak is reached just before
+        # a release, or now. Releases come in bursts (one backward call, one del) during which no
+        # user code runs, so one sample before the first release of each burst is exact, and far
+        # cheaper than scanning every storage before every release.
+        self._burst_site: tuple[int, int] | None = None
+        self._sample_next_release = True
         if _storage_use_count is None:
             raise RuntimeError(
                 "SavedTensorMeter needs torch._C._storage_Use_Count to tell which saved storages only "
@@ -150,14 +181,16 @@ class SavedTensorMeter:
     # -- hooks -----------------------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> _SavedBox:
         storage = tensor.untyped_storage()
-        # Live storages never share a data pointer, and CPU and CUDA pointers live in one
-        # virtual address space, so the pointer alone names the storage (cheaper than a tuple).
-        key = storage.data_ptr()
+        # The key is the address of the C++ storage itself: unique among live storages on every
+        # device, and valid for as long as a box holds the storage, which is as long as the entry
+        # exists. It is also what the use-count query takes, so reading needs no new objects.
+        key = storage._cdata
         box = _SavedBox(tensor.detach(), self, key)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _StorageEntry(storage.nbytes(), tensor.device)
-        entry.boxes.append(weakref.ref(box))
+        entry.boxes += 1
+        self._sample_next_release = True
         return box
 
     @staticmethod
@@ -176,55 +209,46 @@ class SavedTensorMeter:
         return tensor
 
     def _release(self, box: _SavedBox) -> None:
-        # Graph-only bytes rise only when Python drops its own references, which nobody is told
-        # about, and fall only when a buffer is released. So the true peak is reached just before
-        # some release, or now: sampling before every release (and on every read) is exact.
-        graph_only = self._graph_only_bytes()
-        if graph_only > self._peak_graph_only:
-            self._peak_graph_only = graph_only
+        site = _release_site()
+        if self._sample_next_release or site != self._burst_site:
+            self._sample_next_release = False
+            self._burst_site = site
+            graph_only = self._graph_only_bytes()
+            if graph_only > self._peak_graph_only:
+                self._peak_graph_only = graph_only
         entry = self._entries.get(box.key)
         if entry is None:
             return
-        boxes = entry.boxes
-        for index, ref in enumerate(boxes):
-            if ref() is box:
-                del boxes[index]
-                break
-        if not boxes:
+        entry.boxes -= 1
+        if not entry.boxes:
             del self._entries[box.key]
 
     # -- figures ---------------------------------------------------------------------------
-    def _live_boxes(self, entry: _StorageEntry) -> list[_SavedBox]:
-        return [box for box in (ref() for ref in entry.boxes) if box is not None]
-
     def _graph_only_bytes(self) -> int:
         use_count = _storage_use_count
         assert use_count is not None  # checked in __init__
-        total = 0
-        for entry in self._entries.values():
-            boxes = entry.boxes
-            first = boxes[0]() if boxes else None
-            # Owners: one per box's tensor, plus the storage object made here. Any other owner
-            # (a parameter, an input, a variable of yours) keeps the storage alive.
-            if first is not None and use_count(first.tensor.untyped_storage()._cdata) == len(boxes) + 1:
-                total += entry.nbytes
-        return total
+        # A storage is graph-only when its owners are exactly the boxes' tensors plus its Python
+        # wrapper, which _pack created and torch then keeps for the storage's lifetime (PyObject
+        # preservation). Any other owner (a parameter, an input, a variable of yours) keeps the
+        # storage alive after backward. The tests check this count to the byte on every graph.
+        return sum(entry.nbytes for key, entry in self._entries.items() if use_count(key) == entry.boxes + 1)
 
     @property
     def saved_tensors(self) -> int:
         """How many saved tensors are alive (one storage saved by two nodes counts twice)."""
-        return sum(len(self._live_boxes(entry)) for entry in self._entries.values())
+        return sum(entry.boxes for entry in self._entries.values())
 
     @property
     def saved_bytes(self) -> int:
         """Bytes of the distinct storages held by live saved tensors."""
-        return sum(entry.nbytes for entry in self._entries.values() if self._live_boxes(entry))
+        return sum(entry.nbytes for entry in self._entries.values())
 
     @property
     def graph_only_bytes(self) -> int:
         """Bytes of saved storages that nothing but autograd keeps alive right now."""
         value = self._graph_only_bytes()
         self._peak_graph_only = max(self._peak_graph_only, value)
+        self._sample_next_release = True
         return value
 
     @property
