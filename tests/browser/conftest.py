@@ -2,8 +2,8 @@
 
 Chromium is Debian's ``/usr/bin/chromium`` driven by Playwright. Everything started here is shut
 down by finalizers, also when a test fails. ``notebook_page(path)`` gives the tests of a notebook one
-shared page in which Run All ran once (the tests are ordered by notebook, the Run All test first);
-``lab_page`` gives a fresh, empty page. Screenshots, the server log and the latency figures go
+shared page in which Run All ran once (the tests are ordered by notebook, the Run All test first).
+Screenshots, the server log and the latency figures go
 to ``test-artifacts/browser/`` (git-ignored). Without Chromium the tests skip (and fail under CI=true).
 """
 
@@ -161,31 +161,3 @@ def notebook_page(request: pytest.FixtureRequest, notebook_pages: NotebookPages)
     yield notebook_pages.get
     if _failed(request):
         notebook_pages.save_failure(slug(request.node.name))
-
-
-@pytest.fixture
-def lab_page(request: pytest.FixtureRequest, browser_context: Any, lab_server: LabServer,
-             artifacts: Path, notebook_pages: NotebookPages) -> Iterator[LabPage]:
-    """A fresh page; a screenshot and the console errors on failure; every kernel shut down afterwards
-    (so the shared notebook page, whose kernel that would kill, is closed first)."""
-    notebook_pages.close()
-    page = browser_context.new_page()
-    console: list[str] = []
-    page.on("console", lambda message: console.append(f"{message.type}: {message.text}")
-            if message.type == "error" else None)
-    page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
-    name = slug(request.node.name)
-    lab = LabPage(page, lab_server, artifacts)
-    try:
-        yield lab
-    finally:
-        if _failed(request):
-            failures = artifacts / "failures"
-            failures.mkdir(exist_ok=True)
-            try:
-                page.screenshot(path=str(failures / f"{name}.png"))
-            except Exception as exc:  # noqa: BLE001 - a failed screenshot must not hide the failure
-                console.append(f"(failure screenshot failed: {exc})")
-            (failures / f"{name}.console.txt").write_text("\n".join(console) + "\n", encoding="utf-8")
-        page.close()
-        lab_server.shutdown_sessions()
