@@ -79,6 +79,9 @@ def operation_table(
     """
     if not isinstance(operations, Mapping) or not operations:
         raise TypeError("operation_table() takes a non-empty dict of name -> function(x, w).")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"operation_table(size=...) is the number of floats in x and w: a whole number of at "
+                         f"least 1, not {size!r}.")
     rows = []
     generator = torch.Generator().manual_seed(seed)
     for name, operation in operations.items():

@@ -108,3 +108,9 @@ def test_operation_that_is_not_a_function_or_returns_no_tensor():
         operation_table({"add": 3})
     with pytest.raises(TypeError):
         operation_table({"number": lambda x, w: 1.0})
+
+
+@pytest.mark.parametrize("size", [-1, 0, 2.5, "1024", True])
+def test_a_size_that_is_not_a_positive_whole_number_is_named_in_the_error(size) -> None:
+    with pytest.raises(ValueError, match=r"operation_table\(size=\.\.\.\) is the number of floats"):
+        operation_table({"x + w": lambda x, w: x + w}, size=size)
