@@ -12,6 +12,7 @@ from typing import Any
 
 import ipywidgets as widgets
 import torch
+from IPython import get_ipython
 from IPython.display import Image, display
 from matplotlib.ticker import MaxNLocator
 
@@ -78,6 +79,7 @@ class BackwardLab:
         self.actions: list[tuple[str, int]] = [("start", self.meter.graph_only_bytes)]
         self._first_grad: float | None = None
         self._chart_handle: Any = None
+        self._chart_pending = False
         self._running = False
         self._build_widgets(title, iterations)
         self._refresh("Press Forward to build a graph.")
@@ -331,5 +333,33 @@ class BackwardLab:
         return Image(data=self.chart_png(), format="png")
 
     def _update_chart(self) -> None:
+        if self._chart_handle is None:
+            return
+        shell = _shell_running_a_cell()
+        if shell is None:  # a click in the browser: draw now
+            self._chart_handle.update(self._chart_image())
+        elif not self._chart_pending:
+            # Buttons clicked from a cell's code: draw once when the cell ends, not after every click.
+            self._chart_pending = True
+            shell.events.register("post_execute", self._draw_pending_chart)
+
+    def _draw_pending_chart(self) -> None:
+        shell = get_ipython()
+        if shell is not None:
+            shell.events.unregister("post_execute", self._draw_pending_chart)
+        self._chart_pending = False
         if self._chart_handle is not None:
             self._chart_handle.update(self._chart_image())
+
+
+def _shell_running_a_cell() -> Any:
+    """IPython's shell while it executes a cell's code (not while it handles a widget's click), else None."""
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return None
+    try:
+        message_type = kernel.get_parent()["header"]["msg_type"]
+    except (AttributeError, KeyError, TypeError):
+        return None
+    return shell if message_type == "execute_request" else None

@@ -267,3 +267,51 @@ def test_a_failed_backward_adds_a_chart_point_matching_the_counter():
     lab.backward_buttons["second"].click()
     assert lab.last_error and "second time" in lab.last_error
     assert len(lab.actions) == before + 1 and lab.actions[-1] == ("error", lab.meter.graph_only_bytes)
+
+
+class _FakeShell:
+    """Just enough of IPython's shell inside ipykernel: the message being handled, and the event hooks."""
+
+    def __init__(self, message_type: str) -> None:
+        self.kernel = type("Kernel", (), {"get_parent": lambda _self: {"header": {"msg_type": message_type}}})()
+        self.callbacks: list = []
+        self.events = self
+
+    def register(self, event: str, callback) -> None:
+        assert event == "post_execute"
+        self.callbacks.append(callback)
+
+    def unregister(self, event: str, callback) -> None:
+        self.callbacks.remove(callback)
+
+
+class _CountingHandle:
+    def __init__(self) -> None:
+        self.updates = 0
+
+    def update(self, _image) -> None:
+        self.updates += 1
+
+
+@pytest.mark.parametrize("message_type", ["execute_request", "comm_msg"])
+def test_clicks_from_a_cell_draw_the_chart_once_when_it_ends_and_browser_clicks_draw_at_once(
+        single, monkeypatch, message_type):
+    import helpers.lab as lab_module
+
+    lab, _, _ = single
+    shell = _FakeShell(message_type)
+    monkeypatch.setattr(lab_module, "get_ipython", lambda: shell)
+    handle = lab._chart_handle = _CountingHandle()
+    lab.forward_button.click()
+    lab.backward_buttons["loss"].click()
+    lab.backward_buttons["loss"].click()  # raises inside the panel: a chart point too
+    assert lab.last_error and SECOND_TIME in lab.last_error
+    if message_type == "comm_msg":
+        assert handle.updates == 3 and not shell.callbacks
+    else:
+        assert handle.updates == 0 and len(shell.callbacks) == 1, "one drawing pending, however many clicks"
+        for callback in list(shell.callbacks):
+            callback()
+        assert handle.updates == 1 and not shell.callbacks
+        lab.reset_button.click()
+        assert len(shell.callbacks) == 1, "the next cell's clicks schedule a new drawing"
