@@ -880,6 +880,13 @@ class GanLab:
 
 
 # -- exercise checks -------------------------------------------------------------------------------
+#
+# A step that is right once can be wrong from its second call on (nothing clears .grad, so D trains
+# on the sum of earlier losses), so each step is judged on three calls in a row at learning rate 0:
+# from empty .grad, right after itself, and with .grad pre-filled with other values. Every
+# gradient an optimizer receives at any step() call must equal the reference. What each backward
+# call did (torch.autograd.grad or .backward(), retain_graph, create_graph) is recorded where
+# PyTorch's engine is entered, so a name imported before the check is seen too.
 
 def _mlp(inputs: int, outputs: int, hidden: int = 32) -> torch.nn.Sequential:
     return torch.nn.Sequential(torch.nn.Linear(inputs, hidden), torch.nn.LeakyReLU(0.2),
@@ -909,60 +916,376 @@ def _toy_checker(seed: int = 0) -> GanStepChecker:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).split(" Hint:")[0].splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text[:110]}"
+    """``'NameError: name ...'``: the exception's type and the first line of its message."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a learner's exception class may break even str()
+        text = ""
+    lines = text.split(" Hint:")[0].strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:110]}" if lines else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class _BackwardCall:
+    """One entry into autograd's engine: ``torch.autograd.grad`` (``computes_grad``) or a backward."""
+
+    computes_grad: bool
+    retain_graph: bool
+    create_graph: bool
+
+
+# The private function both torch.autograd.backward and torch.autograd.grad enter the engine
+# through (torch 2.x). Without it, the public functions are watched instead.
+_ENGINE_ENTRY = "_engine_run_backward"
+
+
+def _watched_public(name: str, original: Callable[..., Any], calls: list[_BackwardCall]) -> Callable[..., Any]:
+    """``torch.autograd.backward`` or ``.grad``, recording each call (used where the engine entry is missing)."""
+    import inspect
+
+    signature = inspect.signature(original)
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+        except TypeError:  # let PyTorch itself say what is wrong with the call
+            return original(*args, **kwargs)
+        create = bool(bound.get("create_graph", False))
+        retain = bound.get("retain_graph")
+        calls.append(_BackwardCall(name == "grad", create if retain is None else bool(retain), create))
+        return original(*args, **kwargs)
+
+    return watched
+
+
+@contextmanager
+def _watching_backward() -> Iterator[list[_BackwardCall]]:
+    """Record every backward and ``torch.autograd.grad`` call made inside; restored on the way out."""
+    calls: list[_BackwardCall] = []
+    engine = getattr(torch.autograd, _ENGINE_ENTRY, None)
+    replaced: list[tuple[str, Any]] = []
+    if callable(engine):
+        # engine(outputs, grad_outputs, retain_graph, create_graph, inputs, ..., accumulate_grad=...)
+        def entered(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+            retain = args[1] if len(args) > 1 else kwargs.get("keep_graph", False)
+            create = args[2] if len(args) > 2 else kwargs.get("create_graph", False)
+            calls.append(_BackwardCall(not kwargs.get("accumulate_grad", True), bool(retain), bool(create)))
+            return engine(outputs, *args, **kwargs)
+
+        replaced.append((_ENGINE_ENTRY, entered))
+    else:
+        for name in ("backward", "grad"):
+            replaced.append((name, _watched_public(name, getattr(torch.autograd, name), calls)))
+    originals = [(name, getattr(torch.autograd, name)) for name, _ in replaced]
+    try:
+        for name, function in replaced:
+            setattr(torch.autograd, name, function)
+        yield calls
+    finally:
+        for name, function in originals:
+            setattr(torch.autograd, name, function)
+
+
+@dataclass
+class _StepCall:
+    """What one call of a learner's step did: .grad as it began, what each optimizer received at
+    each of its ``step()`` calls, .grad as the call ended, D's passes, the backward calls, and the
+    exception it raised, if any."""
+
+    entry: dict[str, dict[str, torch.Tensor | None]]
+    received: dict[str, list[dict[str, torch.Tensor | None]]]
+    final: dict[str, dict[str, torch.Tensor | None]]
+    d_passes: int
+    backward_calls: list[_BackwardCall]
+    error: BaseException | None
+
+
+# The three calls each step is judged on, and how each is described in a verdict.
+_CALLS = ("from empty .grad", "right after another call", "with .grad already holding values")
+
+
+def _prefill(module: torch.nn.Module, generator: torch.Generator) -> None:
+    """Fill every .grad with fixed nonzero values, as other code (a penalty, an evaluation) might."""
+    for parameter in module.parameters():
+        parameter.grad = torch.randn(parameter.shape, generator=generator).to(parameter)
+
+
+def _run_three_calls(checker: GanStepChecker, step: Step) -> list[_StepCall]:
+    """Call ``step`` three times in a row at learning rate 0 (see ``_CALLS``); a call that raises ends the run.
+
+    D's passes are counted at its first parameterized layer, so ``netD.forward(x)`` counts too.
+    Weights, optimizer state and .grad are restored afterwards.
+    """
+    modules = {"D": checker.netD, "G": checker.netG}
+    optimizers = {"D": checker.optimizerD, "G": checker.optimizerG}
+    first_layer = next(m for m in checker.netD.modules() if list(m.parameters(recurse=False)))
+    prefill = torch.Generator().manual_seed(3)
+    calls: list[_StepCall] = []
+    with checker.frozen():
+        for module in modules.values():
+            module.zero_grad(set_to_none=True)
+        for index in range(len(_CALLS)):
+            if index == 2:
+                for module in modules.values():
+                    _prefill(module, prefill)
+            received: dict[str, list[dict[str, torch.Tensor | None]]] = {"D": [], "G": []}
+            passes = [0]
+
+            def count_pass(*_: Any) -> None:
+                passes[0] += 1
+
+            def recorder(key: str) -> Callable[..., None]:
+                def hook(*_: Any) -> None:
+                    received[key].append(_named_grads(modules[key]))
+                return hook
+
+            entry = {key: _named_grads(module) for key, module in modules.items()}
+            handles = [optimizers[key].register_step_pre_hook(recorder(key)) for key in optimizers]
+            handles.append(first_layer.register_forward_hook(count_pass))
+            error: BaseException | None = None
+            try:
+                with _watching_backward() as backward_calls:
+                    step(*checker._args())
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a learner's bug is a verdict, not a crash
+                error = exc
+            finally:
+                for handle in handles:
+                    handle.remove()
+            final = {key: _named_grads(module) for key, module in modules.items()}
+            calls.append(_StepCall(entry, received, final, passes[0], backward_calls, error))
+            if error is not None:
+                break
+    return calls
+
+
+def _flat(grads: Mapping[str, torch.Tensor | None], like: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([(grads.get(name) if grads.get(name) is not None else torch.zeros_like(ref)).reshape(-1)
+                      for name, ref in like.items()])
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    return bool(torch.allclose(got, expected, rtol=RTOL, atol=ATOL))
+
+
+def _cross_reference(checker: GanStepChecker) -> dict[str, dict[str, torch.Tensor]]:
+    """Each network's gradient of the *other* network's loss: D's of g_loss, G's of d_loss (fake not detached)."""
+    d_params, g_params = dict(checker.netD.named_parameters()), dict(checker.netG.named_parameters())
+    fake = checker.netG(checker.z)
+    g_loss = checker.g_loss_fn(checker.netD(fake))
+    d_grads = torch.autograd.grad(g_loss, list(d_params.values()), allow_unused=True)
+    d_loss = checker.d_loss_fn(checker.netD(checker.real), checker.netD(fake))
+    g_grads = torch.autograd.grad(d_loss, list(g_params.values()), allow_unused=True)
+    return {key: {n: torch.zeros_like(p) if g is None else g.detach() for (n, p), g in zip(params.items(), grads)}
+            for key, params, grads in (("D", d_params, d_grads), ("G", g_params, g_grads))}
+
+
+_OWN_LOSS = {"D": "d_loss", "G": "g_loss"}
+_OPTIMIZER = {"D": "optimizerD", "G": "optimizerG"}
+
+
+def _combination(d_times: int, g_times: int) -> str:
+    """``'d_loss + g_loss'``, ``'2 × d_loss'``, ``'g_loss'``: the loss whose gradient a network received."""
+    counted = (("d_loss", d_times), ("g_loss", g_times))
+    return " + ".join(f"{'' if times == 1 else f'{times} × '}{loss}" for loss, times in counted if times)
+
+
+def _what_was_received(key: str, got: Mapping[str, torch.Tensor | None], reference: Mapping[str, torch.Tensor],
+                       cross: Mapping[str, torch.Tensor]) -> tuple[str, str] | None:
+    """Name the wrong gradient a network's optimizer received on a first call, if it is a simple one.
+
+    Returns ``(kind, sentence)``, kind one of ``'empty'``, ``'zero'``, ``'repeated'``, ``'other loss'``,
+    ``'both losses'``; tries small whole multiples of the network's own loss's gradient and the other's.
+    """
+    network = f"{key}'s optimizer"
+    if all(value is None for value in got.values()):
+        return "empty", (f"{network} found no gradient at all: {key}'s .grad was empty (None) when "
+                         f"{_OPTIMIZER[key]}.step() ran.")
+    flat, own, other = _flat(got, reference), _flat(reference, reference), _flat(cross, reference)
+    if not bool(flat.abs().max() > 0):
+        return "zero", (f"{network} received a zero gradient: {key}'s .grad held only zeros when "
+                        f"{_OPTIMIZER[key]}.step() ran.")
+    for own_times, other_times in itertools.product(range(4), range(3)):
+        if (own_times, other_times) in ((0, 0), (1, 0)) or not _close(flat, own_times * own + other_times * other):
+            continue
+        d_times, g_times = (own_times, other_times) if key == "D" else (other_times, own_times)
+        text = f"{network} received the gradient of {_combination(d_times, g_times)}"
+        if other_times == 0:
+            return "repeated", (f"{text}: {_OWN_LOSS[key]} was backpropagated into {key} {own_times} times "
+                                "(a retain_graph=True lets a second backward add the same gradient again).")
+        if own_times == 0:
+            return "other loss", f"{text} instead of {_OWN_LOSS[key]}'s."
+        return "both losses", f"{text}, not of {_OWN_LOSS[key]} alone."
+    return None
+
+
+def _first_call_hint(kinds: set[str]) -> str:
+    if kinds & {"empty", "zero"}:
+        return ("Call each optimizer's step() after the backward that fills its network's .grad, and clear "
+                ".grad only before that backward.")
+    if kinds == {"repeated"}:
+        return "Backpropagate each loss into each network once per step."
+    return ("D's gradient must come from d_loss alone (fake term on fake.detach() or through inputs=), G's from "
+            "g_loss alone. Is a backward adding into the other network's .grad?")
+
+
+def _step_call_problem(counts: Mapping[str, int], before: str = "") -> str | None:
+    """What is wrong with how often a call stepped each optimizer (``{'D': 1, 'G': 0}``), or None."""
+    problems = []
+    for key in ("D", "G"):
+        if counts[key] == 0:
+            problems.append(f"never calls {_OPTIMIZER[key]}.step(), so the {NETWORK_NAMES[key]} would never learn")
+        elif counts[key] > 1:
+            problems.append(f"calls {_OPTIMIZER[key]}.step() {counts[key]} times")
+    if not problems:
+        return None
+    sentence = f"your step {' and '.join(problems)}; call each optimizer's step() once per training step."
+    return f"{before}{sentence}" if before else sentence[0].upper() + sentence[1:]
+
+
+def _later_call_problem(call: _StepCall, index: int, previous: _StepCall | None,
+                        reference: Mapping[str, Mapping[str, torch.Tensor]]) -> tuple[str, str] | None:
+    """Message and hint when an optimizer got a wrong gradient on one of the calls after the first (see ``_CALLS``)."""
+    leftover, unexplained = [], []
+    for key in ("D", "G"):
+        got = _flat(call.received[key][0], reference[key])
+        expected = _flat(reference[key], reference[key])
+        if _close(got, expected):
+            continue
+        entry = _flat(call.entry[key], reference[key])
+        if bool(entry.abs().max() > 0) and _close(got, expected + entry):
+            leftover.append(key)
+        else:
+            unexplained.append(key)
+    fix = ("Clear each network's .grad at the start of the step, before its backward: net.zero_grad() or "
+           "optimizer.zero_grad().")
+    if leftover:
+        who, whose = " and ".join(leftover), " and ".join(f"{key}'s" for key in leftover)
+        optimizers = f"{whose} optimizer{'s' if len(leftover) > 1 else ''}"
+        if index == 1:
+            twice = all(_close(_flat(call.entry[key], reference[key]), _flat(reference[key], reference[key]))
+                        for key in leftover)
+            what = ("twice the reference gradient, the sum of two steps' gradients" if twice else
+                    "the reference gradient plus what the first call left in .grad")
+            return (f"Right on a first call, but on the second call in a row {optimizers} received {what}: "
+                    f"nothing cleared {whose} .grad before the backward, so from the second iteration on "
+                    f"{who} would train on the sum of earlier losses.", fix)
+        cleared_at_end = previous is not None and all(
+            all(value is None or not bool(value.abs().max() > 0) for value in previous.final[key].values())
+            for key in leftover)
+        how = ("your step clears .grad after using it, not before its backward" if cleared_at_end else
+               f"nothing cleared {whose} .grad before the backward")
+        return ("Right from empty .grad and twice in a row, but when .grad already holds values as the step begins "
+                "(left by other code: a gradient penalty, an evaluation backward, an earlier cell), "
+                f"{optimizers} received them added to the reference gradient: {how}.", fix)
+    if unexplained:
+        whose = " and ".join(f"{key}'s" for key in unexplained)
+        optimizers = f"{whose} optimizer{'s' if len(unexplained) > 1 else ''}"
+        return (f"Right on a first call, but called {'again ' if index == 0 else ''}{_CALLS[index]}, {optimizers} "
+                "received a wrong gradient.",
+                "A step must hand each optimizer the same gradient whatever .grad held and whatever ran before it.")
+    return None
 
 
 def _judge_step(step: Any, single_forward: bool) -> CheckResult:
     if not callable(step):
         return CheckResult(False, "Pass your step function itself (without calling it).")
+    with torch.random.fork_rng(devices=[]):  # a check must not disturb the learner's random stream
+        return _judge_step_calls(step, single_forward)
+
+
+def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
     checker = _toy_checker()
     try:
         result = checker.check(step)
-    except Exception as exc:  # noqa: BLE001 - a learner's bug is a verdict, not a crash
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a learner's bug is a verdict, not a crash
         return CheckResult(False, f"Your step raised {_first_line(exc)}")
     if result.outcome == "error":
-        hint = ("optimizerD.step() changed D's weights in place while a graph still needed the old ones: "
-                "compute every gradient that needs D's current weights before D's step.")
-        if result.error_kind == "backward a second time":
-            hint = "A second backward went through buffers the first one freed. Which graph does g_loss need?"
+        hint = {
+            "in-place modification": "optimizerD.step() changed D's weights in place while a graph still needed "
+                                     "the old ones: compute every gradient that needs D's current weights before "
+                                     "D's step.",
+            "backward a second time": "A second backward went through buffers the first one freed. Which graph "
+                                      "does g_loss need?",
+        }.get(result.error_kind or "", "")
         return CheckResult(False, f"Your step raised {(result.error or '').split(' Hint:')[0]}", hint)
-    if result.step_calls != {"D": 1, "G": 1}:
-        return CheckResult(False, f"Call optimizerD.step() and optimizerG.step() once each; your step called them "
-                                  f"{result.step_calls['D']} and {result.step_calls['G']} times.")
+    problem = _step_call_problem(result.step_calls)
+    if problem:
+        return CheckResult(False, problem)
     if result.outcome == "silently wrong":
-        return CheckResult(False, result.verdict,
-                           "D's gradient must come from d_loss alone (fake term on fake.detach() or through "
-                           "inputs=), G's from g_loss alone. Is a backward adding into the other network's .grad?")
-    if single_forward and result.d_forward_calls > 2:
-        return CheckResult(False, f"Right gradients, but netD ran {result.d_forward_calls} times; run it once on "
-                                  "real and once on fake, and get both gradients from that one graph.",
+        cross = _cross_reference(checker)
+        found = [_what_was_received(key, result.gradients[key], checker.reference[key], cross[key])
+                 for key in ("D", "G") if not result.networks[key].matches]
+        explained = [pair for pair in found if pair is not None]
+        message = " ".join([result.verdict, *(text for _, text in explained)])
+        return CheckResult(False, message, _first_call_hint({kind for kind, _ in explained}))
+    calls = _run_three_calls(checker, step)
+    for index, call in enumerate(calls):
+        when = f"called {'again ' if index == 0 else ''}{_CALLS[index]}"
+        if call.error is not None:
+            return CheckResult(False, f"Right on a first call, but {when} your step raised {_first_line(call.error)}")
+        problem = _step_call_problem({key: len(got) for key, got in call.received.items()},
+                                     f"Right on a first call, but {when} ")
+        if problem:
+            return CheckResult(False, problem)
+        later = _later_call_problem(call, index, calls[index - 1] if index else None, checker.reference)
+        if later:
+            return CheckResult(False, *later)
+    first = calls[0]
+    computed = sum(call.computes_grad for call in first.backward_calls)
+    if single_forward and computed:
+        return CheckResult(False, f"Right gradients, but your step calls torch.autograd.grad ({computed} "
+                                  f"time{'s' if computed > 1 else ''}, directly or through a function built on "
+                                  "it); this exercise asks for backward(inputs=...) instead.",
+                           "backward(inputs=[...]) fills .grad of only the tensors you list.")
+    if single_forward and first.d_passes > 2:
+        return CheckResult(False, f"Right gradients, but netD ran {first.d_passes} times; run it once on real and "
+                                  "once on fake, and get both gradients from that one graph.",
                            "backward(inputs=...) sends a loss's gradient only to the tensors you list.")
-    if not single_forward:
-        standard = _toy_checker().check(make_step(STANDARD_SETTINGS, _d_loss, _g_loss))
+    if first.backward_calls and first.backward_calls[-1].retain_graph:
+        option = "create_graph=True, which retains" if first.backward_calls[-1].create_graph else "retain_graph=True"
+        return CheckResult(False, f"Right gradients, but the last backward of your step keeps its graph's buffers "
+                                  f"({option}), and no later backward needs them.",
+                           "Keep retain_graph=True only on a backward that another backward through the same "
+                           "graph follows.")
+    peak = _bytes_or_dash(result.peak_graph_only_bytes)
+    if single_forward:
+        how = f"from one D pass on fake (peak graph-only {peak})"
+    else:
+        standard = _toy_checker().check(make_step(STANDARD_SETTINGS, _d_loss, _g_loss)).peak_graph_only_bytes
         # 10 % slack: the same step written with other temporaries differs by a few hundred bytes.
-        if (result.peak_graph_only_bytes or 0) > 1.1 * (standard.peak_graph_only_bytes or 0):
-            return CheckResult(
-                False, f"Right gradients, but the graphs held up to {_bytes_or_dash(result.peak_graph_only_bytes)} "
-                       f"during your step; the standard step needs {_bytes_or_dash(standard.peak_graph_only_bytes)}.",
-                "Is a retain_graph=True left that no later backward needs?")
-    how = "from one D pass on fake" if single_forward else "without retaining anything it does not need"
-    return CheckResult(True, f"Both optimizers receive the reference gradients, {how} "
-                             f"(peak graph-only {_bytes_or_dash(result.peak_graph_only_bytes)}).")
+        if (result.peak_graph_only_bytes or 0) > 1.1 * (standard or 0):
+            return CheckResult(False, f"Right gradients, but the graphs held up to {peak} during your step; the "
+                                      f"standard step needs {_bytes_or_dash(standard)}.",
+                               "Is a retain_graph=True left that no later backward needs?")
+        how = (f"and your graphs held within 10 % of what the standard step's hold (peak graph-only {peak}; "
+               f"standard {_bytes_or_dash(standard)})")
+    return CheckResult(True, "Both optimizers receive the reference gradients, call after call (from empty .grad, "
+                             f"right after another call, and over leftover .grad values), {how}.")
 
 
 def check_fixed_srgan_step(step: Step) -> CheckResult:
     """Exercise 1: the copied SRGAN step, fixed: no error, right gradients for both networks, no waste.
 
-    Used by notebook 03_gan_step.
+    The step runs three times in a row at learning rate 0 (from empty ``.grad``, right after itself,
+    and with ``.grad`` pre-filled), and at every ``step()`` call each optimizer must hold its
+    network's reference gradient. No waste: the last backward must not retain its graph, and the
+    graphs may hold at most 10 % more than the standard step's. ``torch.autograd.grad`` is allowed.
+    Never raises on a wrong answer. Used by notebook 03_gan_step.
     """
     return _judge_step(step, single_forward=False)
 
 
 def check_single_forward_step(step: Step) -> CheckResult:
-    """Exercise 2: a correct step that runs the discriminator on ``fake`` only once.
+    """Exercise 2: a correct step that runs the discriminator on ``fake`` only once, with ``backward(inputs=...)``.
 
-    Used by notebook 03_gan_step.
+    Judged like :func:`check_fixed_srgan_step` (three calls, every ``step()`` call's gradients),
+    without the memory comparison, and further: ``torch.autograd.grad`` must not be called (it is
+    seen however it was imported), and D's first layer may run at most twice (real and fake).
+    Never raises on a wrong answer. Used by notebook 03_gan_step.
     """
     return _judge_step(step, single_forward=True)
 
@@ -974,44 +1297,167 @@ def _reference_penalty(netD: torch.nn.Module, real: torch.Tensor, fake: torch.Te
     return ((grad.norm(dim=1) - 1) ** 2).mean()
 
 
-def check_gradient_penalty(gradient_penalty: Callable[..., torch.Tensor]) -> CheckResult:
-    """Exercise 3: ``gradient_penalty(netD, real, fake, alpha)`` must give D a gradient (WGAN-GP).
+_PENALTY_HINT = "Mix the points with alpha, take D's gradient at the mixed points, and average (norm - 1) squared."
+_CREATE_GRAPH_HINT = ("retain_graph=True keeps buffers; only create_graph=True records the gradient computation "
+                      "itself so it can be differentiated.")
 
-    Used by notebook 03_gan_step.
-    """
-    if not callable(gradient_penalty):
-        return CheckResult(False, "Pass your function itself (without calling it).")
-    generator = torch.Generator().manual_seed(1)
-    torch.manual_seed(1)
-    netD = _mlp(2, 1)
-    real = ring_of_gaussians(64, generator=generator)
-    fake = torch.randn(64, 2, generator=generator)
-    alpha = torch.rand(64, 1, generator=generator)
-    params = list(netD.parameters())
-    expected = _reference_penalty(netD, real, fake, alpha)
-    # The last layer's bias does not affect D's gradient with respect to its input: no gradient.
-    expected_grads = torch.autograd.grad(expected, params, allow_unused=True)
+
+@dataclass
+class _PenaltyCall:
+    """One call of a learner's penalty function: what it returned or raised, and what it did."""
+
+    penalty: Any
+    error: BaseException | None
+    backward_calls: list[_BackwardCall]
+    problem: str | None  # a side effect on D or on the inputs
+
+
+def _call_penalty(gradient_penalty: Callable[..., Any], netD: torch.nn.Module, real: torch.Tensor,
+                  fake: torch.Tensor, alpha: torch.Tensor) -> _PenaltyCall:
+    """Call it on copies of the inputs with D's .grad empty, and note what it left behind."""
+    inputs = {"real": real.clone(), "fake": fake.clone(), "alpha": alpha.clone()}
+    weights = {name: p.detach().clone() for name, p in netD.named_parameters()}
+    netD.zero_grad(set_to_none=True)
+    penalty: Any = None
+    error: BaseException | None = None
     try:
-        penalty = gradient_penalty(netD, real, fake, alpha)
-    except Exception as exc:  # noqa: BLE001 - a learner's bug is a verdict, not a crash
-        return CheckResult(False, f"Your function raised {_first_line(exc)}")
-    if not isinstance(penalty, torch.Tensor) or penalty.numel() != 1:
-        return CheckResult(False, "Return the penalty as a single-number tensor.")
-    if not torch.allclose(penalty.detach(), expected.detach(), rtol=1e-4, atol=1e-6):
-        return CheckResult(False, f"The penalty is {float(penalty.detach()):.4f}; "
-                                  f"expected {float(expected.detach()):.4f}.",
-                           "Mix the points with alpha, take D's gradient at the mixed points, and average "
-                           "(norm - 1) squared.")
+        with _watching_backward() as backward_calls:
+            penalty = gradient_penalty(netD, inputs["real"], inputs["fake"], inputs["alpha"])
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a learner's bug is a verdict, not a crash
+        error = exc
+    problem = None
+    parameters = dict(netD.named_parameters())
+    if any(p.grad is not None for p in parameters.values()):
+        problem = ("Your function left values in D's .grad (a backward inside it accumulated into D's weights): in "
+                   "training they would be added to D's gradient. torch.autograd.grad returns the gradient "
+                   "without touching .grad.")
+    elif any(not p.requires_grad for p in parameters.values()):
+        problem = "Your function switched off requires_grad on D's weights and left it off: D would stop learning."
+    elif any(not torch.equal(p.detach(), weights[name]) for name, p in parameters.items()):
+        problem = "Your function changed D's weights."
+    else:
+        changed = [name for name, value in inputs.items()
+                   if not torch.equal(value.detach(), {"real": real, "fake": fake, "alpha": alpha}[name])]
+        if changed:
+            problem = (f"Your function changed {' and '.join(changed)} in place: the caller's tensor no longer "
+                       "holds the batch.")
+    # Put D back only where the function changed it: restoring equal weights in place would bump
+    # their version and break the returned penalty's graph.
+    with torch.no_grad():
+        for name, parameter in parameters.items():
+            parameter.requires_grad_(True)
+            if not torch.equal(parameter, weights[name]):
+                parameter.copy_(weights[name])
+    netD.zero_grad(set_to_none=True)
+    return _PenaltyCall(penalty, error, backward_calls, problem)
+
+
+def _penalty_problem(call: _PenaltyCall, netD: torch.nn.Module, expected: torch.Tensor,
+                     expected_grads: Sequence[torch.Tensor | None]) -> CheckResult | None:
+    """What is wrong with one call's penalty, or None when it is right."""
+    if call.error is not None:
+        hint = ""
+        if "does not require grad" in _first_line(call.error):
+            hint = ("torch.autograd.grad can only differentiate with respect to a tensor that requires grad: take "
+                    "D's gradient with respect to the mixed points, and call .requires_grad_() on them before "
+                    "D sees them.")
+        return CheckResult(False, f"Your function raised {_first_line(call.error)}", hint)
+    if call.problem:
+        return CheckResult(False, call.problem)
+    penalty = call.penalty
+    if not isinstance(penalty, torch.Tensor):
+        dropped = " (.item() and float() drop the graph)" if isinstance(penalty, (int, float)) else ""
+        return CheckResult(False, f"Return the penalty as a single-number tensor, not a {type(penalty).__name__}"
+                                  f"{dropped}.")
+    if penalty.numel() != 1:
+        return CheckResult(False, f"Return the penalty as a single number (the mean over the batch); your "
+                                  f"function returned shape {tuple(penalty.shape)}.", _PENALTY_HINT)
+    if not torch.allclose(penalty.detach().float().reshape(()), expected.detach(), rtol=1e-4, atol=1e-6):
+        return CheckResult(False, f"The penalty is {float(penalty.detach()):.4f}; expected "
+                                  f"{float(expected.detach()):.4f}.", _PENALTY_HINT)
+    created = any(backward.create_graph for backward in call.backward_calls)
     if penalty.grad_fn is None:
-        return CheckResult(False, "The value is right, but the penalty is a constant: no gradient reaches D's "
-                                  "weights, so adding it to d_loss changes nothing.",
-                           "retain_graph=True keeps buffers; only create_graph=True records the gradient "
-                           "computation itself so it can be differentiated.")
-    got = torch.autograd.grad(penalty, params, allow_unused=True)
+        if penalty.requires_grad:
+            return CheckResult(False, "The value is right, but the penalty is a leaf tensor with no grad_fn, cut "
+                                      "off from D's weights (a .detach() or a new tensor made from the value), so "
+                                      "adding it to d_loss changes nothing.",
+                               "Return the penalty as computed, without .detach(), .data or torch.tensor(...).")
+        if not created:
+            return CheckResult(False, "The value is right, but the penalty is a constant: no gradient reaches D's "
+                                      "weights, so adding it to d_loss changes nothing.", _CREATE_GRAPH_HINT)
+        return CheckResult(False, "The value is right, and you used create_graph=True, but the penalty is a "
+                                  "constant: something after the gradient cut the graph (.detach(), .data, "
+                                  "torch.no_grad()), so no gradient reaches D's weights.",
+                           "Compute the penalty from the gradient exactly as autograd returned it.")
+    params = list(netD.parameters())
+    try:
+        got = torch.autograd.grad(penalty, params, allow_unused=True)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the learner's graph, not the check, is broken
+        return CheckResult(False, f"The value is right, but the penalty cannot be backpropagated: "
+                                  f"{_first_line(exc)}", _CREATE_GRAPH_HINT if not created else "")
+    if all(grad is None for grad in got):
+        return CheckResult(False, "The value is right and the penalty has a grad_fn, but no path in its graph "
+                                  "leads to D's weights, so adding it to d_loss changes nothing for D.",
+                           _CREATE_GRAPH_HINT if not created else "")
     for (name, parameter), mine, ref in zip(netD.named_parameters(), got, expected_grads):
         mine = torch.zeros_like(parameter) if mine is None else mine
         ref = torch.zeros_like(parameter) if ref is None else ref
         if not torch.allclose(mine, ref, rtol=1e-4, atol=1e-6):
-            return CheckResult(False, f"The penalty's gradient for D's {name} differs from the reference.")
-    return CheckResult(True, f"The penalty ({float(penalty.detach()):.4f}) gives D the right gradient: the gradient "
-                             "computation itself was recorded (create_graph=True).")
+            return CheckResult(False, f"The value is right, but the penalty's gradient for D's {name} differs "
+                                      "from the reference.", _CREATE_GRAPH_HINT if not created else "")
+    return None
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes and values, NaN equal to NaN (a deterministic function returns the same twice)."""
+    if a.shape != b.shape:
+        return False
+    try:
+        return bool(torch.allclose(a.double(), b.double(), rtol=0.0, atol=0.0, equal_nan=True))
+    except (RuntimeError, TypeError):  # complex or other values that do not convert
+        return torch.equal(a, b)
+
+
+def check_gradient_penalty(gradient_penalty: Callable[..., torch.Tensor]) -> CheckResult:
+    """Exercise 3: ``gradient_penalty(netD, real, fake, alpha)`` must give D a gradient (WGAN-GP).
+
+    Called twice on copies of a fixed batch: each call must return the reference value as a
+    one-number tensor whose gradient for D's weights equals the reference, and leave D (its
+    weights, ``requires_grad`` and ``.grad``) and the inputs as they were. Never raises on a wrong
+    answer. Used by notebook 03_gan_step.
+    """
+    if not callable(gradient_penalty):
+        return CheckResult(False, "Pass your function itself (without calling it).")
+    with torch.random.fork_rng(devices=[]):  # a check must not disturb the learner's random stream
+        generator = torch.Generator().manual_seed(1)
+        torch.manual_seed(1)
+        netD = _mlp(2, 1)
+        real = ring_of_gaussians(64, generator=generator)
+        fake = torch.randn(64, 2, generator=generator)
+        alpha = torch.rand(64, 1, generator=generator)
+        expected = _reference_penalty(netD, real, fake, alpha)
+        # The last layer's bias does not affect D's gradient with respect to its input: no gradient.
+        expected_grads = torch.autograd.grad(expected, list(netD.parameters()), allow_unused=True)
+        calls, values, problems = [], [], []
+        for _ in range(2):  # each call judged before the next, which might disturb D
+            call = _call_penalty(gradient_penalty, netD, real, fake, alpha)
+            calls.append(call)
+            values.append(call.penalty.detach().clone() if isinstance(call.penalty, torch.Tensor) else None)
+            problems.append(_penalty_problem(call, netD, expected, expected_grads))
+    if (problems[0] is not None and values[0] is not None and values[1] is not None
+            and not _same_values(values[0], values[1])):
+        return CheckResult(False, "Your function returned two different penalties for the same batch: does it "
+                                  "draw its own random numbers instead of using alpha?", _PENALTY_HINT)
+    if problems[0] is not None:
+        return problems[0]
+    if problems[1] is not None:
+        message = problems[1].message
+        return CheckResult(False, f"Right on the first call, but not on the second: {message[:1].lower()}{message[1:]}",
+                           problems[1].hint)
+    how = " (create_graph=True)" if any(b.create_graph for b in calls[0].backward_calls) else ""
+    return CheckResult(True, "The penalty gives D the right gradient, call after call: the gradient computation "
+                             f"itself was recorded{how}.")
