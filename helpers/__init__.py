@@ -46,7 +46,7 @@ from helpers.graph import (
     record_saved_tensors,
     saved_tensors_of,
 )
-from helpers.growth import GrowthResult, GrowthVariant, growth_experiment
+from helpers.growth import GrowthResult, growth_experiment
 from helpers.lab import BackwardLab
 from helpers.meter import MeterReading, SavedTensorMeter, format_bytes
 from helpers.tables import Table, operation_table
@@ -59,7 +59,6 @@ __all__ = [
     "GanLab",
     "GanStepChecker",
     "GrowthResult",
-    "GrowthVariant",
     "MeterReading",
     "NetworkCheck",
     "PatternComparison",

@@ -1,73 +1,145 @@
-"""growth_experiment: memory grows only when retained graphs stay reachable."""
+"""growth_experiment: bytes with the meter, time without it; memory grows only when retained graphs stay
+reachable, and time per iteration grows only when each backward walks earlier iterations' graphs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers.growth import GrowthVariant, growth_experiment
+from helpers.growth import GrowthResult, growth_experiment
+from helpers.meter import SavedTensorMeter
 
-VARIANTS = {
-    "retain, tensor": GrowthVariant(True, "tensor"),
-    "retain, value": GrowthVariant(True, "value"),
-    "free, tensor": GrowthVariant(False, "tensor"),
-    "free, value": GrowthVariant(False, "value"),
-    "retain, sum": GrowthVariant(True, "sum"),
-    "free, sum": GrowthVariant(False, "sum"),
-}
+WIDTH, BATCH = 32, 16
+PER_GRAPH = BATCH * WIDTH * 4  # the tanh output; the input batch and the weights stay alive anyway
 
 
-def run(iterations: int = 12):
+def make_bodies():
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-    x = torch.randn(16, 8)
+    net = torch.nn.Sequential(torch.nn.Linear(8, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, 1))
+    x = torch.randn(BATCH, 8)
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
-    return growth_experiment(lambda: net(x).pow(2).mean(), optimizer, VARIANTS, iterations=iterations,
-                             progress=False)
+
+    def step(retain_graph: bool) -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = net(x).pow(2).mean()
+        loss.backward(retain_graph=retain_graph)
+        optimizer.step()
+        return loss
+
+    def retain_sum(state) -> None:
+        state.total += step(True)
+
+    def free_sum(state) -> None:
+        state.total += step(False)
+
+    return {
+        "retain, tensor": lambda state: state.history.append(step(True)),
+        "retain, value": lambda state: state.history.append(step(True).item()),
+        "free, tensor": lambda state: state.history.append(step(False)),
+        "free, value": lambda state: state.history.append(step(False).item()),
+        "retain, sum": retain_sum,
+        "free, sum": free_sum,
+    }
 
 
 def test_only_retained_graphs_kept_reachable_grow_by_one_graph_per_iteration() -> None:
-    result = run()
-    growing = {name for name in VARIANTS if result.grows(name)}
+    bodies = make_bodies()
+    result = growth_experiment(bodies, iterations=12, block=4, progress=False)
+    assert result.names == list(bodies)
+    growing = {name for name in bodies if result.grows(name)}
     assert growing == {"retain, tensor", "retain, sum"}
-    per_graph = 16 * 32 * 4  # the tanh output; the input batch and weights stay alive anyway
     for name in growing:
         steps = [b - a for a, b in zip(result.graph_only_bytes[name], result.graph_only_bytes[name][1:])]
-        assert all(step >= per_graph for step in steps), steps
+        assert all(step >= PER_GRAPH for step in steps), steps
         assert len(set(steps)) == 1, f"{name} grows by the same amount every iteration: {steps}"
-    for name in VARIANTS.keys() - growing:
+        assert result.growth_per_iteration(name) == steps[0]
+    for name in bodies.keys() - growing:
         assert result.graph_only_bytes[name] == [0] * 12, name
         assert result.growth_per_iteration(name) == 0
 
 
-def test_times_table_and_chart() -> None:
-    result = run(iterations=4)
-    assert all(len(result.seconds[name]) == 4 and min(result.seconds[name]) > 0 for name in VARIANTS)
-    assert all(len(result.page_faults[name]) == 4 and min(result.page_faults[name]) >= 0 for name in VARIANTS)
-    for name in VARIANTS:
-        times = result.seconds[name]
-        assert result.slowdown(name) == pytest.approx(times[-1] / times[0])
-        assert result.faults_per_iteration(name) == sum(result.page_faults[name]) / 4
-    table = result.table()
-    assert table.column("variant") == list(VARIANTS)
-    assert "history.append(loss.item())" in table.column("loop body")[1]
-    assert len(table.column("page faults per iteration")) == len(VARIANTS)
+def test_every_body_gets_a_fresh_state_in_each_run_and_nothing_survives() -> None:
+    seen: list[int] = []
+
+    def body(state) -> None:
+        seen.append(len(state.history))
+        state.history.append(torch.ones(1, requires_grad=True) * 2)
+
+    growth_experiment({"only": body}, iterations=3, block=1, progress=False)
+    # bytes run: 0, 1, 2; three warm-up calls on their own state: 0, 1, 2; time run: 0, 1, 2.
+    assert seen == [0, 1, 2] * 3
+
+
+def test_the_time_run_happens_without_a_meter() -> None:
+    import helpers.meter as meter_module
+
+    active_during_calls: list[bool] = []
+
+    def body(state) -> None:
+        active_during_calls.append(meter_module._active_meter is not None)
+
+    growth_experiment({"only": body}, iterations=4, block=2, progress=False)
+    assert active_during_calls[:4] == [True] * 4, "the bytes run records inside the meter"
+    assert active_during_calls[4:] == [False] * (3 + 4), "warm-up and time run are never metered"
+
+
+def test_a_backward_that_walks_every_earlier_graph_slows_down_and_kept_graphs_do_not() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+    x = torch.randn(64, 64)
+
+    def keep_retained(state) -> None:
+        loss = net(x).pow(2).mean()
+        loss.backward(retain_graph=True)
+        state.history.append(loss)
+
+    def backward_the_total(state) -> None:
+        state.total = state.total + net(x).pow(2).mean()
+        state.total.backward(retain_graph=True)
+
+    result = growth_experiment({"kept": keep_retained, "chained": backward_the_total}, iterations=60, block=10,
+                               progress=False)
+    assert result.grows("kept") and result.grows("chained")
+    # The chained body's last block walks about 50 graphs per backward against about 1 in its first.
+    assert result.slowdown("chained") > 3 * result.slowdown("kept"), (result.block_milliseconds("chained"),
+                                                                      result.block_milliseconds("kept"))
+
+
+def test_block_figures_table_and_chart() -> None:
+    result = GrowthResult(iterations=6, block=2, graph_only_bytes={"a": [0, 10, 20, 30, 40, 50]},
+                          seconds={"a": [0.004, 0.002, 0.003, 0.005, 0.009, 0.006]})
+    assert result.block_milliseconds("a") == pytest.approx([2.0, 3.0, 6.0])
+    assert result.slowdown("a") == pytest.approx(3.0)
+    assert result.growth_per_iteration("a") == 10
+    with_time = result.table()
+    assert with_time.column("last / first") == ["3.00"]
+    without_time = result.table(timing=False)
+    assert without_time.columns == ["loop body", "graph-only bytes at the end", "growth per iteration"]
+    assert without_time.column("growth per iteration") == ["10 B"]
     assert len(result.chart().axes) == 2
 
 
-def test_variant_code_and_bad_inputs() -> None:
-    assert GrowthVariant(True, "sum").code == "loss.backward(retain_graph=True); total += loss"
-    with pytest.raises(ValueError, match="keep must be one of"):
-        GrowthVariant(True, "list")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="True or False"):
-        GrowthVariant(1, "value")  # type: ignore[arg-type]
-    net = torch.nn.Linear(2, 1)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    with pytest.raises(TypeError, match="loss function"):
-        growth_experiment(None, optimizer, VARIANTS)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="optimizer"):
-        growth_experiment(lambda: net(torch.ones(2)).sum(), net, VARIANTS)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="GrowthVariant"):
-        growth_experiment(lambda: net(torch.ones(2)).sum(), optimizer, {"x": (True, "value")})  # type: ignore[dict-item]
-    with pytest.raises(ValueError, match="at least 2"):
-        growth_experiment(lambda: net(torch.ones(2)).sum(), optimizer, VARIANTS, iterations=1)
+@pytest.mark.parametrize(
+    ("bodies", "kwargs", "error", "match"),
+    [
+        (None, {}, TypeError, "non-empty dict"),
+        ({}, {}, TypeError, "non-empty dict"),
+        ({"x": 3}, {}, TypeError, "not a function of one argument"),
+        ({"x": lambda state: None}, {"iterations": 1}, ValueError, "at least 2"),
+        ({"x": lambda state: None}, {"iterations": 10, "block": 0}, ValueError, "block must be"),
+        ({"x": lambda state: None}, {"iterations": 10, "block": 11}, ValueError, "block must be"),
+    ],
+)
+def test_bad_inputs_are_named(bodies, kwargs, error, match) -> None:
+    with pytest.raises(error, match=match):
+        growth_experiment(bodies, progress=False, **kwargs)
+
+
+def test_the_meter_is_free_again_after_a_body_raises() -> None:
+    def broken(state) -> None:
+        raise RuntimeError("a learner's bug")
+
+    with pytest.raises(RuntimeError, match="a learner's bug"):
+        growth_experiment({"broken": broken}, iterations=2, progress=False)
+    with SavedTensorMeter():  # would raise if the experiment had left its meter active
+        pass
