@@ -1,5 +1,29 @@
 """Count the tensors autograd saves for backward, and the bytes only the graph keeps alive.
 
+How it counts. While forward runs inside ``with meter:``, saved-tensor hooks replace every tensor
+autograd saves with a small box that holds a detached view of it; the box's ``__del__`` tells the
+meter when autograd lets the tensor go (a plain backward, or the graph being dropped). Boxes are
+grouped by storage, so a storage saved twice counts once, and running totals keep the counts and
+bytes. A storage is *graph-only* when its only owners are the boxes' tensors and its Python
+wrapper, read from torch's private storage use count.
+
+Why the hooks cost the same however many graphs are alive. No hook scans all storages. A storage
+found graph-only is marked *confirmed*: nothing but autograd can reach it, so it stays graph-only
+until autograd itself unpacks or saves it again (the hooks see both and clear the mark; an
+unpacked tensor is a new owner, so whoever keeps it is counted). Only the storages without the
+mark (saved or unpacked since the last look, or still owned by something else: parameters,
+inputs, your variables) are queried when a figure is needed. Pack, unpack and release do a fixed
+amount of work, except the one release per burst that samples the peak (below): it queries the
+unconfirmed storages, once each, and never the graph-only ones. Each storage is queried about once
+per save or unpack, plus once per sample while something else owns it, so keeping hundreds of
+retained graphs alive makes no hook slower.
+
+The peak is exact without a look before every release: graph-only bytes rise only when something
+other than autograd drops a storage (nobody is told), and fall only when the last box of a
+graph-only storage goes. So the peak is reached just before such a release, or now. Releases come
+in bursts (one backward call, one ``del``) during which no user code runs, and the meter looks
+once, before the first falling release of each burst.
+
 Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step, and by :class:`BackwardLab`.
 """
 
@@ -26,18 +50,12 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
 
-def _release_site() -> tuple[int, int] | None:
-    """What caused the current release: one backward call, or one statement of Python code.
-
-    Inside backward it is the backward call's own id. Otherwise (``del loss``, a variable
-    reassigned) it walks out of torch's frames to the statement that dropped the graph, named by
-    (frame id, instruction). Every release caused by one backward call or one statement reports
-    the same site.
+def _statement_site() -> tuple[int, int] | None:
+    """The statement of Python code that caused the current release (``del loss``, a variable
+    reassigned), named by (frame id, instruction): it walks out of torch's frames to the statement
+    that dropped the graph. Every release caused by one statement reports the same site.
     """
-    task = _graph_task_id()
-    if task != -1:
-        return (-1, task)
-    frame = sys._getframe(3)  # _release_site <- _release <- _SavedBox.__del__ <- what freed it
+    frame = sys._getframe(3)  # _statement_site <- _release_last <- _SavedBox.__del__ <- what freed it
     while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
         frame = frame.f_back
     return None if frame is None else (id(frame), frame.f_lasti)
@@ -48,38 +66,54 @@ def _release_site() -> tuple[int, int] | None:
 _active_meter: SavedTensorMeter | None = None
 
 
+class _StorageEntry:
+    """One storage saved by the graph: its size, how many live boxes hold it, and whether it is
+    known to be graph-only (``confirmed``; see the module docstring for why that mark stays true).
+    """
+
+    __slots__ = ("meter", "key", "nbytes", "boxes", "confirmed")
+
+    def __init__(self, meter: SavedTensorMeter, key: int, nbytes: int) -> None:
+        self.meter = meter
+        self.key = key  # the address of the C++ storage
+        self.nbytes = nbytes
+        self.boxes = 0
+        self.confirmed = False
+
+
 class _SavedBox:
     """What autograd keeps in place of a saved tensor while a meter is active.
 
     It holds a *detached* view of the saved tensor: keeping the tensor handed to the pack hook
     (which still carries its ``grad_fn``) would form a reference cycle through C++ that
-    ``gc.collect()`` cannot break, and the whole graph would outlive ``del loss``.
+    ``gc.collect()`` cannot break, and the whole graph would outlive ``del loss``. Nothing else
+    references that view: the unpack hook returns it, but autograd wraps what the hook returns in
+    a new tensor, so every unpacked tensor is an owner of its own that the use count sees.
+
+    The box (and through it the storage's entry) lives exactly as long as autograd keeps it; the
+    meter itself holds no box and no tensor.
     """
 
-    __slots__ = ("tensor", "version", "meter", "key")
+    __slots__ = ("tensor", "version", "entry")
 
-    def __init__(self, tensor: torch.Tensor, meter: SavedTensorMeter, key: int) -> None:
+    def __init__(self, tensor: torch.Tensor, entry: _StorageEntry) -> None:
         self.tensor = tensor
         # A detached tensor shares the version counter of the tensor it came from.
         self.version = tensor._version
-        self.meter = meter
-        self.key = key
+        self.entry = entry
 
     def __del__(self) -> None:
         # __del__ rather than weakref.finalize: it runs while this box's tensor is still alive,
         # so the meter sees the figures from just before the release, and it costs less.
-        self.meter._release(self)
-
-
-class _StorageEntry:
-    """One storage saved by the graph, and how many live boxes hold it."""
-
-    __slots__ = ("nbytes", "device", "boxes")
-
-    def __init__(self, nbytes: int, device: torch.device) -> None:
-        self.nbytes = nbytes
-        self.device = device
-        self.boxes = 0
+        entry = self.entry
+        meter = entry.meter
+        meter._saved_tensors -= 1
+        if entry.boxes > 1:
+            # Not the storage's last box: its tensor, one owner, goes with it, so whether the
+            # storage is graph-only does not change.
+            entry.boxes -= 1
+        else:
+            meter._release_last(entry)
 
 
 @dataclass(frozen=True)
@@ -103,11 +137,16 @@ class SavedTensorMeter:
     are the part that nothing but autograd keeps alive: exactly what a plain ``backward()`` or
     dropping the graph (``del loss``) frees. Parameters and inputs are saved too, but they stay
     alive through the model and your variables, so they count in ``saved_bytes`` only.
+    ``peak_graph_only_bytes`` is the highest ``graph_only_bytes`` since creation or
+    :meth:`reset_peak`, exact to the byte, including the moment just before a backward freed it.
 
     The counters follow frees as they happen, after the ``with`` block too, for as long as the
-    graphs built inside it live. The meter keeps only weak references, so it never keeps a graph
-    or a tensor alive. A meter can be entered again (the lab does, once per forward); meters
-    cannot be nested.
+    graphs built inside it live. In place of each saved tensor autograd keeps a small box holding
+    a detached view of it, which autograd itself drops with the graph; the meter holds no box, no
+    graph and no tensor (only sizes and counts per storage), so it never keeps anything alive.
+    Saving, unpacking and freeing cost the same however many graphs are alive; reading a figure
+    looks only at storages not yet known to be graph-only (see the module docstring). A meter can
+    be entered again (the lab does, once per forward); meters cannot be nested.
 
     Not counted: a Python number in an expression (``x * 2``) is kept by the graph as a 0-dim
     tensor that never passes through saved-tensor hooks (it is a few bytes).
@@ -129,14 +168,18 @@ class SavedTensorMeter:
     """
 
     def __init__(self) -> None:
+        # Every storage a live box holds, by the address of its C++ storage.
         self._entries: dict[int, _StorageEntry] = {}
+        # The entries not confirmed graph-only: queried again when a figure is needed.
+        self._unconfirmed: dict[int, _StorageEntry] = {}
+        self._confirmed_bytes = 0
+        self._saved_tensors = 0
+        self._saved_bytes = 0
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._peak_graph_only = 0
-        # Graph-only bytes rise only when Python drops its own references, which nobody is told
-        # about, and fall only when a buffer is released. So the true peak is reached just before
-        # a release, or now. Releases come in bursts (one backward call, one del) during which no
-        # user code runs, so one sample before the first release of each burst is exact, and far
-        # cheaper than scanning every storage before every release.
+        # The peak is sampled once per release burst (one backward call, one statement), before
+        # its first release that lowers graph-only bytes; a pack or a read since the last sample
+        # starts a new burst even at the same site (a loop repeats the same statement).
         self._burst_site: tuple[int, int] | None = None
         self._sample_next_release = True
         if _storage_use_count is None:
@@ -178,70 +221,98 @@ class SavedTensorMeter:
         """True while forward code inside ``with meter:`` is being recorded."""
         return self._hooks is not None
 
-    # -- hooks -----------------------------------------------------------------------------
+    # -- hooks (each constant-time: no loop over entries) -------------------------------------
     def _pack(self, tensor: torch.Tensor) -> _SavedBox:
         storage = tensor.untyped_storage()
         # The key is the address of the C++ storage itself: unique among live storages on every
         # device, and valid for as long as a box holds the storage, which is as long as the entry
         # exists. It is also what the use-count query takes, so reading needs no new objects.
         key = storage._cdata
-        box = _SavedBox(tensor.detach(), self, key)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _StorageEntry(storage.nbytes(), tensor.device)
+            entry = self._entries[key] = self._unconfirmed[key] = _StorageEntry(self, key, storage.nbytes())
+            self._saved_bytes += entry.nbytes
+        elif entry.confirmed:
+            self._unconfirm(entry)  # whoever handed autograd this tensor may still hold it
         entry.boxes += 1
+        self._saved_tensors += 1
         self._sample_next_release = True
-        return box
+        return _SavedBox(tensor.detach(), entry)
 
     @staticmethod
     def _unpack(box: _SavedBox) -> torch.Tensor:
+        tensor, version, entry = box.tensor, box.version, box.entry
         # With saved-tensor hooks installed, autograd no longer checks whether a saved tensor
         # was modified in place after it was saved; without this check a step that raises
         # "modified by an inplace operation" would run silently inside the meter.
-        tensor = box.tensor
-        if tensor._version != box.version:
+        if tensor._version != version:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace "
                 f"operation: [{tensor.type()} {list(tensor.shape)}] is at version {tensor._version}; "
-                f"expected version {box.version} instead. (Checked by SavedTensorMeter: its saved-tensor "
+                f"expected version {version} instead. (Checked by SavedTensorMeter: its saved-tensor "
                 "hooks replace autograd's own check, which reports the same error without a meter.)"
             )
+        if entry.confirmed:
+            entry.meter._unconfirm(entry)  # the unpacked tensor is a new owner for as long as it lives
         return tensor
 
-    def _release(self, box: _SavedBox) -> None:
-        site = _release_site()
-        if self._sample_next_release or site != self._burst_site:
-            self._sample_next_release = False
-            self._burst_site = site
-            graph_only = self._graph_only_bytes()
-            if graph_only > self._peak_graph_only:
-                self._peak_graph_only = graph_only
-        entry = self._entries.get(box.key)
-        if entry is None:
-            return
-        entry.boxes -= 1
-        if not entry.boxes:
-            del self._entries[box.key]
+    def _unconfirm(self, entry: _StorageEntry) -> None:
+        entry.confirmed = False
+        self._confirmed_bytes -= entry.nbytes
+        self._unconfirmed[entry.key] = entry
+
+    def _release_last(self, entry: _StorageEntry) -> None:
+        """The storage's last box is going: the storage leaves the meter."""
+        key = entry.key
+        # If the storage is graph-only (its owners: this box's tensor and the wrapper), graph-only
+        # bytes fall now, so this may be the peak: sample it, once per burst. A burst is one
+        # backward call (named by its id) or one statement of Python code.
+        if entry.confirmed or _storage_use_count(key) == 2:  # type: ignore[misc]  # checked in __init__
+            task = _graph_task_id()
+            site = (-1, task) if task != -1 else _statement_site()
+            if self._sample_next_release or site != self._burst_site:
+                self._sample_next_release = False
+                self._burst_site = site
+                graph_only = self._graph_only_bytes()
+                if graph_only > self._peak_graph_only:
+                    self._peak_graph_only = graph_only
+        entry.boxes = 0
+        del self._entries[key]
+        self._saved_bytes -= entry.nbytes
+        if entry.confirmed:
+            self._confirmed_bytes -= entry.nbytes
+        else:
+            del self._unconfirmed[key]
 
     # -- figures ---------------------------------------------------------------------------
     def _graph_only_bytes(self) -> int:
+        """Query the unconfirmed storages, confirm the graph-only ones, return the total."""
         use_count = _storage_use_count
         assert use_count is not None  # checked in __init__
         # A storage is graph-only when its owners are exactly the boxes' tensors plus its Python
         # wrapper, which _pack created and torch then keeps for the storage's lifetime (PyObject
-        # preservation). Any other owner (a parameter, an input, a variable of yours) keeps the
-        # storage alive after backward. The tests check this count to the byte on every graph.
-        return sum(entry.nbytes for key, entry in self._entries.items() if use_count(key) == entry.boxes + 1)
+        # preservation). Any other owner (a parameter, an input, a variable of yours, a tensor
+        # unpacked from the graph) keeps the storage alive after backward. The tests check this
+        # count to the byte on every graph.
+        # A snapshot, and a live-box check before each query: a garbage collection during the
+        # loop may release boxes, and a released storage's address must not be queried.
+        unconfirmed = self._unconfirmed
+        for key, entry in list(unconfirmed.items()):
+            if entry.boxes and use_count(key) == entry.boxes + 1:
+                del unconfirmed[key]
+                entry.confirmed = True
+                self._confirmed_bytes += entry.nbytes
+        return self._confirmed_bytes
 
     @property
     def saved_tensors(self) -> int:
         """How many saved tensors are alive (one storage saved by two nodes counts twice)."""
-        return sum(entry.boxes for entry in self._entries.values())
+        return self._saved_tensors
 
     @property
     def saved_bytes(self) -> int:
         """Bytes of the distinct storages held by live saved tensors."""
-        return sum(entry.nbytes for entry in self._entries.values())
+        return self._saved_bytes
 
     @property
     def graph_only_bytes(self) -> int:

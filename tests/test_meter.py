@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -234,7 +238,8 @@ def test_peak_sees_a_rise_after_a_release_without_a_read(saved_storages):
     small.backward()
     del hidden, x_big  # now the big graph alone holds these
     big.backward()
-    assert meter.peak_graph_only_bytes >= truth.dead_bytes()
+    # The peak is the moment before big's backward, when its graph alone held all it saved.
+    assert meter.peak_graph_only_bytes == truth.dead_bytes() > 0
 
 
 def test_without_the_private_use_count_the_meter_refuses_to_guess(monkeypatch):
@@ -359,3 +364,167 @@ def test_in_place_operations_before_saving_are_fine_inside_the_meter():
         loss = (h * h).sum()
     loss.backward()
     assert torch.allclose(x.grad, 8 * x * (x > 0))
+
+
+# -- cost that does not grow with live graphs, and exactness in long loops ---------------------
+# The hot paths must do a fixed amount of work however many graphs are alive. Counted, not timed:
+# every query of a storage's use count goes through the module-level function, which the fixture
+# below replaces with a counting wrapper (the only per-storage work a scan does is that query).
+
+@dataclass
+class _Queries:
+    count: int = 0
+
+
+@pytest.fixture
+def use_count_queries(monkeypatch) -> _Queries:
+    import helpers.meter as meter_module
+
+    real = meter_module._storage_use_count
+    queries = _Queries()
+
+    def counting(key: int) -> int:
+        queries.count += 1
+        return real(key)
+
+    monkeypatch.setattr(meter_module, "_storage_use_count", counting)
+    return queries
+
+
+def _retain_and_keep_loop(
+    meter: SavedTensorMeter, free_value_loss: bool,
+    after_forward: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+) -> tuple[Callable[[], None], list]:
+    """The loop benchmarks/bench_meter.py times, small: two heads on one trunk, retain_graph=True,
+    every loss kept with its graph. With ``free_value_loss`` the value loss is backwarded plainly
+    each iteration, which frees buffers (a release burst: the value head's and the shared trunk's)
+    while the class graphs of all earlier iterations stay alive. ``after_forward`` is handed both
+    losses before any backward or optimizer step (reading a saved parameter after
+    ``optimizer.step()`` raises the in-place error, so the ground truth walks graphs there).
+    """
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_meter.py"
+    spec = importlib.util.spec_from_file_location("bench_meter", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.growth_loop(meter, free_value_loss, width=16, batch=4, after_forward=after_forward)
+
+
+def _queries_per_iteration(queries: _Queries, iteration: Callable[[], object], iterations: int = 40) -> list[int]:
+    counts = []
+    for _ in range(iterations):
+        before = queries.count
+        iteration()
+        counts.append(queries.count - before)
+    return counts
+
+
+def test_saving_and_retained_backward_query_no_storage_however_many_graphs_live(use_count_queries):
+    meter = SavedTensorMeter()
+    iteration, history = _retain_and_keep_loop(meter, free_value_loss=False)
+    per_iteration = _queries_per_iteration(use_count_queries, iteration)
+    # Pack, unpack (the retained backward unpacks every saved tensor) and the optimizer step:
+    # no query, no scan, with 40 graphs alive.
+    assert per_iteration == [0] * 40
+    assert len(history) == 40 and meter.saved_tensors >= 40 * 10
+
+
+def test_reading_queries_only_storages_not_yet_known_graph_only(use_count_queries):
+    meter = SavedTensorMeter()
+    iteration, _history = _retain_and_keep_loop(meter, free_value_loss=False)
+    figures = []
+    per_read = _queries_per_iteration(use_count_queries, lambda: (iteration(), figures.append(meter.graph_only_bytes)))
+    # The iteration itself queries nothing (the test above). Each read queries this iteration's
+    # storages (new, and unpacked by the retained backward) and the parameters and inputs (owned
+    # outside the graph, so never confirmed): the same number every time, while the graph-only
+    # storages of all earlier graphs, known as such, are not queried again.
+    assert len(set(per_read)) == 1
+    assert meter.saved_tensors >= 20 * per_read[-1]
+    assert figures == sorted(figures) and figures[-1] > figures[0] > 0
+
+
+def test_a_release_every_iteration_queries_the_same_storages_however_many_graphs_live(use_count_queries):
+    meter = SavedTensorMeter()
+    iteration, history = _retain_and_keep_loop(meter, free_value_loss=True)
+    per_iteration = _queries_per_iteration(use_count_queries, iteration)
+    # One release burst per iteration (the value loss's backward); its sample and its releases
+    # query the storages saved or unpacked in this iteration and those owned outside the graph.
+    # A scan of every storage would grow by one graph's storages per iteration.
+    assert per_iteration[1] > 0
+    assert len(set(per_iteration[1:])) == 1
+    assert meter.saved_tensors >= 10 * per_iteration[-1]
+    assert len(history) == 40
+
+
+def _dead_bytes(walks: list) -> int:
+    """Bytes of the walked storages that died, over several walks (distinct graphs), one collection."""
+    gc.collect()
+    return sum(nbytes for walk in walks for ref, nbytes in walk.refs.values() if ref.expired())
+
+
+def test_peak_is_exact_in_the_retain_and_keep_loop(saved_storages):
+    meter = SavedTensorMeter()
+    walks: list = []
+    iteration, history = _retain_and_keep_loop(
+        meter, free_value_loss=False, after_forward=lambda *losses: walks.append(saved_storages(*losses)))
+    for _ in range(12):
+        iteration()
+    assert _dead_bytes(walks) == 0
+    del history[:]
+    # Nothing was freed during the loop, so the peak was the moment before the list was dropped,
+    # with all 12 graphs alive; no figure was read, so the meter sampled it at that release.
+    died = _dead_bytes(walks)
+    assert died > 0
+    assert meter.peak_graph_only_bytes == died
+    assert meter.graph_only_bytes == 0 and meter.saved_tensors == 0 and meter.saved_bytes == 0
+
+
+def test_peak_is_exact_when_every_iteration_frees_buffers_while_graphs_are_kept(saved_storages):
+    meter = SavedTensorMeter()
+    class_walks: list = []
+    value_walks: list = []
+
+    def walk(loss_class: torch.Tensor, loss_value: torch.Tensor) -> None:
+        class_walks.append(saved_storages(loss_class))
+        value_walks.append(saved_storages(loss_value))
+
+    iteration, history = _retain_and_keep_loop(meter, free_value_loss=True, after_forward=walk)
+    for _ in range(12):
+        iteration()
+    # Each value backward freed its head's buffers and the trunk's (nodes both losses share), but
+    # not what the class head saved too.
+    freed_by_last_value_backward = _dead_bytes(value_walks[-1:])
+    freed_during_loop = _dead_bytes(class_walks)
+    del history[:]
+    died_with_history = _dead_bytes(class_walks) - freed_during_loop
+    assert freed_by_last_value_backward > 0 and died_with_history > 0
+    # The highest point was just before the last value backward: what the 12 kept graphs still
+    # held, plus what that backward then freed.
+    assert meter.peak_graph_only_bytes == died_with_history + freed_by_last_value_backward
+    assert meter.graph_only_bytes == 0 and meter.saved_tensors == 0
+
+
+def test_a_tensor_unpacked_from_the_graph_is_an_owner_while_it_lives(saved_storages):
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    meter = SavedTensorMeter()
+    with meter:
+        hidden = torch.tanh(torch.randn(4, 8) @ w)  # TanhBackward saves its result
+        loss = hidden.sum()
+    node, hidden_bytes = hidden.grad_fn, hidden.untyped_storage().nbytes()
+    truth = saved_storages(loss)
+    del hidden
+    everything = meter.graph_only_bytes  # the inline input and the hidden activation
+    held = node._saved_result
+    assert meter.graph_only_bytes == everything - hidden_bytes
+    view = held[1:]  # a view of it is an owner too
+    del held
+    assert meter.graph_only_bytes == everything - hidden_bytes
+    del view
+    assert meter.graph_only_bytes == everything
+    held = node._saved_result  # once more, after the storage was found graph-only again
+    assert meter.graph_only_bytes == everything - hidden_bytes
+    del held, node
+    loss.backward()
+    assert truth.dead_bytes() == everything > hidden_bytes
+    assert meter.peak_graph_only_bytes == everything and meter.graph_only_bytes == 0
