@@ -23,9 +23,8 @@ import torch
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
-from helpers.figures import PngFigure
-from helpers.meter import SavedTensorMeter, format_bytes
-from helpers.tables import Table
+from helpers.display import PngFigure, Table, format_bytes
+from helpers.meter import SavedTensorMeter
 
 __all__ = ["PatternComparison", "PatternResult", "compare_gradients", "compare_patterns", "profiler_peak_bytes"]
 
@@ -129,15 +128,25 @@ class PatternComparison:
                 return result
         raise KeyError(f"No pattern {name!r}; the patterns are {[r.name for r in self.results]}.")
 
-    def table(self) -> Table:
-        """One row per pattern: gradients against the reference, time, memory."""
-        rows = [
-            [r.name, r.gradients, f"{r.seconds_per_step * 1e3:.2f} ms", f"{r.time_ratio:.2f}x",
-             format_bytes(r.peak_graph_only_bytes), format_bytes(r.profiler_peak_bytes)]
-            for r in self.results
-        ]
-        return Table(["pattern", f"gradients vs {self.reference}", "time per step", f"time / {self.reference}",
-                      "peak graph-only (meter)", "peak allocated (profiler)"], rows)
+    def table(self, timing: bool = True) -> Table:
+        """One row per pattern: gradients against the reference and the meter's peak; with ``timing``, also
+        the time, the profiler's peak and the size of any gradient difference, which depend on the machine
+        (leave them out where a notebook's output must be the same everywhere)."""
+        columns = ["pattern", f"gradients vs {self.reference}"]
+        columns += ["time per step", f"time / {self.reference}"] if timing else []
+        columns += ["peak graph-only (meter)"] + (["peak allocated (profiler)"] if timing else [])
+        rows = []
+        for r in self.results:
+            verdict = r.gradients if timing else (
+                "bit-equal" if r.bit_equal else "equal up to float rounding" if r.close else "DIFFERENT")
+            row = [r.name, verdict]
+            if timing:
+                row += [f"{r.seconds_per_step * 1e3:.2f} ms", f"{r.time_ratio:.2f}x"]
+            row.append(format_bytes(r.peak_graph_only_bytes))
+            if timing:
+                row.append(format_bytes(r.profiler_peak_bytes))
+            rows.append(row)
+        return Table(columns, rows)
 
     def chart(self) -> Figure:
         """Bars: time relative to the reference, and the two memory figures, per pattern."""

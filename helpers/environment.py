@@ -21,7 +21,10 @@ def pick_device() -> torch.device:
 
 
 def seed_everything(seed: int = 0) -> None:
-    """Seed Python and torch (CPU and CUDA) so notebook outputs are the same on every run."""
+    """Seed Python and torch (CPU and CUDA) so notebook outputs are the same on every run.
+
+    Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
+    """
     random.seed(seed)
     torch.manual_seed(seed)
 
@@ -36,7 +39,10 @@ def _dot_version() -> str:
 
 
 def describe_environment() -> str:
-    """One line with Python, torch, device and Graphviz versions, printed by every notebook's setup cell."""
+    """One line with Python, torch, device and Graphviz versions, printed by every notebook's setup cell.
+
+    Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
+    """
     device = pick_device()
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     return (

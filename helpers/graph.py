@@ -19,7 +19,7 @@ from typing import Any, Union
 import graphviz
 import torch
 
-from helpers.meter import format_bytes
+from helpers.display import format_bytes
 
 __all__ = [
     "AutogradGraph",
@@ -148,7 +148,7 @@ def record_saved_tensors(roots: Roots) -> int:
     """Record what every node of the graph saved, so drawings after backward can show it.
 
     :func:`draw_graph` does this itself; call this when you want to backward before drawing.
-    Returns how many saved tensors were recorded. Used by notebook 01_graph_buffers.
+    Returns how many saved tensors were recorded. Used by notebook 02_multi_loss.
     """
     return sum(len(saved_tensors_of(fn)) for fn in _walk(_root_tensors(roots, "record_saved_tensors")))
 
@@ -256,8 +256,7 @@ def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True) -> 
     ``params`` (a module or a dict of named tensors) names the leaves, as in torchviz. Colours
     follow torchviz: green outputs, blue leaves, grey operations, orange saved tensors; freed
     buffers are white, dashed and labelled FREED. Works before and after backward, and the same
-    graph gives the same drawing on every run. Used by notebooks 01_graph_buffers, 02_multi_loss
-    and 03_gan_step.
+    graph gives the same drawing on every run. Used by notebooks 01_graph_buffers and 02_multi_loss.
     """
     named_roots = _root_tensors(roots, "draw_graph")
     param_names = _parameter_names(params)

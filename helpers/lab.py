@@ -5,19 +5,17 @@ Used by notebook 01_graph_buffers (one loss) and notebook 02_multi_loss (several
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import ipywidgets as widgets
 import torch
-from IPython import get_ipython
-from IPython.display import Image, display
 from matplotlib.ticker import MaxNLocator
 
-from helpers.figures import PngFigure
-from helpers.meter import SavedTensorMeter, format_bytes
+from helpers.display import PngFigure, format_bytes
+from helpers.meter import SavedTensorMeter
+from helpers.panels import Panel
 
 __all__ = ["BackwardLab"]
 
@@ -32,7 +30,7 @@ def _byte_text(n: int) -> str:
     return f"{n:,} B ({format_bytes(n)})" if n >= 1024 else f"{n:,} B"
 
 
-class BackwardLab:
+class BackwardLab(Panel):
     """An ipywidgets panel around a forward function that returns one or more named losses.
 
     Buttons run forward (inside a :class:`SavedTensorMeter`), each loss's backward with its own
@@ -78,8 +76,6 @@ class BackwardLab:
         self.last_error: str | None = None
         self.actions: list[tuple[str, int]] = [("start", self.meter.graph_only_bytes)]
         self._first_grad: float | None = None
-        self._chart_handle: Any = None
-        self._chart_pending = False
         self._running = False
         self._build_widgets(title, iterations)
         self._refresh("Press Forward to build a graph.")
@@ -114,13 +110,6 @@ class BackwardLab:
         return losses
 
     # -- widgets ---------------------------------------------------------------------------
-    def _button(self, description: str, tooltip: str, css: str, handler: Callable[[], None]) -> widgets.Button:
-        button = widgets.Button(description=description, tooltip=tooltip,
-                                layout=widgets.Layout(width="auto"))
-        button.add_class(css)
-        button.on_click(lambda _button: self._safely(handler))
-        return button
-
     def _build_widgets(self, title: str, iterations: int) -> None:
         self.forward_button = self._button(
             "Forward", "Run the forward pass inside the meter: builds a new graph that saves tensors for backward",
@@ -161,9 +150,7 @@ class BackwardLab:
                                             layout=widgets.Layout(width="300px"))
         self.progress.add_class("bt-progress")
 
-        self.values: dict[str, widgets.Label] = {}
-        rows = []
-        for key, label, tip in [
+        self.values, figures = self._figure_rows([
             ("saved-tensors", "saved tensors", "Saved tensors alive now (a buffer saved by two nodes counts twice)"),
             ("saved-bytes", "saved bytes", "Distinct storages held by saved tensors, parameters and inputs included"),
             ("graph-only-bytes", "graph-only bytes", "Saved bytes nothing but the graph keeps alive: what backward() frees"),
@@ -171,14 +158,8 @@ class BackwardLab:
             ("backward-calls", "backward calls", "How many backward() calls succeeded since the last reset"),
             ("grad", f"{self.watch}.grad", "The watched parameter's accumulated gradient"),
             ("history", "losses kept in history", "Loss tensors the history list keeps (with their graphs)"),
-        ]:
-            name = widgets.Label(value=label, tooltip=tip, layout=widgets.Layout(width="190px"))
-            value = widgets.Label(value="", tooltip=tip)
-            value.add_class(f"bt-value-{key}")
-            self.values[key] = value
-            rows.append(widgets.HBox([name, value]))
-        self.status = widgets.HTML(value="")
-        self.status.add_class("bt-status")
+        ], css="bt-value")
+        self.status = self._status_line("bt-status")
         self.panel = widgets.VBox([
             widgets.HTML(f"<b>{title}</b>"),
             self.forward_button,
@@ -186,27 +167,18 @@ class BackwardLab:
             widgets.HBox([self.zero_grad_button, self.reset_button]),
             widgets.HBox([self.iterations, self.keep_history, self.run_button]),
             self.progress,
-            widgets.VBox(rows),
+            figures,
             self.status,
         ])
         self.panel.add_class("bt-lab")
 
-    def _ipython_display_(self) -> None:
-        display(self.panel)
-        self._chart_handle = display(self._chart_image(), display_id=True)
-
     # -- actions ---------------------------------------------------------------------------
-    def _safely(self, action: Callable[[], None]) -> None:
-        # ipywidgets swallows exceptions raised in click handlers; show them in the panel instead.
-        try:
-            action()
-        except Exception as exc:  # noqa: BLE001 - every error must reach the learner
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            # A failed backward may already have freed part of the graph: chart that too.
-            self.actions.append(("error", self.meter.graph_only_bytes))
-            self._refresh(error=self.last_error)
-            if not self._running:
-                self._update_chart()
+    def _after_error(self) -> None:
+        # A failed backward may already have freed part of the graph: chart that too.
+        self.actions.append(("error", self.meter.graph_only_bytes))
+        self._refresh(error=self.last_error)
+        if not self._running:
+            self._update_chart()
 
     def forward(self) -> None:
         """Build a new graph inside the meter (the previous one is dropped unless kept in history)."""
@@ -283,12 +255,9 @@ class BackwardLab:
         grad = self._watched().grad
         if grad is None:
             return "None (no backward since the last zero_grad)"
-        first = float(grad.flatten()[0])
-        text = f"first element {first:+.6f}, norm {float(grad.norm()):.6f}"
-        # With several losses each backward adds a different gradient, so a ratio would mean nothing.
-        if len(self.loss_names) == 1 and self._first_grad not in (None, 0.0):
-            text += f" ({first / self._first_grad:.2f}× the first backward)"
-        return text
+        text = f"first element {float(grad.flatten()[0]):+.6f}, norm {float(grad.norm()):.6f}"
+        ratio = self.gradient_ratio
+        return text if ratio is None else text + f" ({ratio:.2f}× the first backward)"
 
     def _record(self, action: str, message: str) -> None:
         self.actions.append((action, self.meter.graph_only_bytes))
@@ -305,14 +274,42 @@ class BackwardLab:
         self.values["peak-bytes"].value = _byte_text(reading.peak_graph_only_bytes)
         self.values["backward-calls"].value = str(self.backward_calls)
         self.values["grad"].value = self._grad_text()
-        self.values["history"].value = str(sum(len(losses) for losses in self.kept))
+        self.values["history"].value = str(self.losses_kept)
         if error is not None:
-            self.status.value = (
-                "<div style='color:#b00020'><b>Error</b> (the panel still works: press Forward for a new "
-                f"graph, or Reset)<br><code>{html.escape(error)}</code></div>"
-            )
+            self._show_error(error, "the panel still works: press Forward for a new graph, or Reset")
         else:
-            self.status.value = f"<span>Status: {message}</span>"
+            self._show_status(message)
+
+    # -- figures as numbers ----------------------------------------------------------------
+    @property
+    def saved_tensors(self) -> int:
+        """Saved tensors alive now, from the lab's meter."""
+        return self.meter.saved_tensors
+
+    @property
+    def graph_only_bytes(self) -> int:
+        """Bytes only the graphs keep alive now: what the next backward or ``del`` can free."""
+        return self.meter.graph_only_bytes
+
+    @property
+    def peak_graph_only_bytes(self) -> int:
+        """The highest ``graph_only_bytes`` since the last reset."""
+        return self.meter.peak_graph_only_bytes
+
+    @property
+    def gradient_ratio(self) -> float | None:
+        """The watched ``.grad`` over what the first backward since ``zero_grad`` left in it (2.0 after two
+        backward calls through one graph); None before a backward, or with several losses, whose
+        backward calls add different gradients."""
+        grad = self._watched().grad
+        if grad is None or len(self.loss_names) != 1 or self._first_grad in (None, 0.0):
+            return None
+        return float(grad.flatten()[0]) / self._first_grad
+
+    @property
+    def losses_kept(self) -> int:
+        """Loss tensors the history list keeps (each with its graph)."""
+        return sum(len(losses) for losses in self.kept)
 
     def chart_png(self) -> bytes:
         """The chart of graph-only bytes over the actions, as PNG bytes."""
@@ -328,38 +325,3 @@ class BackwardLab:
         axes.grid(alpha=0.3)
         figure.tight_layout()
         return figure.to_png()
-
-    def _chart_image(self) -> Image:
-        return Image(data=self.chart_png(), format="png")
-
-    def _update_chart(self) -> None:
-        if self._chart_handle is None:
-            return
-        shell = _shell_running_a_cell()
-        if shell is None:  # a click in the browser: draw now
-            self._chart_handle.update(self._chart_image())
-        elif not self._chart_pending:
-            # Buttons clicked from a cell's code: draw once when the cell ends, not after every click.
-            self._chart_pending = True
-            shell.events.register("post_execute", self._draw_pending_chart)
-
-    def _draw_pending_chart(self) -> None:
-        shell = get_ipython()
-        if shell is not None:
-            shell.events.unregister("post_execute", self._draw_pending_chart)
-        self._chart_pending = False
-        if self._chart_handle is not None:
-            self._chart_handle.update(self._chart_image())
-
-
-def _shell_running_a_cell() -> Any:
-    """IPython's shell while it executes a cell's code (not while it handles a widget's click), else None."""
-    shell = get_ipython()
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None:
-        return None
-    try:
-        message_type = kernel.get_parent()["header"]["msg_type"]
-    except (AttributeError, KeyError, TypeError):
-        return None
-    return shell if message_type == "execute_request" else None

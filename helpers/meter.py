@@ -37,7 +37,9 @@ from typing import Callable
 
 import torch
 
-__all__ = ["MeterReading", "SavedTensorMeter", "format_bytes"]
+from helpers.display import format_bytes
+
+__all__ = ["MeterReading", "SavedTensorMeter"]
 
 # Private torch API: the number of owners of a storage. Guarded, because a torch release may
 # rename it; without it the meter cannot tell graph-only storages apart and says so.
@@ -360,15 +362,3 @@ class SavedTensorMeter:
         if r.cuda_allocated_bytes is not None:
             text += f", cuda_allocated_bytes={format_bytes(r.cuda_allocated_bytes)}"
         return text + ")"
-
-
-def format_bytes(n: int) -> str:
-    """``1536`` -> ``'1.5 KiB'``; exact bytes below 1 KiB. Used by every notebook."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")

@@ -1,4 +1,4 @@
-"""The tests every exercise-check catalogue (tests/test_checks_catalogue_01.py and _02.py) runs.
+"""The tests every exercise-check catalogue (tests/test_graph_buffers_checks.py and test_multi_loss_checks.py) runs.
 
 A wrong answer is rejected with a message holding the expected text, a right one accepted; checking
 an answer twice gives the same verdict and text, and checking leaves the caller's random stream where

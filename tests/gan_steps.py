@@ -1,5 +1,6 @@
-"""GAN pieces shared by tests/test_gan.py and tests/test_gan_claims.py: the losses, the networks and
-the notebook's step functions, written out here independently of helpers/gan.py."""
+"""GAN pieces shared by the tests of helpers/lessons/gan_step (tests/test_gan_step_*.py,
+tests/test_gan_claims.py, tests/test_gan_step_catalogue.py): the losses, the networks, the
+notebook's step functions, written out here independently of the package, and small seeded GANs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import helpers as bt
+from helpers.lessons.gan_step.checker import GanStepChecker
+from helpers.lessons.gan_step.data import ring_of_gaussians
 
 IN_PLACE = "modified by an inplace operation"
 SECOND_TIME = "backward through the graph a second time"
@@ -26,6 +29,29 @@ def mlp(n_in, n_out, hidden=64):
     return torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.LeakyReLU(0.2),
                                torch.nn.Linear(hidden, hidden), torch.nn.LeakyReLU(0.2),
                                torch.nn.Linear(hidden, n_out))
+
+
+def small_mlp(n_in: int, n_out: int) -> torch.nn.Sequential:
+    """Smaller than the notebook's networks: the unit tests judge logic, not learning."""
+    return torch.nn.Sequential(torch.nn.Linear(n_in, 16), torch.nn.LeakyReLU(0.2), torch.nn.Linear(16, 16),
+                               torch.nn.LeakyReLU(0.2), torch.nn.Linear(16, n_out))
+
+
+@pytest.fixture
+def gan():
+    """A small seeded GAN and a batch: ``(netG, netD, optimizerG, optimizerD, real, z)``."""
+    torch.manual_seed(0)
+    netG, netD = small_mlp(2, 2), small_mlp(2, 1)
+    optimizerG = torch.optim.Adam(netG.parameters(), lr=1e-2)
+    optimizerD = torch.optim.Adam(netD.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    real, z = ring_of_gaussians(32, generator=generator), torch.randn(32, 2, generator=generator)
+    return netG, netD, optimizerG, optimizerD, real, z
+
+
+@pytest.fixture
+def checker(gan):
+    return GanStepChecker(*gan, d_loss_fn, g_loss_fn)
 
 
 def make_gan(seed=0):

@@ -1,6 +1,6 @@
 """The exercise checks' mechanics: predictions against autograd, errors of any type, figures from shapes.
 
-The catalogues of right and wrong answers per notebook are in test_checks_catalogue_01.py and _02.py.
+The catalogues of right and wrong answers per notebook are in test_graph_buffers_checks.py and test_multi_loss_checks.py.
 """
 
 from __future__ import annotations
@@ -9,15 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.checks import (
+from helpers.display import format_bytes
+from helpers.lessons.graph_buffers import (
     SECOND_BACKWARD_QUESTIONS,
-    check_backward_both,
     check_backward_three_times,
     check_predictions,
     check_training_loop,
-    check_two_loss_loop,
 )
-from helpers.meter import format_bytes
+from helpers.lessons.multi_loss import check_backward_both, check_two_loss_loop
 
 
 def _verdict(result, capsys) -> tuple[bool, str]:

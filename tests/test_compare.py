@@ -36,6 +36,10 @@ def test_equal_patterns_are_bit_equal_and_a_wrong_one_is_flagged() -> None:
     assert comparison["first"].max_difference > 0
     table = comparison.table()
     assert table.column("pattern") == ["sum", "roots", "first"]
+    portable = comparison.table(timing=False)
+    assert portable.columns == ["pattern", "gradients vs sum", "peak graph-only (meter)"]
+    assert portable.column("gradients vs sum")[0] == "bit-equal"
+    assert portable.column("gradients vs sum")[2] == "DIFFERENT", "no machine-dependent difference size"
     assert comparison.chart().axes, "the chart has axes"
     with pytest.raises(KeyError, match="No pattern"):
         comparison["missing"]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import helpers as bt
+from helpers.lessons.gan_step.steps import StepSettings
 
 from gan_steps import (  # noqa: F401 - one_thread is an autouse fixture
     IN_PLACE,
@@ -140,10 +141,10 @@ def test_the_sixteen_combinations(batch):
     lab.run_all_button.click()
     assert lab.message == "Tried all 16: 8 raise, 5 are silently wrong, 3 are correct."
     correct = {s for s, r in lab.results.items() if r.outcome == "correct"}
-    assert correct == {s for s in bt.StepSettings.all()
+    assert correct == {s for s in StepSettings.all()
                        if s.d_step_first and s.fresh_pass and (s.detach or s.retain_graph)}
-    standard = lab.results[bt.StepSettings(False, True, True, True)].peak_graph_only_bytes
-    assert lab.results[bt.StepSettings(True, False, True, True)].peak_graph_only_bytes > standard
+    standard = lab.results[StepSettings(False, True, True, True)].peak_graph_only_bytes
+    assert lab.results[StepSettings(True, False, True, True)].peak_graph_only_bytes > standard
 
 
 def test_training_with_the_correct_step_learns_the_ring():

@@ -296,7 +296,7 @@ class _CountingHandle:
 @pytest.mark.parametrize("message_type", ["execute_request", "comm_msg"])
 def test_clicks_from_a_cell_draw_the_chart_once_when_it_ends_and_browser_clicks_draw_at_once(
         single, monkeypatch, message_type):
-    import helpers.lab as lab_module
+    import helpers.panels as lab_module
 
     lab, _, _ = single
     shell = _FakeShell(message_type)

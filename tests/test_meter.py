@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from helpers.meter import MeterReading, SavedTensorMeter, format_bytes
+from helpers.display import format_bytes
+from helpers.meter import MeterReading, SavedTensorMeter
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

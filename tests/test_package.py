@@ -22,7 +22,7 @@ def test_every_public_name_exists_and_says_which_notebook_uses_it() -> None:
 
 
 def test_no_star_imports_and_every_module_documented() -> None:
-    for path in HELPERS.glob("*.py"):
+    for path in HELPERS.rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert "import *" not in text, path.name
         assert text.lstrip().startswith('"""'), f"{path.name} has no module docstring"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from labdriver import NOTEBOOK_DIR, LabPage
 
-from helpers.gan import SRGAN_SETTINGS, STANDARD_SETTINGS, StepSettings
+from helpers.lessons.gan_step.steps import SRGAN_SETTINGS, STANDARD_SETTINGS, StepSettings
 
 pytestmark = pytest.mark.browser
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from check_catalogue import catalogue_tests
-from helpers.checks import check_backward_both, check_two_loss_loop
+from helpers.lessons.multi_loss import check_backward_both, check_two_loss_loop
 
 
 def two_losses(net, x, labels, targets):  # the notebook's own

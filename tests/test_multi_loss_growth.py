@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.growth import GrowthResult, growth_experiment
+from helpers.lessons.multi_loss import GrowthResult, growth_experiment
 from helpers.meter import SavedTensorMeter
 
 WIDTH, BATCH = 32, 16

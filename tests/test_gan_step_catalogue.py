@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.autograd import grad as imported_grad  # a name bound before the check starts
 
-import helpers.gan as gan
-from helpers.gan import check_fixed_srgan_step, check_gradient_penalty, check_single_forward_step
+import helpers.lessons.gan_step.watch as watch
+from helpers.lessons.gan_step import check_fixed_srgan_step, check_gradient_penalty, check_single_forward_step
 
 from gan_steps import d_loss_fn, g_loss_fn, one_thread  # noqa: F401
 from gan_steps import inputs_step as single_forward_inputs  # exercise 2's solution
@@ -886,7 +886,7 @@ def test_checks_restore_autograd_and_the_random_stream(check, answer):
 ])
 def test_without_the_engine_entry_the_public_functions_are_watched(monkeypatch, check, answer, expected):
     """Where torch has no private engine entry, torch.autograd.backward and .grad are wrapped instead."""
-    monkeypatch.setattr(gan, "_ENGINE_ENTRY", "_no_such_engine_entry")
+    monkeypatch.setattr(watch, "_ENGINE_ENTRY", "_no_such_engine_entry")
     grad = torch.autograd.grad
     result = check(answer)
     assert torch.autograd.grad is grad

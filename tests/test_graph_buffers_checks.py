@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from check_catalogue import catalogue_tests
-from helpers.checks import check_backward_three_times, check_predictions, check_training_loop
+from helpers.lessons.graph_buffers import check_backward_three_times, check_predictions, check_training_loop
 
 # -- exercise 1: predictions ---------------------------------------------------------------------
 

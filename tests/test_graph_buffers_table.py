@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.meter import format_bytes
-from helpers.tables import Table, operation_table
+from helpers.display import Table, format_bytes
+from helpers.lessons.graph_buffers import operation_table
 
 OPERATIONS = {
     "add": lambda x, w: x + w,

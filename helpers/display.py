@@ -1,0 +1,95 @@
+"""How the course shows what it measures: byte counts as text, tables, and charts as PNG images.
+
+``format_bytes`` writes a byte count the way every notebook prints it. :class:`Table` shows rows as an
+HTML table in Jupyter and as aligned text elsewhere (and in nbval's comparisons). :class:`PngFigure`
+is a matplotlib figure that Jupyter shows as a PNG without pyplot, so charts render the same in a
+fresh kernel, under nbconvert and on GitHub.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["PngFigure", "Table", "format_bytes"]
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``'1.5 KiB'``; exact bytes below 1 KiB.
+
+    Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
+    """
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+class Table:
+    """Rows of values shown as an HTML table in Jupyter and as aligned text elsewhere.
+
+    Used by notebook 02_multi_loss, and by every helper that prints a table.
+    """
+
+    def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        self.columns = list(columns)
+        self.rows = [list(row) for row in rows]
+        for row in self.rows:
+            if len(row) != len(self.columns):
+                raise ValueError(f"Table row {row!r} has {len(row)} cells; expected {len(self.columns)}.")
+
+    def column(self, name: str) -> list[Any]:
+        """The values of one column, by its header."""
+        if name not in self.columns:
+            raise KeyError(f"No column {name!r}; the columns are {self.columns}.")
+        index = self.columns.index(name)
+        return [row[index] for row in self.rows]
+
+    def __repr__(self) -> str:
+        cells = [self.columns] + [[str(v) for v in row] for row in self.rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(self.columns))]
+        lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        # Inline padding: inside a widget (the panels' result tables) no notebook stylesheet applies.
+        cell = "text-align:left;padding:2px 12px 2px 0;vertical-align:top"
+        head = "".join(f"<th style='{cell}'>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td style='{cell}'>{html.escape(str(v))}</td>" for v in row) + "</tr>"
+            for row in self.rows
+        )
+        return f"<table style='border-collapse:collapse'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class PngFigure(Figure):
+    """A matplotlib Figure with its own Agg canvas that Jupyter shows as a PNG image.
+
+    Used by the charts of notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        FigureCanvasAgg(self)
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace(type(self).__name__, "Figure", 1)
+
+    def to_png(self) -> bytes:
+        """The figure as PNG bytes."""
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png")
+        return buffer.getvalue()
+
+    def _repr_png_(self) -> bytes:
+        return self.to_png()

@@ -1,0 +1,135 @@
+"""The package's layout rules (README, "Where a helper goes"), kept by reading the code and the notebooks.
+
+* The core (``helpers/*.py``) never imports a lesson; a lesson (``helpers/lessons/NAME``) never imports
+  another lesson.
+* Each lesson belongs to the notebook named after it (``gan_step`` -> ``03_gan_step.ipynb``), and its
+  notebook calls every public name it exports.
+* ``bt`` (``import helpers as bt``) exports exactly the names the notebooks call, and each one's
+  docstring says "Used by" exactly the notebooks that call it.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import helpers
+
+ROOT = Path(__file__).resolve().parent.parent
+HELPERS = ROOT / "helpers"
+LESSONS = HELPERS / "lessons"
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def notebook_calls() -> dict[str, set[str]]:
+    """``bt.NAME`` -> the notebooks (stems) whose code cells use it."""
+    calls: dict[str, set[str]] = {}
+    for path in NOTEBOOKS:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        for name in re.findall(r"\bbt\.([A-Za-z_]\w*)", code):
+            calls.setdefault(name, set()).add(path.stem)
+    return calls
+
+
+def imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+    return modules
+
+
+def lesson_names() -> list[str]:
+    return sorted(p.stem for p in LESSONS.iterdir()
+                  if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists()))
+
+
+def lesson_files(lesson: str) -> list[Path]:
+    package = LESSONS / lesson
+    return sorted(package.glob("*.py")) if package.is_dir() else [LESSONS / f"{lesson}.py"]
+
+
+def test_the_core_never_imports_a_lesson() -> None:
+    for path in sorted(HELPERS.glob("*.py")):
+        if path.name == "__init__.py":
+            continue  # the package's front door re-exports the lessons for `bt`
+        lessons = {m for m in imported_modules(path) if m.startswith("helpers.lessons")}
+        assert not lessons, f"core module {path.name} imports {sorted(lessons)}"
+
+
+@pytest.mark.parametrize("lesson", lesson_names())
+def test_a_lesson_never_imports_another_lesson(lesson: str) -> None:
+    own = f"helpers.lessons.{lesson}"
+    for path in lesson_files(lesson):
+        others = {m for m in imported_modules(path)
+                  if m.startswith("helpers.lessons") and m != own and not m.startswith(own + ".")}
+        assert not others, f"{path.relative_to(ROOT)} imports {sorted(others)}"
+
+
+@pytest.mark.parametrize("lesson", lesson_names())
+def test_each_lesson_belongs_to_one_notebook_that_calls_every_name_it_exports(lesson: str) -> None:
+    notebooks = [p.stem for p in NOTEBOOKS if p.stem.split("_", 1)[1] == lesson]
+    assert len(notebooks) == 1, f"lesson {lesson!r} matches no notebook (or several): {notebooks}"
+    module = __import__(f"helpers.lessons.{lesson}", fromlist=["__all__"])
+    calls = notebook_calls()
+    unused = [name for name in module.__all__ if notebooks[0] not in calls.get(name, set())]
+    assert not unused, f"{notebooks[0]} never calls {unused}, which lesson {lesson!r} exports"
+
+
+def test_bt_exports_exactly_what_the_notebooks_call() -> None:
+    calls = notebook_calls()
+    assert sorted(helpers.__all__) == sorted(calls), (
+        f"not called by any notebook: {sorted(set(helpers.__all__) - set(calls))}; "
+        f"called but not exported: {sorted(set(calls) - set(helpers.__all__))}")
+    assert helpers.__all__ == sorted(helpers.__all__, key=lambda n: (n[0].islower(), n))
+
+
+def used_by(obj: object) -> set[str]:
+    doc = inspect.getdoc(obj) or ""
+    match = re.search(r"Used by\s+(?:the \w+ of\s+)?notebooks?\s+(.*?)(?:\.\s|\.$|\(|$)", doc, re.DOTALL)
+    assert match, f"{getattr(obj, '__qualname__', obj)}'s docstring has no 'Used by notebook ...' line"
+    return set(re.findall(r"\b\d\d_[a-z_]+[a-z]", match.group(1)))
+
+
+@pytest.mark.parametrize("name", helpers.__all__)
+def test_each_public_helper_says_exactly_which_notebooks_use_it(name: str) -> None:
+    assert used_by(getattr(helpers, name)) == notebook_calls()[name]
+
+
+def test_no_module_is_too_long_to_read() -> None:
+    for path in sorted(HELPERS.rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= 450, f"{path.relative_to(ROOT)} has {lines} lines; split it by responsibility"
+
+
+def _functions(source: str) -> dict[str, str]:
+    """Top-level function name -> its AST without docstrings (comments and layout never count)."""
+    functions = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef):
+            body = node.body[1:] if (node.body and isinstance(node.body[0], ast.Expr)
+                                     and isinstance(node.body[0].value, ast.Constant)) else node.body
+            functions[node.name] = ast.dump(ast.Module(body=body, type_ignores=[]))
+    return functions
+
+
+@pytest.mark.parametrize("name", ["d_loss_fn", "g_loss_fn", "mlp", "make_gan", "srgan_step", "moved_step",
+                                  "standard_step", "single_forward_step"])
+def test_the_gan_tests_run_the_notebooks_own_code(name: str) -> None:
+    """tests/gan_steps.py copies notebook 03's losses, networks and steps; a copy that drifts fails here."""
+    cells = json.loads((ROOT / "notebooks" / "03_gan_step.ipynb").read_text(encoding="utf-8"))["cells"]
+    notebook = {}
+    for cell in cells:
+        if cell["cell_type"] == "code":
+            notebook.update(_functions("".join(cell["source"])))
+    copy = _functions((ROOT / "tests" / "gan_steps.py").read_text(encoding="utf-8"))
+    assert name in notebook and name in copy
+    assert copy[name] == notebook[name], f"tests/gan_steps.py's {name} differs from notebook 03's"
