@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from helpers.display import format_bytes
+from helpers.measure import gradients_close
 from helpers.meter import SavedTensorMeter
 
 __all__ = [
@@ -33,7 +34,6 @@ __all__ = [
     "clear_multiple",
     "flat",
     "gradient_problem",
-    "gradients_close",
     "gradients_or_zeros",
     "loop_passed",
     "run_answer",
@@ -110,11 +110,6 @@ def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 def gradients_or_zeros(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Each parameter's ``.grad`` (a copy), zeros where it is None."""
     return [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params]
-
-
-def gradients_close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Equal up to float rounding (rtol 1e-4, atol 1e-6)."""
-    return torch.allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
 def clear_multiple(got: torch.Tensor, want: torch.Tensor) -> float | None:

@@ -4,29 +4,26 @@ Every pattern is a function that runs one full step (forward and backward) on th
 data, leaving gradients in ``.grad``. :func:`compare_patterns` checks each pattern's gradients
 against a reference pattern, times them in alternating rounds (so machine noise hits all alike),
 takes the peak graph-only bytes from a :class:`SavedTensorMeter` and cross-checks memory with
-``torch.profiler``'s allocation events.
+``torch.profiler``'s allocation events (the measurements themselves live in :mod:`helpers.measure`).
 
 Used by notebooks 02_multi_loss and 03_gan_step.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import statistics
 import textwrap
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from matplotlib.figure import Figure
-from tqdm.auto import tqdm
 
 from helpers.display import PngFigure, Table, format_bytes
+from helpers.measure import compare_gradients, gradients_of, profiler_peak_bytes, time_round_robin
 from helpers.meter import SavedTensorMeter
 
-__all__ = ["PatternComparison", "PatternResult", "compare_gradients", "compare_patterns", "profiler_peak_bytes"]
+__all__ = ["PatternComparison", "PatternResult", "compare_patterns"]
 
 Step = Callable[[], None]
 
@@ -44,67 +41,6 @@ class PatternResult:
     time_ratio: float
     peak_graph_only_bytes: int
     profiler_peak_bytes: int
-
-
-def compare_gradients(
-    grads: Mapping[str, torch.Tensor | None], reference: Mapping[str, torch.Tensor | None]
-) -> tuple[bool, bool, float]:
-    """(bit-equal, close, largest absolute difference) between two sets of named gradients."""
-    if set(grads) != set(reference):
-        raise ValueError(f"Gradients name different parameters: {sorted(grads)} vs {sorted(reference)}.")
-    bit_equal, close, worst = True, True, 0.0
-    for name, ref in reference.items():
-        got = grads[name]
-        if got is None or ref is None:
-            if (got is None) != (ref is None):
-                return False, False, float("inf")
-            continue
-        if not torch.equal(got, ref):
-            bit_equal = False
-            worst = max(worst, float((got - ref).abs().max()))
-            close = close and torch.allclose(got, ref, rtol=1e-5, atol=1e-7)
-    return bit_equal, close, worst
-
-
-def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
-    return {name: None if p.grad is None else p.grad.detach().clone() for name, p in model.named_parameters()}
-
-
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    # The profiler's C++ side prints start/stop lines with timestamps straight to file
-    # descriptor 2, which Jupyter shows as output; silence it so notebook outputs stay stable.
-    saved = os.dup(2)
-    with open(os.devnull, "w") as devnull:
-        os.dup2(devnull.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-def profiler_peak_bytes(step: Step) -> int:
-    """The highest net CPU memory allocated while ``step`` runs, from torch.profiler's events.
-
-    Allocations and frees are summed in time order; the peak includes everything the step
-    allocates (activations, gradients, temporaries), not only saved tensors. Used by notebook
-    02_multi_loss (through :func:`compare_patterns` and its exercise check).
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = sorted(
-        (event.start_ns(), event.nbytes())
-        for event in prof.profiler.kineto_results.events()
-        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU
-    )
-    running = peak = 0
-    for _, nbytes in events:
-        running += nbytes
-        peak = max(peak, running)
-    return peak
 
 
 def _short_label(name: str) -> str:
@@ -210,34 +146,28 @@ def compare_patterns(
         with meter:
             step()
         peaks[name] = meter.peak_graph_only_bytes
-        gradients[name] = _gradients(model)
+        gradients[name] = gradients_of(model)
         model.zero_grad(set_to_none=True)
         profiled[name] = profiler_peak_bytes(step)
 
-    times: dict[str, list[float]] = {name: [] for name in patterns}
     names = list(patterns)
-    for round_index in tqdm(range(rounds), desc="timing rounds", disable=not progress, leave=True):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            model.zero_grad(set_to_none=True)
-            start = time.perf_counter()
-            patterns[name]()
-            times[name].append(time.perf_counter() - start)
+    times = time_round_robin(patterns, rounds, before_each=lambda: model.zero_grad(set_to_none=True),
+                             progress=progress)
     model.zero_grad(set_to_none=True)
 
     reference_time = statistics.median(times[reference])
     results = []
     for name in names:
-        bit_equal, close, worst = compare_gradients(gradients[name], gradients[reference])
-        if bit_equal:
+        match = compare_gradients(gradients[name], gradients[reference])
+        if match.bit_equal:
             verdict = "bit-equal"
-        elif close:
-            verdict = f"close (max diff {worst:.1e})"
+        elif match.close:
+            verdict = f"close (max diff {match.max_difference:.1e})"
         else:
-            verdict = f"DIFFERENT (max diff {worst:.1e})"
+            verdict = f"DIFFERENT (max diff {match.max_difference:.1e})"
         median = statistics.median(times[name])
-        results.append(PatternResult(name, verdict, bit_equal, close, worst, median, median / reference_time,
-                                     peaks[name], profiled[name]))
+        results.append(PatternResult(name, verdict, match.bit_equal, match.close, match.max_difference, median,
+                                     median / reference_time, peaks[name], profiled[name]))
     if progress:
         print(f"Measured {len(names)} patterns: gradients, {rounds} timing rounds, meter and profiler memory.")
     return PatternComparison(reference, results, rounds)

@@ -19,7 +19,6 @@ from helpers.checks import (
     checked,
     clear_multiple,
     flat,
-    gradients_close,
     gradients_or_zeros,
     loop_passed,
     run_answer,
@@ -27,6 +26,7 @@ from helpers.checks import (
 )
 from helpers.display import Table, format_bytes
 from helpers.graph import saved_tensors_of
+from helpers.measure import gradients_close
 from helpers.meter import SavedTensorMeter
 
 __all__ = ["check_backward_three_times", "check_predictions", "check_training_loop", "operation_table"]

@@ -11,7 +11,7 @@ batch (exercise 1), and both losses' gradients in one pass (exercise 2).
 
 from __future__ import annotations
 
-import time
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -34,6 +34,7 @@ from helpers.checks import (
     run_loop,
 )
 from helpers.display import PngFigure, Table, format_bytes
+from helpers.measure import profiler_peak_bytes, time_round_robin
 from helpers.meter import SavedTensorMeter
 
 __all__ = ["check_backward_both", "check_two_loss_loop", "growth_experiment"]
@@ -155,14 +156,16 @@ def growth_experiment(
     Each body is called as ``body(state)``, with a fresh ``state`` per body and per run
     (``state.history == []``, ``state.total == 0.0``); everything a body kept is dropped before the
     next run. The time run calls every body :data:`WARM_UP_ITERATIONS` times untimed first, then
-    interleaves them. ``block`` (default: a tenth of the iterations) is the block size for the
-    per-block figures of :class:`GrowthResult`. Used by notebook 02_multi_loss.
+    interleaves them (:func:`helpers.measure.time_round_robin`). ``block`` (default: a tenth of the
+    iterations) is the block size for the per-block figures of :class:`GrowthResult`.
+
+    Used by notebook 02_multi_loss.
     """
     block = max(1, iterations // 10) if block is None and isinstance(iterations, int) else block
     _check_arguments(bodies, iterations, block)
     assert block is not None
     result = GrowthResult(iterations, block)
-    bar = tqdm(total=2 * iterations * len(bodies), desc="iterations", disable=not progress, leave=True)
+    bar = tqdm(total=iterations * len(bodies), desc="bytes run", disable=not progress, leave=True)
     for name, body in bodies.items():
         meter, state, memory = SavedTensorMeter(), new_loop_state(), []
         for _ in range(iterations):
@@ -177,17 +180,11 @@ def growth_experiment(
         for _ in range(WARM_UP_ITERATIONS):
             body(warm)
         del warm
-    states = {name: new_loop_state() for name in bodies}
-    seconds: dict[str, list[float]] = {name: [] for name in bodies}
-    for _ in range(iterations):
-        for name, body in bodies.items():
-            start = time.perf_counter()
-            body(states[name])
-            seconds[name].append(time.perf_counter() - start)
-        bar.update(len(bodies))
-    del states
     bar.close()
-    result.seconds = seconds
+    states = {name: new_loop_state() for name in bodies}
+    result.seconds = time_round_robin({name: functools.partial(body, states[name]) for name, body in bodies.items()},
+                                      iterations, progress=progress, desc="time run")
+    del states
     if progress:
         print(f"Ran {iterations} iterations of each of {len(bodies)} loop bodies, once with the meter "
               "(bytes) and once without (time).")
@@ -304,7 +301,6 @@ def check_backward_both(backward_both: Callable[[torch.Tensor, torch.Tensor], No
     answer (``.grad`` empty) may exceed that of ``(l1 + l2).backward()`` by at most 10 %: the peaks are
     byte counts that repeat exactly run to run, and the lowest of two runs each is compared.
     """
-    from helpers.compare import profiler_peak_bytes
 
     net, data, ((g1, g2, _),) = _two_head_setup(batches=1)
     params, meter, total, walks = list(net.parameters()), SavedTensorMeter(), _add(g1, g2), []

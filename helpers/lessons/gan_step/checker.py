@@ -12,9 +12,7 @@ gradients each optimizer receives with reference gradients computed separately f
 from __future__ import annotations
 
 import contextlib
-import copy
 import html
-import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,12 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from tqdm.auto import tqdm
 
-from helpers.compare import profiler_peak_bytes
 from helpers.display import Table, format_bytes
 from helpers.lessons.gan_step.data import _positive_int
 from helpers.lessons.gan_step.steps import LossD, LossG, Step
+from helpers.measure import TrainingState, compare_gradients, gradients_of, profiler_peak_bytes, time_round_robin
 from helpers.meter import SavedTensorMeter
 
 __all__ = ["GanStepChecker", "NetworkCheck", "StepCheck", "StepComparison"]
@@ -38,10 +35,6 @@ Outcome = Literal["error", "silently wrong", "correct"]
 NETWORK_NAMES = {"D": "discriminator (D)", "G": "generator (G)"}
 IN_PLACE = "modified by an inplace operation"
 SECOND_TIME = "backward through the graph a second time"
-
-# Gradients "match the reference" within float rounding: two correct ways of computing the same
-# gradient may add the same terms in a different order.
-RTOL, ATOL = 1e-4, 1e-6
 
 
 @dataclass(frozen=True)
@@ -150,10 +143,6 @@ def _bytes_or_dash(n: int | None, dash: str = "-") -> str:
     return dash if n is None else format_bytes(n)
 
 
-def _named_grads(module: torch.nn.Module) -> dict[str, torch.Tensor | None]:
-    return {name: None if p.grad is None else p.grad.detach().clone() for name, p in module.named_parameters()}
-
-
 def _by_name(params: Mapping[str, torch.Tensor], grads: Sequence[torch.Tensor | None]) -> dict[str, torch.Tensor]:
     """``torch.autograd.grad``'s answer by parameter name, zeros for a parameter the loss does not reach."""
     return {n: torch.zeros_like(p) if g is None else g.detach() for (n, p), g in zip(params.items(), grads)}
@@ -161,23 +150,9 @@ def _by_name(params: Mapping[str, torch.Tensor], grads: Sequence[torch.Tensor | 
 
 def _network_check(network: str, grads: Mapping[str, torch.Tensor | None],
                    reference: Mapping[str, torch.Tensor]) -> NetworkCheck:
-    worst, squared_diff, squared_ref = 0.0, 0.0, 0.0
-    matches, bit_equal, missing = True, True, []
-    for name, ref in reference.items():
-        got = grads.get(name)
-        if got is None:
-            missing.append(name)
-            got = torch.zeros_like(ref)
-        difference = got - ref
-        worst = max(worst, float(difference.abs().max()) if difference.numel() else 0.0)
-        squared_diff += float(difference.pow(2).sum())
-        squared_ref += float(ref.pow(2).sum())
-        if not torch.equal(got, ref):
-            bit_equal = False
-            matches = matches and torch.allclose(got, ref, rtol=RTOL, atol=ATOL)
-    matches = matches and not missing
-    relative = math.sqrt(squared_diff) / math.sqrt(squared_ref) if squared_ref > 0 else math.sqrt(squared_diff)
-    return NetworkCheck(network, worst, relative, matches, bit_equal and not missing, tuple(missing))
+    match = compare_gradients(grads, reference)
+    return NetworkCheck(network, match.max_difference, match.relative_error, match.close, match.bit_equal,
+                        match.missing)
 
 
 def _scalar_loss(value: Any, what: str) -> torch.Tensor:
@@ -257,22 +232,15 @@ class GanStepChecker:
 
     @contextmanager
     def frozen(self) -> Iterator[None]:
-        """Learning rates 0 inside; weights, optimizer state and ``.grad`` restored on the way out."""
-        saved = [(p, p.detach().clone()) for net in (self.netG, self.netD) for p in net.parameters()]
-        states = [copy.deepcopy(opt.state_dict()) for opt in (self.optimizerG, self.optimizerD)]
+        """Learning rates 0 inside; weights, ``.grad``, optimizer state and random streams restored on the way out."""
+        state = TrainingState([self.netG, self.netD], [self.optimizerG, self.optimizerD])
         for optimizer in (self.optimizerG, self.optimizerD):
             for group in optimizer.param_groups:
                 group["lr"] = 0.0
         try:
             yield
         finally:
-            with torch.no_grad():
-                for parameter, value in saved:
-                    parameter.copy_(value)
-            for optimizer, state in zip((self.optimizerG, self.optimizerD), states):
-                optimizer.load_state_dict(state)
-            self.netG.zero_grad(set_to_none=True)
-            self.netD.zero_grad(set_to_none=True)
+            state.restore()
 
     def check(self, step: Step, name: str | None = None) -> StepCheck:
         """Run ``step(netG, netD, optimizerG, optimizerD, real, z)`` and judge its gradients.
@@ -310,7 +278,7 @@ class GanStepChecker:
             def hook(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
                 calls[key] += 1
                 if key not in recorded:
-                    recorded[key] = _named_grads(module)
+                    recorded[key] = gradients_of(module)
                     if key == "D" and meter is not None and held is not None:
                         held.append(meter.graph_only_bytes)
             return hook
@@ -333,8 +301,8 @@ class GanStepChecker:
                 for handle in handles:
                     handle.remove()
             if error is None:
-                recorded.setdefault("D", _named_grads(self.netD))
-                recorded.setdefault("G", _named_grads(self.netG))
+                recorded.setdefault("D", gradients_of(self.netD))
+                recorded.setdefault("G", gradients_of(self.netG))
         return recorded, calls, error, seconds, forwards[0]
 
     def compare(
@@ -364,18 +332,13 @@ class GanStepChecker:
             raise ValueError(f"The reference step {reference!r} raises; pick one that runs.")
         runnable = [key for key in steps if checks[key].outcome != "error"]
         allocated: dict[str, int] = {}
-        times: dict[str, list[float]] = {key: [] for key in runnable}
         with self.frozen():
             for key in runnable:
                 self.netG.zero_grad(set_to_none=True)
                 self.netD.zero_grad(set_to_none=True)
                 allocated[key] = profiler_peak_bytes(lambda step=steps[key]: step(*self._args()))
-            for index in tqdm(range(rounds), desc="timing rounds", disable=not progress, leave=True):
-                shift = index % len(runnable)
-                for key in runnable[shift:] + runnable[:shift]:
-                    start = time.perf_counter()
-                    steps[key](*self._args())
-                    times[key].append(time.perf_counter() - start)
+            times = time_round_robin({key: lambda step=steps[key]: step(*self._args()) for key in runnable}, rounds,
+                                     progress=progress)
         medians = {key: statistics.median(values) for key, values in times.items()}
         if progress:
             print(f"Checked {len(steps)} steps against the reference gradients; timed {len(runnable)} "

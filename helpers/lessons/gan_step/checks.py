@@ -18,18 +18,11 @@ from typing import Any
 import torch
 
 from helpers.checks import CheckResult
-from helpers.lessons.gan_step.checker import (
-    ATOL,
-    NETWORK_NAMES,
-    RTOL,
-    GanStepChecker,
-    _by_name,
-    _bytes_or_dash,
-    _named_grads,
-)
+from helpers.lessons.gan_step.checker import NETWORK_NAMES, GanStepChecker, _by_name, _bytes_or_dash
 from helpers.lessons.gan_step.data import ring_of_gaussians
 from helpers.lessons.gan_step.steps import STANDARD_SETTINGS, Step, make_step
 from helpers.lessons.gan_step.watch import _BackwardCall, _d_loss, _first_line, _g_loss, _mlp, _watching_backward
+from helpers.measure import gradients_close, gradients_of
 
 __all__ = ["check_fixed_srgan_step", "check_single_forward_step"]
 
@@ -96,10 +89,10 @@ def _run_three_calls(checker: GanStepChecker, step: Step) -> list[_StepCall]:
 
             def recorder(key: str) -> Callable[..., None]:
                 def hook(*_: Any) -> None:
-                    received[key].append(_named_grads(modules[key]))
+                    received[key].append(gradients_of(modules[key]))
                 return hook
 
-            entry = {key: _named_grads(module) for key, module in modules.items()}
+            entry = {key: gradients_of(module) for key, module in modules.items()}
             handles = [optimizers[key].register_step_pre_hook(recorder(key)) for key in optimizers]
             handles.append(first_layer.register_forward_hook(count_pass))
             error: BaseException | None = None
@@ -113,7 +106,7 @@ def _run_three_calls(checker: GanStepChecker, step: Step) -> list[_StepCall]:
             finally:
                 for handle in handles:
                     handle.remove()
-            final = {key: _named_grads(module) for key, module in modules.items()}
+            final = {key: gradients_of(module) for key, module in modules.items()}
             calls.append(_StepCall(entry, received, final, passes[0], backward_calls, error))
             if error is not None:
                 break
@@ -123,10 +116,6 @@ def _run_three_calls(checker: GanStepChecker, step: Step) -> list[_StepCall]:
 def _flat(grads: Mapping[str, torch.Tensor | None], like: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([(grads.get(name) if grads.get(name) is not None else torch.zeros_like(ref)).reshape(-1)
                       for name, ref in like.items()])
-
-
-def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
-    return bool(torch.allclose(got, expected, rtol=RTOL, atol=ATOL))
 
 
 def _cross_reference(checker: GanStepChecker) -> dict[str, dict[str, torch.Tensor]]:
@@ -166,7 +155,7 @@ def _what_was_received(key: str, got: Mapping[str, torch.Tensor | None], referen
         return "zero", (f"{network} received a zero gradient: {key}'s .grad held only zeros when "
                         f"{_OPTIMIZER[key]}.step() ran.")
     for own_times, other_times in itertools.product(range(4), range(3)):
-        if (own_times, other_times) in ((0, 0), (1, 0)) or not _close(flat, own_times * own + other_times * other):
+        if (own_times, other_times) in ((0, 0), (1, 0)) or not gradients_close(flat, own_times * own + other_times * other):
             continue
         d_times, g_times = (own_times, other_times) if key == "D" else (other_times, own_times)
         text = f"{network} received the gradient of {_combination(d_times, g_times)}"
@@ -210,10 +199,10 @@ def _later_call_problem(call: _StepCall, index: int, previous: _StepCall | None,
     for key in ("D", "G"):
         got = _flat(call.received[key][0], reference[key])
         expected = _flat(reference[key], reference[key])
-        if _close(got, expected):
+        if gradients_close(got, expected):
             continue
         entry = _flat(call.entry[key], reference[key])
-        if bool(entry.abs().max() > 0) and _close(got, expected + entry):
+        if bool(entry.abs().max() > 0) and gradients_close(got, expected + entry):
             leftover.append(key)
         else:
             unexplained.append(key)
@@ -223,7 +212,7 @@ def _later_call_problem(call: _StepCall, index: int, previous: _StepCall | None,
         who, whose = " and ".join(leftover), " and ".join(f"{key}'s" for key in leftover)
         optimizers = f"{whose} optimizer{'s' if len(leftover) > 1 else ''}"
         if index == 1:
-            twice = all(_close(_flat(call.entry[key], reference[key]), _flat(reference[key], reference[key]))
+            twice = all(gradients_close(_flat(call.entry[key], reference[key]), _flat(reference[key], reference[key]))
                         for key in leftover)
             what = ("twice the reference gradient, the sum of two steps' gradients" if twice else
                     "the reference gradient plus what the first call left in .grad")

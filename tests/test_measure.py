@@ -1,0 +1,95 @@
+"""helpers.measure: one tolerance for gradients, one round-robin timer, the profiler's peak, state restore."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from helpers.measure import (
+    ATOL,
+    RTOL,
+    TrainingState,
+    compare_gradients,
+    gradients_close,
+    gradients_of,
+    profiler_peak_bytes,
+    time_round_robin,
+)
+
+
+def test_gradients_of_copies_and_keeps_none() -> None:
+    net = torch.nn.Linear(3, 2)
+    net(torch.ones(4, 3)).sum().backward()
+    net.bias.grad = None
+    snapshot = gradients_of(net)
+    assert snapshot["bias"] is None
+    assert torch.equal(snapshot["weight"], net.weight.grad) and snapshot["weight"] is not net.weight.grad
+    net.weight.grad.zero_()
+    assert snapshot["weight"].abs().sum() > 0, "a snapshot does not follow later changes"
+
+
+def test_one_tolerance_policy() -> None:
+    x = torch.ones(5)
+    assert gradients_close(x, x + RTOL / 2) and not gradients_close(x, x + 3 * RTOL)
+    assert gradients_close(torch.zeros(2), torch.full((2,), ATOL / 2))
+
+
+def test_compare_gradients_bit_equal_close_wrong_and_missing() -> None:
+    ref = {"w": torch.tensor([1.0, -2.0]), "b": torch.tensor([0.5])}
+    same = compare_gradients({k: v.clone() for k, v in ref.items()}, ref)
+    assert same.bit_equal and same.close and same.max_difference == 0 and same.relative_error == 0
+    nudged = compare_gradients({"w": ref["w"] * (1 + 1e-6), "b": ref["b"]}, ref)
+    assert not nudged.bit_equal and nudged.close
+    wrong = compare_gradients({"w": 2 * ref["w"], "b": ref["b"]}, ref)
+    assert not wrong.close and wrong.max_difference == pytest.approx(2.0)
+    assert wrong.relative_error == pytest.approx((5 ** 0.5) / (5.25 ** 0.5))
+    missing = compare_gradients({"w": ref["w"], "b": None}, ref)
+    assert missing.missing == ("b",) and not missing.close and not missing.bit_equal
+    both_none = compare_gradients({"w": None}, {"w": None})
+    assert both_none.bit_equal and both_none.close
+    with pytest.raises(ValueError, match="different parameters"):
+        compare_gradients({"w": ref["w"]}, ref)
+
+
+def test_round_robin_rotates_the_first_step_and_times_every_call() -> None:
+    order: list[str] = []
+    resets: list[int] = []
+    times = time_round_robin({"a": lambda: order.append("a"), "b": lambda: order.append("b"),
+                              "c": lambda: order.append("c")}, rounds=3, before_each=lambda: resets.append(1))
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert len(resets) == 9 and all(len(t) == 3 and min(t) >= 0 for t in times.values())
+
+
+def test_profiler_peak_counts_what_a_step_allocates() -> None:
+    def allocate() -> None:
+        kept = torch.empty(1024, 1024)  # 4 MiB at once
+        del kept
+
+    assert profiler_peak_bytes(allocate) >= 4 * 2**20
+    assert profiler_peak_bytes(lambda: None) < 2**20
+
+
+def test_training_state_restores_parameters_grads_optimizer_and_random_streams() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
+    net(torch.randn(8, 3)).sum().backward()
+    optimizer.step()
+    weights, grads = net.weight.detach().clone(), net.weight.grad.clone()
+    state = TrainingState([net], [optimizer])
+    expected_draw, expected_python = torch.rand(3), random.random()
+    state.restore()
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    net(torch.randn(8, 3)).pow(2).sum().backward()
+    optimizer.step()
+    net.bias.grad = None
+    state.restore()
+    assert torch.equal(net.weight, weights) and torch.equal(net.weight.grad, grads)
+    assert net.bias.grad is not None
+    assert optimizer.param_groups[0]["lr"] == 0.1 and optimizer.state[net.weight]["step"] == 1
+    assert torch.equal(torch.rand(3), expected_draw) and random.random() == expected_python
+    state.restore()  # a state can be put back more than once
+    assert torch.equal(net.weight, weights)
