@@ -1,10 +1,11 @@
 """Helpers for the Backward Twice course: ``import helpers as bt`` gives every name a notebook calls.
 
 The core, one module per idea: ``meter`` (the saved-tensor meter), ``graph`` (drawings of autograd
-graphs), ``display`` (byte counts, tables, PNG charts), ``compare`` (training-step patterns measured
-side by side), ``lab`` (the retain_graph panel), ``checks`` (what every exercise check shares),
-``errors`` (error demos that fail when the error stops happening) and ``environment`` (the setup
-line). ``helpers.lessons`` holds what only one notebook uses: ``graph_buffers`` (01), ``multi_loss``
+graphs), ``display`` (byte counts, tables, PNG charts), ``measure`` (gradients against a reference,
+timing, the profiler's peak, training state), ``compare`` (training-step patterns measured side by
+side), ``panels`` (what every widget panel shares), ``lab`` (the retain_graph panel), ``checks`` (what
+every exercise check shares), ``errors`` (error demos that fail when the error stops happening) and
+``environment`` (the setup line). ``helpers.lessons`` holds what only one notebook uses: ``graph_buffers`` (01), ``multi_loss``
 (02) and ``gan_step`` (03). The core never imports a lesson and lessons never import each other; a
 helper moves into the core when a second notebook needs it. ``tests/test_architecture.py`` keeps
 these rules, and checks that ``bt`` exports exactly the names the notebooks call.
