@@ -269,8 +269,10 @@ class SavedTensorMeter:
         # If the storage is graph-only (its owners: this box's tensor and the wrapper), graph-only
         # bytes fall now, so this may be the peak: sample it, once per burst. A burst is one
         # backward call (named by its id) or one statement of Python code.
-        if entry.confirmed or _storage_use_count(key) == 2:  # type: ignore[misc]  # checked in __init__
-            task = _graph_task_id()
+        task = _graph_task_id()
+        if task != -1 and not self._sample_next_release and self._burst_site == (-1, task):
+            pass  # this backward call's burst is sampled already: no need to ask who owns the storage
+        elif entry.confirmed or _storage_use_count(key) == 2:  # type: ignore[misc]  # checked in __init__
             site = (-1, task) if task != -1 else _statement_site()
             if self._sample_next_release or site != self._burst_site:
                 self._sample_next_release = False
