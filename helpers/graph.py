@@ -4,7 +4,8 @@ torchviz's ``make_dot(show_saved=True)`` reads ``grad_fn._saved_*``, which raise
 and names nodes by ``id()``, so its output changes on every run. :func:`draw_graph` records what
 each node saved the first time it sees it (in the node's ``metadata`` dict, which lives as long
 as the node), tells freed from alive by trying to read each saved attribute, and numbers nodes in
-walk order so the same graph always gives the same drawing.
+walk order so the same graph always gives the same drawing. ``draw_graph(by_iteration=True)`` colours
+each node by the loop iteration that stamped it in ``metadata[ITERATION_KEY]``.
 
 Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
 """
@@ -22,6 +23,7 @@ import torch
 from helpers.display import format_bytes
 
 __all__ = [
+    "ITERATION_KEY",
     "AutogradGraph",
     "SavedTensorInfo",
     "draw_graph",
@@ -34,12 +36,19 @@ Roots = Union[torch.Tensor, Sequence[torch.Tensor], Mapping[str, torch.Tensor]]
 Params = Union[torch.nn.Module, Mapping[str, torch.Tensor], None]
 
 _RECORD_KEY = "backward_twice.saved"
+# A loop stamps each node it builds with ``fn.metadata[ITERATION_KEY] = k`` (k = 1, 2, ...).
+ITERATION_KEY = "backward_twice.iteration"
 
 # torchviz's palette, so drawings look like the make_dot ones learners meet elsewhere.
 _OUTPUT_COLOUR = "darkolivegreen1"
 _LEAF_COLOUR = "lightblue"
 _SAVED_COLOUR = "orange"
 _FREED_COLOUR = "white"
+# Okabe-Ito's colour-blind-safe palette, cycled by iteration: (fill, the text colour readable on it). Its
+# orange (#E69F00) is left out: it looks like the saved tensors' orange.
+_ITERATION_PALETTE = (("#009E73", "black"), ("#CC79A7", "black"), ("#0072B2", "white"), ("#F0E442", "black"),
+                      ("#56B4E9", "black"), ("#D55E00", "black"))
+_UNSTAMPED = "before the loop"
 
 DOT_INSTALL_COMMANDS = {
     "Debian/Ubuntu": "sudo apt-get install -y graphviz",
@@ -200,10 +209,15 @@ class AutogradGraph(graphviz.Digraph):
     It shows as a picture in Jupyter. When Graphviz's ``dot`` is missing it shows the install
     commands and a text rendering instead of a traceback; ``.text`` always holds that rendering.
     Returned by :func:`draw_graph` in notebooks 01_graph_buffers and 02_multi_loss.
+
+    ``iteration_counts`` maps each iteration drawn to its number of operation nodes (leaves, outputs
+    and saved tensors are not counted), in order, with ``None`` last for nodes no iteration stamped:
+    ``{1: 4, 2: 5, None: 1}``. It is ``{}`` unless drawn with ``by_iteration=True``.
     """
 
     saved: list[SavedTensorInfo]
     text: str
+    iteration_counts: dict[int | None, int]
 
     def summary(self) -> str:
         """``'7 saved tensors: 4 alive, 3 freed'``: a stable line to print under a drawing."""
@@ -249,7 +263,49 @@ def _saved_label(info: SavedTensorInfo) -> str:
     return f"{name}\n{tuple(info.shape)} {info.dtype}\n{format_bytes(info.nbytes or 0)} {state}"
 
 
-def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True) -> AutogradGraph:
+def _iteration_of(fn: Any) -> int | None:
+    """The iteration stamped on a node under :data:`ITERATION_KEY`, or ``None`` when it has none."""
+    metadata = getattr(fn, "metadata", None)
+    value = metadata.get(ITERATION_KEY) if metadata is not None else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(
+            f"draw_graph(by_iteration=True): {type(fn).__name__}.metadata[{ITERATION_KEY!r}] is {value!r}; "
+            "stamp each node with the number of the iteration that built it: 1, 2, ..."
+        )
+    return value
+
+
+def _iteration_look(iteration: int | None) -> tuple[str, dict[str, str]]:
+    """The label line and node attributes that mark an operation built by ``iteration`` (None: unstamped)."""
+    if iteration is None:
+        return _UNSTAMPED, dict(fillcolor="white", style="filled,dashed")
+    fill, text = _ITERATION_PALETTE[(iteration - 1) % len(_ITERATION_PALETTE)]
+    return f"iteration {iteration}", dict(fillcolor=fill) | (dict(fontcolor=text) if text != "black" else {})
+
+
+def _iteration_counts(nodes: list[Any]) -> dict[int | None, int]:
+    found = [_iteration_of(fn) for fn in nodes if not isinstance(getattr(fn, "variable", None), torch.Tensor)]
+    keys = sorted({k for k in found if k is not None}) + ([None] if None in found else [])
+    return {k: found.count(k) for k in keys}
+
+
+def _add_iteration_legend(graph: AutogradGraph) -> None:
+    """A column of swatches, one per iteration drawn (then one for unstamped nodes), in a box labelled legend."""
+    with graph.subgraph(name="cluster_legend") as legend:
+        legend.attr(label="legend", fontname="monospace", fontsize="10", style="dashed")
+        if not any(k is not None for k in graph.iteration_counts):
+            legend.node("legend_none", f"no node carries\nmetadata[{ITERATION_KEY!r}]", fillcolor="white")
+            return
+        names = [f"legend_{k or 'none'}" for k in graph.iteration_counts]
+        for name, k in zip(names, graph.iteration_counts):
+            label, look = _iteration_look(k)
+            legend.node(name, label, **look)
+        for above, below in zip(names, names[1:]):
+            legend.edge(above, below, style="invis")  # keeps them in order, top to bottom
+
+
+def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True,
+               by_iteration: bool = False) -> AutogradGraph:
     """The autograd graph behind ``roots`` with each node's saved tensors, alive or freed.
 
     ``roots`` is a tensor (usually a loss), a list of tensors or a dict of named tensors.
@@ -257,6 +313,14 @@ def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True) -> 
     follow torchviz: green outputs, blue leaves, grey operations, orange saved tensors; freed
     buffers are white, dashed and labelled FREED. Works before and after backward, and the same
     graph gives the same drawing on every run. Used by notebooks 01_graph_buffers and 02_multi_loss.
+
+    ``by_iteration=True`` shows which loop iteration built each operation, read from the stamp a
+    loop leaves in ``grad_fn.metadata[ITERATION_KEY]`` (1, 2, ...): stamped operations are filled
+    with one Okabe-Ito colour per iteration (six, cycled) and labelled "iteration k"; once any node is stamped,
+    unstamped ones are white, dashed and labelled "before the loop". A legend lists the colours
+    (or says no node was stamped), and ``graph.iteration_counts`` says how many operations each
+    iteration has in the drawing. Leaves, outputs and saved tensors look the same either way, and
+    with ``by_iteration=False`` (the default) stamps are ignored.
     """
     named_roots = _root_tensors(roots, "draw_graph")
     param_names = _parameter_names(params)
@@ -269,6 +333,8 @@ def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True) -> 
     nodes = _walk(named_roots)
     node_ids = {id(fn): f"op{i}" for i, fn in enumerate(nodes)}
     graph.saved = []
+    graph.iteration_counts = _iteration_counts(nodes) if by_iteration else {}
+    stamped = any(k is not None for k in graph.iteration_counts)
     text_lines: list[str] = []
 
     for i, (name, tensor) in enumerate(named_roots):
@@ -288,7 +354,8 @@ def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True) -> 
             graph.node(fn_id, f"{leaf_name}\n{_shape(variable)}".strip(), fillcolor=_LEAF_COLOUR)
             text_lines.append(f"{fn_id} leaf {leaf_name or 'tensor'} {_shape(variable)}".replace("  ", " "))
             continue
-        graph.node(fn_id, type(fn).__name__)
+        built_by, look = _iteration_look(_iteration_of(fn)) if stamped else ("", {})
+        graph.node(fn_id, f"{type(fn).__name__}\n{built_by}" if built_by else type(fn).__name__, **look)
         inputs = []
         for next_fn, _ in fn.next_functions:
             if next_fn is not None:
@@ -296,7 +363,8 @@ def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True) -> 
                 inputs.append(node_ids[id(next_fn)])
         saved = saved_tensors_of(fn) if show_saved else []
         graph.saved.extend(saved)
-        text_lines.append(f"{fn_id} {type(fn).__name__} <- {', '.join(inputs) or 'nothing'}")
+        text_lines.append(f"{fn_id} {type(fn).__name__} <- {', '.join(inputs) or 'nothing'}"
+                          + (f" ({built_by})" if built_by else ""))
         for j, info in enumerate(saved):
             saved_id = f"{fn_id}_saved{j}"
             label = _saved_label(info)
@@ -306,5 +374,7 @@ def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True) -> 
                 graph.node(saved_id, label, fillcolor=_FREED_COLOUR, style="filled,dashed", fontcolor="gray40")
             graph.edge(saved_id, fn_id, dir="none", style="dotted" if not info.alive else "solid")
             text_lines.append(f"    saved {info.describe()}")
+    if by_iteration:
+        _add_iteration_legend(graph)
     graph.text = "\n".join(text_lines)
     return graph

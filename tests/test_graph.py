@@ -9,7 +9,7 @@ import pytest
 import torch
 from torchviz import make_dot
 
-from helpers.graph import AutogradGraph, draw_graph, record_saved_tensors, saved_tensors_of
+from helpers.graph import ITERATION_KEY, AutogradGraph, draw_graph, record_saved_tensors, saved_tensors_of
 
 SECOND_TIME = "backward through the graph a second time"
 # torchviz 0.0.3 compares versions with distutils' LooseVersion.
@@ -210,3 +210,189 @@ def test_repr_mimebundle_with_dot_gives_svg():
     _, _, loss = _build()
     bundle = draw_graph(loss)._repr_mimebundle_()
     assert "image/svg+xml" in bundle
+
+
+def _nodes_not_in(fn, known: dict[int, object]) -> list:
+    """Nodes reachable from ``fn`` that are not in ``known`` (id -> node), added to it as they are found."""
+    found, stack = [], [fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in known:
+            continue
+        known[id(node)] = node  # keeps the node alive, so its id is never reused
+        found.append(node)
+        stack.extend(next_fn for next_fn, _ in node.next_functions)
+    return found
+
+
+def _rnn_loop(steps: int = 3, stamp: bool = True):
+    """``h = tanh(W @ x_t + U @ h)`` with the hidden state carried over, each iteration's nodes stamped.
+
+    ``h`` starts as ``tanh(h0)``, built before the loop and never stamped. Returns the last
+    iteration's loss and the parameters by name.
+    """
+    torch.manual_seed(0)
+    params = {"W": torch.randn(4, 3, requires_grad=True), "U": torch.randn(4, 4, requires_grad=True),
+              "h0": torch.randn(4, requires_grad=True)}
+    xs = torch.randn(steps, 3)
+    h = torch.tanh(params["h0"])
+    known: dict[int, object] = {}
+    _nodes_not_in(h.grad_fn, known)
+    for k, x in enumerate(xs, start=1):
+        h = torch.tanh(params["W"] @ x + params["U"] @ h)
+        loss = (h ** 2).sum()
+        for node in _nodes_not_in(loss.grad_fn, known):
+            if stamp:
+                node.metadata[ITERATION_KEY] = k
+    return loss, params
+
+
+def _op_nodes(source: str) -> dict[str, tuple[str, str]]:
+    """``opN`` -> (label, the rest of its attributes) for every operation and leaf node in a DOT source."""
+    return {m["id"]: (m["label"], m["attrs"])
+            for m in re.finditer(r'^\t(?P<id>op\d+) \[label=(?P<label>"[^"]*"|\S+)(?P<attrs>[^\]]*)\]$',
+                                 source, re.MULTILINE)}
+
+
+def test_by_iteration_colours_and_labels_each_node_by_the_iteration_that_built_it():
+    loss, params = _rnn_loop(steps=3)
+    graph = draw_graph(loss, params=params, by_iteration=True)
+    # each iteration builds Mv, Mv, Add, Tanh; the last also Pow and Sum; tanh(h0) came before the loop
+    assert graph.iteration_counts == {1: 4, 2: 4, 3: 6, None: 1}
+    nodes = _op_nodes(graph.source)
+    fills: dict[str, set[str]] = {}
+    for label, attrs in nodes.values():
+        line = label.strip('"').split("\n")[-1]
+        fill = re.search(r"fillcolor=\"?([^\s\"]+)", attrs)
+        if line.startswith("iteration "):
+            fills.setdefault(line, set()).add(fill.group(1))
+    assert sorted(fills) == ["iteration 1", "iteration 2", "iteration 3"]
+    assert all(len(colours) == 1 for colours in fills.values())  # one colour per iteration...
+    assert len(set().union(*fills.values())) == 3  # ...and a different one for each
+    before = [(label, attrs) for label, attrs in nodes.values() if "before the loop" in label]
+    assert len(before) == 1 and before[0][0].startswith('"TanhBackward0')
+    assert "fillcolor=white" in before[0][1] and "dashed" in before[0][1]
+    # parameters and saved tensors keep their look: no leaf is labelled by iteration
+    leaves = [label for label, attrs in nodes.values() if "lightblue" in attrs]
+    assert len(leaves) == 3 and not any("iteration" in label or "loop" in label for label in leaves)
+    assert "iteration" not in "".join(re.findall(r"op\d+_saved\d+ \[[^\]]*\]", graph.source))
+    assert "(iteration 2)" in graph.text and "(before the loop)" in graph.text
+
+
+def test_by_iteration_legend_lists_every_iteration_drawn():
+    loss, params = _rnn_loop(steps=2)
+    source = draw_graph(loss, params=params, by_iteration=True).source
+    legend = source[source.index("subgraph cluster_legend"):]
+    assert "label=legend" in legend
+    for line in ("iteration 1", "iteration 2", "before the loop"):
+        assert line in legend
+    assert "iteration 3" not in source
+    # the swatches use the nodes' colours
+    for k in (1, 2):
+        colour = re.search(rf'legend_{k} \[label="iteration {k}" fillcolor="(#[0-9A-F]{{6}})"', legend).group(1)
+        assert re.search(rf'label="\w+\niteration {k}" fillcolor="{colour}"', source)
+
+
+def test_by_iteration_without_stamps_only_adds_a_legend_saying_so():
+    loss, params = _rnn_loop(steps=2, stamp=False)
+    plain = draw_graph(loss, params=params).source
+    graph = draw_graph(loss, params=params, by_iteration=True)
+    assert graph.iteration_counts == {None: 11}
+    assert "iteration" not in graph.text and "loop" not in graph.text
+    legend_at = graph.source.index("\tsubgraph cluster_legend")
+    assert graph.source[:legend_at] == plain.removesuffix("}\n")
+    assert "no node carries" in graph.source[legend_at:] and ITERATION_KEY in graph.source[legend_at:]
+
+
+def test_by_iteration_off_draws_exactly_what_draw_graph_drew_before_it_existed():
+    loss, params = _rnn_loop(steps=1)
+    graph = draw_graph(loss, params=params)
+    assert graph.iteration_counts == {}
+    assert "iteration" not in graph.source and "loop" not in graph.source and "legend" not in graph.source
+    assert graph.source == OLD_RNN_SOURCE
+
+
+def test_by_iteration_rejects_a_stamp_that_is_not_an_iteration_number():
+    loss, params = _rnn_loop(steps=1)
+    loss.grad_fn.metadata[ITERATION_KEY] = "one"
+    with pytest.raises(ValueError, match="iteration that built it"):
+        draw_graph(loss, params=params, by_iteration=True)
+    assert draw_graph(loss, params=params).source  # ignored when not drawing by iteration
+
+
+def test_by_iteration_colours_cycle_and_text_stays_readable():
+    loss, params = _rnn_loop(steps=9)
+    graph = draw_graph(loss, params=params, by_iteration=True, show_saved=False)
+    assert list(graph.iteration_counts) == [*range(1, 10), None]
+    colour = {k: re.search(rf'legend_{k} \[label="iteration {k}" fillcolor="(#\w+)"', graph.source).group(1)
+              for k in range(1, 10)}
+    assert len(set(colour.values())) == 6 and colour[7] == colour[1] and colour[9] == colour[3]
+    assert "orange" not in colour.values() and "#E69F00" not in colour.values()  # saved tensors' colour
+    assert 'fillcolor="#0072B2" fontcolor=white' in graph.source  # white text on the dark blue
+
+
+@requires_dot
+def test_by_iteration_renders_to_svg_after_backward_too():
+    loss, params = _rnn_loop(steps=2)
+    svg = draw_graph(loss, params=params, by_iteration=True).pipe(format="svg").decode()
+    assert "<svg" in svg and "iteration 2" in svg and "before the loop" in svg
+    loss.backward()
+    svg = draw_graph(loss, params=params, by_iteration=True).pipe(format="svg").decode()
+    assert "iteration 1" in svg and "FREED" in svg
+
+
+# draw_graph(_rnn_loop(steps=1)) as drawn by helpers/graph.py before by_iteration existed (commit bc79062).
+OLD_RNN_SOURCE = """digraph {
+\tgraph [size="8.5,14"]
+\tnode [align=left fontname=monospace fontsize=10 height=0.2 ranksep=0.1 shape=box style=filled]
+\tout0 [label="output
+()" fillcolor=darkolivegreen1]
+\top0 -> out0
+\top0 [label=SumBackward0]
+\top1 -> op0
+\top1 [label=PowBackward0]
+\top2 -> op1
+\top1_saved0 [label="self
+(4,) float32
+16 B alive" fillcolor=orange]
+\top1_saved0 -> op1 [dir=none style=solid]
+\top2 [label=TanhBackward0]
+\top3 -> op2
+\top2_saved0 [label="result
+(4,) float32
+16 B alive" fillcolor=orange]
+\top2_saved0 -> op2 [dir=none style=solid]
+\top3 [label=AddBackward0]
+\top4 -> op3
+\top5 -> op3
+\top4 [label=MvBackward0]
+\top6 -> op4
+\top4_saved0 [label="vec
+(3,) float32
+12 B alive" fillcolor=orange]
+\top4_saved0 -> op4 [dir=none style=solid]
+\top5 [label=MvBackward0]
+\top7 -> op5
+\top8 -> op5
+\top5_saved0 [label="self
+(4, 4) float32
+64 B alive" fillcolor=orange]
+\top5_saved0 -> op5 [dir=none style=solid]
+\top5_saved1 [label="vec
+(4,) float32
+16 B alive" fillcolor=orange]
+\top5_saved1 -> op5 [dir=none style=solid]
+\top6 [label="W
+(4, 3)" fillcolor=lightblue]
+\top7 [label="U
+(4, 4)" fillcolor=lightblue]
+\top8 [label=TanhBackward0]
+\top9 -> op8
+\top8_saved0 [label="result
+(4,) float32
+16 B alive" fillcolor=orange]
+\top8_saved0 -> op8 [dir=none style=solid]
+\top9 [label="h0
+(4)" fillcolor=lightblue]
+}
+"""
