@@ -78,25 +78,6 @@ def test_saving_operations_show_nonzero_bytes_and_the_node(table):
     assert "other ()" in rows["mul by scalar"][2]
 
 
-def test_table_text_and_html():
-    t = Table(["name", "value"], [["a<b", 1], ["longer name", 22]])
-    lines = repr(t).splitlines()
-    assert lines[0].split() == ["name", "value"]
-    assert set(lines[1].replace(" ", "")) == {"-"}
-    assert len(lines) == 4
-    # columns are aligned: the second column starts at the same place on every row
-    starts = {line.index(cell) for line, cell in zip([lines[0], lines[2], lines[3]], ["value", "1", "22"])}
-    assert len(starts) == 1
-    html = t._repr_html_()
-    assert html.startswith("<table") and html.count("<tr>") == 3
-    assert "a&lt;b" in html and "a<b" not in html
-    assert t.column("value") == [1, 22]
-    with pytest.raises(KeyError):
-        t.column("missing")
-    with pytest.raises(ValueError):
-        Table(["one", "two"], [[1]])
-
-
 @pytest.mark.parametrize("bad", [{}, [("add", OPERATIONS["add"])], None, "add"])
 def test_bad_operations_are_a_type_error(bad):
     with pytest.raises(TypeError):

@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from helpers.display import format_bytes
 from helpers.meter import MeterReading, SavedTensorMeter
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -331,17 +330,6 @@ def test_cuda_mlp_ground_truth_and_allocator_drop(make_mlp, saved_storages):
     assert before_graph_only == truth.dead_bytes() > 0
     assert before_graph_only <= drop + 4096
     assert meter.graph_only_bytes == 0
-
-
-# -- format_bytes ------------------------------------------------------------------------------
-
-@pytest.mark.parametrize(
-    ("n", "expected"),
-    [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"), (3 * 1024**2, "3.0 MiB"),
-     (5 * 1024**3, "5.0 GiB"), (2048 * 1024**3, "2048.0 GiB")],
-)
-def test_format_bytes(n, expected):
-    assert format_bytes(n) == expected
 
 
 # -- the in-place check ------------------------------------------------------------------------
