@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 
 from helpers.measure import TrainingState
 
-__all__ = ["CarriedGraphReport", "CarriedTensor", "find_carried_graph"]
+__all__ = ["CarriedGraphReport", "CarriedTensor", "find_carried_graph", "learner_line"]
 
 _KEY = "backward_twice.carried"
 _PRE_LOOP = 0
@@ -112,6 +112,27 @@ def _skipped_dirs() -> tuple[str, ...]:
     return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
 
 
+def learner_line(frame: types.FrameType | None, lines: dict[tuple[str, int], str] | None = None,
+                 skipped: tuple[str, ...] | None = None) -> str:
+    """The learner's line, "file:line: code", of the first frame from ``frame`` outward that lies outside
+    torch, ``helpers/``, the standard library and site-packages (code read with ``linecache``), or
+    "(no source line outside torch)". ``lines`` caches each (file, line)'s answer ("" for a skipped frame)
+    across calls; ``skipped`` is the folders to skip, computed when not given."""
+    lines = {} if lines is None else lines
+    skipped = _skipped_dirs() if skipped is None else skipped
+    while frame is not None:
+        key = (frame.f_code.co_filename, frame.f_lineno)
+        if key not in lines:
+            path = os.path.realpath(key[0])
+            own = not key[0].startswith("<") or key[0].startswith("<ipython")
+            keep = own and not path.startswith(skipped)
+            lines[key] = f"{key[0]}:{key[1]}: {linecache.getline(key[0], key[1]).strip()}" if keep else ""
+        if lines[key]:
+            return lines[key]
+        frame = frame.f_back
+    return "(no source line outside torch)"
+
+
 class _Run:
     """One call's bookkeeping: the mode's stamps, the nodes stamped per iteration and the findings."""
 
@@ -133,18 +154,7 @@ class _Run:
         return stamp
 
     def learner_line(self) -> str:
-        frame = sys._getframe(2)
-        while frame is not None:
-            key = (frame.f_code.co_filename, frame.f_lineno)
-            if key not in self.lines:
-                path = os.path.realpath(key[0])
-                own = not key[0].startswith("<") or key[0].startswith("<ipython")
-                keep = own and not path.startswith(self.skipped)
-                self.lines[key] = f"{key[0]}:{key[1]}: {linecache.getline(key[0], key[1]).strip()}" if keep else ""
-            if self.lines[key]:
-                return self.lines[key]
-            frame = frame.f_back
-        return "(no source line outside torch)"
+        return learner_line(sys._getframe(2), self.lines, self.skipped)
 
     def check_input(self, tensor: torch.Tensor) -> None:
         """An unstamped input: stamp it, and what lies under it, as built before the loop, or inherit."""

@@ -1,0 +1,426 @@
+"""audit_retain_graph: a gallery of training steps written as learners write them, each with the true verdict
+for every backward call, and the tool's promises (state put back, nothing kept alive, torch's functions put
+back, aliases recorded, bad input refused, the report readable)."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import linecache
+import os
+import random
+import weakref
+
+import pytest
+import torch
+from gan_steps import d_loss_fn, g_loss_fn, small_mlp, srgan_step
+from torch import nn
+from torch.autograd import grad as autograd_grad
+
+from helpers.audit import CREATE_GRAPH_NOTE, BackwardCall, RetainAudit, audit_retain_graph
+
+SECOND_TIME = "backward through the graph a second time"
+IN_PLACE = "modified by an inplace operation"
+HERE = os.path.basename(__file__)
+
+
+def the_call(audit: RetainAudit, code: str, file: str = HERE) -> BackwardCall:
+    """The call made at the line ``code`` of ``file`` (checked against the file itself)."""
+    matches = [c for c in audit.calls if c.line.endswith(f": {code}")]
+    assert len(matches) == 1, f"no single call at {code!r}:\n{audit}"
+    path, line, _ = matches[0].line.split(":", 2)
+    assert os.path.basename(path) == file
+    assert linecache.getline(path, int(line)).strip() == code
+    return matches[0]
+
+
+def verdicts(audit: RetainAudit) -> list[bool | None]:
+    return [c.needed for c in audit.calls]
+
+
+@pytest.fixture
+def two_heads():
+    """A shared trunk, two heads, one optimizer and a batch."""
+    torch.manual_seed(0)
+    trunk, head1, head2 = nn.Sequential(nn.Linear(4, 16), nn.ReLU()), nn.Linear(16, 1), nn.Linear(16, 1)
+    optimizer = torch.optim.SGD([*trunk.parameters(), *head1.parameters(), *head2.parameters()], lr=0.1)
+    return trunk, head1, head2, optimizer, torch.randn(8, 4)
+
+
+@pytest.fixture
+def gan():
+    torch.manual_seed(0)
+    netG, netD = small_mlp(2, 2), small_mlp(2, 1)
+    optimizerG = torch.optim.Adam(netG.parameters(), lr=1e-2)
+    optimizerD = torch.optim.Adam(netD.parameters(), lr=1e-2)
+    return netG, netD, optimizerG, optimizerD, torch.randn(32, 2), torch.randn(32, 2)
+
+
+# -- the gallery -------------------------------------------------------------------------------------------
+
+def test_two_losses_on_one_trunk_the_first_retain_is_needed(two_heads) -> None:
+    trunk, head1, head2, optimizer, x = two_heads
+
+    def step() -> None:
+        optimizer.zero_grad()
+        features = trunk(x)
+        l1 = head1(features).pow(2).mean()
+        l2 = head2(features).abs().mean()
+        l1.backward(retain_graph=True)
+        l2.backward()
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=[trunk, head1, head2], optimizers=optimizer)
+    assert audit.error is None and verdicts(audit) == [True, None]
+    first = the_call(audit, "l1.backward(retain_graph=True)")
+    assert (first.function, first.retain_graph, first.create_graph, first.index) == ("loss.backward", True, False, 0)
+    assert SECOND_TIME in first.why and "l2.backward()" in first.why
+    assert first.fix.startswith("keep it: a later backward needs these buffers")
+    second = the_call(audit, "l2.backward()")
+    assert (second.retain_graph, second.verdict) == (False, "not a retain")
+    # l2's backward frees the trunk's buffers; l1's own (pow's input, 8 floats) stay with its retained graph.
+    assert second.held_after_bytes == 8 * 4 < first.held_after_bytes
+
+
+def test_retain_on_both_losses_only_the_first_is_needed(two_heads) -> None:
+    trunk, head1, head2, optimizer, x = two_heads
+
+    def step() -> None:
+        optimizer.zero_grad()
+        features = trunk(x)
+        l1 = head1(features).pow(2).mean()
+        l2 = head2(features).abs().mean()
+        l1.backward(retain_graph=True)
+        l2.backward(retain_graph=True)
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=[trunk, head1, head2], optimizers=optimizer)
+    assert verdicts(audit) == [True, False]
+    first, second = the_call(audit, "l1.backward(retain_graph=True)"), the_call(audit, "l2.backward(retain_graph=True)")
+    assert first.held_after_bytes > 0 and second.held_after_bytes > 0
+    assert second.why.startswith("without it the step runs and every gradient is the same: it only kept")
+    assert second.fix == "remove retain_graph=True" and second.verdict == "can go"
+
+
+def test_reuse_the_graph_a_new_forward_builds_a_new_graph() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    criterion = nn.MSELoss()
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward(retain_graph=True)  # "reuse the graph"
+        optimizer.step()
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=model, optimizers=optimizer)
+    assert audit.error is None and verdicts(audit) == [False, None]
+    first = the_call(audit, "loss.backward(retain_graph=True)  # \"reuse the graph\"")
+    assert first.held_after_bytes > 0 and first.fix == "remove retain_graph=True"
+
+
+def test_srgan_step_raises_in_place_and_its_retain_is_needed_for_the_second_backward(gan) -> None:
+    netG, netD, optimizerG, optimizerD, real, z = gan
+    audit = audit_retain_graph(lambda: srgan_step(netG, netD, optimizerG, optimizerD, real, z),
+                               models=[netG, netD], optimizers=[optimizerG, optimizerD])
+    assert IN_PLACE in audit.error and audit.error.startswith("RuntimeError: ")
+    assert audit.error_line.endswith(": g_loss.backward()")
+    assert verdicts(audit) == [True, None]
+    first = the_call(audit, "d_loss.backward(retain_graph=True)", "gan_steps.py")
+    assert SECOND_TIME in first.why and IN_PLACE in first.why  # both errors named: without it, and as written
+    assert first.fix.startswith("keep it only while a later backward goes through this graph")
+    the_call(audit, "g_loss.backward()", "gan_steps.py")
+
+
+def test_single_forward_gan_with_autograd_grad(gan) -> None:
+    netG, netD, optimizerG, optimizerD, real, z = gan
+
+    def step() -> None:
+        fake = netG(z)
+        fake_out = netD(fake)
+        d_loss, g_loss = d_loss_fn(netD(real), fake_out), g_loss_fn(fake_out)
+        d_params, g_params = list(netD.parameters()), list(netG.parameters())
+        d_grads = torch.autograd.grad(d_loss, d_params, retain_graph=True)
+        g_grads = torch.autograd.grad(g_loss, g_params)
+        for p, g in zip(d_params + g_params, d_grads + g_grads):
+            p.grad = g
+        optimizerD.step()
+        optimizerG.step()
+
+    audit = audit_retain_graph(step, models=[netG, netD], optimizers=[optimizerD, optimizerG])
+    assert audit.error is None and verdicts(audit) == [True, None]
+    first = the_call(audit, "d_grads = torch.autograd.grad(d_loss, d_params, retain_graph=True)")
+    assert first.function == "torch.autograd.grad" and SECOND_TIME in first.why
+    assert the_call(audit, "g_grads = torch.autograd.grad(g_loss, g_params)").function == "torch.autograd.grad"
+
+
+def test_gradient_penalty_create_graph_is_reported_as_such(gan) -> None:
+    netG, netD, optimizerG, optimizerD, real, z = gan
+
+    def step() -> None:
+        optimizerD.zero_grad()
+        fake = netG(z).detach()
+        eps = torch.rand(real.shape[0], 1)
+        x_hat = (eps * real + (1 - eps) * fake).requires_grad_(True)
+        grads = torch.autograd.grad(netD(x_hat).sum(), x_hat, create_graph=True)[0]
+        penalty = (grads.norm(2, dim=1) - 1).pow(2).mean()
+        d_loss = netD(fake).mean() - netD(real).mean() + 10 * penalty
+        d_loss.backward()
+        optimizerD.step()
+
+    audit = audit_retain_graph(step, models=[netG, netD], optimizers=optimizerD)
+    assert audit.error is None and verdicts(audit) == [None, None]
+    penalty = the_call(audit, "grads = torch.autograd.grad(netD(x_hat).sum(), x_hat, create_graph=True)[0]")
+    assert (penalty.create_graph, penalty.retain_graph) == (True, True)  # retain_graph defaults to create_graph
+    assert penalty.why == CREATE_GRAPH_NOTE and penalty.verdict == "not a retain (create_graph)"
+
+
+def test_a_step_without_retain(gan) -> None:
+    netG, netD, optimizerG, optimizerD, real, z = gan
+
+    def step() -> None:
+        fake = netG(z)
+        netD.zero_grad()
+        d_loss = d_loss_fn(netD(real), netD(fake.detach()))
+        d_loss.backward()
+        optimizerD.step()
+        netG.zero_grad()
+        g_loss = g_loss_fn(netD(fake))
+        g_loss.backward()
+        optimizerG.step()
+
+    audit = audit_retain_graph(step, models=[netG, netD], optimizers=[optimizerD, optimizerG])
+    assert audit.error is None and verdicts(audit) == [None, None]
+    assert [c.verdict for c in audit.calls] == ["not a retain", "not a retain"]
+
+
+def test_grad_for_the_head_alone_frees_only_the_head_so_its_retain_can_go(two_heads) -> None:
+    trunk, head1, head2, optimizer, x = two_heads
+
+    def step() -> None:
+        optimizer.zero_grad()
+        features = trunk(x)
+        l1, l2 = head1(features).pow(2).mean(), head2(features).pow(2).mean()
+        grads = torch.autograd.grad(l1, list(head1.parameters()), retain_graph=True)
+        l2.backward()
+        for p, g in zip(head1.parameters(), grads):
+            p.grad = g
+        optimizer.step()
+
+    # autograd.grad runs (and frees) only the nodes between l1 and head1's parameters: not the trunk.
+    audit = audit_retain_graph(step, models=[trunk, head1, head2], optimizers=optimizer)
+    assert audit.error is None and verdicts(audit) == [False, None]
+
+
+def test_rnn_loop_with_one_backward() -> None:
+    torch.manual_seed(0)
+    cell, head = nn.RNNCell(3, 8), nn.Linear(8, 1)
+    optimizer = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.1)
+    sequence, target = torch.randn(5, 2, 3), torch.randn(2, 1)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        h = torch.zeros(2, 8)
+        for x in sequence:
+            h = cell(x, h)
+        loss = (head(h) - target).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=[cell, head], optimizers=optimizer)
+    assert audit.error is None and verdicts(audit) == [None]
+    the_call(audit, "loss.backward()")
+
+
+def test_retain_on_the_last_backward_only_can_go_also_judged_by_grad_without_optimizers() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    x = torch.randn(8, 4)
+
+    def step() -> None:
+        model.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward(retain_graph=True)
+
+    audit = audit_retain_graph(step, models=model)
+    assert audit.error is None and verdicts(audit) == [False]
+    call = the_call(audit, "loss.backward(retain_graph=True)")
+    assert call.held_after_bytes > 0 and call.fix == "remove retain_graph=True"
+
+
+def test_actor_critic_with_a_shared_trunk() -> None:
+    torch.manual_seed(0)
+    trunk, actor, critic = nn.Sequential(nn.Linear(4, 32), nn.Tanh()), nn.Linear(32, 2), nn.Linear(32, 1)
+    optimizer = torch.optim.Adam([*trunk.parameters(), *actor.parameters(), *critic.parameters()], lr=1e-3)
+    states, returns = torch.randn(16, 4), torch.randn(16)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        features = trunk(states)
+        dist = torch.distributions.Categorical(logits=actor(features))
+        actions = dist.sample()
+        values = critic(features).squeeze(-1)
+        actor_loss = -(dist.log_prob(actions) * (returns - values).detach()).mean()
+        critic_loss = (returns - values).pow(2).mean()
+        actor_loss.backward(retain_graph=True)
+        critic_loss.backward()
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=[trunk, actor, critic], optimizers=optimizer)
+    assert audit.error is None and verdicts(audit) == [True, None]
+    assert SECOND_TIME in the_call(audit, "actor_loss.backward(retain_graph=True)").why
+
+
+def test_a_step_that_is_not_repeatable_gets_no_verdict() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    batches = iter([torch.randn(4, 3) for _ in range(5)])
+
+    def step() -> None:
+        model.zero_grad()
+        model(next(batches)).pow(2).sum().backward(retain_graph=True)
+
+    audit = audit_retain_graph(step, models=model)
+    (call,) = audit.calls
+    assert call.needed is None and call.verdict == "cannot tell" and "not repeatable" in call.why
+    assert "model's gradients:" in call.why and "% off" in call.why and call.fix.startswith("cannot tell")
+
+
+# -- the tool's promises -----------------------------------------------------------------------------------
+
+def test_state_is_put_back(two_heads) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.randn(8, 4)
+    model(x).sum().backward()
+    optimizer.step()  # Adam has state now, and every parameter a .grad
+    before = (copy.deepcopy(model.state_dict()), {n: p.grad.clone() for n, p in model.named_parameters()},
+              copy.deepcopy(optimizer.state_dict()), torch.get_rng_state(), random.getstate())
+
+    def step() -> None:
+        optimizer.zero_grad()
+        out = model(x + random.random())
+        out.mean().backward(retain_graph=True)
+        out.pow(2).mean().backward()
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=model, optimizers=optimizer)
+    assert verdicts(audit) == [True, None]
+    state, grads, opt_state, rng, py_rng = before
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())  # buffers too
+    assert all(torch.equal(grads[n], p.grad) for n, p in model.named_parameters())
+    assert torch.equal(rng, torch.get_rng_state()) and py_rng == random.getstate()
+    now = optimizer.state_dict()
+    assert all(torch.equal(opt_state["state"][i]["exp_avg"], now["state"][i]["exp_avg"]) for i in now["state"])
+    assert opt_state["param_groups"] == now["param_groups"]
+
+
+def test_nothing_is_kept_alive(two_heads) -> None:
+    trunk, head1, head2, optimizer, x = two_heads
+    made: list[weakref.ref] = []
+
+    def step() -> None:
+        optimizer.zero_grad()
+        features = trunk(x)
+        made.append(weakref.ref(features))
+        head1(features).sum().backward(retain_graph=True)
+        head2(features).pow(2).sum().backward(retain_graph=True)
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=[trunk, head1, head2], optimizers=optimizer)
+    gc.collect()
+    assert len(made) == 4  # as written, a control run, two reruns
+    assert all(ref() is None for ref in made)
+    for call in audit.calls:
+        assert all(isinstance(v, (str, int, bool, type(None))) for v in vars(call).values())
+
+
+def test_torch_functions_are_put_back_even_when_the_step_raises(two_heads) -> None:
+    trunk, head1, _, _, x = two_heads
+    originals = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad, autograd_grad)
+
+    def step() -> None:
+        head1(trunk(x)).sum().backward(retain_graph=True)
+        raise ValueError("the learner's own bug\nsecond line")
+
+    audit = audit_retain_graph(step, models=[trunk, head1])
+    assert audit.error == "ValueError: the learner's own bug"
+    assert audit.error_line.endswith(': raise ValueError("the learner\'s own bug\\nsecond line")')
+    assert verdicts(audit) == [False]  # fails the same way without it
+    assert "fails the same way" in audit.calls[0].why
+    assert (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad, autograd_grad) == originals
+    assert torch.autograd.grad is autograd_grad and globals()["autograd_grad"] is autograd_grad
+
+
+def test_calls_through_imported_names_are_recorded(two_heads) -> None:
+    trunk, head1, head2, optimizer, x = two_heads
+    from torch.autograd import backward as autograd_backward
+
+    def step() -> None:
+        optimizer.zero_grad()
+        features = trunk(x)
+        l1, l2 = head1(features).pow(2).mean(), head2(features).pow(2).mean()
+        params = [*trunk.parameters(), *head1.parameters()]
+        grads = autograd_grad(l1, params, retain_graph=True)
+        for p, g in zip(params, grads):
+            p.grad = g
+        autograd_backward(l2, retain_graph=True)
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=[trunk, head1, head2], optimizers=optimizer)
+    first = the_call(audit, "grads = autograd_grad(l1, params, retain_graph=True)")
+    second = the_call(audit, "autograd_backward(l2, retain_graph=True)")
+    assert (first.function, second.function) == ("torch.autograd.grad", "torch.autograd.backward")
+    assert verdicts(audit) == [True, False]
+    assert torch.autograd.backward is autograd_backward
+
+
+def test_bad_input_is_refused_clearly(two_heads) -> None:
+    trunk, _, _, optimizer, x = two_heads
+
+    def train_step(x, y, *, scale):
+        pass
+
+    with pytest.raises(TypeError) as error:
+        audit_retain_graph(train_step)
+    assert str(error.value) == ("audit_retain_graph takes a step with no arguments; yours needs (x, y, scale): "
+                                "wrap it, e.g. lambda: train_step(x, y, scale=scale)")
+    with pytest.raises(TypeError, match="function of no arguments"):
+        audit_retain_graph(trunk(x))
+    with pytest.raises(TypeError, match="models must be a torch.nn.Module or a list of them; got Tensor"):
+        audit_retain_graph(lambda: None, models=[trunk, x])
+    with pytest.raises(TypeError, match="optimizers must be a torch.optim.Optimizer or a list of them; got Sequential"):
+        audit_retain_graph(lambda: None, models=trunk, optimizers=trunk)
+    assert audit_retain_graph(lambda: None, models=trunk, optimizers=optimizer).calls == []
+
+
+def test_text_and_html_show_each_line_verdict_and_fix(two_heads) -> None:
+    trunk, head1, head2, optimizer, x = two_heads
+
+    def step() -> None:
+        optimizer.zero_grad()
+        features = trunk(x)
+        l1, l2 = head1(features).pow(2).mean(), head2(features).pow(2).mean()
+        l1.backward(retain_graph=True)
+        l2.backward(retain_graph=True)
+        (l1 + l2).backward()  # <fine>
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=[trunk, head1, head2], optimizers=optimizer)
+    assert verdicts(audit) == [True, True, None]
+    text, page = repr(audit), audit._repr_html_()
+    assert text.startswith("retain_graph audit: 3 backward call(s); 2 retain_graph=True judged: 2 needed, 0 can go.")
+    for call in audit.calls:
+        short = f"{HERE}:{call.line.split(':')[1]}: {call.line.split(': ', 1)[1]}"
+        (row,) = [r for r in text.splitlines() if r.startswith(f"  {call.index + 1}. {short} | ")]
+        assert call.verdict in row and call.fix in row and f"retain_graph={call.retain_graph}" in row
+        assert short.replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;") in page
+        assert f"<b>{call.verdict}</b>" in page
+    assert "(l1 + l2).backward()  # &lt;fine&gt;" in page and "<fine>" not in page
