@@ -114,7 +114,7 @@ def test_the_reuse_the_graph_example_needs_no_retain_graph() -> None:
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
-def test_memory_grows_only_with_retained_graphs_kept_reachable_and_time_only_when_graphs_chain(setup) -> None:
+def test_memory_grows_only_with_retained_graphs_kept_reachable_and_work_only_when_graphs_chain(setup) -> None:
     net, two_losses = setup
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
 
@@ -148,9 +148,12 @@ def test_memory_grows_only_with_retained_graphs_kept_reachable_and_time_only_whe
     result = bt.growth_experiment(bodies, iterations=40, block=10, progress=False)
     assert {name for name in bodies if result.grows(name)} == {"retain, tensor", "retain, sum", "chained"}
     assert len({result.growth_per_iteration(name) for name in ("retain, tensor", "retain, sum", "chained")}) == 1
-    # What notebook 02 prints as its verdict: only the chained loop slows down more than 2x.
-    flat = max(result.slowdown(name) for name in bodies if name != "chained")
-    assert result.slowdown("chained") > 2 > flat, {name: result.slowdown(name) for name in bodies}
+    # What notebook 02 prints: only the chained loop's backward walks more nodes at every iteration.
+    for name, nodes in result.backward_nodes.items():
+        if name == "chained":
+            assert nodes[-1] > 10 * nodes[0], nodes
+        else:
+            assert len(set(nodes)) == 1, (name, nodes)
 
 
 def test_an_optimizer_step_breaks_a_backward_through_earlier_iterations(setup) -> None:

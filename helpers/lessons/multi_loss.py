@@ -3,16 +3,17 @@
 :func:`growth_experiment` takes loop bodies written in the notebook, ``body(state)``, where ``state``
 lives as long as the loop (``state.history`` a list, ``state.total`` starting at ``0.0``), and runs
 each twice, in separate runs, so the instrument never enters the figure it explains: a **bytes run**
-inside a :class:`SavedTensorMeter` (graph-only bytes after every iteration, exact integers, the same
-on every machine) and a **time run** without it, the bodies' iterations interleaved round-robin so a
-machine's slow drifts hit all alike. The checks: a two-loss loop that keeps no graph into the next
+inside a :class:`SavedTensorMeter` (graph-only bytes after every iteration and the autograd nodes its
+backward calls walked, exact integers, the same on every machine) and a **time run** without it, the
+bodies' iterations interleaved round-robin so a machine's slow drifts hit all alike. The checks: a two-loss loop that keeps no graph into the next
 batch (exercise 1), and both losses' gradients in one pass (exercise 2).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -50,7 +51,8 @@ def new_loop_state() -> SimpleNamespace:
 
 @dataclass
 class GrowthResult:
-    """Graph-only bytes (bytes run) and seconds (time run) after each iteration, per body name.
+    """Per body name and iteration: graph-only bytes and the autograd nodes its backward calls walked
+    (bytes run, exact counts), and seconds (time run).
 
     Used by notebook 02_multi_loss.
     """
@@ -58,6 +60,7 @@ class GrowthResult:
     iterations: int
     block: int
     graph_only_bytes: dict[str, list[int]] = field(default_factory=dict)
+    backward_nodes: dict[str, list[int]] = field(default_factory=dict)
     seconds: dict[str, list[float]] = field(default_factory=dict)
 
     @property
@@ -145,6 +148,35 @@ def _check_arguments(bodies: object, iterations: object, block: object) -> None:
         raise ValueError(f"block must be a whole number from 1 to iterations ({iterations}), not {block!r}.")
 
 
+def _reachable_nodes(roots: Sequence[torch.Tensor]) -> int:
+    """How many autograd nodes a backward from ``roots`` walks: every node reachable from their grad_fn."""
+    seen: set[int] = set()
+    stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return len(seen)
+
+
+@contextlib.contextmanager
+def _counting_backward_nodes(walked: list[int]) -> Iterator[None]:
+    """Inside: each ``backward()`` first appends to ``walked`` the number of nodes it is about to walk."""
+    original = torch.autograd.backward
+
+    def counting(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        walked.append(_reachable_nodes([tensors] if isinstance(tensors, torch.Tensor) else list(tensors)))
+        return original(tensors, *args, **kwargs)
+
+    torch.autograd.backward = counting
+    try:
+        yield
+    finally:
+        torch.autograd.backward = original
+
+
 def growth_experiment(
     bodies: Mapping[str, Body],
     iterations: int = 100,
@@ -167,13 +199,16 @@ def growth_experiment(
     result = GrowthResult(iterations, block)
     bar = tqdm(total=iterations * len(bodies), desc="bytes run", disable=not progress, leave=True)
     for name, body in bodies.items():
-        meter, state, memory = SavedTensorMeter(), new_loop_state(), []
+        meter, state, memory, nodes = SavedTensorMeter(), new_loop_state(), [], []
         for _ in range(iterations):
-            with meter:
+            walked: list[int] = []
+            with meter, _counting_backward_nodes(walked):
                 body(state)
             memory.append(meter.graph_only_bytes)
+            nodes.append(sum(walked))
             bar.update()
         result.graph_only_bytes[name] = memory
+        result.backward_nodes[name] = nodes
         del state
     for body in bodies.values():
         warm = new_loop_state()
