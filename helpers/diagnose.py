@@ -1,0 +1,210 @@
+"""One entry point for "my training step fails or grows": :func:`diagnose` runs both tools on the step and
+turns their findings into one prescription, ordered by what to fix first.
+
+* :func:`helpers.carried.find_carried_graph` runs the step a few times and names each tensor that carries an
+  iteration's graph into the next (what raises at iteration 2, and what makes ``retain_graph=True`` slow and
+  then fail); :func:`helpers.audit.audit_retain_graph` says, per backward call, whether its ``retain_graph=True``
+  is needed or can go. Both check the input (their errors are raised again, named ``diagnose``) and put the
+  models, optimizers and random streams back; between and after the two, diagnose also puts back the tensors
+  the step's closure and globals hold (a hidden state the step rebinds), so both see the learner's start;
+* the error a run raised is named by kind ("backward a second time", "in-place version error", "no graph",
+  "other"), with the learner's line where the audit gives it;
+* the prescription: carried tensors first, then the error when no carried tensor explains it, then the
+  retains that can go, the retains that are needed, and the notes (``create_graph``, no verdict). The verdict
+  is "Healthy: ..." when nothing is carried, nothing raised and no retain can go; otherwise "N things to fix".
+
+The diagnosis holds plain data and the two reports (plain data too): no tensor and no graph.
+
+Used by learners on their own training step (README, "Bring your own training step").
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from helpers.audit import CREATE_GRAPH_NOTE, RetainAudit, audit_retain_graph
+from helpers.carried import CarriedGraphReport, find_carried_graph
+
+__all__ = ["Diagnosis", "Prescription", "diagnose"]
+
+_KINDS = (("backward a second time", "backward through the graph a second time"),
+          ("in-place version error", "modified by an inplace operation"),
+          ("no graph", "does not require grad and does not have a grad_fn"))
+_ERROR_FIXES = {
+    "backward a second time": "a backward freed this graph's buffers and a later one goes through them: add "
+                              "retain_graph=True to the earlier backward only, or sum the losses and call "
+                              "backward() once",
+    "in-place version error": "a tensor the graph saved was changed in place (x += ..., relu_(), "
+                              "optimizer.step()) before the backward through it: use the out-of-place form, "
+                              "or call optimizer.step() after every backward through this graph",
+    "no graph": "the loss was computed without a graph (under torch.no_grad(), from .detach() or .item(), or "
+                "from tensors that need no gradient): compute it from the model's output with grad enabled",
+    "other": "the step fails before retain_graph matters: fix this error first",
+}
+
+
+@dataclass(frozen=True)
+class Prescription:
+    """One thing the diagnosis says: the learner's line ("file:line: code"), the problem, the fix, and whether
+    it is to fix (``to_fix``; False: a note, e.g. a retain that is needed)."""
+
+    line: str
+    problem: str
+    fix: str
+    to_fix: bool = True
+
+    def describe(self) -> str:
+        return f"{self.line}\n     {self.problem}\n     {'Fix' if self.to_fix else 'Note'}: {self.fix}"
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What :func:`diagnose` found: the error's kind and text (None if no run raised) and the learner's line
+    where it was raised (None where the tools do not give it), the two reports, and the prescription."""
+
+    error_kind: str | None
+    error: str | None
+    error_line: str | None
+    carried: CarriedGraphReport
+    audit: RetainAudit
+    prescription: list[Prescription] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.carried.found and self.error is None and not any(
+            c.needed is False for c in self.audit.calls)
+
+    @property
+    def verdict(self) -> str:
+        if self.healthy:
+            return (f"Healthy: no graph carried across {self.carried.iterations_run} iterations, no error, "
+                    f"and no retain_graph=True that can go.")
+        count = sum(1 for p in self.prescription if p.to_fix)
+        return f"{count} thing{'' if count == 1 else 's'} to fix, in the order below."
+
+    def error_text(self) -> str:
+        if self.error is None:
+            return ""
+        where = self.error_line or f"iteration {self.carried.iterations_run}"
+        return f"Error ({self.error_kind}) at {where}: {self.error}"
+
+    def __repr__(self) -> str:
+        items = [f"{i}. {p.describe()}" for i, p in enumerate(self.prescription, 1)]
+        return "\n".join(line for line in [self.verdict, self.error_text(), *items] if line)
+
+    def _repr_html_(self) -> str:
+        error = f"<p>{html.escape(self.error_text())}</p>" if self.error else ""
+        items = "".join(
+            f"<li><code>{html.escape(p.line)}</code><br>{html.escape(p.problem)}<br>"
+            f"<b>{'Fix' if p.to_fix else 'Note'}:</b> {html.escape(p.fix)}</li>" for p in self.prescription)
+        return f"<div><p><b>{html.escape(self.verdict)}</b></p>{error}{f'<ol>{items}</ol>' if items else ''}</div>"
+
+
+def _error_kind(error: str) -> str:
+    return next((kind for kind, text in _KINDS if text in error), "other")
+
+
+def _prescription(carried: CarriedGraphReport, audit: RetainAudit, kind: str | None, error: str | None,
+                  error_line: str | None) -> list[Prescription]:
+    items, lines = [], {}  # one item per learner's line: the same line builds a carried tensor each iteration
+    for f in carried.findings:
+        lines.setdefault(f.created_at, []).append(f)
+    for line, (f, *more) in lines.items():
+        built = "before the first iteration" if f.iteration is None else f"in iteration {f.iteration}"
+        again = f" (and again in {len(more)} later iteration(s))" if more else ""
+        shape = "" if f.shape is None else f" of shape {f.shape}"
+        items.append(Prescription(
+            line, f"a tensor{shape} built {built}{again} still carries its graph into iteration "
+                  f"{f.reached_from} (used at {f.used_at}): the second backward through it raises, and "
+                  f"retain_graph=True only makes each iteration slower until something fails", f.fix))
+    explained = carried.found and kind in ("backward a second time", "in-place version error")
+    if error is not None and kind is not None and not explained:
+        where = error_line or f"(iteration {carried.iterations_run}; no learner's line)"
+        items.append(Prescription(where, error, _ERROR_FIXES[kind]))
+    calls = audit.calls
+    for c in (c for c in calls if c.needed is False):
+        later = " (detach the carried tensor first: this retain only hides it)" if carried.found else ""
+        items.append(Prescription(c.line, f"retain_graph=True can go: {c.why}",
+                                  f"remove retain_graph=True at {c.line}{later}"))
+    for c in (c for c in calls if c.needed):
+        items.append(Prescription(c.line, f"retain_graph=True is needed: {c.why}",
+                                  f"keep retain_graph=True at {c.line}: a later backward goes through these "
+                                  f"buffers", to_fix=False))
+    for c in (c for c in calls if c.needed is None and c.retain_graph):
+        note, fix = (CREATE_GRAPH_NOTE, c.fix) if c.create_graph else (f"no verdict: {c.why}", c.fix)
+        if carried.found and not c.create_graph:  # the carried tensor is what makes the runs differ
+            fix = (f"fix the carried tensor first, then run diagnose again to judge retain_graph=True at {c.line} "
+                   f"(a retain added to silence the second-time error usually can go then)")
+        items.append(Prescription(c.line, note, fix, to_fix=False))
+    return items
+
+
+class _Names:
+    """The tensors the step's closure and globals hold (alone, or in a tuple or list), put back on demand."""
+
+    def __init__(self, step: Callable[[], Any]) -> None:
+        code = getattr(step, "__code__", None)
+        cells = zip(code.co_freevars, getattr(step, "__closure__", None) or ()) if code is not None else ()
+        self.cells = [(cell, cell.cell_contents) for _, cell in cells if _holds_tensors(_contents(cell))]
+        namespace = getattr(step, "__globals__", {})
+        names = set(code.co_names) if code is not None else set()
+        self.globals = [(namespace, n, namespace[n]) for n in names if _holds_tensors(namespace.get(n))]
+        self.lists = [(v, list(v)) for _, v in self.cells + [(None, g[2]) for g in self.globals]
+                      if isinstance(v, list)]
+
+    def restore(self) -> None:
+        for cell, value in self.cells:
+            cell.cell_contents = value
+        for namespace, name, value in self.globals:
+            namespace[name] = value
+        for target, items in self.lists:
+            target[:] = items
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _holds_tensors(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or (
+        isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value))
+
+
+def diagnose(step: Callable[[], Any], models: torch.nn.Module | Iterable[torch.nn.Module] = (),
+             optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
+             iterations: int = 3) -> Diagnosis:
+    """Diagnose ``step`` (one training iteration as written, no arguments): run it ``iterations`` times to find
+    a graph carried across iterations, audit each ``retain_graph=True``, name the error a run raised by kind,
+    and give one prescription ordered by what to fix first, each item with the learner's line and the fix.
+    Pass the ``models`` and ``optimizers`` the step trains: they, the random streams and the tensors the
+    step's closure and globals hold are put back afterwards.
+
+    Used by learners on their own training step (README, "Bring your own training step")."""
+    names = _Names(step) if callable(step) else None
+    try:
+        carried = find_carried_graph(step, iterations, models, optimizers)
+        if names is not None:
+            names.restore()
+        audit = audit_retain_graph(step, models, optimizers)
+    except (TypeError, ValueError) as exc:  # the tools' input checks; the step's own errors are in the reports
+        message = str(exc).replace("find_carried_graph", "diagnose").replace("audit_retain_graph", "diagnose")
+        raise type(exc)(message if message.startswith("diagnose") else f"diagnose: {message}") from None
+    finally:
+        if names is not None:
+            names.restore()
+    if audit.error is not None:
+        error, line = audit.error, audit.error_line
+    elif carried.error is not None:
+        error, line = carried.error.strip().splitlines()[0], None
+    else:
+        error, line = None, None
+    kind = None if error is None else _error_kind(error)
+    return Diagnosis(kind, error, line, carried, audit, _prescription(carried, audit, kind, error, line))

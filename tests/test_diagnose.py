@@ -1,0 +1,180 @@
+"""diagnose: one entry point that runs find_carried_graph and audit_retain_graph on a learner's step and gives
+one prescription, ordered by what to fix first; its input checks, its state put back, its renderings."""
+
+from __future__ import annotations
+
+import html
+import linecache
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from helpers.diagnose import Diagnosis, Prescription, diagnose
+
+HERE = os.path.basename(__file__)
+
+
+def at(item: Prescription, code: str) -> bool:
+    """The item's line is ``code`` in this file (checked against the file itself)."""
+    path, line, rest = item.line.split(":", 2)
+    return (os.path.basename(path) == HERE and rest.strip() == code
+            and linecache.getline(path, int(line)).strip() == code)
+
+
+def rnn_step(retain: bool, with_optimizer: bool):
+    torch.manual_seed(0)
+    cell = nn.RNNCell(4, 8)
+    optimizer = torch.optim.SGD(cell.parameters(), lr=0.1)
+    h = torch.zeros(1, 8)
+
+    def step() -> None:
+        nonlocal h
+        x = torch.randn(1, 4)
+        h = cell(x, h)
+        loss = h.pow(2).sum()
+        if retain:
+            loss.backward(retain_graph=True)
+        else:
+            loss.backward()
+        if with_optimizer:
+            optimizer.step()
+            optimizer.zero_grad()
+
+    return step, cell, optimizer
+
+
+def test_rnn_hidden_state_carried_raises_the_second_time_error() -> None:
+    step, cell, _ = rnn_step(retain=False, with_optimizer=False)
+    result = diagnose(step, models=cell)
+    assert result.error_kind == "backward a second time" and "second time" in result.error
+    assert at(result.prescription[0], "h = cell(x, h)")
+    assert "h = h.detach()" in result.prescription[0].fix and result.prescription[0].to_fix
+    assert not result.healthy and result.verdict.startswith("1 thing to fix")
+
+
+def test_rnn_with_retain_and_an_optimizer_raises_in_place_and_the_retain_waits_for_the_carried_fix() -> None:
+    step, cell, optimizer = rnn_step(retain=True, with_optimizer=True)
+    result = diagnose(step, models=cell, optimizers=optimizer)
+    assert result.error_kind == "in-place version error" and "inplace operation" in result.error
+    first, *rest = result.prescription
+    assert at(first, "h = cell(x, h)") and first.to_fix
+    # The step rebinds h, so the audit's repeated runs differ: no verdict on the retain until h is detached.
+    retain = [p for p in rest if at(p, "loss.backward(retain_graph=True)")]
+    assert len(retain) == 1 and not retain[0].to_fix
+    assert retain[0].fix.startswith("fix the carried tensor first") and retain[0].line in retain[0].fix
+    assert not result.healthy and result.verdict.startswith("1 thing to fix")
+
+
+def test_two_losses_retained_on_both_keep_the_first_remove_the_second() -> None:
+    torch.manual_seed(0)
+    trunk, head1, head2 = nn.Linear(4, 8), nn.Linear(8, 1), nn.Linear(8, 1)
+    x = torch.randn(16, 4)
+
+    def step() -> None:
+        features = trunk(x)
+        l1 = head1(features).pow(2).mean()
+        l2 = head2(features).abs().mean()
+        l1.backward(retain_graph=True)
+        l2.backward(retain_graph=True)
+
+    result = diagnose(step, models=[trunk, head1, head2])
+    assert result.error is None and result.error_kind is None and not result.carried.found
+    remove = [p for p in result.prescription if p.fix.startswith("remove retain_graph=True")]
+    keep = [p for p in result.prescription if p.fix.startswith("keep retain_graph=True")]
+    assert len(remove) == 1 and at(remove[0], "l2.backward(retain_graph=True)") and remove[0].to_fix
+    assert len(keep) == 1 and at(keep[0], "l1.backward(retain_graph=True)") and not keep[0].to_fix
+    assert result.prescription.index(remove[0]) < result.prescription.index(keep[0])
+    assert not result.healthy and result.verdict.startswith("1 thing to fix")
+
+
+def test_a_clean_mlp_step_is_healthy() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+    result = diagnose(step, models=model, optimizers=optimizer)
+    assert result.healthy and result.verdict.startswith("Healthy")
+    assert result.error is None and not result.carried.found
+    assert all(not p.to_fix for p in result.prescription)
+
+
+def test_a_loss_without_a_graph() -> None:
+    model = nn.Linear(4, 1)
+    x = torch.randn(8, 4)
+
+    def step() -> None:
+        with torch.no_grad():
+            loss = model(x).pow(2).mean()
+        loss.backward()
+
+    result = diagnose(step, models=model)
+    assert result.error_kind == "no graph" and "does not require grad" in result.error
+    assert result.error_line is not None and result.error_line.endswith(": loss.backward()")
+    assert at(result.prescription[0], "loss.backward()") and "torch.no_grad()" in result.prescription[0].fix
+    assert not result.healthy
+
+
+def test_another_error_is_named_other_with_its_first_line() -> None:
+    model = nn.Linear(4, 1)
+
+    def step() -> None:
+        model(torch.randn(8, 5)).sum().backward()
+
+    result = diagnose(step, models=model)
+    assert result.error_kind == "other" and "\n" not in result.error and result.error.startswith("RuntimeError")
+
+
+def last_frame(exc: BaseException) -> str:
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_name
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"step": 42}, TypeError, "step must be a function"),
+    ({"step": lambda x: None}, TypeError, "no arguments"),
+    ({"step": lambda: None, "models": [object()]}, TypeError, "models must be a torch.nn.Module"),
+    ({"step": lambda: None, "optimizers": nn.Linear(2, 2)}, TypeError, "optimizers must be"),
+    ({"step": lambda: None, "iterations": 1}, ValueError, "iterations must be an int >= 2"),
+])
+def test_bad_input_is_refused_by_diagnose(kwargs: dict, error: type, words: str) -> None:
+    with pytest.raises(error, match=words) as info:
+        diagnose(**kwargs)
+    assert str(info.value).startswith("diagnose")
+    assert last_frame(info.value) == "diagnose" and info.value.__suppress_context__
+
+
+def test_state_is_put_back() -> None:
+    step, cell, optimizer = rnn_step(retain=True, with_optimizer=True)
+    for p in cell.parameters():
+        p.grad = torch.full_like(p, 0.5)
+    before = [(p.detach().clone(), p.grad.clone()) for p in cell.parameters()]
+    h_before = step.__closure__[step.__code__.co_freevars.index("h")].cell_contents
+    diagnose(step, models=cell, optimizers=optimizer)
+    for (value, grad), p in zip(before, cell.parameters()):
+        assert torch.equal(value, p) and torch.equal(grad, p.grad)
+    assert step.__closure__[step.__code__.co_freevars.index("h")].cell_contents is h_before
+    assert h_before.grad_fn is None
+
+
+def test_text_and_html_show_the_verdict_the_error_and_each_line() -> None:
+    step, cell, optimizer = rnn_step(retain=True, with_optimizer=True)
+    result = diagnose(step, models=cell, optimizers=optimizer)
+    assert isinstance(result, Diagnosis) and len(result.prescription) >= 2
+    text, page = repr(result), result._repr_html_()
+    assert text.startswith(result.verdict) and html.escape(result.verdict) in page
+    assert result.error in text and html.escape(result.error) in page
+    for item in result.prescription:
+        assert item.line in text and item.fix in text
+        assert html.escape(item.line) in page and html.escape(item.fix) in page
+    assert "<script" not in page
