@@ -13,7 +13,7 @@ import weakref
 
 import pytest
 import torch
-from gan_steps import d_loss_fn, g_loss_fn, small_mlp, srgan_step
+from gan_steps import d_loss_fn, g_loss_fn, single_forward_step, small_mlp, srgan_step
 from torch import nn
 from torch.autograd import grad as autograd_grad
 
@@ -142,22 +142,14 @@ def test_single_forward_gan_with_autograd_grad(gan) -> None:
     netG, netD, optimizerG, optimizerD, real, z = gan
 
     def step() -> None:
-        fake = netG(z)
-        fake_out = netD(fake)
-        d_loss, g_loss = d_loss_fn(netD(real), fake_out), g_loss_fn(fake_out)
-        d_params, g_params = list(netD.parameters()), list(netG.parameters())
-        d_grads = torch.autograd.grad(d_loss, d_params, retain_graph=True)
-        g_grads = torch.autograd.grad(g_loss, g_params)
-        for p, g in zip(d_params + g_params, d_grads + g_grads):
-            p.grad = g
-        optimizerD.step()
-        optimizerG.step()
+        single_forward_step(netG, netD, optimizerG, optimizerD, real, z)
 
     audit = audit_retain_graph(step, models=[netG, netD], optimizers=[optimizerD, optimizerG])
     assert audit.error is None and verdicts(audit) == [True, None]
-    first = the_call(audit, "d_grads = torch.autograd.grad(d_loss, d_params, retain_graph=True)")
+    first = the_call(audit, "d_grads = torch.autograd.grad(d_loss, d_params, retain_graph=True)", "gan_steps.py")
     assert first.function == "torch.autograd.grad" and SECOND_TIME in first.why
-    assert the_call(audit, "g_grads = torch.autograd.grad(g_loss, g_params)").function == "torch.autograd.grad"
+    assert the_call(audit, "g_grads = torch.autograd.grad(g_loss, g_params)", "gan_steps.py").function == \
+        "torch.autograd.grad"
 
 
 def test_gradient_penalty_create_graph_is_reported_as_such(gan) -> None:
