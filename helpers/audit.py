@@ -4,7 +4,8 @@
 and answers, for every backward call in it, with a measured fact rather than a rule of thumb. How:
 
 * the starting state (:class:`helpers.measure.TrainingState`: parameters, ``.grad``, optimizer state, random
-  streams; and the models' buffers) is captured, and put back before every run and at the end;
+  streams, the tensors the step's closure and globals hold, such as a hidden state it rebinds; and the models'
+  buffers) is captured, and put back before every run and at the end;
 * while the audit runs, ``torch.Tensor.backward``, ``torch.autograd.backward`` and ``torch.autograd.grad`` are
   wrapped (so are the names the step imported from ``torch.autograd``, in its globals and closure), and put
   back afterwards, even when the step raises. Each call is recorded in order with the learner's line
@@ -179,7 +180,7 @@ class _Audit:
         loose = torch.nn.Module()
         loose._parameters.update((str(i), p) for i, p in enumerate(
             p for params in self.optimizer_params for p in params if id(p) not in covered))
-        self.state = TrainingState((*models, loose), optimizers)
+        self.state = TrainingState((*models, loose), optimizers, step=step)
         self.buffers = [(b, b.detach().clone()) for m in models for b in m.buffers()]
 
     def restore(self) -> None:
@@ -397,7 +398,8 @@ def audit_retain_graph(step: Callable[[], Any], models: torch.nn.Module | Iterab
     with only that one turned off, and say for each backward call whether its retain is needed (the step
     fails or its gradients change without it), can go, or is no retain; with the bytes only the graph still
     held right after the call, why and the fix. Pass the ``models`` and ``optimizers`` the step trains:
-    their state and the random streams are put back before every run and at the end."""
+    their state, the random streams and the tensors the step's closure and globals hold are put back before
+    every run and at the end."""
     _check_step(step)
     models = _items(models, torch.nn.Module, "models", "torch.nn.Module")
     optimizers = _items(optimizers, torch.optim.Optimizer, "optimizers", "torch.optim.Optimizer")

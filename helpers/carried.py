@@ -22,8 +22,9 @@ How, with public torch APIs only:
   objects, items of lists) give the fix its variable name, and, for a tensor built before the loop, the
   assignment that built it (read with ``ast`` from the source that defines the step).
 
-The report keeps plain data only: no graph outlives the call. Models, optimizers and the random streams
-are put back afterwards (:class:`helpers.measure.TrainingState`).
+The report keeps plain data only: no graph outlives the call. Models, optimizers, the random streams and
+the tensors the step's closure and globals hold (a hidden state it rebinds, a list it appends to) are put
+back afterwards (:class:`helpers.measure.TrainingState`).
 """
 
 from __future__ import annotations
@@ -344,8 +345,9 @@ def find_carried_graph(step: Callable[[], Any], iterations: int = 3,
     """Run ``step`` (one iteration of a training loop, no arguments) ``iterations`` times as written, and
     report each tensor whose graph a later iteration reaches: built by an earlier iteration or before the
     first one, with the learner's line that built it and the fix. An exception a step raises stops the
-    run and goes in ``.error``. ``models``' parameters and ``.grad``, ``optimizers``' state and the random
-    streams are put back afterwards; the report holds no tensor and no graph."""
+    run and goes in ``.error``. ``models``' parameters and ``.grad``, ``optimizers``' state, the random
+    streams and the tensors the step's closure and globals hold are put back afterwards; the report holds
+    no tensor and no graph."""
     if not callable(step):
         raise TypeError(f"find_carried_graph: step must be a function of no arguments (one iteration of "
                         f"the loop), got {type(step).__name__}")
@@ -356,7 +358,7 @@ def find_carried_graph(step: Callable[[], Any], iterations: int = 3,
                          f"the second iteration on), got {iterations}")
     models = _as_tuple(models, torch.nn.Module, "torch.nn.Module", "models")
     optimizers = _as_tuple(optimizers, torch.optim.Optimizer, "torch.optim.Optimizer", "optimizers")
-    state = TrainingState(models, optimizers)
+    state = TrainingState(models, optimizers, step=step)
     run = _Run(step, models)
     error, done = None, 0
     try:

@@ -4,9 +4,9 @@ turns their findings into one prescription, ordered by what to fix first.
 * :func:`helpers.carried.find_carried_graph` runs the step a few times and names each tensor that carries an
   iteration's graph into the next (what raises at iteration 2, and what makes ``retain_graph=True`` slow and
   then fail); :func:`helpers.audit.audit_retain_graph` says, per backward call, whether its ``retain_graph=True``
-  is needed or can go. Both check the input (their errors are raised again, named ``diagnose``) and put the
-  models, optimizers and random streams back; between and after the two, diagnose also puts back the tensors
-  the step's closure and globals hold (a hidden state the step rebinds), so both see the learner's start;
+  is needed or can go. Both check the input (their errors are raised again, named ``diagnose``) and put back
+  (:class:`helpers.measure.TrainingState`) the models, optimizers, random streams and the tensors the step's
+  closure and globals hold (a hidden state the step rebinds), so each of them sees the learner's start;
 * the error a run raised is named by kind ("backward a second time", "in-place version error", "no graph",
   "other"), with the learner's line where the audit gives it;
 * the prescription: carried tensors first, then the error when no carried tensor explains it, then the
@@ -144,40 +144,6 @@ def _prescription(carried: CarriedGraphReport, audit: RetainAudit, kind: str | N
     return items
 
 
-class _Names:
-    """The tensors the step's closure and globals hold (alone, or in a tuple or list), put back on demand."""
-
-    def __init__(self, step: Callable[[], Any]) -> None:
-        code = getattr(step, "__code__", None)
-        cells = zip(code.co_freevars, getattr(step, "__closure__", None) or ()) if code is not None else ()
-        self.cells = [(cell, cell.cell_contents) for _, cell in cells if _holds_tensors(_contents(cell))]
-        namespace = getattr(step, "__globals__", {})
-        names = set(code.co_names) if code is not None else set()
-        self.globals = [(namespace, n, namespace[n]) for n in names if _holds_tensors(namespace.get(n))]
-        self.lists = [(v, list(v)) for _, v in self.cells + [(None, g[2]) for g in self.globals]
-                      if isinstance(v, list)]
-
-    def restore(self) -> None:
-        for cell, value in self.cells:
-            cell.cell_contents = value
-        for namespace, name, value in self.globals:
-            namespace[name] = value
-        for target, items in self.lists:
-            target[:] = items
-
-
-def _contents(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
-
-
-def _holds_tensors(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) or (
-        isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value))
-
-
 def diagnose(step: Callable[[], Any], models: torch.nn.Module | Iterable[torch.nn.Module] = (),
              optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
              iterations: int = 3) -> Diagnosis:
@@ -188,18 +154,12 @@ def diagnose(step: Callable[[], Any], models: torch.nn.Module | Iterable[torch.n
     step's closure and globals hold are put back afterwards.
 
     Used by learners on their own training step (README, "Bring your own training step")."""
-    names = _Names(step) if callable(step) else None
-    try:
+    try:  # each tool puts back what the step changes, the closure's and globals' tensors included
         carried = find_carried_graph(step, iterations, models, optimizers)
-        if names is not None:
-            names.restore()
         audit = audit_retain_graph(step, models, optimizers)
     except (TypeError, ValueError) as exc:  # the tools' input checks; the step's own errors are in the reports
         message = str(exc).replace("find_carried_graph", "diagnose").replace("audit_retain_graph", "diagnose")
         raise type(exc)(message if message.startswith("diagnose") else f"diagnose: {message}") from None
-    finally:
-        if names is not None:
-            names.restore()
     if audit.error is not None:
         error, line = audit.error, audit.error_line
     elif carried.error is not None:

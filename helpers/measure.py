@@ -8,8 +8,8 @@ One way to do each:
 * :func:`time_round_robin` times several steps in alternating rounds, so a machine's slow drifts hit
   all of them alike;
 * :func:`profiler_peak_bytes` takes the peak of all CPU memory a step allocates from torch.profiler;
-* :class:`TrainingState` captures parameters, ``.grad``, optimizer state and the random streams, and
-  puts them back.
+* :class:`TrainingState` captures parameters, ``.grad``, optimizer state and the random streams (and, given
+  the step, the tensors its closure and globals hold), and puts them back.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import CodeType
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -149,16 +151,26 @@ def profiler_peak_bytes(step: Callable[[], object]) -> int:
 
 class TrainingState:
     """Models' parameters and ``.grad``, optimizers' state (learning rates included) and the random
-    streams (Python's, torch's CPU and CUDA generators), captured now; :meth:`restore` puts them back."""
+    streams (Python's, torch's CPU and CUDA generators), captured now; :meth:`restore` puts them back.
 
-    def __init__(self, models: Iterable[torch.nn.Module] = (), optimizers: Iterable[torch.optim.Optimizer] = ()
-                 ) -> None:
+    Given ``step`` (a function), also the names it reaches that hold tensors: its closure's variables and the
+    globals its code (nested code included) reads, each holding a tensor or a list or tuple with a tensor in
+    it (a hidden state ``h`` the step rebinds, a list of outputs it appends to). Those are kept as the very
+    objects, not copies: :meth:`restore` binds each name to its object again and gives each list back the
+    items it had (in place, the same list)."""
+
+    def __init__(self, models: Iterable[torch.nn.Module] = (), optimizers: Iterable[torch.optim.Optimizer] = (),
+                 step: Callable[[], Any] | None = None) -> None:
         self._parameters = [(p, p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
                             for model in models for p in model.parameters()]
         self._optimizers = [(optimizer, copy.deepcopy(optimizer.state_dict())) for optimizer in optimizers]
         self._python_random = random.getstate()
         self._torch_random = torch.get_rng_state()
         self._cuda_random = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self._cells, self._globals = _held_tensors(step)
+        values = [value for _, value in self._cells] + [value for _, _, value in self._globals]
+        lists = {id(v): v for v in values if isinstance(v, list)}
+        self._lists = [(target, list(target)) for target in lists.values()]
 
     def restore(self) -> None:
         """Put every captured value back (the state can be restored again later)."""
@@ -172,3 +184,37 @@ class TrainingState:
         torch.set_rng_state(self._torch_random)
         if self._cuda_random is not None:
             torch.cuda.set_rng_state_all(self._cuda_random)
+        for cell, value in self._cells:
+            cell.cell_contents = value
+        for namespace, name, value in self._globals:
+            namespace[name] = value
+        for target, items in self._lists:
+            target[:] = items
+
+
+def _held_tensors(step: Callable[[], Any] | None) -> tuple[list[tuple[Any, Any]], list[tuple[dict, str, Any]]]:
+    """(cell, value) for the step's closure cells and (globals, name, value) for the globals its code reads,
+    where the value is a tensor or a list or tuple holding one."""
+    code = getattr(step, "__code__", None)
+    if not isinstance(code, CodeType):
+        return [], []
+    cells = []
+    for cell in getattr(step, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if _holds_tensors(value):
+            cells.append((cell, value))
+    namespace = getattr(step, "__globals__", None) or {}
+    names, stack = set(), [code]
+    while stack:
+        current = stack.pop()
+        names.update(current.co_names)
+        stack.extend(c for c in current.co_consts if isinstance(c, CodeType))
+    return cells, [(namespace, n, namespace[n]) for n in sorted(names) if _holds_tensors(namespace.get(n))]
+
+
+def _holds_tensors(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or (
+        isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value))

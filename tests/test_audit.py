@@ -284,6 +284,21 @@ def test_a_step_that_is_not_repeatable_gets_no_verdict() -> None:
     assert "model's gradients:" in call.why and "% off" in call.why and call.fix.startswith("cannot tell")
 
 
+
+def test_a_step_that_rebinds_a_hidden_state_is_judged_from_the_same_h_each_run() -> None:
+    torch.manual_seed(0)
+    cell = nn.RNNCell(3, 4)
+    h = h0 = torch.zeros(1, 4)
+
+    def step() -> None:
+        nonlocal h
+        h = cell(torch.randn(1, 3), h)
+        h.pow(2).sum().backward(retain_graph=True)
+
+    audit = audit_retain_graph(step, models=cell)  # h is put back before every run: the runs agree
+    assert audit.error is None and [c.verdict for c in audit.calls] == ["can go"]
+    assert h is h0, "the step's h is the learner's object again afterwards"
+
 # -- the tool's promises -----------------------------------------------------------------------------------
 
 def test_state_is_put_back(two_heads) -> None:

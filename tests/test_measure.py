@@ -93,3 +93,97 @@ def test_training_state_restores_parameters_grads_optimizer_and_random_streams()
     assert torch.equal(torch.rand(3), expected_draw) and random.random() == expected_python
     state.restore()  # a state can be put back more than once
     assert torch.equal(net.weight, weights)
+
+
+OUTPUTS: list[torch.Tensor] = [torch.zeros(2)]
+TOTAL = torch.zeros(())
+
+
+def test_training_state_with_a_step_puts_back_a_closure_tensor_the_step_rebinds() -> None:
+    cell = torch.nn.RNNCell(2, 3)
+    h = torch.zeros(1, 3)
+    calls = 0
+
+    def step() -> None:
+        nonlocal h, calls
+        h = cell(torch.ones(1, 2), h)
+        calls += 1
+
+    h_before = h
+    state = TrainingState([cell], step=step)
+    step()
+    step()
+    assert h is not h_before and h.grad_fn is not None
+    state.restore()
+    assert h is h_before and h.grad_fn is None, "the same object, not a copy"
+    assert calls == 2, "a name that holds no tensor is left alone"
+    step()
+    state.restore()  # a state can be put back more than once
+    assert h is h_before
+
+
+def test_training_state_with_a_step_restores_a_global_list_in_place_and_a_global_tensor() -> None:
+    outputs, first, total = OUTPUTS, OUTPUTS[0], TOTAL
+
+    def step() -> None:
+        global TOTAL
+        OUTPUTS.append(torch.ones(2))
+        TOTAL = TOTAL + 1
+
+    state = TrainingState(step=step)
+    step()
+    step()
+    assert len(OUTPUTS) == 3 and TOTAL is not total
+    state.restore()
+    assert OUTPUTS is outputs and len(outputs) == 1 and outputs[0] is first
+    assert TOTAL is total
+
+
+def test_training_state_with_a_step_reads_globals_in_nested_code() -> None:
+    total = TOTAL
+
+    def step() -> None:
+        def add() -> None:
+            global TOTAL
+            TOTAL = TOTAL + 1
+        add()
+
+    state = TrainingState(step=step)
+    step()
+    assert TOTAL is not total
+    state.restore()
+    assert TOTAL is total
+
+
+def test_training_state_with_a_step_puts_back_a_tuple_of_tensors_in_a_closure() -> None:
+    lstm = torch.nn.LSTMCell(2, 3)
+    state_hc = (torch.zeros(1, 3), torch.zeros(1, 3))
+    pairs = []
+
+    def step() -> None:
+        nonlocal state_hc
+        state_hc = lstm(torch.ones(1, 2), state_hc)
+        pairs.append(1)  # a list without a tensor: not the step's state
+
+    before, (h, c) = state_hc, state_hc
+    state = TrainingState([lstm], step=step)
+    step()
+    assert state_hc is not before
+    state.restore()
+    assert state_hc is before and state_hc[0] is h and state_hc[1] is c
+    assert pairs == [1]
+
+
+def test_training_state_without_a_step_leaves_names_alone() -> None:
+    h = torch.zeros(1)
+
+    def step() -> None:
+        nonlocal h
+        h = h + 1
+
+    state = TrainingState()
+    step()
+    rebound = h
+    state.restore()
+    assert h is rebound
+    TrainingState(step=len).restore()  # a builtin: no closure or globals to read
