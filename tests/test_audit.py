@@ -13,7 +13,7 @@ import weakref
 
 import pytest
 import torch
-from gan_steps import d_loss_fn, g_loss_fn, single_forward_step, small_mlp, srgan_step
+from gan_steps import d_loss_fn, g_loss_fn, single_forward_step, small_mlp, srgan_step, standard_step
 from torch import nn
 from torch.autograd import grad as autograd_grad
 
@@ -177,15 +177,7 @@ def test_a_step_without_retain(gan) -> None:
     netG, netD, optimizerG, optimizerD, real, z = gan
 
     def step() -> None:
-        fake = netG(z)
-        netD.zero_grad()
-        d_loss = d_loss_fn(netD(real), netD(fake.detach()))
-        d_loss.backward()
-        optimizerD.step()
-        netG.zero_grad()
-        g_loss = g_loss_fn(netD(fake))
-        g_loss.backward()
-        optimizerG.step()
+        standard_step(netG, netD, optimizerG, optimizerD, real, z)
 
     audit = audit_retain_graph(step, models=[netG, netD], optimizers=[optimizerD, optimizerG])
     assert audit.error is None and verdicts(audit) == [None, None]
