@@ -13,7 +13,7 @@ import weakref
 
 import pytest
 import torch
-from gan_steps import d_loss_fn, g_loss_fn, single_forward_step, small_mlp, srgan_step, standard_step
+from gan_steps import single_forward_step, small_mlp, srgan_step, standard_step
 from torch import nn
 from torch.autograd import grad as autograd_grad
 
