@@ -9,8 +9,10 @@ and answers, for every backward call in it, with a measured fact rather than a r
 * while the audit runs, ``torch.Tensor.backward``, ``torch.autograd.backward`` and ``torch.autograd.grad`` are
   wrapped (so are the names the step imported from ``torch.autograd``, in its globals and closure), and put
   back afterwards, even when the step raises. Each call is recorded in order with the learner's line
-  (:func:`helpers.carried.learner_line`), its ``retain_graph`` (which defaults to ``create_graph``) and
-  ``create_graph``; a call made inside another (``loss.backward`` calls ``torch.autograd.backward``) counts once;
+  (:func:`helpers.learner.learner_line`), its ``retain_graph`` (which defaults to ``create_graph``) and
+  ``create_graph``; a call made inside another (``loss.backward`` calls ``torch.autograd.backward``) counts once.
+  An optimizer the caller did not pass that calls ``step()`` stops the audit with a ValueError
+  (:func:`helpers.learner.passed_optimizers_only`): nothing could put its state back;
 * the step runs once as written inside a :class:`helpers.meter.SavedTensorMeter`, read right after each call
   for the bytes only the graph still holds. The gradients each optimizer receives are read when its ``step()``
   is called (a step pre-hook, first call per optimizer); without optimizers, the models' ``.grad`` at the end;
@@ -21,7 +23,11 @@ and answers, for every backward call in it, with a measured fact rather than a r
   raises differently, or its gradients differ by :func:`helpers.measure.compare_gradients`, the retain is
   needed; otherwise it can go.
 
-The report holds plain data only (strings, numbers): no tensor and no graph outlives the call.
+The report holds plain data only (strings, numbers): no tensor and no graph outlives the call. A line in a
+notebook cell is named as IPython's tracebacks name it ("Cell In[5], line 3: code",
+:func:`helpers.learner.learner_line`).
+
+Used by notebook 05_your_training_step.
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ from typing import Any
 
 import torch
 
-from helpers.carried import learner_line
 from helpers.display import format_bytes
+from helpers.learner import as_items, check_step, known_names, learner_line, passed_optimizers_only
 from helpers.measure import TrainingState, compare_gradients, gradients_of
 from helpers.meter import SavedTensorMeter
 
@@ -101,18 +107,23 @@ class RetainAudit:
         return "\n".join([f"retain_graph audit: {self.summary()}", *rows])
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{h}</th>" for h in ("#", "line", "retain_graph", "verdict", "held after", "fix", "why"))
+        # Left-aligned and wrapped, the why under the fix: the table fits a notebook's column.
+        cell = "style='text-align:left;vertical-align:top;padding:2px 10px 2px 0'"
+        head = "".join(f"<th {cell}>{h}</th>" for h in ("#", "line", "retain_graph", "verdict", "held after",
+                                                        "fix (why)"))
         rows = "".join(
-            f"<tr><td>{c.index + 1}</td><td title='{html.escape(c.line, quote=True)}'><code>"
-            f"{html.escape(_short(c.line))}</code></td><td>{c.retain_graph}</td><td><b>{c.verdict}</b></td>"
-            f"<td>{format_bytes(c.held_after_bytes)}</td><td>{html.escape(c.fix)}</td><td>{html.escape(c.why)}</td>"
-            "</tr>" for c in self.calls)
+            f"<tr><td {cell}>{c.index + 1}</td><td {cell} title='{html.escape(c.line, quote=True)}'>"
+            f"<code style='white-space:pre-wrap'>{html.escape(_short(c.line))}</code></td><td {cell}>"
+            f"{c.retain_graph}</td><td {cell}><b>{c.verdict}</b></td><td {cell}>{format_bytes(c.held_after_bytes)}"
+            f"</td><td {cell}>{html.escape(c.fix)}<br><small>{html.escape(c.why)}</small></td></tr>"
+            for c in self.calls)
         return (f"<div><p><b>retain_graph audit:</b> {html.escape(self.summary())}</p>"
-                f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>")
+                f"<table style='border-collapse:collapse'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>"
+                f"</table></div>")
 
 
 def _short(line: str) -> str:
-    """"/a/b/train.py:12: code" -> "train.py:12: code"."""
+    """"/a/b/train.py:12: code" -> "train.py:12: code" (a cell's "Cell In[5], line 3: code" stays)."""
     match = re.match(r"(.*?):(\d+): (.*)$", line)
     return f"{os.path.basename(match.group(1))}:{match.group(2)}: {match.group(3)}" if match else line
 
@@ -156,7 +167,7 @@ class _Audit:
         self.lines: dict[tuple[str, int], str] = {}
         self.run: _Run | None = None
         self.undo: list[Callable[[], None]] = []
-        known = _known_names(step)
+        known = known_names(step)
         by_id = {id(value): name for name, value in reversed(known.items())}
         # Each parameter's key in a gradient snapshot and its group (the model or optimizer named in the why).
         self.keys: dict[int, tuple[str, str]] = {}
@@ -350,48 +361,6 @@ class _Audit:
                        "remove retain_graph=True (the step's own error remains)")
 
 
-def _known_names(step: Callable[[], Any]) -> dict[str, Any]:
-    """The names the step knows objects by: its closure's variables, then the globals its code reads."""
-    code = getattr(step, "__code__", None)
-    if code is None:
-        return {}
-    known: dict[str, Any] = {}
-    for name, cell in zip(code.co_freevars, getattr(step, "__closure__", None) or ()):
-        try:
-            known[name] = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-    names = [n for c in (code, *(c for c in code.co_consts if inspect.iscode(c))) for n in c.co_names]
-    known.update((n, step.__globals__[n]) for n in names if n in step.__globals__ and n not in known)
-    return known
-
-
-def _check_step(step: object) -> None:
-    if not callable(step):
-        raise TypeError(f"audit_retain_graph takes a step: a function of no arguments that runs one training "
-                        f"iteration; got {type(step).__name__}")
-    try:
-        parameters = inspect.signature(step).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: let the run tell
-        return
-    needs = [p for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if needs:
-        name = getattr(step, "__name__", "step")
-        name = "step" if name.startswith("<") else name
-        call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in needs)
-        raise TypeError(f"audit_retain_graph takes a step with no arguments; yours needs "
-                        f"({', '.join(p.name for p in needs)}): wrap it, e.g. lambda: {name}({call})")
-
-
-def _items(value: object, kind: type, what: str, label: str) -> tuple[Any, ...]:
-    single = not isinstance(value, Iterable) or isinstance(value, (torch.nn.Module, torch.Tensor, str, bytes))
-    items = (value,) if single else tuple(value)  # type: ignore[arg-type]
-    wrong = [item for item in items if not isinstance(item, kind)]
-    if wrong:
-        raise TypeError(f"audit_retain_graph: {what} must be a {label} or a list of them; got {type(wrong[0]).__name__}")
-    return items
-
-
 def audit_retain_graph(step: Callable[[], Any], models: torch.nn.Module | Iterable[torch.nn.Module] = (),
                        optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = ()) -> RetainAudit:
     """Run ``step`` (one training iteration, no arguments) as written, then once more per ``retain_graph=True``
@@ -399,14 +368,17 @@ def audit_retain_graph(step: Callable[[], Any], models: torch.nn.Module | Iterab
     fails or its gradients change without it), can go, or is no retain; with the bytes only the graph still
     held right after the call, why and the fix. Pass the ``models`` and ``optimizers`` the step trains:
     their state, the random streams and the tensors the step's closure and globals hold are put back before
-    every run and at the end."""
-    _check_step(step)
-    models = _items(models, torch.nn.Module, "models", "torch.nn.Module")
-    optimizers = _items(optimizers, torch.optim.Optimizer, "optimizers", "torch.optim.Optimizer")
+    every run and at the end.
+
+    Used by notebook 05_your_training_step."""
+    check_step(step)
+    models = as_items(models, torch.nn.Module, "models", "torch.nn.Module")
+    optimizers = as_items(optimizers, torch.optim.Optimizer, "optimizers", "torch.optim.Optimizer")
     audit = _Audit(step, models, optimizers)
     audit.install()
     try:
-        return audit.report()
+        with passed_optimizers_only(step, optimizers, "audit_retain_graph"):
+            return audit.report()
     finally:
         audit.uninstall()
         audit.restore()

@@ -33,10 +33,8 @@ import ast
 import html
 import itertools
 import linecache
-import os
 import re
 import sys
-import sysconfig
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -45,9 +43,11 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from helpers.graph import ITERATION_KEY
+from helpers.learner import learner_line, place, skipped_dirs
 from helpers.measure import TrainingState
 
-__all__ = ["CarriedGraphReport", "CarriedTensor", "find_carried_graph", "learner_line"]
+__all__ = ["CarriedGraphReport", "CarriedTensor", "find_carried_graph", "stamp_iteration"]
 
 _KEY = "backward_twice.carried"
 _PRE_LOOP = 0
@@ -58,7 +58,9 @@ _RUNS = itertools.count(1)
 class CarriedTensor:
     """One tensor whose graph an iteration reaches from a later one: its shape (None if unknown), the
     iteration that built it (1-based; None: before the first), the learner's line that built it
-    ("file:line: code"), the line of the later iteration that used it, that iteration, and the fix."""
+    ("file:line: code"), the line of the later iteration that used it, that iteration, the fix, and the
+    name that held it at the end of an iteration ("h", "model.memory", "outputs[0]"; None when no name
+    the step can reach held it)."""
 
     shape: tuple[int, ...] | None
     iteration: int | None
@@ -66,6 +68,7 @@ class CarriedTensor:
     used_at: str
     reached_from: int
     fix: str
+    name: str | None = None
 
     def describe(self) -> str:
         built = "before the first iteration" if self.iteration is None else f"in iteration {self.iteration}"
@@ -106,32 +109,37 @@ class CarriedGraphReport:
         return f"<div><b>{html.escape(self.verdict())}</b>{f'<ul>{items}</ul>' if items else ''}</div>"
 
 
-def _skipped_dirs() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))}
-    dirs.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k))
-    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+class _IterationStamps(TorchFunctionMode):
+    def __init__(self, iteration: int) -> None:
+        super().__init__()
+        self.iteration = iteration
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        # Read before the call: an in-place op gives its input a new grad_fn, which this call built.
+        inputs = {id(t.grad_fn) for t in _tensors((args, kwargs)) if t.grad_fn is not None}
+        out = func(*args, **kwargs)
+        stack = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
+        while stack:  # down to the inputs' nodes: what lies between, one C++ op built inside itself
+            node = stack.pop()
+            if id(node) in inputs or hasattr(node, "variable") or ITERATION_KEY in node.metadata:
+                continue
+            node.metadata[ITERATION_KEY] = self.iteration
+            stack.extend(child for child, _ in node.next_functions if child is not None)
+        return out
 
 
-def learner_line(frame: types.FrameType | None, lines: dict[tuple[str, int], str] | None = None,
-                 skipped: tuple[str, ...] | None = None) -> str:
-    """The learner's line, "file:line: code", of the first frame from ``frame`` outward that lies outside
-    torch, ``helpers/``, the standard library and site-packages (code read with ``linecache``), or
-    "(no source line outside torch)". ``lines`` caches each (file, line)'s answer ("" for a skipped frame)
-    across calls; ``skipped`` is the folders to skip, computed when not given."""
-    lines = {} if lines is None else lines
-    skipped = _skipped_dirs() if skipped is None else skipped
-    while frame is not None:
-        key = (frame.f_code.co_filename, frame.f_lineno)
-        if key not in lines:
-            path = os.path.realpath(key[0])
-            own = not key[0].startswith("<") or key[0].startswith("<ipython")
-            keep = own and not path.startswith(skipped)
-            lines[key] = f"{key[0]}:{key[1]}: {linecache.getline(key[0], key[1]).strip()}" if keep else ""
-        if lines[key]:
-            return lines[key]
-        frame = frame.f_back
-    return "(no source line outside torch)"
+def stamp_iteration(iteration: int) -> TorchFunctionMode:
+    """A context manager that stamps each autograd node built inside it with ``iteration`` (1, 2, ...), in
+    ``grad_fn.metadata[helpers.graph.ITERATION_KEY]``, for ``draw_graph(..., by_iteration=True)``: wrap
+    each iteration of a loop in ``with stamp_iteration(k):``. Nodes built before the first one stay
+    unstamped; a node already stamped keeps its stamp.
+
+    Used by notebook 04_carried_state.
+    """
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 1:
+        raise ValueError(f"stamp_iteration: iteration must be a whole number from 1 up, got {iteration!r}")
+    return _IterationStamps(iteration)
 
 
 class _Run:
@@ -139,7 +147,7 @@ class _Run:
 
     def __init__(self, step: Callable[[], Any], models: tuple[torch.nn.Module, ...]) -> None:
         self.run, self.step, self.models = next(_RUNS), step, models
-        self.skipped, self.lines = _skipped_dirs(), {}  # lines: (file, lineno) -> "file:line: code" or ""
+        self.skipped, self.lines = skipped_dirs(), {}  # lines: (file, lineno) -> "file:line: code" or ""
         self.iteration, self.new_nodes, self.uids = 0, [], itertools.count(1)
         self.names: dict[int, str] = {}  # stamp uid -> the name that held its tensor at an iteration's end
         self.findings: dict[int, CarriedTensor] = {}
@@ -222,7 +230,7 @@ class _Run:
             created_at = _assignment(self.step, name) or f"before the first iteration (first used at {used_at})"
         self.findings[stamp["uid"]] = CarriedTensor(
             shape=stamp["shape"], iteration=None if before else stamp["iteration"], created_at=created_at,
-            used_at=used_at, reached_from=self.iteration, fix=_fix(name, stamp["line"], before))
+            used_at=used_at, reached_from=self.iteration, fix=_fix(name, stamp["line"], before), name=name)
 
 
 class _StampMode(TorchFunctionMode):
@@ -255,7 +263,7 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 def _holders(step: Callable[[], Any], models: tuple[torch.nn.Module, ...]) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for the tensors the step can reach by name: closure, globals, models, one level in."""
     code = getattr(step, "__code__", None)
-    roots: list[tuple[str, Any]] = [(f"model{i}" if len(models) > 1 else "model", m) for i, m in enumerate(models)]
+    roots: list[tuple[str, Any]] = []
     if code is not None:
         for name, cell in zip(code.co_freevars, getattr(step, "__closure__", None) or ()):
             try:
@@ -264,6 +272,8 @@ def _holders(step: Callable[[], Any], models: tuple[torch.nn.Module, ...]) -> It
                 continue
         names = set(code.co_names).union(*(c.co_names for c in code.co_consts if hasattr(c, "co_names")))
         roots += [(n, step.__globals__[n]) for n in sorted(names) if n in step.__globals__]
+    # After the step's own names, so that a module the step names keeps that name in the fix.
+    roots += [(f"model{i}" if len(models) > 1 else "model", m) for i, m in enumerate(models)]
     for name, value in roots:
         if isinstance(value, torch.Tensor):
             yield name, value
@@ -304,7 +314,7 @@ def _assignment(step: Callable[[], Any], name: str | None) -> str | None:
         if lines:
             before = [line for line in lines if line < start]
             line = before[-1] if before else lines[0]
-            return f"{code.co_filename}:{line}: {linecache.getline(code.co_filename, line).strip()}"
+            return f"{place(code.co_filename, line)}: {linecache.getline(code.co_filename, line).strip()}"
     return None
 
 
@@ -345,9 +355,12 @@ def find_carried_graph(step: Callable[[], Any], iterations: int = 3,
     """Run ``step`` (one iteration of a training loop, no arguments) ``iterations`` times as written, and
     report each tensor whose graph a later iteration reaches: built by an earlier iteration or before the
     first one, with the learner's line that built it and the fix. An exception a step raises stops the
-    run and goes in ``.error``. ``models``' parameters and ``.grad``, ``optimizers``' state, the random
-    streams and the tensors the step's closure and globals hold are put back afterwards; the report holds
-    no tensor and no graph."""
+    run and goes in ``.error``. ``models``' parameters, ``.grad``, buffers and tensor attributes
+    (``self.memory``), ``optimizers``' state, the random streams and the tensors the step's closure and
+    globals hold are put back afterwards; the report holds no tensor and no graph.
+
+    Used by notebook 04_carried_state.
+    """
     if not callable(step):
         raise TypeError(f"find_carried_graph: step must be a function of no arguments (one iteration of "
                         f"the loop), got {type(step).__name__}")

@@ -13,15 +13,17 @@ turns their findings into one prescription, ordered by what to fix first.
   retains that can go, the retains that are needed, and the notes (``create_graph``, no verdict). The verdict
   is "Healthy: ..." when nothing is carried, nothing raised and no retain can go; otherwise "N things to fix".
 
-The diagnosis holds plain data and the two reports (plain data too): no tensor and no graph.
+The diagnosis holds plain data and the two reports (plain data too): no tensor and no graph. Lines in notebook
+cells read as IPython's tracebacks name them ("Cell In[5], line 3: code").
 
-Used by learners on their own training step (README, "Bring your own training step").
+Used by notebook 05_your_training_step, and by learners on their own training step (README, "Bring your own
+training step").
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +31,10 @@ import torch
 
 from helpers.audit import CREATE_GRAPH_NOTE, RetainAudit, audit_retain_graph
 from helpers.carried import CarriedGraphReport, find_carried_graph
+from helpers.errors import error_kind
 
 __all__ = ["Diagnosis", "Prescription", "diagnose"]
 
-_KINDS = (("backward a second time", "backward through the graph a second time"),
-          ("in-place version error", "modified by an inplace operation"),
-          ("no graph", "does not require grad and does not have a grad_fn"))
 _ERROR_FIXES = {
     "backward a second time": "a backward freed this graph's buffers and a later one goes through them: add "
                               "retain_graph=True to the earlier backward only, or sum the losses and call "
@@ -105,10 +105,6 @@ class Diagnosis:
         return f"<div><p><b>{html.escape(self.verdict)}</b></p>{error}{f'<ol>{items}</ol>' if items else ''}</div>"
 
 
-def _error_kind(error: str) -> str:
-    return next((kind for kind, text in _KINDS if text in error), "other")
-
-
 def _prescription(carried: CarriedGraphReport, audit: RetainAudit, kind: str | None, error: str | None,
                   error_line: str | None) -> list[Prescription]:
     items, lines = [], {}  # one item per learner's line: the same line builds a carried tensor each iteration
@@ -132,9 +128,9 @@ def _prescription(carried: CarriedGraphReport, audit: RetainAudit, kind: str | N
         items.append(Prescription(c.line, f"retain_graph=True can go: {c.why}",
                                   f"remove retain_graph=True at {c.line}{later}"))
     for c in (c for c in calls if c.needed):
-        items.append(Prescription(c.line, f"retain_graph=True is needed: {c.why}",
-                                  f"keep retain_graph=True at {c.line}: a later backward goes through these "
-                                  f"buffers", to_fix=False))
+        keep = (f"keep retain_graph=True at {c.line}: a later backward goes through these buffers"
+                if audit.error is None else c.fix)  # the audit's own words when the step fails either way
+        items.append(Prescription(c.line, f"retain_graph=True is needed: {c.why}", keep, to_fix=False))
     for c in (c for c in calls if c.needed is None and c.retain_graph):
         note, fix = (CREATE_GRAPH_NOTE, c.fix) if c.create_graph else (f"no verdict: {c.why}", c.fix)
         if carried.found and not c.create_graph:  # the carried tensor is what makes the runs differ
@@ -144,7 +140,8 @@ def _prescription(carried: CarriedGraphReport, audit: RetainAudit, kind: str | N
     return items
 
 
-def diagnose(step: Callable[[], Any], models: torch.nn.Module | Iterable[torch.nn.Module] = (),
+def diagnose(step: Callable[[], Any],
+             models: torch.nn.Module | Iterable[torch.nn.Module] | Mapping[str, torch.nn.Module] = (),
              optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
              iterations: int = 3) -> Diagnosis:
     """Diagnose ``step`` (one training iteration as written, no arguments): run it ``iterations`` times to find
@@ -153,10 +150,13 @@ def diagnose(step: Callable[[], Any], models: torch.nn.Module | Iterable[torch.n
     Pass the ``models`` and ``optimizers`` the step trains: they, the random streams and the tensors the
     step's closure and globals hold are put back afterwards.
 
-    Used by learners on their own training step (README, "Bring your own training step")."""
+    Used by notebook 05_your_training_step, and by learners on their own training step (README, "Bring your own
+    training step")."""
+    if isinstance(models, Mapping):  # {"D": netD, "G": netG}, as the gradient check takes them
+        models = list(models.values())
     try:  # each tool puts back what the step changes, the closure's and globals' tensors included
+        audit = audit_retain_graph(step, models, optimizers)  # first: it refuses an optimizer nobody passed
         carried = find_carried_graph(step, iterations, models, optimizers)
-        audit = audit_retain_graph(step, models, optimizers)
     except (TypeError, ValueError) as exc:  # the tools' input checks; the step's own errors are in the reports
         message = str(exc).replace("find_carried_graph", "diagnose").replace("audit_retain_graph", "diagnose")
         raise type(exc)(message if message.startswith("diagnose") else f"diagnose: {message}") from None
@@ -166,5 +166,5 @@ def diagnose(step: Callable[[], Any], models: torch.nn.Module | Iterable[torch.n
         error, line = carried.error.strip().splitlines()[0], None
     else:
         error, line = None, None
-    kind = None if error is None else _error_kind(error)
+    kind = None if error is None else error_kind(error)
     return Diagnosis(kind, error, line, carried, audit, _prescription(carried, audit, kind, error, line))

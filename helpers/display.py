@@ -16,13 +16,13 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["PngFigure", "Table", "format_bytes"]
+__all__ = ["PngFigure", "Table", "exact_bytes", "format_bytes"]
 
 
 def format_bytes(n: int) -> str:
     """``1536`` -> ``'1.5 KiB'``; exact bytes below 1 KiB.
 
-    Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
+    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step and 04_carried_state.
     """
     if n < 1024:
         return f"{n} B"
@@ -34,10 +34,15 @@ def format_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+def exact_bytes(n: int) -> str:
+    """``665600`` -> ``'665,600 B (650.0 KiB)'``: the exact count a panel shows, with its rounded size."""
+    return f"{n:,} B ({format_bytes(n)})" if n >= 1024 else f"{n:,} B"
+
+
 class Table:
     """Rows of values shown as an HTML table in Jupyter and as aligned text elsewhere.
 
-    Used by notebook 02_multi_loss, and by every helper that prints a table.
+    Used by notebooks 02_multi_loss and 04_carried_state, and by every helper that prints a table.
     """
 
     def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

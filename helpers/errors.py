@@ -5,7 +5,9 @@ raising it, the lesson would go on teaching something false and every test would
 :func:`expect_error` turns the demo into a check: the real message is shown, and no error is an
 ``AssertionError``.
 
-Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
+:func:`error_kind` names the errors the course is about from their message, for reports and panels.
+
+Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step and 04_carried_state.
 """
 
 from __future__ import annotations
@@ -16,7 +18,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["ExpectedError", "expect_error"]
+__all__ = ["ERROR_KINDS", "ExpectedError", "error_kind", "expect_error"]
+
+# (kind, the text of PyTorch's message that identifies it)
+ERROR_KINDS = (("backward a second time", "backward through the graph a second time"),
+               ("in-place version error", "modified by an inplace operation"),
+               ("no graph", "does not require grad and does not have a grad_fn"))
+
+
+def error_kind(message: str) -> str:
+    """The kind of error a message reports: one of :data:`ERROR_KINDS`' kinds, or "other"."""
+    return next((kind for kind, text in ERROR_KINDS if text in message), "other")
 
 
 @dataclass
@@ -47,7 +59,7 @@ def expect_error(
         with expect_error(RuntimeError, match="backward through the graph a second time"):
             loss.backward()
 
-    Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
+    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step and 04_carried_state.
     """
     if not (isinstance(error_type, type) and issubclass(error_type, BaseException)):
         raise TypeError(f"expect_error() needs an exception class, not {error_type!r}.")

@@ -7,7 +7,7 @@ as the node), tells freed from alive by trying to read each saved attribute, and
 walk order so the same graph always gives the same drawing. ``draw_graph(by_iteration=True)`` colours
 each node by the loop iteration that stamped it in ``metadata[ITERATION_KEY]``.
 
-Used by notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
+Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step and 04_carried_state.
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True,
     ``params`` (a module or a dict of named tensors) names the leaves, as in torchviz. Colours
     follow torchviz: green outputs, blue leaves, grey operations, orange saved tensors; freed
     buffers are white, dashed and labelled FREED. Works before and after backward, and the same
-    graph gives the same drawing on every run. Used by notebooks 01_graph_buffers and 02_multi_loss.
+    graph gives the same drawing on every run. Used by notebooks 01_graph_buffers, 02_multi_loss and 04_carried_state.
 
     ``by_iteration=True`` shows which loop iteration built each operation, read from the stamp a
     loop leaves in ``grad_fn.metadata[ITERATION_KEY]`` (1, 2, ...): stamped operations are filled

@@ -13,7 +13,7 @@ import ipywidgets as widgets
 import torch
 from matplotlib.ticker import MaxNLocator
 
-from helpers.display import PngFigure, format_bytes
+from helpers.display import PngFigure, exact_bytes
 from helpers.meter import SavedTensorMeter
 from helpers.panels import Panel
 
@@ -24,10 +24,6 @@ ForwardFn = Callable[[], "torch.Tensor | Mapping[str, torch.Tensor]"]
 
 def _css_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_-]+", "-", name).strip("-") or "loss"
-
-
-def _byte_text(n: int) -> str:
-    return f"{n:,} B ({format_bytes(n)})" if n >= 1024 else f"{n:,} B"
 
 
 class BackwardLab(Panel):
@@ -139,10 +135,7 @@ class BackwardLab(Panel):
             tooltip="Like history.append(loss): the list keeps every iteration's graph reachable",
             layout=widgets.Layout(width="auto"))
         self.keep_history.add_class("bt-keep-history")
-        self.iterations = widgets.BoundedIntText(value=iterations, min=1, max=1000, description="iterations",
-                                                 tooltip="How many forward + backward iterations to run",
-                                                 layout=widgets.Layout(width="180px"))
-        self.iterations.add_class("bt-iterations")
+        self.iterations = self._iterations_box(iterations, 1000, "How many forward + backward iterations to run")
         self.run_button = self._button("Run iterations", "Forward, then every loss's backward, repeated",
                                        "bt-run", lambda: self.run(self.iterations.value))
         self.run_button.layout.margin = "2px 2px 2px 14px"  # apart from the history checkbox's label
@@ -269,16 +262,13 @@ class BackwardLab(Panel):
     def _refresh(self, message: str = "", error: str | None = None) -> None:
         reading = self.meter.reading()
         self.values["saved-tensors"].value = str(reading.saved_tensors)
-        self.values["saved-bytes"].value = _byte_text(reading.saved_bytes)
-        self.values["graph-only-bytes"].value = _byte_text(reading.graph_only_bytes)
-        self.values["peak-bytes"].value = _byte_text(reading.peak_graph_only_bytes)
+        self.values["saved-bytes"].value = exact_bytes(reading.saved_bytes)
+        self.values["graph-only-bytes"].value = exact_bytes(reading.graph_only_bytes)
+        self.values["peak-bytes"].value = exact_bytes(reading.peak_graph_only_bytes)
         self.values["backward-calls"].value = str(self.backward_calls)
         self.values["grad"].value = self._grad_text()
         self.values["history"].value = str(self.losses_kept)
-        if error is not None:
-            self._show_error(error, "the panel still works: press Forward for a new graph, or Reset")
-        else:
-            self._show_status(message)
+        self._show_status_or_error(message, error, "the panel still works: press Forward for a new graph, or Reset")
 
     # -- figures as numbers ----------------------------------------------------------------
     @property

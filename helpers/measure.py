@@ -150,24 +150,30 @@ def profiler_peak_bytes(step: Callable[[], object]) -> int:
 
 
 class TrainingState:
-    """Models' parameters and ``.grad``, optimizers' state (learning rates included) and the random
+    """Models' parameters and ``.grad``, buffers (by value), the tensors kept as plain attributes of their modules
+    (``self.memory = out``, as the very objects), optimizers' state (learning rates included) and the random
     streams (Python's, torch's CPU and CUDA generators), captured now; :meth:`restore` puts them back.
 
-    Given ``step`` (a function), also the names it reaches that hold tensors: its closure's variables and the
-    globals its code (nested code included) reads, each holding a tensor or a list or tuple with a tensor in
-    it (a hidden state ``h`` the step rebinds, a list of outputs it appends to). Those are kept as the very
-    objects, not copies: :meth:`restore` binds each name to its object again and gives each list back the
-    items it had (in place, the same list)."""
+    Given ``step`` (a function), also the names it reaches: its closure's variables and the globals its code
+    (nested code included) names. :meth:`restore` binds a name to the very object it held (not a copy) when
+    that object or the name's value now holds tensors (a tensor, or a list or tuple with one in it: a
+    hidden state ``h`` the step rebinds, a total that starts as ``0.0`` and becomes a tensor), and gives a
+    list back the items it had (in place, the same list) when they or its items now hold tensors (a list of
+    outputs the step appends to). Other names (a counter, a function) are left alone."""
 
     def __init__(self, models: Iterable[torch.nn.Module] = (), optimizers: Iterable[torch.optim.Optimizer] = (),
                  step: Callable[[], Any] | None = None) -> None:
+        models = list(models)
         self._parameters = [(p, p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
                             for model in models for p in model.parameters()]
+        self._buffers = [(b, b.detach().clone()) for model in models for b in model.buffers()]
+        self._attributes = [(module, name, value) for model in models for module in model.modules()
+                            for name, value in vars(module).items() if isinstance(value, torch.Tensor)]
         self._optimizers = [(optimizer, copy.deepcopy(optimizer.state_dict())) for optimizer in optimizers]
         self._python_random = random.getstate()
         self._torch_random = torch.get_rng_state()
         self._cuda_random = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        self._cells, self._globals = _held_tensors(step)
+        self._cells, self._globals = _held_names(step)
         values = [value for _, value in self._cells] + [value for _, _, value in self._globals]
         lists = {id(v): v for v in values if isinstance(v, list)}
         self._lists = [(target, list(target)) for target in lists.values()]
@@ -178,6 +184,10 @@ class TrainingState:
             for parameter, value, grad in self._parameters:
                 parameter.copy_(value)
                 parameter.grad = None if grad is None else grad.clone()
+            for buffer, value in self._buffers:
+                buffer.copy_(value)
+        for module, name, value in self._attributes:
+            vars(module)[name] = value
         for optimizer, state in self._optimizers:
             optimizer.load_state_dict(copy.deepcopy(state))
         random.setstate(self._python_random)
@@ -185,16 +195,18 @@ class TrainingState:
         if self._cuda_random is not None:
             torch.cuda.set_rng_state_all(self._cuda_random)
         for cell, value in self._cells:
-            cell.cell_contents = value
+            if _holds_tensors(value) or _holds_tensors(cell.cell_contents):
+                cell.cell_contents = value
         for namespace, name, value in self._globals:
-            namespace[name] = value
+            if _holds_tensors(value) or _holds_tensors(namespace.get(name)):
+                namespace[name] = value
         for target, items in self._lists:
-            target[:] = items
+            if _holds_tensors(items) or _holds_tensors(target):
+                target[:] = items
 
 
-def _held_tensors(step: Callable[[], Any] | None) -> tuple[list[tuple[Any, Any]], list[tuple[dict, str, Any]]]:
-    """(cell, value) for the step's closure cells and (globals, name, value) for the globals its code reads,
-    where the value is a tensor or a list or tuple holding one."""
+def _held_names(step: Callable[[], Any] | None) -> tuple[list[tuple[Any, Any]], list[tuple[dict, str, Any]]]:
+    """(cell, value) for the step's closure cells and (globals, name, value) for the globals its code names."""
     code = getattr(step, "__code__", None)
     if not isinstance(code, CodeType):
         return [], []
@@ -204,15 +216,14 @@ def _held_tensors(step: Callable[[], Any] | None) -> tuple[list[tuple[Any, Any]]
             value = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        if _holds_tensors(value):
-            cells.append((cell, value))
+        cells.append((cell, value))
     namespace = getattr(step, "__globals__", None) or {}
     names, stack = set(), [code]
     while stack:
         current = stack.pop()
         names.update(current.co_names)
         stack.extend(c for c in current.co_consts if isinstance(c, CodeType))
-    return cells, [(namespace, n, namespace[n]) for n in sorted(names) if _holds_tensors(namespace.get(n))]
+    return cells, [(namespace, n, namespace[n]) for n in sorted(names) if n in namespace]
 
 
 def _holds_tensors(value: Any) -> bool:

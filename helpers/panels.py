@@ -51,6 +51,14 @@ class Panel:
         return box
 
     @staticmethod
+    def _iterations_box(value: int, maximum: int, tooltip: str) -> widgets.BoundedIntText:
+        """The box for how many iterations a Run button runs (CSS class ``bt-iterations``)."""
+        box = widgets.BoundedIntText(value=value, min=1, max=maximum, description="iterations", tooltip=tooltip,
+                                     layout=widgets.Layout(width="180px"))
+        box.add_class("bt-iterations")
+        return box
+
+    @staticmethod
     def _figure_rows(figures: Sequence[tuple[str, str, str]], css: str,
                      initial: str = "") -> tuple[dict[str, widgets.Label], widgets.VBox]:
         """One labelled row per ``(key, label, tooltip)``; returns the value labels by key, and the column."""
@@ -89,6 +97,13 @@ class Panel:
 
     def _show_status(self, message: str) -> None:
         self.status.value = f"<span>Status: {html.escape(message)}</span>"
+
+    def _show_status_or_error(self, message: str, error: str | None, advice: str) -> None:
+        """The error with ``advice`` when there is one, else the status ``message``."""
+        if error is not None:
+            self._show_error(error, advice)
+        else:
+            self._show_status(message)
 
     # -- chart -----------------------------------------------------------------------------
     def chart_png(self) -> bytes | None:

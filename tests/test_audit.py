@@ -9,11 +9,13 @@ import gc
 import linecache
 import os
 import random
+import sys
+import types
 import weakref
 
 import pytest
 import torch
-from gan_steps import single_forward_step, small_mlp, srgan_step, standard_step
+from gan_steps import inputs_step, single_forward_step, small_mlp, srgan_step, standard_step
 from torch import nn
 from torch.autograd import grad as autograd_grad
 
@@ -290,6 +292,129 @@ def test_a_step_that_rebinds_a_hidden_state_is_judged_from_the_same_h_each_run()
     audit = audit_retain_graph(step, models=cell)  # h is put back before every run: the runs agree
     assert audit.error is None and [c.verdict for c in audit.calls] == ["can go"]
     assert h is h0, "the step's h is the learner's object again afterwards"
+
+def test_single_forward_gan_with_backward_inputs(gan) -> None:
+    netG, netD, optimizerG, optimizerD, real, z = gan
+
+    def step() -> None:
+        inputs_step(netG, netD, optimizerG, optimizerD, real, z)
+
+    audit = audit_retain_graph(step, models={"G": netG, "D": netD}, optimizers=[optimizerD, optimizerG])
+    assert audit.error is None and verdicts(audit) == [True, None]
+    first = the_call(audit, "d_loss.backward(inputs=list(netD.parameters()), retain_graph=True)", "gan_steps.py")
+    assert SECOND_TIME in first.why
+
+
+def test_three_losses_on_one_trunk_every_retain_but_the_last_is_needed(two_heads) -> None:
+    trunk, head1, head2, optimizer, x = two_heads
+
+    def step() -> None:
+        optimizer.zero_grad()
+        features = trunk(x)
+        l1, l2, l3 = head1(features).pow(2).mean(), head2(features).abs().mean(), features.pow(2).mean()
+        l1.backward(retain_graph=True)
+        l2.backward(retain_graph=True)
+        l3.backward()
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=[trunk, head1, head2], optimizers=optimizer)
+    assert verdicts(audit) == [True, True, None]
+    assert "l3.backward()" in the_call(audit, "l2.backward(retain_graph=True)").why
+
+
+def test_a_graph_that_saves_nothing_can_be_walked_twice_without_a_retain() -> None:
+    w = nn.Parameter(torch.zeros(4))
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    x = torch.randn(4)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        loss = (w + x).sum()   # an addition saves no tensor
+        loss.backward(retain_graph=True)
+        loss.backward()
+        optimizer.step()
+
+    audit = audit_retain_graph(step, optimizers=optimizer)
+    assert verdicts(audit) == [False, None]
+    call = the_call(audit, "loss.backward(retain_graph=True)")
+    assert call.held_after_bytes == 0 and call.why.endswith("it only kept 0 B alive")
+
+
+def test_a_swallowed_error_shows_as_changed_gradients(two_heads) -> None:
+    trunk, head1, head2, optimizer, x = two_heads
+
+    def step() -> None:
+        optimizer.zero_grad()
+        features = trunk(x)
+        l1, l2 = head1(features).pow(2).mean(), head2(features).pow(2).mean()
+        l1.backward(retain_graph=True)
+        try:
+            l2.backward()
+        except RuntimeError:
+            pass  # the learner's own "fix"
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=[trunk, head1, head2], optimizers=optimizer)
+    assert audit.error is None and verdicts(audit) == [True, None]
+    first = the_call(audit, "l1.backward(retain_graph=True)")
+    # l2's backward reaches head2's parameters before it fails at the trunk's freed buffers: only the trunk differs
+    assert first.why.startswith("without it the gradients change (trunk's gradients: ") and "% off)" in first.why
+    assert first.fix == "keep it: without it the gradients change"
+
+
+def test_a_gradient_norm_taken_after_backward_needs_the_retain() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(6, 3)
+    norms: list[float] = []
+
+    def step() -> None:
+        optimizer.zero_grad()
+        x_in = x.clone().requires_grad_()
+        loss = model(x_in).pow(2).mean()
+        loss.backward(retain_graph=True)
+        (input_grad,) = torch.autograd.grad(loss, x_in)
+        norms.append(input_grad.norm().item())
+        optimizer.step()
+
+    audit = audit_retain_graph(step, models=model, optimizers=optimizer)
+    assert verdicts(audit) == [True, None]
+    assert [c.function for c in audit.calls] == ["loss.backward", "torch.autograd.grad"]
+    # as written and the control run, from the same state; the rerun without the retain raised before appending
+    assert len(norms) == 2 and norms[0] == norms[1]
+
+
+def test_an_optimizer_nobody_passed_is_refused_and_nothing_changes(two_heads) -> None:
+    trunk, head1, _, optimizer, x = two_heads
+    before = [p.detach().clone() for p in trunk.parameters()]
+
+    def step() -> None:
+        optimizer.zero_grad()
+        head1(trunk(x)).sum().backward()
+        optimizer.step()
+
+    with pytest.raises(ValueError) as error:
+        audit_retain_graph(step, models=[trunk, head1])
+    assert str(error.value) == ("audit_retain_graph: the step calls optimizer (SGD).step(), an optimizer not in "
+                                "optimizers: pass every optimizer the step uses, so that its state can be put back")
+    assert all(torch.equal(b, p) for b, p in zip(before, trunk.parameters()))
+
+
+def test_a_notebook_cell_is_named_as_a_traceback_names_it(monkeypatch) -> None:
+    cell = "/tmp/ipykernel_7/31415.py"
+    source = "def step():\n    loss = (w * w).sum()\n    loss.backward(retain_graph=True)\n"
+    linecache.cache[cell] = (len(source), None, source.splitlines(True), cell)
+    compiler = types.SimpleNamespace(format_code_name=lambda name: ("Cell", "In[12]") if name == cell else None)
+    shell = types.SimpleNamespace(compile=compiler)
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    w = nn.Parameter(torch.ones(3))
+    namespace = {"w": w}
+    exec(compile(source, cell, "exec"), namespace)
+    audit = audit_retain_graph(namespace["step"])
+    assert [c.line for c in audit.calls] == ["Cell In[12], line 3: loss.backward(retain_graph=True)"]
+    assert "Cell In[12], line 3: loss.backward(retain_graph=True) | retain_graph=True | can go" in repr(audit)
+
 
 # -- the tool's promises -----------------------------------------------------------------------------------
 

@@ -469,3 +469,43 @@ def test_text_and_html_show_the_verdict_the_line_and_the_fix() -> None:
         assert "built in iteration 1" in shown and "total_loss += loss.item()" in shown
     assert find_carried_graph(lambda: None)._repr_html_() == (
         "<div><b>No graph carried across iterations in 3 iterations.</b></div>")
+
+
+def test_each_finding_names_what_held_it_preferring_the_steps_own_names() -> None:
+    class Remembers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer, self.memory = nn.Linear(3, 3), torch.zeros(1, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.memory = torch.tanh(self.layer(x) + self.memory)
+            return self.memory
+
+    remembers = Remembers()
+
+    def step() -> None:
+        remembers(torch.ones(1, 3)).sum().backward()
+
+    report = find_carried_graph(step, models=remembers)
+    assert [f.name for f in report.findings] == ["remembers.memory"]
+    assert "remembers.memory = remembers.memory.detach()" in report.findings[0].fix
+    assert remembers.memory.grad_fn is None, "the module's attribute was put back"
+
+
+def test_stamp_iteration_marks_the_nodes_each_iteration_builds_down_to_its_inputs() -> None:
+    from helpers.carried import stamp_iteration
+    from helpers.graph import ITERATION_KEY, draw_graph
+
+    cell = nn.RNNCell(3, 4)
+    x = torch.ones(2, 3, requires_grad=True) * 2  # built before the loop: stays unstamped
+    h = torch.zeros(2, 4)
+    for k in (1, 2):
+        with stamp_iteration(k):
+            h = cell(x, h)
+            h.add_(1)  # an in-place op's new node belongs to this iteration too
+    assert h.grad_fn.metadata[ITERATION_KEY] == 2
+    assert ITERATION_KEY not in x.grad_fn.metadata
+    counts = draw_graph(h, params=cell, by_iteration=True).iteration_counts
+    assert set(counts) == {1, 2, None} and counts[1] == counts[2] and counts[None] == 1
+    with pytest.raises(ValueError, match="whole number from 1 up"):
+        stamp_iteration(0)

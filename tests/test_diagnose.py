@@ -144,7 +144,7 @@ def last_frame(exc: BaseException) -> str:
 
 
 @pytest.mark.parametrize(("kwargs", "error", "words"), [
-    ({"step": 42}, TypeError, "step must be a function"),
+    ({"step": 42}, TypeError, "takes a step: a function of no arguments"),
     ({"step": lambda x: None}, TypeError, "no arguments"),
     ({"step": lambda: None, "models": [object()]}, TypeError, "models must be a torch.nn.Module"),
     ({"step": lambda: None, "optimizers": nn.Linear(2, 2)}, TypeError, "optimizers must be"),
@@ -181,3 +181,66 @@ def test_text_and_html_show_the_verdict_the_error_and_each_line() -> None:
         assert item.line in text and item.fix in text
         assert html.escape(item.line) in page and html.escape(item.fix) in page
     assert "<script" not in page
+
+
+def test_models_as_a_dict_and_an_optimizer_nobody_passed() -> None:
+    torch.manual_seed(0)
+    netG, netD = nn.Linear(2, 2), nn.Linear(2, 1)
+    optimizerD = torch.optim.SGD(netD.parameters(), lr=0.1)
+    optimizerG = torch.optim.SGD(netG.parameters(), lr=0.1)
+    z = torch.randn(8, 2)
+
+    def step() -> None:
+        optimizerD.zero_grad()
+        optimizerG.zero_grad()
+        out = netD(netG(z))
+        out.mean().backward()
+        optimizerD.step()
+        optimizerG.step()
+
+    assert diagnose(step, models={"D": netD, "G": netG}, optimizers=[optimizerD, optimizerG]).healthy
+    before = [p.detach().clone() for p in netG.parameters()]
+    with pytest.raises(ValueError) as info:
+        diagnose(step, models={"D": netD, "G": netG}, optimizers=optimizerD)
+    assert str(info.value).startswith("diagnose: the step calls optimizerG (SGD).step(), an optimizer not in optimizers")
+    assert all(torch.equal(b, p) for b, p in zip(before, netG.parameters()))
+
+
+def test_a_detached_hidden_state_without_retain_is_healthy_and_state_is_put_back() -> None:
+    torch.manual_seed(0)
+    cell = nn.GRUCell(4, 8)
+    optimizer = torch.optim.Adam(cell.parameters(), lr=0.1)
+    h = h0 = torch.zeros(1, 8)
+
+    def step() -> None:
+        nonlocal h
+        optimizer.zero_grad()
+        h = cell(torch.randn(1, 4), h.detach())
+        h.pow(2).sum().backward()
+        optimizer.step()
+
+    before = [p.detach().clone() for p in cell.parameters()]
+    result = diagnose(step, models=cell, optimizers=optimizer)
+    assert result.healthy and result.prescription == [] and result.verdict.startswith("Healthy")
+    assert h is h0 and all(torch.equal(b, p) for b, p in zip(before, cell.parameters()))
+    assert optimizer.state_dict()["state"] == {}
+
+
+def test_a_retain_needed_by_a_step_that_fails_keeps_the_audits_words() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(5, 3)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        out = net(x)
+        out.pow(2).mean().backward(retain_graph=True)
+        optimizer.step()
+        out.abs().mean().backward()   # through the weights the step just changed in place
+
+    result = diagnose(step, models=net, optimizers=optimizer)
+    assert result.error_kind == "in-place version error"
+    assert at(result.prescription[0], "out.abs().mean().backward()   # through the weights the step just changed in place")
+    (keep,) = [p for p in result.prescription if p.problem.startswith("retain_graph=True is needed")]
+    assert not keep.to_fix and keep.fix.startswith("keep it only while a later backward goes through this graph")

@@ -80,3 +80,15 @@ def test_match_must_be_a_string():
         with expect_error(RuntimeError, match=42):
             ran.append(True)
     assert not ran
+
+
+@pytest.mark.parametrize(("message", "kind"), [
+    ("Trying to backward through the graph a second time (or ...", "backward a second time"),
+    ("one of the variables needed for gradient computation has been modified by an inplace operation", "in-place version error"),
+    ("element 0 of tensors does not require grad and does not have a grad_fn", "no graph"),
+    ("CUDA out of memory", "other"),
+])
+def test_error_kind_names_the_errors_the_course_is_about(message, kind):
+    from helpers.errors import error_kind
+
+    assert error_kind(message) == kind

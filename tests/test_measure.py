@@ -187,3 +187,39 @@ def test_training_state_without_a_step_leaves_names_alone() -> None:
     state.restore()
     assert h is rebound
     TrainingState(step=len).restore()  # a builtin: no closure or globals to read
+
+
+TOTAL_LOSS = 0.0
+BANK: list = []
+
+
+def test_training_state_puts_back_a_number_that_became_a_tensor_and_a_list_that_filled_with_tensors() -> None:
+    global TOTAL_LOSS
+    w = torch.ones(2, requires_grad=True)
+
+    def step() -> None:
+        global TOTAL_LOSS
+        TOTAL_LOSS = TOTAL_LOSS + (w * 2).sum()
+        BANK.append(w * 3)
+
+    state = TrainingState(step=step)
+    step()
+    assert isinstance(TOTAL_LOSS, torch.Tensor) and len(BANK) == 1
+    state.restore()
+    assert TOTAL_LOSS == 0.0 and not isinstance(TOTAL_LOSS, torch.Tensor) and BANK == []
+
+
+def test_training_state_puts_back_module_attributes_and_buffers() -> None:
+    class Remembers(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.memory = torch.nn.BatchNorm1d(3), torch.zeros(1, 3)
+
+    model = Remembers()
+    memory, running_mean = model.memory, model.norm.running_mean.clone()
+    state = TrainingState([model])
+    model.train()
+    model.memory = model.norm(torch.randn(4, 3, requires_grad=True)).mean(0, keepdim=True)
+    assert model.memory.grad_fn is not None and not torch.equal(model.norm.running_mean, running_mean)
+    state.restore()
+    assert model.memory is memory and torch.equal(model.norm.running_mean, running_mean)

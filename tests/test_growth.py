@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.lessons.multi_loss import GrowthResult, growth_experiment
+from helpers.growth import GrowthResult, growth_experiment
 from helpers.meter import SavedTensorMeter
 
 WIDTH, BATCH = 32, 16
@@ -149,3 +149,30 @@ def test_the_bytes_run_counts_the_nodes_each_backward_walks_and_only_a_chain_mak
     import torch.autograd as autograd_module
 
     assert autograd_module.backward.__name__ == "backward", "the counting wrapper is gone afterwards"
+
+
+def test_reachable_nodes_counts_each_node_once_from_one_root_or_several() -> None:
+    from helpers.growth import reachable_nodes
+
+    w = torch.ones(3, requires_grad=True)
+    y = (w * 2).sum()
+    z = (w * 3).sum()
+    assert reachable_nodes(y) == 3  # SumBackward0, MulBackward0, AccumulateGrad
+    assert reachable_nodes([y, z]) == 5  # AccumulateGrad shared
+    assert reachable_nodes(torch.ones(2)) == 0
+
+
+def test_a_loop_state_of_ones_own_reaches_every_body() -> None:
+    from types import SimpleNamespace
+
+    w = torch.ones(4, requires_grad=True)
+
+    def carry(state):
+        state.h = w * state.h  # a chain: each backward walks every earlier iteration
+        state.h.sum().backward(retain_graph=True)
+
+    result = growth_experiment({"carry": carry}, iterations=4, block=2, progress=False,
+                               new_state=lambda: SimpleNamespace(h=torch.ones(4)))
+    nodes = result.backward_nodes["carry"]
+    assert [b - a for a, b in zip(nodes, nodes[1:])] == [1, 1, 1]
+    assert result.grows("carry")

@@ -1,0 +1,140 @@
+"""What every tool that runs a learner's own training step shares (:func:`helpers.carried.find_carried_graph`,
+:func:`helpers.audit.audit_retain_graph`, :func:`helpers.diagnose.diagnose` and notebook 05's gradient check).
+
+* :func:`check_step` and :func:`as_items` refuse bad input with a message naming the tool and what is wrong: a
+  step that needs arguments, models that are not modules, optimizers that are not optimizers;
+* :func:`passed_optimizers_only` stops a run when an optimizer the caller did not pass calls ``step()``, before it
+  changes weights or state that nothing could put back;
+* :func:`known_names` gives the names the step knows objects by (its closure's variables, the globals it reads);
+* :func:`learner_line` finds the learner's own line in a stack ("file:line: code", the first frame outside torch,
+  ``helpers/``, the standard library and site-packages), and :func:`place` names a notebook cell's line as
+  IPython's tracebacks do ("Cell In[5], line 3"): a cell's file lies in a folder named after the kernel's
+  process, so its path changes with every kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import linecache
+import os
+import sys
+import sysconfig
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+__all__ = ["as_items", "check_step", "known_names", "learner_line", "passed_optimizers_only", "place", "skipped_dirs"]
+
+
+def skipped_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))}  # torch, helpers/
+    dirs.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k))
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+def place(filename: str, lineno: int) -> str:
+    """"file:line", or for a notebook cell "Cell In[3], line 5" as IPython's tracebacks name it: a kernel's
+    cell files are temporary names that change with every kernel."""
+    ipython = sys.modules.get("IPython")  # never imported here: only a running shell has cells
+    shell = ipython.get_ipython() if ipython is not None else None
+    named = shell.compile.format_code_name(filename) if shell is not None else None
+    return f"{named[0]} {named[1]}, line {lineno}" if named else f"{filename}:{lineno}"
+
+
+def learner_line(frame: types.FrameType | None, lines: dict[tuple[str, int], str] | None = None,
+                 skipped: tuple[str, ...] | None = None) -> str:
+    """The learner's line, "file:line: code" ("Cell In[3], line 5: code" in a notebook), of the first frame from ``frame`` outward that lies outside
+    torch, ``helpers/``, the standard library and site-packages (code read with ``linecache``), or
+    "(no source line outside torch)". ``lines`` caches each (file, line)'s answer ("" for a skipped frame)
+    across calls; ``skipped`` is the folders to skip, computed when not given."""
+    lines = {} if lines is None else lines
+    skipped = skipped_dirs() if skipped is None else skipped
+    while frame is not None:
+        key = (frame.f_code.co_filename, frame.f_lineno)
+        if key not in lines:
+            path = os.path.realpath(key[0])
+            own = not key[0].startswith("<") or key[0].startswith("<ipython")
+            keep = own and not path.startswith(skipped)
+            lines[key] = f"{place(*key)}: {linecache.getline(key[0], key[1]).strip()}" if keep else ""
+        if lines[key]:
+            return lines[key]
+        frame = frame.f_back
+    return "(no source line outside torch)"
+
+
+def known_names(step: Callable[[], Any]) -> dict[str, Any]:
+    """The names the step knows objects by: its closure's variables, then the globals its code reads."""
+    code = getattr(step, "__code__", None)
+    if code is None:
+        return {}
+    known: dict[str, Any] = {}
+    for name, cell in zip(code.co_freevars, getattr(step, "__closure__", None) or ()):
+        try:
+            known[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    names = [n for c in (code, *(c for c in code.co_consts if inspect.iscode(c))) for n in c.co_names]
+    known.update((n, step.__globals__[n]) for n in names if n in step.__globals__ and n not in known)
+    return known
+
+
+class _UnknownOptimizer(BaseException):  # not an Exception: a step's own ``except Exception`` must not catch it
+    """An optimizer the caller did not pass called ``step()``: raised before it changes anything."""
+
+
+@contextlib.contextmanager
+def passed_optimizers_only(step: Callable[[], Any], optimizers: tuple[torch.optim.Optimizer, ...],
+                           who: str) -> Iterator[None]:
+    """While inside, an optimizer not in ``optimizers`` that calls ``step()`` stops the run before it changes its
+    weights or its state (which nothing could put back), and leaves as a ValueError naming it."""
+    known = {id(o) for o in optimizers}
+
+    def guard(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if id(optimizer) not in known:
+            raise _UnknownOptimizer(optimizer)
+
+    handle = register_optimizer_step_pre_hook(guard)
+    try:
+        yield
+    except _UnknownOptimizer as unknown:
+        optimizer = unknown.args[0]
+        name = next((n for n, v in known_names(step).items() if v is optimizer), None)
+        what = f"{name} ({type(optimizer).__name__})" if name else f"a {type(optimizer).__name__}"
+        raise ValueError(f"{who}: the step calls {what}.step(), an optimizer not in optimizers: pass every "
+                         f"optimizer the step uses, so that its state can be put back") from None
+    finally:
+        handle.remove()
+
+
+def check_step(step: object, who: str = "audit_retain_graph") -> None:
+    """Refuse anything but a function of no arguments (``who`` names the tool in the message)."""
+    if not callable(step):
+        raise TypeError(f"{who} takes a step: a function of no arguments that runs one training "
+                        f"iteration; got {type(step).__name__}")
+    try:
+        parameters = inspect.signature(step).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: let the run tell
+        return
+    needs = [p for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if needs:
+        name = getattr(step, "__name__", "step")
+        name = "step" if name.startswith("<") else name
+        call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in needs)
+        raise TypeError(f"{who} takes a step with no arguments; yours needs "
+                        f"({', '.join(p.name for p in needs)}): wrap it, e.g. lambda: {name}({call})")
+
+
+def as_items(value: object, kind: type, what: str, label: str, who: str = "audit_retain_graph") -> tuple[Any, ...]:
+    """One ``kind``, an iterable of them or a dict whose values they are, as a tuple; anything else refused,
+    naming ``what`` and ``who``."""
+    single = not isinstance(value, Iterable) or isinstance(value, (torch.nn.Module, torch.Tensor, str, bytes))
+    items = (value,) if single else tuple(value.values() if isinstance(value, Mapping) else value)  # type: ignore
+    wrong = [item for item in items if not isinstance(item, kind)]
+    if wrong:
+        raise TypeError(f"{who}: {what} must be a {label} or a list of them; got {type(wrong[0]).__name__}")
+    return items

@@ -1,0 +1,286 @@
+"""Notebook 04's exercise checks: name the carried tensor in four snippets, write a truncated-BPTT loop, and
+fix a loop that computes a tensor once before it.
+
+The two loop checks run the learner's loop twice on the check's own model (the second call continues
+from the first, with ``.grad`` holding its last gradients, and the first starts with ``.grad`` pre-filled),
+inside a :class:`SavedTensorMeter` that is read at every ``optimizer.step()``: what a loop keeps alive
+while it runs is the lesson, so it is measured there, not after the function returned. The parameters
+after each call are compared with reference loops run in the check, right and wrong, and a wrong answer
+is named by the mistake whose parameters it reproduces. The names check runs :func:`find_carried_graph`
+on each snippet, so the answer it expects is measured, not written down.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from helpers.carried import find_carried_graph
+from helpers.checks import CheckResult, Rejected, checked, flat, run_answer
+from helpers.display import format_bytes
+from helpers.measure import gradients_close
+from helpers.meter import SavedTensorMeter
+
+__all__ = ["check_carried_names", "check_precomputed_fix", "check_truncated_bptt"]
+
+Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
+_LR = 0.1
+
+
+# -- exercise 1: name the carried tensor ------------------------------------------------------------
+
+def _referenced(step: Callable[[], Any], kind: type) -> list[Any]:
+    """The objects of ``kind`` that ``step`` reaches through its closure or the globals it names."""
+    code = step.__code__
+    values = [cell.cell_contents for cell in (step.__closure__ or ()) if _filled(cell)]
+    values += [step.__globals__[n] for n in code.co_names if n in step.__globals__]
+    return [v for v in values if isinstance(v, kind)]
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _matches(answer: str, name: str) -> bool:
+    """``answer`` names the holder ``name``: the whole name, its variable ("state" for "state(0)"), or the
+    attribute ("memory" or "self.memory" for "model.memory")."""
+    answer = answer.strip()
+    root = re.match(r"[\w.]*", name).group(0)
+    attribute = root.rsplit(".", 1)[-1]
+    return answer in {name, root, attribute, f"self.{attribute}"}
+
+
+def check_carried_names(answers: Mapping[Callable[[], Any], str | None]) -> CheckResult:
+    """Exercise 1: ``answers`` maps each snippet's step function to the name of the variable (or attribute)
+    that carries a graph into the next iteration, or None when nothing does. The truth is measured:
+    :func:`find_carried_graph` runs each step three times, with the modules and optimizers it uses put
+    back afterwards.
+
+    Used by notebook 04_carried_state.
+    """
+    if not isinstance(answers, Mapping) or not answers:
+        return CheckResult(False, "Pass a dict: {snippet_1: \"name\", snippet_2: None, ...}, one entry per snippet.")
+    wrong = []
+    for step, answer in answers.items():
+        if not callable(step) or not hasattr(step, "__code__"):
+            return CheckResult(False, f"The keys must be the snippet functions themselves; got {step!r}.")
+        if answer is not None and not isinstance(answer, str):
+            return CheckResult(False, f"{step.__name__}: answer with a name as a string, or None; got {answer!r}.")
+        report = find_carried_graph(step, models=_referenced(step, torch.nn.Module),
+                                    optimizers=_referenced(step, torch.optim.Optimizer))
+        names = sorted({f.name for f in report.findings if f.name is not None})
+        if answer is None and report.found:
+            wrong.append(f"{step.__name__}: something does carry a graph into the next iteration.")
+        elif answer is not None and not report.found:
+            wrong.append(f"{step.__name__}: nothing carries a graph across its iterations; {answer} is rebuilt "
+                         f"or detached in time.")
+        elif answer is not None and not any(_matches(answer, n) for n in names):
+            wrong.append(f"{step.__name__}: not {answer}.")
+    if wrong:
+        return CheckResult(False, " ".join(wrong), "Look for a tensor that survives the end of an iteration and "
+                                                   "is used by the next one, and that was built with a graph.")
+    return CheckResult(True, f"all {len(answers)} snippets named; find_carried_graph agrees on each.")
+
+
+# -- the loops' own models and data -----------------------------------------------------------------
+
+class _TinyCharRNN(torch.nn.Module):
+    """The checks' own character model, with the notebook's interface: ``forward(chars, h) -> (logits, h)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(12, 6)
+        self.cell = torch.nn.RNNCell(6, 10)
+        self.out = torch.nn.Linear(10, 12)
+
+    def forward(self, chars: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = []
+        for c in chars:
+            h = self.cell(self.embed(c), h)
+            logits.append(self.out(h))
+        return torch.stack(logits), h
+
+
+class _EncoderHead(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh())
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def _char_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(4)
+    stream = torch.randint(0, 12, (33, 3), generator=generator)
+    return [(stream[i:i + 8], stream[i + 1:i + 9]) for i in range(0, 32, 8)]
+
+
+def _chunk_loss(model: torch.nn.Module, h: torch.Tensor, inputs: torch.Tensor,
+                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits, h = model(inputs, h)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten()), h
+
+
+def _prefill(model: torch.nn.Module) -> None:
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.5)
+
+
+def _state(model: torch.nn.Module) -> torch.Tensor:
+    return flat([p.detach() for p in model.parameters()])
+
+
+class _StepWatch:
+    """Wraps ``optimizer.step`` to read the meter at every step: the graph-only bytes still alive then."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, meter: SavedTensorMeter) -> None:
+        self.held: list[int] = []
+        original = optimizer.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            self.held.append(meter.graph_only_bytes)
+            return original(*args, **kwargs)
+
+        optimizer.step = step
+
+
+def _judge_loop(call: Callable[[torch.nn.Module, torch.optim.Optimizer], Any], make_model: Callable[[], torch.nn.Module],
+                references: Mapping[str, Callable[[torch.nn.Module, torch.optim.Optimizer], None]],
+                steps: int, hint_error: str, hint_wrong: str) -> None:
+    """Run ``call`` (the learner's loop) twice on a model from ``make_model``, ``.grad`` pre-filled, under a
+    meter read at every step; compare its parameters after each call with ``references["right"]`` run the
+    same way, naming the wrong reference it matches instead. Raises :class:`Rejected`."""
+    torch.manual_seed(0)
+    model, runs = make_model(), {name: make_model() for name in references}
+    for other in runs.values():
+        other.load_state_dict(model.state_dict())
+    optimizers = {name: torch.optim.SGD(m.parameters(), lr=_LR) for name, m in runs.items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=_LR)
+    for m in (model, *runs.values()):
+        _prefill(m)
+    meter = SavedTensorMeter()
+    watch = _StepWatch(optimizer, meter)
+    for call_number in (1, 2):
+        where = "" if call_number == 1 else "On a second call, continuing from the first: "
+        before = _state(model)
+        watch.held.clear()
+        with meter:
+            run_answer(call, model, optimizer, who="your loop", hint=hint_error, where=where)
+        for name, reference in references.items():
+            reference(runs[name], optimizers[name])
+        if len(watch.held) != steps:
+            raise Rejected(f"optimizer.step() ran {len(watch.held)} times; one step per batch is {steps}.",
+                           "Call optimizer.step() once per batch, after its backward.", where)
+        got = _state(model)
+        if gradients_close(got, _state(runs["right"])):
+            if held := max(watch.held):
+                batch = next(i for i, b in enumerate(watch.held, start=1) if b)
+                raise Rejected(f"when optimizer.step() ran on batch {batch}, graphs still held {format_bytes(held)} "
+                               "of saved buffers: a backward with retain_graph=True keeps them, and no later "
+                               "backward goes through them.", "Let each backward free its graph.", where)
+            continue
+        if gradients_close(got, before):
+            raise Rejected("the parameters did not change: no gradient reached them.", hint_wrong, where)
+        for name, message in _MISTAKES.items():
+            if name in runs and gradients_close(got, _state(runs[name])):
+                raise Rejected(message, hint_wrong, where)
+        raise Rejected("after your loop the parameters differ from those of the right loop.", hint_wrong, where)
+
+
+_MISTAKES = {
+    "no zero_grad": "the parameters are those of a loop that never zeroes .grad: each step used the sum of every "
+                    "earlier batch's gradients, and what .grad held before the loop.",
+    "zero after step": "the parameters are those of a loop that zeroes .grad only after its step: the first "
+                       "batch's step used what .grad held before the loop.",
+    "h from zeros": "the parameters are those of a loop that starts each batch from h = zeros: truncated BPTT "
+                    "carries h's values into the next batch and cuts only its graph.",
+    "features once, retained": "the parameters are those of a loop that backpropagates every step through the "
+                               "features computed once, before the first step: the encoder's gradient comes from "
+                               "its first weights' graph every time.",
+    "encoder frozen": "the parameters are those of a loop in which model.encoder never trains: its weights did "
+                      "not change, since the features were cut from its graph; the encoder is meant to train.",
+}
+
+
+# -- exercise 2: truncated BPTT ---------------------------------------------------------------------
+
+def _bptt_reference(mistake: str | None) -> Callable[[torch.nn.Module, torch.optim.Optimizer], None]:
+    def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        h = torch.zeros(3, 10)
+        for inputs, targets in _char_batches():
+            h = torch.zeros(3, 10) if mistake == "h from zeros" else h.detach()
+            loss, h = _chunk_loss(model, h, inputs, targets)
+            if mistake is None or mistake == "h from zeros":
+                optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if mistake == "zero after step":
+                optimizer.zero_grad()
+    return train
+
+
+@checked
+def check_truncated_bptt(train_truncated: Callable[..., Any]) -> CheckResult:
+    """Exercise 2: ``train_truncated(model, optimizer, batches, h)`` trains on the batches in order, carrying
+    ``h``'s values from batch to batch and cutting its graph at each boundary, one step per batch. Run twice
+    on the check's own character model, ``.grad`` pre-filled, against reference loops.
+
+    Used by notebook 04_carried_state.
+    """
+    references = {name: _bptt_reference(None if name == "right" else name)
+                  for name in ("right", "no zero_grad", "zero after step", "h from zeros")}
+    _judge_loop(lambda model, optimizer: train_truncated(model, optimizer, _char_batches(), torch.zeros(3, 10)),
+                _TinyCharRNN, references, steps=4,
+                hint_error="h still carries the previous batch's graph: cut it at the start of each batch.",
+                hint_wrong="Each batch: h = h.detach(), forward, zero_grad, backward, step.")
+    return CheckResult(True, "each batch starts from the last one's h, cut from its graph, and every step's "
+                             "backward freed its buffers.")
+
+
+# -- exercise 3: a tensor computed before the loop ---------------------------------------------------
+
+def _classifier_data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(5)
+    return torch.randn(32, 8, generator=generator), torch.randint(0, 3, (32,), generator=generator)
+
+
+def _classifier_reference(mistake: str | None) -> Callable[[torch.nn.Module, torch.optim.Optimizer], None]:
+    def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        inputs, labels = _classifier_data()
+        features = model.encoder(inputs)
+        for _ in range(4):
+            if mistake != "features once, retained":
+                features = model.encoder(inputs)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model.head(features.detach() if mistake == "encoder frozen" else features), labels)
+            loss.backward(retain_graph=mistake == "features once, retained")
+            optimizer.step()
+    return train
+
+
+@checked
+def check_precomputed_fix(train_classifier: Callable[..., Any]) -> CheckResult:
+    """Exercise 3: ``train_classifier(model, optimizer, inputs, labels, steps)`` trains ``model.encoder`` and
+    ``model.head`` together for ``steps`` steps. Run twice on the check's own model, ``.grad`` pre-filled,
+    against reference loops.
+
+    Used by notebook 04_carried_state.
+    """
+    references = {name: _classifier_reference(None if name == "right" else name)
+                  for name in ("right", "encoder frozen", "features once, retained")}
+    _judge_loop(lambda model, optimizer: train_classifier(model, optimizer, *_classifier_data(), 4),
+                _EncoderHead, references, steps=4,
+                hint_error="The features are computed once, so every step backpropagates through the same graph.",
+                hint_wrong="Compute the features from model.encoder inside the loop, every step.")
+    return CheckResult(True, "the features are rebuilt every step, so each backward goes through this step's "
+                             "graph only, and the encoder trains.")

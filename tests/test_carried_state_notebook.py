@@ -1,0 +1,105 @@
+"""Notebook 04's own code, run here: its exercise cells fail their checks, the solutions its markdown hides pass
+them, and the fixed steps of section 5 carry nothing while the broken ones carry what the text says.
+
+The code cells run in order in one namespace, as a kernel would run them (no cell uses IPython magics).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import io
+import json
+import linecache
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "04_carried_state.ipynb"
+
+
+@pytest.fixture(scope="module")
+def notebook() -> dict:
+    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+    namespace: dict = {"__name__": "__main__"}
+    results = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        for index, cell in enumerate(cells):
+            if cell["cell_type"] != "code":
+                continue
+            source = "".join(cell["source"])
+            filename = f"{NOTEBOOK.stem}-cell-{index}.py"  # in linecache, so the finder can quote lines
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            tree = ast.parse(source)
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            exec(compile(tree, filename, "exec"), namespace)
+            if last is not None:
+                results[index] = eval(compile(ast.Expression(last.value), filename, "eval"), namespace)
+    solutions = [re.search(r"```python\n(.*?)```", "".join(c["source"]), re.S).group(1)
+                 for c in cells if c["cell_type"] == "markdown" and "<summary>Solution</summary>" in "".join(c["source"])]
+    return {"namespace": namespace, "results": results, "solutions": solutions}
+
+
+def exercise_results(notebook: dict) -> list:
+    return [r for r in notebook["results"].values() if type(r).__name__ == "CheckResult"]
+
+
+def test_the_three_exercise_cells_fail_their_checks_as_committed(notebook) -> None:
+    results = exercise_results(notebook)
+    assert len(results) == 3
+    assert not any(results), results
+
+
+def test_each_hidden_solution_passes_its_check(notebook) -> None:
+    namespace, solutions = notebook["namespace"], notebook["solutions"]
+    assert len(solutions) == 3
+    first = eval(solutions[0].strip(), namespace)
+    assert first, repr(first)
+    exec(solutions[1], namespace)
+    assert namespace["bt"].check_truncated_bptt(namespace["train_truncated"]), "exercise 2's solution"
+    exec(solutions[2], namespace)
+    assert namespace["bt"].check_precomputed_fix(namespace["train_classifier"]), "exercise 3's solution"
+
+
+@pytest.mark.parametrize(("broken", "fixed"), [
+    ("step_precomputed", "step_precomputed_fixed"), ("step_total", "step_total_fixed"),
+    ("step_module_state", "step_module_state_fixed"), ("step_bank", "step_bank_fixed"),
+    ("step_policy", "step_policy_fixed"), ("step_average", None), ("train_step", None),
+])
+def test_each_carrier_is_found_and_each_fix_carries_nothing(notebook, broken, fixed) -> None:
+    namespace = notebook["namespace"]
+    torch = namespace["torch"]
+    # Each step starts from the state its own cell set up, not what later cells left behind.
+    namespace.update(h=torch.zeros(4, 64), total_loss=0.0, bank=[], average=torch.zeros(16))
+    namespace["remembers"].memory = torch.zeros(1, 8)
+    models = [v for v in namespace.values() if isinstance(v, torch.nn.Module)]
+    optimizers = [v for v in namespace.values() if isinstance(v, torch.optim.Optimizer)]
+    before = [p.detach().clone() for model in models for p in model.parameters()]
+    find = functools.partial(namespace["bt"].find_carried_graph, models=models, optimizers=optimizers)
+    report = find(namespace[broken])
+    assert report.found and "second time" in (report.error or ""), str(report)
+    if fixed is not None:
+        clean = find(namespace[fixed])
+        assert not clean.found and clean.error is None, str(clean)
+    after = [p.detach() for model in models for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after)), "the finder did not put the weights back"
+
+
+def test_retaining_walks_and_keeps_one_more_batch_per_iteration_and_detaching_stays_flat(notebook) -> None:
+    growth = notebook["namespace"]["growth"]
+    nodes, kept = growth.backward_nodes["retain_graph=True"], growth.graph_only_bytes["retain_graph=True"]
+    assert len({b - a for a, b in zip(nodes, nodes[1:])}) == 1 and nodes[1] > nodes[0]
+    assert kept == [kept[0] * k for k in range(1, len(kept) + 1)] and kept[0] > 0
+    assert len(set(growth.backward_nodes["h = h.detach()"])) == 1
+    assert set(growth.graph_only_bytes["h = h.detach()"]) == {0}
+
+
+def test_the_truncated_gradient_nears_the_full_one_as_the_window_grows(notebook) -> None:
+    """The ignored cell's figures: the difference shrinks with k, is clear at k = 4, and is nil at k = 64."""
+    namespace = notebook["namespace"]
+    full, windows = namespace["full"], namespace["windows"]
+    differences = [float((windows[k] - full).norm() / full.norm()) for k in (4, 8, 16, 32, 64)]
+    assert all(a > b for a, b in zip(differences, differences[1:])), differences
+    assert differences[0] > 0.05 and differences[-1] < 1e-6, differences

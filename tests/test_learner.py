@@ -1,0 +1,108 @@
+"""helpers/learner.py: what the tools that run a learner's step share (input checks, the optimizer guard, the
+names a step knows, notebook cells named as tracebacks name them)."""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import types
+
+import pytest
+import torch
+
+from helpers.learner import as_items, check_step, known_names, learner_line, passed_optimizers_only, place
+
+
+class FakeCompiler:
+    """IPython's compiler, as far as place uses it: cell files it knows, by execution count."""
+
+    def __init__(self, cells: dict[str, int]) -> None:
+        self.cells = cells
+
+    def format_code_name(self, name: str):
+        return ("Cell", f"In[{self.cells[name]}]") if name in self.cells else None
+
+
+def test_cells_are_named_as_tracebacks_name_them(monkeypatch) -> None:
+    shell = types.SimpleNamespace(compile=FakeCompiler({"/tmp/ipykernel_41/2901.py": 7}))
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    assert place("/tmp/ipykernel_41/2901.py", 3) == "Cell In[7], line 3"
+    assert place("/a/train.py", 9) == "/a/train.py:9"
+
+
+def test_outside_ipython_a_cell_file_keeps_its_path(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: None))
+    assert place("/tmp/ipykernel_41/2901.py", 3) == "/tmp/ipykernel_41/2901.py:3"
+    monkeypatch.delitem(sys.modules, "IPython")
+    assert place("/tmp/ipykernel_41/2901.py", 3) == "/tmp/ipykernel_41/2901.py:3"
+
+
+def test_the_learners_line_is_the_first_frame_of_their_own_code_named_as_a_cell(monkeypatch) -> None:
+    shell = types.SimpleNamespace(compile=FakeCompiler({"/tmp/ipykernel_1/123.py": 7}))
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    source = "import sys\nframe = sys._getframe()\n"
+    linecache.cache["/tmp/ipykernel_1/123.py"] = (len(source), None, source.splitlines(True), "/tmp/ipykernel_1/123.py")
+    namespace: dict = {}
+    exec(compile(source, "/tmp/ipykernel_1/123.py", "exec"), namespace)
+    try:
+        assert learner_line(namespace["frame"], skipped=()) == "Cell In[7], line 2: frame = sys._getframe()"
+        skipping_tmp = learner_line(namespace["frame"], skipped=("/tmp/",))  # the next frame out: this test
+        assert skipping_tmp.startswith(f"{__file__}:") and "skipping_tmp = learner_line" in skipping_tmp
+    finally:
+        del linecache.cache["/tmp/ipykernel_1/123.py"]
+
+
+def test_check_step_names_the_tool_and_what_to_do() -> None:
+    def train(model, batch, *, lr, log=False, **extra):
+        pass
+
+    with pytest.raises(TypeError) as error:
+        check_step(train, "diagnose")
+    assert str(error.value) == ("diagnose takes a step with no arguments; yours needs (model, batch, lr): wrap it, "
+                                "e.g. lambda: train(model, batch, lr=lr)")
+    with pytest.raises(TypeError, match="^gradient_check takes a step: a function of no arguments .*got int$"):
+        check_step(3, "gradient_check")
+    check_step(lambda *args, scale=1.0: None)  # nothing required: fine
+
+
+def test_as_items_takes_one_a_list_or_a_dicts_values() -> None:
+    a, b = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    assert as_items(a, torch.nn.Module, "models", "torch.nn.Module") == (a,)
+    assert as_items([a, b], torch.nn.Module, "models", "torch.nn.Module") == (a, b)
+    assert as_items({"D": a, "G": b}, torch.nn.Module, "models", "torch.nn.Module") == (a, b)
+    with pytest.raises(TypeError, match="^tool: models must be a torch.nn.Module or a list of them; got str$"):
+        as_items("net", torch.nn.Module, "models", "torch.nn.Module", "tool")
+
+
+def test_known_names_come_from_the_closure_then_the_globals_read() -> None:
+    net = torch.nn.Linear(1, 1)
+
+    def step():
+        return net, torch
+
+    assert known_names(step) == {"net": net, "torch": torch}
+    assert known_names(print) == {}
+
+
+def test_an_optimizer_nobody_passed_is_stopped_before_it_steps() -> None:
+    net = torch.nn.Linear(2, 1)
+    known, stranger = torch.optim.SGD(net.parameters(), lr=1.0), torch.optim.SGD(net.parameters(), lr=1.0)
+    stepped: list[int] = []
+    stranger.register_step_post_hook(lambda *args: stepped.append(1))
+
+    def step():
+        net(torch.ones(1, 2)).sum().backward()
+        known.step()
+        try:
+            stranger.step()
+        except Exception:  # a step's own except must not swallow the guard
+            pass
+
+    with pytest.raises(ValueError, match=r"^tool: the step calls stranger \(SGD\)\.step\(\), an optimizer not in "
+                                         r"optimizers: pass every optimizer"):
+        with passed_optimizers_only(step, (known,), "tool"):
+            step()
+    assert stepped == []  # stopped before its update
+    with passed_optimizers_only(step, (known, stranger), "tool"):
+        step()  # both passed: nothing to stop
+    known.step()  # outside: no guard left behind
