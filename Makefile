@@ -13,14 +13,14 @@ NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sani
 # JupyterLab refuses to run as root unless told to; containers and CI run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test test-portable bench setup setup-test dot browser execute-notebooks clean
+.PHONY: lab test test-portable bench setup setup-test dot browser execute-notebooks html site-for-tests npm a11y-for-tests clean
 
 lab: setup dot
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 # tests/browser/ (JupyterLab in Chromium, marker `browser`) is collected with the rest; skip it with
 # PYTEST_ARGS="-m 'not browser'".
-test: setup-test dot browser
+test: setup-test dot browser site-for-tests a11y-for-tests
 	$(PY) -m pytest $(NBVAL_ARGS) $(PYTEST_ARGS) tests notebooks
 	@$(MAKE) --no-print-directory test-portable
 
@@ -61,9 +61,49 @@ browser:
 execute-notebooks: setup dot
 	$(VENV)/bin/jupyter execute --inplace notebooks/*.ipynb
 
+# The offline copy: site/ (an index, one page per notebook from its committed outputs, the Chinese
+# pages) and site.zip, for reading without a network. nbconvert's CDN scripts are replaced by the widget
+# renderer that npm installs here from the pinned package-lock.json (npm ci, once: the stamp records it);
+# scripts/build_site.py itself rebuilds only when a notebook, page or template changed.
+SITE_NPM := build/site-npm
+SITE_NPM_STAMP := $(SITE_NPM)/.installed
+html: setup $(SITE_NPM_STAMP)
+	$(PY) scripts/build_site.py
+
+$(SITE_NPM_STAMP): scripts/site/package.json scripts/site/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { bash scripts/ensure-npm.sh; command -v npm >/dev/null 2>&1; } || \
+		{ echo "make html needs npm: sudo apt-get install -y npm" >&2; exit 1; }
+	mkdir -p $(SITE_NPM)
+	cp scripts/site/package.json scripts/site/package-lock.json $(SITE_NPM)/
+	cd $(SITE_NPM) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
+
+# npm for the offline copy: apt-get when root on Debian/Ubuntu, otherwise the command to run.
+npm:
+	@bash scripts/ensure-npm.sh
+
+# make test builds the offline copy its tests read (tests/test_site.py, tests/browser/test_offline_site.py);
+# without npm they skip (ensure-npm.sh fails instead under CI=true), as the browser tests do without Chromium.
+site-for-tests: setup npm
+	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory html; fi
+
+# axe-core for the accessibility browser test (tests/browser/test_dark_theme_and_axe.py), pinned in
+# scripts/a11y/package-lock.json and installed with npm ci into build/a11y-npm/ (once: the stamp records it).
+# Without npm that test skips (ensure-npm.sh fails instead under CI=true), like the site tests.
+A11Y_NPM := build/a11y-npm
+A11Y_NPM_STAMP := $(A11Y_NPM)/.installed
+$(A11Y_NPM_STAMP): scripts/a11y/package.json scripts/a11y/package-lock.json
+	mkdir -p $(A11Y_NPM)
+	cp scripts/a11y/package.json scripts/a11y/package-lock.json $(A11Y_NPM)/
+	cd $(A11Y_NPM) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
+
+a11y-for-tests: npm
+	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory $(A11Y_NPM_STAMP); fi
+
 bench: setup-test dot
 	$(PY) benchmarks/bench_meter.py
 	$(PY) benchmarks/bench_notebook.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache $(SITE_NPM) $(A11Y_NPM) site site.zip

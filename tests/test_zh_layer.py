@@ -1,0 +1,281 @@
+"""The Chinese layer (README.zh-CN.md, docs/zh/, docs/glossary.md) stays in step with the notebooks.
+
+Every notebook has its page ``docs/zh/NAME.md`` and every page its notebook. A page cites a figure from its
+notebook's committed outputs by wrapping it in a marker, which GitHub and the offline copy do not show:
+
+* ``<!--fig-->258.8 KiB<!--/fig-->``: a figure an output prints that nbval compares (a cell without the
+  ``nbval-ignore-output`` tag), so it is the same on every machine. The text between the markers must occur
+  verbatim in those outputs (runs of spaces may differ), not as part of a longer number or word.
+* ``<!--fig:varies-->1.38x<!--/fig-->``: a machine-dependent figure (a time, a profiler peak, a training
+  result) from an ``nbval-ignore-output`` cell. Its value changes whenever the notebook is re-executed, so
+  only its form is checked: the text with every run of digits taken as any number must occur in those
+  outputs. The page must say it is this run's figure.
+
+A number with a unit (B, KiB, MiB, GiB, ms, s, %, x, 倍) outside code and outside a marker fails, so no
+measured figure goes unchecked. Links from these files to notebooks must land on a heading that exists
+(the anchor nbconvert and JupyterLab give it), and every other relative link on a file that exists.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+ZH = ROOT / "docs" / "zh"
+PAGES = sorted(ZH.glob("*.md"))
+LAYER = [ROOT / "README.zh-CN.md", ROOT / "docs" / "glossary.md", *PAGES]
+# The H2 headings of every page, in this order.
+PARTS = ["问题", "你会看到什么", "流行说法与实测", "规则"]
+IGNORED = "nbval-ignore-output"
+KINDS = {None: "compared", "varies": "varies"}
+
+MARKER = re.compile(r"<!--\s*fig(?::(?P<kind>[\w-]+))?\s*-->(?P<text>.*?)<!--\s*/fig\s*-->", re.DOTALL)
+ANY_MARKER = re.compile(r"<!--\s*/?\s*fig\b[^>]*-->")
+LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]*)\]\((?P<target><[^>]*>|[^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)", re.DOTALL)
+# A measured figure: a number and a unit (Latin units end at a word boundary; 倍 may run into the next word).
+UNIT_FIGURE = re.compile(r"(?<![A-Za-z0-9_.,])\d[\d,]*(?:\.\d+)?\s*"
+                         r"(?:(?:B|KiB|MiB|GiB|ms|µs|s|%|x|×)(?![A-Za-z0-9_])|倍)")
+
+
+# -- reading the notebooks --------------------------------------------------------------------------
+def output_text(output: dict) -> str:
+    if output.get("output_type") == "stream":
+        return "".join(output.get("text", ""))
+    data = output.get("data", {})
+    parts = ["".join(data.get("text/plain", ""))]
+    if "text/html" in data:
+        parts.append(html.unescape(re.sub(r"<[^>]+>", " ", "".join(data["text/html"]))))
+    return "\n".join(parts)
+
+
+def outputs(notebook: Path) -> dict[str, str]:
+    """The committed outputs' text: 'compared' (cells nbval compares) and 'varies' (nbval-ignore-output).
+
+    Error outputs (tracebacks) are never compared by nbval, so they count in neither.
+    """
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    found = {"compared": [], "varies": []}
+    for cell in cells:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] != "code" or "nbval-skip" in tags:
+            continue
+        texts = [output_text(output) for output in cell.get("outputs", []) if output.get("output_type") != "error"]
+        found["varies" if IGNORED in tags else "compared"] += texts
+    return {kind: "\n".join(texts) for kind, texts in found.items()}
+
+
+def heading_anchors(notebook: Path) -> set[str]:
+    """The ids nbconvert (and so nbviewer and the offline copy) gives the notebook's headings; JupyterLab
+    makes the same ones from the heading text."""
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    anchors = set()
+    for cell in cells:
+        if cell["cell_type"] == "markdown":
+            source = "".join(cell["source"])
+            anchors |= set(re.findall(r'<h[1-6] id="([^"]+)"', markdown2html_mistune(source)))
+    return {unquote(anchor) for anchor in anchors}
+
+
+def markdown_anchors(path: Path) -> set[str]:
+    """GitHub's anchors for a Markdown file's headings (lower case, punctuation dropped, spaces as '-')."""
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#{1,6}\s+(.+)$", text, re.MULTILINE)}
+
+
+# -- reading the pages ------------------------------------------------------------------------------
+def line_of(text: str, index: int) -> int:
+    return text.count("\n", 0, index) + 1
+
+
+def prose(text: str) -> str:
+    """The text a reader sees as prose: code blocks, code spans, markers with their figures, link targets
+    and other comments blanked out (same length, so line numbers still hold)."""
+    blank = lambda match: re.sub(r"[^\n]", " ", match.group(0))  # noqa: E731
+    for pattern in (FENCE, CODE_SPAN, MARKER, re.compile(r"<!--.*?-->", re.DOTALL), re.compile(r"\]\([^)]*\)")):
+        text = pattern.sub(blank, text)
+    return text
+
+
+def figure_pattern(figure: str, kind: str) -> re.Pattern:
+    """The figure as it must occur in the outputs: verbatim ('compared') or with any digits ('varies')."""
+    pieces = re.split(r"(\d+|\s+)", figure.strip())
+    parts = []
+    for piece in pieces:
+        if not piece:
+            continue
+        if piece.isspace():
+            parts.append(r"\s+")
+        elif piece.isdigit() and kind == "varies":
+            parts.append(r"\d+")
+        else:
+            parts.append(re.escape(piece))
+    return re.compile(r"(?<![A-Za-z0-9_.,])" + "".join(parts) + r"(?![A-Za-z0-9_]|[.,]\d)")
+
+
+def page_id(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+# -- tests --------------------------------------------------------------------------------------------
+def test_every_notebook_has_a_chinese_page() -> None:
+    assert NOTEBOOKS, "no notebooks under notebooks/"
+    missing = [notebook.name for notebook in NOTEBOOKS if not (ZH / f"{notebook.stem}.md").exists()]
+    assert not missing, (
+        f"notebooks without a Chinese page in docs/zh/: {', '.join(missing)}. Write docs/zh/NAME.md from the "
+        "notebook's committed outputs, in the form of docs/zh/01_graph_buffers.md (see this file's docstring "
+        "for citing figures), and add it to README.zh-CN.md's course map.")
+
+
+def test_every_chinese_page_belongs_to_a_notebook() -> None:
+    orphans = [page.name for page in PAGES if not (ROOT / "notebooks" / f"{page.stem}.ipynb").exists()]
+    assert not orphans, f"docs/zh/ pages without a notebook of the same name: {', '.join(orphans)}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda path: path.stem)
+def test_page_has_the_four_parts_and_links_its_notebook(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    headings = re.findall(r"^##\s+(.+?)\s*$", FENCE.sub("", text), re.MULTILINE)
+    present = [part for part in PARTS if part in headings]
+    assert present == PARTS and [h for h in headings if h in PARTS] == PARTS, (
+        f"{page_id(page)}: expected the sections {' / '.join('## ' + p for p in PARTS)} in this order; "
+        f"found {headings}")
+    targets = [match.group("target").strip("<>") for match in LINK.finditer(text)]
+    own = f"../../notebooks/{page.stem}.ipynb"
+    assert own in [target.split("#")[0] for target in targets], f"{page_id(page)} never links to {own}"
+    assert any(target.startswith(own + "#") for target in targets), f"{page_id(page)} links to no section of {own}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda path: path.stem)
+def test_cited_figures_are_in_the_notebooks_committed_outputs(page: Path) -> None:
+    notebook = ROOT / "notebooks" / f"{page.stem}.ipynb"
+    if not notebook.exists():
+        pytest.skip(f"no notebook {notebook.name} (reported by test_every_chinese_page_belongs_to_a_notebook)")
+    text = page.read_text(encoding="utf-8")
+    printed = outputs(notebook)
+    markers = list(MARKER.finditer(text))
+    assert markers, f"{page_id(page)} cites no figure from {notebook.name} (wrap each in <!--fig-->...<!--/fig-->)"
+    problems = []
+    for match in markers:
+        kind, figure = KINDS.get(match.group("kind")), match.group("text").strip()
+        where = f"{page_id(page)}, line {line_of(text, match.start())}: {figure!r}"
+        if not figure or kind is None or ANY_MARKER.search(figure):
+            continue  # reported by test_markers_are_well_formed
+        if figure_pattern(figure, kind).search(printed[kind]):
+            continue
+        if kind == "compared" and figure_pattern(figure, "compared").search(printed["varies"]):
+            problems.append(f"{where} is printed only by an {IGNORED} cell of {notebook.name}, whose value "
+                            "changes from machine to machine: cite it as <!--fig:varies-->...<!--/fig--> "
+                            "(and say it is this run's figure), or cite a compared output")
+        elif kind == "compared":
+            problems.append(f"{where} is not in the compared outputs of {notebook.name} (the figure changed, or "
+                            "the notebook no longer prints it): update the page from the committed outputs")
+        elif figure_pattern(figure, "compared").search(printed["compared"]):
+            problems.append(f"{where} is marked fig:varies, but {notebook.name} prints it in an output that nbval "
+                            "compares, the same on every machine: cite it as <!--fig-->...<!--/fig-->")
+        else:
+            problems.append(f"{where}: no figure of this form in the {IGNORED} outputs of {notebook.name}")
+    assert not problems, "figures the Chinese page cites that its notebook does not print:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda path: path.stem)
+def test_measured_figures_are_all_marked(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    seen = prose(text)
+    unmarked = [f"line {line_of(seen, m.start())}: {m.group(0)!r}" for m in UNIT_FIGURE.finditer(seen)]
+    assert not unmarked, (f"{page_id(page)}: measured figures outside <!--fig-->...<!--/fig--> markers, which "
+                          "no test checks against the notebook:\n" + "\n".join(unmarked))
+
+
+@pytest.mark.parametrize("path", LAYER, ids=lambda path: page_id(path))
+def test_markers_are_well_formed(path: Path) -> None:
+    if not path.exists():
+        pytest.skip(f"{page_id(path)} does not exist")
+    text = path.read_text(encoding="utf-8")
+    problems = []
+    in_code = [m.group(0)[:60] for pattern in (FENCE, CODE_SPAN) for m in pattern.finditer(text)
+               if ANY_MARKER.search(m.group(0))]
+    if in_code and path.parent == ZH:
+        problems.append(f"markers inside code, where they show as text and cite nothing: {in_code}")
+    for pattern in (FENCE, CODE_SPAN):  # code may show the convention (README.zh-CN.md does)
+        text = pattern.sub(lambda match: re.sub(r"[^\n]", " ", match.group(0)), text)
+    for match in MARKER.finditer(text):
+        where = f"line {line_of(text, match.start())}"
+        if match.group("kind") not in KINDS:
+            problems.append(f"{where}: unknown kind fig:{match.group('kind')} (use <!--fig--> or <!--fig:varies-->)")
+        if not match.group("text").strip() or "\n\n" in match.group("text") or ANY_MARKER.search(match.group("text")):
+            problems.append(f"{where}: a marker must wrap one figure: {match.group(0)[:80]!r}")
+    starts = [line_of(text, m.start()) for m in re.finditer(r"^[ \t]*(?:>[ \t]*)?<!--\s*/?\s*fig", text, re.MULTILINE)]
+    if starts:
+        problems.append(f"lines {starts} start with a marker, which Markdown reads as the start of an HTML block "
+                        "(it splits the paragraph): put text before it on the same line")
+    leftovers = ANY_MARKER.findall(MARKER.sub("", text))
+    if leftovers:
+        problems.append(f"unpaired markers: {leftovers}")
+    if path.parent != ZH and MARKER.search(text):
+        problems.append("figures are cited only in docs/zh/ pages, each of which belongs to one notebook")
+    assert not problems, f"{page_id(path)}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", LAYER, ids=lambda path: page_id(path))
+def test_links_land_on_files_and_headings_that_exist(path: Path) -> None:
+    if not path.exists():
+        pytest.skip(f"{page_id(path)} does not exist")
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    broken = []
+    for match in LINK.finditer(text):
+        target = match.group("target").strip("<>")
+        if re.match(r"[a-z][a-z0-9+.-]*:", target, re.IGNORECASE) or target.startswith("//"):
+            continue
+        file_part, _, fragment = target.partition("#")
+        destination = (path.parent / unquote(file_part)).resolve() if file_part else path
+        if not destination.exists():
+            shown = destination.relative_to(ROOT) if ROOT in destination.parents else destination
+            broken.append(f"[{match.group('text')}]({target}): {shown} does not exist")
+            continue
+        if not fragment:
+            continue
+        if destination.suffix == ".ipynb":
+            anchors = heading_anchors(destination)
+        elif destination.suffix == ".md":
+            anchors = markdown_anchors(destination)
+        else:
+            continue
+        if unquote(fragment) not in anchors:
+            broken.append(f"[{match.group('text')}]({target}): {destination.name} has no heading #{fragment}")
+    assert not broken, f"{page_id(path)}: broken links:\n" + "\n".join(broken)
+
+
+def test_readme_links_to_the_chinese_readme_at_the_top() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    top = readme.split("```", 1)[0]
+    assert "README.zh-CN.md" in top, "README.md must link to README.zh-CN.md before its first code block"
+
+
+def test_chinese_readme_covers_what_the_brief_promises() -> None:
+    zh = (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    first_block = re.search(r"```(?:bash|sh)?\n(.*?)```", zh, re.DOTALL)
+    assert first_block and "make lab" in first_block.group(1) and "make test" in first_block.group(1), \
+        "README.zh-CN.md must show the two commands (make lab, make test) in its first code block"
+    links = {match.group("target").strip("<>") for match in LINK.finditer(zh)}
+    for page in PAGES:
+        assert f"docs/zh/{page.name}" in links, f"README.zh-CN.md does not link to docs/zh/{page.name}"
+    assert "docs/glossary.md" in links, "README.zh-CN.md does not link to the glossary"
+    for url in set(re.findall(r"https://mybinder\.org/v2/gh/[^\s)]+", readme)):
+        assert url in zh, f"README.zh-CN.md lacks README.md's Binder link {url}"
+    hub = re.search(r"HUB/hub/user-redirect/git-pull\?[^\s`]+", readme)
+    assert hub and hub.group(0) in zh, "README.zh-CN.md lacks README.md's JupyterHub (nbgitpuller) link"
+    for needed in ("--index-url", "download.pytorch.org/whl/cpu", "make html"):
+        assert needed in zh, f"README.zh-CN.md does not mention {needed}"
