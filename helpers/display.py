@@ -80,10 +80,15 @@ class Table:
 class PngFigure(Figure):
     """A matplotlib Figure with its own Agg canvas that Jupyter shows as a PNG image.
 
+    Its background is white unless ``facecolor`` says otherwise, whatever matplotlib style is in effect: the
+    chart's black text and lines stay readable in JupyterLab's dark theme, where a transparent PNG would show
+    them on a dark page.
+
     Used by the charts of notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("facecolor", "white")
         super().__init__(*args, **kwargs)
         FigureCanvasAgg(self)
 
@@ -93,7 +98,7 @@ class PngFigure(Figure):
     def to_png(self) -> bytes:
         """The figure as PNG bytes."""
         buffer = io.BytesIO()
-        self.savefig(buffer, format="png")
+        self.savefig(buffer, format="png", facecolor=self.get_facecolor(), transparent=False)
         return buffer.getvalue()
 
     def _repr_png_(self) -> bytes:

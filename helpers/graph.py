@@ -12,6 +12,7 @@ Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step and 04_carried_st
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -49,6 +50,11 @@ _FREED_COLOUR = "white"
 _ITERATION_PALETTE = (("#009E73", "black"), ("#CC79A7", "black"), ("#0072B2", "white"), ("#F0E442", "black"),
                       ("#56B4E9", "black"), ("#D55E00", "black"))
 _UNSTAMPED = "before the loop"
+# A white rectangle under the whole drawing. Graphviz paints a white polygon as the background, but when it
+# shrinks a drawing to ``size`` it writes the scale rounded to two decimals, so the polygon can stop a few
+# points short of the picture's right and bottom edges: a dark strip there in JupyterLab's dark theme.
+SVG_BACKGROUND = '<rect width="100%" height="100%" fill="white"/>'
+_FIRST_GROUP = re.compile(r'<g id="graph0"')
 
 DOT_INSTALL_COMMANDS = {
     "Debian/Ubuntu": "sudo apt-get install -y graphviz",
@@ -206,7 +212,8 @@ def _walk(named_roots: list[tuple[str, torch.Tensor]]) -> list[Any]:
 class AutogradGraph(graphviz.Digraph):
     """A graphviz drawing of an autograd graph, with the saved tensors it lists.
 
-    It shows as a picture in Jupyter. When Graphviz's ``dot`` is missing it shows the install
+    It shows as a picture in Jupyter, on a white background of its own (readable in a dark theme too: see
+    :data:`SVG_BACKGROUND`). When Graphviz's ``dot`` is missing it shows the install
     commands and a text rendering instead of a traceback; ``.text`` always holds that rendering.
     Returned by :func:`draw_graph` in notebooks 01_graph_buffers and 02_multi_loss.
 
@@ -228,9 +235,14 @@ class AutogradGraph(graphviz.Digraph):
         if shutil.which("dot") is None:
             return {"text/plain": dot_install_help() + "\n\nThe graph as text:\n" + self.text}
         try:
-            return super()._repr_mimebundle_(include, exclude, **kwargs)
+            bundle = super()._repr_mimebundle_(include, exclude, **kwargs)
         except graphviz.ExecutableNotFound:
             return {"text/plain": dot_install_help() + "\n\nThe graph as text:\n" + self.text}
+        svg = bundle.get("image/svg+xml")
+        if isinstance(svg, str) and SVG_BACKGROUND not in svg:
+            # Readable on any page colour: see SVG_BACKGROUND.
+            bundle["image/svg+xml"] = _FIRST_GROUP.sub(SVG_BACKGROUND + r"\g<0>", svg, count=1)
+        return bundle
 
 
 def _parameter_names(params: Params) -> dict[int, str]:

@@ -133,7 +133,7 @@ class StepCheck:
     def _repr_html_(self) -> str:
         colour = {"error": "#b00020", "silently wrong": "#b00020", "correct": "#1b5e20"}[self.outcome]
         mark = "✓" if self.outcome == "correct" else "✗"
-        return (f"<div style='border:2px solid {colour};padding:6px;margin:4px 0'>"
+        return (f"<div style='border:2px solid {colour};padding:6px;margin:4px 0;background:#ffffff;color:#1f1f1f'>"
                 f"<b style='color:{colour}'>{mark} {html.escape(self.verdict)}</b>"
                 f"<div style='font-size:90%'>{html.escape(self.name)}</div>"
                 f"{self.table()._repr_html_()}</div>")

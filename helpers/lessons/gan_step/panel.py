@@ -13,6 +13,8 @@ from helpers.panels import Panel
 
 __all__ = ["GanLab"]
 
+_CARD = "background:#ffffff;color:#1f1f1f;padding:1px 6px"
+
 # (key, label, tooltip) of each figure the panel shows for the last step it ran.
 _FIGURES = (
     ("d-grad", "D gradient vs reference",
@@ -149,7 +151,8 @@ class GanLab(Panel):
                          f"{counts['correct']} are correct.")
 
     def _show_result(self, result: StepCheck) -> None:
-        self.outcome.value = result._repr_html_()
+        # The verdict's red or green words on a light card of its own, so they stay readable in a dark theme.
+        self.outcome.value = f"<div style='{_CARD}'>{result._repr_html_()}</div>"
         for key, network in (("d-grad", "D"), ("g-grad", "G")):
             check = result.networks.get(network)
             self.values[key].value = "not computed: the step raised" if check is None else check.describe()
