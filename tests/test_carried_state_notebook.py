@@ -66,7 +66,7 @@ def test_each_hidden_solution_passes_its_check(notebook) -> None:
 @pytest.mark.parametrize(("broken", "fixed"), [
     ("step_precomputed", "step_precomputed_fixed"), ("step_total", "step_total_fixed"),
     ("step_module_state", "step_module_state_fixed"), ("step_bank", "step_bank_fixed"),
-    ("step_policy", "step_policy_fixed"), ("step_average", None), ("train_step", None),
+    ("step_policy", "step_policy_fixed"), ("step_average", "step_average_fixed"), ("train_step", None),
 ])
 def test_each_carrier_is_found_and_each_fix_carries_nothing(notebook, broken, fixed) -> None:
     namespace = notebook["namespace"]
