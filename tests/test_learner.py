@@ -38,18 +38,19 @@ def test_outside_ipython_a_cell_file_keeps_its_path(monkeypatch) -> None:
 
 
 def test_the_learners_line_is_the_first_frame_of_their_own_code_named_as_a_cell(monkeypatch) -> None:
-    shell = types.SimpleNamespace(compile=FakeCompiler({"/tmp/ipykernel_1/123.py": 7}))
+    cell_file = "/kernel-cells/ipykernel_1/123.py"  # not under /tmp: a clone of the repository may be there
+    shell = types.SimpleNamespace(compile=FakeCompiler({cell_file: 7}))
     monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
     source = "import sys\nframe = sys._getframe()\n"
-    linecache.cache["/tmp/ipykernel_1/123.py"] = (len(source), None, source.splitlines(True), "/tmp/ipykernel_1/123.py")
+    linecache.cache[cell_file] = (len(source), None, source.splitlines(True), cell_file)
     namespace: dict = {}
-    exec(compile(source, "/tmp/ipykernel_1/123.py", "exec"), namespace)
+    exec(compile(source, cell_file, "exec"), namespace)
     try:
         assert learner_line(namespace["frame"], skipped=()) == "Cell In[7], line 2: frame = sys._getframe()"
-        skipping_tmp = learner_line(namespace["frame"], skipped=("/tmp/",))  # the next frame out: this test
-        assert skipping_tmp.startswith(f"{__file__}:") and "skipping_tmp = learner_line" in skipping_tmp
+        skipping_cells = learner_line(namespace["frame"], skipped=("/kernel-cells/",))  # the next frame out: this test
+        assert skipping_cells.startswith(f"{__file__}:") and "skipping_cells = learner_line" in skipping_cells
     finally:
-        del linecache.cache["/tmp/ipykernel_1/123.py"]
+        del linecache.cache[cell_file]
 
 
 def test_check_step_names_the_tool_and_what_to_do() -> None:
