@@ -8,7 +8,8 @@ panel shares), ``lab`` (the retain_graph panel), ``checks`` (what every exercise
 (error demos that fail when the error stops happening, and the errors' kinds), ``environment`` (the setup
 line), and the tools for a learner's own training step: ``learner`` (what they share: input checks, the
 learner's line), ``carried`` (what carries a graph from one iteration into the next), ``audit`` (which
-``retain_graph=True`` can go) and ``diagnose`` (both, as one prescription).
+``retain_graph=True`` can go), ``diagnose`` (both, as one prescription) and ``magic`` (``%%diagnose``, loaded
+with ``%load_ext helpers.magic``).
 
 ``helpers.lessons`` holds what only one notebook uses: ``graph_buffers`` (01), ``multi_loss`` (02),
 ``gan_step`` (03), ``carried_state`` (04) and ``your_training_step`` (05). The core never imports a lesson

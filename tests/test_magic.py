@@ -1,0 +1,66 @@
+"""helpers/magic.py: %%diagnose runs a pasted loop body as the step, in the notebook's namespace, names its
+lines as the cell's own, puts everything back, and refuses bad input with a clear message."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+from helpers.diagnose import Diagnosis
+
+SETUP = """
+import torch
+cell = torch.nn.RNNCell(3, 4)
+optimizer = torch.optim.SGD(cell.parameters(), lr=0.1)
+h = torch.zeros(2, 4)
+x = torch.ones(2, 3)
+"""
+
+BODY = """optimizer.zero_grad()
+h = cell(x, h)
+h.pow(2).sum().backward()
+optimizer.step()"""
+
+
+@pytest.fixture()
+def shell():
+    shell = InteractiveShell.instance()
+    shell.run_cell("%load_ext helpers.magic", store_history=True)
+    shell.run_cell(SETUP, store_history=True)
+    yield shell
+    shell.run_cell("%unload_ext helpers.magic")
+    InteractiveShell.clear_instance()
+
+
+def run(shell, text: str):
+    return shell.run_cell(text, store_history=True)
+
+
+def test_a_carried_hidden_state_is_found_at_the_cells_own_line_and_put_back(shell) -> None:
+    weights = shell.user_ns["cell"].weight_hh.detach().clone()
+    h_before = shell.user_ns["h"]
+    result = run(shell, f"%%diagnose cell optimizer\n{BODY}")
+    number = result.execution_count
+    diagnosis = result.result
+    assert isinstance(diagnosis, Diagnosis), result.error_in_exec
+    assert diagnosis.carried.found and f"Cell In[{number}], line 3: h = cell(x, h)" in repr(diagnosis)
+    assert shell.user_ns["h"] is h_before and torch.equal(shell.user_ns["cell"].weight_hh, weights)
+
+
+def test_a_step_that_detaches_is_healthy(shell) -> None:
+    body = BODY.replace("h = cell(x, h)", "h = cell(x, h.detach())")
+    diagnosis = run(shell, f"%%diagnose cell optimizer\n{body}").result
+    assert diagnosis.healthy, repr(diagnosis)
+
+
+@pytest.mark.parametrize(("line", "body", "message"), [
+    ("cell optimiser", BODY, "no variable named 'optimiser'"),
+    ("cell x", BODY, "x is a Tensor"),
+    ("cell optimizer", "   \n", "the cell is empty"),
+    ("cell optimizer", "h = = 1", "the cell is not Python"),
+])
+def test_bad_input_is_a_usage_error_with_a_clear_message(shell, capsys, line, body, message) -> None:
+    result = run(shell, f"%%diagnose {line}\n{body}")
+    assert result.result is None
+    assert message in capsys.readouterr().err
