@@ -108,8 +108,7 @@ class CarriedLab(Panel):
         self.loop.add_class("bt-loop")
         self.values, figures = self._figure_rows([
             ("iteration", "iterations run", "Iterations that finished since the last reset"),
-            ("nodes", "nodes walked by backward", "Autograd nodes reachable from the last loss: what its "
-                                                  "backward walks"),
+            ("nodes", "nodes walked", "Autograd nodes reachable from the last loss: what its backward walks"),
             ("graph-only-bytes", "graph-only bytes", "Saved bytes only graphs keep alive after the last "
                                                      "iteration (the meter, on the counted copy)"),
             ("backward-ms", "backward ms", "The last backward's milliseconds (the timed copy, without the "
