@@ -44,7 +44,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from helpers.graph import ITERATION_KEY
-from helpers.learner import learner_line, place, skipped_dirs
+from helpers.learner import known_names, learner_line, place, skipped_dirs
 from helpers.measure import TrainingState
 
 __all__ = ["CarriedGraphReport", "CarriedTensor", "find_carried_graph", "stamp_iteration"]
@@ -262,16 +262,7 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 
 def _holders(step: Callable[[], Any], models: tuple[torch.nn.Module, ...]) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for the tensors the step can reach by name: closure, globals, models, one level in."""
-    code = getattr(step, "__code__", None)
-    roots: list[tuple[str, Any]] = []
-    if code is not None:
-        for name, cell in zip(code.co_freevars, getattr(step, "__closure__", None) or ()):
-            try:
-                roots.append((name, cell.cell_contents))
-            except ValueError:
-                continue
-        names = set(code.co_names).union(*(c.co_names for c in code.co_consts if hasattr(c, "co_names")))
-        roots += [(n, step.__globals__[n]) for n in sorted(names) if n in step.__globals__]
+    roots = list(known_names(step).items())
     # After the step's own names, so that a module the step names keeps that name in the fix.
     roots += [(f"model{i}" if len(models) > 1 else "model", m) for i, m in enumerate(models)]
     for name, value in roots:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from helpers.carried import find_carried_graph
 from helpers.checks import CheckResult, Rejected, checked, flat, run_answer
 from helpers.display import format_bytes
+from helpers.learner import known_names
 from helpers.measure import gradients_close
 from helpers.meter import SavedTensorMeter
 
@@ -34,19 +35,9 @@ _LR = 0.1
 # -- exercise 1: name the carried tensor ------------------------------------------------------------
 
 def _referenced(step: Callable[[], Any], kind: type) -> list[Any]:
-    """The objects of ``kind`` that ``step`` reaches through its closure or the globals it names."""
-    code = step.__code__
-    values = [cell.cell_contents for cell in (step.__closure__ or ()) if _filled(cell)]
-    values += [step.__globals__[n] for n in code.co_names if n in step.__globals__]
-    return [v for v in values if isinstance(v, kind)]
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
+    """The objects of ``kind`` that ``step`` knows by name (its closure, the globals it reads), each once."""
+    found = {id(v): v for v in known_names(step).values() if isinstance(v, kind)}
+    return list(found.values())
 
 
 def _matches(answer: str, name: str) -> bool:
