@@ -57,7 +57,7 @@ def _statement_site() -> tuple[int, int] | None:
     reassigned), named by (frame id, instruction): it walks out of torch's frames to the statement
     that dropped the graph. Every release caused by one statement reports the same site.
     """
-    frame = sys._getframe(3)  # _statement_site <- _release_last <- _SavedBox.__del__ <- what freed it
+    frame = sys._getframe(3)  # _statement_site <- _sample_peak <- _SavedBox.__del__ <- what freed it
     while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
         frame = frame.f_back
     return None if frame is None else (id(frame), frame.f_lasti)
@@ -79,7 +79,7 @@ class _StorageEntry:
         self.meter = meter
         self.key = key  # the address of the C++ storage
         self.nbytes = nbytes
-        self.boxes = 0
+        self.boxes = 1  # created for the box being packed
         self.confirmed = False
 
 
@@ -110,12 +110,29 @@ class _SavedBox:
         entry = self.entry
         meter = entry.meter
         meter._saved_tensors -= 1
-        if entry.boxes > 1:
+        boxes = entry.boxes
+        if boxes > 1:
             # Not the storage's last box: its tensor, one owner, goes with it, so whether the
             # storage is graph-only does not change.
-            entry.boxes -= 1
+            entry.boxes = boxes - 1
+            return
+        # The storage's last box is going: the storage leaves the meter. If it is graph-only (its
+        # owners: this box's tensor and the wrapper), graph-only bytes fall now, so this may be
+        # the peak: sample it, once per burst. A burst is one backward call (named by its id) or
+        # one statement of Python code.
+        task = _graph_task_id()
+        if task != -1 and task == meter._burst_task and not meter._sample_next_release:
+            pass  # this backward call's burst is sampled already: no need to ask who owns the storage
+        elif entry.confirmed or _storage_use_count(entry.key) == 2:  # type: ignore[misc]  # checked in __init__
+            meter._sample_peak(task)  # counts this storage: its box is still counted
+        entry.boxes = 0
+        key = entry.key
+        del meter._entries[key]
+        meter._saved_bytes -= entry.nbytes
+        if entry.confirmed:
+            meter._confirmed_bytes -= entry.nbytes
         else:
-            meter._release_last(entry)
+            del meter._unconfirmed[key]
 
 
 @dataclass(frozen=True)
@@ -183,6 +200,7 @@ class SavedTensorMeter:
         # its first release that lowers graph-only bytes; a pack or a read since the last sample
         # starts a new burst even at the same site (a loop repeats the same statement).
         self._burst_site: tuple[int, int] | None = None
+        self._burst_task = -1
         self._sample_next_release = True
         if _storage_use_count is None:
             raise RuntimeError(
@@ -234,9 +252,10 @@ class SavedTensorMeter:
         if entry is None:
             entry = self._entries[key] = self._unconfirmed[key] = _StorageEntry(self, key, storage.nbytes())
             self._saved_bytes += entry.nbytes
-        elif entry.confirmed:
-            self._unconfirm(entry)  # whoever handed autograd this tensor may still hold it
-        entry.boxes += 1
+        else:
+            if entry.confirmed:
+                self._unconfirm(entry)  # whoever handed autograd this tensor may still hold it
+            entry.boxes += 1
         self._saved_tensors += 1
         self._sample_next_release = True
         return _SavedBox(tensor.detach(), entry)
@@ -263,30 +282,16 @@ class SavedTensorMeter:
         self._confirmed_bytes -= entry.nbytes
         self._unconfirmed[entry.key] = entry
 
-    def _release_last(self, entry: _StorageEntry) -> None:
-        """The storage's last box is going: the storage leaves the meter."""
-        key = entry.key
-        # If the storage is graph-only (its owners: this box's tensor and the wrapper), graph-only
-        # bytes fall now, so this may be the peak: sample it, once per burst. A burst is one
-        # backward call (named by its id) or one statement of Python code.
-        task = _graph_task_id()
-        if task != -1 and not self._sample_next_release and self._burst_site == (-1, task):
-            pass  # this backward call's burst is sampled already: no need to ask who owns the storage
-        elif entry.confirmed or _storage_use_count(key) == 2:  # type: ignore[misc]  # checked in __init__
-            site = (-1, task) if task != -1 else _statement_site()
-            if self._sample_next_release or site != self._burst_site:
-                self._sample_next_release = False
-                self._burst_site = site
-                graph_only = self._graph_only_bytes()
-                if graph_only > self._peak_graph_only:
-                    self._peak_graph_only = graph_only
-        entry.boxes = 0
-        del self._entries[key]
-        self._saved_bytes -= entry.nbytes
-        if entry.confirmed:
-            self._confirmed_bytes -= entry.nbytes
-        else:
-            del self._unconfirmed[key]
+    def _sample_peak(self, task: int) -> None:
+        """Sample the peak before a falling release, unless this burst has been sampled."""
+        site = (-1, task) if task != -1 else _statement_site()
+        if self._sample_next_release or site != self._burst_site:
+            self._sample_next_release = False
+            self._burst_site = site
+            self._burst_task = task
+            graph_only = self._graph_only_bytes()
+            if graph_only > self._peak_graph_only:
+                self._peak_graph_only = graph_only
 
     # -- figures ---------------------------------------------------------------------------
     def _graph_only_bytes(self) -> int:
