@@ -57,8 +57,8 @@ def checker(gan):
 def make_gan(seed=0):
     bt.seed_everything(seed)
     netG, netD = mlp(2, 2), mlp(2, 1)
-    optimizerG = torch.optim.Adam(netG.parameters(), lr=2e-3, betas=(0.5, 0.999))
-    optimizerD = torch.optim.Adam(netD.parameters(), lr=2e-3, betas=(0.5, 0.999))
+    optimizerG = torch.optim.Adam(netG.parameters(), lr=3e-3, betas=(0.5, 0.999))
+    optimizerD = torch.optim.Adam(netD.parameters(), lr=3e-3, betas=(0.5, 0.999))
     return netG, netD, optimizerG, optimizerD
 
 

@@ -154,7 +154,7 @@ def test_training_with_the_correct_step_learns_the_ring():
     eval_real, eval_z = bt.ring_of_gaussians(500, generator=evaluation), torch.randn(500, 2, generator=evaluation)
     with torch.no_grad():
         before = bt.sample_distance(netG(eval_z), eval_real)
-    for _ in range(300):
+    for _ in range(200):
         standard_step(netG, netD, optimizerG, optimizerD, bt.ring_of_gaussians(256, generator=batches),
                       torch.randn(256, 2, generator=batches))
     with torch.no_grad():
