@@ -1,10 +1,16 @@
-"""Shared fixtures: an independent ground truth for saved-tensor bytes, and small seeded models."""
+"""Shared fixtures: an independent ground truth for saved-tensor bytes, small seeded models, and the
+offline copy of the course (built once per session, for tests/test_site.py and the browser test)."""
 
 from __future__ import annotations
 
 import gc
+import importlib.util
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -100,3 +106,32 @@ def make_mlp() -> Callable[..., torch.nn.Module]:
         ).to(device)
 
     return make
+
+
+# -- the offline copy ----------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def site_builder() -> ModuleType:
+    """scripts/build_site.py as a module (scripts/ is not a package)."""
+    if "build_site" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["build_site"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["build_site"]
+
+
+@pytest.fixture(scope="session")
+def site(site_builder: ModuleType) -> Path:
+    """The built offline copy (make html), built now if missing or out of date."""
+    try:
+        return site_builder.ensure_site()
+    except site_builder.SiteBuildError as error:
+        message = f"the offline copy cannot be built: {error}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and {message}", pytrace=False)
+        pytest.skip(message)

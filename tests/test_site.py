@@ -8,18 +8,15 @@ own HTML parser, independently of the regular expressions the builder uses to po
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import posixpath
 import re
-import sys
 import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
+from types import ModuleType
 from urllib.parse import unquote, urlsplit
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -31,30 +28,6 @@ CDN_HOSTS = ("cdnjs.cloudflare.com", "cdn.jsdelivr.net", "unpkg.com", "requirejs
 FETCHING = {"script": ("src",), "link": ("href",), "img": ("src", "srcset"), "iframe": ("src",),
             "source": ("src", "srcset"), "video": ("src", "poster"), "audio": ("src",), "embed": ("src",),
             "object": ("data",), "image": ("href", "xlink:href"), "use": ("href", "xlink:href")}
-
-
-def load_builder():
-    """scripts/build_site.py as a module (scripts/ is not a package); one copy per session."""
-    if "build_site" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["build_site"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["build_site"]
-
-
-builder = load_builder()
-
-
-@pytest.fixture(scope="module")
-def site() -> Path:
-    try:
-        return builder.ensure_site()
-    except builder.SiteBuildError as error:
-        message = f"the offline copy cannot be built: {error}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true and {message}", pytrace=False)
-        pytest.skip(message)
 
 
 class Page(HTMLParser):
@@ -197,28 +170,28 @@ def test_links_between_pages_land_on_a_page_and_a_heading_that_exist(site: Path)
     assert not broken, "broken links in the offline copy:\n" + "\n".join(broken)
 
 
-def test_the_zip_holds_the_whole_site(site: Path) -> None:
+def test_the_zip_holds_the_whole_site(site: Path, site_builder: ModuleType) -> None:
     files = {path.relative_to(site).as_posix() for path in site.rglob("*")
-             if path.is_file() and path.name != builder.BUILD_INFO}
-    with zipfile.ZipFile(builder.SITE_ZIP) as archive:
+             if path.is_file() and path.name != site_builder.BUILD_INFO}
+    with zipfile.ZipFile(site_builder.SITE_ZIP) as archive:
         names = {name.split("/", 1)[1] for name in archive.namelist()}
-        assert all(name.startswith(builder.ZIP_FOLDER + "/") for name in archive.namelist())
+        assert all(name.startswith(site_builder.ZIP_FOLDER + "/") for name in archive.namelist())
     assert names == files
 
 
-def test_a_second_build_rebuilds_nothing(site: Path) -> None:
-    assert builder.build() is False, "the site was rebuilt although no input changed"
+def test_a_second_build_rebuilds_nothing(site: Path, site_builder: ModuleType) -> None:
+    assert site_builder.build() is False, "the site was rebuilt although no input changed"
 
 
-def test_the_builders_own_guard_catches_requests_to_other_hosts() -> None:
+def test_the_builders_own_guard_catches_requests_to_other_hosts(site_builder: ModuleType) -> None:
     # build_site.py refuses to write a page that would contact another host; make sure it would notice.
     for leak in ['<script src="https://cdn.jsdelivr.net/npm/x.js"></script>',
                  "<link rel=stylesheet href='//fonts.example/x.css'>",
                  '<img srcset="a.png 1x, https://example.com/b.png 2x">',
                  "<style>body { background: url(http://x/y.png) }</style>",
                  '<style>@import "https://example.com/x.css";</style>']:
-        assert builder.offline_problems(leak), leak
+        assert site_builder.offline_problems(leak), leak
     for fine in ['<script src="_vendor/html-manager/embed.js"></script>', '<img src="data:image/png;base64,AAAA">',
                  '<a href="https://github.com/pytorch/pytorch/issues/37573">a link is not a request</a>',
                  "<style>/* @import url('https://fonts.googleapis.com/css'); */</style>"]:
-        assert not builder.offline_problems(fine), fine
+        assert not site_builder.offline_problems(fine), fine

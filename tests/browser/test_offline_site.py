@@ -9,10 +9,7 @@ tests skip (fail under CI=true), as the other browser tests do; without the buil
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,28 +34,6 @@ IMAGES_JS = """async () => Promise.all(Array.from(document.querySelectorAll('img
 }))"""
 BUTTONS_JS = """() => Array.from(document.querySelectorAll('.widget-subarea button'))
     .map((b) => b.textContent.trim())"""
-
-
-def load_builder():
-    """scripts/build_site.py as a module (scripts/ is not a package); one copy per session."""
-    if "build_site" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["build_site"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["build_site"]
-
-
-@pytest.fixture(scope="module")
-def site() -> Path:
-    builder = load_builder()
-    try:
-        return builder.ensure_site()
-    except builder.SiteBuildError as error:
-        message = f"the offline copy cannot be built: {error}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true and {message}", pytrace=False)
-        pytest.skip(message)
 
 
 class OfflinePage:
