@@ -15,8 +15,9 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-__all__ = ["PngFigure", "Table", "exact_bytes", "format_bytes"]
+__all__ = ["PngFigure", "Table", "exact_bytes", "format_bytes", "style_count_axes"]
 
 
 def format_bytes(n: int) -> str:
@@ -103,3 +104,16 @@ class PngFigure(Figure):
 
     def _repr_png_(self) -> bytes:
         return self.to_png()
+
+
+def style_count_axes(axes: Any, title: str, xlabel: str, title_size: float | None = None) -> None:
+    """Dress one chart whose x axis counts things (actions, iterations): its title and x label, whole
+    numbers on the x axis, the y axis from 0 (a count of bytes or nodes), a light grid.
+
+    Used by the charts of the lab panels (notebooks 01 and 02) and of notebook 04's carried-state panel.
+    """
+    axes.set_title(title, fontsize=title_size)
+    axes.set_xlabel(xlabel)
+    axes.set_ylim(bottom=0)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.grid(alpha=0.3)

@@ -11,9 +11,8 @@ from typing import Any
 
 import ipywidgets as widgets
 import torch
-from matplotlib.ticker import MaxNLocator
 
-from helpers.display import PngFigure, exact_bytes
+from helpers.display import PngFigure, exact_bytes, style_count_axes
 from helpers.meter import SavedTensorMeter
 from helpers.panels import Panel
 
@@ -307,11 +306,8 @@ class BackwardLab(Panel):
         axes = figure.add_subplot()
         values = [nbytes / 1024 for _, nbytes in self.actions]
         axes.step(range(len(values)), values, where="post", marker="o", markersize=3)
-        axes.set_xlabel("action number (forward, backward, ...)")
+        style_count_axes(axes, "Bytes only the graph keeps alive, after each action",
+                         "action number (forward, backward, ...)")
         axes.set_ylabel("graph-only KiB")
-        axes.set_title("Bytes only the graph keeps alive, after each action")
-        axes.set_ylim(bottom=0)
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axes.grid(alpha=0.3)
         figure.tight_layout()
         return figure.to_png()

@@ -19,9 +19,8 @@ from collections.abc import Callable, Sequence
 
 import ipywidgets as widgets
 import torch
-from matplotlib.ticker import MaxNLocator
 
-from helpers.display import PngFigure, exact_bytes
+from helpers.display import PngFigure, exact_bytes, style_count_axes
 from helpers.errors import error_kind
 from helpers.growth import reachable_nodes
 from helpers.meter import SavedTensorMeter
@@ -219,10 +218,6 @@ class CarriedLab(Panel):
                   "graph-only KiB (meter)"), (self.backward_ms, "backward ms (no meter)")]
         for axes, (values, label) in zip(figure.subplots(1, 3), series):
             axes.plot(range(1, len(values) + 1), values, marker="o", markersize=3)
-            axes.set_title(label, fontsize=10)
-            axes.set_xlabel("iteration")
-            axes.set_ylim(bottom=0)
-            axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-            axes.grid(alpha=0.3)
+            style_count_axes(axes, label, "iteration", title_size=10)
         figure.tight_layout()
         return figure.to_png()
