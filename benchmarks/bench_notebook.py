@@ -7,7 +7,9 @@ A run is timed from starting the kernel until it has shut down, on two clocks:
 * CPU: the user and system CPU seconds of the kernel process and what it ran (Graphviz's dot),
   read from the operating system when the kernel exits. It does not count time spent waiting for a
   core that other work holds, which on a shared 2-core machine moves the wall figure by tens of
-  percent within a minute.
+  percent within a minute; but an operation that PyTorch runs on both cores counts twice, and the
+  floor's idle moments (waiting for the kernel's messages) not at all, so it reads higher than the
+  wall clock for a notebook that computes all the time.
 
 Every notebook run is paired with a floor run just before it, so a drift in the machine's speed hits
 both; each figure is the median over the rounds of the notebook's time divided by its own floor's.
