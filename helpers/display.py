@@ -83,9 +83,11 @@ class PngFigure(Figure):
 
     Its background is white unless ``facecolor`` says otherwise, whatever matplotlib style is in effect: the
     chart's black text and lines stay readable in JupyterLab's dark theme, where a transparent PNG would show
-    them on a dark page.
+    them on a dark page. The PNG goes out with a text description (:meth:`alt_text`) in its output metadata,
+    which the offline copy writes into the image's ``alt`` attribute for screen readers (JupyterLab's own
+    image renderer reads no alt text).
 
-    Used by the charts of notebooks 01_graph_buffers, 02_multi_loss and 03_gan_step.
+    Used by the charts of notebooks 01_graph_buffers to 04_carried_state, and by the panels.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -102,8 +104,26 @@ class PngFigure(Figure):
         self.savefig(buffer, format="png", facecolor=self.get_facecolor(), transparent=False)
         return buffer.getvalue()
 
-    def _repr_png_(self) -> bytes:
-        return self.to_png()
+    def alt_text(self) -> str:
+        """What the chart shows, in words: each panel's title, what it plots against what, and its
+        legend's entries, e.g. 'Chart. Losses: loss against training step (legend: "d_loss", "g_loss").'."""
+        panels = []
+        for axes in self.axes:
+            text = axes.get_title() or "a panel"
+            x, y = axes.get_xlabel(), axes.get_ylabel()
+            if y:
+                text += f": {y}" + (f" against {x}" if x else "")
+            elif x:
+                text += f": against {x}"
+            legend = axes.get_legend()
+            if legend is not None:
+                text += " (legend: " + ", ".join(f'"{entry.get_text()}"' for entry in legend.get_texts()) + ")"
+            panels.append(text)
+        return "Chart. " + ("; ".join(panels) if panels else "empty") + "."
+
+    def _repr_png_(self) -> tuple[bytes, dict[str, str]]:
+        # IPython puts the dict in the output's metadata under "image/png".
+        return self.to_png(), {"alt": self.alt_text()}
 
 
 def style_count_axes(axes: Any, title: str, xlabel: str, title_size: float | None = None) -> None:

@@ -231,7 +231,14 @@ class AutogradGraph(graphviz.Digraph):
         alive = sum(info.alive for info in self.saved)
         return f"{len(self.saved)} saved tensors: {alive} alive, {len(self.saved) - alive} freed"
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any) -> dict[str, str]:
+    def alt_text(self) -> str:
+        """The drawing in words, for screen readers: the summary line, then the text rendering one
+        node per clause (``"op1 PowBackward0 <- op2; saved _saved_self (2, 1) float32 8 B alive; ..."``)."""
+        nodes = "; ".join(line.strip() for line in self.text.splitlines() if line.strip())
+        return f"Autograd graph. {self.summary()}. {nodes}."
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None,
+                          **kwargs: Any) -> dict[str, str] | tuple[dict[str, str], dict[str, dict[str, str]]]:
         if shutil.which("dot") is None:
             return {"text/plain": dot_install_help() + "\n\nThe graph as text:\n" + self.text}
         try:
@@ -239,10 +246,13 @@ class AutogradGraph(graphviz.Digraph):
         except graphviz.ExecutableNotFound:
             return {"text/plain": dot_install_help() + "\n\nThe graph as text:\n" + self.text}
         svg = bundle.get("image/svg+xml")
-        if isinstance(svg, str) and SVG_BACKGROUND not in svg:
+        if not isinstance(svg, str):
+            return bundle
+        if SVG_BACKGROUND not in svg:
             # Readable on any page colour: see SVG_BACKGROUND.
             bundle["image/svg+xml"] = _FIRST_GROUP.sub(SVG_BACKGROUND + r"\g<0>", svg, count=1)
-        return bundle
+        # The output's metadata carries the words; the offline copy writes them into the image's alt.
+        return bundle, {"image/svg+xml": {"alt": self.alt_text()}}
 
 
 def _parameter_names(params: Params) -> dict[int, str]:

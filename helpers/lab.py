@@ -300,8 +300,8 @@ class BackwardLab(Panel):
         """Loss tensors the history list keeps (each with its graph)."""
         return sum(len(losses) for losses in self.kept)
 
-    def chart_png(self) -> bytes:
-        """The chart of graph-only bytes over the actions, as PNG bytes."""
+    def chart_figure(self) -> PngFigure:
+        """The chart of graph-only bytes over the actions."""
         figure = PngFigure(figsize=(7, 2.6), dpi=90)
         axes = figure.add_subplot()
         values = [nbytes / 1024 for _, nbytes in self.actions]
@@ -310,4 +310,4 @@ class BackwardLab(Panel):
                          "action number (forward, backward, ...)")
         axes.set_ylabel("graph-only KiB")
         figure.tight_layout()
-        return figure.to_png()
+        return figure

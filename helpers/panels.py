@@ -17,6 +17,8 @@ import ipywidgets as widgets
 from IPython import get_ipython
 from IPython.display import Image, display
 
+from helpers.display import PngFigure
+
 __all__ = ["Panel"]
 
 _ERROR_BOX = "color:#b00020;background:#fdecea;border-left:4px solid #b00020;padding:4px 8px"
@@ -27,7 +29,7 @@ class Panel:
 
     A subclass builds ``self.panel`` (a widget box) from :meth:`_button`, :meth:`_checkbox` and
     :meth:`_figure_rows`, and ``self.status`` from :meth:`_status_line`; it may override
-    :meth:`chart_png` to show a chart under the panel and :meth:`_after_error` to react to an error.
+    :meth:`chart_figure` to show a chart under the panel and :meth:`_after_error` to react to an error.
     """
 
     panel: widgets.Box
@@ -110,15 +112,27 @@ class Panel:
             self._show_status(message)
 
     # -- chart -----------------------------------------------------------------------------
+    def chart_figure(self) -> PngFigure | None:
+        """The chart under the panel, drawn from the figures now, or None for a panel without one."""
+        return None
+
     def chart_png(self) -> bytes | None:
         """The chart under the panel as PNG bytes, or None for a panel without one."""
-        return None
+        figure = self.chart_figure()
+        return None if figure is None else figure.to_png()
+
+    def _chart_image(self) -> Image | None:
+        figure = self.chart_figure()
+        if figure is None:
+            return None
+        # The chart's description goes into the output's metadata, as a PngFigure shown on its own does.
+        return Image(data=figure.to_png(), format="png", metadata={"alt": figure.alt_text()})
 
     def _ipython_display_(self) -> None:
         display(self.panel)
-        png = self.chart_png()
-        if png is not None:
-            self._chart_handle = display(Image(data=png, format="png"), display_id=True)
+        image = self._chart_image()
+        if image is not None:
+            self._chart_handle = display(image, display_id=True)
 
     def _update_chart(self) -> None:
         if self._chart_handle is None:
@@ -132,9 +146,9 @@ class Panel:
             shell.events.register("post_execute", self._draw_pending_chart)
 
     def _draw_chart(self) -> None:
-        png = self.chart_png()
-        if png is not None and self._chart_handle is not None:
-            self._chart_handle.update(Image(data=png, format="png"))
+        image = self._chart_image()
+        if image is not None and self._chart_handle is not None:
+            self._chart_handle.update(image)
 
     def _draw_pending_chart(self) -> None:
         shell = get_ipython()

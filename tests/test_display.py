@@ -37,6 +37,29 @@ def test_table_text_and_html():
 def test_a_png_figure_shows_as_a_png_without_pyplot() -> None:
     figure = PngFigure(figsize=(2, 1), dpi=50)
     figure.add_subplot().plot([0, 1], [1, 0])
-    png = figure._repr_png_()
+    png, metadata = figure._repr_png_()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and png == figure.to_png()
     assert repr(figure).startswith("<Figure size")
+    assert metadata == {"alt": figure.alt_text()}
+
+
+def test_a_png_figure_describes_itself_for_screen_readers() -> None:
+    figure = PngFigure()
+    assert figure.alt_text() == "Chart. empty."
+    left, right = figure.subplots(1, 2)
+    left.plot([0, 1], label="d_loss")
+    left.plot([1, 0], label="g_loss")
+    left.set(title="Losses", xlabel="training step", ylabel="loss")
+    left.legend()
+    right.set_xlabel("iteration")
+    assert figure.alt_text() == ('Chart. Losses: loss against training step (legend: "d_loss", "g_loss"); '
+                                 "a panel: against iteration.")
+
+
+def test_the_alt_text_reaches_the_output_metadata() -> None:
+    from IPython.core.formatters import DisplayFormatter
+
+    figure = PngFigure()
+    figure.add_subplot().set_title("t")
+    data, metadata = DisplayFormatter().format(figure)
+    assert data["image/png"].startswith(b"\x89PNG") and metadata == {"image/png": {"alt": "Chart. t."}}

@@ -89,10 +89,10 @@ def test_ring_coverage_counts_modes_and_near_points():
 
 def test_figures_render_as_png_and_check_their_input():
     real = ring_of_gaussians(100, generator=torch.Generator().manual_seed(0))
-    png = samples_figure(real, real * 0.5, title="t")._repr_png_()
+    png = samples_figure(real, real * 0.5, title="t").to_png()
     assert png.startswith(b"\x89PNG")
     figure = training_figure(real, real * 0.1, real, [(1.0, 0.5)] * 30)
-    assert figure._repr_png_().startswith(b"\x89PNG")
+    assert figure.to_png().startswith(b"\x89PNG")
     assert "after 30 steps" in figure.axes[1].get_title()
     with pytest.raises(ValueError):
         training_figure(real, real, real, [])

@@ -208,8 +208,23 @@ def test_svg_render_marks_freed_buffers():
 @requires_dot
 def test_repr_mimebundle_with_dot_gives_svg():
     _, _, loss = _build()
-    bundle = draw_graph(loss)._repr_mimebundle_()
+    graph = draw_graph(loss)
+    bundle, metadata = graph._repr_mimebundle_()
     assert "image/svg+xml" in bundle
+    # The words for screen readers: the summary, then every node of the text rendering.
+    alt = metadata["image/svg+xml"]["alt"]
+    assert alt == graph.alt_text() and alt.startswith(f"Autograd graph. {graph.summary()}. output ")
+    assert all(line.strip() in alt for line in graph.text.splitlines())
+
+
+@requires_dot
+def test_the_alt_text_reaches_the_output_metadata():
+    from IPython.core.formatters import DisplayFormatter
+
+    _, _, loss = _build()
+    graph = draw_graph(loss)
+    data, metadata = DisplayFormatter().format(graph)
+    assert "<svg" in data["image/svg+xml"] and metadata == {"image/svg+xml": {"alt": graph.alt_text()}}
 
 
 def _nodes_not_in(fn, known: dict[int, object]) -> list:

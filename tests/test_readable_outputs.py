@@ -35,7 +35,8 @@ def test_a_drawing_shown_in_jupyter_has_a_white_background_under_everything():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     loss = torch.nn.functional.mse_loss(model(torch.randn(5, 3)), torch.randn(5, 1))
     graph = draw_graph(loss, params=dict(model.named_parameters()))
-    svg = graph._repr_mimebundle_()["image/svg+xml"]
+    bundle, _ = graph._repr_mimebundle_()
+    svg = bundle["image/svg+xml"]
     assert svg.count(SVG_BACKGROUND) == 1
     # Painted first: right after the <svg> element opens, before the drawing's group.
     assert re.search(r"<svg\b[^>]*>\s*" + re.escape(SVG_BACKGROUND) + r'<g id="graph0"', svg)

@@ -211,8 +211,8 @@ class CarriedLab(Panel):
         return f"iteration {len(self.backward_ms) + 1}: {error_kind(self.last_error)}"
 
     # -- chart -----------------------------------------------------------------------------
-    def chart_png(self) -> bytes:
-        """Nodes walked, graph-only KiB and backward ms per iteration, side by side, as PNG bytes."""
+    def chart_figure(self) -> PngFigure:
+        """Nodes walked, graph-only KiB and backward ms per iteration, side by side."""
         figure = PngFigure(figsize=(9, 2.5), dpi=90)
         series = [(self.nodes, "nodes walked by backward"), ([b / 1024 for b in self.graph_only_bytes],
                   "graph-only KiB (meter)"), (self.backward_ms, "backward ms (no meter)")]
@@ -220,4 +220,4 @@ class CarriedLab(Panel):
             axes.plot(range(1, len(values) + 1), values, marker="o", markersize=3)
             style_count_axes(axes, label, "iteration", title_size=10)
         figure.tight_layout()
-        return figure.to_png()
+        return figure
