@@ -39,6 +39,7 @@ class Page(HTMLParser):
         self.links: list[str] = []
         self.ids: set[str] = set()
         self.images: list[str] = []
+        self.alts: list[str] = []
         self.styles: list[str] = []
         self._in_style = False
         self.feed(text)
@@ -54,6 +55,7 @@ class Page(HTMLParser):
                 self.fetched += [(tag, attribute, url) for url in urls]
         if tag == "img":
             self.images.append(values.get("src", ""))
+            self.alts.append(values.get("alt", ""))
         if tag == "a" and "href" in values:
             self.links.append(values["href"])
         self._in_style = tag == "style"
@@ -133,6 +135,16 @@ def test_images_are_inline_and_every_image_output_is_there(site: Path) -> None:
         expected = shown_images(committed(notebook))
         assert len(page.images) == expected, (
             f"{notebook.stem}.html shows {len(page.images)} images; {notebook.name} has {expected} image outputs")
+
+
+def test_every_image_says_in_words_what_it_shows(site: Path) -> None:
+    # The course's charts and drawings save a description in their output metadata, and a picture from
+    # another library has one in its cell's "alt" metadata (JupyterLab shows no alt text); the offline
+    # copy writes it into alt, and its generic fallback never appears.
+    for notebook in NOTEBOOKS:
+        page = Page((site / f"{notebook.stem}.html").read_text(encoding="utf-8"))
+        missing = [alt or "(no alt)" for alt in page.alts if not alt.strip() or "no description was saved" in alt]
+        assert not missing, f"{notebook.stem}.html: images without a saved description: {missing}"
 
 
 def test_every_widget_view_and_the_saved_state_are_in_the_page(site: Path) -> None:
