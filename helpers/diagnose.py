@@ -11,7 +11,7 @@ turns their findings into one prescription, ordered by what to fix first.
   "other"), with the learner's line where the audit gives it;
 * the prescription: carried tensors first, then the error when no carried tensor explains it, then the
   retains that can go, the retains that are needed, and the notes (``create_graph``, no verdict). The verdict
-  is "Healthy: ..." when nothing is carried, nothing raised and no retain can go; otherwise "N things to fix".
+  is "Healthy: ..." when nothing is carried, nothing raised and no retain can go; otherwise "N things to fix" (and "and M notes" when the list holds notes).
 
 The diagnosis holds plain data and the two reports (plain data too): no tensor and no graph. Lines in notebook
 cells read as IPython's tracebacks name them ("Cell In[5], line 3: code").
@@ -84,8 +84,12 @@ class Diagnosis:
         if self.healthy:
             return (f"Healthy: no graph carried across {self.carried.iterations_run} iterations, no error, "
                     f"and no retain_graph=True that can go.")
-        count = sum(1 for p in self.prescription if p.to_fix)
-        return f"{count} thing{'' if count == 1 else 's'} to fix, in the order below."
+        fixes = sum(1 for p in self.prescription if p.to_fix)
+        notes = len(self.prescription) - fixes
+        counted = f"{fixes} thing{'' if fixes == 1 else 's'} to fix"
+        if notes:  # the numbered list holds the notes too: the header counts both, so they add up
+            counted += f" and {notes} note{'' if notes == 1 else 's'}"
+        return f"{counted}, in the order below."
 
     def error_text(self) -> str:
         if self.error is None:
