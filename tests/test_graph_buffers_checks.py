@@ -7,6 +7,9 @@ verdict and text, leaving the random stream alone (tests/check_catalogue.py runs
 
 from __future__ import annotations
 
+import collections
+import types
+
 import pytest
 import torch
 
@@ -24,6 +27,7 @@ SOLUTION_PREDICTIONS = {
     "x.mean()": True,
 }
 STARTING_PREDICTIONS = dict.fromkeys(SOLUTION_PREDICTIONS, ...)  # the exercise cell as given
+REVERSED_PREDICTIONS = dict(reversed(list(SOLUTION_PREDICTIONS.items())))
 
 # -- exercise 2: backward three times ------------------------------------------------------------
 
@@ -112,6 +116,55 @@ def three_create_graph(loss):
     loss.backward()
 
 
+def three_from_float(loss):
+    for _ in range(3):
+        torch.tensor(float(loss), requires_grad=True).backward()  # a new leaf: no path back to the weight
+
+
+def three_detached(loss):
+    for _ in range(3):
+        loss.detach().requires_grad_().backward()
+
+
+def three_retain_on_the_first_only(loss):
+    loss.backward(retain_graph=True)
+    loss.backward()
+    loss.backward()
+
+
+def three_thirds(loss):
+    for i in range(3):
+        loss.backward(gradient=torch.tensor(1 / 3), retain_graph=i < 2)
+
+
+def three_create_graph_on_the_last(loss):
+    loss.backward(retain_graph=True)
+    loss.backward(retain_graph=True)
+    loss.backward(create_graph=True)
+
+
+def three_through_clones(loss):
+    for i in range(3):
+        loss.clone().backward(retain_graph=i < 2)  # each pass goes on through loss's own graph
+
+
+def three_ones_gradient(loss):
+    for i in range(3):
+        loss.backward(torch.ones_like(loss), retain_graph=i != 2)
+
+
+def three_with_a_local_counter(loss):
+    count = 0
+    while count < 3:
+        count += 1
+        loss.backward(retain_graph=count < 3)
+
+
+def three_plus_zero_data(loss):
+    for i in range(3):
+        (loss + 0 * loss.data).backward(retain_graph=i < 2)  # .data is a constant here: the gradient is loss's
+
+
 def make_three_with_a_global_counter():
     """A counter kept at module level and never reset: right the first call only."""
     count = 0
@@ -129,16 +182,23 @@ def make_three_with_a_global_counter():
 
 
 def loop(keep=lambda loss: loss.item(), retain=False, zero="before", optimizer=True, stash=None):
-    """The exercise's loop with one thing changed: what it keeps, retain, where it zeroes, which SGD."""
+    """The exercise's loop with one thing changed: what it keeps, retain, how and where it zeroes, which SGD."""
 
     def train(model, batches):
-        sgd = torch.optim.SGD(model.parameters(), lr=0.1) if optimizer else None
+        sgd = (optimizer if callable(optimizer) else torch.optim.SGD)(model.parameters(), lr=0.1) if optimizer else None
         history = []
         for batch in batches:
             if zero == "before":
                 sgd.zero_grad() if sgd else model.zero_grad()
+            elif zero == "to zeros":
+                model.zero_grad(set_to_none=False)
+            elif zero == "by hand":
+                for p in model.parameters():
+                    p.grad = None
             loss = model(batch).pow(2).mean()
             loss.backward(retain_graph=retain)
+            if zero == "before the step":
+                sgd.zero_grad()
             if sgd:
                 sgd.step()
             else:
@@ -153,6 +213,59 @@ def loop(keep=lambda loss: loss.item(), retain=False, zero="before", optimizer=T
         return history
 
     return train
+
+
+def loop_body(body):
+    """A loop whose body, ``body(model, optimizer, batch) -> history item``, is written out in full."""
+
+    def train(model, batches):
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+        return [body(model, sgd, batch) for batch in batches]
+
+    return train
+
+
+def records_after_the_step(model, sgd, batch):  # an extra forward: the loss after the update
+    sgd.zero_grad()
+    model(batch).pow(2).mean().backward()
+    sgd.step()
+    return model(batch).pow(2).mean().item()
+
+
+def forward_twice(model, sgd, batch):  # an extra forward whose graph lives while the second is built
+    sgd.zero_grad()
+    first = model(batch).pow(2).mean()
+    loss = model(batch).pow(2).mean()
+    loss.backward()
+    sgd.step()
+    return first.item()
+
+
+def detach_before_the_loss(model, sgd, batch):
+    sgd.zero_grad()
+    loss = model(batch).detach().pow(2).mean()
+    loss.backward()
+    sgd.step()
+    return loss.item()
+
+
+def two_steps(model, sgd, batch):
+    sgd.zero_grad()
+    loss = model(batch).pow(2).mean()
+    loss.backward()
+    sgd.step()
+    sgd.step()
+    return loss.item()
+
+
+def retain_then_del(model, sgd, batch):
+    sgd.zero_grad()
+    loss = model(batch).pow(2).mean()
+    loss.backward(retain_graph=True)
+    sgd.step()
+    item = loss.item()
+    del loss  # nothing references the retained graph any more: its buffers go now
+    return item
 
 
 def loop_generator(model, batches):
@@ -187,7 +300,19 @@ WRONG = [
     pytest.param(check_predictions, {**SOLUTION_PREDICTIONS, "(x * 2).sum()": True},
                  "1 of 6 predictions are wrong: (x * 2).sum().", id="ex1-python-number-saves-nothing"),
     pytest.param(check_predictions, {k: str(v) for k, v in SOLUTION_PREDICTIONS.items()},
-                 "Fill in True or False for", id="ex1-strings"),
+                 "Each prediction is True or False; (x + w).sum() has 'True' (and 5 more).", id="ex1-strings"),
+    pytest.param(check_predictions, {k: int(v) for k, v in SOLUTION_PREDICTIONS.items()},
+                 "Each prediction is True or False; (x + w).sum() has 1 (and 5 more).", id="ex1-ones-and-zeros"),
+    pytest.param(check_predictions, {**SOLUTION_PREDICTIONS, "x.exp().sum()": None},
+                 "Each prediction is True or False; x.exp().sum() has None.", id="ex1-none"),
+    pytest.param(check_predictions, dict.fromkeys(SOLUTION_PREDICTIONS, False),
+                 "3 of 6 predictions are wrong: (x + w).sum(), x.view(2, 3).sum(), x.mean().", id="ex1-all-false"),
+    pytest.param(check_predictions, {**SOLUTION_PREDICTIONS, "x.mean()": False},
+                 "1 of 6 predictions are wrong: x.mean().", id="ex1-mean-saves-its-input"),
+    pytest.param(check_predictions, {**SOLUTION_PREDICTIONS, "x.sin().sum()": True},
+                 "Unknown expression(s): x.sin().sum(); predict for exactly these: (x + w).sum()", id="ex1-extra-key"),
+    pytest.param(check_predictions, {**STARTING_PREDICTIONS, "x.mean ()": True},
+                 "Unknown expression(s): x.mean ()", id="ex1-misspelt-key"),
     pytest.param(check_predictions, list(SOLUTION_PREDICTIONS.values()), "Give a dict", id="ex1-a-list"),
     # exercise 2
     pytest.param(check_backward_three_times, three_as_given,
@@ -226,6 +351,20 @@ WRONG = [
                  "did not backpropagate through the loss it was given.", id="ex2-counter-never-reset"),
     pytest.param(check_backward_three_times, "backward_three_times", "Pass your function itself",
                  id="ex2-not-a-function"),
+    pytest.param(check_backward_three_times, three_from_float,
+                 "Your function did not backpropagate through the loss it was given.", id="ex2-float-loss",
+                 marks=pytest.mark.filterwarnings(
+                     "ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning")),
+    pytest.param(check_backward_three_times, three_detached,
+                 "Your function did not backpropagate through the loss it was given.", id="ex2-detach-requires-grad"),
+    pytest.param(check_backward_three_times, three_retain_on_the_first_only,
+                 "Your function raised RuntimeError: Trying to backward through the graph a second time",
+                 id="ex2-retain-on-the-first-only"),
+    pytest.param(check_backward_three_times, three_thirds,
+                 "weight.grad is 1.00x one backward's gradient; three backward passes add 3x.", id="ex2-thirds"),
+    pytest.param(check_backward_three_times, three_create_graph_on_the_last, "weight.grad carries a graph of its own",
+                 id="ex2-create-graph-on-the-last", marks=pytest.mark.filterwarnings(
+                     "ignore:Using backward\\(\\) with create_graph=True:UserWarning")),
     # exercise 3
     pytest.param(check_training_loop, loop(keep=lambda loss: loss, retain=True),
                  "The history holds tensors that carry a grad_fn: each one keeps its whole graph", id="ex3-as-given"),
@@ -252,19 +391,45 @@ WRONG = [
                  "Your loop raised RuntimeError: Trying to backward", id="ex3-raises"),
     pytest.param(check_training_loop, lambda model, batches: [0.0] * len(batches),
                  "history[0] is not the loss the given loop records at batch 0.", id="ex3-made-up-numbers"),
+    pytest.param(check_training_loop, loop_body(records_after_the_step),
+                 "history[0] is not the loss the given loop records at batch 0.", id="ex3-extra-forward-after-the-step"),
+    pytest.param(check_training_loop, loop_body(forward_twice),
+                 "During your loop, graphs held up to 4.1 KiB of buffers at once, 2.0x what one batch's graph holds: "
+                 "buffers of an earlier graph were still alive while another was built.", id="ex3-forward-twice"),
+    pytest.param(check_training_loop, loop_body(detach_before_the_loss),
+                 "Your loop raised RuntimeError: element 0 of tensors does not require grad", id="ex3-detach-too-early"),
+    pytest.param(check_training_loop, loop_body(two_steps),
+                 "history[1] is not the loss the given loop records at batch 1.", id="ex3-second-step"),
+    pytest.param(check_training_loop, loop(zero="before the step"),
+                 "history[1] is not the loss the given loop records at batch 1.", id="ex3-zero-grad-before-the-step"),
+    pytest.param(check_training_loop, loop(optimizer=lambda params, lr: torch.optim.SGD(params, lr, momentum=0.9)),
+                 "history[2] is not the loss the given loop records at batch 2.", id="ex3-momentum"),
 ]
 
 RIGHT = [
     pytest.param(check_predictions, SOLUTION_PREDICTIONS, id="ex1-solution"),
     pytest.param(check_backward_three_times, three_solution, id="ex2-solution"),
     pytest.param(check_backward_three_times, three_in_a_loop, id="ex2-loop"),
+    pytest.param(check_predictions, REVERSED_PREDICTIONS, id="ex1-other-order"),
+    pytest.param(check_predictions, collections.OrderedDict(SOLUTION_PREDICTIONS), id="ex1-ordered-dict"),
+    pytest.param(check_predictions, types.MappingProxyType(SOLUTION_PREDICTIONS), id="ex1-read-only-mapping"),
     pytest.param(check_backward_three_times, three_autograd_backward, id="ex2-autograd-backward"),
+    pytest.param(check_backward_three_times, three_through_clones, id="ex2-through-clones"),
+    pytest.param(check_backward_three_times, three_ones_gradient, id="ex2-ones-gradient"),
+    pytest.param(check_backward_three_times, three_with_a_local_counter, id="ex2-local-counter"),
+    pytest.param(check_backward_three_times, three_plus_zero_data, id="ex2-plus-zero-data"),
     pytest.param(check_training_loop, loop(), id="ex3-solution"),
     # float(loss) keeps a number, as .item() does; torch 2.13 also warns that loss requires grad.
     pytest.param(check_training_loop, loop(keep=float), id="ex3-float", marks=pytest.mark.filterwarnings(
         "ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning")),
     pytest.param(check_training_loop, loop(keep=lambda loss: loss.detach()), id="ex3-detach"),
     pytest.param(check_training_loop, loop(optimizer=False), id="ex3-hand-written-sgd"),
+    pytest.param(check_training_loop, loop_body(retain_then_del), id="ex3-retain-then-del"),
+    pytest.param(check_training_loop, loop(keep=lambda loss: loss.data), id="ex3-data"),
+    pytest.param(check_training_loop, loop(keep=lambda loss: float(loss.data)), id="ex3-float-of-data"),
+    pytest.param(check_training_loop, loop(keep=lambda loss: loss.tolist()), id="ex3-tolist"),
+    pytest.param(check_training_loop, loop(zero="by hand"), id="ex3-grad-none-by-hand"),
+    pytest.param(check_training_loop, loop(zero="to zeros"), id="ex3-zero-grad-to-zeros"),
 ]
 
 

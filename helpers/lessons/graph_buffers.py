@@ -70,11 +70,22 @@ def check_predictions(predictions: Mapping[str, bool]) -> CheckResult:
     """
     if not isinstance(predictions, Mapping):
         return CheckResult(False, f"Give a dict of expression -> True/False, not {type(predictions).__name__}.")
-    missing = [e for e in SECOND_BACKWARD_QUESTIONS if not isinstance(predictions.get(e), bool)]
+    given = {expression: predictions[expression] for expression in predictions}  # read once
+    unknown = [str(e) for e in given if e not in SECOND_BACKWARD_QUESTIONS]
+    if unknown:
+        return CheckResult(False, f"Unknown expression(s): {', '.join(unknown)}; predict for exactly these: "
+                                  f"{', '.join(SECOND_BACKWARD_QUESTIONS)}.",
+                           "Keep the dict's keys as the cell gives them.")
+    missing = [e for e in SECOND_BACKWARD_QUESTIONS if given.get(e, ...) is ...]
     if missing:
         return CheckResult(False, f"Fill in True or False for: {', '.join(missing)}.",
                            "Replace each ... with True (second backward works) or False (it raises).")
-    wrong = [e for e in SECOND_BACKWARD_QUESTIONS if predictions[e] != _second_backward_of(e)]
+    other = [e for e in SECOND_BACKWARD_QUESTIONS if type(given[e]) is not bool]
+    if other:
+        return CheckResult(False, f"Each prediction is True or False; {other[0]} has {given[other[0]]!r}"
+                                  + (f" (and {len(other) - 1} more)." if len(other) > 1 else "."),
+                           "Write True (second backward works) or False (it raises), without quotes.")
+    wrong = [e for e in SECOND_BACKWARD_QUESTIONS if given[e] is not _second_backward_of(e)]
     if wrong:
         return CheckResult(
             False, f"{len(wrong)} of {len(SECOND_BACKWARD_QUESTIONS)} predictions are wrong: {', '.join(wrong)}.",
