@@ -10,6 +10,14 @@ notebook's committed outputs by wrapping it in a marker, which GitHub and the of
   result) from an ``nbval-ignore-output`` cell. Its value changes whenever the notebook is re-executed, so
   only its form is checked: the text with every run of digits taken as any number must occur in those
   outputs. The page must say it is this run's figure.
+* ``<!--fig:varies@03_gan_step-->0.89x<!--/fig-->`` (or ``<!--fig@NAME-->``): the same, from another
+  notebook's outputs, for a page that compares its lesson with a later one.
+
+Every page also shows its notebook's key experiment as one or more ``python`` code blocks (5 to 15 lines,
+``import torch`` first, nothing from the notebook's namespace), each followed, after at most one line of
+prose, by a ``text`` block with what it prints. The test runs each block in a fresh interpreter (this
+one's Python, so the course's environment) and compares what it prints, line for line, with the page: a
+page that states a verdict shows the output that gives it.
 
 A number with a unit (B, KiB, MiB, GiB, ms, s, %, x, 倍) outside code and outside a marker fails, so no
 measured figure goes unchecked. Links from these files to notebooks must land on a heading that exists
@@ -20,7 +28,11 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -36,12 +48,20 @@ PARTS = ["问题", "你会看到什么", "流行说法与实测", "规则"]
 IGNORED = "nbval-ignore-output"
 KINDS = {None: "compared", "varies": "varies"}
 
-MARKER = re.compile(r"<!--\s*fig(?::(?P<kind>[\w-]+))?\s*-->(?P<text>.*?)<!--\s*/fig\s*-->", re.DOTALL)
+MARKER = re.compile(r"<!--\s*fig(?::(?P<kind>[\w-]+))?(?:@(?P<notebook>[\w-]+))?\s*-->(?P<text>.*?)"
+                    r"<!--\s*/fig\s*-->", re.DOTALL)
 ANY_MARKER = re.compile(r"<!--\s*/?\s*fig\b[^>]*-->")
 LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]*)\]\((?P<target><[^>]*>|[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)", re.DOTALL)
 # A measured figure: a number and a unit (Latin units end at a word boundary; 倍 may run into the next word).
+PYTHON_BLOCK = re.compile(r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$",
+                          re.DOTALL | re.MULTILINE)
+# What follows a python block: blank lines, at most one line of prose, then the text block it prints.
+PRINTED_BLOCK = re.compile(r"\n(?:[ \t]*\n)*(?:(?![ \t]*```)[^\n]*\S[^\n]*\n(?:[ \t]*\n)*)?"
+                           r"(?P<indent>[ \t]*)```text[ \t]*\n(?P<printed>.*?)^(?P=indent)```[ \t]*$",
+                           re.DOTALL | re.MULTILINE)
+CODE_LINES = range(5, 16)
 UNIT_FIGURE = re.compile(r"(?<![A-Za-z0-9_.,])\d[\d,]*(?:\.\d+)?\s*"
                          r"(?:(?:B|KiB|MiB|GiB|ms|µs|s|%|x|×)(?![A-Za-z0-9_])|倍)")
 
@@ -159,19 +179,22 @@ def test_page_has_the_four_parts_and_links_its_notebook(page: Path) -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda path: path.stem)
 def test_cited_figures_are_in_the_notebooks_committed_outputs(page: Path) -> None:
-    notebook = ROOT / "notebooks" / f"{page.stem}.ipynb"
-    if not notebook.exists():
-        pytest.skip(f"no notebook {notebook.name} (reported by test_every_chinese_page_belongs_to_a_notebook)")
+    own = ROOT / "notebooks" / f"{page.stem}.ipynb"
+    if not own.exists():
+        pytest.skip(f"no notebook {own.name} (reported by test_every_chinese_page_belongs_to_a_notebook)")
     text = page.read_text(encoding="utf-8")
-    printed = outputs(notebook)
     markers = list(MARKER.finditer(text))
-    assert markers, f"{page_id(page)} cites no figure from {notebook.name} (wrap each in <!--fig-->...<!--/fig-->)"
+    assert any(not match.group("notebook") for match in markers), (
+        f"{page_id(page)} cites no figure from {own.name} (wrap each in <!--fig-->...<!--/fig-->)")
+    printed_by: dict[Path, dict[str, str]] = {}
     problems = []
     for match in markers:
         kind, figure = KINDS.get(match.group("kind")), match.group("text").strip()
+        notebook = ROOT / "notebooks" / f"{match.group('notebook') or page.stem}.ipynb"
         where = f"{page_id(page)}, line {line_of(text, match.start())}: {figure!r}"
-        if not figure or kind is None or ANY_MARKER.search(figure):
+        if not figure or kind is None or ANY_MARKER.search(figure) or not notebook.exists():
             continue  # reported by test_markers_are_well_formed
+        printed = printed_by.setdefault(notebook, outputs(notebook))
         if figure_pattern(figure, kind).search(printed[kind]):
             continue
         if kind == "compared" and figure_pattern(figure, "compared").search(printed["varies"]):
@@ -216,6 +239,9 @@ def test_markers_are_well_formed(path: Path) -> None:
             problems.append(f"{where}: unknown kind fig:{match.group('kind')} (use <!--fig--> or <!--fig:varies-->)")
         if not match.group("text").strip() or "\n\n" in match.group("text") or ANY_MARKER.search(match.group("text")):
             problems.append(f"{where}: a marker must wrap one figure: {match.group(0)[:80]!r}")
+        cited = match.group("notebook")
+        if cited and not (ROOT / "notebooks" / f"{cited}.ipynb").exists():
+            problems.append(f"{where}: fig@{cited} names no notebook under notebooks/")
     starts = [line_of(text, m.start()) for m in re.finditer(r"^[ \t]*(?:>[ \t]*)?<!--\s*/?\s*fig", text, re.MULTILINE)]
     if starts:
         problems.append(f"lines {starts} start with a marker, which Markdown reads as the start of an HTML block "
@@ -279,3 +305,60 @@ def test_chinese_readme_covers_what_the_brief_promises() -> None:
     assert hub and hub.group(0) in zh, "README.zh-CN.md lacks README.md's JupyterHub (nbgitpuller) link"
     for needed in ("--index-url", "download.pytorch.org/whl/cpu", "make html"):
         assert needed in zh, f"README.zh-CN.md does not mention {needed}"
+
+
+# -- the pages' code ----------------------------------------------------------------------------------
+def code_blocks(page: Path) -> list[tuple[int, str, str | None]]:
+    """Each python block of the page: its line, its code, and the text block that follows it (None if none)."""
+    text = page.read_text(encoding="utf-8")
+    blocks = []
+    for match in PYTHON_BLOCK.finditer(text):
+        after = PRINTED_BLOCK.match(text, match.end())
+        printed = textwrap.dedent(after.group("printed")) if after else None
+        blocks.append((line_of(text, match.start()), textwrap.dedent(match.group("code")), printed))
+    return blocks
+
+
+def run_code(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The code in a fresh interpreter of this environment, in an empty folder, as a reader would paste it."""
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          encoding="utf-8", timeout=180)
+
+
+BLOCKS = [(page, line, code, printed) for page in PAGES for line, code, printed in code_blocks(page)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda path: path.stem)
+def test_page_shows_a_minimal_runnable_example(page: Path) -> None:
+    blocks = code_blocks(page)
+    assert blocks, (f"{page_id(page)} has no python code block: show the notebook's key experiment in 5 to "
+                    f"{CODE_LINES[-1]} lines of plain PyTorch, followed by a text block with what it prints")
+    problems = []
+    for line, code, printed in blocks:
+        lines = [row for row in code.splitlines() if row.strip()]
+        if len(lines) not in CODE_LINES:
+            problems.append(f"line {line}: {len(lines)} lines of code; a minimal example has "
+                            f"{CODE_LINES[0]} to {CODE_LINES[-1]}")
+        if not re.search(r"^import torch\b", code, re.MULTILINE):
+            problems.append(f"line {line}: the example does not start from `import torch`, so a reader cannot "
+                            "paste it into a fresh interpreter")
+        if printed is None:
+            problems.append(f"line {line}: no ```text block after the code showing what it prints")
+    assert not problems, f"{page_id(page)}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("page, line, code, printed", BLOCKS,
+                         ids=[f"{page.stem}-line{line}" for page, line, _, _ in BLOCKS])
+def test_page_code_runs_and_prints_what_the_page_shows(page: Path, line: int, code: str, printed: str | None,
+                                                       tmp_path: Path) -> None:
+    result = run_code(code, tmp_path)
+    assert result.returncode == 0, (f"{page_id(page)}, the code block at line {line} failed:\n"
+                                    f"{result.stderr[-3000:]}")
+    if printed is None:
+        return  # reported by test_page_shows_a_minimal_runnable_example
+    got = [row.rstrip() for row in result.stdout.rstrip().splitlines()]
+    shown = [row.rstrip() for row in printed.rstrip().splitlines()]
+    assert got == shown, (f"{page_id(page)}, the code block at line {line} prints something other than the "
+                          "text block under it (update the page from the real output, or the code):\n"
+                          f"printed:\n" + "\n".join(got) + "\npage shows:\n" + "\n".join(shown))
