@@ -36,6 +36,7 @@ __all__ = [
     "gradient_problem",
     "gradients_or_zeros",
     "loop_passed",
+    "reject_peak",
     "run_answer",
     "run_loop",
 ]
@@ -139,15 +140,16 @@ def gradient_problem(params: Sequence[torch.Tensor], expected: Sequence[torch.Te
 
 
 def run_loop(train: Callable[..., Any], args: tuple[Any, ...], meter: SavedTensorMeter, expected: Sequence[float],
-              name: Callable[[int], str], where: str, hints: Sequence[str], one_graph: int, limit: float
+              name: Callable[[int], str], where: str, hints: Sequence[str], one_graph: int, limit: float | None
               ) -> tuple[bool, float]:
     """Run a learner's loop under ``meter`` and judge what it returns and what its graphs held.
 
     The history must be a list of one number per batch equal to ``expected`` (tensors without a graph,
     ``loss.detach()``, count as numbers); no buffers may be left after it returns, and the peak during
     it may not exceed ``limit`` (from reference runs). ``hints``: on an error, on what is stored, on the
-    values, on buffers left, on the peak. Returns whether the history held tensors, and the peak in
-    graphs (peak / ``one_graph``), from byte counts, so the same on every CPU.
+    values, on buffers left, on the peak. ``limit=None`` leaves the peak to the caller (:func:`reject_peak`, after
+    its own checks of the gradients). Returns whether the history held tensors, and the peak in graphs
+    (peak / ``one_graph``), from byte counts, so the same on every CPU.
     """
     meter.reset_peak()
     with meter:
@@ -172,11 +174,17 @@ def run_loop(train: Callable[..., Any], args: tuple[Any, ...], meter: SavedTenso
     if left := meter.graph_only_bytes:
         raise Rejected(f"after your loop returned, graphs still hold {format_bytes(left)} of buffers.", hints[3],
                         where)
+    if limit is not None:
+        reject_peak(meter, one_graph, limit, hints[4], where)
+    return bool(tensors), meter.peak_graph_only_bytes / one_graph
+
+
+def reject_peak(meter: SavedTensorMeter, one_graph: int, limit: float, hint: str, where: str) -> None:
+    """Reject a loop whose graph-only bytes during the run (``meter``'s peak) exceeded ``limit``."""
     if (peak := meter.peak_graph_only_bytes) > limit:
         raise Rejected(f"during your loop, graphs held up to {format_bytes(peak)} of buffers at once, "
                         f"{peak / one_graph:.1f}x what one batch's graph holds: buffers of an earlier graph were "
-                        "still alive while another was built.", hints[4], where)
-    return bool(tensors), peak / one_graph
+                        "still alive while another was built.", hint, where)
 
 
 def loop_passed(message: str, graphs: float, had_tensors: bool) -> CheckResult:

@@ -225,6 +225,14 @@ def loop_body(body):
     return train
 
 
+def backward_of_a_float(model, sgd, batch):
+    sgd.zero_grad()
+    loss = model(batch).pow(2).mean()
+    torch.tensor(float(loss), requires_grad=True).backward()  # a new leaf: nothing reaches the model
+    sgd.step()
+    return loss.item()
+
+
 def records_after_the_step(model, sgd, batch):  # an extra forward: the loss after the update
     sgd.zero_grad()
     model(batch).pow(2).mean().backward()
@@ -393,6 +401,10 @@ WRONG = [
                  "history[0] is not the loss the given loop records at batch 0.", id="ex3-made-up-numbers"),
     pytest.param(check_training_loop, loop_body(records_after_the_step),
                  "history[0] is not the loss the given loop records at batch 0.", id="ex3-extra-forward-after-the-step"),
+    pytest.param(check_training_loop, loop_body(backward_of_a_float),
+                 "history[1] is not the loss the given loop records at batch 1.", id="ex3-backward-of-a-float",
+                 marks=pytest.mark.filterwarnings(
+                     "ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning")),
     pytest.param(check_training_loop, loop_body(forward_twice),
                  "During your loop, graphs held up to 4.1 KiB of buffers at once, 2.0x what one batch's graph holds: "
                  "buffers of an earlier graph were still alive while another was built.", id="ex3-forward-twice"),

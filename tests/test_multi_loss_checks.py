@@ -89,6 +89,43 @@ def _leaves(root):
     return found
 
 
+def backward_of_a_float(l1, l2):
+    torch.tensor(float(l1 + l2), requires_grad=True).backward()  # a new leaf: nothing reaches the network
+
+
+def loop_forward_twice(net, batches):
+    history = []
+    for x, labels, targets in batches:
+        l1, _ = two_losses(net, x, labels, targets)
+        _, l2 = two_losses(net, x, labels, targets)  # a second graph, built while the first is alive
+        l1.backward()
+        l2.backward()
+        history.append(l1.item() + l2.item())
+    return history
+
+
+def loop_with_an_optimizer_step(net, batches):
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    history = []
+    for x, labels, targets in batches:
+        l1, l2 = two_losses(net, x, labels, targets)
+        (l1 + l2).backward()
+        optimizer.step()
+        history.append(l1.item() + l2.item())
+    return history
+
+
+def loop_retain_then_del(net, batches):
+    history = []
+    for x, labels, targets in batches:
+        l1, l2 = two_losses(net, x, labels, targets)
+        l1.backward(retain_graph=True)
+        l2.backward()
+        history.append(l1.item() + l2.item())
+        del l1, l2  # l1's head goes now, not in the next forward
+    return history
+
+
 def loop_generator(net, batches):
     for x, labels, targets in batches:
         l1, l2 = two_losses(net, x, labels, targets)
@@ -179,6 +216,24 @@ WRONG = [
                  id="ex1-no-retain"),
     pytest.param(check_two_loss_loop, loop_generator, "yours returned a generator", id="ex1-generator"),
     pytest.param(check_two_loss_loop, lambda net, batches: None, "yours returned None", id="ex1-forgot-return"),
+    pytest.param(check_two_loss_loop, loop(lambda l1, l2: (3 * (l1 + l2)).backward()),
+                 "The gradients are 3.00x the gradient of l1 + l2 summed over the batches.", id="ex1-3-times-the-sum"),
+    pytest.param(check_two_loss_loop, loop(backward_of_a_float),
+                 "Every parameter's .grad is None: no gradient was left in .grad.", id="ex1-backward-of-a-float",
+                 marks=pytest.mark.filterwarnings(
+                     "ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning")),
+    pytest.param(check_two_loss_loop, loop(lambda l1, l2: (l1 + l2.detach()).backward()),
+                 "The gradients are those of l1 alone", id="ex1-l2-detached"),
+    pytest.param(check_two_loss_loop, loop(lambda l1, l2: (l1 + l2).data.backward()),
+                 "Your loop raised RuntimeError: element 0 of tensors does not require grad", id="ex1-data-backward"),
+    pytest.param(check_two_loss_loop, loop(lambda l1, l2: (l1 + l2).backward(create_graph=True)),
+                 "After your loop returned, graphs still hold", id="ex1-create-graph", marks=pytest.mark.filterwarnings(
+                     "ignore:Using backward\\(\\) with create_graph=True:UserWarning")),
+    pytest.param(check_two_loss_loop, loop_forward_twice,
+                 "During your loop, graphs held up to 130.5 KiB of buffers at once, 2.0x what one batch's graph holds",
+                 id="ex1-forward-twice"),
+    pytest.param(check_two_loss_loop, loop_with_an_optimizer_step,
+                 "history[1] is not l1 + l2 of batch 1.", id="ex1-optimizer-step"),
     # exercise 2
     pytest.param(check_backward_both, both_as_given,
                  "Right gradients, but while l1 and l2 are still referenced the graph holds 33.0 KiB of buffers",
@@ -207,6 +262,21 @@ WRONG = [
                  "On a second call, with .grad holding the first call's gradients, the gradients are those of this "
                  "call alone (what .grad held was discarded)", id="ex2-overwrites-grad"),
     pytest.param(check_backward_both, "not a function", "Pass your function itself", id="ex2-not-a-function"),
+    pytest.param(check_backward_both, lambda l1, l2: (3 * (l1 + l2)).backward(),
+                 "The gradients are 3.00x the gradient of l1 + l2.", id="ex2-3-times-the-sum"),
+    pytest.param(check_backward_both, backward_of_a_float,
+                 "Every parameter's .grad is None: no gradient was left in .grad.", id="ex2-backward-of-a-float",
+                 marks=pytest.mark.filterwarnings(
+                     "ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning")),
+    pytest.param(check_backward_both, lambda l1, l2: (l1 + l2.detach()).backward(),
+                 "The gradients are those of l1 alone, not the gradient of l1 + l2.", id="ex2-l2-detached"),
+    pytest.param(check_backward_both, lambda l1, l2: torch.autograd.backward([l1, l2], retain_graph=True),
+                 "Right gradients, but while l1 and l2 are still referenced the graph holds 65.3 KiB",
+                 id="ex2-two-roots-retained"),
+    pytest.param(check_backward_both, lambda l1, l2: (l1 + l2).backward(create_graph=True),
+                 ".grad carries a graph of its own (create_graph=True builds one)", id="ex2-create-graph",
+                 marks=pytest.mark.filterwarnings(
+                     "ignore:Using backward\\(\\) with create_graph=True:UserWarning")),
 ]
 
 RIGHT = [
@@ -219,7 +289,18 @@ RIGHT = [
                      "ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning")),
     pytest.param(check_two_loss_loop, loop(summed, keep=lambda l1, l2: (l1 + l2).detach()), id="ex1-detach"),
     pytest.param(check_two_loss_loop, loop(summed, keep=lambda l1, l2: (l1 + l2).item()), id="ex1-item-of-sum"),
+    pytest.param(check_two_loss_loop, loop(summed, keep=lambda l1, l2: (l1 + l2).data), id="ex1-data"),
+    pytest.param(check_two_loss_loop, loop(summed, keep=lambda l1, l2: (l1 + l2).tolist()), id="ex1-tolist"),
+    pytest.param(check_two_loss_loop, loop(lambda l1, l2: torch.stack([l1, l2]).sum().backward()), id="ex1-stack-sum"),
+    pytest.param(check_two_loss_loop, loop(lambda l1, l2: torch.autograd.backward(l1 + l2)),
+                 id="ex1-autograd-backward-of-the-sum"),
+    pytest.param(check_two_loss_loop, loop_retain_then_del, id="ex1-retain-first-then-del"),
     pytest.param(check_backward_both, summed, id="ex2-solution"),
+    pytest.param(check_backward_both, lambda l1, l2: torch.stack([l1, l2]).sum().backward(), id="ex2-stack-sum"),
+    pytest.param(check_backward_both, lambda l1, l2: l1.add(l2).backward(), id="ex2-add-method"),
+    pytest.param(check_backward_both, lambda l1, l2: (l1 + l2).backward(torch.tensor(1.0)), id="ex2-explicit-gradient"),
+    pytest.param(check_backward_both, lambda l1, l2: torch.autograd.backward(
+        [l1, l2], grad_tensors=[torch.tensor(1.0), torch.tensor(1.0)]), id="ex2-two-roots-grad-tensors"),
     pytest.param(check_backward_both, two_roots, id="ex2-two-roots"),
     pytest.param(check_backward_both, lambda l1, l2: sum([l1, l2]).backward(), id="ex2-builtin-sum"),
 ]

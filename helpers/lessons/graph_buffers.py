@@ -21,6 +21,7 @@ from helpers.checks import (
     flat,
     gradients_or_zeros,
     loop_passed,
+    reject_peak,
     run_answer,
     run_loop,
 )
@@ -180,8 +181,9 @@ def check_training_loop(train: Callable[[torch.nn.Module, list[torch.Tensor]], l
     hints = ("Only a backward followed by another one through the same graph needs retain_graph=True.",
              "Store loss.item(), a plain Python number.", training,
              "A graph keeps its buffers until backward frees them or nothing references it: what still references one?",
-             "A graph retained by its backward keeps all its buffers until loss is reassigned, in the middle of the "
-             "next batch's forward.")
+             "A graph's buffers live until a backward frees them or nothing references it: a graph retained by its "
+             "backward lives until loss is reassigned, in the middle of the next batch's forward, and a second "
+             "forward builds a second graph while the first is alive.")
     meter, had_tensors, graphs = SavedTensorMeter(), False, 0.0
     for call in range(2):
         where = "" if call == 0 else "On a second call (the model already trained, .grad already filled), "
@@ -194,9 +196,11 @@ def check_training_loop(train: Callable[[torch.nn.Module, list[torch.Tensor]], l
         one_graph = meter.peak_graph_only_bytes
         tensors, peak = run_loop(train, (model, batches), meter, expected,
                                   lambda i: f"the loss the given loop records at batch {i}", where, hints,
-                                  one_graph, 1.5 * one_graph)
+                                  one_graph, None)
         if not gradients_close(flat(list(model.parameters())), flat(list(reference.parameters()))):
             raise Rejected("after your loop the model's parameters differ from the given loop's.", training, where)
+        # The peak last: a loop that does not train as given is told that first, whatever its graphs held.
+        reject_peak(meter, one_graph, 1.5 * one_graph, hints[4], where)
         had_tensors, graphs = had_tensors or tensors, max(graphs, peak)
     return loop_passed("The loop trains as given and records numbers, with {memory} alive at once.", graphs,
                    had_tensors)

@@ -19,6 +19,7 @@ from helpers.checks import (
     gradient_problem,
     gradients_or_zeros,
     loop_passed,
+    reject_peak,
     run_answer,
     run_loop,
 )
@@ -83,7 +84,8 @@ def check_two_loss_loop(train: Callable[[torch.nn.Module, list[Batch]], list[flo
     The given loop adds the gradients of l1 + l2 over all batches into ``.grad`` and zeroes nothing, so
     the check runs ``train`` twice on one network and the second call must add to what the first left.
     During the loop the graph-only bytes may reach what retaining on the first backward needs (l1's
-    head lives until l1 is reassigned), both measured here, but not two whole graphs.
+    head lives until l1 is reassigned), both measured here, but not two whole graphs; the history and
+    the gradients are judged before that peak.
     """
     net, data, parts = _two_head_setup(batches=4)
     params, meter = list(net.parameters()), SavedTensorMeter()
@@ -103,16 +105,18 @@ def check_two_loss_loop(train: Callable[[torch.nn.Module, list[Batch]], list[flo
     retained_first = peak_of(lambda l1, l2: (l1.backward(retain_graph=True), l2.backward()))
     limit = (retained_first + 2 * one_graph) / 2  # halfway to two whole graphs alive at once
     store = "Append (l1 + l2).item() or l1.item() + l2.item(): plain numbers."
-    hints = ("Both losses share the trunk: the first backward through it must keep the buffers.", store, store,
+    hints = ("Both losses share the trunk: the first backward through it must keep the buffers.", store,
+             store + " The given loop takes no optimizer step: every batch's loss is computed at the same weights.",
              "Which backward is the last one through each graph? It should not retain.",
-             "A graph retained by its last backward keeps all its buffers until l1 and l2 are reassigned, in the next "
-             "batch's forward.")
+             "A graph's buffers live until a backward frees them or nothing references it: a graph retained by its "
+             "last backward lives until l1 and l2 are reassigned, in the next batch's forward, and a second forward "
+             "builds a second graph while the first is alive.")
     had_tensors, graphs = False, 0.0
     for call in range(2):
         where = SECOND_CALL if call else ""
         before = gradients_or_zeros(params)
         tensors, peak = run_loop(train, (net, data), meter, [s for *_, (s,) in parts],
-                                  lambda i: f"l1 + l2 of batch {i}", where, hints, one_graph, limit)
+                                  lambda i: f"l1 + l2 of batch {i}", where, hints, one_graph, None)
         known = ({"those of l1 alone": _add(*(g1 for g1, _, _ in parts)),
                   "those of l2 alone": _add(*(g2 for _, g2, _ in parts)),
                   "those of the last batch alone": _add(*parts[-1][:2])} if call == 0 else
@@ -121,6 +125,7 @@ def check_two_loss_loop(train: Callable[[torch.nn.Module, list[Batch]], list[flo
                                         "batches" + (" added to what .grad held" if call else ""), known):
             raise Rejected(problem, "Backpropagate both losses once per batch, and do not zero .grad: the given "
                                      "loop adds up every batch's.", where)
+        reject_peak(meter, one_graph, limit, hints[4], where)  # after the gradients: a loop without them says so first
         had_tensors, graphs = had_tensors or tensors, max(graphs, peak)
     return loop_passed("Right gradients, added up over both calls, numbers in the history, and {memory} alive at once.",
                    graphs, had_tensors)
