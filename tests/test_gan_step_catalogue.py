@@ -335,7 +335,7 @@ EXERCISE_1_WRONG = [
     pytest.param(d_step_twice, ["calls optimizerD.step() 2 times"], id="d-step-twice"),
     pytest.param(forgets_g_step, ["never calls optimizerG.step()"], id="forgets-g-step"),
     pytest.param(no_retain_no_detach, ["backward through the graph a second time"], id="second-backward"),
-    pytest.param(d_backward_twice, ["gradient of 2 × d_loss", "backpropagated into D 2 times"],
+    pytest.param(d_backward_twice, ["gradient of 2 × d_loss: 2 times d_loss's, as 2 backward passes of d_loss into D give"],
                  id="d-backward-twice"),
     pytest.param(name_typo, ["Your step raised NameError: name 'netg' is not defined"], id="name-error"),
     pytest.param(raises_own_exception, ["Your step raised LearnerError: my own error"], id="own-exception"),
@@ -812,6 +812,230 @@ EXERCISE_3_RIGHT = [
     pytest.param(penalty_lerp_vector_norm, id="lerp-and-vector-norm"),
     pytest.param(penalty_by_hand_norm, id="imported-grad-and-norm-by-hand"),
     pytest.param(penalty_functional_vjp, id="functional-vjp"),
+]
+
+
+# -- more answers a learner would write, for all three exercises ---------------------------------------
+
+def triple_d_loss(netG, netD, optimizerG, optimizerD, real, z):
+    netD.zero_grad()
+    fake = netG(z)
+    d_loss = d_loss_fn(netD(real), netD(fake.detach()))
+    (3 * d_loss).backward()
+    optimizerD.step()
+    netG.zero_grad()
+    g_loss = g_loss_fn(netD(fake))
+    g_loss.backward()
+    optimizerG.step()
+
+
+def g_loss_on_fake_data(netG, netD, optimizerG, optimizerD, real, z):
+    netD.zero_grad()
+    fake = netG(z)
+    d_loss = d_loss_fn(netD(real), netD(fake.detach()))
+    d_loss.backward()
+    optimizerD.step()
+    netG.zero_grad()
+    g_loss = g_loss_fn(netD(fake.data))  # .data cuts G off, as .detach() does
+    g_loss.backward()
+    optimizerG.step()
+
+
+def retain_instead_of_detach(netG, netD, optimizerG, optimizerD, real, z):
+    netD.zero_grad()
+    fake = netG(z)
+    d_loss = d_loss_fn(netD(real), netD(fake))
+    d_loss.backward(retain_graph=True)  # keeps G's buffers for g_loss, whose fresh D pass needs them
+    optimizerD.step()
+    netG.zero_grad()
+    g_loss = g_loss_fn(netD(fake))
+    g_loss.backward()
+    optimizerG.step()
+
+
+def g_step_first(netG, netD, optimizerG, optimizerD, real, z):
+    netD.zero_grad()
+    netG.zero_grad()
+    fake = netG(z)
+    g_loss_fn(netD(fake)).backward()  # also adds g_loss's gradient into D's .grad
+    optimizerG.step()
+    d_loss_fn(netD(real), netD(fake.detach())).backward()
+    optimizerD.step()
+
+
+def d_loss_on_fake_data(netG, netD, optimizerG, optimizerD, real, z):
+    netD.zero_grad()
+    fake = netG(z)
+    d_loss = d_loss_fn(netD(real), netD(fake.data))
+    d_loss.backward()
+    optimizerD.step()
+    netG.zero_grad()
+    g_loss_fn(netD(fake)).backward()
+    optimizerG.step()
+
+
+def fresh_fake_for_each_loss(netG, netD, optimizerG, optimizerD, real, z):
+    netD.zero_grad()
+    d_loss_fn(netD(real), netD(netG(z).detach())).backward()
+    optimizerD.step()
+    netG.zero_grad()
+    g_loss_fn(netD(netG(z))).backward()  # an extra G forward: the same fake, at learning rate 0 or not
+    optimizerG.step()
+
+
+def d_loss_through_inputs(netG, netD, optimizerG, optimizerD, real, z):
+    netD.zero_grad()
+    fake = netG(z)
+    d_loss_fn(netD(real), netD(fake)).backward(inputs=list(netD.parameters()))  # walks D only: G's buffers stay
+    optimizerD.step()
+    netG.zero_grad()
+    g_loss_fn(netD(fake)).backward()
+    optimizerG.step()
+
+
+def d_frozen_for_g(netG, netD, optimizerG, optimizerD, real, z):
+    netD.zero_grad()
+    fake = netG(z)
+    d_loss_fn(netD(real), netD(fake.detach())).backward()
+    optimizerD.step()
+    netD.requires_grad_(False)  # g_loss's backward then adds nothing into D
+    netG.zero_grad()
+    g_loss_fn(netD(fake)).backward()
+    optimizerG.step()
+    netD.requires_grad_(True)
+
+
+def one_pass(d_backward, g_backward, zero=lambda netG, netD: (netD.zero_grad(), netG.zero_grad()),
+             detach_fake=False, order="D, G"):
+    """Exercise 2's step with its backward calls, its zeroing and the fake batch's detach replaced."""
+
+    def step(netG, netD, optimizerG, optimizerD, real, z):
+        zero(netG, netD)
+        fake = netG(z)
+        fake_out = netD(fake.detach() if detach_fake else fake)
+        d_loss, g_loss = d_loss_fn(netD(real), fake_out), g_loss_fn(fake_out)
+        if order == "D, G":
+            d_backward(d_loss, netD, netG)
+            g_backward(g_loss, netD, netG, fake)
+            optimizerD.step()
+            optimizerG.step()
+        else:  # G's backward and step first; D's graph saved only fake, not G's weights
+            g_backward(g_loss, netD, netG, fake)
+            optimizerG.step()
+            d_backward(d_loss, netD, netG)
+            optimizerD.step()
+
+    return step
+
+
+def d_into_d(d_loss, netD, netG):
+    d_loss.backward(inputs=list(netD.parameters()), retain_graph=True)
+
+
+def g_into_g(g_loss, netD, netG, fake):
+    g_loss.backward(inputs=list(netG.parameters()))
+
+
+def d_into_d_then_zero(d_loss, netD, netG):
+    d_into_d(d_loss, netD, netG)
+    netD.zero_grad()
+
+
+def penalty_gradient(netD, real, fake, alpha, data=False):
+    mixed = (alpha * real + (1 - alpha) * fake)
+    mixed = (mixed.data if data else mixed).requires_grad_()
+    (grad,) = torch.autograd.grad(netD(mixed).sum(), mixed, create_graph=True)
+    return grad
+
+
+def penalty_of(norm_term):
+    """A penalty from D's gradient at the mixed points, with the term averaged replaced."""
+    return lambda netD, real, fake, alpha: norm_term(penalty_gradient(netD, real, fake, alpha).norm(dim=1)).mean()
+
+
+def penalty_on_detached_points(netD, real, fake, alpha):
+    mixed = (alpha * real + (1 - alpha) * fake).requires_grad_()
+    (grad,) = torch.autograd.grad(netD(mixed.detach()).sum(), mixed, create_graph=True)
+    return ((grad.norm(dim=1) - 1) ** 2).mean()
+
+
+def penalty_from_torch_func(netD, real, fake, alpha):
+    grad = torch.func.grad(lambda points: netD(points).sum())(alpha * real + (1 - alpha) * fake)
+    return ((grad.norm(dim=1) - 1) ** 2).mean()
+
+
+def penalty_after_an_extra_forward(netD, real, fake, alpha):
+    mixed = (alpha * real + (1 - alpha) * fake).requires_grad_()
+    netD(mixed)  # a graph nobody uses: it goes when the function returns
+    (grad,) = torch.autograd.grad(netD(mixed).sum(), mixed, create_graph=True)
+    return ((grad.norm(dim=1) - 1) ** 2).mean()
+
+
+FLOAT_WARNING = pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning")
+
+EXERCISE_1_WRONG += [
+    pytest.param(triple_d_loss, ["D's optimizer received the gradient of 3 × d_loss: 3 times d_loss's", "or one pass "
+                                 "of 3 × d_loss"], id="3-times-d-loss"),
+    pytest.param(g_loss_on_fake_data, ["G's optimizer found no gradient at all"], id="g-loss-on-fake-data"),
+    pytest.param(retain_instead_of_detach, ["Right gradients, but the graphs held up to 129.5 KiB during your step; "
+                                            "the standard step needs 96.5 KiB."], id="retain-instead-of-detach"),
+    pytest.param(g_step_first, ["D's optimizer received the gradient of d_loss + g_loss, not of d_loss alone"],
+                 id="g-step-first"),
+]
+EXERCISE_1_RIGHT += [
+    pytest.param(d_loss_on_fake_data, id="d-loss-on-fake-data"),
+    pytest.param(fresh_fake_for_each_loss, id="extra-g-forward"),
+    pytest.param(d_loss_through_inputs, id="d-loss-with-inputs"),
+    pytest.param(d_frozen_for_g, id="d-frozen-for-g-loss"),
+]
+EXERCISE_2_WRONG += [
+    pytest.param(one_pass(lambda d_loss, netD, netG: (3 * d_loss).backward(inputs=list(netD.parameters()),
+                                                                            retain_graph=True), g_into_g),
+                 ["D's optimizer received the gradient of 3 × d_loss"], id="3-times-d-loss"),
+    pytest.param(one_pass(d_into_d, lambda g_loss, netD, netG, fake: g_loss.backward(inputs=list(netD.parameters())),
+                          detach_fake=True),
+                 ["D's optimizer received the gradient of d_loss + g_loss", "G's optimizer found no gradient at all"],
+                 id="fake-detached"),
+    pytest.param(one_pass(d_into_d_then_zero, g_into_g), ["D's optimizer found no gradient at all"],
+                 id="zero-grad-between-the-backwards"),
+    pytest.param(one_pass(d_into_d, lambda g_loss, netD, netG, fake: torch.tensor(float(g_loss),
+                                                                                  requires_grad=True).backward()),
+                 ["G's optimizer found no gradient at all"], id="backward-of-a-float", marks=FLOAT_WARNING),
+    pytest.param(one_pass(d_into_d, lambda g_loss, netD, netG, fake: g_loss.backward(inputs=[fake])),
+                 ["G's optimizer found no gradient at all"], id="g-inputs-fake"),
+]
+EXERCISE_2_RIGHT += [
+    pytest.param(one_pass(lambda d_loss, netD, netG: d_loss.backward(inputs=tuple(netD.parameters()),
+                                                                     retain_graph=True),
+                          lambda g_loss, netD, netG, fake: g_loss.backward(inputs=tuple(netG.parameters()))),
+                 id="inputs-as-tuples"),
+    pytest.param(one_pass(d_into_d, g_into_g, zero=lambda netG, netD: [setattr(p, "grad", None) for p in
+                                                                       [*netD.parameters(), *netG.parameters()]]),
+                 id="grad-none-by-hand"),
+    pytest.param(one_pass(lambda d_loss, netD, netG: d_loss.backward(inputs=list(netD.parameters())),
+                          lambda g_loss, netD, netG, fake: g_loss.backward(inputs=list(netG.parameters()),
+                                                                           retain_graph=True),
+                          order="G, D"), id="g-step-before-d-backward"),
+]
+EXERCISE_3_WRONG += [
+    pytest.param(lambda *args: 3 * penalty_solution(*args), ["The penalty is", "expected"], id="3-times-penalty"),
+    pytest.param(lambda *args: torch.tensor(float(penalty_solution(*args)), requires_grad=True),
+                 ["The value is right, but the penalty is a leaf tensor with no grad_fn"], id="float-of-penalty",
+                 marks=FLOAT_WARNING),
+    pytest.param(lambda netD, real, fake, alpha: ((penalty_gradient(netD, real, fake, alpha).data.norm(dim=1) - 1)
+                                                  ** 2).mean(),
+                 ["you used create_graph=True, but the penalty is a constant"], id="gradient-data"),
+    pytest.param(penalty_on_detached_points, ["Your function raised RuntimeError: The differentiated Tensor at index 0 "
+                                              "appears to not have been used in the graph"], id="d-on-detached-points"),
+    pytest.param(penalty_of(lambda norm: norm ** 2), ["The penalty is", "expected"], id="norm-squared-without-1"),
+    pytest.param(penalty_of(lambda norm: (norm - 1).abs()), ["The penalty is", "expected"], id="absolute-not-squared"),
+]
+EXERCISE_3_RIGHT += [
+    pytest.param(lambda netD, real, fake, alpha: ((penalty_gradient(netD, real, fake, alpha, data=True).norm(dim=1) - 1)
+                                                  ** 2).mean(), id="mixed-points-from-data"),
+    pytest.param(penalty_of(lambda norm: (norm - 1).square()), id="square-method"),
+    pytest.param(penalty_from_torch_func, id="torch-func-grad"),
+    pytest.param(penalty_after_an_extra_forward, id="extra-d-forward"),
 ]
 
 

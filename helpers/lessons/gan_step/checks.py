@@ -160,8 +160,9 @@ def _what_was_received(key: str, got: Mapping[str, torch.Tensor | None], referen
         d_times, g_times = (own_times, other_times) if key == "D" else (other_times, own_times)
         text = f"{network} received the gradient of {_combination(d_times, g_times)}"
         if other_times == 0:
-            return "repeated", (f"{text}: {_OWN_LOSS[key]} was backpropagated into {key} {own_times} times "
-                                "(a retain_graph=True lets a second backward add the same gradient again).")
+            return "repeated", (f"{text}: {own_times} times {_OWN_LOSS[key]}'s, as {own_times} backward passes of "
+                                f"{_OWN_LOSS[key]} into {key} give (a retain_graph=True lets a second backward add the "
+                                f"same gradient again), or one pass of {own_times} × {_OWN_LOSS[key]}.")
         if own_times == 0:
             return "other loss", f"{text} instead of {_OWN_LOSS[key]}'s."
         return "both losses", f"{text}, not of {_OWN_LOSS[key]} alone."
@@ -170,10 +171,11 @@ def _what_was_received(key: str, got: Mapping[str, torch.Tensor | None], referen
 
 def _first_call_hint(kinds: set[str]) -> str:
     if kinds & {"empty", "zero"}:
-        return ("Call each optimizer's step() after the backward that fills its network's .grad, and clear "
-                ".grad only before that backward.")
+        return ("A network's .grad is filled by a backward whose path reaches its parameters (no .detach() on the "
+                "way, and listed in inputs= if you pass it); call its optimizer's step() after that backward, and "
+                "clear .grad only before it.")
     if kinds == {"repeated"}:
-        return "Backpropagate each loss into each network once per step."
+        return "Backpropagate each loss, unscaled, into each network once per step."
     return ("D's gradient must come from d_loss alone (fake term on fake.detach() or through inputs=), G's from "
             "g_loss alone. Is a backward adding into the other network's .grad?")
 
@@ -309,7 +311,7 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
             return CheckResult(False, f"Right gradients, but the graphs held up to {peak} during your step; the "
                                       f"standard step needs {_bytes_or_dash(standard)}.",
                                "Is a retain_graph=True left that no later backward needs?")
-        how = (f"and your graphs held within 10 % of what the standard step's hold (peak graph-only {peak}; "
+        how = (f"and your graphs held at most 10 % more than the standard step's (peak graph-only {peak}; "
                f"standard {_bytes_or_dash(standard)})")
     return CheckResult(True, "Both optimizers receive the reference gradients, call after call (from empty .grad, "
                              f"right after another call, and over leftover .grad values), {how}.")
