@@ -1,0 +1,12 @@
+"""Published training loops retyped at CPU size, each with the truth its probes establish.
+
+Format: /work/coord/gallery-format.md (one module per loop; TRUTH checked by tests/gallery/test_truth.py).
+"""
+
+LOOPS = [
+    "wgan_gp_critic",
+    "neural_style_lbfgs",
+    "seq2seq_global_encoder",
+    "two_layer_net_autograd",
+    "categorical_built_once",
+]

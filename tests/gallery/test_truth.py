@@ -1,0 +1,144 @@
+"""Each gallery loop's TRUTH, checked against probes that never import the course's helpers."""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+import pytest
+import torch
+
+from . import LOOPS, probes
+
+@pytest.fixture(autouse=True)
+def one_thread() -> None:
+    """The loops are tiny; one thread keeps them fast on a shared machine and gives exact repeats."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+MODULES = {name: importlib.import_module(f"{__package__}.{name}") for name in LOOPS}
+KINDS = {"backward a second time", "in-place version error", "no graph", "other"}
+
+
+def truth_markers(truth: dict) -> set[str]:
+    names = set(truth["retains"])
+    names |= {entry["line"] for entry in truth["carried"] + truth["notes"]}
+    if truth["error"] is not None:
+        names.add(truth["error"]["line"])
+    return names
+
+
+@pytest.mark.parametrize("name", LOOPS)
+def test_module_follows_the_format(name: str) -> None:
+    module = MODULES[name]
+    source = probes.source_path(module).read_text()
+    assert not re.search(r"^\s*(import|from)\s+helpers\b", source, re.M), "a gallery loop never imports helpers"
+    assert not re.search(r"^\s*(import|from)\s+backward_twice", source, re.M)
+    assert isinstance(module.ITERATIONS, int) and 1 <= module.ITERATIONS <= 6
+    assert set(module.TRUTH) == {"error", "retains", "carried", "notes", "modifies_in_place"}
+    assert callable(module.build) and callable(module.run) and callable(module.step_function)
+    assert '__name__ == "__main__"' in source
+    assert probes.markers(module).keys() >= truth_markers(module.TRUTH)
+    retained = {probes.markers(module)[m] for m in module.TRUTH["retains"]}
+    assert retained == set(probes.retain_lines(module)), "every retain_graph= line is marked and judged"
+    if module.TRUTH["error"] is not None:
+        assert module.TRUTH["error"]["kind"] in KINDS
+
+
+@pytest.mark.parametrize("name", LOOPS)
+def test_loop_is_deterministic_from_build(name: str) -> None:
+    module = MODULES[name]
+    first = probes.drive(module, module.ITERATIONS)
+    assert first.same_as(probes.drive(module, module.ITERATIONS))
+
+
+@pytest.mark.parametrize("name", LOOPS)
+def test_error_as_published(name: str) -> None:
+    module = MODULES[name]
+    outcome = probes.drive(module, module.ITERATIONS)
+    expected = module.TRUTH["error"]
+    if expected is None:
+        assert outcome.error is None
+    else:
+        assert outcome.error == (expected["kind"], expected["iteration"], expected["line"])
+
+
+@pytest.mark.parametrize("name", LOOPS)
+def test_run_is_the_step_loop(name: str) -> None:
+    """`run` (the loop as published) stops where the step-function loop stops, with the same error."""
+    module = MODULES[name]
+    expected = module.TRUTH["error"]
+    if expected is None:
+        assert probes.run_published(module, module.ITERATIONS).error is None
+        return
+    before = probes.run_published(module, expected["iteration"] - 1)
+    at = probes.run_published(module, expected["iteration"])
+    assert before.error is None
+    assert at.error is not None and (at.error[0], at.error[2]) == (expected["kind"], expected["line"])
+
+
+@pytest.mark.parametrize("name", LOOPS)
+def test_retains_judged_by_removing_them(name: str) -> None:
+    module = MODULES[name]
+    verdicts = probes.judge_retains(module, module.ITERATIONS)
+    found = {m: {"verdict": v.verdict, "runs": v.runs, "needed_runs": v.needed_runs} for m, v in verdicts.items()}
+    assert found == module.TRUTH["retains"]
+
+
+@pytest.mark.parametrize("name", LOOPS)
+def test_carried_graphs_and_notes_by_what_backward_reaches(name: str) -> None:
+    module = MODULES[name]
+    reach = probes.observe_reach(module, module.ITERATIONS)
+    assert reach.carried == {entry["variable"]: entry["line"] for entry in module.TRUTH["carried"]}
+    assert reach.notes == {entry["variable"]: entry["line"] for entry in module.TRUTH["notes"]}
+
+
+@pytest.mark.parametrize("name", LOOPS)
+def test_carried_and_notes_against_a_clean_reference(name: str) -> None:
+    """Detaching a carried graph at each iteration start changes the run; detaching a note changes nothing."""
+    module = MODULES[name]
+    reference = probes.drive(module, module.ITERATIONS)
+    for entry in module.TRUTH["carried"]:
+        detached = probes.drive(module, module.ITERATIONS, probes.detaching(module, [entry["variable"]]))
+        assert not detached.same_as(reference), entry
+    notes = [entry["variable"] for entry in module.TRUTH["notes"]]
+    if notes:
+        assert probes.drive(module, module.ITERATIONS, probes.detaching(module, notes)).same_as(reference)
+
+
+@pytest.mark.parametrize("name", LOOPS)
+def test_leaves_the_loop_changes_in_place(name: str) -> None:
+    module = MODULES[name]
+    assert probes.leaves_changed_in_place(module, module.ITERATIONS) == sorted(module.TRUTH["modifies_in_place"])
+
+
+def test_probe_sees_a_retain_switched_off() -> None:
+    """The variant machinery itself: a two-backward toy whose retain is needed once, then can go."""
+    import types
+
+    source = (
+        "import torch\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    return {'w': torch.randn(3, requires_grad=True)}\n"
+        "def step_function(state):\n"
+        "    def step():\n"
+        "        y = (state['w'] * 2).sin().sum()\n"
+        "        y.backward(retain_graph=True)  # @first\n"
+        "        y.backward()  # @second\n"
+        "    return step\n"
+    )
+    assert torch.is_grad_enabled()
+    module = types.ModuleType("toy_gallery_loop")
+    path = probes.source_path(MODULES[LOOPS[0]]).parent / "_toy_probe_loop.py"
+    path.write_text(source)
+    try:
+        module.__file__ = str(path)
+        exec(compile(source, str(path), "exec"), module.__dict__)
+        verdicts = probes.judge_retains(module, 2)
+        assert (verdicts["@first"].verdict, verdicts["@first"].runs, verdicts["@first"].needed_runs) == ("needed", 2, 2)
+    finally:
+        path.unlink()
