@@ -7,6 +7,8 @@ leaving the random stream alone (tests/check_catalogue.py runs them).
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -72,6 +74,110 @@ def bptt_no_grad(model, optimizer, batches, h):
         optimizer.step()
 
 
+def bptt_shaped(before_backward=lambda loss: None, before_step=lambda model, loss, h: h, after_step=lambda loss: None,
+                backward=lambda loss: loss.backward(), log_forward=None):
+    """The solution's loop with something added at one of its places (each hook returns what it changes)."""
+    def train_truncated(model, optimizer, batches, h):
+        for inputs, targets in batches:
+            h = h.detach()
+            if log_forward is not None:
+                log_forward(model, h, inputs, targets)
+            optimizer.zero_grad()
+            loss, h = chunk_loss(model, h, inputs, targets)
+            before_backward(loss)
+            backward(loss)
+            h = before_step(model, loss, h)
+            optimizer.step()
+            after_step(loss)
+    return train_truncated
+
+
+def bptt_retain_then_del(model, optimizer, batches, h):  # retains, then drops every reference before the step
+    for inputs, targets in batches:
+        loss, h = chunk_loss(model, h, inputs, targets)
+        optimizer.zero_grad()
+        loss.backward(retain_graph=True)
+        del loss
+        h = h.detach()
+        optimizer.step()
+
+
+def bptt_logging(keep, retain=False):
+    """The solution's loop, keeping ``keep(loss)`` in a list for a log."""
+    def train_truncated(model, optimizer, batches, h):
+        log = []
+        for inputs, targets in batches:
+            h = h.detach()
+            optimizer.zero_grad()
+            loss, h = chunk_loss(model, h, inputs, targets)
+            loss.backward(retain_graph=retain)
+            log.append(keep(loss))
+            optimizer.step()
+    return train_truncated
+
+
+def bptt_running_total(model, optimizer, batches, h):
+    total = 0.0
+    for inputs, targets in batches:
+        h = h.detach()
+        optimizer.zero_grad()
+        loss, h = chunk_loss(model, h, inputs, targets)
+        loss.backward()
+        total = total + loss                    # a tensor, for a log
+        optimizer.step()
+
+
+def bptt_step_every_other_batch(model, optimizer, batches, h):
+    optimizer.zero_grad()
+    for index, (inputs, targets) in enumerate(batches):
+        h = h.detach()
+        loss, h = chunk_loss(model, h, inputs, targets)
+        loss.backward()
+        if index % 2:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def bptt_h_from_the_stepped_model(model, optimizer, batches, h):
+    for inputs, targets in batches:
+        optimizer.zero_grad()
+        loss, _ = chunk_loss(model, h, inputs, targets)
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():                   # a second forward, with the new weights, for the next h
+            _, h = chunk_loss(model, h, inputs, targets)
+
+
+def bptt_requires_grad_off(model, optimizer, batches, h):
+    for inputs, targets in batches:
+        h.requires_grad_(False)
+        optimizer.zero_grad()
+        loss, h = chunk_loss(model, h, inputs, targets)
+        loss.backward()
+        optimizer.step()
+
+
+def bptt_logged_forward_kept(model, optimizer, batches, h):
+    for inputs, targets in batches:
+        h = h.detach()
+        logged, _ = chunk_loss(model, h, inputs, targets)   # for a log, with a graph, alive until the next batch
+        optimizer.zero_grad()
+        loss, h = chunk_loss(model, h, inputs, targets)
+        loss.backward()
+        optimizer.step()
+
+
+def clip(max_norm):
+    return lambda model, loss, h: (torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm), h)[1]
+
+
+def forward_for_a_log(under_no_grad):
+    def log_forward(model, h, inputs, targets):
+        with torch.no_grad() if under_no_grad else contextlib.nullcontext():
+            chunk_loss(model, h, inputs, targets)
+    return log_forward
+
+
 # -- exercise 3: the tensor computed before the loop ---------------------------------------------------
 
 
@@ -113,6 +219,69 @@ def classifier_under_no_grad(model, optimizer, inputs, labels, steps):
         optimizer.step()
 
 
+def classifier_no_zero_grad(model, optimizer, inputs, labels, steps):
+    for _ in range(steps):
+        F.cross_entropy(model.head(model.encoder(inputs)), labels).backward()
+        optimizer.step()
+
+
+def classifier_retain_then_del(model, optimizer, inputs, labels, steps):
+    for _ in range(steps):
+        features = model.encoder(inputs)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model.head(features), labels)
+        loss.backward(retain_graph=True)
+        del loss, features                      # nothing holds the retained graph any more
+        optimizer.step()
+
+
+def classifier_logging(keep):
+    """The solution's loop, keeping ``keep(loss)`` in a list for a log."""
+    def train_classifier(model, optimizer, inputs, labels, steps):
+        log = []
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model.head(model.encoder(inputs)), labels)
+            loss.backward()
+            log.append(keep(loss))
+            optimizer.step()
+    return train_classifier
+
+
+def classifier_two_forwards(model, optimizer, inputs, labels, steps):
+    for _ in range(steps):
+        with torch.no_grad():
+            accuracy = (model(inputs).argmax(1) == labels).float().mean()   # for a log  # noqa: F841
+        optimizer.zero_grad()
+        F.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+
+
+def classifier_clipped(model, optimizer, inputs, labels, steps):
+    for _ in range(steps):
+        optimizer.zero_grad()
+        F.cross_entropy(model.head(model.encoder(inputs)), labels).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.38)
+        optimizer.step()
+
+
+def classifier_features_under_no_grad(model, optimizer, inputs, labels, steps):
+    for _ in range(steps):
+        with torch.no_grad():
+            features = model.encoder(inputs)
+        optimizer.zero_grad()
+        F.cross_entropy(model.head(features), labels).backward()
+        optimizer.step()
+
+
+def classifier_features_made_a_leaf(model, optimizer, inputs, labels, steps):
+    features = model.encoder(inputs).detach().requires_grad_()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        F.cross_entropy(model.head(features), labels).backward()
+        optimizer.step()
+
+
 WRONG = [
     pytest.param(check_truncated_bptt, bptt(cut=lambda h: h), "backward through the graph a second time",
                  id="ex2-no-detach"),
@@ -134,6 +303,30 @@ WRONG = [
                  id="ex3-no-grad-once"),
     pytest.param(check_precomputed_fix, classifier(retain=True), "retain_graph=True keeps them",
                  id="ex3-inside-but-retain"),
+    # A list of loss tensors keeps every graph's nodes, as notebook 02's check says of its history.
+    pytest.param(check_truncated_bptt, bptt_logging(lambda loss: loss),
+                 "the graph of an earlier batch's loss was still alive", id="ex2-list-of-loss-tensors"),
+    pytest.param(check_truncated_bptt, bptt_running_total, "the graph of an earlier batch's loss was still alive",
+                 id="ex2-running-total-tensor"),
+    pytest.param(check_truncated_bptt, bptt_logging(lambda loss: loss, retain=True), "retain_graph=True keeps them",
+                 id="ex2-list-of-losses-retained"),
+    pytest.param(check_truncated_bptt, bptt_step_every_other_batch, "optimizer.step() ran 2 times",
+                 id="ex2-step-every-other-batch"),
+    pytest.param(check_truncated_bptt, bptt_h_from_the_stepped_model, "parameters differ from those of the right",
+                 id="ex2-h-recomputed-after-the-step"),
+    pytest.param(check_truncated_bptt, bptt_requires_grad_off, "raised RuntimeError: you can only change",
+                 id="ex2-requires-grad-off"),
+    pytest.param(check_truncated_bptt, bptt_shaped(backward=lambda loss: (loss * 0.5).backward()),
+                 "parameters differ from those of the right", id="ex2-half-the-loss-is-not-clipping"),
+    pytest.param(check_truncated_bptt, bptt_logged_forward_kept, "a forward that no backward went through",
+                 id="ex2-second-forward-kept-with-its-graph"),
+    pytest.param(check_precomputed_fix, classifier_logging(lambda loss: loss),
+                 "the graph of an earlier step's loss was still alive", id="ex3-list-of-loss-tensors"),
+    pytest.param(check_precomputed_fix, classifier_features_under_no_grad, "model.encoder never trains",
+                 id="ex3-features-under-no-grad"),
+    pytest.param(check_precomputed_fix, classifier_features_made_a_leaf, "model.encoder never trains",
+                 id="ex3-features-made-a-leaf"),
+    pytest.param(check_precomputed_fix, classifier_no_zero_grad, "never zeroes .grad", id="ex3-no-zero-grad"),
 ]
 
 RIGHT = [
@@ -144,9 +337,51 @@ RIGHT = [
     pytest.param(check_truncated_bptt, bptt(cut=detach_in_place), id="ex2-detach-in-place"),
     pytest.param(check_precomputed_fix, classifier(), id="ex3-solution"),
     pytest.param(check_precomputed_fix, classifier(whole_model=True), id="ex3-whole-model"),
+    pytest.param(check_truncated_bptt, bptt_retain_then_del, id="ex2-retain-then-del-before-the-step"),
+    pytest.param(check_truncated_bptt, bptt_shaped(log_forward=forward_for_a_log(under_no_grad=True)),
+                 id="ex2-second-forward-for-a-log"),
+    pytest.param(check_truncated_bptt, bptt_shaped(log_forward=forward_for_a_log(under_no_grad=False)),
+                 id="ex2-second-forward-with-a-graph"),
+    pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(0.45)), id="ex2-clip-grad-norm"),
+    pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(0.25)), id="ex2-clip-grad-norm-every-step"),
+    pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(5.0)), id="ex2-clip-that-never-acts"),
+    pytest.param(check_truncated_bptt, bptt_logging(lambda loss: loss.item()), id="ex2-losses-as-numbers"),
+    pytest.param(check_truncated_bptt, bptt_shaped(before_step=lambda model, loss, h: h.detach()),
+                 id="ex2-detach-between-backward-and-step"),
+    pytest.param(check_precomputed_fix, classifier_retain_then_del, id="ex3-retain-then-del"),
+    pytest.param(check_precomputed_fix, classifier_two_forwards, id="ex3-second-forward-for-a-log"),
+    pytest.param(check_precomputed_fix, classifier_clipped, id="ex3-clip-grad-norm"),
+    pytest.param(check_precomputed_fix, classifier_logging(lambda loss: loss.item()), id="ex3-losses-as-numbers"),
 ]
 
 test_wrong_answer_is_rejected_for_its_true_reason, test_right_answer_is_accepted = catalogue_tests(WRONG, RIGHT)
+
+NOTES = {
+    "retained": "retain_graph=True was not needed",
+    "runs": "gives the same parameters, so the others only add their cost",
+    "clipped": "You also clip the gradient's norm",
+    "data": "prefer .detach(): a tensor taken with .data has a version counter of its own",
+}
+
+
+@pytest.mark.parametrize(("check", "answer", "notes"), [
+    pytest.param(check_truncated_bptt, bptt(), set(), id="ex2-solution"),
+    pytest.param(check_truncated_bptt, bptt_retain_then_del, {"retained"}, id="ex2-retain-then-del"),
+    pytest.param(check_truncated_bptt, bptt(cut=lambda h: h.data), {"data"}, id="ex2-h-data"),
+    pytest.param(check_truncated_bptt, bptt_shaped(log_forward=forward_for_a_log(under_no_grad=True)), {"runs"},
+                 id="ex2-second-forward"),
+    pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(0.45)), {"clipped"}, id="ex2-clipped"),
+    pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(5.0)), set(), id="ex2-clip-that-never-acts"),
+    pytest.param(check_precomputed_fix, classifier(), set(), id="ex3-solution"),
+    pytest.param(check_precomputed_fix, classifier_retain_then_del, {"retained"}, id="ex3-retain-then-del"),
+    pytest.param(check_precomputed_fix, classifier_two_forwards, {"runs"}, id="ex3-second-forward"),
+    pytest.param(check_precomputed_fix, classifier_clipped, {"clipped"}, id="ex3-clipped"),
+])
+def test_an_accepted_loop_is_told_what_it_does_beyond_the_solution(check, answer, notes) -> None:
+    """Each note an accepted loop gets is about what that loop did, and the solution gets none."""
+    text = repr(verdict(check, answer))
+    assert text.startswith("✓ Correct."), text
+    assert {key for key, phrase in NOTES.items() if phrase in text} == notes, text
 
 
 # -- exercise 1: name the carried tensor -------------------------------------------------------------
@@ -233,6 +468,28 @@ def test_wrong_names_are_rejected_for_their_true_reason(answers, expected) -> No
     result = check_carried_names(answers)
     assert not result
     assert expected in repr(result), repr(result)
+
+
+# The finder spells an item of a tuple state(0); Python spells it state[0]: both name the carrier.
+NAMES_RIGHT = [
+    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_state: "state[0]"}, id="ex1-state[0]"),
+    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_state: "state[1]"}, id="ex1-state[1]"),
+    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_state: "state(1)"}, id="ex1-the-finder's-spelling"),
+    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_state: " state[0] "}, id="ex1-spaces"),
+    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_memory: "remembers.memory"}, id="ex1-module-attribute"),
+]
+NAMES_WRONG = [
+    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_state: "state[2]"}, "carries_state: not state[2].",
+                 id="ex1-no-such-item"),
+    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_state: "h"}, "carries_state: not h.",
+                 id="ex1-h-for-an-lstm"),
+    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_state: "lstm"}, "carries_state: not lstm.",
+                 id="ex1-the-module"),
+    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_scale: "linear.weight"},
+                 "carries_scale: not linear.weight.", id="ex1-the-parameter-it-came-from"),
+]
+
+test_wrong_name_is_rejected_for_its_true_reason, test_right_name_is_accepted = catalogue_tests(NAMES_WRONG, NAMES_RIGHT)
 
 
 def test_the_names_check_gives_the_same_verdict_twice() -> None:

@@ -4,10 +4,15 @@ fix a loop that computes a tensor once before it.
 The two loop checks run the learner's loop twice on the check's own model (the second call continues
 from the first, with ``.grad`` holding its last gradients, and the first starts with ``.grad`` pre-filled),
 inside a :class:`SavedTensorMeter` that is read at every ``optimizer.step()``: what a loop keeps alive
-while it runs is the lesson, so it is measured there, not after the function returned. The parameters
-after each call are compared with reference loops run in the check, right and wrong, and a wrong answer
-is named by the mistake whose parameters it reproduces. The names check runs :func:`find_carried_graph`
-on each snippet, so the answer it expects is measured, not written down.
+while it runs is the lesson, so it is measured there, not after the function returned. At every step the
+check also notes whether the graph of an earlier batch's loss is still alive (a list of loss tensors) and
+the gradient's norm; at every ``torch.autograd.backward`` (``loss.backward()`` goes through it) whether it
+retained and what it left alive. The parameters after each call are compared with reference loops run in
+the check, right and wrong, and with the right loop whose steps are scaled down to the learner's gradient
+norms (accepted when that is norm clipping at one threshold); a wrong answer is named by the mistake whose
+parameters it reproduces. An accepted loop that retained, ran the model more than once per step or reads
+``.data`` is told what that did. The names check runs :func:`find_carried_graph` on each snippet, so the
+answer it expects is measured, not written down; it takes ``state[0]`` and ``state(0)`` alike.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from helpers.carried import find_carried_graph
 from helpers.checks import CheckResult, Rejected, checked, flat, run_answer
 from helpers.display import format_bytes
 from helpers.learner import known_names
+from helpers.lessons.carried_state.loop_watch import (LoopWatch, gradient_norm, is_norm_clipping, reads_data,
+                                                      scale_down_to)
 from helpers.measure import gradients_close
 from helpers.meter import SavedTensorMeter
 
@@ -40,10 +47,15 @@ def _referenced(step: Callable[[], Any], kind: type) -> list[Any]:
     return list(found.values())
 
 
+def _spelled_alike(name: str) -> str:
+    """One spelling for an item of a tuple: Python's ``state[0]`` and the finder's ``state(0)`` read the same."""
+    return re.sub(r"\((\d+)\)", r"[\1]", re.sub(r"\s+", "", name))
+
+
 def _matches(answer: str, name: str) -> bool:
-    """``answer`` names the holder ``name``: the whole name, its variable ("state" for "state(0)"), or the
-    attribute ("memory" or "self.memory" for "model.memory")."""
-    answer = answer.strip()
+    """``answer`` names the holder ``name``: the whole name (``state[0]`` or ``state(0)`` for the finder's
+    "state(0)"), its variable ("state"), or the attribute ("memory" or "self.memory" for "model.memory")."""
+    answer, name = _spelled_alike(answer), _spelled_alike(name)
     root = re.match(r"[\w.]*", name).group(0)
     attribute = root.rsplit(".", 1)[-1]
     return answer in {name, root, attribute, f"self.{attribute}"}
@@ -131,28 +143,18 @@ def _state(model: torch.nn.Module) -> torch.Tensor:
     return flat([p.detach() for p in model.parameters()])
 
 
-class _StepWatch:
-    """Wraps ``optimizer.step`` to read the meter at every step: the graph-only bytes still alive then."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, meter: SavedTensorMeter) -> None:
-        self.held: list[int] = []
-        original = optimizer.step
-
-        def step(*args: Any, **kwargs: Any) -> Any:
-            self.held.append(meter.graph_only_bytes)
-            return original(*args, **kwargs)
-
-        optimizer.step = step
-
-
+Reference = Callable[..., None]  # reference(model, optimizer, before_step=None): a loop the check runs itself
 def _judge_loop(call: Callable[[torch.nn.Module, torch.optim.Optimizer], Any], make_model: Callable[[], torch.nn.Module],
-                references: Mapping[str, Callable[[torch.nn.Module, torch.optim.Optimizer], None]],
-                steps: int, hint_error: str, hint_wrong: str) -> None:
-    """Run ``call`` (the learner's loop) twice on a model from ``make_model``, ``.grad`` pre-filled, under a
-    meter read at every step; compare its parameters after each call with ``references["right"]`` run the
-    same way, naming the wrong reference it matches instead. Raises :class:`Rejected`."""
+                references: Mapping[str, Reference], steps: int, unit: tuple[str, str],
+                counted: Callable[[torch.nn.Module], torch.nn.Module], what_runs: str,
+                hint_error: str, hint_wrong: str) -> list[str]:
+    """Run ``call`` (the learner's loop) twice on a model from ``make_model``, ``.grad`` pre-filled, watched by a
+    :class:`LoopWatch`; compare its parameters after each call with ``references["right"]`` run the same way,
+    and with the right loop clipped to the learner's gradient norms, naming the wrong reference it matches
+    instead. ``unit`` is what one step is for ("batch", "batches"). Raises :class:`Rejected`; returns notes on
+    an accepted loop (it clips, it retained, it ran ``counted`` more than once per step)."""
     torch.manual_seed(0)
-    model, runs = make_model(), {name: make_model() for name in references}
+    model, runs = make_model(), {name: make_model() for name in (*references, "clipped")}
     for other in runs.values():
         other.load_state_dict(model.state_dict())
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=_LR) for name, m in runs.items()}
@@ -160,39 +162,82 @@ def _judge_loop(call: Callable[[torch.nn.Module, torch.optim.Optimizer], Any], m
     for m in (model, *runs.values()):
         _prefill(m)
     meter = SavedTensorMeter()
-    watch = _StepWatch(optimizer, meter)
+    watch = LoopWatch(model, optimizer, meter, counted(model))
+    notes: dict[str, str] = {}
+    norms: list[float] = []  # the learner's gradient norm at each step, both calls
+    unclipped: list[float] = []  # the clipped reference's own, before it scales them
     for call_number in (1, 2):
         where = "" if call_number == 1 else "On a second call, continuing from the first: "
         before = _state(model)
-        watch.held.clear()
-        with meter:
+        watch.clear()
+        with meter, watch.watching():
             run_answer(call, model, optimizer, who="your loop", hint=hint_error, where=where)
+        if len(watch.held) != steps:
+            raise Rejected(f"optimizer.step() ran {len(watch.held)} times; one step per {unit[0]} is {steps}.",
+                           f"Call optimizer.step() once per {unit[0]}, after its backward.", where)
         for name, reference in references.items():
             reference(runs[name], optimizers[name])
-        if len(watch.held) != steps:
-            raise Rejected(f"optimizer.step() ran {len(watch.held)} times; one step per batch is {steps}.",
-                           "Call optimizer.step() once per batch, after its backward.", where)
+        norms += watch.norms
+
+        def clip_as_the_learner(index: int, clipped_model: torch.nn.Module) -> None:
+            unclipped.append(gradient_norm(clipped_model))
+            scale_down_to(clipped_model, watch.norms[index])
+
+        references["right"](runs["clipped"], optimizers["clipped"], before_step=clip_as_the_learner)
         got = _state(model)
-        if gradients_close(got, _state(runs["right"])):
+        right = gradients_close(got, _state(runs["right"]))
+        clipped = (not right and is_norm_clipping(norms, unclipped)
+                   and gradients_close(got, _state(runs["clipped"])))
+        if right or clipped:
             if held := max(watch.held):
-                batch = next(i for i, b in enumerate(watch.held, start=1) if b)
-                raise Rejected(f"when optimizer.step() ran on batch {batch}, graphs still held {format_bytes(held)} "
-                               "of saved buffers: a backward with retain_graph=True keeps them, and no later "
-                               "backward goes through them.", "Let each backward free its graph.", where)
+                at = next(i for i, b in enumerate(watch.held, start=1) if b)
+                if watch.retained_bytes:
+                    raise Rejected(f"when optimizer.step() ran at {unit[0]} {at}, graphs still held "
+                                   f"{format_bytes(held)} of saved buffers: a backward with retain_graph=True keeps "
+                                   "them, and no later backward goes through them.",
+                                   "Let each backward free its graph.", where)
+                raise Rejected(f"when optimizer.step() ran at {unit[0]} {at}, graphs still held {format_bytes(held)} "
+                               "of saved buffers that no backward had freed: the graph of a forward that no backward "
+                               "went through (a second forward, kept in a variable?) was still alive.",
+                               "Compute what you only log under torch.no_grad(), or from the loss with .item().", where)
+            if any(watch.earlier_alive):
+                at = watch.earlier_alive.index(True) + 1
+                raise Rejected(f"when optimizer.step() ran at {unit[0]} {at}, the graph of an earlier {unit[0]}'s loss "
+                               "was still alive: your loop still holds that loss tensor (in a list?), or a tensor "
+                               "computed from it, and with it that graph's nodes (backward() freed its buffers, not "
+                               "its nodes).", "For a log, keep numbers: loss.item().", where)
+            if clipped:
+                notes["clipped"] = ("You also clip the gradient's norm, a common guard for recurrent networks: your "
+                                    "parameters are the right loop's with each step's gradient scaled down to the "
+                                    "norm yours had.")
+            if watch.retained_bytes:
+                kept = max(watch.retained_bytes)
+                notes["retained"] = ("retain_graph=True was not needed: no later backward goes through those graphs"
+                                     + (f", and it left up to {format_bytes(kept)} of buffers alive after a backward "
+                                        "until your loop dropped the graph, where a plain backward frees them at once."
+                                        if kept else "."))
+            if watch.runs > steps:
+                notes["runs"] = (f"Your loop ran {what_runs} {watch.runs} times in {steps} {unit[1]}: one run per "
+                                 f"{unit[0]} gives the same parameters, so the others only add their cost.")
             continue
         if gradients_close(got, before):
             raise Rejected("the parameters did not change: no gradient reached them.", hint_wrong, where)
         for name, message in _MISTAKES.items():
             if name in runs and gradients_close(got, _state(runs[name])):
-                raise Rejected(message, hint_wrong, where)
+                raise Rejected(message, _MISTAKE_HINTS.get(name, hint_wrong), where)
         raise Rejected("after your loop the parameters differ from those of the right loop.", hint_wrong, where)
+    if reads_data(call):
+        notes["data"] = ("Your code reads .data, which works here as .detach() would; prefer .detach(): a tensor "
+                         "taken with .data has a version counter of its own, so autograd cannot catch an in-place "
+                         "change to it.")
+    return [notes[key] for key in ("clipped", "retained", "runs", "data") if key in notes]
 
 
 _MISTAKES = {
     "no zero_grad": "the parameters are those of a loop that never zeroes .grad: each step used the sum of every "
-                    "earlier batch's gradients, and what .grad held before the loop.",
+                    "earlier step's gradients, and what .grad held before the loop.",
     "zero after step": "the parameters are those of a loop that zeroes .grad only after its step: the first "
-                       "batch's step used what .grad held before the loop.",
+                       "step used what .grad held before the loop.",
     "h from zeros": "the parameters are those of a loop that starts each batch from h = zeros: truncated BPTT "
                     "carries h's values into the next batch and cuts only its graph.",
     "features once, retained": "the parameters are those of a loop that backpropagates every step through the "
@@ -203,17 +248,30 @@ _MISTAKES = {
 }
 
 
+_MISTAKE_HINTS = {
+    "no zero_grad": "Call optimizer.zero_grad() before each backward.",
+    "zero after step": "Call optimizer.zero_grad() before each backward, not only after the step.",
+}
+
+
+def _passed(message: str, notes: Sequence[str]) -> CheckResult:
+    return CheckResult(True, " ".join([message, *notes]))
+
+
 # -- exercise 2: truncated BPTT ---------------------------------------------------------------------
 
-def _bptt_reference(mistake: str | None) -> Callable[[torch.nn.Module, torch.optim.Optimizer], None]:
-    def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def _bptt_reference(mistake: str | None) -> Reference:
+    def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              before_step: Callable[[int, torch.nn.Module], None] | None = None) -> None:
         h = torch.zeros(3, 10)
-        for inputs, targets in _char_batches():
+        for index, (inputs, targets) in enumerate(_char_batches()):
             h = torch.zeros(3, 10) if mistake == "h from zeros" else h.detach()
             loss, h = _chunk_loss(model, h, inputs, targets)
             if mistake is None or mistake == "h from zeros":
                 optimizer.zero_grad()
             loss.backward()
+            if before_step is not None:
+                before_step(index, model)
             optimizer.step()
             if mistake == "zero after step":
                 optimizer.zero_grad()
@@ -230,12 +288,13 @@ def check_truncated_bptt(train_truncated: Callable[..., Any]) -> CheckResult:
     """
     references = {name: _bptt_reference(None if name == "right" else name)
                   for name in ("right", "no zero_grad", "zero after step", "h from zeros")}
-    _judge_loop(lambda model, optimizer: train_truncated(model, optimizer, _char_batches(), torch.zeros(3, 10)),
-                _TinyCharRNN, references, steps=4,
-                hint_error="h still carries the previous batch's graph: cut it at the start of each batch.",
-                hint_wrong="Each batch: h = h.detach(), forward, zero_grad, backward, step.")
-    return CheckResult(True, "each batch starts from the last one's h, cut from its graph, and every step's "
-                             "backward freed its buffers.")
+    notes = _judge_loop(lambda model, optimizer: train_truncated(model, optimizer, _char_batches(), torch.zeros(3, 10)),
+                        _TinyCharRNN, references, steps=4, unit=("batch", "batches"), counted=lambda model: model,
+                        what_runs="the model",
+                        hint_error="h still carries the previous batch's graph: cut it at the start of each batch.",
+                        hint_wrong="Each batch: h = h.detach(), forward, zero_grad, backward, step.")
+    return _passed("each batch starts from the last one's h, cut from its graph, and no graph's buffers were "
+                   "alive at any optimizer.step().", notes)
 
 
 # -- exercise 3: a tensor computed before the loop ---------------------------------------------------
@@ -245,17 +304,23 @@ def _classifier_data() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(32, 8, generator=generator), torch.randint(0, 3, (32,), generator=generator)
 
 
-def _classifier_reference(mistake: str | None) -> Callable[[torch.nn.Module, torch.optim.Optimizer], None]:
-    def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def _classifier_reference(mistake: str | None) -> Reference:
+    def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              before_step: Callable[[int, torch.nn.Module], None] | None = None) -> None:
         inputs, labels = _classifier_data()
         features = model.encoder(inputs)
-        for _ in range(4):
+        for index in range(4):
             if mistake != "features once, retained":
                 features = model.encoder(inputs)
-            optimizer.zero_grad()
+            if mistake not in ("no zero_grad", "zero after step"):
+                optimizer.zero_grad()
             loss = F.cross_entropy(model.head(features.detach() if mistake == "encoder frozen" else features), labels)
             loss.backward(retain_graph=mistake == "features once, retained")
+            if before_step is not None:
+                before_step(index, model)
             optimizer.step()
+            if mistake == "zero after step":
+                optimizer.zero_grad()
     return train
 
 
@@ -268,10 +333,12 @@ def check_precomputed_fix(train_classifier: Callable[..., Any]) -> CheckResult:
     Used by notebook 04_carried_state.
     """
     references = {name: _classifier_reference(None if name == "right" else name)
-                  for name in ("right", "encoder frozen", "features once, retained")}
-    _judge_loop(lambda model, optimizer: train_classifier(model, optimizer, *_classifier_data(), 4),
-                _EncoderHead, references, steps=4,
-                hint_error="The features are computed once, so every step backpropagates through the same graph.",
-                hint_wrong="Compute the features from model.encoder inside the loop, every step.")
-    return CheckResult(True, "the features are rebuilt every step, so each backward goes through this step's "
-                             "graph only, and the encoder trains.")
+                  for name in ("right", "encoder frozen", "features once, retained", "no zero_grad", "zero after step")}
+    notes = _judge_loop(lambda model, optimizer: train_classifier(model, optimizer, *_classifier_data(), 4),
+                        _EncoderHead, references, steps=4, unit=("step", "steps"), counted=lambda model: model.encoder,
+                        what_runs="model.encoder",
+                        hint_error="The features are computed once, so every step backpropagates through the same "
+                                   "graph.",
+                        hint_wrong="Compute the features from model.encoder inside the loop, every step.")
+    return _passed("the features are rebuilt every step, so each backward goes through this step's graph only, "
+                   "and the encoder trains.", notes)

@@ -1,0 +1,159 @@
+"""What notebook 04's loop checks read while a learner's loop runs, and the patterns they recognise in it.
+
+:class:`LoopWatch` wraps the check's own optimizer's ``step`` and, while :meth:`LoopWatch.watching`,
+``torch.autograd.backward`` (which ``loss.backward()`` calls) and a forward pre-hook on one module. It keeps
+plain numbers and weak references only, so it never keeps alive the graphs it reports on.
+:func:`is_norm_clipping` tells norm clipping at one threshold from other ways of shrinking a gradient, and
+:func:`reads_data` whether an answer's code uses ``.data``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import inspect
+import types
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from helpers.meter import SavedTensorMeter
+
+__all__ = ["LoopWatch", "gradient_norm", "is_norm_clipping", "reads_data", "scale_down_to"]
+
+_TOLERANCE = 1e-3  # relative, for gradient norms
+
+
+def gradient_norm(model: torch.nn.Module) -> float:
+    """The norm of all of ``.grad`` taken as one vector, as ``clip_grad_norm_`` measures it."""
+    grads = [p.grad.detach().reshape(-1) for p in model.parameters() if p.grad is not None]
+    return float(torch.cat(grads).norm()) if grads else 0.0
+
+
+def scale_down_to(model: torch.nn.Module, norm: float) -> None:
+    """Scale ``.grad`` down to ``norm`` when it is larger (what norm clipping at ``norm`` does)."""
+    total = gradient_norm(model)
+    if norm < total:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(norm / total)
+
+
+def is_norm_clipping(learner: Sequence[float], unclipped: Sequence[float]) -> bool:
+    """The learner's gradient norms at each step are the right loop's, some scaled down to one threshold and
+    none above it: norm clipping (``clip_grad_norm_``) at that threshold."""
+    if len(learner) != len(unclipped) or any(got > full * (1 + _TOLERANCE) for got, full in zip(learner, unclipped)):
+        return False
+    scaled = [got for got, full in zip(learner, unclipped) if got < full * (1 - _TOLERANCE)]
+    if not scaled:
+        return False
+    threshold = max(scaled)
+    kept = [full for got, full in zip(learner, unclipped) if got >= full * (1 - _TOLERANCE)]
+    return min(scaled) >= threshold * (1 - _TOLERANCE) and all(full <= threshold * (1 + _TOLERANCE) for full in kept)
+
+
+class _RootStamp:
+    """Put into a backward root's ``grad_fn.metadata``: it dies with the node, so a weak reference to it says
+    whether that graph is still alive (a node itself cannot be weakly referenced)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_ROOT_KEY = "backward_twice.check_root"
+
+
+def _alive(stamps: Sequence[weakref.ref]) -> bool:
+    if not any(stamp() is not None for stamp in stamps):
+        return False
+    gc.collect()  # a graph held only by a reference cycle waits for the collector: do not blame the loop for it
+    return any(stamp() is not None for stamp in stamps)
+
+
+class LoopWatch:
+    """What the learner's loop does, read while it runs.
+
+    At every ``optimizer.step()``: the graph-only bytes still alive, the gradient's norm, and whether the graph
+    of a loss backwarded before the previous step is still alive. At every ``torch.autograd.backward`` (which
+    ``loss.backward()`` calls): whether it retained, and the graph-only bytes alive right after it. And how many
+    times the module ``counted`` ran.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meter: SavedTensorMeter,
+                 counted: torch.nn.Module) -> None:
+        self.meter, self.counted = meter, counted
+        self.clear()
+        original = optimizer.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            self.held.append(meter.graph_only_bytes)
+            self.norms.append(gradient_norm(model))
+            self.earlier_alive.append(_alive(self._earlier))
+            self._earlier = [stamp for stamp in self._earlier + self._this_step if stamp() is not None]
+            self._this_step = []
+            return original(*args, **kwargs)
+
+        optimizer.step = step
+
+    def clear(self) -> None:
+        self.held: list[int] = []
+        self.norms: list[float] = []
+        self.earlier_alive: list[bool] = []
+        self.retained_bytes: list[int] = []
+        self.runs = 0
+        self._earlier: list[weakref.ref] = []
+        self._this_step: list[weakref.ref] = []
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        original = torch.autograd.backward
+        signature = inspect.signature(original)
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError:
+                return original(*args, **kwargs)  # torch's own message
+            tensors = bound.arguments.get("tensors")
+            for root in (tensors,) if isinstance(tensors, torch.Tensor) else tensors or ():
+                if isinstance(root, torch.Tensor) and root.grad_fn is not None:
+                    self._this_step.append(weakref.ref(root.grad_fn.metadata.setdefault(_ROOT_KEY, _RootStamp())))
+            result = original(*args, **kwargs)
+            retain, create = bound.arguments.get("retain_graph"), bound.arguments.get("create_graph", False)
+            if create if retain is None else retain:
+                self.retained_bytes.append(self.meter.graph_only_bytes)
+            return result
+
+        def count(*_: Any) -> None:
+            self.runs += 1
+
+        handle = self.counted.register_forward_pre_hook(count)
+        torch.autograd.backward = backward
+        try:
+            yield
+        finally:
+            torch.autograd.backward = original
+            handle.remove()
+
+
+def reads_data(answer: Callable[..., Any]) -> bool:
+    """The answer's code reads an attribute ``.data``: its own code, its nested functions' and, through its
+    closure, the code of the functions it was made with (a factory's arguments, a wrapper's target)."""
+    functions, seen, codes = [answer], set(), []
+    while functions:
+        function = functions.pop()
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
+        for cell in getattr(function, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                if isinstance(cell.cell_contents, types.FunctionType):
+                    functions.append(cell.cell_contents)
+        stack = [getattr(function, "__code__", None)]
+        while stack:
+            code = stack.pop()
+            if isinstance(code, types.CodeType):
+                codes.append(code)
+                stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return any("data" in code.co_names for code in codes)
