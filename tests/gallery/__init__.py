@@ -9,4 +9,9 @@ LOOPS = [
     "seq2seq_global_encoder",
     "two_layer_net_autograd",
     "categorical_built_once",
+    "rnn_regressor",
+    "rnn_regressor_retain",
+    "char_rnn_classification",
+    "labels_before_loop",
+    "lstm_state_on_module",
 ]

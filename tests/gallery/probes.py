@@ -294,28 +294,28 @@ def direct_tensors(value: Any) -> list[torch.Tensor]:
 
 
 def candidates(module: types.ModuleType, state: dict) -> dict[str, Any]:
-    """Named places a graph can outlive an iteration: state entries, module globals, and the
-    attributes of objects kept there (a module's plain tensor attributes, a distribution's tensors)."""
-    found: dict[str, Any] = {}
-    for name, value in list(state.items()) + [
-        (name, value) for name, value in vars(module).items() if isinstance(value, torch.Tensor)
-    ]:
+    """Named places a graph can outlive an iteration: state entries and module globals (tensors, tuples
+    of them, distributions), then the tensor attributes of objects kept there (`model.hidden`,
+    `actions.probs`). An attribute that only aliases another entry's tensor (a data loader's `labels`
+    that is the state's `Y`) is left to that entry."""
+    top: dict[str, Any] = {}
+    for name, value in list(state.items()) + list(vars(module).items()):
+        if name in top or name.startswith("__") or isinstance(value, (types.ModuleType, type)):
+            continue
         if direct_tensors(value):
-            found[name] = value
-        if isinstance(value, torch.nn.Module):
-            for attr, held in vars(value).items():
-                if not attr.startswith("_") and direct_tensors(held):
-                    found[f"{name}.{attr}"] = held
-        if isinstance(value, torch.distributions.Distribution):
-            for attr, held in vars(value).items():
-                if isinstance(held, torch.Tensor) and not attr.startswith("_"):
-                    found[f"{name}.{attr}"] = held
-        if hasattr(value, "__dict__") and not isinstance(
-            value, (torch.nn.Module, torch.Tensor, torch.distributions.Distribution, torch.optim.Optimizer, type)
-        ):
-            for attr, held in vars(value).items():
-                if direct_tensors(held):
-                    found[f"{name}.{attr}"] = held
+            top[name] = value
+    owner_of = {id(t): name for name, value in top.items() for t in direct_tensors(value)}
+    found = dict(top)
+    for name, value in state.items():
+        if isinstance(value, (torch.Tensor, torch.optim.Optimizer, type)) or not hasattr(value, "__dict__"):
+            continue
+        for attr, held in vars(value).items():
+            tensors = direct_tensors(held)
+            if attr.startswith("_") or not tensors:
+                continue
+            if all(owner_of.get(id(t), name) != name for t in tensors):
+                continue  # an alias of another entry
+            found[f"{name}.{attr}"] = held
     return found
 
 
@@ -449,6 +449,8 @@ def detaching(module: types.ModuleType, names: list[str]) -> BoundaryHook:
 
 
 def detach_value(value: Any) -> Any:
+    if value is None:  # not built yet (a hidden state before the first step)
+        return None
     if isinstance(value, torch.Tensor):
         return value.detach()
     if isinstance(value, tuple):
