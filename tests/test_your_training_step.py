@@ -150,11 +150,23 @@ def test_the_gallery_covers_every_step_the_notebook_names(page) -> None:
 def test_the_broken_steps_fail_the_gradient_check_and_what_they_compute_passes(page) -> None:
     gan, critic = page["gan"], page["critic"]
     wrong = bt.gradient_check(page["single_forward_step"], page["gan_reference"], **gan)
-    assert not wrong and [text for _, _, text in wrong.runs[0][1]] == ["DIFFERENT", "DIFFERENT"]
-    assert bt.gradient_check(page["single_forward_step"], page["what_it_computes"], **gan)
+    assert not wrong and [model[-1] for model in wrong.runs[0][1]] == ["DIFFERENT", "DIFFERENT"]
+    computed = bt.gradient_check(page["single_forward_step"], page["what_it_computes"], **gan)
+    assert computed.simultaneous and not computed.alternating
     constant = bt.gradient_check(page["retain_only_step"], page["critic_reference"], **critic)
     assert not constant and "netD DIFFERENT" in repr(constant)
     assert verdicts(bt.audit_retain_graph(page["retain_only_step"], **critic)) == ["can go", "not a retain"]
+
+
+def test_the_standard_gan_step_is_alternating_and_the_single_forward_fix_simultaneous(page) -> None:
+    """Sections 2.3 and 2.4: at the optimizers' own learning rates the check tells the two fixed GAN steps apart."""
+    standard = bt.gradient_check(page["standard_step"], page["gan_reference"], **page["gan"])
+    single = bt.gradient_check(page["single_forward_fixed"], page["gan_reference"], **page["gan"])
+    assert standard.alternating and not standard.simultaneous, standard
+    assert single.simultaneous and not single.alternating, single
+    for result, point in ((standard, "at its optimizer's step (DIFFERENT at the step's start)"),
+                          (single, "at the step's start (DIFFERENT at its optimizer's step)")):
+        assert [m[-1] for m in result.runs[0][1]] == ["equal up to float rounding", f"equal up to float rounding {point}"]
 
 
 def test_the_srgan_diagnosis_names_the_error_line_and_keeps_the_audits_words(page) -> None:
@@ -223,12 +235,13 @@ def test_a_step_that_never_zeroes_grad_fails_on_the_second_run(small) -> None:
         optimizer.step()
 
     result = bt.gradient_check(step, lambda: model(x).pow(2).mean(), models=model, optimizers=optimizer)
-    assert not result and [r[1][0][2] for r in result.runs] == ["equal up to float rounding",
-                                                                 "DIFFERENT (2.00x the reference)"]
+    assert not result and [r[1][0][-1] for r in result.runs] == [
+        "equal up to float rounding",
+        "DIFFERENT (the reference plus what .grad held as the step began: nothing cleared it)"]
     assert repr(result).startswith("✗ step does not give the reference gradients:")
 
 
-def test_learning_rates_and_state_are_put_back_and_the_weights_never_move(small) -> None:
+def test_the_weights_move_at_the_optimizers_learning_rate_and_everything_is_put_back(small) -> None:
     model, optimizer, x = small
     model(x).sum().backward()
     optimizer.step()
@@ -243,11 +256,96 @@ def test_learning_rates_and_state_are_put_back_and_the_weights_never_move(small)
         optimizer.step()
 
     assert bt.gradient_check(step, lambda: model(x).pow(2).mean(), models={"net": model}, optimizers=[optimizer])
-    assert all(torch.equal(a, b) for a, b in zip(*seen))  # learning rate 0: the second run sees the same weights
+    assert not all(torch.equal(a, b) for a, b in zip(*seen))  # the second run starts where the first stepped to
+    assert all(torch.equal(a, b) for a, b in zip(seen[0], before[0].values()))
     state, opt_state, grads = before
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
     assert optimizer.state_dict()["param_groups"] == opt_state["param_groups"]
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+
+
+@pytest.fixture
+def two_networks():
+    torch.manual_seed(0)
+    netG, netD = torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(),
+                                                           torch.nn.Linear(4, 1))
+    optG, optD = torch.optim.SGD(netG.parameters(), lr=0.1), torch.optim.SGD(netD.parameters(), lr=0.1)
+    z, real = torch.randn(8, 2), torch.randn(8, 2)
+
+    def reference():
+        fake_out = netD(netG(z))
+        return {"D": netD(real).mean() - fake_out.mean(), "G": fake_out.mean()}
+
+    def alternating():
+        fake = netG(z)
+        optD.zero_grad()
+        (netD(real).mean() - netD(fake.detach()).mean()).backward()
+        optD.step()
+        optG.zero_grad()
+        netD(fake).mean().backward()  # through D as D's step left it
+        optG.step()
+
+    def simultaneous():
+        optD.zero_grad()
+        optG.zero_grad()
+        fake_out = netD(netG(z))
+        d_grads = torch.autograd.grad(netD(real).mean() - fake_out.mean(), list(netD.parameters()),
+                                      retain_graph=True)
+        g_grads = torch.autograd.grad(fake_out.mean(), list(netG.parameters()))
+        for p, g in zip([*netD.parameters(), *netG.parameters()], d_grads + g_grads):
+            p.grad = g
+        optD.step()
+        optG.step()
+
+    return dict(models={"D": netD, "G": netG}, optimizers=[optD, optG]), reference, alternating, simultaneous
+
+
+def test_an_alternating_step_and_a_simultaneous_one_are_told_apart(two_networks) -> None:
+    objects, reference, alternating, simultaneous = two_networks
+    first, second = bt.gradient_check(alternating, reference, **objects), bt.gradient_check(simultaneous, reference,
+                                                                                            **objects)
+    assert first.alternating and not first.simultaneous and "alternating updates" in repr(first)
+    assert second.simultaneous and not second.alternating and "simultaneous updates" in repr(second)
+    assert [m[-1] for m in first.runs[0][1]] == ["equal up to float rounding", "equal up to float rounding at its "
+                                                 "optimizer's step (DIFFERENT at the step's start)"]
+    assert [m[-1] for m in second.runs[0][1]] == ["equal up to float rounding", "equal up to float rounding at the "
+                                                  "step's start (DIFFERENT at its optimizer's step)"]
+
+
+def test_at_learning_rate_0_the_two_cannot_be_told_apart(two_networks) -> None:
+    objects, reference, alternating, simultaneous = two_networks
+    for optimizer in objects["optimizers"]:
+        optimizer.param_groups[0]["lr"] = 0.0
+    for step in (alternating, simultaneous):
+        result = bt.gradient_check(step, reference, **objects)
+        assert result.alternating and result.simultaneous, result
+
+
+def test_the_reference_reads_the_hidden_state_the_step_began_with_and_leaves_buffers_alone() -> None:
+    torch.manual_seed(0)
+    cell, norm = torch.nn.RNNCell(3, 4), torch.nn.BatchNorm1d(4)
+    model = torch.nn.ModuleDict({"cell": cell, "norm": norm})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    x, h = torch.randn(6, 3), torch.zeros(6, 4)
+    start, counted = h, []
+
+    def step():
+        nonlocal h
+        counted.append(int(norm.num_batches_tracked))  # the reference's forward passes must not count
+        optimizer.zero_grad()
+        h = cell(x, h.detach())
+        loss = norm(h).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+
+    def reference():
+        return norm(cell(x, h.detach())).pow(2).mean()
+
+    running = norm.running_mean.clone()
+    result = bt.gradient_check(step, reference, models=model, optimizers=optimizer)
+    assert result.alternating and result.simultaneous, result
+    assert counted == [0, 1]
+    assert torch.equal(norm.running_mean, running) and h is start
 
 
 def test_a_step_that_raises_is_reported_with_its_error(small) -> None:

@@ -8,7 +8,8 @@ nothing here tells it the solution.
 
 from __future__ import annotations
 
-from collections import UserDict
+from collections import OrderedDict, UserDict
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -88,6 +89,21 @@ WRONG = [
                  "regularised_step.", id="a-misspelt-name"),
     pytest.param(list(SOLUTION.values()), "Give a dict of step name -> verdict, not list.", id="a-list"),
     pytest.param(solution_audit(), "Give a dict of step name -> verdict, not RetainAudit.", id="an-audit"),
+    pytest.param({**SOLUTION, "adversarial_step": "can go"}, "1 of 4 verdicts differ from the audit's: adversarial_step.",
+                 id="adversarial-total-is-a-new-graph"),
+    pytest.param({**SOLUTION, "head_grad_step": "not a retain"},
+                 "Each verdict is the text 'needed' or 'can go'; head_grad_step has 'not a retain'.",
+                 id="the-audits-other-word"),
+    pytest.param({**SOLUTION, "regularised_step": ("needed", None)},
+                 "Each verdict is the text 'needed' or 'can go'; regularised_step has None.", id="a-none"),
+    pytest.param({**SOLUTION, "head_grad_step": "can_go"},
+                 "Each verdict is the text 'needed' or 'can go'; head_grad_step has 'can_go'.", id="an-underscore"),
+    pytest.param({**SOLUTION, "regularised_step": {"needed", "can go"}},
+                 "Regularised_step has 2 retain_graph=True: give 2 verdicts, in order, as a tuple, not 1.",
+                 id="a-set-has-no-order"),
+    pytest.param({**SOLUTION, "lm_step": "can go"},
+                 "Unknown step name(s): lm_step; the steps are adversarial_step, head_grad_step, regularised_step.",
+                 id="a-step-of-the-gallery"),
 ]
 
 RIGHT = [
@@ -96,6 +112,10 @@ RIGHT = [
                  id="case-space-and-a-list"),
     pytest.param({"adversarial_step": ("needed",), "head_grad_step": ["can go"], "regularised_step": ("needed", "can go")},
                  id="one-verdict-in-a-tuple"),
+    pytest.param(dict(reversed(list(SOLUTION.items()))), id="keys-in-another-order"),
+    pytest.param(OrderedDict(SOLUTION), id="an-ordered-dict"),
+    pytest.param(MappingProxyType(SOLUTION), id="a-read-only-mapping"),
+    pytest.param({**SOLUTION, "adversarial_step": "needed\n", "head_grad_step": "\tcan go"}, id="tabs-and-newlines"),
 ]
 
 test_wrong_answer_is_rejected_for_its_true_reason, test_right_answer_is_accepted = catalogue_tests(

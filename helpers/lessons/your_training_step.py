@@ -5,16 +5,19 @@ and the check of its exercise (predict the audit's verdicts).
 should? The audit compares the step with itself (with and without each retain); the check compares it with a
 reference, the losses each network should minimise, written by the learner. How:
 
-* every learning rate is set to 0 for the check (as notebook 03's checker does), so the weights stay where they
-  are and every gradient is judged at the same point; ``optimizer.step()`` still writes the weights in place,
-  which is all autograd's version counter sees;
-* each run draws the reference first (``torch.autograd.grad`` of each model's loss with respect to that model's
-  parameters only), then puts the random streams back and runs the step, so both draw the same random numbers;
+* the step runs with the optimizers' own learning rates, so the weights move as in training; each model's
+  reference gradient is taken twice, at the weights the step began with and at the weights of the moment its
+  optimizer steps, and the step must match at one of the two for every model: alternating updates (the standard
+  GAN step: G's gradient through D after D's update) match the second, simultaneous ones (one forward pass for
+  both networks, both optimizers stepping at the end) the first; at learning rate 0 the two cannot be told apart;
+* the reference is always evaluated as the step began: the random streams put back (the reference draws the same
+  random numbers as the step), the tensors its closure and globals held then (a hidden state the step rebinds),
+  and copies of the models' buffers (its forward passes change nothing the step's graphs saved);
 * what the step gives a parameter is its ``.grad`` when the optimizer holding it calls ``step()`` (its first
   call), or at the end of the step for a parameter no optimizer holds;
 * the step runs twice: the second run starts from the state the first left (``.grad``, a hidden state the
   step rebinds, optimizer state), as the next iteration of a loop would; the reference is drawn again for it;
-* everything (parameters, ``.grad``, buffers, optimizer state, learning rates, random streams, the tensors the
+* everything (parameters, ``.grad``, buffers, optimizer state, random streams, the tensors the
   step's closure and globals hold) is put back afterwards.
 
 :func:`check_audit_predictions` runs :func:`helpers.audit.audit_retain_graph` on its own copies of the
@@ -41,30 +44,58 @@ __all__ = ["check_audit_predictions", "gradient_check"]
 WHO = "gradient_check"
 
 
+# Where a model's reference gradient is taken: the weights the step began with, or the weights as they are when its
+# optimizer steps. With two optimizers they differ exactly when one network's update comes before the other's
+# gradient is computed: the standard GAN step (alternating updates) against the single-forward step (simultaneous).
+AT_START, AT_STEP = "at the step's start", "at its optimizer's step"
+
+
 @dataclass(frozen=True)
 class GradientCheck:
-    """What :func:`gradient_check` found: per run, the step's error (type and first line; None if it ran) and,
-    per model, whether its gradients equal the reference up to float rounding, and how they read.
+    """What :func:`gradient_check` found: per run, the step's error (type and first line; None if it ran) and, per
+    model, whether its gradients equal the reference taken at the weights the step began with, whether they equal
+    the reference taken when its optimizer stepped, and how they read.
 
     Used by notebook 05_your_training_step.
     """
 
     step: str
-    runs: tuple[tuple[str | None, tuple[tuple[str, bool, str], ...]], ...]
+    runs: tuple[tuple[str | None, tuple[tuple[str, bool, bool, str], ...]], ...]
+
+    def _holds(self, point: int) -> bool:
+        return all(error is None and all(model[point] for model in models) for error, models in self.runs)
+
+    @property
+    def alternating(self) -> bool:
+        """Every model's gradients equal the reference taken when its optimizer stepped, in both runs."""
+        return self._holds(2)
+
+    @property
+    def simultaneous(self) -> bool:
+        """Every model's gradients equal the reference taken at the weights the step began with, in both runs."""
+        return self._holds(1)
 
     @property
     def passed(self) -> bool:
-        return all(error is None and all(close for _, close, _ in models) for error, models in self.runs)
+        return self.alternating or self.simultaneous
 
     def __bool__(self) -> bool:
         return self.passed
 
     def __repr__(self) -> str:
-        head = (f"✓ {self.step} gives the reference gradients in both runs (the second from the state the first "
-                f"left)." if self.passed else f"✗ {self.step} does not give the reference gradients:")
+        if not self.passed:
+            head = f"✗ {self.step} does not give the reference gradients:"
+        else:
+            head = (f"✓ {self.step} gives the reference gradients in both runs (the second from the state the first "
+                    "left)")
+            if not self.simultaneous:
+                head += ", each model's taken when its optimizer stepped: alternating updates"
+            elif not self.alternating:
+                head += ", each model's taken at the weights the step began with: simultaneous updates"
+            head += "."
         rows = []
         for number, (error, models) in enumerate(self.runs, 1):
-            said = f"raised {error}" if error else ", ".join(f"{name} {text}" for name, _, text in models)
+            said = f"raised {error}" if error else ", ".join(f"{name} {text}" for name, *_, text in models)
             rows.append(f"  run {number}: {said}")
         return "\n".join([head, *rows])
 
@@ -108,15 +139,59 @@ def _reference_gradients(reference: Callable[[], Any], models: dict[str, torch.n
     return wanted
 
 
+class _Reference:
+    """The reference, evaluated as the step began: the tensors its closure and globals held then (a hidden state the
+    step has rebound since), the random streams as they were, and copies of the models' buffers (so its forward
+    passes change nothing the step's graphs saved); whatever the step has done by then is put back afterwards. Only
+    the weights are the ones of the moment."""
+
+    def __init__(self, reference: Callable[[], Any], models: dict[str, torch.nn.Module]) -> None:
+        self.reference, self.models = reference, models
+        self.start = TrainingState(step=reference)
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        now = TrainingState(step=self.reference)
+        held = [(module, name, buffer) for model in self.models.values() for module in model.modules()
+                for name, buffer in module._buffers.items() if buffer is not None]
+        self.start.restore()
+        for module, name, buffer in held:
+            module._buffers[name] = buffer.detach().clone()
+        try:
+            with torch.enable_grad():
+                return _reference_gradients(self.reference, self.models)
+        finally:
+            for module, name, buffer in held:
+                module._buffers[name] = buffer
+            now.restore()
+
+
 def _run_step(step: Callable[[], Any], models: dict[str, torch.nn.Module],
-              optimizers: tuple[torch.optim.Optimizer, ...]) -> tuple[dict[str, torch.Tensor], str | None]:
-    """Run the step once: each model's gradients as its optimizer received them, and the error it raised."""
+              optimizers: tuple[torch.optim.Optimizer, ...], reference: _Reference
+              ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor], str | None]:
+    """Run the step once: each model's gradients as its optimizer received them, its reference gradients taken at
+    that moment (at the end of the step for a model no optimizer stepped), each model's .grad as the step began,
+    and the error the step raised."""
     received: dict[int, torch.Tensor | None] = {}
+    at_step: dict[str, torch.Tensor] = {}
+    failed: list[BaseException] = []
+    entry = {name: flat([torch.zeros_like(p) if p.grad is None else p.grad for p in module.parameters()])
+             for name, module in models.items()}
+
+    def take_reference(names: list[str]) -> None:
+        try:
+            at_step.update((name, grads) for name, grads in reference.gradients().items() if name in names)
+        except Exception as exc:  # the reference's own error: raised after the step, never blamed on it
+            failed.append(exc)
 
     def on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         for group in optimizer.param_groups:
             for p in group["params"]:
                 received.setdefault(id(p), None if p.grad is None else p.grad.detach().clone())
+        stepped = [name for name, module in models.items()
+                   if name not in at_step and any(id(p) in held for p in module.parameters())]
+        if stepped and not failed:
+            take_reference(stepped)
 
     hooks = [optimizer.register_step_pre_hook(on_step) for optimizer in optimizers]
     error = None
@@ -128,31 +203,58 @@ def _run_step(step: Callable[[], Any], models: dict[str, torch.nn.Module],
     finally:
         for hook in hooks:
             hook.remove()
+    if error is None and not failed and (rest := [name for name in models if name not in at_step]):
+        take_reference(rest)
+    if failed:
+        raise failed[0]
     got = {}
     for name, module in models.items():
         grads = [received[id(p)] if id(p) in received else p.grad for p in module.parameters()]
         got[name] = flat([torch.zeros_like(p) if g is None else g for p, g in zip(module.parameters(), grads)])
-    return got, error
+    return got, at_step, entry, error
 
 
-def _describe(got: torch.Tensor, want: torch.Tensor) -> tuple[bool, str]:
-    if gradients_close(got, want):
-        return True, "equal up to float rounding"
+def _difference(got: torch.Tensor, want: torch.Tensor, entry: torch.Tensor) -> str:
+    """How gradients that match neither reference read: none, a clear multiple, or the reference plus .grad's
+    leftovers."""
     if not bool(got.any()):
-        return False, "DIFFERENT (no gradient)"
+        return "DIFFERENT (no gradient)"
+    if bool(entry.any()) and gradients_close(got, want + entry):
+        return "DIFFERENT (the reference plus what .grad held as the step began: nothing cleared it)"
     k = clear_multiple(got, want) if bool(want.any()) else None
-    return False, f"DIFFERENT ({k:.2f}x the reference)" if k is not None else "DIFFERENT"
+    return f"DIFFERENT ({k:.2f}x the reference)" if k is not None else "DIFFERENT"
+
+
+def _describe(name: str, got: torch.Tensor, at_start: torch.Tensor, at_step: torch.Tensor | None,
+              entry: torch.Tensor) -> tuple[str, bool, bool, str]:
+    start = gradients_close(got, at_start)
+    stepped = at_step is not None and gradients_close(got, at_step)
+    if start and stepped:
+        return name, True, True, "equal up to float rounding"
+    if start or stepped:
+        here, there = (AT_START, AT_STEP) if start else (AT_STEP, AT_START)
+        return name, start, stepped, f"equal up to float rounding {here} (DIFFERENT {there})"
+    detail = _difference(got, at_step if at_step is not None else at_start, entry)
+    if detail == "DIFFERENT" and at_step is not None:
+        detail = _difference(got, at_start, entry)
+    return name, False, False, detail
 
 
 def gradient_check(step: Callable[[], Any], reference: Callable[[], Any],
                    models: torch.nn.Module | Iterable[torch.nn.Module] | Mapping[str, torch.nn.Module],
                    optimizers: torch.optim.Optimizer | Any = ()) -> GradientCheck:
-    """Run ``step`` (one training iteration, no arguments) twice at learning rate 0, the second time from the
-    state the first left, and compare the gradients each model receives with the reference: ``reference()``
-    returns the loss each model should minimise, and its gradients are taken with respect to that model's
-    parameters only. ``models``: a dict of name -> model, whose names the reference's dict uses; one model (or
-    a list) goes by the name the step knows it by, and with one model the reference may return the loss
-    itself. Everything is put back afterwards.
+    """Run ``step`` (one training iteration, no arguments) twice, with the optimizers' own learning rates, the
+    second time from the state the first left, and compare the gradients each model receives (its ``.grad`` when
+    its optimizer's ``step()`` is called) with the reference's: ``reference()`` returns the loss each model should
+    minimise, and its gradients are taken with respect to that model's parameters only, twice per run: at the
+    weights the step began with, and at the weights of the moment the model's optimizer steps (at the end of the
+    step for a model no optimizer steps). A step passes when every model matches at one of the two points in both
+    runs: the second means alternating updates (the standard GAN step: G's gradient through the updated D), the
+    first simultaneous ones (one pass for both networks); with one optimizer step per iteration, or learning rates
+    of 0, they coincide. The reference is always evaluated as the step began (the tensors it reads, the random streams, the
+    buffers); only the weights differ. ``models``: a dict of name -> model, whose names the reference's dict uses;
+    one model (or a list) goes by the name the step knows it by, and with one model the reference may return the
+    loss itself. Everything is put back afterwards.
 
     Used by notebook 05_your_training_step."""
     check_step(step, WHO)
@@ -163,16 +265,13 @@ def gradient_check(step: Callable[[], Any], reference: Callable[[], Any],
     buffers = [(b, b.detach().clone()) for m in named.values() for b in m.buffers()]
     runs = []
     try:
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = 0.0
         with passed_optimizers_only(step, optimizers, WHO):
             for _ in range(2):
-                streams = torch.random.get_rng_state()
-                wanted = _reference_gradients(reference, named)
-                torch.random.set_rng_state(streams)
-                got, error = _run_step(step, named, optimizers)
-                runs.append((error, tuple((name, *_describe(got[name], wanted[name])) for name in named)))
+                as_it_began = _Reference(reference, named)
+                at_start = as_it_began.gradients()
+                got, at_step, entry, error = _run_step(step, named, optimizers, as_it_began)
+                runs.append((error, tuple(_describe(name, got[name], at_start[name], at_step.get(name), entry[name])
+                                          for name in named)))
                 if error is not None:
                     break
     finally:
