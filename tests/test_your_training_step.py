@@ -348,6 +348,26 @@ def test_the_reference_reads_the_hidden_state_the_step_began_with_and_leaves_buf
     assert torch.equal(norm.running_mean, running) and h is start
 
 
+def test_a_reference_that_fails_at_the_optimizers_step_is_its_own_error_not_the_steps(small) -> None:
+    model, optimizer, x = small
+    calls = []
+
+    def step():
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+
+    def reference():
+        calls.append(None)
+        if len(calls) > 1:
+            raise KeyError("made up")
+        return model(x).sum()
+
+    with pytest.raises(KeyError, match="made up"):
+        bt.gradient_check(step, reference, models=model, optimizers=optimizer)
+    assert len(calls) == 2  # once as the step began, once at optimizer.step()
+
+
 def test_a_step_that_raises_is_reported_with_its_error(small) -> None:
     model, optimizer, x = small
 
