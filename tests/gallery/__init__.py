@@ -14,4 +14,9 @@ LOOPS = [
     "char_rnn_classification",
     "labels_before_loop",
     "lstm_state_on_module",
+    "simple_gan",
+    "srgan",
+    "cyclegan",
+    "wgan_gp_toy",
+    "vae_gan",
 ]
