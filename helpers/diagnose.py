@@ -16,7 +16,7 @@ turns their findings into one prescription, ordered by what to fix first.
 The diagnosis holds plain data and the two reports (plain data too): no tensor and no graph. Lines in notebook
 cells read as IPython's tracebacks name them ("Cell In[5], line 3: code").
 
-Used by notebook 05_your_training_step, and by learners on their own training step (README, "Bring your own
+Used by notebooks 05_your_training_step and 06_real_stack, and by learners on their own training step (README, "Bring your own
 training step").
 """
 
@@ -32,20 +32,9 @@ import torch
 from helpers.audit import CREATE_GRAPH_NOTE, RetainAudit, audit_retain_graph
 from helpers.carried import CarriedGraphReport, find_carried_graph
 from helpers.errors import error_kind
+from helpers.verdicts import ERROR_FIXES as _ERROR_FIXES
 
 __all__ = ["Diagnosis", "Prescription", "diagnose"]
-
-_ERROR_FIXES = {
-    "backward a second time": "a backward freed this graph's buffers and a later one goes through them: add "
-                              "retain_graph=True to the earlier backward only, or sum the losses and call "
-                              "backward() once",
-    "in-place version error": "a tensor the graph saved was changed in place (x += ..., relu_(), "
-                              "optimizer.step()) before the backward through it: use the out-of-place form, "
-                              "or call optimizer.step() after every backward through this graph",
-    "no graph": "the loss was computed without a graph (under torch.no_grad(), from .detach() or .item(), or "
-                "from tensors that need no gradient): compute it from the model's output with grad enabled",
-    "other": "the step fails before retain_graph matters: fix this error first",
-}
 
 
 @dataclass(frozen=True)
@@ -154,7 +143,7 @@ def diagnose(step: Callable[[], Any],
     Pass the ``models`` and ``optimizers`` the step trains: they, the random streams and the tensors the
     step's closure and globals hold are put back afterwards.
 
-    Used by notebook 05_your_training_step, and by learners on their own training step (README, "Bring your own
+    Used by notebooks 05_your_training_step and 06_real_stack, and by learners on their own training step (README, "Bring your own
     training step")."""
     if isinstance(models, Mapping):  # {"D": netD, "G": netG}, as the gradient check takes them
         models = list(models.values())

@@ -18,6 +18,7 @@ import contextlib
 import inspect
 import linecache
 import os
+import re
 import sys
 import sysconfig
 import types
@@ -25,9 +26,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-__all__ = ["as_items", "check_step", "known_names", "learner_line", "passed_optimizers_only", "place", "skipped_dirs"]
+__all__ = ["as_items", "check_step", "first_line", "intercepting", "known_names", "learner_line", "passed_optimizers_only", "place",
+           "raised_at", "short", "skipped_dirs"]
 
 
 def skipped_dirs() -> tuple[str, ...]:
@@ -138,3 +140,75 @@ def as_items(value: object, kind: type, what: str, label: str, who: str = "audit
     if wrong:
         raise TypeError(f"{who}: {what} must be a {label} or a list of them; got {type(wrong[0]).__name__}")
     return items
+
+
+# -- the one place that intercepts torch: backward calls at the engine's entry, optimizer steps ------------------
+
+# ``torch/autograd/__init__.py`` imports the engine's entry by name, so both bindings are replaced: patching
+# only ``torch.autograd.graph`` would see no call. ``loss.backward()``, ``torch.autograd.backward`` and
+# ``torch.autograd.grad`` all pass through it.
+_ENGINE_OWNERS = (torch.autograd.graph, torch.autograd)
+_ENGINE_ENTRY = "_engine_run_backward"
+
+EngineHandler = Callable[[Callable[..., Any], Any, tuple, dict], Any]
+
+
+@contextlib.contextmanager
+def intercepting(on_backward: EngineHandler | None = None,
+                 on_step: Callable[[torch.optim.Optimizer], None] | None = None,
+                 before_step: Callable[[torch.optim.Optimizer], None] | None = None) -> Iterator[None]:
+    """While inside, every entry into autograd's engine calls ``on_backward(engine, outputs, args, kwargs)``
+    (which calls ``engine(outputs, *args, **kwargs)`` itself: ``args`` are grad_tensors, keep_graph,
+    create_graph, inputs, ...; ``kwargs`` holds ``accumulate_grad``, False for ``torch.autograd.grad``), and every
+    optimizer's ``step()`` calls ``before_step(optimizer)`` and ``on_step(optimizer)`` after it (PyTorch's global
+    step hooks: optimizers created inside count too). Everything is put back on the way out, even on error;
+    nested uses stack."""
+    undo: list[Callable[[], None]] = []
+    try:
+        if on_backward is not None:
+            engine = getattr(torch.autograd.graph, _ENGINE_ENTRY)
+            current = [getattr(owner, _ENGINE_ENTRY) for owner in _ENGINE_OWNERS]
+
+            def entered(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+                return on_backward(engine, outputs, args, kwargs)
+
+            for owner, original in zip(_ENGINE_OWNERS, current):
+                setattr(owner, _ENGINE_ENTRY, entered)
+                undo.append(lambda owner=owner, original=original: setattr(owner, _ENGINE_ENTRY, original))
+        if before_step is not None:
+            undo.append(register_optimizer_step_pre_hook(lambda o, args, kwargs: before_step(o)).remove)
+        if on_step is not None:
+            undo.append(register_optimizer_step_post_hook(lambda o, args, kwargs: on_step(o)).remove)
+        yield
+    finally:
+        while undo:
+            undo.pop()()
+
+
+def first_line(exc: BaseException, width: int = 110) -> str:
+    """``'NameError: name ...'``: the exception's type and the first line of its message (cut to ``width``),
+    also for an exception whose ``str()`` itself fails."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a learner's exception class may break even str()
+        text = ""
+    lines = text.split(" Hint:")[0].strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:width]}" if lines else type(exc).__name__
+
+
+def raised_at(exc: BaseException, lines: dict[tuple[str, int], str] | None = None) -> str:
+    """The learner's line where ``exc`` was raised: from its traceback's innermost frame outward."""
+    tb = exc.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return learner_line(frames[-1] if frames else None, lines)
+
+
+def short(line: str) -> str:
+    """"/a/b/train.py:12: code" -> "train.py:12: code" (a cell's "Cell In[5], line 3: code" stays)."""
+    match = re.match(r"(.*?):(\d+): (.*)$", line)
+    if not match or match.group(1).startswith("Cell "):
+        return line
+    return f"{match.group(1).rsplit('/', 1)[-1]}:{match.group(2)}: {match.group(3)}"

@@ -1,0 +1,428 @@
+"""The recorder: watch a learner's loop run as written and keep what the verdicts need, with nothing re-run.
+
+:class:`Recorder` enters through :func:`helpers.learner.intercepting` (the one place that patches torch) and keeps:
+
+* every backward and ``torch.autograd.grad`` call: the learner's line (:func:`helpers.learner.learner_line`), its
+  ``retain_graph`` (as written), ``create_graph`` and ``inputs``, and what it walked. What a backward walks is
+  the engine's own list (``torch._C._current_graph_task_execution_order()``, read in a prehook on the root with
+  multithreading off; several roots: a walk over ``next_functions``). Each walked node that holds saved tensors
+  (a ``_raw_saved_*`` attribute with data, read without unpacking, so PyTorch's version check stays on) gets
+  a stamp in its ``node.metadata``: the last call that walked it and whether that call kept the buffers. The
+  stamp dies with the graph: the recorder holds no node and no tensor between calls;
+* the bytes the walked graph still holds after each call, counted as the saved-tensor meter counts them (one
+  storage once, and only when the graph alone holds it);
+* iterations: PyTorch's global optimizer step hooks, :meth:`Recorder.next_iteration`, or, without either, a new
+  iteration at each call of the first backward line (:mod:`helpers.verdicts` decides which, afterwards, from
+  the events kept here). Which iteration built a node comes from its ``_sequence_nr()`` against the engine's
+  counter (``torch._C._autograd._get_sequence_nr()``) read at each event;
+* the names that hold tensors with a graph at each event (the learner's frames, their globals, attributes of
+  the modules and objects they hold, items of lists, tuples and dicts), so a verdict names the learner's own
+  variable and the line that assigned it;
+* the error a backward raised, with the call that freed the buffers it needed, or the optimizer step that changed
+  a saved tensor in place.
+
+With ``keep_buffers=True`` (the step tools' runs) every call keeps its buffers and the recorder raises PyTorch's own
+error where the step as written would (a walk through a node a non-retaining call already walked): the runs
+behave as written, and a graph built before the step is still usable afterwards.
+
+Used by :mod:`helpers.watcher` and :mod:`helpers.harness`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gc
+import inspect
+import sys
+import types
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from helpers.learner import first_line, intercepting, learner_line, raised_at, short, skipped_dirs
+from helpers.lines import CreationLines
+from helpers.names import NamedGraph, names_holding_graphs, site_of
+from helpers.saved import graph_only_bytes, python_walk, saved_data
+
+__all__ = ["CallRecord", "ErrorRecord", "Recorder", "Split", "StopRecording", "split_iterations"]
+
+STAMP = "backward_twice.recorder"
+SECOND_TIME = ("Trying to backward through the graph a second time (or directly access saved tensors after they "
+               "have already been freed). Saved intermediate values of the graph are freed when you call .backward() "
+               "or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time "
+               "or if you need to access saved tensors after calling backward.")
+_LEAF_SEQ = 2 ** 63  # AccumulateGrad nodes carry 2**64 - 1
+_MAX_OLD = 100_000  # nodes of possibly earlier iterations kept per call
+_MAX_NAMES = 50_000
+
+
+class StopRecording(BaseException):
+    """Raised at the end of the iteration a recorder was told to stop after; :func:`helpers.watcher.watch` swallows
+    it. Not an Exception: the learner's own ``except Exception`` must not catch it."""
+
+
+@dataclass
+class CallRecord:
+    """One backward or ``torch.autograd.grad`` call as it ran."""
+
+    index: int
+    site: tuple[str, int]  # (file, line) of the learner's line
+    line: str  # "file:line: code"
+    function: str  # "backward" or "grad"
+    retain_graph: bool  # as written (create_graph implies it)
+    create_graph: bool
+    inputs: int  # how many tensors inputs= named (0: none)
+    start: int  # the sequence counter when the call began, and when it ended
+    end: int = 0
+    event: int = 0  # how many events (optimizer steps, marks) came before it
+    walked: int = 0
+    saved_nodes: int = 0
+    held_after_bytes: int = 0
+    needed_by: list[int] = field(default_factory=list)  # later calls that walked buffers this one kept
+    old: array = field(default_factory=lambda: array("Q"))  # sequence numbers of walked nodes built before the
+    # call's last event: what a later rule may call an earlier iteration
+    error: str | None = None
+    first_freed: tuple[int, int] | None = None  # (position in the walk, the call that freed it)
+
+
+@dataclass
+class ErrorRecord:
+    """The error a call (or the loop) raised: its first line, the learner's line, the call (None: not a backward),
+    and the recorder's evidence: the call that freed the buffers needed, the name it was reached through, the
+    optimizer step that changed a saved tensor in place."""
+
+    message: str
+    line: str
+    call: int | None = None
+    freed_by: int | None = None
+    reached_through: NamedGraph | None = None
+    changed_by_step: str | None = None
+
+
+class Recorder:
+    """Watches backward calls and optimizer steps while inside ``with recorder:`` (see the module's docstring).
+
+    ``iterations``: raise :class:`StopRecording` once that many iterations ended. ``keep_buffers``: keep every
+    graph's buffers and raise PyTorch's error where the code as written would. ``roots``: extra (name, object)
+    pairs to look for named tensors in (a step's closure and globals), as a function called at each event."""
+
+    def __init__(self, iterations: int | None = None, keep_buffers: bool = False,
+                 roots: Callable[[], list[tuple[str, Any]]] | None = None) -> None:
+        if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int)
+                                       or iterations < 1):
+            raise ValueError(f"watch: iterations must be a whole number from 1 up (or None), got {iterations!r}")
+        self.iterations, self.keep_buffers, self.roots = iterations, keep_buffers, roots
+        self.calls: list[CallRecord] = []
+        self.steps: list[tuple[int, int, int, str]] = []  # (optimizer id, sequence counter, calls so far, line)
+        self.optimizer_kinds: dict[int, str] = {}
+        self.marks: list[tuple[int, int]] = []  # next_iteration(): (sequence counter, calls so far)
+        self.names: dict[int, NamedGraph] = {}  # node sequence number -> the name that held it
+        self.unwalked: dict[int, tuple[NamedGraph, int]] = {}  # named graphs no backward walked yet: bytes
+        self.error: ErrorRecord | None = None
+        self.creation = CreationLines()  # which learner's line built each node
+        self.pending: list[str] = []  # optimizers the code names that never stepped before the error
+        self.start = self.finish = 0
+        self.stopped = False
+        self._lines: dict[tuple[str, int], str] = {}
+        self._skipped = skipped_dirs()
+        self._context: Any = None
+        self._depth = 0
+        self._recent: set[int] = set()  # nodes walked since the last time names were noted
+
+    # -- entering and leaving ------------------------------------------------------------------------------
+    def __enter__(self) -> Recorder:
+        self.start = torch._C._autograd._get_sequence_nr()
+        self._context = intercepting(self._on_backward, self._on_step, self._before_step)
+        self._context.__enter__()
+        self._note_names(sys._getframe(1))  # what the loop starts from: a graph built before it
+        self.creation.start(sys._getframe(1))
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        self.finish = torch._C._autograd._get_sequence_nr()
+        self.creation.stop()
+        self._context.__exit__(None, None, None)
+        frame = sys._getframe(1)
+        while frame is not None:  # the f_locals snapshots that tracing and naming made: none outlives the watch
+            if frame.f_code.co_flags & inspect.CO_OPTIMIZED and self.creation.is_learners(frame.f_code):
+                frame.f_locals.clear()
+            frame = frame.f_back
+        if exc is not None and not isinstance(exc, StopRecording) and self.error is None:
+            self.record_error(exc)
+        return False
+
+    def record_error(self, exc: BaseException) -> None:
+        """Keep an error the loop raised outside a backward call (a backward's own is kept where it rose)."""
+        self.error = ErrorRecord(first_line(exc, 400), raised_at(exc, self._lines))
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        self.pending = self._pending_optimizers(None if tb is None else tb.tb_frame)
+
+    def _pending_optimizers(self, frame: types.FrameType | None) -> list[str]:
+        """The kinds of the optimizers the learner's code at the error names and that never stepped: the loop
+        raised before the end of its first cycle (a GAN's generator step never came)."""
+        pending = []
+        while frame is not None:
+            if site_of(frame, self._skipped, outward=False)[0]:
+                code = frame.f_code
+                for name in (*code.co_varnames, *code.co_names):
+                    value = frame.f_locals.get(name, frame.f_globals.get(name))
+                    if isinstance(value, torch.optim.Optimizer) and id(value) not in self.optimizer_kinds:
+                        pending.append(f"{name} ({type(value).__name__})")
+            frame = frame.f_back
+        return pending
+
+    # -- iterations ----------------------------------------------------------------------------------------
+    def next_iteration(self) -> None:
+        """Mark the end of an iteration (a loop without an optimizer, or with a hand-written update)."""
+        self.marks.append((torch._C._autograd._get_sequence_nr(), len(self.calls)))
+        self._note_names(sys._getframe(1))
+        self._maybe_stop()
+
+    def iterations_done(self) -> int:
+        return split_iterations(self).count
+
+    def _maybe_stop(self) -> None:
+        if self.iterations is not None and not self.stopped and self.iterations_done() >= self.iterations:
+            self.stopped = True
+            raise StopRecording(self.iterations)
+
+    def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer_kinds.setdefault(id(optimizer), type(optimizer).__name__)
+
+    def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
+        line = learner_line(sys._getframe(1), self._lines, self._skipped)
+        self.steps.append((id(optimizer), torch._C._autograd._get_sequence_nr(), len(self.calls), line))
+        self._note_names(sys._getframe(1))
+        self._maybe_stop()
+
+    @property
+    def events(self) -> int:
+        return len(self.steps) + len(self.marks)
+
+    # -- backward calls ------------------------------------------------------------------------------------
+    def _on_backward(self, engine: Callable[..., Any], outputs: Any, args: tuple, kwargs: dict) -> Any:
+        if self._depth:  # a backward inside a backward (a hook's): the outer call is the learner's
+            return engine(outputs, *args, **kwargs)
+        keep = bool(args[1]) if len(args) > 1 else bool(kwargs.get("keep_graph", False))
+        create = bool(args[2]) if len(args) > 2 else bool(kwargs.get("create_graph", False))
+        inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
+        caller = sys._getframe(1)
+        line = learner_line(caller, self._lines, self._skipped)
+        site = site_of(caller, self._skipped)
+        if self.marks == [] and self.steps == [] and self.calls and self.iterations is not None:
+            self._fallback_stop(site)
+        call = CallRecord(len(self.calls), site, line, "backward" if kwargs.get("accumulate_grad", True) else "grad",
+                          keep, create, len(inputs or ()), torch._C._autograd._get_sequence_nr(), event=self.events)
+        self.calls.append(call)
+        roots = [_node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
+        roots = [r for r in roots if r is not None]
+        walked: list[Any] = []
+        boundary = self._last_event_sequence()
+
+        def look(order: list[Any]) -> None:
+            walked.extend(order)
+            self._walk(call, order, boundary)
+
+        handle = None
+        if len(roots) == 1 and hasattr(roots[0], "register_prehook"):
+            handle = roots[0].register_prehook(lambda grads: look(torch._C._current_graph_task_execution_order()))
+        elif roots:
+            look(python_walk(roots))
+        if self.keep_buffers:  # torch passes (grad_tensors, keep_graph, create_graph, inputs, ...) by position
+            args = (args[0], True, *args[2:]) if len(args) > 1 else args
+        self._depth += 1
+        try:
+            with torch.autograd.set_multithreading_enabled(False):
+                result = engine(outputs, *args, **kwargs)
+        except Exception as exc:
+            call.error = first_line(exc, 400)
+            if self.error is None:
+                self.error = self._explain(exc, call, walked, caller)
+                self.pending = self._pending_optimizers(caller)
+            raise
+        finally:
+            self._depth -= 1
+            if handle is not None:
+                handle.remove()
+            call.end = torch._C._autograd._get_sequence_nr()
+        saved = [n for n in walked if _stamp(n) is not None]
+        call.held_after_bytes = 0 if (self.keep_buffers and not keep) else graph_only_bytes(saved)
+        del saved, walked
+        if not self.steps and not self.marks:
+            self._note_names(caller)
+        return result
+
+    def _walk(self, call: CallRecord, order: list[Any], boundary: int) -> None:
+        """Stamp the walked nodes that hold saved tensors; note the buffers an earlier call kept, and the nodes
+        built before the call's last event. With keep_buffers, raise where the code as written would."""
+        walked = saved_nodes = 0
+        needs: set[int] = set()
+        for position, node in enumerate(order):
+            sequence = node._sequence_nr()
+            if sequence >= _LEAF_SEQ:
+                continue
+            walked += 1
+            if sequence < boundary and len(call.old) < _MAX_OLD:
+                call.old.append(sequence)
+            self._recent.add(sequence)
+            if sequence in self.unwalked:
+                del self.unwalked[sequence]
+            stamp = node.metadata.get(STAMP)
+            if stamp is None:
+                tensors = saved_data(node)
+                if not tensors:
+                    continue
+                stamp = node.metadata[STAMP] = [call.index, call.retain_graph or call.create_graph]
+            else:
+                previous, kept = stamp
+                if not kept and call.first_freed is None:
+                    call.first_freed = (position, previous)
+                    if self.keep_buffers:
+                        call.walked, call.saved_nodes = walked, saved_nodes + 1
+                        raise RuntimeError(SECOND_TIME)
+                if kept:
+                    needs.add(previous)
+                stamp[0], stamp[1] = call.index, call.retain_graph or call.create_graph
+            saved_nodes += 1
+        call.walked, call.saved_nodes = walked, saved_nodes
+        for previous in needs:
+            self.calls[previous].needed_by.append(call.index)
+
+    def _last_event_sequence(self) -> int:
+        """The sequence counter at the last event that may end an iteration: an optimizer step, a mark, or, while
+        there is neither, the end of the last call."""
+        candidates = [self.start]
+        if self.steps:
+            candidates.append(self.steps[-1][1])
+        if self.marks:
+            candidates.append(self.marks[-1][0])
+        if self.calls and len(self.calls) > 1:
+            candidates.append(self.calls[-2].end)
+        return max(candidates)
+
+    def _fallback_stop(self, site: tuple[str, int]) -> None:
+        """Without optimizer steps or marks, iteration N ends where the first backward line is called again."""
+        first = self.calls[0].site
+        if site == first and sum(1 for c in self.calls if c.site == first) >= self.iterations:
+            self.stopped = True
+            raise StopRecording(self.iterations)
+
+    def _explain(self, exc: BaseException, call: CallRecord, walked: list[Any],
+                 caller: types.FrameType) -> ErrorRecord:
+        record = ErrorRecord(first_line(exc, 400), call.line, call.index)
+        message = str(exc)
+        if "backward through the graph a second time" in message and call.first_freed is not None:
+            position, record.freed_by = call.first_freed
+            record.reached_through = self._through(walked, position, call, caller)
+        elif "modified by an inplace operation" in message:
+            record.changed_by_step = self._step_that_changed(walked, call)
+        return record
+
+    def _through(self, walked: list[Any], position: int, call: CallRecord,
+                 caller: types.FrameType) -> NamedGraph | None:
+        """The name closest above the freed node in the walk: kept at an event, or held by a frame now."""
+        live = {n.sequence: n for n, _ in names_holding_graphs(caller, self._skipped, self.events, self.roots)}
+        for node in reversed(walked[:position + 1]):
+            sequence = node._sequence_nr()
+            named = self.names.get(sequence) or live.get(sequence)
+            if named is not None:
+                return named
+        return None
+
+    def _step_that_changed(self, walked: list[Any], call: CallRecord) -> str | None:
+        """The learner's line of the last optimizer step whose parameters a walked node saved, if one stepped
+        after that node was built."""
+        stepped = {}
+        for optimizer_id, sequence, _, line in self.steps:
+            stepped[optimizer_id] = (sequence, line)
+        if not stepped:
+            return None
+        params = {}
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.optim.Optimizer) and id(obj) in stepped:
+                for group in obj.param_groups:
+                    for p in group["params"]:
+                        params[p.untyped_storage().data_ptr()] = id(obj)
+        for node in walked:
+            for tensor in saved_data(node) or ():
+                owner = params.get(tensor.untyped_storage().data_ptr())
+                if owner is not None and stepped[owner][0] > node._sequence_nr():
+                    return stepped[owner][1]
+        return None
+
+    # -- names ---------------------------------------------------------------------------------------------
+    def _note_names(self, frame: types.FrameType | None) -> None:
+        """Keep the names that hold graphs now; a graph no backward walked yet is kept with its bytes (a note if
+        none ever walks it)."""
+        event, recent, self._recent = self.events, self._recent, set()
+        for named, node in names_holding_graphs(frame, self._skipped, event, self.roots):
+            if named.sequence in self.names:
+                continue
+            if len(self.names) >= _MAX_NAMES:
+                self.names.pop(next(iter(self.names)))
+            self.names[named.sequence] = named
+            if named.sequence not in recent and STAMP not in node.metadata and len(self.unwalked) < _MAX_NAMES:
+                held = graph_only_bytes(python_walk([node]))
+                if held:
+                    self.unwalked[named.sequence] = (named, held)
+
+def _stamp(node: Any) -> list | None:
+    return node.metadata.get(STAMP)
+
+
+def _node_of(output: Any) -> Any:
+    node = getattr(output, "grad_fn", None)
+    if node is None and hasattr(output, "node"):  # a GradientEdge
+        node = output.node
+    return node
+
+
+@dataclass(frozen=True)
+class Split:
+    """How the run was cut into iterations: the rule in words, and the ends of iterations as (sequence counter,
+    calls made before it)."""
+
+    how: str
+    ends: tuple[tuple[int, int], ...]
+    start: int
+
+    @property
+    def count(self) -> int:
+        return len(self.ends)
+
+    def iteration_of_node(self, sequence: int) -> int:
+        """1-based iteration that built a node; 0 before the first."""
+        if sequence < self.start:
+            return 0
+        return 1 + bisect.bisect_right([seq for seq, _ in self.ends], sequence)
+
+    def iteration_of_call(self, index: int) -> int:
+        return 1 + bisect.bisect_right([calls for _, calls in self.ends], index)
+
+
+def split_iterations(recorder: Recorder) -> Split:
+    if recorder.marks:
+        return Split("by next_iteration()", tuple(recorder.marks), recorder.start)
+    if recorder.steps and recorder.pending:
+        return Split(f"by {recorder.pending[0]}.step(), which never came before the error", (), recorder.start)
+    if recorder.steps:
+        first: dict[int, int] = {}
+        for position, (optimizer, _, _, _) in enumerate(recorder.steps):
+            first.setdefault(optimizer, position)
+        closing = max(first, key=first.get)  # type: ignore[arg-type]
+        ends = tuple((seq, calls) for optimizer, seq, calls, _ in recorder.steps if optimizer == closing)
+        kind = recorder.optimizer_kinds.get(closing, "optimizer")
+        line = next(line for optimizer, _, _, line in recorder.steps if optimizer == closing)
+        return Split(f"by {kind}.step() at {short(line)}", ends, recorder.start)
+    calls = recorder.calls
+    if not calls:
+        return Split("no backward call and no optimizer step", (), recorder.start)
+    first_site = calls[0].site
+    ends = tuple((c.end, c.index + 1) for c, after in zip(calls, calls[1:]) if after.site == first_site)
+    return Split(f"at each call of {short(calls[0].line)} (no optimizer step and no next_iteration())", ends,
+                 recorder.start)

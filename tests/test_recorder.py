@@ -1,0 +1,287 @@
+"""helpers/recorder.py and helpers/verdicts.py: what the recorder sees while a loop runs as written, and the
+verdicts judged from it (retains per line, carried graphs, notes, errors with their evidence)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from torch.autograd import grad as imported_grad
+
+from helpers.meter import SavedTensorMeter
+from helpers.recorder import SECOND_TIME, Recorder, StopRecording
+from helpers.saved import graph_only_bytes, python_walk
+from helpers.verdicts import judge
+
+
+def _mlp(width: int = 8) -> torch.nn.Sequential:
+    return torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
+
+
+def test_every_entry_point_is_seen_once_with_its_line_and_flags() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, requires_grad=True)
+    with Recorder() as recorder:
+        x.exp().sum().backward()
+        torch.autograd.backward(x.sin().sum(), retain_graph=True)
+        torch.autograd.grad(x.pow(3).sum(), x, create_graph=True)
+        imported_grad(x.cos().sum(), [x])  # a name imported before the recorder started
+        y = x.tanh().sum()
+        y.backward(inputs=[x])
+    calls = recorder.calls
+    assert [c.function for c in calls] == ["backward", "backward", "grad", "grad", "backward"]
+    assert [c.retain_graph for c in calls] == [False, True, True, False, False]  # create_graph implies it
+    assert [c.create_graph for c in calls] == [False, False, True, False, False]
+    assert calls[4].inputs == 1 and calls[0].inputs == 0
+    assert "x.exp().sum().backward()" in calls[0].line and "test_recorder.py:" in calls[0].line
+    assert "imported_grad(x.cos().sum(), [x])" in calls[3].line
+    assert all(c.walked >= 1 and c.saved_nodes == 1 for c in calls if not c.create_graph)
+    # the torch functions are put back
+    assert torch.autograd._engine_run_backward is torch.autograd.graph._engine_run_backward
+
+
+def test_what_a_backward_walks_respects_inputs() -> None:
+    a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    with Recorder() as recorder:
+        torch.autograd.grad((a.exp() * b.sin()).sum(), [b])
+    assert recorder.calls[0].walked == 3  # Sum, Mul, Sin: the engine's own list, not Exp's branch
+
+
+def test_the_version_check_stays_on_and_the_step_that_broke_it_is_named() -> None:
+    torch.manual_seed(0)
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        with Recorder() as recorder:
+            out = model(torch.randn(5, 4))
+            first, second = out.pow(2).mean(), out.abs().mean()
+            first.backward(retain_graph=True)
+            optimizer.step()  # changes the weights the second backward's graph saved
+            second.backward()
+    verdicts = judge(recorder)
+    assert verdicts.error.kind == "in-place version error"
+    assert "optimizer.step()" in verdicts.error.evidence and verdicts.error.iteration == 2
+
+
+def _build(net: torch.nn.Module) -> torch.Tensor:
+    x = torch.randn(64, 50)
+    return net(x).sigmoid().mean()
+
+
+def test_held_bytes_match_the_saved_tensor_meter_and_leave_out_what_python_still_holds() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(50, 300), torch.nn.ReLU(), torch.nn.Linear(300, 1))
+    with SavedTensorMeter() as meter:
+        metered = _build(net)
+        expected = meter.graph_only_bytes
+    loss = _build(net)
+    assert graph_only_bytes(python_walk([loss.grad_fn])) == expected > 0
+    with Recorder() as recorder:
+        loss.backward(retain_graph=True)
+        keep = net[0](torch.randn(64, 50)).relu()  # a name holds the output relu saved: not the graph's alone
+        keep.sum().backward(retain_graph=True)
+    assert recorder.calls[0].held_after_bytes == expected
+    assert recorder.calls[1].held_after_bytes == 64 * 50 * 4  # only the input, which nothing else holds
+    del metered, keep
+
+
+def test_the_recorder_keeps_no_graph_alive() -> None:
+    model = _mlp()
+    with Recorder() as recorder:
+        for _ in range(3):
+            hidden = model[1](model[0](torch.randn(5, 4)))
+            alive = weakref.ref(hidden)
+            hidden.pow(2).sum().backward(retain_graph=True)
+            del hidden
+    gc.collect()
+    assert alive() is None and len(recorder.calls) == 3
+
+
+def _gan(critic_iterations: int, iterations: int = 2, retain: bool = True, recorder: Recorder | None = None) -> Recorder:
+    torch.manual_seed(0)
+    generator, critic = _mlp(), torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    generator_optimizer = torch.optim.Adam(generator.parameters(), lr=1e-3)
+    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    recorder = recorder or Recorder()
+    with recorder:
+        for _ in range(iterations):
+            for _ in range(critic_iterations):
+                fake = generator(torch.randn(6, 4))
+                critic_loss = critic(fake).mean() - critic(torch.randn(6, 1)).mean()
+                critic_optimizer.zero_grad()
+                critic_loss.backward(retain_graph=retain)
+                critic_optimizer.step()
+            generator_loss = -critic(fake).mean()
+            generator_optimizer.zero_grad()
+            generator_loss.backward()
+            generator_optimizer.step()
+    return recorder
+
+
+def test_a_wgan_critic_retain_is_one_verdict_for_its_line_needed_once_per_generator_step() -> None:
+    verdicts = judge(_gan(critic_iterations=5))
+    assert verdicts.split.how.startswith("by Adam.step() at") and "generator_optimizer.step()" in verdicts.split.how
+    assert verdicts.iterations_run == 2 and not verdicts.carried and verdicts.error is None
+    [line] = verdicts.lines
+    assert "critic_loss.backward(retain_graph=retain)" in line.line
+    assert (line.verdict, line.runs, line.needed_runs) == ("needed", 10, 2)
+    assert line.why.startswith("needed in 2 of 10 runs") and line.fix.startswith("keep retain_graph=True")
+
+
+def test_without_the_retain_the_generator_backward_raises_and_the_evidence_names_the_freeing_call() -> None:
+    recorder = Recorder()
+    with pytest.raises(RuntimeError, match="second time"):
+        _gan(critic_iterations=2, retain=False, recorder=recorder)
+    error = judge(recorder).error
+    assert (error.kind, error.iteration) == ("backward a second time", 1) and "generator_loss.backward()" in error.line
+    assert "critic_loss.backward(retain_graph=retain) in iteration 1" in error.evidence
+    assert "generator_optimizer (Adam).step(), which never came" in judge(recorder).split.how
+    assert error.evidence.endswith("through fake")
+
+
+def _rnn_loop(detach: bool, iterations: int = 3) -> Recorder:
+    torch.manual_seed(0)
+    cell = torch.nn.RNNCell(4, 8)
+    optimizer = torch.optim.SGD(cell.parameters(), lr=0.1)
+    hidden = torch.zeros(1, 8)
+    recorder = Recorder()
+    try:
+        with recorder:
+            for _ in range(iterations):
+                hidden = cell(torch.randn(1, 4), hidden)
+                loss = hidden.pow(2).sum()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                if detach:
+                    hidden = hidden.detach()
+    except RuntimeError as error:
+        assert SECOND_TIME.split(" (")[0] in str(error)
+    return recorder
+
+
+def test_a_carried_hidden_state_is_named_with_the_line_that_built_it_and_the_error_explained() -> None:
+    verdicts = judge(_rnn_loop(detach=False))
+    [carried] = verdicts.carried
+    assert carried.name == "hidden" and carried.iteration == 1 and carried.reached_from == 2
+    assert "hidden = cell(torch.randn(1, 4), hidden)" in carried.built_at
+    assert "hidden = hidden.detach()" in carried.fix
+    error = verdicts.error
+    assert (error.kind, error.iteration) == ("backward a second time", 2) and "loss.backward()" in error.line
+    assert "freed by the backward at" in error.evidence and "in iteration 1" in error.evidence
+    assert error.evidence.endswith("through hidden")
+
+
+def test_a_detached_hidden_state_is_healthy() -> None:
+    verdicts = judge(_rnn_loop(detach=True))
+    assert verdicts.iterations_run == 3 and not verdicts.carried and verdicts.error is None and not verdicts.notes
+
+
+def test_a_graph_built_before_the_loop_makes_its_retain_needed_across_iterations() -> None:
+    torch.manual_seed(0)
+    encoder, head = _mlp(), torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
+    features = encoder(torch.randn(5, 4)).tanh()  # before the loop, with a graph
+    with Recorder() as recorder:
+        for _ in range(3):
+            loss = head(features).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward(retain_graph=True)
+            optimizer.step()
+    verdicts = judge(recorder)
+    [line] = verdicts.lines
+    assert (line.verdict, line.runs, line.needed_runs) == ("needed", 3, 2)  # the last run: no later backward
+    assert "in iteration 2" in line.why
+    [carried] = verdicts.carried
+    assert carried.name == "features" and carried.iteration is None and carried.times == 3
+    assert "features = encoder(torch.randn(5, 4)).tanh()" in carried.built_at
+    assert carried.fix.startswith("compute it inside the loop")
+
+
+def test_a_retain_no_later_backward_needs_can_go_and_a_tensor_kept_for_logging_is_a_note() -> None:
+    torch.manual_seed(0)
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Recorder() as recorder:
+        for _ in range(3):
+            output = model(torch.randn(5, 4))
+            loss = output.pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward(retain_graph=True)
+            optimizer.step()
+            last_output = model(torch.randn(5, 4))  # kept to log, never backwarded
+    verdicts = judge(recorder)
+    [line] = verdicts.lines
+    assert (line.verdict, line.runs, line.needed_runs) == ("can go", 3, 0)
+    assert line.fix.startswith("remove retain_graph=True at")
+    assert not verdicts.carried and verdicts.error is None
+    [note] = verdicts.notes
+    assert note.name == "last_output" and note.held_bytes > 0 and "last_output = model(" in note.built_at
+    del last_output
+
+
+def test_a_running_total_of_losses_is_carried_with_the_number_fix() -> None:
+    torch.manual_seed(0)
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    total = 0
+    with pytest.raises(RuntimeError, match="second time"), Recorder() as recorder:
+        for _ in range(3):
+            loss = model(torch.randn(5, 4)).pow(2).mean()
+            total = total + loss
+            optimizer.zero_grad()
+            total.backward()
+            optimizer.step()
+    [carried] = judge(recorder).carried
+    assert carried.name == "total" and "total += loss.item()" in carried.fix
+
+
+def test_without_an_optimizer_next_iteration_or_the_first_line_splits_the_iterations() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(4, 1, requires_grad=True)
+    for mark in (True, False):
+        with Recorder() as recorder:
+            for _ in range(3):
+                loss = (torch.randn(5, 4) @ weight).pow(2).mean()
+                loss.backward()
+                with torch.no_grad():
+                    weight -= 0.1 * weight.grad
+                    weight.grad = None
+                if mark:
+                    recorder.next_iteration()
+        verdicts = judge(recorder)
+        assert verdicts.iterations_run == 3 and not verdicts.carried
+        assert verdicts.split.how == "by next_iteration()" if mark else "at each call of" in verdicts.split.how
+
+
+def test_keep_buffers_raises_where_the_code_as_written_does_and_leaves_an_earlier_graph_usable() -> None:
+    torch.manual_seed(0)
+    model = _mlp()
+    features = model(torch.randn(5, 4)).tanh()
+    recorder = Recorder(keep_buffers=True)
+    with pytest.raises(RuntimeError) as raised, recorder:
+        for _ in range(2):
+            features.pow(2).sum().backward()
+            recorder.next_iteration()
+    assert str(raised.value) == SECOND_TIME
+    assert judge(recorder).error.iteration == 2
+    features.pow(2).sum().backward()  # as written, the learner's own first backward still works
+
+
+def test_iterations_stop_the_loop_with_an_exception_no_except_exception_catches() -> None:
+
+
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ran = 0
+    with pytest.raises(StopRecording), Recorder(iterations=2) as recorder:
+        for _ in range(10):
+            try:
+                model(torch.randn(2, 4)).sum().backward()
+                optimizer.step()
+            except Exception:  # noqa: BLE001 - a learner's loop may catch everything
+                pass
+            ran += 1
+    assert ran == 1 and recorder.iterations_done() == 2
