@@ -6,7 +6,8 @@ non-function, keeps the caller's random stream, and turns a :class:`Rejected` in
 :func:`run_answer` turns an exception of any type from the answer into one, with its own first line.
 The lessons' checks (``helpers.lessons``) run each answer twice, the second time from the state the
 first call left, against reference runs made in the check; :func:`run_loop` judges a training loop's
-history and the graph buffers a :class:`SavedTensorMeter` counted *while* it ran. Messages print only
+history and the buffers its graphs left, and :func:`reject_peak` the buffers a :class:`SavedTensorMeter`
+counted *while* it ran. Messages print only
 figures that are the same on every CPU: byte counts, counts, their ratios, and a gradient's ratio only
 when it is a clear multiple (0.50x).
 """
@@ -140,15 +141,14 @@ def gradient_problem(params: Sequence[torch.Tensor], expected: Sequence[torch.Te
 
 
 def run_loop(train: Callable[..., Any], args: tuple[Any, ...], meter: SavedTensorMeter, expected: Sequence[float],
-              name: Callable[[int], str], where: str, hints: Sequence[str], one_graph: int, limit: float | None
-              ) -> tuple[bool, float]:
-    """Run a learner's loop under ``meter`` and judge what it returns and what its graphs held.
+              name: Callable[[int], str], where: str, hints: Sequence[str], one_graph: int) -> tuple[bool, float]:
+    """Run a learner's loop under ``meter`` and judge what it returns and what its graphs left.
 
     The history must be a list of one number per batch equal to ``expected`` (tensors without a graph,
-    ``loss.detach()``, count as numbers); no buffers may be left after it returns, and the peak during
-    it may not exceed ``limit`` (from reference runs). ``hints``: on an error, on what is stored, on the
-    values, on buffers left, on the peak. ``limit=None`` leaves the peak to the caller (:func:`reject_peak`, after
-    its own checks of the gradients). Returns whether the history held tensors, and the peak in graphs
+    ``loss.detach()``, count as numbers), and no buffers may be left after it returns. ``hints``: on an
+    error, on what is stored, on the values, on buffers left. The peak during the loop is the caller's to
+    judge with :func:`reject_peak`, after its own checks of the training, so that a loop that does not
+    train is told that first. Returns whether the history held tensors, and the peak in graphs
     (peak / ``one_graph``), from byte counts, so the same on every CPU.
     """
     meter.reset_peak()
@@ -174,8 +174,6 @@ def run_loop(train: Callable[..., Any], args: tuple[Any, ...], meter: SavedTenso
     if left := meter.graph_only_bytes:
         raise Rejected(f"after your loop returned, graphs still hold {format_bytes(left)} of buffers.", hints[3],
                         where)
-    if limit is not None:
-        reject_peak(meter, one_graph, limit, hints[4], where)
     return bool(tensors), meter.peak_graph_only_bytes / one_graph
 
 

@@ -196,7 +196,7 @@ def check_training_loop(train: Callable[[torch.nn.Module, list[torch.Tensor]], l
         one_graph = meter.peak_graph_only_bytes
         tensors, peak = run_loop(train, (model, batches), meter, expected,
                                   lambda i: f"the loss the given loop records at batch {i}", where, hints,
-                                  one_graph, None)
+                                  one_graph)
         if not gradients_close(flat(list(model.parameters())), flat(list(reference.parameters()))):
             raise Rejected("after your loop the model's parameters differ from the given loop's.", training, where)
         # The peak last: a loop that does not train as given is told that first, whatever its graphs held.

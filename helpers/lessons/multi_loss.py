@@ -116,7 +116,7 @@ def check_two_loss_loop(train: Callable[[torch.nn.Module, list[Batch]], list[flo
         where = SECOND_CALL if call else ""
         before = gradients_or_zeros(params)
         tensors, peak = run_loop(train, (net, data), meter, [s for *_, (s,) in parts],
-                                  lambda i: f"l1 + l2 of batch {i}", where, hints, one_graph, None)
+                                  lambda i: f"l1 + l2 of batch {i}", where, hints, one_graph)
         known = ({"those of l1 alone": _add(*(g1 for g1, _, _ in parts)),
                   "those of l2 alone": _add(*(g2 for _, g2, _ in parts)),
                   "those of the last batch alone": _add(*parts[-1][:2])} if call == 0 else
