@@ -103,3 +103,49 @@ def test_the_truncated_gradient_nears_the_full_one_as_the_window_grows(notebook)
     differences = [float((windows[k] - full).norm() / full.norm()) for k in (4, 8, 16, 32, 64)]
     assert all(a > b for a, b in zip(differences, differences[1:])), differences
     assert differences[0] > 0.05 and differences[-1] < 1e-6, differences
+
+
+def test_a_window_loses_a_one_step_dependence_across_its_cut_and_keeps_a_longer_one_inside_it(notebook) -> None:
+    """The ignored cell's figures: input 3 -> step 4 is exactly 0 with windows of 4 and not with full BPTT;
+    input 0 -> step 3 is the same under both."""
+    influence = notebook["namespace"]["influence"]
+    assert influence(4, 3, 4) == 0 < influence(64, 3, 4)
+    assert influence(4, 0, 3) == influence(64, 0, 3) > 0
+
+
+def test_summed_chunks_give_full_bptt_with_its_peak_memory(notebook) -> None:
+    namespace = notebook["namespace"]
+    bt, torch = namespace["bt"], namespace["torch"]
+    inputs, targets = namespace["inputs"], namespace["targets"]
+    peaks = {}
+    for name, gradient_of in (("summed", namespace["gradient_of_summed_chunks"]),
+                              ("window of 64", namespace["gradient_with_window"])):
+        meter = bt.SavedTensorMeter()
+        with meter:
+            gradient = gradient_of(16 if name == "summed" else 64, inputs, targets)
+        peaks[name] = meter.peak_graph_only_bytes
+        assert torch.allclose(gradient, namespace["full"], rtol=1e-4, atol=1e-6), name
+    # The same to a few bytes (the chunks' scaled losses): what full BPTT holds, whatever the chunking.
+    assert abs(peaks["summed"] - peaks["window of 64"]) < 0.001 * peaks["window of 64"], peaks
+
+
+def test_an_lstm_needs_both_h_and_c_cut(notebook) -> None:
+    namespace = notebook["namespace"]
+    walked = namespace["train_lstm"](lambda state: tuple(s.detach() for s in state))
+    assert len(set(walked)) == 1
+    for keep in (0, 1):
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            namespace["train_lstm"](lambda state, keep=keep: tuple(s if i == keep else s.detach()
+                                                                  for i, s in enumerate(state)))
+
+
+def test_detaching_the_whole_average_changes_iteration_1s_gradient_a_little(notebook) -> None:
+    namespace = notebook["namespace"]
+    difference = float((namespace["cut_all"] - namespace["cut_old"]).norm() / namespace["cut_old"].norm())
+    assert 1e-4 < difference < 0.1, difference
+
+
+def test_retaining_through_features_computed_once_trains_on_stale_gradients(notebook) -> None:
+    """The ignored cell's figures: iteration 1's gradient is the current weights' one, later ones are not."""
+    first, *later = notebook["namespace"]["differences"]
+    assert first < 1e-6 and all(d > 0.01 for d in later), (first, later)
