@@ -19,4 +19,10 @@ LOOPS = [
     "cyclegan",
     "wgan_gp_toy",
     "vae_gan",
+    "features_before_loop",
+    "shared_features_two_heads",
+    "total_loss_history",
+    "maml",
+    "actor_critic",
+    "ppo_k_epochs",
 ]

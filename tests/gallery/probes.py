@@ -449,8 +449,8 @@ def detaching(module: types.ModuleType, names: list[str]) -> BoundaryHook:
 
 
 def detach_value(value: Any) -> Any:
-    if value is None:  # not built yet (a hidden state before the first step)
-        return None
+    if value is None or isinstance(value, (int, float)):  # not a graph yet (`h = None`, `total = 0`)
+        return value
     if isinstance(value, torch.Tensor):
         return value.detach()
     if isinstance(value, tuple):
