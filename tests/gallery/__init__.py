@@ -16,6 +16,7 @@ LOOPS = [
     "lstm_state_on_module",
     "simple_gan",
     "srgan",
+    "srgan_before_fix",
     "cyclegan",
     "wgan_gp_toy",
     "vae_gan",
