@@ -4,6 +4,8 @@ Source: MorvanZhou/PyTorch-Tutorial issue #57 ("403: question about h_state = h_
 `h_state = h_state.data` commented out the tutorial raised "Trying to backward through the graph a
 second time", "and later I found the error can actually be solved by loss.backward(retain_graph=True)".
 That variant of tutorial-contents/403_RNN_regressor.py, retyped at the same CPU size as rnn_regressor.py.
+On torch 2.13 it stops at iteration 2 all the same, now on the version check: the retained graph of
+iteration 1 saved the RNN weights that Adam's step has since changed in place.
 """
 
 from collections.abc import Callable
