@@ -271,11 +271,12 @@ class LineTracer:
         return self.lines[index] if index >= 0 else None
 
     def __enter__(self) -> LineTracer:
+        self._previous = sys.gettrace()  # a coverage tracer, if one runs, gets its place back
         sys.settrace(self._global)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        sys.settrace(None)
+        sys.settrace(self._previous)
 
 
 def grad_fns(value: Any) -> list[Any]:
