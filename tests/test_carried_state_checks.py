@@ -318,7 +318,7 @@ WRONG = [
                  id="ex2-requires-grad-off"),
     pytest.param(check_truncated_bptt, bptt_shaped(backward=lambda loss: (loss * 0.5).backward()),
                  "parameters differ from those of the right", id="ex2-half-the-loss-is-not-clipping"),
-    pytest.param(check_truncated_bptt, bptt_logged_forward_kept, "a forward that no backward went through",
+    pytest.param(check_truncated_bptt, bptt_logged_forward_kept, "a graph no backward went through (a second forward",
                  id="ex2-second-forward-kept-with-its-graph"),
     pytest.param(check_precomputed_fix, classifier_logging(lambda loss: loss),
                  "the graph of an earlier step's loss was still alive", id="ex3-list-of-loss-tensors"),

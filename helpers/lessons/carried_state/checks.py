@@ -197,8 +197,8 @@ def _judge_loop(call: Callable[[torch.nn.Module, torch.optim.Optimizer], Any], m
                                    "them, and no later backward goes through them.",
                                    "Let each backward free its graph.", where)
                 raise Rejected(f"when optimizer.step() ran at {unit[0]} {at}, graphs still held {format_bytes(held)} "
-                               "of saved buffers that no backward had freed: the graph of a forward that no backward "
-                               "went through (a second forward, kept in a variable?) was still alive.",
+                               "of saved buffers that no backward had freed: a graph no backward went through (a "
+                               "second forward, kept in a variable?) or one a backward retained was still alive.",
                                "Compute what you only log under torch.no_grad(), or from the loss with .item().", where)
             if any(watch.earlier_alive):
                 at = watch.earlier_alive.index(True) + 1
