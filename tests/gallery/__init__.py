@@ -26,4 +26,5 @@ LOOPS = [
     "maml",
     "actor_critic",
     "ppo_k_epochs",
+    "pcgrad_two_tasks",
 ]
