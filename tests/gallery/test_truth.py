@@ -164,3 +164,10 @@ def test_runs_as_a_script(name: str) -> None:
             assert probes.error_kind(error) == expected["kind"]
             return
     assert expected is None, "the script ran to the end"
+
+
+def test_loops_lists_every_gallery_module() -> None:
+    folder = probes.source_path(MODULES[LOOPS[0]]).parent
+    modules = {path.stem for path in folder.glob("*.py")} - {"__init__", "probes", "test_truth"}
+    assert sorted(modules) == sorted(LOOPS)
+    assert len(LOOPS) >= 15
