@@ -6,14 +6,16 @@ bce_dis_sampled), loss_discriminator = bce_dis_original + bce_dis_sampled, the t
 switches on the discriminator's BCE against 0.33, then net.zero_grad(),
 loss_encoder.backward(retain_graph=True), optimizer_encoder.step(), net.zero_grad(), `if train_dec:`
 loss_decoder.backward(retain_graph=True), optimizer_decoder.step(), net.discriminator.zero_grad(),
-`if train_dis:` loss_discriminator.backward(), optimizer_discriminator.step(). Retyped at CPU size:
-network.py's conv encoder/decoder/discriminator become small MLPs on 8-pixel inputs with a 2-d latent,
-keeping VaeGan's forward outputs (reconstruction, labels for original/predicted/sampled, the
-discriminator's intermediate layer for original/predicted, mus, log-variances) and the loss terms of
-VaeGan.loss; RMSprop(lr=0.0001) per sub-network as published, batch 4; `.data[0]` reads are `.item()`. At this size
-the discriminator's BCE values stay above 0.33, so train_dec is False and the decoder branch never runs;
-the discriminator's backward still walks the encoder (through torch.cat((ten, ten_dec, ten_sampled)))
-and meets the weights optimizer_encoder.step() has just changed.
+`if train_dis:` loss_discriminator.backward(), optimizer_discriminator.step(). network.py's VaeGan as
+published: the decoder decodes both the shifted sample and the N(0, 1) sample, the discriminator runs once
+on torch.cat((original, reconstructed, sampled)) and also returns its intermediate layer for the first two,
+and VaeGan.loss keeps its terms (nn.BCELoss against ones/zeros). Retyped at CPU size: the conv encoder,
+decoder and discriminator become small MLPs (BatchNorm kept) on 8-pixel inputs with a 2-d latent
+(published 128); xavier init left out; RMSprop(lr=0.0001) per sub-network as published, batch 4;
+`.data[0]` reads are `.item()`. At this size the discriminator's BCE values stay above 0.33, so
+train_dec is False and the decoder branch never runs; the discriminator's backward still walks the
+encoder (through the reconstruction in the discriminator's torch.cat) and meets the weights
+optimizer_encoder.step() has just changed.
 """
 
 from collections.abc import Callable
@@ -37,45 +39,74 @@ TRUTH = {
 }
 
 
-class VaeGan(nn.Module):
+class Encoder(nn.Module):
     def __init__(self, z_size=2):
         super().__init__()
-        self.z_size = z_size
-        self.encoder = nn.Sequential(nn.Linear(8, 6), nn.BatchNorm1d(6), nn.ReLU(True), nn.Linear(6, 2 * z_size))
-        self.decoder = nn.Sequential(nn.Linear(z_size, 6), nn.BatchNorm1d(6), nn.ReLU(True), nn.Linear(6, 8), nn.Tanh())
-        self.discriminator = nn.ModuleDict({
-            "features": nn.Sequential(nn.Linear(8, 6), nn.ReLU(True)),
-            "head": nn.Sequential(nn.Linear(6, 1), nn.Sigmoid()),
-        })
+        self.net = nn.Sequential(nn.Linear(8, 6), nn.BatchNorm1d(6), nn.ReLU(True))
+        self.l_mu = nn.Linear(6, z_size)
+        self.l_var = nn.Linear(6, z_size)
 
     def forward(self, ten):
-        encoded = self.encoder(ten)
-        mus, log_variances = encoded[:, :self.z_size], encoded[:, self.z_size:]
+        ten = self.net(ten)
+        return self.l_mu(ten), self.l_var(ten)
+
+
+class Decoder(nn.Module):
+    def __init__(self, z_size=2):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(z_size, 6), nn.BatchNorm1d(6), nn.ReLU(True), nn.Linear(6, 8), nn.Tanh())
+
+    def forward(self, ten, ten_from_normal=None):
+        if ten_from_normal is None:
+            return self.net(ten)
+        return self.net(ten), self.net(ten_from_normal)
+
+
+class Discriminator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Sequential(nn.Linear(8, 6), nn.ReLU(True))
+        self.fc = nn.Sequential(nn.Linear(6, 4, bias=False), nn.BatchNorm1d(4), nn.ReLU(True), nn.Linear(4, 1))
+
+    def forward(self, ten_original, ten, ten_from_normal):
+        ten = torch.cat((ten_original, ten, ten_from_normal), 0)
+        ten = self.conv(ten)
+        layer_ten = ten[:-len(ten_from_normal)]
+        layer_ten = layer_ten.view(len(layer_ten), -1)
+        ten = self.fc(ten)
+        return torch.sigmoid(ten), layer_ten
+
+
+class VaeGan(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.z_size = 2
+        self.encoder = Encoder(z_size=self.z_size)
+        self.decoder = Decoder(z_size=self.z_size)
+        self.discriminator = Discriminator()
+
+    def forward(self, ten, gen_size=10):
+        ten_original = ten
+        mus, log_variances = self.encoder(ten)
         variances = torch.exp(log_variances * 0.5)
         ten_from_normal = Variable(torch.randn(len(ten), self.z_size), requires_grad=True)
-        ten_enc = ten_from_normal * variances + mus
-        ten_dec = self.decoder(ten_enc)
-        ten_from_normal = Variable(torch.randn(len(ten), self.z_size), requires_grad=True)
-        ten_sampled = self.decoder(ten_from_normal)
-        layer = self.discriminator["features"](torch.cat((ten, ten_dec), 0))
-        ten_class = self.discriminator["head"](self.discriminator["features"](torch.cat((ten, ten_dec, ten_sampled), 0)))
-        return ten_dec, ten_class, layer, mus, log_variances
+        ten = ten_from_normal * (variances) + mus
+        ten, ten_from_normal = self.decoder(ten, ten_from_normal)
+        ten_class, ten_layer = self.discriminator(ten_original, ten, ten_from_normal)
+        return ten, ten_class, ten_layer, mus, log_variances
 
     @staticmethod
-    def loss(ten_original, ten_predict, layer_original, layer_predicted, labels_original,
-             labels_predicted, labels_sampled, mus, variances):
-        nle = 0.5 * (ten_original.view(len(ten_original), -1) - ten_predict.view(len(ten_predict), -1)) ** 2
-        kl = -0.5 * torch.sum(-variances.exp() - torch.pow(mus, 2) + variances + 1, 1)
-        mse = torch.sum(0.5 * (layer_original - layer_predicted) ** 2, 1)
-        bce_dis_original = -torch.log(labels_original + 1e-3)
-        bce_dis_predicted = -torch.log(1 - labels_predicted + 1e-3)
-        bce_dis_sampled = -torch.log(1 - labels_sampled + 1e-3)
-        bce_gen_original = -torch.log(1 - labels_original + 1e-3)
-        bce_gen_predicted = -torch.log(labels_predicted + 1e-3)
-        bce_gen_sampled = -torch.log(labels_sampled + 1e-3)
-        return (torch.mean(nle), torch.mean(kl), torch.mean(mse), torch.mean(bce_gen_predicted),
-                torch.mean(bce_gen_sampled), torch.mean(bce_dis_original), torch.mean(bce_dis_predicted),
-                torch.mean(bce_dis_sampled))
+    def loss(ten_original, ten_predict, layer_original, layer_predicted, labels_original, labels_predicted,
+             labels_sampled, mus, variances):
+        nle = torch.mean((ten_original.view(len(ten_original), -1) - ten_predict.view(len(ten_predict), -1)) ** 2)
+        kl = torch.mean(0.5 * torch.sum(variances.exp() + mus ** 2 - variances - 1, 1))
+        mse = torch.mean(torch.sum((layer_original - layer_predicted) ** 2, 1))
+        bce_gen_predicted = nn.BCELoss()(labels_predicted, Variable(torch.ones_like(labels_predicted.data), requires_grad=False))
+        bce_gen_sampled = nn.BCELoss()(labels_sampled, Variable(torch.ones_like(labels_sampled.data), requires_grad=False))
+        bce_dis_original = nn.BCELoss()(labels_original, Variable(torch.ones_like(labels_original.data), requires_grad=False))
+        bce_dis_predicted = nn.BCELoss()(labels_predicted, Variable(torch.zeros_like(labels_predicted.data), requires_grad=False))
+        bce_dis_sampled = nn.BCELoss()(labels_sampled, Variable(torch.zeros_like(labels_sampled.data), requires_grad=False))
+        return nle, kl, mse, bce_gen_predicted, bce_gen_sampled, bce_dis_original, bce_dis_predicted, bce_dis_sampled
 
 
 def build() -> dict:
