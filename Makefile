@@ -15,7 +15,11 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: lab test test-portable bench setup setup-test dot browser execute-notebooks html site-for-tests npm a11y-for-tests clean
 
-lab: setup dot
+# Without dot the course's drawings fall back to text (README, "Set-up without make"), so the lab only
+# warns; the targets that depend on `dot` (test, test-portable, execute-notebooks, bench) stop: they
+# test, save or time the notebooks with their drawings as pictures.
+lab: setup
+	@bash scripts/ensure-dot.sh --warn-only
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 # tests/browser/ (JupyterLab in Chromium, marker `browser`) is collected with the rest; skip it with

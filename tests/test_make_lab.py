@@ -1,15 +1,18 @@
-"""`make lab` starts JupyterLab on the notebooks, and a second run reinstalls nothing."""
+"""`make lab` starts JupyterLab on the notebooks, also without Graphviz, and a second run reinstalls nothing."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,9 +29,40 @@ def test_setup_is_up_to_date_so_a_second_run_installs_nothing() -> None:
     assert result.returncode == 0, "make would reinstall: " + result.stdout + result.stderr
 
 
-def test_make_lab_serves_the_notebooks(tmp_path: Path) -> None:
+def path_without(tmp_path: Path, *hidden: str) -> str:
+    """A PATH with every program of this one except the hidden ones (links in one folder)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for entry in os.scandir(directory):
+            target = folder / entry.name
+            if entry.name not in hidden and not target.exists() and entry.is_file() and os.access(entry.path, os.X_OK):
+                target.symlink_to(entry.path)
+    assert not any(shutil.which(name, path=str(folder)) for name in hidden)
+    return str(folder)
+
+
+@pytest.mark.parametrize("flag, code", [("--warn-only", 0), (None, 1)], ids=["make-lab", "make-test"])
+def test_missing_dot_warns_for_the_lab_and_stops_the_rest(tmp_path: Path, flag: str | None, code: int) -> None:
+    # Without apt-get on PATH the script cannot install Graphviz, so it must say what to run.
+    command = ["bash", str(ROOT / "scripts" / "ensure-dot.sh"), *([flag] if flag else [])]
+    result = subprocess.run(command, env={"PATH": path_without(tmp_path, "dot", "apt-get")}, capture_output=True,
+                            text=True)
+    assert result.returncode == code, result.stderr
+    for install in ("apt-get install -y graphviz", "brew install graphviz", "winget install"):
+        assert install in result.stderr
+    assert ("Going on without it" in result.stderr) == bool(flag), result.stderr
+    assert ("run make again" in result.stderr) == (not flag), result.stderr
+
+
+@pytest.mark.parametrize("dot", [True, False], ids=["with-dot", "without-dot"])
+def test_make_lab_serves_the_notebooks(tmp_path: Path, dot: bool) -> None:
     port, token = free_port(), "backward-twice-test"
     env = dict(os.environ)
+    if not dot:  # nor apt-get, which would install it
+        env["PATH"] = path_without(tmp_path, "dot", "apt-get")
     for name, sub in [("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
                       ("JUPYTERLAB_SETTINGS_DIR", "settings"), ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")]:
         env[name] = str(tmp_path / sub)
@@ -59,3 +93,6 @@ def test_make_lab_serves_the_notebooks(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    output = process.stdout.read()
+    assert ("Going on without it" in output) == (not dot), output[-2000:]
+
