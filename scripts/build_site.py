@@ -303,6 +303,25 @@ def drop_remote_images(page_html: str) -> str:
     return _IMG.sub(replace, page_html)
 
 
+_HEADING = re.compile(r"<h([1-6])>(.*?)</h\1>", re.DOTALL)
+
+
+def add_heading_ids(page_html: str) -> str:
+    """Give each heading the id GitHub gives it (lower case, punctuation dropped, spaces as '-', a repeat
+    numbered), so a link to ``#section`` in the Markdown lands on the same heading in the page."""
+    seen: dict[str, int] = {}
+
+    def replace(match: re.Match) -> str:
+        text = html.unescape(re.sub(r"<[^>]+>", "", match.group(2))).strip().lower()
+        slug = re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchor = slug if count == 0 else f"{slug}-{count}"
+        return f'<h{match.group(1)} id="{html.escape(anchor, quote=True)}">{match.group(2)}</h{match.group(1)}>'
+
+    return _HEADING.sub(replace, page_html)
+
+
 def convert_markdown(source: str, page: str, pages: dict[str, str]) -> str:
     text = (ROOT / source).read_text(encoding="utf-8")
     heading = re.search(r"^#\s+(.+)$", text, re.MULTILINE)
@@ -310,11 +329,28 @@ def convert_markdown(source: str, page: str, pages: dict[str, str]) -> str:
     lang = "zh-CN" if source.startswith("docs/zh/") or source == "README.zh-CN.md" else "en"
     nav = [("Backward Twice: all notebooks", "index.html"), ("中文说明", "zh/index.html"),
            ("术语表 Glossary", "glossary.html")]
-    body = rewrite_links(drop_remote_images(_markdown()(text)), source, page, pages)
+    body = rewrite_links(add_heading_ids(drop_remote_images(_markdown()(text))), source, page, pages)
     return html_page(title, body, page, lang, [item for item in nav if item[1] in pages.values()])
 
 
+def first_section(markdown_text: str) -> str:
+    """The README's first section: its first ``##`` heading and what follows, up to the next ``##`` heading.
+
+    It is the answer for a reader who has the error on screen; the index page shows it from the README
+    itself, so there is one copy to keep in step with the notebooks.
+    """
+    text = re.sub(r"^```.*?^```", lambda match: re.sub(r"[^\n]", " ", match.group(0)), markdown_text,
+                  flags=re.DOTALL | re.MULTILINE)  # a '## ' inside a code block is no heading
+    headings = [match.start() for match in re.finditer(r"^##\s", text, re.MULTILINE)]
+    if not headings:
+        raise SiteBuildError("README.md has no '## ' section for the index page's first answer")
+    end = headings[1] if len(headings) > 1 else len(markdown_text)
+    return markdown_text[headings[0]:end].strip()
+
+
 def index_page(facts: list[NotebookPage], pages: dict[str, str]) -> str:
+    first_answer = rewrite_links(_markdown()(first_section((ROOT / "README.md").read_text(encoding="utf-8"))),
+                                 "README.md", "index.html", pages)
     rows = []
     for item in facts:
         zh = f'<a href="{item.zh_page}" lang="zh-CN">中文讲解</a>' if item.zh_page else ""
@@ -327,6 +363,8 @@ def index_page(facts: list[NotebookPage], pages: dict[str, str]) -> str:
     if "glossary.html" in pages.values():
         extra.append('<a href="glossary.html">Glossary / 术语表</a>')
     body = f"""<h1>Backward Twice: offline copy</h1>
+{first_answer}
+<h2>The course</h2>
 <p>What PyTorch's <code>retain_graph</code> really does, shown live and measured. This copy shows every
 notebook as it was executed and saved: graphs, charts, tables and the widget panels in their saved state.
 Nothing here needs a network. To run the code and click the panels, open the notebooks in JupyterLab
