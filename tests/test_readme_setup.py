@@ -97,6 +97,10 @@ def local_cpu_torch_is_available() -> bool:
 
 
 def copy_working_tree(target: Path) -> None:
+    if not (ROOT / ".git").exists():  # a source archive: everything but what the set-up builds
+        shutil.copytree(ROOT, target, ignore=shutil.ignore_patterns(
+            ".venv", "build", "site", "site.zip", "__pycache__", "*.egg-info", ".pytest_cache", "test-artifacts"))
+        return
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout.split("\0")
     for name in filter(None, listed):
