@@ -212,7 +212,7 @@ class RetainVerdict:
 
 
 def judge_retains(module: types.ModuleType, iterations: int) -> dict[str, RetainVerdict]:
-    """Each marked retain, judged by running copies of the loop with it switched off."""
+    """Each marked retain that ran, judged by running copies of the loop with it switched off."""
     marked = [name for name, number in markers(module).items() if number in retain_lines(module)]
     counting = RetainSwitch()
     reference = drive(variant(module, counting, marked), iterations)
@@ -225,9 +225,10 @@ def judge_retains(module: types.ModuleType, iterations: int) -> dict[str, Retain
             not drive(variant(module, RetainSwitch({marker: {run}}), marked), iterations).same_as(reference)
             for run in range(1, completed + 1)
         )
-        verdicts[marker] = RetainVerdict(
-            "can go" if without.same_as(reference) else "needed", completed, needed_runs
-        )
+        if completed:  # a line that never ran (or only raised) has no verdict from what ran
+            verdicts[marker] = RetainVerdict(
+                "can go" if without.same_as(reference) else "needed", completed, needed_runs
+            )
     return verdicts
 
 
@@ -235,28 +236,38 @@ def judge_retains(module: types.ModuleType, iterations: int) -> dict[str, Retain
 
 
 class LineTracer:
-    """Records, each time a line of one file starts, the autograd sequence number at that moment."""
+    """Records, each time a line of one file starts, the autograd sequence number at that moment.
 
-    def __init__(self, path: Path) -> None:
+    Two records: the innermost line of the file that is running (inside a model's forward, say), and
+    the line of `outer` (the loop's build()) that is running, for graphs built before the loop."""
+
+    def __init__(self, path: Path, outer: types.CodeType | None = None) -> None:
         self.path = str(path)
+        self.outer = outer
         self.numbers: list[int] = []
         self.lines: list[int] = []
+        self.outer_numbers: list[int] = []
+        self.outer_lines: list[int] = []
 
-    def _mark(self, line: int) -> None:
-        self.numbers.append(torch._C._autograd._get_sequence_nr())
+    def _mark(self, line: int, frame: types.FrameType | None = None) -> None:
+        number = torch._C._autograd._get_sequence_nr()
+        self.numbers.append(number)
         self.lines.append(line)
+        if frame is not None and frame.f_code is self.outer:
+            self.outer_numbers.append(number)
+            self.outer_lines.append(line)
 
     def _local(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         if event == "line":
-            self._mark(frame.f_lineno)
+            self._mark(frame.f_lineno, frame)
         elif event == "return" and frame.f_back is not None and frame.f_back.f_code.co_filename == self.path:
-            self._mark(frame.f_back.f_lineno)
+            self._mark(frame.f_back.f_lineno, frame.f_back)
         return self._local
 
     def _return_only(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         # a call made from the loop's file returns: the caller's line goes on building nodes
         if event == "return" and frame.f_back is not None:
-            self._mark(frame.f_back.f_lineno)
+            self._mark(frame.f_back.f_lineno, frame.f_back)
         return self._return_only
 
     def _global(self, frame: types.FrameType, event: str, arg: Any) -> Any:
@@ -269,6 +280,10 @@ class LineTracer:
     def line_of(self, sequence_nr: int) -> int | None:
         index = bisect.bisect_right(self.numbers, sequence_nr) - 1
         return self.lines[index] if index >= 0 else None
+
+    def outer_line_of(self, sequence_nr: int) -> int | None:
+        index = bisect.bisect_right(self.outer_numbers, sequence_nr) - 1
+        return self.outer_lines[index] if index >= 0 else None
 
     def __enter__(self) -> LineTracer:
         self._previous = sys.gettrace()  # a coverage tracer, if one runs, gets its place back
@@ -378,7 +393,7 @@ def observe_reach(module: types.ModuleType, iterations: int) -> Reach:
             name: [fn for fn in grad_fns(value)] for name, value in candidates(module, state).items()
         }
 
-    tracer = LineTracer(source_path(module))
+    tracer = LineTracer(source_path(module), module.build.__code__)
     torch.autograd.backward, torch.autograd.grad = watched_backward, watched_grad
     try:
         with tracer:
@@ -398,7 +413,10 @@ def observe_reach(module: types.ModuleType, iterations: int) -> Reach:
                 walked |= nodes_below(node)
         for name, nodes in held_at[number].items():
             for node in nodes:
-                built = tracer.line_of(node._sequence_nr())
+                # a graph from before the loop is named by the line of build() that made it (where the
+                # learner binds the variable); one from an iteration by the innermost line that ran
+                before_loop = node._sequence_nr() < starts[1]
+                built = (tracer.outer_line_of if before_loop else tracer.line_of)(node._sequence_nr())
                 marker = by_line.get(built, f"unmarked line {built}")
                 if id(node) in walked:
                     carried.setdefault(name, marker)

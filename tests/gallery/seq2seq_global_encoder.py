@@ -32,7 +32,7 @@ output_from_encoder = None  # set by build(), read by train() as the published s
 TRUTH = {
     "error": {"kind": "backward a second time", "iteration": 2, "line": "@backward"},
     "retains": {},
-    "carried": [{"variable": "output_from_encoder", "line": "@encoder_gru"}],
+    "carried": [{"variable": "output_from_encoder", "line": "@build_global"}],
     "notes": [],
     "modifies_in_place": [],
 }
@@ -51,7 +51,7 @@ class EncoderRNN(nn.Module):
         embedded = self.embedding(input).view(-1, self.batch_size, self.hidden_size)
         output = embedded
         for i in range(self.n_layers):
-            output, hidden = self.gru(output, hidden)  # @encoder_gru
+            output, hidden = self.gru(output, hidden)
         return output, hidden
 
     def initHidden(self):
@@ -156,7 +156,7 @@ def build() -> dict:
     pairs_sorted = sorted(zip(encoding, decoding), key=lambda pair: len(pair[0]))
     batch_gen = batchify([list(pair) for pair in pairs_sorted], batch_size)
     sample_sentences = next(batchify([list(pair) for pair in pairs_sorted], batch_size))[0]
-    output_from_encoder, _ = encoder(sample_sentences, encoder.initHidden())
+    output_from_encoder, _ = encoder(sample_sentences, encoder.initHidden())  # @build_global
     return {
         "encoder": encoder,
         "decoder": attn_decoder1,

@@ -31,7 +31,6 @@ TRUTH = {
     "error": {"kind": "in-place version error", "iteration": 1, "line": "@discriminator_backward"},
     "retains": {
         "@encoder_backward": {"verdict": "needed", "runs": 1, "needed_runs": 1},
-        "@decoder_backward": {"verdict": "can go", "runs": 0, "needed_runs": 0},
     },
     "carried": [],
     "notes": [],
