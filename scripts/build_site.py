@@ -1,9 +1,10 @@
 """Build the offline copy of the course: ``site/`` and ``site.zip`` (``make html``).
 
 One HTML page per notebook, made by nbconvert from the committed, executed notebook (graphs, charts
-and tables inline; the widget panels drawn from their saved widget state), an index page, and the
-Chinese layer (README.zh-CN.md, docs/zh/*.md, docs/glossary.md) as HTML pages. No page makes a
-request to another host: nbconvert's CDN scripts (require.js, MathJax, mermaid, the widget renderer)
+and tables inline; the widget panels drawn from their saved widget state), an index page that opens
+with README.md's first section (the answer for a reader with the error on screen), and the Chinese
+layer (README.zh-CN.md, docs/zh/*.md, docs/glossary.md) as HTML pages. No page makes a request to
+another host: nbconvert's CDN scripts (require.js, MathJax, mermaid, the widget renderer)
 are replaced by the Jupyter widgets html-manager's standalone embed bundle, which ``make html`` installs
 with npm into ``build/site-npm/`` (versions pinned in scripts/site/package-lock.json) and this script
 copies into ``site/_vendor/``. Links between the course's files are rewritten to the pages built from
