@@ -2,9 +2,9 @@
 
 Source: this course's notebook 04 (notebooks/04_carried_state.ipynb, the cell that builds
 `actions = torch.distributions.Categorical(logits=policy(observations))   # built once` before
-`step_policy`), itself the pattern of pytorch/examples reinforcement_learning/reinforce.py with the
-distribution hoisted out of the loop. Retyped as in the notebook: Linear(4, 3), SGD(lr=0.1), 16
-observations; the step zero_grads, samples, backwards a REINFORCE-style loss and steps.
+`step_policy`): a REINFORCE-style step (compare pytorch/examples reinforcement_learning/reinforce.py,
+whose select_action builds its Categorical anew at every step). Retyped as in the notebook:
+Linear(4, 3), SGD(lr=0.1), 16 observations; the step zero_grads, samples, backwards and steps.
 """
 
 from collections.abc import Callable
