@@ -157,6 +157,21 @@ def test_01_counter_keeps_nothing_alive_and_keeping_the_tensor_would(saved_stora
             assert alive == held_by_the_page and dead_bytes == graph_only
 
 
+def test_01_counter_never_sees_a_python_number() -> None:
+    """The page: every saved tensor reaches ``pack`` except a Python number, kept as an 8-byte tensor."""
+    (twin,) = twins(NB01)
+    page = page_before(NB01, twin)
+    run_cell(page, NB01, twin)
+    assert "all\nbut a Python number, such as the `2` that section 3 found kept as an 8-byte tensor" in source(
+        cells(NB01)[twin - 1])
+    page["held"].clear()
+    w = torch.ones(1024, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(page["pack"], lambda tensor: tensor):
+        doubled = w * 2
+    assert page["held"] == {}
+    assert doubled.grad_fn._saved_other.nbytes == 8
+
+
 # -- 04: a walk over next_functions and a TorchFunctionMode, then bt.reachable_nodes and bt.stamp_iteration --
 NB04 = "04_carried_state.ipynb"
 
@@ -212,6 +227,7 @@ def test_04_mode_stamps_every_node_as_stamp_iteration_does() -> None:
         del nodes
     printed = run_cell(page, NB04, example)
     assert f"by their mark: {marks}\n" in printed
+    assert f"Iteration 2's loss reaches {marks[1]} nodes that iteration 1 built." in source(cells(NB04)[example + 1])
     # The drawing's counts of the helper's marks (operations only, leaves left out) are the twin's.
     helper_cell = next(i for i, c in enumerate(cells(NB04)) if "drawing.iteration_counts" in source(c))
     assert f"{ {k: marks[k] for k in (1, 2)} }" in committed_stdout(cells(NB04)[helper_cell])
