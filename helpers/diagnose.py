@@ -1,23 +1,23 @@
-"""One entry point for "my training step fails or grows": :func:`diagnose` runs both tools on the step and
-turns their findings into one prescription, ordered by what to fix first.
+"""One entry point for "my training step fails or grows": :func:`diagnose` runs the step as written a few times
+under the recorder (:func:`helpers.harness.run_step`, everything put back afterwards) and turns what ran into one
+prescription, ordered by what to fix first.
 
-* :func:`helpers.carried.find_carried_graph` runs the step a few times and names each tensor that carries an
-  iteration's graph into the next (what raises at iteration 2, and what makes ``retain_graph=True`` slow and
-  then fail); :func:`helpers.audit.audit_retain_graph` says, per backward call, whether its ``retain_graph=True``
-  is needed or can go. Both check the input (their errors are raised again, named ``diagnose``) and put back
-  (:class:`helpers.measure.TrainingState`) the models, optimizers, random streams and the tensors the step's
-  closure and globals hold (a hidden state the step rebinds), so each of them sees the learner's start;
+* from the one recording come both reports: the graphs a later iteration's backward walks
+  (:func:`helpers.carried.carried_report`: what raises at iteration 2, and what makes ``retain_graph=True`` slow
+  and then fail) and each ``retain_graph=True``'s verdict, once per source line (:func:`helpers.audit.audit_report`);
 * the error a run raised is named by kind ("backward a second time", "in-place version error", "no graph",
-  "other"), with the learner's line where the audit gives it;
-* the prescription: carried tensors first, then the error when no carried tensor explains it, then the
-  retains that can go, the retains that are needed, and the notes (``create_graph``, no verdict). The verdict
-  is "Healthy: ..." when nothing is carried, nothing raised and no retain can go; otherwise "N things to fix" (and "and M notes" when the list holds notes).
+  "other"), with the learner's line and the recorder's evidence (which earlier backward freed the buffers);
+* the prescription: carried tensors first, then the error when no carried tensor explains it, then the lines
+  whose retain can go, the lines whose retain is needed, the notes (``create_graph``), and the graphs a name
+  keeps alive that no backward walks (with their bytes). One item per line. The verdict is "Healthy: ..." when
+  nothing is carried, nothing raised and no retain can go; otherwise "N things to fix" (and "and M notes" when
+  the list holds notes).
 
 The diagnosis holds plain data and the two reports (plain data too): no tensor and no graph. Lines in notebook
 cells read as IPython's tracebacks name them ("Cell In[5], line 3: code").
 
-Used by notebooks 05_your_training_step and 06_real_stack, and by learners on their own training step (README, "Bring your own
-training step").
+Used by notebooks 05_your_training_step and 06_real_stack, and by learners on their own training step (README,
+"Bring your own training step").
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
-from helpers.audit import CREATE_GRAPH_NOTE, RetainAudit, audit_retain_graph
-from helpers.carried import CarriedGraphReport, find_carried_graph
-from helpers.errors import error_kind
-from helpers.verdicts import ERROR_FIXES as _ERROR_FIXES
+from helpers.audit import RetainAudit, audit_report
+from helpers.carried import CarriedGraphReport, carried_report
+from helpers.display import format_bytes
+from helpers.harness import StepRun, run_step
+from helpers.verdicts import CREATE_GRAPH_NOTE
 
 __all__ = ["Diagnosis", "Prescription", "diagnose"]
 
@@ -66,7 +67,7 @@ class Diagnosis:
     @property
     def healthy(self) -> bool:
         return not self.carried.found and self.error is None and not any(
-            c.needed is False for c in self.audit.calls)
+            line.verdict == "can go" for line in self.audit.lines)
 
     @property
     def verdict(self) -> str:
@@ -98,38 +99,45 @@ class Diagnosis:
         return f"<div><p><b>{html.escape(self.verdict)}</b></p>{error}{f'<ol>{items}</ol>' if items else ''}</div>"
 
 
-def _prescription(carried: CarriedGraphReport, audit: RetainAudit, kind: str | None, error: str | None,
-                  error_line: str | None) -> list[Prescription]:
-    items, lines = [], {}  # one item per learner's line: the same line builds a carried tensor each iteration
+def _prescription(run: StepRun, carried: CarriedGraphReport, audit: RetainAudit) -> list[Prescription]:
+    v = run.verdicts
+    items, by_line = [], {}  # one item per line: an LSTM's line builds h and c, one fix detaches both
     for f in carried.findings:
-        lines.setdefault(f.created_at, []).append(f)
-    for line, (f, *more) in lines.items():
+        by_line.setdefault(f.created_at, []).append(f)
+    for f, *more in by_line.values():
         built = "before the first iteration" if f.iteration is None else f"in iteration {f.iteration}"
-        again = f" (and again in {len(more)} later iteration(s))" if more else ""
         shape = "" if f.shape is None else f" of shape {f.shape}"
+        names = [g.name for g in (f, *more) if g.name]
+        name = f" ({', '.join(names)})" if names else ""
         items.append(Prescription(
-            line, f"a tensor{shape} built {built}{again} still carries its graph into iteration "
-                  f"{f.reached_from} (used at {f.used_at}): the second backward through it raises, and "
-                  f"retain_graph=True only makes each iteration slower until something fails", f.fix))
-    explained = carried.found and kind in ("backward a second time", "in-place version error")
-    if error is not None and kind is not None and not explained:
-        where = error_line or f"(iteration {carried.iterations_run}; no learner's line)"
-        items.append(Prescription(where, error, _ERROR_FIXES[kind]))
-    calls = audit.calls
-    for c in (c for c in calls if c.needed is False):
-        later = " (detach the carried tensor first: this retain only hides it)" if carried.found else ""
-        items.append(Prescription(c.line, f"retain_graph=True can go: {c.why}",
-                                  f"remove retain_graph=True at {c.line}{later}"))
-    for c in (c for c in calls if c.needed):
-        keep = (f"keep retain_graph=True at {c.line}: a later backward goes through these buffers"
-                if audit.error is None else c.fix)  # the audit's own words when the step fails either way
-        items.append(Prescription(c.line, f"retain_graph=True is needed: {c.why}", keep, to_fix=False))
-    for c in (c for c in calls if c.needed is None and c.retain_graph):
-        note, fix = (CREATE_GRAPH_NOTE, c.fix) if c.create_graph else (f"no verdict: {c.why}", c.fix)
-        if carried.found and not c.create_graph:  # the carried tensor is what makes the runs differ
-            fix = (f"fix the carried tensor first, then run diagnose again to judge retain_graph=True at {c.line} "
-                   f"(a retain added to silence the second-time error usually can go then)")
-        items.append(Prescription(c.line, note, fix, to_fix=False))
+            f.created_at, f"a tensor{shape}{name} built {built} still carries its graph into iteration "
+                          f"{f.reached_from} (walked by the backward at {f.used_at}): the second backward through "
+                          f"it raises, and retain_graph=True only makes each iteration slower until something fails",
+            f.fix))
+    e = v.error
+    if e is not None and not (carried.found and e.kind in ("backward a second time", "in-place version error")):
+        evidence = f" ({e.evidence})" if e.evidence else ""
+        items.append(Prescription(e.line, f"{e.message}{evidence}", e.fix))
+    for line in v.lines:
+        if line.verdict == "can go":
+            later = " (detach the carried tensor first: this retain only hides it)" if carried.found else ""
+            items.append(Prescription(line.line, f"retain_graph=True {line.why}",
+                                      f"remove retain_graph=True at {line.line}{later}"))
+    for line in v.lines:
+        if line.verdict == "needed":
+            keep = f"keep retain_graph=True at {line.line}: a later backward goes through these buffers"
+            if carried.found and "in iteration" in line.why:  # a later iteration walks them: the carried graph
+                keep = (f"fix the carried tensor first; as written a later iteration walks what this retain keeps, "
+                        f"so removing it now raises. Once nothing is carried, run diagnose again: it can likely go")
+            items.append(Prescription(line.line, f"retain_graph=True is {line.why}", keep, to_fix=False))
+    for line in v.lines:
+        if line.verdict.startswith("not a retain"):
+            items.append(Prescription(line.line, CREATE_GRAPH_NOTE, line.fix, to_fix=False))
+    for note in v.notes:
+        if note.held_bytes:
+            items.append(Prescription(note.built_at, f"{note.name} keeps {format_bytes(note.held_bytes)} of an "
+                                                     f"earlier iteration's graph alive; no backward walks it",
+                                      f"store {note.name}.detach() (or .item()) if you only log it", to_fix=False))
     return items
 
 
@@ -137,27 +145,22 @@ def diagnose(step: Callable[[], Any],
              models: torch.nn.Module | Iterable[torch.nn.Module] | Mapping[str, torch.nn.Module] = (),
              optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
              iterations: int = 3) -> Diagnosis:
-    """Diagnose ``step`` (one training iteration as written, no arguments): run it ``iterations`` times to find
-    a graph carried across iterations, audit each ``retain_graph=True``, name the error a run raised by kind,
-    and give one prescription ordered by what to fix first, each item with the learner's line and the fix.
-    Pass the ``models`` and ``optimizers`` the step trains: they, the random streams and the tensors the
-    step's closure and globals hold are put back afterwards.
+    """Diagnose ``step`` (one training iteration as written, no arguments): run it ``iterations`` times as
+    written, find the graphs a later iteration walks, judge each ``retain_graph=True`` once per line, name the
+    error a run raised by kind, and give one prescription ordered by what to fix first, each item with the
+    learner's line and the fix. Pass the ``models`` and ``optimizers`` the step trains: they, the random streams
+    and what the step's closure and globals hold are put back afterwards (on CPU copies).
 
-    Used by notebooks 05_your_training_step and 06_real_stack, and by learners on their own training step (README, "Bring your own
-    training step")."""
-    if isinstance(models, Mapping):  # {"D": netD, "G": netG}, as the gradient check takes them
-        models = list(models.values())
-    try:  # each tool puts back what the step changes, the closure's and globals' tensors included
-        audit = audit_retain_graph(step, models, optimizers)  # first: it refuses an optimizer nobody passed
-        carried = find_carried_graph(step, iterations, models, optimizers)
-    except (TypeError, ValueError) as exc:  # the tools' input checks; the step's own errors are in the reports
-        message = str(exc).replace("find_carried_graph", "diagnose").replace("audit_retain_graph", "diagnose")
-        raise type(exc)(message if message.startswith("diagnose") else f"diagnose: {message}") from None
-    if audit.error is not None:
-        error, line = audit.error, audit.error_line
-    elif carried.error is not None:
-        error, line = carried.error.strip().splitlines()[0], None
-    else:
-        error, line = None, None
-    kind = None if error is None else error_kind(error)
-    return Diagnosis(kind, error, line, carried, audit, _prescription(carried, audit, kind, error, line))
+    Used by notebooks 05_your_training_step and 06_real_stack, and by learners on their own training step (README,
+    "Bring your own training step")."""
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:
+        raise ValueError(f"diagnose: iterations must be an int >= 2 (a carried graph shows from the second "
+                         f"iteration on), got {iterations!r}") from None
+    try:
+        run = run_step(step, models, optimizers, iterations, who="diagnose")
+    except (TypeError, ValueError) as exc:  # the input checks: raised here, not deep in the harness
+        raise type(exc)(str(exc)) from None
+    carried, audit = carried_report(run), audit_report(run)
+    e = run.verdicts.error
+    return Diagnosis(None if e is None else e.kind, None if e is None else e.message,
+                     None if e is None else e.line, carried, audit, _prescription(run, carried, audit))

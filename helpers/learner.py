@@ -1,15 +1,22 @@
-"""What every tool that runs a learner's own training step shares (:func:`helpers.carried.find_carried_graph`,
-:func:`helpers.audit.audit_retain_graph`, :func:`helpers.diagnose.diagnose` and notebook 05's gradient check).
+"""The one place that runs into torch and into a learner's step: what every tool that watches or runs a learner's
+code shares (:mod:`helpers.recorder`, :mod:`helpers.harness` and through them :func:`helpers.watcher.watch`,
+``backward-twice watch``, :func:`helpers.diagnose.diagnose`, :func:`helpers.audit.audit_retain_graph`,
+:func:`helpers.carried.find_carried_graph`, ``%%diagnose`` and the lessons' checks).
 
+* :func:`intercepting` is the only code that patches torch: autograd's engine entry (bound twice, in
+  ``torch.autograd.graph`` and ``torch.autograd``: ``loss.backward()``, ``torch.autograd.backward`` and ``grad``
+  all pass through it) and PyTorch's global optimizer step hooks;
+* :func:`known_names` and :func:`held_bindings` are the only code that reads a step's closure and globals: the
+  names it knows objects by, and a way to bind each name to its object again;
 * :func:`check_step` and :func:`as_items` refuse bad input with a message naming the tool and what is wrong: a
   step that needs arguments, models that are not modules, optimizers that are not optimizers;
 * :func:`passed_optimizers_only` stops a run when an optimizer the caller did not pass calls ``step()``, before it
   changes weights or state that nothing could put back;
-* :func:`known_names` gives the names the step knows objects by (its closure's variables, the globals it reads);
 * :func:`learner_line` finds the learner's own line in a stack ("file:line: code", the first frame outside torch,
-  ``helpers/``, the standard library and site-packages), and :func:`place` names a notebook cell's line as
-  IPython's tracebacks do ("Cell In[5], line 3"): a cell's file lies in a folder named after the kernel's
-  process, so its path changes with every kernel.
+  ``helpers/``, the standard library and site-packages), :func:`place` names a notebook cell's line as
+  IPython's tracebacks do ("Cell In[5], line 3": a cell's file lies in a folder named after the kernel's
+  process, so its path changes with every kernel), :func:`short` drops the folders, and :func:`first_line` and
+  :func:`raised_at` give an error's first line and the learner's line that raised it.
 """
 
 from __future__ import annotations
@@ -28,8 +35,8 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-__all__ = ["as_items", "check_step", "first_line", "intercepting", "known_names", "learner_line", "passed_optimizers_only", "place",
-           "raised_at", "short", "skipped_dirs"]
+__all__ = ["ENGINE_ENTRY", "as_items", "check_step", "first_line", "held_bindings", "intercepting", "known_names",
+           "learner_line", "passed_optimizers_only", "place", "raised_at", "short", "skipped_dirs"]
 
 
 def skipped_dirs() -> tuple[str, ...]:
@@ -67,6 +74,25 @@ def learner_line(frame: types.FrameType | None, lines: dict[tuple[str, int], str
             return lines[key]
         frame = frame.f_back
     return "(no source line outside torch)"
+
+
+def held_bindings(step: Callable[[], Any]) -> list[tuple[Callable[[Any], None], Any]]:
+    """(put it back, value) for each name the step holds in its closure and each global it reads (not functions):
+    calling ``put(value)`` binds the name to that very object again."""
+    bindings: list[tuple[Callable[[Any], None], Any]] = []
+    code = getattr(step, "__code__", None)
+    for name, cell in zip(code.co_freevars if code is not None else (), getattr(step, "__closure__", None) or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        bindings.append((lambda v, cell=cell: setattr(cell, "cell_contents", v), value))
+    namespace = getattr(step, "__globals__", {})
+    closure = set(code.co_freevars) if code is not None else set()
+    for name, value in known_names(step).items():
+        if name not in closure and namespace.get(name) is value and not callable(value):
+            bindings.append((lambda v, name=name: namespace.__setitem__(name, v), value))
+    return bindings
 
 
 def known_names(step: Callable[[], Any]) -> dict[str, Any]:
@@ -148,7 +174,7 @@ def as_items(value: object, kind: type, what: str, label: str, who: str = "audit
 # only ``torch.autograd.graph`` would see no call. ``loss.backward()``, ``torch.autograd.backward`` and
 # ``torch.autograd.grad`` all pass through it.
 _ENGINE_OWNERS = (torch.autograd.graph, torch.autograd)
-_ENGINE_ENTRY = "_engine_run_backward"
+ENGINE_ENTRY = "_engine_run_backward"
 
 EngineHandler = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
@@ -156,25 +182,32 @@ EngineHandler = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 @contextlib.contextmanager
 def intercepting(on_backward: EngineHandler | None = None,
                  on_step: Callable[[torch.optim.Optimizer], None] | None = None,
-                 before_step: Callable[[torch.optim.Optimizer], None] | None = None) -> Iterator[None]:
+                 before_step: Callable[[torch.optim.Optimizer], None] | None = None,
+                 entry: str = ENGINE_ENTRY) -> Iterator[None]:
     """While inside, every entry into autograd's engine calls ``on_backward(engine, outputs, args, kwargs)``
     (which calls ``engine(outputs, *args, **kwargs)`` itself: ``args`` are grad_tensors, keep_graph,
     create_graph, inputs, ...; ``kwargs`` holds ``accumulate_grad``, False for ``torch.autograd.grad``), and every
     optimizer's ``step()`` calls ``before_step(optimizer)`` and ``on_step(optimizer)`` after it (PyTorch's global
     step hooks: optimizers created inside count too). Everything is put back on the way out, even on error;
-    nested uses stack."""
+    nested uses stack. A torch without the engine entry ``entry``: ``torch.autograd.backward`` and ``.grad`` are
+    wrapped instead (the handler's changes to the arguments are then not passed on)."""
     undo: list[Callable[[], None]] = []
     try:
-        if on_backward is not None:
-            engine = getattr(torch.autograd.graph, _ENGINE_ENTRY)
-            current = [getattr(owner, _ENGINE_ENTRY) for owner in _ENGINE_OWNERS]
+        if on_backward is not None and callable(getattr(torch.autograd, entry, None)):
+            engine = getattr(torch.autograd.graph, entry)
+            current = [getattr(owner, entry) for owner in _ENGINE_OWNERS]
 
             def entered(outputs: Any, *args: Any, **kwargs: Any) -> Any:
                 return on_backward(engine, outputs, args, kwargs)
 
             for owner, original in zip(_ENGINE_OWNERS, current):
-                setattr(owner, _ENGINE_ENTRY, entered)
-                undo.append(lambda owner=owner, original=original: setattr(owner, _ENGINE_ENTRY, original))
+                setattr(owner, entry, entered)
+                undo.append(lambda owner=owner, original=original: setattr(owner, entry, original))
+        elif on_backward is not None:
+            for name in ("backward", "grad"):
+                original = getattr(torch.autograd, name)
+                setattr(torch.autograd, name, _public_entry(name, original, on_backward))
+                undo.append(lambda name=name, original=original: setattr(torch.autograd, name, original))
         if before_step is not None:
             undo.append(register_optimizer_step_pre_hook(lambda o, args, kwargs: before_step(o)).remove)
         if on_step is not None:
@@ -183,6 +216,26 @@ def intercepting(on_backward: EngineHandler | None = None,
     finally:
         while undo:
             undo.pop()()
+
+
+def _public_entry(name: str, original: Callable[..., Any], on_backward: EngineHandler) -> Callable[..., Any]:
+    """``torch.autograd.backward`` or ``.grad`` calling ``on_backward`` with the engine's arguments."""
+    signature = inspect.signature(original)
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+        except TypeError:  # let PyTorch itself say what is wrong with the call
+            return original(*args, **kwargs)
+        create = bool(bound.get("create_graph", False))
+        retain = bound.get("retain_graph")
+        inputs = bound.get("inputs")
+        inputs = () if inputs is None else (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        engine_args = (None, create if retain is None else bool(retain), create, inputs)
+        return on_backward(lambda *_, **__: original(*args, **kwargs), bound.get("tensors", bound.get("outputs")),
+                           engine_args, {"accumulate_grad": name == "backward"})
+
+    return watched
 
 
 def first_line(exc: BaseException, width: int = 110) -> str:

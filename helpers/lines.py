@@ -17,6 +17,7 @@ Used by :mod:`helpers.recorder`.
 from __future__ import annotations
 
 import bisect
+import linecache
 import os
 import sys
 import types
@@ -40,6 +41,11 @@ class CreationLines:
         self._own: dict[types.CodeType, bool] = {}
         self._skipped = skipped_dirs()
         self._frames: list[types.FrameType] = []
+        # After an event that may end an iteration, the next loop header (``for``/``while``) that runs is where
+        # the next iteration starts: ``on_loop_start(frame)`` is called there once.
+        self.pending = False
+        self.on_loop_start: Any = None
+        self._headers: dict[tuple[str, int], bool] = {}
 
     def is_learners(self, code: types.CodeType) -> bool:
         own = self._own.get(code)
@@ -67,9 +73,20 @@ class CreationLines:
             sequences.append(sequence)
             sites.append(site)
 
+        headers = self._headers
+
         def local(frame: types.FrameType, event: str, arg: Any) -> Any:
             if event == "line":
-                log((frame.f_code.co_filename, frame.f_lineno))
+                site = (frame.f_code.co_filename, frame.f_lineno)
+                log(site)
+                if self.pending:
+                    header = headers.get(site)
+                    if header is None:
+                        text = linecache.getline(*site).lstrip()
+                        header = headers[site] = text.startswith(("for ", "while ", "async for "))
+                    if header:
+                        self.pending = False
+                        self.on_loop_start(frame)
             elif event == "return":
                 back = frame.f_back
                 while back is not None and not is_learners(back.f_code):

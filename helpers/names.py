@@ -5,7 +5,8 @@ torch, ``helpers/``, the standard library and site-packages: its locals, then it
 step's closure and globals), one and two levels in: items of lists, tuples and dicts, a module's tensor
 attributes and buffers, an object's tensor attributes. Each node gets its simplest spelling (``h`` before
 ``state['h']``). A function frame's ``f_locals`` is a snapshot that would keep every tensor in it alive after the
-learner deletes or rebinds the name: it is emptied after reading (the frame's own variables are untouched).
+learner deletes or rebinds the name: it is emptied after reading (the frame's own variables are untouched), unless
+a trace function is running.
 
 Used by :mod:`helpers.recorder`.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["NamedGraph", "names_holding_graphs", "site_of"]
+__all__ = ["NamedGraph", "names_holding_graphs", "simpler", "site_of"]
 
 
 @dataclass(frozen=True)
@@ -29,13 +30,19 @@ class NamedGraph:
     """A name that held a tensor with a graph at an event: the name as the learner spells it (``h``,
     ``state[0]``, ``model.memory``, ``buffers["h"]``), the learner's frame it was found in ((file, first line
     of the code, the code's name), None for a name the harness gave), whether it is a global, the event's
-    index and the node's sequence number."""
+    index, the node's sequence number, and whether it is a function's own local variable (which the function
+    rebinds each call, unlike an entry of a dict or an attribute it reaches)."""
 
     name: str
     frame: tuple[str, int, str] | None
     is_global: bool
     event: int
     sequence: int
+    local: bool = False
+    holder: str | None = None  # the simplest spelling that is not a function's own variable (what keeps it)
+    container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one
+    shape: tuple[int, ...] | None = None
+    aliases: tuple[str, ...] = ()  # other spellings as simple, of a tensor with the same node (an LSTM cell's h, c)
 
 
 _own_files: dict[str, bool] = {}
@@ -58,9 +65,11 @@ def site_of(frame: types.FrameType | None, skipped: tuple[str, ...], outward: bo
 
 
 def names_holding_graphs(frame: types.FrameType | None, skipped: tuple[str, ...], event: int,
-                         roots: Callable[[], list[tuple[str, Any]]] | None = None
+                         roots: Callable[[], list[tuple[str, Any]]] | None = None, tracing: bool = False
                          ) -> Iterator[tuple[NamedGraph, Any]]:
-    """(name, node) for each node a name holds: the learner's frames from ``frame`` out, then ``roots()``."""
+    """(name, node) for each node a name holds: the learner's frames from ``frame`` out, then ``roots()``. While a
+    trace function runs (``tracing``), snapshots are left alone: CPython writes a frame's f_locals back into its
+    variables after each trace call, so an emptied snapshot would delete them; it also refreshes them then."""
     sources: list[tuple[tuple[str, int, str] | None, bool, dict[str, Any], bool]] = []
     globals_seen: set[int] = set()
     while frame is not None:
@@ -76,57 +85,80 @@ def names_holding_graphs(frame: types.FrameType | None, skipped: tuple[str, ...]
         frame = frame.f_back
     if roots is not None:
         sources.append((None, False, dict(roots()), False))
-    seen: set[int] = set()
+    found: dict[int, list] = {}  # node -> [NamedGraph fields..., node, held only by a function's own variable]
     for where, is_global, namespace, snapshot in sources:
         items = list(namespace.items())
-        if snapshot:
+        if snapshot and not tracing:
             namespace.clear()
-        best: dict[int, tuple[str, Any]] = {}
+        best: dict[int, tuple[str, Any, bool]] = {}
+        holders: dict[int, str] = {}
+        alike: dict[int, set[str]] = {}
         for name, value in items:
             if name.startswith("__") or isinstance(value, (types.ModuleType, type, types.FunctionType)):
                 continue
-            for spelled, tensor in _tensors_under(name, value):
+            for spelled, tensor, kind in _tensors_under(name, value):
                 node = tensor.grad_fn
                 if node is None:
                     continue
                 sequence = node._sequence_nr()
-                if sequence in seen:
-                    continue
+                bare = snapshot and "[" not in spelled and "." not in spelled
+                if not bare and (sequence not in holders or simpler(spelled, holders[sequence])):
+                    holders[sequence] = spelled
                 known = best.get(sequence)
-                if known is None or _simpler(spelled, known[0]):
-                    best[sequence] = (spelled, node)
-        for sequence, (spelled, node) in best.items():
-            seen.add(sequence)
-            yield NamedGraph(spelled, where, is_global, event, sequence), node
+                alike.setdefault(sequence, set()).add(spelled)
+                if known is None or simpler(spelled, known[0]):
+                    best[sequence] = (spelled, node, bare and (known is None or known[2]), kind,
+                                      tuple(tensor.shape))
+                elif not bare:
+                    best[sequence] = (*known[:2], False, *known[3:])
+        for sequence, (spelled, node, bare, kind, shape) in best.items():
+            entry = found.get(sequence)
+            if entry is None:  # the innermost frame names it
+                rank = (spelled.count("["), spelled.count("."))
+                aliases = tuple(sorted(a for a in alike[sequence]
+                                       if a != spelled and (a.count("["), a.count(".")) == rank))
+                found[sequence] = [spelled, where, is_global, node, bare, holders.get(sequence), kind, shape, aliases]
+            elif not bare:
+                entry[4] = False
+                entry[5] = entry[5] or holders.get(sequence)
+    for sequence, (spelled, where, is_global, node, bare, holder, kind, shape, aliases) in found.items():
+        yield NamedGraph(spelled, where, is_global, event, sequence, bare, holder, kind, shape, aliases), node
 
 
-def _simpler(a: str, b: str) -> bool:
+def simpler(a: str, b: str) -> bool:
+    """Whether spelling ``a`` is simpler than ``b``: fewer subscripts, then fewer attributes, then shorter."""
     return (a.count("["), a.count("."), len(a)) < (b.count("["), b.count("."), len(b))
 
 
-def _tensors_under(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
-    """(spelling, tensor) for a tensor, the items of a list, tuple or dict, a module's tensor attributes and an
-    object's, two levels deep: ``h``, ``state[0]``, ``buffers['h']``, ``model.memory``."""
+def _tensors_under(name: str, value: Any, depth: int = 0,
+                   kind: str | None = None) -> Iterator[tuple[str, torch.Tensor, str | None]]:
+    """(spelling, tensor, the kind of container it is an item of) for a tensor, the items of a list, tuple or dict,
+    a module's tensor attributes and buffers, and an object's, two levels deep: ``h``, ``state[0]``,
+    ``buffers['h']``, ``model.memory``, ``model.hidden[0]``."""
     if isinstance(value, torch.Tensor):
-        yield name, value
+        yield name, value, kind
     elif depth >= 2:
         return
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value[:64]):
-            yield from _tensors_under(f"{name}[{i}]", item, depth + 1)
+            yield from _tensors_under(f"{name}[{i}]", item, depth + 1, type(value).__name__)
     elif isinstance(value, dict):
         for key, item in list(value.items())[:64]:
             if isinstance(key, (str, int)):
-                yield from _tensors_under(f"{name}[{key!r}]", item, depth + 1)
+                yield from _tensors_under(f"{name}[{key!r}]", item, depth + 1, "dict")
     elif isinstance(value, torch.nn.Module):
         for prefix, module in value.named_modules(prefix=name):
             for key, item in vars(module).items():
                 if isinstance(item, torch.Tensor) and not isinstance(item, torch.nn.Parameter):
-                    yield f"{prefix}.{key}", item
+                    yield f"{prefix}.{key}", item, None
+                elif isinstance(item, (tuple, list)) and not key.startswith("_"):  # self.hidden = (h, c)
+                    for i, part in enumerate(item[:8]):
+                        if isinstance(part, torch.Tensor):
+                            yield f"{prefix}.{key}[{i}]", part, type(item).__name__
             for key, item in module._buffers.items():
                 if item is not None:
-                    yield f"{prefix}.{key}", item
+                    yield f"{prefix}.{key}", item, None
     elif hasattr(value, "__dict__") and not callable(value) and not isinstance(value, torch.optim.Optimizer):
         for key, item in list(vars(value).items())[:64]:
             if isinstance(item, torch.Tensor):
-                yield f"{name}.{key}", item
+                yield f"{name}.{key}", item, None

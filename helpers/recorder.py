@@ -30,7 +30,6 @@ Used by :mod:`helpers.watcher` and :mod:`helpers.harness`.
 
 from __future__ import annotations
 
-import bisect
 import gc
 import inspect
 import sys
@@ -42,12 +41,13 @@ from typing import Any
 
 import torch
 
-from helpers.learner import first_line, intercepting, learner_line, raised_at, short, skipped_dirs
+from helpers.learner import first_line, intercepting, learner_line, raised_at, skipped_dirs
 from helpers.lines import CreationLines
-from helpers.names import NamedGraph, names_holding_graphs, site_of
+from helpers.names import NamedGraph, names_holding_graphs, simpler, site_of
+from helpers.iterations import split_iterations
 from helpers.saved import graph_only_bytes, python_walk, saved_data
 
-__all__ = ["CallRecord", "ErrorRecord", "Recorder", "Split", "StopRecording", "split_iterations"]
+__all__ = ["CallRecord", "ErrorRecord", "Recorder", "StopRecording"]
 
 STAMP = "backward_twice.recorder"
 SECOND_TIME = ("Trying to backward through the graph a second time (or directly access saved tensors after they "
@@ -82,6 +82,7 @@ class CallRecord:
     saved_nodes: int = 0
     held_after_bytes: int = 0
     needed_by: list[int] = field(default_factory=list)  # later calls that walked buffers this one kept
+    frontier: array = field(default_factory=lambda: array("Q"))  # of ``old``, those a new node points to
     old: array = field(default_factory=lambda: array("Q"))  # sequence numbers of walked nodes built before the
     # call's last event: what a later rule may call an earlier iteration
     error: str | None = None
@@ -110,17 +111,24 @@ class Recorder:
     pairs to look for named tensors in (a step's closure and globals), as a function called at each event."""
 
     def __init__(self, iterations: int | None = None, keep_buffers: bool = False,
-                 roots: Callable[[], list[tuple[str, Any]]] | None = None) -> None:
+                 roots: Callable[[], list[tuple[str, Any]]] | None = None,
+                 on_leaf: Callable[[torch.Tensor], None] | None = None) -> None:
         if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int)
                                        or iterations < 1):
             raise ValueError(f"watch: iterations must be a whole number from 1 up (or None), got {iterations!r}")
-        self.iterations, self.keep_buffers, self.roots = iterations, keep_buffers, roots
+        self.iterations, self.keep_buffers, self.roots, self.on_leaf = iterations, keep_buffers, roots, on_leaf
+        self.before_step: Callable[[torch.optim.Optimizer], None] | None = None  # called before each step()
+        self.by_runs = False  # a harness's runs of a step: each run is one iteration, whatever steps inside
         self.calls: list[CallRecord] = []
         self.steps: list[tuple[int, int, int, str]] = []  # (optimizer id, sequence counter, calls so far, line)
         self.optimizer_kinds: dict[int, str] = {}
         self.marks: list[tuple[int, int]] = []  # next_iteration(): (sequence counter, calls so far)
         self.names: dict[int, NamedGraph] = {}  # node sequence number -> the name that held it
-        self.unwalked: dict[int, tuple[NamedGraph, int]] = {}  # named graphs no backward walked yet: bytes
+        self.held_from: dict[int, tuple[int, int, str]] = {}  # node -> (the first iteration start the loop held
+        # it at, its graph-only bytes then, the name that held it)
+        self.sightings: list[int] = []  # the sequence counter at each time names were read
+        self.carriers: dict[int, str] = {}  # node -> the name that held it at an iteration's start
+        self.starts: list[int] = []  # of those, the ones at an iteration's start (a loop header after an event)
         self.error: ErrorRecord | None = None
         self.creation = CreationLines()  # which learner's line built each node
         self.pending: list[str] = []  # optimizers the code names that never stepped before the error
@@ -130,14 +138,15 @@ class Recorder:
         self._skipped = skipped_dirs()
         self._context: Any = None
         self._depth = 0
-        self._recent: set[int] = set()  # nodes walked since the last time names were noted
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
         self.start = torch._C._autograd._get_sequence_nr()
         self._context = intercepting(self._on_backward, self._on_step, self._before_step)
         self._context.__enter__()
+        self.starts.append(0)
         self._note_names(sys._getframe(1))  # what the loop starts from: a graph built before it
+        self.creation.on_loop_start = self._loop_start
         self.creation.start(sys._getframe(1))
         return self
 
@@ -177,10 +186,15 @@ class Recorder:
         return pending
 
     # -- iterations ----------------------------------------------------------------------------------------
-    def next_iteration(self) -> None:
-        """Mark the end of an iteration (a loop without an optimizer, or with a hand-written update)."""
+    def next_iteration(self, between_runs: bool = False) -> None:
+        """Mark the end of an iteration (a loop without an optimizer, or with a hand-written update).
+        ``between_runs``: called between two calls of a step (the step's frame is gone), so this is also where
+        the next iteration starts."""
         self.marks.append((torch._C._autograd._get_sequence_nr(), len(self.calls)))
+        if between_runs:
+            self.starts.append(len(self.sightings))
         self._note_names(sys._getframe(1))
+        self.creation.pending = not between_runs
         self._maybe_stop()
 
     def iterations_done(self) -> int:
@@ -193,11 +207,14 @@ class Recorder:
 
     def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer_kinds.setdefault(id(optimizer), type(optimizer).__name__)
+        if self.before_step is not None:
+            self.before_step(optimizer)
 
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
         line = learner_line(sys._getframe(1), self._lines, self._skipped)
         self.steps.append((id(optimizer), torch._C._autograd._get_sequence_nr(), len(self.calls), line))
         self._note_names(sys._getframe(1))
+        self.creation.pending = True
         self._maybe_stop()
 
     @property
@@ -217,7 +234,8 @@ class Recorder:
         if self.marks == [] and self.steps == [] and self.calls and self.iterations is not None:
             self._fallback_stop(site)
         call = CallRecord(len(self.calls), site, line, "backward" if kwargs.get("accumulate_grad", True) else "grad",
-                          keep, create, len(inputs or ()), torch._C._autograd._get_sequence_nr(), event=self.events)
+                          keep, create, 0 if inputs is None else len(inputs), torch._C._autograd._get_sequence_nr(),
+                          event=self.events)
         self.calls.append(call)
         roots = [_node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
         roots = [r for r in roots if r is not None]
@@ -255,6 +273,7 @@ class Recorder:
         del saved, walked
         if not self.steps and not self.marks:
             self._note_names(caller)
+            self.creation.pending = True
         return result
 
     def _walk(self, call: CallRecord, order: list[Any], boundary: int) -> None:
@@ -262,16 +281,29 @@ class Recorder:
         built before the call's last event. With keep_buffers, raise where the code as written would."""
         walked = saved_nodes = 0
         needs: set[int] = set()
+
+        def frontier() -> None:
+            """The old nodes a new node points to: where this iteration's graph meets an earlier one (an LSTM
+            cell's old h and old c both; not what lies under them). Only when there are old nodes at all."""
+            if not call.old:
+                return
+            edges = set()
+            for node in order:
+                sequence = node._sequence_nr()
+                if boundary <= sequence < _LEAF_SEQ:
+                    edges.update(s for s in (child._sequence_nr() for child, _ in node.next_functions
+                                             if child is not None) if s < boundary)
+            call.frontier = array("Q", sorted(edges))
+
         for position, node in enumerate(order):
             sequence = node._sequence_nr()
             if sequence >= _LEAF_SEQ:
+                if self.on_leaf is not None and isinstance(getattr(node, "variable", None), torch.Tensor):
+                    self.on_leaf(node.variable)  # before it accumulates: a leaf the caller could not name
                 continue
             walked += 1
             if sequence < boundary and len(call.old) < _MAX_OLD:
                 call.old.append(sequence)
-            self._recent.add(sequence)
-            if sequence in self.unwalked:
-                del self.unwalked[sequence]
             stamp = node.metadata.get(STAMP)
             if stamp is None:
                 tensors = saved_data(node)
@@ -284,12 +316,14 @@ class Recorder:
                     call.first_freed = (position, previous)
                     if self.keep_buffers:
                         call.walked, call.saved_nodes = walked, saved_nodes + 1
+                        frontier()
                         raise RuntimeError(SECOND_TIME)
                 if kept:
                     needs.add(previous)
                 stamp[0], stamp[1] = call.index, call.retain_graph or call.create_graph
             saved_nodes += 1
         call.walked, call.saved_nodes = walked, saved_nodes
+        frontier()
         for previous in needs:
             self.calls[previous].needed_by.append(call.index)
 
@@ -326,7 +360,8 @@ class Recorder:
     def _through(self, walked: list[Any], position: int, call: CallRecord,
                  caller: types.FrameType) -> NamedGraph | None:
         """The name closest above the freed node in the walk: kept at an event, or held by a frame now."""
-        live = {n.sequence: n for n, _ in names_holding_graphs(caller, self._skipped, self.events, self.roots)}
+        live = {n.sequence: n for n, _ in names_holding_graphs(caller, self._skipped, self.events, self.roots,
+                                                                       sys.gettrace() is not None)}
         for node in reversed(walked[:position + 1]):
             sequence = node._sequence_nr()
             named = self.names.get(sequence) or live.get(sequence)
@@ -356,20 +391,37 @@ class Recorder:
         return None
 
     # -- names ---------------------------------------------------------------------------------------------
+    def _loop_start(self, frame: types.FrameType) -> None:
+        self.starts.append(len(self.sightings))
+        self._note_names(frame)
+
     def _note_names(self, frame: types.FrameType | None) -> None:
-        """Keep the names that hold graphs now; a graph no backward walked yet is kept with its bytes (a note if
-        none ever walks it)."""
-        event, recent, self._recent = self.events, self._recent, set()
-        for named, node in names_holding_graphs(frame, self._skipped, event, self.roots):
-            if named.sequence in self.names:
-                continue
-            if len(self.names) >= _MAX_NAMES:
-                self.names.pop(next(iter(self.names)))
-            self.names[named.sequence] = named
-            if named.sequence not in recent and STAMP not in node.metadata and len(self.unwalked) < _MAX_NAMES:
-                held = graph_only_bytes(python_walk([node]))
-                if held:
-                    self.unwalked[named.sequence] = (named, held)
+        """Keep the names that hold graphs now (the simplest spelling of each node); at an iteration's start, also
+        which graphs are held into it, with their graph-only bytes (a note, if no later backward walks them)."""
+        sighting = len(self.sightings)
+        self.sightings.append(torch._C._autograd._get_sequence_nr())
+        at_start = bool(self.starts) and self.starts[-1] == sighting
+        for named, node in names_holding_graphs(frame, self._skipped, sighting, self.roots,
+                                                  sys.gettrace() is not None):
+            sequence = named.sequence
+            known = self.names.get(sequence)
+            if known is None:
+                if len(self.names) >= _MAX_NAMES:
+                    dropped = next(iter(self.names))
+                    self.names.pop(dropped)
+                    self.held_from.pop(dropped, None)
+                self.names[sequence] = named
+            elif simpler(named.name, known.name) or (named.name == known.name and known.event == 0):
+                self.names[sequence] = named  # a simpler name, or the loop's own frame over the watch's
+            if at_start:  # what holds it into the next iteration: the name a carried graph's fix uses
+                self.carriers.setdefault(sequence, named.holder if named.local and named.holder else named.name)
+            if at_start and not named.local and sequence not in self.held_from:  # a function's own variable
+                # is rebound at its next call: what the loop holds is in its dicts, objects, modules and globals
+                stamp = node.metadata.get(STAMP)
+                freed = stamp is not None and not stamp[1]  # walked without a retain: its buffers are gone
+                self.held_from[sequence] = (sighting, 0 if freed else graph_only_bytes(python_walk([node])),
+                                            named.holder or named.name)
+
 
 def _stamp(node: Any) -> list | None:
     return node.metadata.get(STAMP)
@@ -380,49 +432,3 @@ def _node_of(output: Any) -> Any:
     if node is None and hasattr(output, "node"):  # a GradientEdge
         node = output.node
     return node
-
-
-@dataclass(frozen=True)
-class Split:
-    """How the run was cut into iterations: the rule in words, and the ends of iterations as (sequence counter,
-    calls made before it)."""
-
-    how: str
-    ends: tuple[tuple[int, int], ...]
-    start: int
-
-    @property
-    def count(self) -> int:
-        return len(self.ends)
-
-    def iteration_of_node(self, sequence: int) -> int:
-        """1-based iteration that built a node; 0 before the first."""
-        if sequence < self.start:
-            return 0
-        return 1 + bisect.bisect_right([seq for seq, _ in self.ends], sequence)
-
-    def iteration_of_call(self, index: int) -> int:
-        return 1 + bisect.bisect_right([calls for _, calls in self.ends], index)
-
-
-def split_iterations(recorder: Recorder) -> Split:
-    if recorder.marks:
-        return Split("by next_iteration()", tuple(recorder.marks), recorder.start)
-    if recorder.steps and recorder.pending:
-        return Split(f"by {recorder.pending[0]}.step(), which never came before the error", (), recorder.start)
-    if recorder.steps:
-        first: dict[int, int] = {}
-        for position, (optimizer, _, _, _) in enumerate(recorder.steps):
-            first.setdefault(optimizer, position)
-        closing = max(first, key=first.get)  # type: ignore[arg-type]
-        ends = tuple((seq, calls) for optimizer, seq, calls, _ in recorder.steps if optimizer == closing)
-        kind = recorder.optimizer_kinds.get(closing, "optimizer")
-        line = next(line for optimizer, _, _, line in recorder.steps if optimizer == closing)
-        return Split(f"by {kind}.step() at {short(line)}", ends, recorder.start)
-    calls = recorder.calls
-    if not calls:
-        return Split("no backward call and no optimizer step", (), recorder.start)
-    first_site = calls[0].site
-    ends = tuple((c.end, c.index + 1) for c, after in zip(calls, calls[1:]) if after.site == first_site)
-    return Split(f"at each call of {short(calls[0].line)} (no optimizer step and no next_iteration())", ends,
-                 recorder.start)

@@ -19,13 +19,15 @@ import ast
 import linecache
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from helpers.display import format_bytes
 from helpers.errors import error_kind
 
 from helpers.learner import place, short
 from helpers.names import NamedGraph
-from helpers.recorder import CallRecord, Recorder, Split, split_iterations
+from helpers.iterations import Split, split_iterations
+from helpers.recorder import CallRecord, Recorder
 
 __all__ = ["ERROR_FIXES", "CarriedFinding", "ErrorVerdict", "LineVerdict", "Note", "Verdicts", "judge"]
 
@@ -59,6 +61,7 @@ class CarriedFinding:
     reached_from: int
     times: int
     fix: str
+    shape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def judge(recorder: Recorder) -> Verdicts:
     calls = recorder.calls
     carried = _carried(recorder, split)
     lines = _lines(calls, split, recorder)
-    notes = _notes(recorder)
+    notes = _notes(recorder, split)
     error = _error(recorder, split, carried)
     partial = len(calls) > (split.ends[-1][1] if split.ends else 0) or recorder.error is not None
     run = split.count + (1 if partial else 0)
@@ -125,15 +128,20 @@ def judge(recorder: Recorder) -> Verdicts:
 def _lines(calls: list[CallRecord], split: Split, recorder: Recorder) -> list[LineVerdict]:
     groups: dict[tuple[str, int], list[CallRecord]] = {}
     for call in calls:
-        if call.retain_graph:
+        if call.retain_graph and call.error is None:  # the call that raised did not run
             groups.setdefault(call.site, []).append(call)
     verdicts = []
     for runs in groups.values():
         line = runs[0].line
         held = max(c.held_after_bytes for c in runs)
         if any(c.create_graph for c in runs):
-            verdicts.append(LineVerdict(line, "not a retain (create_graph)", len(runs), 0, held, CREATE_GRAPH_NOTE,
-                                        "nothing to change here"))
+            if re.search(r"retain_graph\s*=\s*True", line.split(": ", 1)[-1]):  # written out, yet implied
+                verdicts.append(LineVerdict(line, "can go", len(runs), 0, held,
+                                            "can go: create_graph=True keeps the graph anyway (retain_graph "
+                                            "defaults to create_graph)", "remove retain_graph=True"))
+            else:
+                verdicts.append(LineVerdict(line, "not a retain (create_graph)", len(runs), 0, held,
+                                            CREATE_GRAPH_NOTE, "nothing to change here"))
             continue
         needed = [c for c in runs if c.needed_by]
         if needed:
@@ -141,53 +149,83 @@ def _lines(calls: list[CallRecord], split: Split, recorder: Recorder) -> list[Li
             same = split.iteration_of_call(later.index) == split.iteration_of_call(needed[0].index)
             when = "in the same iteration" if same else f"in iteration {split.iteration_of_call(later.index)}"
             why = (f"needed in {len(needed)} of {len(runs)} runs: a later backward, {short(later.line)}, walks the "
-                   f"buffers it kept ({when})")
+                   f"buffers it kept ({when}); without it, that backward raises \"Trying to backward through the "
+                   f"graph a second time\"")
             verdicts.append(LineVerdict(line, "needed", len(runs), len(needed), held, why,
-                                        f"keep retain_graph=True at {short(line)}"))
+                                        f"keep it: a later backward needs these buffers ({short(later.line)})"))
         else:
             stopped = " before the error" if recorder.error is not None else ""
             why = (f"can go: in {len(runs)} run{'s' if len(runs) != 1 else ''}{stopped} no later backward walks the "
-                   f"buffers it kept ({format_bytes(held)} held after it)")
-            verdicts.append(LineVerdict(line, "can go", len(runs), 0, held, why,
-                                        f"remove retain_graph=True at {short(line)}"))
+                   f"buffers it kept, so without it the step runs the same: it only kept {format_bytes(held)} alive")
+            verdicts.append(LineVerdict(line, "can go", len(runs), 0, held, why, "remove retain_graph=True"))
     return verdicts
 
 
 def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
+    """One finding per name and line that built it: each named node a backward walks that an earlier iteration
+    built (or that was built before the first); a walk through old nodes no name holds is one finding too."""
     found: dict[str, dict] = {}
+
+    def add(key: str, walked_in: int, **entry: Any) -> None:
+        if key in found:
+            found[key]["times"].add(walked_in)
+        else:
+            found[key] = {**entry, "reached_from": walked_in, "times": {walked_in}}
+
     for call in recorder.calls:
         iteration = split.iteration_of_call(call.index)
         old = [seq for seq in call.old if split.iteration_of_node(seq) < iteration]
         if not old:
             continue
-        named = [recorder.names[seq] for seq in old if seq in recorder.names]
-        if named:
-            newest = max(named, key=lambda n: n.sequence)
-            built = split.iteration_of_node(newest.sequence)
-            line = built_line(newest, built == 0, recorder)
-            name = newest.name
-        else:
+        top = [seq for seq in call.frontier if split.iteration_of_node(seq) < iteration]
+        named = [recorder.names[seq] for seq in top if seq in recorder.names]
+        for node in named:
+            built = split.iteration_of_node(node.sequence)
+            line = built_line(node, built == 0, recorder)
+            name, container = node.name, node.container
+            carrier = recorder.carriers.get(node.sequence)
+            if carrier is not None and carrier != name:  # out = model(x); outputs.append(out): outputs[0] carries
+                name = carrier
+                container = "list" if re.search(r"\[\d+\]$", carrier) and container is None else container
+            for spelled in (name, *(a for a in node.aliases if carrier is None or carrier == node.name)):
+                add(f"{line}|{spelled}", iteration, name=spelled, built_at=line, iteration=built or None,
+                    used_at=call.line, container=container, shape=node.shape)
+        if not named:
             built = split.iteration_of_node(max(old))
-            name, line = None, f"(no name the loop holds; built {_when(built)})"
-        key = line if name is None else f"{line}|{name}"
-        entry = found.get(key)
-        if entry is None:
-            found[key] = {"name": name, "built_at": line, "iteration": built or None, "used_at": call.line,
-                          "reached_from": iteration, "times": {iteration}}
-        else:
-            entry["times"].add(iteration)
+            line = f"(no name the loop holds; built {_when(built)})"
+            add(line, iteration, name=None, built_at=line, iteration=built or None, used_at=call.line,
+                container=None, shape=None)
     return [CarriedFinding(e["name"], e["built_at"], e["iteration"], e["used_at"], e["reached_from"],
-                           len(e["times"]), carried_fix(e["name"], e["built_at"], e["iteration"] is None))
+                           len(e["times"]), carried_fix(e["name"], e["built_at"], e["iteration"] is None,
+                                                        e["container"]), e["shape"])
             for e in found.values()]
 
 
-def _notes(recorder: Recorder) -> list[Note]:
+def _notes(recorder: Recorder, split: Split) -> list[Note]:
+    """Graphs a name still held in a later iteration than the one that built them (or, built before the loop, in
+    the first), that no backward of that iteration or a later one walked."""
+    walked: dict[int, int] = {}  # node -> the last iteration whose backward walked it
+    for call in recorder.calls:
+        iteration = split.iteration_of_call(call.index)
+        for sequence in call.old:
+            walked[sequence] = max(walked.get(sequence, 0), iteration)
+    last = max(1, split.count + (1 if recorder.error is not None else 0))
     by_name: dict[str, Note] = {}
-    for named, held in recorder.unwalked.values():
-        if named.sequence in recorder.names and held:
-            note = Note(named.name, built_line(named, named.sequence < recorder.start, recorder), held)
-            by_name[named.name] = note  # the latest graph the name held
+    for sequence, (sighting, held_bytes, holder) in recorder.held_from.items():
+        held = split.iteration_of_node(recorder.sightings[sighting])
+        built = split.iteration_of_node(sequence)
+        if not built < held <= last or walked.get(sequence, 0) >= held:
+            continue
+        if _below_a_submodule(holder):  # a loss module's self.loss: the model's own bookkeeping
+            continue
+        named = recorder.names[sequence]
+        by_name.setdefault(holder, Note(holder, built_line(named, built == 0, recorder), held_bytes))
     return list(by_name.values())
+
+
+def _below_a_submodule(name: str) -> bool:
+    """``model.block.loss`` (an attribute two levels below what the loop holds), not ``model.hidden``."""
+    return re.sub(r"^\w+(\[[^\]]*\])*", "", name).count(".") > 1
 
 
 def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> ErrorVerdict | None:
@@ -216,7 +254,7 @@ def _when(iteration: int) -> str:
     return "before the first iteration" if iteration == 0 else f"in iteration {iteration}"
 
 
-def carried_fix(name: str | None, built_at: str, before_loop: bool) -> str:
+def carried_fix(name: str | None, built_at: str, before_loop: bool, container: str | None = None) -> str:
     """The fix for a carried graph, in the learner's own variable."""
     code = built_at.split(": ", 1)[-1]
     total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)", code)
@@ -225,10 +263,16 @@ def carried_fix(name: str | None, built_at: str, before_loop: bool) -> str:
                 f"iteration's loss alone")
     if name is None:
         return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
-    tuple_item = re.match(r"^(.*)\[(\d+)\]$", name)
-    if tuple_item and not before_loop:
-        whole = tuple_item.group(1)
+    item = re.match(r"^(.*)\[[^\]]*\]$", name)
+    if item and container == "tuple":
+        whole = item.group(1)
         return f"detach it at the end of each iteration ({whole} = tuple(s.detach() for s in {whole})), or rebuild it"
+    if item and container == "list":
+        whole = item.group(1)
+        return f"keep detached copies in {whole} ({whole}.append(out.detach())), or clear it each iteration"
+    owner = re.match(r"^(\w+)\.\w+$", name)
+    if before_loop and owner:
+        return f"build {owner.group(1)} inside the loop, or from detached tensors if it needs no gradient"
     if before_loop:
         return f"compute it inside the loop, or detach it ({name} = {name}.detach()) if it needs no gradient"
     return f"detach it at the end of each iteration ({name} = {name}.detach()), or rebuild it inside the loop"
@@ -256,56 +300,64 @@ def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
 
 def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name: str,
                 before_loop: bool) -> int | None:
-    scope: ast.AST = tree
-    if not named.is_global and code_name != "<module>":
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
-                    min([node.lineno, *(d.lineno for d in node.decorator_list)]) == first_line):
-                scope = node
-                break
+    """The line of the assignment that built ``named``'s value, searched from the function it was found in
+    outward: the functions around it (a step defined inside a test or a cell), the module's top level, then the
+    whole file (``y = model(x)`` in a ``build()`` that returns ``{"y": y}``). Assignments that only alias a value
+    (``y = state["y"]``) or cannot build a graph (``h = h.detach()``) do not count. Built in an iteration: the
+    last one inside a loop; built before the first: the last one outside loops before the function's own line."""
     spelled = named.name
     root = re.match(r"\w*", spelled).group(0)
-    attribute = spelled.rsplit(".", 1)[-1] if "." in spelled else None
-    found: list[tuple[int, bool]] = []  # (line, inside a loop)
+    keys = re.findall(r"\[['\"](\w+)['\"]\]", spelled)
+    attribute = re.findall(r"\.(\w+)", spelled)
+    wanted = {root, *keys[-1:], *attribute[-1:]} - {""}
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    around = [] if named.is_global or code_name == "<module>" else sorted(
+        (node for node in ast.walk(tree) if isinstance(node, functions)
+         and node.lineno <= first_line <= (node.end_lineno or node.lineno)), key=lambda node: -node.lineno)
+    for scope, nested in [*((f, False) for f in around), (tree, False), (tree, True)]:
+        found: list[tuple[int, bool]] = []  # (line, inside a loop)
 
-    def visit(node: ast.AST, in_loop: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)) and scope is tree \
-                    and not named.is_global and attribute is None:
-                continue
-            loop = in_loop or isinstance(child, (ast.For, ast.While, ast.AsyncFor))
-            if isinstance(child, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and _may_build(child.value):
-                targets = child.targets if isinstance(child, ast.Assign) else [child.target]
-                if any(_binds(t, root, attribute, spelled) for t in targets):
-                    found.append((child.lineno, in_loop))
-            visit(child, loop)
+        def visit(node: ast.AST, in_loop: bool, top: bool) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (*functions, ast.ClassDef, ast.Lambda)) and child is not scope and not nested:
+                    continue  # a scope of its own: searched when it is around the name, or in the last pass
+                loop = in_loop or isinstance(child, (ast.For, ast.While, ast.AsyncFor))
+                if isinstance(child, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and _may_build(child.value):
+                    targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                    if any(_binds(t, wanted) for t in targets):
+                        found.append((child.lineno, in_loop))
+                visit(child, loop, False)
 
-    visit(scope, False)
-    if not found and attribute is not None:  # self.memory = ... in a method of the module's class
-        visit(tree, False)
-    if not found:
-        return None
-    if before_loop:
-        outside = [line for line, in_loop in found if not in_loop]
-        return (outside or [found[0][0]])[-1]
-    inside = [line for line, in_loop in found if in_loop]
-    return (inside or [line for line, _ in found])[-1]
+        visit(scope, False, True)
+        if not found:
+            continue
+        if before_loop:
+            outside = [line for line, in_loop in found if not in_loop] or [line for line, _ in found]
+            earlier = [line for line in outside if line < first_line]
+            return earlier[-1] if earlier else outside[0]
+        inside = [line for line, in_loop in found if in_loop]
+        return (inside or [line for line, _ in found])[-1]
+    return None
 
 
 def _may_build(value: ast.AST | None) -> bool:
-    """Whether an assignment's value can build a graph: not a constant, not ``x.detach()`` or ``x.item()``."""
-    if value is None or isinstance(value, ast.Constant):
+    """Whether an assignment's value can build a graph: not a constant, not a mere alias (``y = state["y"]``,
+    ``a, b = x, y``), not ``x.detach()`` or ``x.item()``."""
+    if value is None or isinstance(value, (ast.Constant, ast.Name, ast.Subscript, ast.Attribute)):
         return False
+    if isinstance(value, ast.Tuple):
+        return any(_may_build(item) for item in value.elts)
     return not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
                 and value.func.attr in ("detach", "detach_", "item", "tolist", "numpy"))
 
 
-def _binds(target: ast.AST, root: str, attribute: str | None, spelled: str) -> bool:
+def _binds(target: ast.AST, wanted: set[str]) -> bool:
+    """Whether an assignment target binds one of ``wanted``: a name, an attribute or a string key."""
     for node in ast.walk(target):
-        if isinstance(node, ast.Name) and node.id == root and attribute is None:
+        if isinstance(node, ast.Name) and node.id in wanted and isinstance(node.ctx, ast.Store):
             return True
-        if attribute is not None and isinstance(node, ast.Attribute) and node.attr == attribute:
+        if isinstance(node, ast.Attribute) and node.attr in wanted and isinstance(node.ctx, ast.Store):
             return True
-        if isinstance(node, ast.Subscript) and ast.unparse(node) == spelled.replace("'", "'"):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in wanted:
             return True
     return False

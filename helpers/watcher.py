@@ -111,7 +111,8 @@ def _sections(v: Verdicts) -> list[tuple[str, list[tuple[str, str, str]]]]:
         items = []
         for line in v.lines:
             keep = line.verdict != "can go"
-            items.append((short(line.line), line.why, f"{'Keep' if keep else 'Fix'}: {line.fix}"))
+            fix = f"{line.fix} at {short(line.line)}" if line.fix == "remove retain_graph=True" else line.fix
+            items.append((short(line.line), line.why, f"{'Keep' if keep else 'Fix'}: {fix}"))
         sections.append(("retain_graph=True, one verdict per line", items))
     if v.notes:
         sections.append(("Notes", [(f"{n.name}: {short(n.built_at)}",

@@ -133,3 +133,26 @@ def test_the_gan_tests_run_the_notebooks_own_code(name: str) -> None:
     copy = _functions((ROOT / "tests" / "gan_steps.py").read_text(encoding="utf-8"))
     assert name in notebook and name in copy
     assert copy[name] == notebook[name], f"tests/gan_steps.py's {name} differs from notebook 03's"
+
+
+# What running a learner's step takes: patching torch (the engine's entry, optimizer step hooks) and reading a
+# step's closure and globals. helpers/learner.py is the one place that does either; every tool and check goes
+# through it (helpers/harness.py runs a step on it, helpers/recorder.py watches through it).
+_PATCHES_OR_READS_A_STEP = re.compile(
+    r"_engine_run_backward|register_optimizer_step_(?:pre|post)_hook|__closure__|__globals__|setattr\(torch\b")
+_THE_ONE_PLACE = "helpers/learner.py"
+# Older code that still reads a step's closure itself (owned elsewhere; to move onto helpers.learner).
+_NOT_YET_MOVED = {"helpers/measure.py", "helpers/lessons/carried_state/loop_watch.py"}
+
+
+def test_only_one_module_patches_torch_or_reads_a_steps_closure_and_globals() -> None:
+    offenders = set()
+    for path in sorted(HELPERS.rglob("*.py")):
+        code = "\n".join(line for line in path.read_text(encoding="utf-8").splitlines()
+                         if not line.lstrip().startswith("#"))
+        if _PATCHES_OR_READS_A_STEP.search(code):
+            offenders.add(str(path.relative_to(ROOT)))
+    assert _THE_ONE_PLACE in offenders
+    assert offenders - {_THE_ONE_PLACE} <= _NOT_YET_MOVED, (
+        f"{sorted(offenders - {_THE_ONE_PLACE} - _NOT_YET_MOVED)} patch torch or read a step's closure/globals: "
+        f"use helpers.learner (intercepting, known_names, held_bindings) or helpers.harness.run_step")

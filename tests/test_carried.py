@@ -8,6 +8,7 @@ import copy
 import gc
 import linecache
 import os
+import types
 import weakref
 
 import pytest
@@ -66,12 +67,11 @@ def test_lstm_state_tuple_carried() -> None:
         out.sum().backward()
 
     report = find_carried_graph(step, models=lstm)
-    assert len(report.findings) == 2  # h and c
+    assert sorted(f.name for f in report.findings) == ["state[0]", "state[1]"]  # h and c, in Python's spelling
     for finding in report.findings:
         assert finding.created_at.endswith(": out, state = lstm(x, state)")
         assert (finding.iteration, finding.shape) == (1, (1, 2, 8))
         assert "state = tuple(s.detach() for s in state)" in finding.fix
-    the_finding(report, "out, state = lstm(x, state)")
     assert SECOND_TIME in report.error
 
 
@@ -106,7 +106,7 @@ def test_tensor_computed_before_the_loop_from_parameters() -> None:
     report = find_carried_graph(step, models=(encoder, head))
     finding = the_finding(report, "embedding = encoder(x)")
     assert (finding.iteration, finding.shape, finding.reached_from) == (None, (3, 8), 1)
-    assert finding.used_at.endswith(": loss = head(embedding).pow(2).mean()")
+    assert finding.used_at.endswith(": loss.backward()")  # the backward that walks it
     assert "embedding = embedding.detach()" in finding.fix and "inside the loop" in finding.fix
     assert SECOND_TIME in report.error
 
@@ -239,9 +239,9 @@ def test_retain_graph_added_as_a_fix_still_carries() -> None:
 
     report = find_carried_graph(step, iterations=4, models=cell)
     assert report.error is None and report.iterations_run == 4
-    the_finding(report, "h = cell(torch.randn(1, 4), h)")
-    assert sorted(f.iteration for f in report.findings) == [1, 2, 3]  # each iteration reaches the one before
-    assert [f.reached_from for f in report.findings] == [2, 3, 4]
+    finding = the_finding(report, "h = cell(torch.randn(1, 4), h)")
+    assert len(report.findings) == 1  # one line, one finding: each iteration reaches the ones before
+    assert (finding.iteration, finding.reached_from, finding.name) == (1, 2, "h")
 
 
 def test_retain_graph_with_an_optimizer_step_raises_the_in_place_error() -> None:
@@ -405,19 +405,19 @@ def test_nothing_from_the_step_is_kept_alive() -> None:
     torch.manual_seed(0)
     cell = nn.RNNCell(4, 8)
     h = torch.zeros(1, 8)
-    losses = []
+    seen = types.SimpleNamespace(losses=[])  # not a list the step holds: the tool leaves it alone
 
     def step() -> None:
         nonlocal h
         h = cell(torch.randn(1, 4), h)
         loss = h.pow(2).sum()
-        losses.append(weakref.ref(loss))
+        seen.losses.append(weakref.ref(loss))
         loss.backward()
 
     report = find_carried_graph(step, models=cell)
-    assert report.found and len(losses) == 2
+    assert report.found and len(seen.losses) == 2
     gc.collect()
-    assert [ref() for ref in losses] == [None, None]
+    assert [ref() for ref in seen.losses] == [None, None]
     h = None
     del step
     gc.collect()
@@ -438,9 +438,11 @@ def test_the_steps_exception_is_reported_not_raised() -> None:
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
-    ({"step": 3}, TypeError, "step must be a function"),
-    ({"step": print, "models": [object()]}, TypeError, "models must be a torch.nn.Module or a list of them, got object"),
-    ({"step": print, "optimizers": nn.Linear(1, 1)}, TypeError, "optimizers must be a torch.optim.Optimizer or a list of them, got Linear"),
+    ({"step": 3}, TypeError, "find_carried_graph takes a step: a function of no arguments"),
+    ({"step": lambda x: x}, TypeError, r"find_carried_graph takes a step with no arguments; yours needs \(x\)"),
+    ({"step": print, "models": [object()]}, TypeError, "models must be a torch.nn.Module or a list of them; got object"),
+    ({"step": print, "models": {"m": object()}}, TypeError, "models must be a torch.nn.Module or a list of them; got object"),
+    ({"step": print, "optimizers": nn.Linear(1, 1)}, TypeError, "optimizers must be a torch.optim.Optimizer or a list of them; got Linear"),
     ({"step": print, "iterations": 1}, ValueError, "iterations must be an int >= 2"),
     ({"step": print, "iterations": 2.0}, ValueError, "iterations must be an int >= 2"),
 ])
@@ -509,3 +511,35 @@ def test_stamp_iteration_marks_the_nodes_each_iteration_builds_down_to_its_input
     assert set(counts) == {1, 2, None} and counts[1] == counts[2] and counts[None] == 1
     with pytest.raises(ValueError, match="whole number from 1 up"):
         stamp_iteration(0)
+
+
+def test_models_can_be_given_by_name_as_the_other_tools_take_them() -> None:
+    torch.manual_seed(0)
+    gru = nn.GRUCell(2, 3)
+    memory = torch.zeros(2, 3)
+
+    def step() -> None:
+        nonlocal memory
+        memory = gru(torch.ones(2, 2), memory)
+        memory.sum().backward()
+
+    report = find_carried_graph(step, models={"gru": gru})
+    assert [f.name for f in report.findings] == ["memory"]
+    assert memory.grad_fn is None and gru.weight_ih.grad is None  # put back
+
+
+def test_a_tensor_kept_only_for_logging_is_no_finding() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    logged = {}
+
+    def step() -> None:
+        out = model(torch.randn(3, 4))
+        logged["last"] = out  # kept to print, never backwarded again
+        optimizer.zero_grad()
+        out.pow(2).mean().backward()
+        optimizer.step()
+
+    report = find_carried_graph(step, models=model, optimizers=optimizer)
+    assert not report.found and report.error is None and report.iterations_run == 3

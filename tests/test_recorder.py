@@ -127,7 +127,7 @@ def test_a_wgan_critic_retain_is_one_verdict_for_its_line_needed_once_per_genera
     [line] = verdicts.lines
     assert "critic_loss.backward(retain_graph=retain)" in line.line
     assert (line.verdict, line.runs, line.needed_runs) == ("needed", 10, 2)
-    assert line.why.startswith("needed in 2 of 10 runs") and line.fix.startswith("keep retain_graph=True")
+    assert line.why.startswith("needed in 2 of 10 runs") and line.fix.startswith("keep it: a later backward needs these buffers (test_recorder.py:") and "generator_loss.backward()" in line.fix
 
 
 def test_without_the_retain_the_generator_backward_raises_and_the_evidence_names_the_freeing_call() -> None:
@@ -176,7 +176,8 @@ def test_a_carried_hidden_state_is_named_with_the_line_that_built_it_and_the_err
 
 def test_a_detached_hidden_state_is_healthy() -> None:
     verdicts = judge(_rnn_loop(detach=True))
-    assert verdicts.iterations_run == 3 and not verdicts.carried and verdicts.error is None and not verdicts.notes
+    assert verdicts.iterations_run == 3 and not verdicts.carried and verdicts.error is None
+    assert not verdicts.notes  # a function's own variables are rebound each iteration: nothing kept
 
 
 def test_a_graph_built_before_the_loop_makes_its_retain_needed_across_iterations() -> None:
@@ -204,6 +205,7 @@ def test_a_retain_no_later_backward_needs_can_go_and_a_tensor_kept_for_logging_i
     torch.manual_seed(0)
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    logged = {}
     with Recorder() as recorder:
         for _ in range(3):
             output = model(torch.randn(5, 4))
@@ -211,15 +213,18 @@ def test_a_retain_no_later_backward_needs_can_go_and_a_tensor_kept_for_logging_i
             optimizer.zero_grad()
             loss.backward(retain_graph=True)
             optimizer.step()
-            last_output = model(torch.randn(5, 4))  # kept to log, never backwarded
+            logged["last_output"] = model(torch.randn(5, 4))  # kept to log, never backwarded
+            logged["loss"] = loss
     verdicts = judge(recorder)
     [line] = verdicts.lines
     assert (line.verdict, line.runs, line.needed_runs) == ("can go", 3, 0)
-    assert line.fix.startswith("remove retain_graph=True at")
+    assert line.fix == "remove retain_graph=True"
     assert not verdicts.carried and verdicts.error is None
-    [note] = verdicts.notes
-    assert note.name == "last_output" and note.held_bytes > 0 and "last_output = model(" in note.built_at
-    del last_output
+    notes = {n.name: n for n in verdicts.notes}
+    assert sorted(notes) == ["logged['last_output']", "logged['loss']"]
+    note = notes["logged['last_output']"]
+    assert note.held_bytes > 0 and 'logged["last_output"] = model(' in note.built_at
+    assert notes["logged['loss']"].held_bytes > 0  # retained: its buffers stay while the dict holds it
 
 
 def test_a_running_total_of_losses_is_carried_with_the_number_fix() -> None:

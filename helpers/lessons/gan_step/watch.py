@@ -1,9 +1,11 @@
 """What the exercise checks run a learner's code with, and how they watch it.
 
 The checks' own small networks and the notebook's losses, the first line of a learner's
-exception, and a recorder of every backward call (``torch.autograd.grad`` or ``.backward()``,
-with its ``retain_graph`` and ``create_graph``), taken where PyTorch's engine is entered, so a
-name imported before the check is seen too. Used by the checks in ``checks`` and ``penalty_check``.
+exception (:func:`helpers.learner.first_line`), and a list of every backward call
+(``torch.autograd.grad`` or ``.backward()``, with its ``retain_graph`` and ``create_graph``), taken
+through the course's one interception point (:func:`helpers.learner.intercepting`, where PyTorch's
+engine is entered), so a name imported before the check is seen too. Used by the checks in
+``checks`` and ``penalty_check``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from helpers.learner import first_line as _first_line
+from helpers.learner import ENGINE_ENTRY, intercepting
 
 
 def _mlp(inputs: int, outputs: int, hidden: int = 32) -> torch.nn.Sequential:
@@ -31,16 +36,6 @@ def _g_loss(fake_out: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.binary_cross_entropy_with_logits(fake_out, torch.ones_like(fake_out))
 
 
-def _first_line(exc: BaseException) -> str:
-    """``'NameError: name ...'``: the exception's type and the first line of its message."""
-    try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001 - a learner's exception class may break even str()
-        text = ""
-    lines = text.split(" Hint:")[0].strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:110]}" if lines else type(exc).__name__
-
-
 @dataclass(frozen=True)
 class _BackwardCall:
     """One entry into autograd's engine: ``torch.autograd.grad`` (``computes_grad``) or a backward."""
@@ -50,53 +45,23 @@ class _BackwardCall:
     create_graph: bool
 
 
-# The private function both torch.autograd.backward and torch.autograd.grad enter the engine
-# through (torch 2.x). Without it, the public functions are watched instead.
-_ENGINE_ENTRY = "_engine_run_backward"
-
-
-def _watched_public(name: str, original: Callable[..., Any], calls: list[_BackwardCall]) -> Callable[..., Any]:
-    """``torch.autograd.backward`` or ``.grad``, recording each call (used where the engine entry is missing)."""
-    import inspect
-
-    signature = inspect.signature(original)
-
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        try:
-            bound = signature.bind(*args, **kwargs).arguments
-        except TypeError:  # let PyTorch itself say what is wrong with the call
-            return original(*args, **kwargs)
-        create = bool(bound.get("create_graph", False))
-        retain = bound.get("retain_graph")
-        calls.append(_BackwardCall(name == "grad", create if retain is None else bool(retain), create))
-        return original(*args, **kwargs)
-
-    return watched
+# The private function both torch.autograd.backward and torch.autograd.grad enter the engine through (torch 2.x);
+# without it, the public functions are watched instead (the catalogue's tests change it to see that).
+_ENGINE_ENTRY = ENGINE_ENTRY
 
 
 @contextmanager
 def _watching_backward() -> Iterator[list[_BackwardCall]]:
-    """Record every backward and ``torch.autograd.grad`` call made inside; restored on the way out."""
+    """Record every backward and ``torch.autograd.grad`` call made inside (through the course's one interception
+    point, :func:`helpers.learner.intercepting`); restored on the way out."""
     calls: list[_BackwardCall] = []
-    engine = getattr(torch.autograd, _ENGINE_ENTRY, None)
-    replaced: list[tuple[str, Any]] = []
-    if callable(engine):
-        # engine(outputs, grad_outputs, retain_graph, create_graph, inputs, ..., accumulate_grad=...)
-        def entered(outputs: Any, *args: Any, **kwargs: Any) -> Any:
-            retain = args[1] if len(args) > 1 else kwargs.get("keep_graph", False)
-            create = args[2] if len(args) > 2 else kwargs.get("create_graph", False)
-            calls.append(_BackwardCall(not kwargs.get("accumulate_grad", True), bool(retain), bool(create)))
-            return engine(outputs, *args, **kwargs)
 
-        replaced.append((_ENGINE_ENTRY, entered))
-    else:
-        for name in ("backward", "grad"):
-            replaced.append((name, _watched_public(name, getattr(torch.autograd, name), calls)))
-    originals = [(name, getattr(torch.autograd, name)) for name, _ in replaced]
-    try:
-        for name, function in replaced:
-            setattr(torch.autograd, name, function)
+    def entered(engine: Callable[..., Any], outputs: Any, args: tuple, kwargs: dict) -> Any:
+        # engine(outputs, grad_tensors, keep_graph, create_graph, inputs, ..., accumulate_grad=...)
+        retain = args[1] if len(args) > 1 else kwargs.get("keep_graph", False)
+        create = args[2] if len(args) > 2 else kwargs.get("create_graph", False)
+        calls.append(_BackwardCall(not kwargs.get("accumulate_grad", True), bool(retain), bool(create)))
+        return engine(outputs, *args, **kwargs)
+
+    with intercepting(on_backward=entered, entry=_ENGINE_ENTRY):
         yield calls
-    finally:
-        for name, function in originals:
-            setattr(torch.autograd, name, function)

@@ -1,0 +1,207 @@
+"""Running a learner's step for a tool: as written, a few times, under the recorder, with everything put back.
+
+:func:`run_step` is what :func:`helpers.diagnose.diagnose`, :func:`helpers.audit.audit_retain_graph`,
+:func:`helpers.carried.find_carried_graph` and ``%%diagnose`` share (and the lessons' checks of a learner's step):
+
+* the input is checked (:func:`helpers.learner.check_step`, :func:`helpers.learner.as_items`), the step's lines
+  are named as the learner's (:func:`helpers.learner.learner_line`), and an optimizer the caller did not pass
+  stops the run before it changes anything (:func:`helpers.learner.passed_optimizers_only`);
+* the step runs as written, ``iterations`` times, under a :class:`helpers.recorder.Recorder` with
+  ``keep_buffers=True``: no ``retain_graph`` is switched off or on as far as the step can tell (the recorder
+  raises PyTorch's own error where the step as written would), and a graph built before the step keeps its
+  buffers, so it is still usable afterwards. Each run is one iteration (``next_iteration()`` after it);
+* before the first run, :class:`CpuSnapshot` copies to the CPU (never on the model's device) the models'
+  parameters, ``.grad`` and buffers, the tensors kept as their attributes, the optimizers' state, the random
+  streams, and what the step's closure and globals hold (tensors, lists, dicts, tuples, and the leaves that
+  require grad among them: a hand-written ``W``); a leaf that requires grad the step reaches some other way is
+  copied the first time a backward walks to it (before it accumulates), and the optimizers' parameters (an
+  LBFGS image) are copied with them. Afterwards everything is put back;
+* the gradients each optimizer receives are kept (on the CPU) at its first ``step()``; without optimizers, the
+  models' ``.grad`` after the first run.
+
+Used by :mod:`helpers.audit`, :mod:`helpers.carried`, :mod:`helpers.diagnose` and :mod:`helpers.magic`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from helpers.learner import as_items, check_step, held_bindings, known_names, passed_optimizers_only
+from helpers.recorder import Recorder
+from helpers.verdicts import Verdicts, judge
+
+__all__ = ["CpuSnapshot", "StepRun", "run_step"]
+
+
+def _cpu(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _cpu(value)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+class CpuSnapshot:
+    """What a tool's runs of a step may change, copied to the CPU now; :meth:`restore` puts it back."""
+
+    def __init__(self, step: Callable[[], Any], models: tuple[torch.nn.Module, ...],
+                 optimizers: tuple[torch.optim.Optimizer, ...]) -> None:
+        self._tensors: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        for model in models:
+            for p in model.parameters():
+                self.keep(p)
+            for b in model.buffers():
+                self.keep(b)
+        self._attributes = [(module, name, value) for model in models for module in model.modules()
+                            for name, value in vars(module).items() if isinstance(value, (torch.Tensor, tuple))]
+        self._optimizers = [(o, _to_cpu(o.state_dict())) for o in optimizers]
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    self.keep(p)
+        self._random = (random.getstate(), torch.get_rng_state(),
+                        torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+        self._bindings = held_bindings(step)
+        self._containers: list[tuple[Any, Any]] = []
+        for _, value in self._bindings:
+            self._walk(value, 0)
+
+    def keep(self, tensor: torch.Tensor) -> None:
+        """Copy ``tensor`` (and its ``.grad``) to the CPU, once."""
+        if id(tensor) not in self._tensors:
+            grad = tensor.grad
+            self._tensors[id(tensor)] = (tensor, _cpu(tensor), None if grad is None else _cpu(grad))
+
+    def _walk(self, value: Any, depth: int) -> None:
+        """Containers the step holds (their items put back) and the leaves that require grad in them."""
+        if isinstance(value, torch.Tensor):
+            if value.requires_grad and value.grad_fn is None:
+                self.keep(value)
+            return
+        if depth >= 3 or isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+            return
+        if isinstance(value, dict):
+            self._containers.append((value, dict(value)))
+            items: Iterable[Any] = list(value.values())
+        elif isinstance(value, list):
+            self._containers.append((value, list(value)))
+            items = list(value)
+        elif isinstance(value, tuple):
+            items = value
+        else:
+            return
+        for item in items:
+            self._walk(item, depth + 1)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for tensor, value, grad in self._tensors.values():
+                tensor.copy_(value)
+                if tensor.requires_grad or grad is not None:
+                    tensor.grad = None if grad is None else grad.to(tensor.device)
+        for module, name, value in self._attributes:
+            vars(module)[name] = value
+        for optimizer, state in self._optimizers:
+            optimizer.load_state_dict(state)  # copies the state back onto each parameter's device
+        python, cpu, cuda = self._random
+        random.setstate(python)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        for put, value in self._bindings:
+            put(value)
+        for container, items in self._containers:
+            if isinstance(container, dict):
+                container.clear()
+                container.update(items)
+            else:
+                container[:] = items
+
+
+@dataclass
+class StepRun:
+    """What :func:`run_step` saw: the recorder, the verdicts, how many runs started, and the gradients kept."""
+
+    recorder: Recorder
+    verdicts: Verdicts
+    runs: int
+    gradients: dict[str, torch.Tensor | None] = field(default_factory=dict)
+
+
+def run_step(step: Callable[[], Any], models: Any = (), optimizers: Any = (), iterations: int = 3,
+             who: str = "diagnose") -> StepRun:
+    """Run ``step`` as written ``iterations`` times under the recorder (see the module's docstring) and put back
+    everything it changed; the step's own error ends the runs and goes in the verdicts."""
+    check_step(step, who)
+    if isinstance(models, Mapping):  # {"D": netD, "G": netG}
+        models = list(models.values())
+    if isinstance(optimizers, Mapping):
+        optimizers = list(optimizers.values())
+    models = as_items(models, torch.nn.Module, "models", "torch.nn.Module", who)
+    optimizers = as_items(optimizers, torch.optim.Optimizer, "optimizers", "torch.optim.Optimizer", who)
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"{who}: iterations must be a whole number from 1 up, got {iterations!r}")
+    snapshot = CpuSnapshot(step, models, optimizers)
+    names = known_names(step)
+    recorder = Recorder(keep_buffers=True, roots=lambda: list(names.items()), on_leaf=snapshot.keep)
+    gradients: dict[str, torch.Tensor | None] = {}
+    labels = _parameter_labels(names, models, optimizers)
+    stepped: set[int] = set()
+
+    def capture(optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) in stepped:
+            return
+        stepped.add(id(optimizer))
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                gradients.setdefault(labels.get(id(p), f"parameter {len(gradients)}"),
+                                     None if p.grad is None else _cpu(p.grad))
+
+    recorder.before_step = capture
+    recorder.by_runs = True
+    runs = 0
+    try:
+        with passed_optimizers_only(step, optimizers, who), recorder:
+            for runs in range(1, iterations + 1):
+                try:
+                    step()
+                except Exception as exc:  # the step's own error is what the tools report
+                    if recorder.error is None:
+                        recorder.record_error(exc)
+                    break
+                if runs == 1 and not optimizers:
+                    for model in models:
+                        for name, p in model.named_parameters():
+                            gradients[labels.get(id(p), name)] = None if p.grad is None else _cpu(p.grad)
+                recorder.next_iteration(between_runs=True)
+    finally:
+        snapshot.restore()
+    return StepRun(recorder, judge(recorder), runs, gradients)
+
+
+def _parameter_labels(names: dict[str, Any], models: tuple[torch.nn.Module, ...],
+                      optimizers: tuple[torch.optim.Optimizer, ...]) -> dict[int, str]:
+    """Each parameter's label in a gradient snapshot: its model's name in the step and its own name."""
+    by_id = {id(value): name for name, value in reversed(list(names.items()))}
+    labels: dict[int, str] = {}
+    for i, model in enumerate(models):
+        prefix = by_id.get(id(model), f"models[{i}]" if len(models) > 1 else "model")
+        for pname, p in model.named_parameters():
+            labels.setdefault(id(p), f"{prefix}.{pname}")
+    for i, optimizer in enumerate(optimizers):
+        prefix = by_id.get(id(optimizer), f"optimizers[{i}]" if len(optimizers) > 1 else "optimizer")
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for j, p in enumerate(params):
+            labels.setdefault(id(p), f"{prefix}[{j}]")
+    return labels
