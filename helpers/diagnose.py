@@ -148,14 +148,12 @@ def diagnose(step: Callable[[], Any],
     """Diagnose ``step`` (one training iteration as written, no arguments): run it ``iterations`` times as
     written, find the graphs a later iteration walks, judge each ``retain_graph=True`` once per line, name the
     error a run raised by kind, and give one prescription ordered by what to fix first, each item with the
-    learner's line and the fix. Pass the ``models`` and ``optimizers`` the step trains: they, the random streams
-    and what the step's closure and globals hold are put back afterwards (on CPU copies).
+    learner's line and the fix (``iterations=1`` judges one run's retains; a carried graph shows from 2 on). The
+    ``models`` and ``optimizers`` the step trains are found from its names (pass any it cannot reach): they, the
+    random streams and what the step's closure and globals hold are put back afterwards (on CPU copies).
 
     Used by notebooks 05_your_training_step and 06_real_stack, and by learners on their own training step (README,
     "Bring your own training step")."""
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:
-        raise ValueError(f"diagnose: iterations must be an int >= 2 (a carried graph shows from the second "
-                         f"iteration on), got {iterations!r}") from None
     try:
         run = run_step(step, models, optimizers, iterations, who="diagnose")
     except (TypeError, ValueError) as exc:  # the input checks: raised here, not deep in the harness

@@ -25,6 +25,8 @@ Used by :mod:`helpers.audit`, :mod:`helpers.carried`, :mod:`helpers.diagnose` an
 from __future__ import annotations
 
 import random
+import sys
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,15 +81,15 @@ class CpuSnapshot:
 
     def keep(self, tensor: torch.Tensor) -> None:
         """Copy ``tensor`` (and its ``.grad``) to the CPU, once."""
-        if id(tensor) not in self._tensors:
+        if id(tensor) not in self._tensors and not tensor.is_meta and tensor.layout == torch.strided:
             grad = tensor.grad
             self._tensors[id(tensor)] = (tensor, _cpu(tensor), None if grad is None else _cpu(grad))
 
     def _walk(self, value: Any, depth: int) -> None:
-        """Containers the step holds (their items put back) and the leaves that require grad in them."""
+        """Containers the step holds (their items put back) and the tensors in them (by value: a step may change
+        a hand-written ``W`` or an input buffer in place, ``input_A.copy_(batch)``)."""
         if isinstance(value, torch.Tensor):
-            if value.requires_grad and value.grad_fn is None:
-                self.keep(value)
+            self.keep(value)
             return
         if depth >= 3 or isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
             return
@@ -107,8 +109,9 @@ class CpuSnapshot:
     def restore(self) -> None:
         with torch.no_grad():
             for tensor, value, grad in self._tensors.values():
-                tensor.copy_(value)
-                if tensor.requires_grad or grad is not None:
+                if tensor._version or not torch.equal(tensor.detach().cpu(), value):  # changed in place
+                    tensor.copy_(value)
+                if tensor.is_leaf and (tensor.requires_grad or grad is not None):
                     tensor.grad = None if grad is None else grad.to(tensor.device)
         for module, name, value in self._attributes:
             vars(module)[name] = value
@@ -150,11 +153,14 @@ def run_step(step: Callable[[], Any], models: Any = (), optimizers: Any = (), it
         optimizers = list(optimizers.values())
     models = as_items(models, torch.nn.Module, "models", "torch.nn.Module", who)
     optimizers = as_items(optimizers, torch.optim.Optimizer, "optimizers", "torch.optim.Optimizer", who)
+    names = known_names(step)
+    found_models, found_optimizers = _reachable(names.values())  # a wrapper's self._optim, a PPO's policy
+    models = tuple({id(m): m for m in (*models, *found_models)}.values())
+    optimizers = tuple({id(o): o for o in (*optimizers, *found_optimizers)}.values())
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise ValueError(f"{who}: iterations must be a whole number from 1 up, got {iterations!r}")
     snapshot = CpuSnapshot(step, models, optimizers)
-    names = known_names(step)
-    recorder = Recorder(keep_buffers=True, roots=lambda: list(names.items()), on_leaf=snapshot.keep)
+    recorder = Recorder(keep_buffers=True, roots=lambda: list(known_names(step).items()), on_leaf=snapshot.keep)
     gradients: dict[str, torch.Tensor | None] = {}
     labels = _parameter_labels(names, models, optimizers)
     stepped: set[int] = set()
@@ -170,6 +176,7 @@ def run_step(step: Callable[[], Any], models: Any = (), optimizers: Any = (), it
 
     recorder.before_step = capture
     recorder.by_runs = True
+    recorder.outermost = sys._getframe()  # the step's names are inside it; the caller's, outside
     runs = 0
     try:
         with passed_optimizers_only(step, optimizers, who), recorder:
@@ -186,8 +193,37 @@ def run_step(step: Callable[[], Any], models: Any = (), optimizers: Any = (), it
                             gradients[labels.get(id(p), name)] = None if p.grad is None else _cpu(p.grad)
                 recorder.next_iteration(between_runs=True)
     finally:
+        recorder.outermost = None  # a frame holds its variables: not kept past the run
         snapshot.restore()
     return StepRun(recorder, judge(recorder), runs, gradients)
+
+
+def _reachable(values: Iterable[Any], depth: int = 0) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
+    """The modules and optimizers among ``values``, in their lists, tuples and dicts, and in the attributes of the
+    objects they hold, two levels deep (``state["model"]``, ``ppo.policy``, ``pc_adam._optim``), and the optimizers
+    a module keeps as an attribute (``self.meta_optim``)."""
+    models: list[torch.nn.Module] = []
+    optimizers: list[torch.optim.Optimizer] = []
+    for value in values:
+        if isinstance(value, torch.nn.Module):
+            models.append(value)
+            optimizers += [v for v in vars(value).values() if isinstance(v, torch.optim.Optimizer)]  # MAML's
+        elif isinstance(value, torch.optim.Optimizer):
+            optimizers.append(value)
+        elif depth < 2 and isinstance(value, (list, tuple)):
+            inner = _reachable(value[:64], depth + 1)
+            models += inner[0]
+            optimizers += inner[1]
+        elif depth < 2 and isinstance(value, dict):
+            inner = _reachable(list(value.values())[:64], depth + 1)
+            models += inner[0]
+            optimizers += inner[1]
+        elif depth < 2 and hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)) \
+                and not callable(value):
+            inner = _reachable(list(vars(value).values())[:64], depth + 1)
+            models += inner[0]
+            optimizers += inner[1]
+    return models, optimizers
 
 
 def _parameter_labels(names: dict[str, Any], models: tuple[torch.nn.Module, ...],

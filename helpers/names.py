@@ -65,14 +65,15 @@ def site_of(frame: types.FrameType | None, skipped: tuple[str, ...], outward: bo
 
 
 def names_holding_graphs(frame: types.FrameType | None, skipped: tuple[str, ...], event: int,
-                         roots: Callable[[], list[tuple[str, Any]]] | None = None, tracing: bool = False
-                         ) -> Iterator[tuple[NamedGraph, Any]]:
-    """(name, node) for each node a name holds: the learner's frames from ``frame`` out, then ``roots()``. While a
-    trace function runs (``tracing``), snapshots are left alone: CPython writes a frame's f_locals back into its
+                         roots: Callable[[], list[tuple[str, Any]]] | None = None, tracing: bool = False,
+                         outermost: types.FrameType | None = None) -> Iterator[tuple[NamedGraph, Any]]:
+    """(name, node) for each node a name holds: the learner's frames from ``frame`` out (up to, not including,
+    ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. While a trace
+    function runs (``tracing``), snapshots are left alone: CPython writes a frame's f_locals back into its
     variables after each trace call, so an emptied snapshot would delete them; it also refreshes them then."""
     sources: list[tuple[tuple[str, int, str] | None, bool, dict[str, Any], bool]] = []
     globals_seen: set[int] = set()
-    while frame is not None:
+    while frame is not None and frame is not outermost:
         code = frame.f_code
         if site_of(frame, skipped, outward=False)[0]:
             where = (code.co_filename, code.co_firstlineno, code.co_name)
@@ -158,7 +159,8 @@ def _tensors_under(name: str, value: Any, depth: int = 0,
             for key, item in module._buffers.items():
                 if item is not None:
                     yield f"{prefix}.{key}", item, None
-    elif hasattr(value, "__dict__") and not callable(value) and not isinstance(value, torch.optim.Optimizer):
+    elif hasattr(value, "__dict__") and not callable(value) and not isinstance(
+            value, (torch.optim.Optimizer, types.ModuleType)):
         for key, item in list(vars(value).items())[:64]:
             if isinstance(item, torch.Tensor):
                 yield f"{name}.{key}", item, None

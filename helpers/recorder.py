@@ -119,6 +119,7 @@ class Recorder:
         self.iterations, self.keep_buffers, self.roots, self.on_leaf = iterations, keep_buffers, roots, on_leaf
         self.before_step: Callable[[torch.optim.Optimizer], None] | None = None  # called before each step()
         self.by_runs = False  # a harness's runs of a step: each run is one iteration, whatever steps inside
+        self.outermost: types.FrameType | None = None  # a tool's frame: names beyond it are its caller's
         self.calls: list[CallRecord] = []
         self.steps: list[tuple[int, int, int, str]] = []  # (optimizer id, sequence counter, calls so far, line)
         self.optimizer_kinds: dict[int, str] = {}
@@ -128,6 +129,7 @@ class Recorder:
         # it at, its graph-only bytes then, the name that held it)
         self.sightings: list[int] = []  # the sequence counter at each time names were read
         self.carriers: dict[int, str] = {}  # node -> the name that held it at an iteration's start
+        self.event_sightings: dict[tuple[str, int], int] = {}  # (kind, index) of an event -> its sighting
         self.starts: list[int] = []  # of those, the ones at an iteration's start (a loop header after an event)
         self.error: ErrorRecord | None = None
         self.creation = CreationLines()  # which learner's line built each node
@@ -191,6 +193,7 @@ class Recorder:
         ``between_runs``: called between two calls of a step (the step's frame is gone), so this is also where
         the next iteration starts."""
         self.marks.append((torch._C._autograd._get_sequence_nr(), len(self.calls)))
+        self.event_sightings[("mark", len(self.marks) - 1)] = len(self.sightings)
         if between_runs:
             self.starts.append(len(self.sightings))
         self._note_names(sys._getframe(1))
@@ -213,6 +216,7 @@ class Recorder:
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
         line = learner_line(sys._getframe(1), self._lines, self._skipped)
         self.steps.append((id(optimizer), torch._C._autograd._get_sequence_nr(), len(self.calls), line))
+        self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
         self._note_names(sys._getframe(1))
         self.creation.pending = True
         self._maybe_stop()
@@ -272,6 +276,7 @@ class Recorder:
         call.held_after_bytes = 0 if (self.keep_buffers and not keep) else graph_only_bytes(saved)
         del saved, walked
         if not self.steps and not self.marks:
+            self.event_sightings[("call", call.index)] = len(self.sightings)
             self._note_names(caller)
             self.creation.pending = True
         return result
@@ -361,7 +366,7 @@ class Recorder:
                  caller: types.FrameType) -> NamedGraph | None:
         """The name closest above the freed node in the walk: kept at an event, or held by a frame now."""
         live = {n.sequence: n for n, _ in names_holding_graphs(caller, self._skipped, self.events, self.roots,
-                                                                       sys.gettrace() is not None)}
+                                                                       sys.gettrace() is not None, self.outermost)}
         for node in reversed(walked[:position + 1]):
             sequence = node._sequence_nr()
             named = self.names.get(sequence) or live.get(sequence)
@@ -402,7 +407,7 @@ class Recorder:
         self.sightings.append(torch._C._autograd._get_sequence_nr())
         at_start = bool(self.starts) and self.starts[-1] == sighting
         for named, node in names_holding_graphs(frame, self._skipped, sighting, self.roots,
-                                                  sys.gettrace() is not None):
+                                                  sys.gettrace() is not None, self.outermost):
             sequence = named.sequence
             known = self.names.get(sequence)
             if known is None:
@@ -414,13 +419,15 @@ class Recorder:
             elif simpler(named.name, known.name) or (named.name == known.name and known.event == 0):
                 self.names[sequence] = named  # a simpler name, or the loop's own frame over the watch's
             if at_start:  # what holds it into the next iteration: the name a carried graph's fix uses
-                self.carriers.setdefault(sequence, named.holder if named.local and named.holder else named.name)
+                carrier = named.holder if named.local and named.holder else named.name
+                if sequence not in self.carriers or simpler(carrier, self.carriers[sequence]):
+                    self.carriers[sequence] = carrier
             if at_start and not named.local and sequence not in self.held_from:  # a function's own variable
                 # is rebound at its next call: what the loop holds is in its dicts, objects, modules and globals
-                stamp = node.metadata.get(STAMP)
-                freed = stamp is not None and not stamp[1]  # walked without a retain: its buffers are gone
-                self.held_from[sequence] = (sighting, 0 if freed else graph_only_bytes(python_walk([node])),
-                                            named.holder or named.name)
+                # A node a backward walked without a retain has no buffers left (as written: with keep_buffers the
+                # recorder keeps them, so they are left out here the same way).
+                alive = [n for n in python_walk([node]) if (n.metadata.get(STAMP) or (0, True))[1]]
+                self.held_from[sequence] = (sighting, graph_only_bytes(alive), named.holder or named.name)
 
 
 def _stamp(node: Any) -> list | None:

@@ -212,7 +212,7 @@ def _notes(recorder: Recorder, split: Split) -> list[Note]:
     last = max(1, split.count + (1 if recorder.error is not None else 0))
     by_name: dict[str, Note] = {}
     for sequence, (sighting, held_bytes, holder) in recorder.held_from.items():
-        held = split.iteration_of_node(recorder.sightings[sighting])
+        held = split.iteration_of_sighting(sighting)
         built = split.iteration_of_node(sequence)
         if not built < held <= last or walked.get(sequence, 0) >= held:
             continue

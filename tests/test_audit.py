@@ -397,9 +397,18 @@ def test_an_optimizer_nobody_passed_is_refused_and_nothing_changes(two_heads) ->
         head1(trunk(x)).sum().backward()
         optimizer.step()
 
+    audit_retain_graph(step, models=[trunk, head1])  # the step names its optimizer: found and put back
+    assert all(torch.equal(b, p) for b, p in zip(before, trunk.parameters()))
+    steps = {"optimizer": lambda: optimizer.step()}.get  # reached only through a function: no name holds it
+
+    def hidden_step() -> None:
+        trunk.zero_grad()
+        head1(trunk(x)).sum().backward()
+        steps("optimizer")()
+
     with pytest.raises(ValueError) as error:
-        audit_retain_graph(step, models=[trunk, head1])
-    assert str(error.value) == ("audit_retain_graph: the step calls optimizer (SGD).step(), an optimizer not in "
+        audit_retain_graph(hidden_step, models=[trunk, head1])
+    assert str(error.value) == ("audit_retain_graph: the step calls a SGD.step(), an optimizer not in "
                                 "optimizers: pass every optimizer the step uses, so that its state can be put back")
     assert all(torch.equal(b, p) for b, p in zip(before, trunk.parameters()))
 

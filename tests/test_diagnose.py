@@ -147,7 +147,7 @@ def last_frame(exc: BaseException) -> str:
     ({"step": lambda x: None}, TypeError, "no arguments"),
     ({"step": lambda: None, "models": [object()]}, TypeError, "models must be a torch.nn.Module"),
     ({"step": lambda: None, "optimizers": nn.Linear(2, 2)}, TypeError, "optimizers must be"),
-    ({"step": lambda: None, "iterations": 1}, ValueError, "iterations must be an int >= 2"),
+    ({"step": lambda: None, "iterations": 0}, ValueError, "iterations must be a whole number from 1 up"),
 ])
 def test_bad_input_is_refused_by_diagnose(kwargs: dict, error: type, words: str) -> None:
     with pytest.raises(error, match=words) as info:
@@ -199,9 +199,23 @@ def test_models_as_a_dict_and_an_optimizer_nobody_passed() -> None:
 
     assert diagnose(step, models={"D": netD, "G": netG}, optimizers=[optimizerD, optimizerG]).healthy
     before = [p.detach().clone() for p in netG.parameters()]
+    assert diagnose(step, models={"D": netD, "G": netG}, optimizers=optimizerD).healthy  # G's: found by its name
+    assert all(torch.equal(b, p) for b, p in zip(before, netG.parameters())) and optimizerG.state_dict()["state"] == {}
+
+    def hidden(optimizer: torch.optim.Optimizer):  # an optimizer no name of the step reaches
+        return lambda: optimizer.step()
+
+    update_g = hidden(optimizerG)
+
+    def step_with_a_hidden_optimizer() -> None:
+        optimizerD.zero_grad()
+        netD(netG(z)).mean().backward()
+        optimizerD.step()
+        update_g()
+
     with pytest.raises(ValueError) as info:
-        diagnose(step, models={"D": netD, "G": netG}, optimizers=optimizerD)
-    assert str(info.value).startswith("diagnose: the step calls optimizerG (SGD).step(), an optimizer not in optimizers")
+        diagnose(step_with_a_hidden_optimizer, models={"D": netD, "G": netG}, optimizers=optimizerD)
+    assert str(info.value).startswith("diagnose: the step calls a SGD.step(), an optimizer not in optimizers")
     assert all(torch.equal(b, p) for b, p in zip(before, netG.parameters()))
 
 
