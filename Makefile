@@ -108,6 +108,7 @@ a11y-for-tests: npm
 bench: setup-test dot
 	$(PY) benchmarks/bench_meter.py
 	$(PY) benchmarks/bench_notebook.py
+	$(PY) benchmarks/bench_recorder.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache $(SITE_NPM) $(A11Y_NPM) site site.zip

@@ -59,7 +59,7 @@ class CpuSnapshot:
 
     def __init__(self, step: Callable[[], Any], models: tuple[torch.nn.Module, ...],
                  optimizers: tuple[torch.optim.Optimizer, ...]) -> None:
-        self._tensors: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        self._tensors: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]] = {}
         for model in models:
             for p in model.parameters():
                 self.keep(p)
@@ -82,8 +82,8 @@ class CpuSnapshot:
     def keep(self, tensor: torch.Tensor) -> None:
         """Copy ``tensor`` (and its ``.grad``) to the CPU, once."""
         if id(tensor) not in self._tensors and not tensor.is_meta and tensor.layout == torch.strided:
-            grad = tensor.grad
-            self._tensors[id(tensor)] = (tensor, _cpu(tensor), None if grad is None else _cpu(grad))
+            grad = tensor.grad if tensor.is_leaf else None
+            self._tensors[id(tensor)] = (tensor, _cpu(tensor), None if grad is None else _cpu(grad), tensor._version)
 
     def _walk(self, value: Any, depth: int) -> None:
         """Containers the step holds (their items put back) and the tensors in them (by value: a step may change
@@ -108,8 +108,10 @@ class CpuSnapshot:
 
     def restore(self) -> None:
         with torch.no_grad():
-            for tensor, value, grad in self._tensors.values():
-                if tensor._version or not torch.equal(tensor.detach().cpu(), value):  # changed in place
+            for tensor, value, grad, version in self._tensors.values():
+                # changed in place: an optimizer's step bumps the version; p.data.add_() and batch norm's running
+                # statistics do not, so an unbumped tensor is compared
+                if tensor._version != version or not torch.equal(tensor.detach().cpu(), value):
                     tensor.copy_(value)
                 if tensor.is_leaf and (tensor.requires_grad or grad is not None):
                     tensor.grad = None if grad is None else grad.to(tensor.device)
@@ -143,9 +145,11 @@ class StepRun:
 
 
 def run_step(step: Callable[[], Any], models: Any = (), optimizers: Any = (), iterations: int = 3,
-             who: str = "diagnose") -> StepRun:
+             who: str = "diagnose", gradients: bool = False) -> StepRun:
     """Run ``step`` as written ``iterations`` times under the recorder (see the module's docstring) and put back
-    everything it changed; the step's own error ends the runs and goes in the verdicts."""
+    everything it changed; the step's own error ends the runs and goes in the verdicts. ``gradients``: also keep
+    (on the CPU) the gradients each optimizer gets at its first ``step()`` (the models' after the first run when
+    there is no optimizer), in ``StepRun.gradients``."""
     check_step(step, who)
     if isinstance(models, Mapping):  # {"D": netD, "G": netG}
         models = list(models.values())
@@ -161,7 +165,7 @@ def run_step(step: Callable[[], Any], models: Any = (), optimizers: Any = (), it
         raise ValueError(f"{who}: iterations must be a whole number from 1 up, got {iterations!r}")
     snapshot = CpuSnapshot(step, models, optimizers)
     recorder = Recorder(keep_buffers=True, roots=lambda: list(known_names(step).items()), on_leaf=snapshot.keep)
-    gradients: dict[str, torch.Tensor | None] = {}
+    kept: dict[str, torch.Tensor | None] = {}
     labels = _parameter_labels(names, models, optimizers)
     stepped: set[int] = set()
 
@@ -171,12 +175,15 @@ def run_step(step: Callable[[], Any], models: Any = (), optimizers: Any = (), it
         stepped.add(id(optimizer))
         for group in optimizer.param_groups:
             for p in group["params"]:
-                gradients.setdefault(labels.get(id(p), f"parameter {len(gradients)}"),
-                                     None if p.grad is None else _cpu(p.grad))
+                kept.setdefault(labels.get(id(p), f"parameter {len(kept)}"), None if p.grad is None else _cpu(p.grad))
 
-    recorder.before_step = capture
+    if gradients:
+        recorder.before_step = capture
     recorder.by_runs = True
     recorder.outermost = sys._getframe()  # the step's names are inside it; the caller's, outside
+    code = getattr(step, "__code__", None)
+    if code is not None:
+        recorder.roots_where = (code.co_filename, code.co_firstlineno, code.co_name)
     runs = 0
     try:
         with passed_optimizers_only(step, optimizers, who), recorder:
@@ -187,15 +194,15 @@ def run_step(step: Callable[[], Any], models: Any = (), optimizers: Any = (), it
                     if recorder.error is None:
                         recorder.record_error(exc)
                     break
-                if runs == 1 and not optimizers:
+                if gradients and runs == 1 and not optimizers:
                     for model in models:
                         for name, p in model.named_parameters():
-                            gradients[labels.get(id(p), name)] = None if p.grad is None else _cpu(p.grad)
+                            kept[labels.get(id(p), name)] = None if p.grad is None else _cpu(p.grad)
                 recorder.next_iteration(between_runs=True)
     finally:
         recorder.outermost = None  # a frame holds its variables: not kept past the run
         snapshot.restore()
-    return StepRun(recorder, judge(recorder), runs, gradients)
+    return StepRun(recorder, judge(recorder), runs, kept)
 
 
 def _reachable(values: Iterable[Any], depth: int = 0) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import os
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +67,8 @@ def site_of(frame: types.FrameType | None, skipped: tuple[str, ...], outward: bo
 
 def names_holding_graphs(frame: types.FrameType | None, skipped: tuple[str, ...], event: int,
                          roots: Callable[[], list[tuple[str, Any]]] | None = None, tracing: bool = False,
-                         outermost: types.FrameType | None = None) -> Iterator[tuple[NamedGraph, Any]]:
+                         outermost: types.FrameType | None = None,
+                         roots_where: tuple[str, int, str] | None = None) -> Iterator[tuple[NamedGraph, Any]]:
     """(name, node) for each node a name holds: the learner's frames from ``frame`` out (up to, not including,
     ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. While a trace
     function runs (``tracing``), snapshots are left alone: CPython writes a frame's f_locals back into its
@@ -85,7 +87,7 @@ def names_holding_graphs(frame: types.FrameType | None, skipped: tuple[str, ...]
                 sources.append((where, True, frame.f_globals, False))
         frame = frame.f_back
     if roots is not None:
-        sources.append((None, False, dict(roots()), False))
+        sources.append((roots_where, False, dict(roots()), False))
     found: dict[int, list] = {}  # node -> [NamedGraph fields..., node, held only by a function's own variable]
     for where, is_global, namespace, snapshot in sources:
         items = list(namespace.items())
@@ -148,19 +150,41 @@ def _tensors_under(name: str, value: Any, depth: int = 0,
             if isinstance(key, (str, int)):
                 yield from _tensors_under(f"{name}[{key!r}]", item, depth + 1, "dict")
     elif isinstance(value, torch.nn.Module):
-        for prefix, module in value.named_modules(prefix=name):
-            for key, item in vars(module).items():
-                if isinstance(item, torch.Tensor) and not isinstance(item, torch.nn.Parameter):
-                    yield f"{prefix}.{key}", item, None
-                elif isinstance(item, (tuple, list)) and not key.startswith("_"):  # self.hidden = (h, c)
-                    for i, part in enumerate(item[:8]):
-                        if isinstance(part, torch.Tensor):
-                            yield f"{prefix}.{key}[{i}]", part, type(item).__name__
-            for key, item in module._buffers.items():
-                if item is not None:
-                    yield f"{prefix}.{key}", item, None
+        yield from _module_tensors(name, value, 0)
     elif hasattr(value, "__dict__") and not callable(value) and not isinstance(
             value, (torch.optim.Optimizer, types.ModuleType)):
         for key, item in list(vars(value).items())[:64]:
             if isinstance(item, torch.Tensor):
                 yield f"{name}.{key}", item, None
+
+
+# module -> (len(__dict__), the keys worth looking at); weak, so a module's id reused later finds nothing stale
+_tensor_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _module_tensors(prefix: str, module: torch.nn.Module, depth: int) -> Iterator[tuple[str, torch.Tensor, str | None]]:
+    """A module's tensor attributes (``self.memory``, ``self.hidden = (h, c)``) and buffers, and its submodules'.
+    Which attributes can hold one is read once per module and again when its ``__dict__`` grows or shrinks."""
+    attributes = module.__dict__
+    cached = _tensor_keys.get(module)
+    if cached is None or cached[0] != len(attributes):
+        keys = tuple(k for k, v in attributes.items()
+                     if (isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter))
+                     or (isinstance(v, tuple) and not k.startswith("_")) or v is None)
+        cached = _tensor_keys[module] = (len(attributes), keys)
+    for key in cached[1]:
+        item = attributes.get(key)
+        if isinstance(item, torch.Tensor):
+            if not isinstance(item, torch.nn.Parameter):
+                yield f"{prefix}.{key}", item, None
+        elif isinstance(item, tuple):  # self.hidden = (h, c)
+            for i, part in enumerate(item[:8]):
+                if isinstance(part, torch.Tensor):
+                    yield f"{prefix}.{key}[{i}]", part, "tuple"
+    for key, item in module._buffers.items():
+        if item is not None:
+            yield f"{prefix}.{key}", item, None
+    if depth < 8:
+        for key, child in module._modules.items():
+            if child is not None:
+                yield from _module_tensors(f"{prefix}.{key}", child, depth + 1)

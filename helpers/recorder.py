@@ -45,7 +45,7 @@ from helpers.learner import first_line, intercepting, learner_line, raised_at, s
 from helpers.lines import CreationLines
 from helpers.names import NamedGraph, names_holding_graphs, simpler, site_of
 from helpers.iterations import split_iterations
-from helpers.saved import graph_only_bytes, python_walk, saved_data
+from helpers.saved import graph_only_bytes, has_saved_data, python_walk, saved_data
 
 __all__ = ["CallRecord", "ErrorRecord", "Recorder", "StopRecording"]
 
@@ -120,6 +120,7 @@ class Recorder:
         self.before_step: Callable[[torch.optim.Optimizer], None] | None = None  # called before each step()
         self.by_runs = False  # a harness's runs of a step: each run is one iteration, whatever steps inside
         self.outermost: types.FrameType | None = None  # a tool's frame: names beyond it are its caller's
+        self.roots_where: tuple[str, int, str] | None = None  # the code the roots' names belong to (a step's)
         self.calls: list[CallRecord] = []
         self.steps: list[tuple[int, int, int, str]] = []  # (optimizer id, sequence counter, calls so far, line)
         self.optimizer_kinds: dict[int, str] = {}
@@ -196,7 +197,9 @@ class Recorder:
         self.event_sightings[("mark", len(self.marks) - 1)] = len(self.sightings)
         if between_runs:
             self.starts.append(len(self.sightings))
-        self._note_names(sys._getframe(1))
+            self._note_names(sys._getframe(1))
+        else:
+            self._event_names(sys._getframe(1))
         self.creation.pending = not between_runs
         self._maybe_stop()
 
@@ -217,7 +220,7 @@ class Recorder:
         line = learner_line(sys._getframe(1), self._lines, self._skipped)
         self.steps.append((id(optimizer), torch._C._autograd._get_sequence_nr(), len(self.calls), line))
         self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
-        self._note_names(sys._getframe(1))
+        self._event_names(sys._getframe(1))
         self.creation.pending = True
         self._maybe_stop()
 
@@ -272,12 +275,12 @@ class Recorder:
             if handle is not None:
                 handle.remove()
             call.end = torch._C._autograd._get_sequence_nr()
-        saved = [n for n in walked if _stamp(n) is not None]
-        call.held_after_bytes = 0 if (self.keep_buffers and not keep) else graph_only_bytes(saved)
-        del saved, walked
+        if keep or create:  # without a retain the engine freed every buffer it walked: nothing is held after it
+            call.held_after_bytes = graph_only_bytes([n for n in walked if _stamp(n) is not None])
+        del walked
         if not self.steps and not self.marks:
             self.event_sightings[("call", call.index)] = len(self.sightings)
-            self._note_names(caller)
+            self._event_names(caller)
             self.creation.pending = True
         return result
 
@@ -311,8 +314,7 @@ class Recorder:
                 call.old.append(sequence)
             stamp = node.metadata.get(STAMP)
             if stamp is None:
-                tensors = saved_data(node)
-                if not tensors:
+                if not has_saved_data(node):
                     continue
                 stamp = node.metadata[STAMP] = [call.index, call.retain_graph or call.create_graph]
             else:
@@ -396,6 +398,12 @@ class Recorder:
         return None
 
     # -- names ---------------------------------------------------------------------------------------------
+    def _event_names(self, frame: types.FrameType) -> None:
+        """At an event: with the line tracer on, the names are read where the loop comes round to its header
+        instead (what is held there is what can carry a graph into the next iteration); without it, now."""
+        if not self.creation.active or self.by_runs:  # a tool's runs: its loop is not the learner's code
+            self._note_names(frame)
+
     def _loop_start(self, frame: types.FrameType) -> None:
         self.starts.append(len(self.sightings))
         self._note_names(frame)
@@ -407,7 +415,8 @@ class Recorder:
         self.sightings.append(torch._C._autograd._get_sequence_nr())
         at_start = bool(self.starts) and self.starts[-1] == sighting
         for named, node in names_holding_graphs(frame, self._skipped, sighting, self.roots,
-                                                  sys.gettrace() is not None, self.outermost):
+                                                  sys.gettrace() is not None, self.outermost,
+                                                  self.roots_where):
             sequence = named.sequence
             known = self.names.get(sequence)
             if known is None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["graph_only_bytes", "python_walk", "saved_data"]
+__all__ = ["graph_only_bytes", "has_saved_data", "python_walk", "saved_data"]
 
 _storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 _saved_attributes: dict[type, tuple[str, ...]] = {}
@@ -41,6 +41,24 @@ def saved_data(node: Any) -> list[torch.Tensor] | None:
             if isinstance(data, torch.Tensor):
                 tensors.append(data)
     return tensors
+
+
+def has_saved_data(node: Any) -> bool:
+    """Whether ``node`` still holds a tensor for its backward (stops at the first: cheaper than
+    :func:`saved_data`)."""
+    kind = type(node)
+    names = _saved_attributes.get(kind)
+    if names is None:
+        names = _saved_attributes[kind] = tuple(n for n in dir(kind) if n.startswith("_raw_saved_"))
+    for name in names:
+        try:
+            raw = getattr(node, name)
+        except RuntimeError:  # a custom Function's saved tensors, once freed
+            return False
+        for item in (raw if isinstance(raw, (tuple, list)) else (raw,)):
+            if getattr(item, "data", None) is not None:
+                return True
+    return False
 
 
 def graph_only_bytes(nodes: list[Any]) -> int:
