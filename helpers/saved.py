@@ -13,7 +13,7 @@ Used by :mod:`helpers.recorder`.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,41 +24,44 @@ _storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Us
 _saved_attributes: dict[type, tuple[str, ...]] = {}
 
 
-def saved_data(node: Any) -> list[torch.Tensor] | None:
-    """The tensors ``node`` holds for its backward (read without unpacking), or None once they are freed."""
-    kind = type(node)
-    names = _saved_attributes.get(kind)
-    if names is None:
-        names = _saved_attributes[kind] = tuple(n for n in dir(kind) if n.startswith("_raw_saved_"))
-    tensors: list[torch.Tensor] = []
-    for name in names:
+class _Freed(Exception):
+    """A custom Function's saved tensors, once freed: reading them raises."""
+
+
+def _saved_items(node: Any) -> Iterator[Any]:
+    """What each of ``node``'s saved slots holds (``.data`` of its ``SavedTensor``: None when it holds nothing)."""
+    for name in _raw_names(type(node)):
         try:
             raw = getattr(node, name)
-        except RuntimeError:  # a custom Function's saved tensors, once freed
-            return None
+        except RuntimeError:
+            raise _Freed from None
         for item in (raw if isinstance(raw, (tuple, list)) else (raw,)):
-            data = getattr(item, "data", None)
-            if isinstance(data, torch.Tensor):
-                tensors.append(data)
-    return tensors
+            yield getattr(item, "data", None)
+
+
+def saved_data(node: Any) -> list[torch.Tensor] | None:
+    """The tensors ``node`` holds for its backward (read without unpacking), or None once they are freed."""
+    try:
+        return [data for data in _saved_items(node) if isinstance(data, torch.Tensor)]
+    except _Freed:
+        return None
 
 
 def has_saved_data(node: Any) -> bool:
     """Whether ``node`` still holds a tensor for its backward (stops at the first: cheaper than
     :func:`saved_data`)."""
-    kind = type(node)
+    try:
+        return any(data is not None for data in _saved_items(node))
+    except _Freed:
+        return False
+
+
+def _raw_names(kind: type) -> tuple[str, ...]:
+    """A node type's ``_raw_saved_<name>`` attributes (custom Functions: ``_raw_saved_tensors``), read once."""
     names = _saved_attributes.get(kind)
     if names is None:
         names = _saved_attributes[kind] = tuple(n for n in dir(kind) if n.startswith("_raw_saved_"))
-    for name in names:
-        try:
-            raw = getattr(node, name)
-        except RuntimeError:  # a custom Function's saved tensors, once freed
-            return False
-        for item in (raw if isinstance(raw, (tuple, list)) else (raw,)):
-            if getattr(item, "data", None) is not None:
-                return True
-    return False
+    return names
 
 
 def graph_only_bytes(nodes: list[Any]) -> int:
@@ -83,12 +86,11 @@ def graph_only_bytes(nodes: list[Any]) -> int:
 
 
 def python_walk(roots: list[Any]) -> list[Any]:
-    order, seen, stack = [], set(), list(roots)
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        order.append(node)
-        stack.extend(child for child, _ in node.next_functions)
-    return order
+    """Every node reachable from ``roots`` over ``next_functions``, each once, a layer at a time."""
+    seen: dict[int, Any] = {}
+    layer = [root for root in roots if root is not None]
+    while layer:
+        fresh = {id(node): node for node in layer if id(node) not in seen}
+        seen.update(fresh)
+        layer = [child for node in fresh.values() for child, _ in node.next_functions if child is not None]
+    return list(seen.values())
