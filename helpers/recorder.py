@@ -30,10 +30,10 @@ Used by :mod:`helpers.watcher` and :mod:`helpers.harness`.
 
 from __future__ import annotations
 
-import gc
 import inspect
 import sys
 import types
+import weakref
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -124,6 +124,7 @@ class Recorder:
         self.calls: list[CallRecord] = []
         self.steps: list[tuple[int, int, int, str]] = []  # (optimizer id, sequence counter, calls so far, line)
         self.optimizer_kinds: dict[int, str] = {}
+        self._optimizers: dict[int, weakref.ref] = {}  # to read their parameters if an error needs them
         self.marks: list[tuple[int, int]] = []  # next_iteration(): (sequence counter, calls so far)
         self.names: dict[int, NamedGraph] = {}  # node sequence number -> the name that held it
         self.held_from: dict[int, tuple[int, int, str]] = {}  # node -> (the first iteration start the loop held
@@ -213,6 +214,7 @@ class Recorder:
 
     def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer_kinds.setdefault(id(optimizer), type(optimizer).__name__)
+        self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
         if self.before_step is not None:
             self.before_step(optimizer)
 
@@ -385,11 +387,11 @@ class Recorder:
         if not stepped:
             return None
         params = {}
-        for obj in gc.get_objects():
-            if isinstance(obj, torch.optim.Optimizer) and id(obj) in stepped:
-                for group in obj.param_groups:
-                    for p in group["params"]:
-                        params[p.untyped_storage().data_ptr()] = id(obj)
+        for optimizer_id in stepped:
+            optimizer = self._optimizers.get(optimizer_id, lambda: None)()
+            for group in optimizer.param_groups if optimizer is not None else ():
+                for p in group["params"]:
+                    params[p.untyped_storage().data_ptr()] = optimizer_id
         for node in walked:
             for tensor in saved_data(node) or ():
                 owner = params.get(tensor.untyped_storage().data_ptr())

@@ -135,7 +135,7 @@ def _lines(calls: list[CallRecord], split: Split, recorder: Recorder) -> list[Li
         line = runs[0].line
         held = max(c.held_after_bytes for c in runs)
         if any(c.create_graph for c in runs):
-            if re.search(r"retain_graph\s*=\s*True", line.split(": ", 1)[-1]):  # written out, yet implied
+            if _writes_retain(runs[0].site):  # written out, yet create_graph implies it
                 verdicts.append(LineVerdict(line, "can go", len(runs), 0, held,
                                             "can go: create_graph=True keeps the graph anyway (retain_graph "
                                             "defaults to create_graph)", "remove retain_graph=True"))
@@ -223,6 +223,17 @@ def _notes(recorder: Recorder, split: Split) -> list[Note]:
     return list(by_name.values())
 
 
+def _writes_retain(site: tuple[str, int]) -> bool:
+    """Whether the call at ``site`` (file, line) spells out ``retain_graph=`` (also on a later line of the call)."""
+    filename, lineno = site
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except SyntaxError:
+        return "retain_graph" in linecache.getline(filename, lineno)
+    return any(isinstance(node, ast.Call) and node.lineno <= lineno <= (node.end_lineno or node.lineno)
+               and any(k.arg == "retain_graph" for k in node.keywords) for node in ast.walk(tree))
+
+
 def _below_a_submodule(name: str) -> bool:
     """``model.block.loss`` (an attribute two levels below what the loop holds), not ``model.hidden``."""
     return re.sub(r"^\w+(\[[^\]]*\])*", "", name).count(".") > 1
@@ -285,17 +296,22 @@ def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
     site = recorder.creation.line_of(named.sequence) if not before_loop else None
     if site is not None:
         return f"{place(*site)}: {linecache.getline(*site).strip()}"
-    if named.frame is None:
+    # Where the name was found, then the code the step was given in (a notebook: another cell, perhaps).
+    places = [where for where in (named.frame, recorder.roots_where) if where is not None]
+    for index, (filename, first_line, code_name) in enumerate(places):
+        if index and filename == places[0][0]:
+            continue
+        try:
+            tree = ast.parse("".join(linecache.getlines(filename)))
+        except SyntaxError:
+            continue
+        line = _assignment(tree, named, first_line, code_name, before_loop)
+        if line is not None:
+            return f"{place(filename, line)}: {linecache.getline(filename, line).strip()}"
+    if not places:
         return f"(the name {named.name})"
-    filename, first_line, code_name = named.frame
-    try:
-        tree = ast.parse("".join(linecache.getlines(filename)))
-    except SyntaxError:
-        tree = None
-    line = None if tree is None else _assignment(tree, named, first_line, code_name, before_loop)
-    if line is None:
-        return f"{place(filename, first_line)} ({named.name}, {code_name})"
-    return f"{place(filename, line)}: {linecache.getline(filename, line).strip()}"
+    filename, first_line, code_name = places[0]
+    return f"{place(filename, first_line)} ({named.name}, {code_name})"
 
 
 def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name: str,
