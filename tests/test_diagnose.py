@@ -259,3 +259,54 @@ def test_a_retain_needed_by_a_step_that_fails_keeps_the_audits_words() -> None:
     assert not keep.to_fix and keep.fix.startswith("keep retain_graph=True at ")
     (error,) = [p for p in result.prescription if p.to_fix]
     assert "changed in place by the optimizer step at test_diagnose.py:" in error.problem  # the evidence
+
+
+def test_a_graph_built_before_the_step_stays_usable_and_the_error_comes_at_iteration_2_as_written() -> None:
+    torch.manual_seed(0)
+    encoder, head = nn.Linear(4, 8), nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
+    features = torch.tanh(encoder(torch.randn(5, 4)))  # before the loop, with a graph
+
+    def step() -> None:
+        optimizer.zero_grad()
+        head(features).pow(2).mean().backward()  # frees the pre-loop graph: the second iteration raises
+        optimizer.step()
+
+    result = diagnose(step, models=[encoder, head], optimizers=optimizer)
+    assert result.error_kind == "backward a second time" and result.carried.iterations_run == 2
+    assert result.error_line.endswith(": head(features).pow(2).mean().backward()  # frees the pre-loop graph: the "
+                                      "second iteration raises")
+    [finding] = result.carried.findings
+    assert finding.name == "features" and finding.iteration is None
+    assert finding.created_at.endswith(": features = torch.tanh(encoder(torch.randn(5, 4)))  # before the loop, with a graph")
+    step()  # the learner's own first iteration still works: the tool's runs freed nothing
+    with pytest.raises(RuntimeError, match="second time"):
+        step()  # and the second fails, as written
+
+
+def test_leaves_the_step_changes_in_place_are_put_back() -> None:
+    torch.manual_seed(0)
+    W = torch.randn(3, 1, requires_grad=True)  # a hand-written update, no optimizer
+    image = torch.rand(2, 3, requires_grad=True)
+    lbfgs = torch.optim.LBFGS([image], max_iter=3)
+    before_w, before_image = W.detach().clone(), image.detach().clone()
+
+    def step() -> None:
+        loss = (image @ W).pow(2).sum()
+        loss.backward()
+        with torch.no_grad():
+            W.sub_(0.1 * W.grad)
+            W.grad.zero_()
+
+        def closure():
+            lbfgs.zero_grad()
+            objective = (image - 0.5).pow(2).sum()
+            objective.backward()
+            return objective
+
+        lbfgs.step(closure)
+
+    result = diagnose(step)  # nothing passed: W and the LBFGS image are found from the step's names
+    assert result.healthy, result
+    assert torch.equal(W, before_w) and W.grad is None
+    assert torch.equal(image, before_image) and image.grad is None and lbfgs.state_dict()["state"] == {}
