@@ -5,10 +5,12 @@ iterations.
 The script runs as ``python SCRIPT ARGS...`` would run it: as ``__main__`` (:func:`runpy.run_path`), with
 ``sys.argv`` set and its folder first on ``sys.path``, so its own imports (a ``helpers.py`` of its own included)
 resolve as they always do. The tools are imported under the name ``backward_twice``, which no project shadows.
-``--json PATH`` writes the diagnosis (error kind, carried tensors, per-line verdicts) for other tools. The exit
+``--json PATH`` writes the diagnosis (error kind, carried tensors, per-line verdicts) for other tools;
+``--no-traceback`` leaves out the script's own traceback (the report names the error and its line). The exit
 status is the script's (1 when it raised).
 
-Used by learners on their own scripts (README, "Bring your own training step").
+Used by notebook 05_your_training_step (in its kernel: ``main([...])`` is the command), and by learners on
+their own scripts (README, "Bring your own training step").
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     watch.add_argument("--iterations", type=int, default=None, metavar="N",
                        help="stop after N iterations (optimizer steps end them)")
     watch.add_argument("--json", default=None, metavar="PATH", help="also write the diagnosis as JSON to PATH")
+    watch.add_argument("--no-traceback", action="store_true",
+                       help="leave out the script's own traceback when it raises (the report names the error)")
     watch.add_argument("script", help="the training script, as you would pass it to python")
     watch.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return parser
@@ -50,6 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [script, *options.args]
     sys.path[0:1] = [os.path.dirname(script)]  # what `python SCRIPT` puts first, in place of this command's folder
+    # Run from a kernel that imported the course's helpers, the script's own `import helpers` must still find its
+    # own helpers.py: the course's modules step out of sys.modules while it runs (they hold each other already).
+    ours = {name: module for name, module in sys.modules.items() if name == "helpers" or name.startswith("helpers.")}
+    for name in ours:
+        del sys.modules[name]
     watcher, status = Watch(options.iterations), 0
     try:
         with watcher:
@@ -57,10 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:
         status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except BaseException as error:  # noqa: BLE001 - the script's own error: shown, then diagnosed
-        _print_traceback(error)
+        if not options.no_traceback:
+            _print_traceback(error)
         status = 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        for name in [n for n in sys.modules if n == "helpers" or n.startswith("helpers.")]:
+            del sys.modules[name]  # the script's own helpers, if it had one
+        sys.modules.update(ours)
     print(watcher, flush=True)
     if options.json:
         dump_json(watcher.verdicts, options.json)

@@ -3,13 +3,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+import helpers as helpers_package
+from helpers.cli import main
 
 COMMAND = Path(sys.executable).parent / "backward-twice"
 
@@ -105,6 +111,22 @@ def test_a_learners_own_code_imports_the_tools_as_backward_twice_next_to_its_hel
     done = subprocess.run([sys.executable, "mine.py"], cwd=project, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Watched 2 iterations") and "Healthy" in done.stdout
+
+
+def test_in_a_kernel_that_imported_the_course_the_scripts_own_helpers_is_still_its_own(project: Path) -> None:
+    """``main`` is the command, run in this process (as notebook 05 runs it), where ``helpers`` is the course's."""
+    assert sys.modules["helpers"].__file__.endswith(os.path.join("helpers", "__init__.py"))
+    err, out = io.StringIO(), io.StringIO()
+    cwd = os.getcwd()
+    try:
+        os.chdir(project)
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            status = main(["watch", "--no-traceback", "train.py", "3"])
+    finally:
+        os.chdir(cwd)
+    assert status == 1 and err.getvalue() == ""  # --no-traceback: the report alone
+    assert "Error (backward a second time) in iteration 2" in out.getvalue()
+    assert sys.modules["helpers"] is helpers_package and "helpers.recorder" in sys.modules
 
 
 def test_bad_input_gets_a_clear_message(project: Path) -> None:
