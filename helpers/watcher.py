@@ -114,12 +114,20 @@ def _sections(v: Verdicts) -> list[tuple[str, list[tuple[str, str, str]]]]:
             fix = f"{line.fix} at {short(line.line)}" if line.fix == "remove retain_graph=True" else line.fix
             items.append((short(line.line), line.why, f"{'Keep' if keep else 'Fix'}: {fix}"))
         sections.append(("retain_graph=True, one verdict per line", items))
-    if v.notes:
+    heavy = [n for n in v.notes if n.held_bytes]
+    if heavy:
         sections.append(("Notes", [(f"{n.name}: {short(n.built_at)}",
-                                    f"keeps {format_bytes(n.held_bytes)} of graph alive that no backward walks",
-                                    "Note: not an error; detach it or keep a number if you only log it")
-                                   for n in v.notes]))
+                                    f"keeps {format_bytes(n.held_bytes)} of an earlier iteration's graph alive; no "
+                                    f"backward walks it", "Note: not an error; keep .detach() or .item() if you only "
+                                                          "log it") for n in heavy]))
     return sections
+
+
+def _light_notes(v: Verdicts) -> str:
+    """The names that hold an earlier iteration's graph whose buffers are already freed, in one line."""
+    light = [n.name for n in v.notes if not n.held_bytes]
+    return (f"Also held into the next iteration, with no saved tensors left (harmless): {', '.join(light)}."
+            if light else "")
 
 
 def render_text(v: Verdicts) -> str:
@@ -128,7 +136,7 @@ def render_text(v: Verdicts) -> str:
         out.append(f"{title}:")
         for i, (what, why, fix) in enumerate(items, 1):
             out.extend([f"  {i}. {what}", f"     {why}", f"     {fix}"])
-    return "\n".join(out)
+    return "\n".join([*out, _light_notes(v)] if _light_notes(v) else out)
 
 
 def render_html(v: Verdicts) -> str:
@@ -137,6 +145,8 @@ def render_html(v: Verdicts) -> str:
         rows = "".join(f"<li><code>{html.escape(what)}</code><br>{html.escape(why)}<br><b>{html.escape(fix)}</b></li>"
                        for what, why, fix in items)
         parts.append(f"<p>{html.escape(title)}:</p><ol>{rows}</ol>")
+    if _light_notes(v):
+        parts.append(f"<p><small>{html.escape(_light_notes(v))}</small></p>")
     return "".join(parts) + "</div>"
 
 
