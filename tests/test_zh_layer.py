@@ -320,9 +320,12 @@ def code_blocks(page: Path) -> list[tuple[int, str, str | None]]:
 
 
 def run_code(code: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The code in a fresh interpreter of this environment, in an empty folder, as a reader would paste it."""
+    """The code as a reader runs it: saved to a file in an empty folder, run by a fresh interpreter of this
+    environment (a file, not ``python -c``, so tracebacks and the course's tools can read its lines)."""
+    script = cwd / "example.py"
+    script.write_text(code, encoding="utf-8")
     env = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, script.name], cwd=cwd, env=env, capture_output=True, text=True,
                           encoding="utf-8", timeout=180)
 
 
