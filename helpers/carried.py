@@ -54,6 +54,7 @@ class CarriedTensor:
     def describe(self) -> str:
         built = "before the first iteration" if self.iteration is None else f"in iteration {self.iteration}"
         shape = "" if self.shape is None else f" of shape {self.shape}"
+        shape += "" if self.name is None else f" ({self.name})"
         return (f"a tensor{shape} built {built} at {self.created_at}, reached from iteration "
                 f"{self.reached_from} at {self.used_at}. Fix: {self.fix}.")
 

@@ -278,7 +278,7 @@ class Recorder:
                 handle.remove()
             call.end = torch._C._autograd._get_sequence_nr()
         if keep or create:  # without a retain the engine freed every buffer it walked: nothing is held after it
-            call.held_after_bytes = graph_only_bytes([n for n in walked if _stamp(n) is not None])
+            call.held_after_bytes = graph_only_bytes([n for n in walked if STAMP in n.metadata])
         del walked
         if not self.steps and not self.marks:
             self.event_sightings[("call", call.index)] = len(self.sightings)
@@ -439,10 +439,6 @@ class Recorder:
                 # recorder keeps them, so they are left out here the same way).
                 alive = [n for n in python_walk([node]) if (n.metadata.get(STAMP) or (0, True))[1]]
                 self.held_from[sequence] = (sighting, graph_only_bytes(alive), named.holder or named.name)
-
-
-def _stamp(node: Any) -> list | None:
-    return node.metadata.get(STAMP)
 
 
 def _node_of(output: Any) -> Any:
