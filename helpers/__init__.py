@@ -7,9 +7,13 @@ training state), ``compare`` (training-step patterns measured side by side), ``p
 panel shares), ``lab`` (the retain_graph panel), ``checks`` (what every exercise check shares), ``errors``
 (error demos that fail when the error stops happening, and the errors' kinds), ``environment`` (the setup
 line), and the tools for a learner's own training step: ``learner`` (what they share: input checks, the
-learner's line), ``carried`` (what carries a graph from one iteration into the next), ``audit`` (which
+learner's line, and the one place that patches torch and reads a step's closure), ``recorder`` (watches a loop
+run as written; with ``lines``, ``names``, ``saved`` and ``iterations``), ``verdicts`` (judged from what ran),
+``watcher`` (``bt.watch()`` around a loop), ``cli`` (``backward-twice watch SCRIPT``), ``harness`` (runs a step for
+the tools), ``carried`` (what carries a graph from one iteration into the next), ``audit`` (which
 ``retain_graph=True`` can go), ``diagnose`` (both, as one prescription) and ``magic`` (``%%diagnose``, loaded
-with ``%load_ext helpers.magic``).
+with ``%load_ext helpers.magic``). ``import backward_twice as bt`` is the same package under a name a project's own
+``helpers.py`` cannot shadow.
 
 ``helpers.lessons`` holds what only one notebook uses: ``graph_buffers`` (01), ``multi_loss`` (02),
 ``gan_step`` (03), ``carried_state`` (04) and ``your_training_step`` (05). The core never imports a lesson
@@ -40,6 +44,7 @@ from helpers.lessons.graph_buffers import (check_backward_three_times, check_pre
 from helpers.lessons.multi_loss import check_backward_both, check_two_loss_loop
 from helpers.lessons.your_training_step import check_audit_predictions, gradient_check
 from helpers.meter import SavedTensorMeter
+from helpers.watcher import watch
 
 __all__ = [
     "BackwardLab",
@@ -81,4 +86,5 @@ __all__ = [
     "seed_everything",
     "stamp_iteration",
     "training_figure",
+    "watch",
 ]
