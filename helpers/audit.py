@@ -116,7 +116,9 @@ def audit_report(run: StepRun) -> RetainAudit:
         function = ("torch.autograd.grad" if c.function == "grad"
                     else "loss.backward" if ".backward(" in code and "autograd.backward" not in code
                     else "torch.autograd.backward")
-        if line is None or line.verdict.startswith("not a retain"):
+        if c.error is not None:  # no verdict for a call that raised: it never finished
+            why, fix, needed = f"it raised {c.error}", "fix the step's error first", None
+        elif line is None or line.verdict.startswith("not a retain"):
             why, fix = ((CREATE_GRAPH_NOTE, "nothing to change here") if c.create_graph
                         else ("it does not retain the graph (retain_graph is off)", "nothing to change"))
             needed = None

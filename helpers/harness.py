@@ -76,6 +76,7 @@ class CpuSnapshot:
                         torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
         self._bindings = held_bindings(step)
         self._containers: list[tuple[Any, Any]] = []
+        self._objects: list[tuple[Any, dict[str, Any]]] = []
         for _, value in self._bindings:
             self._walk(value, 0)
 
@@ -101,6 +102,11 @@ class CpuSnapshot:
             items = list(value)
         elif isinstance(value, tuple):
             items = value
+        elif hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)) and not callable(value):
+            # an object's attributes, put back as they were: a distribution's lazily computed .probs is a graph
+            # that the runs would otherwise leave behind
+            self._objects.append((value, dict(vars(value))))
+            items = list(vars(value).values())
         else:
             return
         for item in items:
@@ -132,6 +138,10 @@ class CpuSnapshot:
                 container.update(items)
             else:
                 container[:] = items
+        for obj, attributes in self._objects:
+            if vars(obj) != attributes:
+                vars(obj).clear()
+                vars(obj).update(attributes)
 
 
 @dataclass

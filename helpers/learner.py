@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-__all__ = ["ENGINE_ENTRY", "as_items", "check_step", "first_line", "held_bindings", "intercepting", "known_names",
+__all__ = ["ENGINE_ENTRY", "as_items", "check_step", "code_reached", "first_line", "held_bindings", "intercepting", "known_names",
            "learner_line", "passed_optimizers_only", "place", "raised_at", "short", "skipped_dirs"]
 
 
@@ -93,6 +93,28 @@ def held_bindings(step: Callable[[], Any]) -> list[tuple[Callable[[Any], None], 
         if name not in closure and namespace.get(name) is value and not callable(value):
             bindings.append((lambda v, name=name: namespace.__setitem__(name, v), value))
     return bindings
+
+
+def code_reached(function: Callable[..., Any]) -> list[types.CodeType]:
+    """The code of ``function``, of the functions nested in it, and, through its closure, of the functions it was
+    made with (a factory's arguments, a wrapper's target)."""
+    functions, seen, codes = [function], set(), []
+    while functions:
+        current = functions.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for cell in getattr(current, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                if isinstance(cell.cell_contents, types.FunctionType):
+                    functions.append(cell.cell_contents)
+        stack = [getattr(current, "__code__", None)]
+        while stack:
+            code = stack.pop()
+            if isinstance(code, types.CodeType):
+                codes.append(code)
+                stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return codes
 
 
 def known_names(step: Callable[[], Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ Used by :mod:`helpers.watcher` and :mod:`helpers.harness`.
 from __future__ import annotations
 
 import inspect
+import itertools
 import sys
 import types
 import weakref
@@ -49,14 +50,13 @@ from helpers.saved import graph_only_bytes, has_saved_data, python_walk, saved_d
 
 __all__ = ["CallRecord", "ErrorRecord", "Recorder", "StopRecording"]
 
-STAMP = "backward_twice.recorder"
+STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
 SECOND_TIME = ("Trying to backward through the graph a second time (or directly access saved tensors after they "
                "have already been freed). Saved intermediate values of the graph are freed when you call .backward() "
                "or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time "
                "or if you need to access saved tensors after calling backward.")
 _LEAF_SEQ = 2 ** 63  # AccumulateGrad nodes carry 2**64 - 1
-_MAX_OLD = 100_000  # nodes of possibly earlier iterations kept per call
-_MAX_NAMES = 50_000
+_MAX_OLD, _MAX_NAMES = 100_000, 50_000  # nodes of maybe earlier iterations kept per call; names kept
 
 
 class StopRecording(BaseException):
@@ -138,6 +138,7 @@ class Recorder:
         self.pending: list[str] = []  # optimizers the code names that never stepped before the error
         self.start = self.finish = 0
         self.stopped = False
+        self._key = f"{STAMP}.{next(_RECORDERS)}"  # another recorder's stamps (an earlier watch) mean nothing here
         self._lines: dict[tuple[str, int], str] = {}
         self._skipped = skipped_dirs()
         self._context: Any = None
@@ -278,7 +279,7 @@ class Recorder:
                 handle.remove()
             call.end = torch._C._autograd._get_sequence_nr()
         if keep or create:  # without a retain the engine freed every buffer it walked: nothing is held after it
-            call.held_after_bytes = graph_only_bytes([n for n in walked if STAMP in n.metadata])
+            call.held_after_bytes = graph_only_bytes([n for n in walked if self._key in n.metadata])
         del walked
         if not self.steps and not self.marks:
             self.event_sightings[("call", call.index)] = len(self.sightings)
@@ -314,11 +315,11 @@ class Recorder:
             walked += 1
             if sequence < boundary and len(call.old) < _MAX_OLD:
                 call.old.append(sequence)
-            stamp = node.metadata.get(STAMP)
+            stamp = node.metadata.get(self._key)
             if stamp is None:
                 if not has_saved_data(node):
                     continue
-                stamp = node.metadata[STAMP] = [call.index, call.retain_graph or call.create_graph]
+                stamp = node.metadata[self._key] = [call.index, call.retain_graph or call.create_graph]
             else:
                 previous, kept = stamp
                 if not kept and call.first_freed is None:
@@ -437,7 +438,7 @@ class Recorder:
                 # is rebound at its next call: what the loop holds is in its dicts, objects, modules and globals
                 # A node a backward walked without a retain has no buffers left (as written: with keep_buffers the
                 # recorder keeps them, so they are left out here the same way).
-                alive = [n for n in python_walk([node]) if (n.metadata.get(STAMP) or (0, True))[1]]
+                alive = [n for n in python_walk([node]) if (n.metadata.get(self._key) or (0, True))[1]]
                 self.held_from[sequence] = (sighting, graph_only_bytes(alive), named.holder or named.name)
 
 

@@ -117,7 +117,8 @@ def judge(recorder: Recorder) -> Verdicts:
     calls = recorder.calls
     carried = _carried(recorder, split)
     lines = _lines(calls, split, recorder)
-    notes = _notes(recorder, split)
+    carried_names = {c.name for c in carried if c.name}
+    notes = [n for n in _notes(recorder, split) if n.name not in carried_names]  # carried already says it
     error = _error(recorder, split, carried)
     partial = len(calls) > (split.ends[-1][1] if split.ends else 0) or recorder.error is not None
     run = split.count + (1 if partial else 0)

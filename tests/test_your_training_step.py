@@ -32,9 +32,8 @@ GALLERY = {
     "SRGAN step": (["needed", "not a retain"], "in-place version error", False, ["not a retain", "not a retain"]),
     "single-forward GAN": (["needed", "not a retain"], None, False, ["needed", "not a retain"]),
     "actor-critic": (["needed", "not a retain"], None, False, ["not a retain"]),
-    "RNN language model": (["can go"], "in-place version error", True, ["not a retain"]),
-    "gradient penalty": (["not a retain (create_graph)", "not a retain"], None, False,
-                         ["not a retain (create_graph)", "not a retain"]),
+    "RNN language model": (["needed"], "in-place version error", True, ["not a retain"]),
+    "gradient penalty": (["can go", "not a retain"], None, False, ["can go", "not a retain"]),
 }
 
 
@@ -173,15 +172,17 @@ def test_the_srgan_diagnosis_names_the_error_line_and_keeps_the_audits_words(pag
     found = bt.diagnose(page["srgan_step"], **page["gan"])
     assert found.error_line.endswith(": g_loss.backward()")
     first, second = found.prescription
-    assert first.to_fix and "in place" in first.fix
-    assert not second.to_fix and second.fix.startswith("keep it only while a later backward goes through")
+    assert first.to_fix and "in place" in first.fix and "optimizer step at " in first.problem
+    assert not second.to_fix and second.problem.startswith("retain_graph=True is needed in 1 of 1 runs")
+    assert "g_loss.backward()" in second.problem
 
 
 def test_the_language_model_diagnosis_names_hidden_and_the_retain_that_hides_it(page) -> None:
     found = bt.diagnose(page["lm_step"], **page["language_model"])
     carried, retain = found.prescription
     assert "hidden = hidden.detach()" in carried.fix
-    assert retain.problem.startswith("retain_graph=True can go") and "detach the carried tensor first" in retain.fix
+    assert retain.problem.startswith("retain_graph=True is needed") and "(in iteration 2)" in retain.problem
+    assert not retain.to_fix and retain.fix.startswith("fix the carried tensor first")
     assert bt.diagnose(page["lm_fixed"], **page["language_model"]).healthy
 
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from helpers.audit import audit_retain_graph
 from helpers.checks import CheckResult, clear_multiple, flat
-from helpers.learner import as_items, check_step, known_names, passed_optimizers_only
+from helpers.learner import as_items, check_step, first_line, intercepting, known_names, passed_optimizers_only
 from helpers.measure import TrainingState, gradients_close
 
 __all__ = ["check_audit_predictions", "gradient_check"]
@@ -183,7 +183,11 @@ def _run_step(step: Callable[[], Any], models: dict[str, torch.nn.Module],
         except Exception as exc:  # the reference's own error: raised after the step, never blamed on it
             failed.append(exc)
 
-    def on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    passed = {id(o) for o in optimizers}
+
+    def on_step(optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) not in passed:
+            return
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         for group in optimizer.param_groups:
             for p in group["params"]:
@@ -193,16 +197,12 @@ def _run_step(step: Callable[[], Any], models: dict[str, torch.nn.Module],
         if stepped and not failed:
             take_reference(stepped)
 
-    hooks = [optimizer.register_step_pre_hook(on_step) for optimizer in optimizers]
     error = None
-    try:
-        step()
-    except Exception as exc:  # the step's own error is the verdict of this run
-        lines = str(exc).strip().splitlines()
-        error = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with intercepting(before_step=on_step):
+        try:
+            step()
+        except Exception as exc:  # the step's own error is the verdict of this run
+            error = first_line(exc, width=10_000)
     if error is None and not failed and (rest := [name for name in models if name not in at_step]):
         take_reference(rest)
     if failed:

@@ -1,8 +1,9 @@
 """What notebook 04's loop checks read while a learner's loop runs, and the patterns they recognise in it.
 
-:class:`LoopWatch` wraps the check's own optimizer's ``step`` and, while :meth:`LoopWatch.watching`,
-``torch.autograd.backward`` (which ``loss.backward()`` calls) and a forward pre-hook on one module. It keeps
-plain numbers and weak references only, so it never keeps alive the graphs it reports on.
+While :meth:`LoopWatch.watching`, :class:`LoopWatch` reads the check's own optimizer's steps and every backward
+call through the course's one interception point (:func:`helpers.learner.intercepting`), and counts a module's
+runs with a forward pre-hook. It keeps plain numbers and weak references only, so it never keeps alive the graphs
+it reports on.
 :func:`is_norm_clipping` tells norm clipping at one threshold from other ways of shrinking a gradient, and
 :func:`reads_data` whether an answer's code uses ``.data``.
 """
@@ -11,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import inspect
-import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
+from helpers.learner import code_reached, intercepting
 from helpers.meter import SavedTensorMeter
 
 __all__ = ["LoopWatch", "gradient_norm", "is_norm_clipping", "reads_data", "scale_down_to"]
@@ -82,19 +82,8 @@ class LoopWatch:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meter: SavedTensorMeter,
                  counted: torch.nn.Module) -> None:
-        self.meter, self.counted = meter, counted
+        self.meter, self.counted, self._model, self._optimizer = meter, counted, model, optimizer
         self.clear()
-        original = optimizer.step
-
-        def step(*args: Any, **kwargs: Any) -> Any:
-            self.held.append(meter.graph_only_bytes)
-            self.norms.append(gradient_norm(model))
-            self.earlier_alive.append(_alive(self._earlier))
-            self._earlier = [stamp for stamp in self._earlier + self._this_step if stamp() is not None]
-            self._this_step = []
-            return original(*args, **kwargs)
-
-        optimizer.step = step
 
     def clear(self) -> None:
         self.held: list[int] = []
@@ -105,55 +94,40 @@ class LoopWatch:
         self._earlier: list[weakref.ref] = []
         self._this_step: list[weakref.ref] = []
 
+    def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if optimizer is not self._optimizer:
+            return
+        self.held.append(self.meter.graph_only_bytes)
+        self.norms.append(gradient_norm(self._model))
+        self.earlier_alive.append(_alive(self._earlier))
+        self._earlier = [stamp for stamp in self._earlier + self._this_step if stamp() is not None]
+        self._this_step = []
+
+    def _backward(self, engine: Callable[..., Any], outputs: Any, args: tuple, kwargs: dict) -> Any:
+        if not kwargs.get("accumulate_grad", True):  # torch.autograd.grad: not a backward of the loop's
+            return engine(outputs, *args, **kwargs)
+        for root in outputs if isinstance(outputs, (tuple, list)) else (outputs,):
+            if isinstance(root, torch.Tensor) and root.grad_fn is not None:
+                self._this_step.append(weakref.ref(root.grad_fn.metadata.setdefault(_ROOT_KEY, _RootStamp())))
+        result = engine(outputs, *args, **kwargs)
+        if len(args) > 1 and args[1]:  # the engine's keep_graph: retain_graph, or create_graph
+            self.retained_bytes.append(self.meter.graph_only_bytes)
+        return result
+
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
-        original = torch.autograd.backward
-        signature = inspect.signature(original)
-
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError:
-                return original(*args, **kwargs)  # torch's own message
-            tensors = bound.arguments.get("tensors")
-            for root in (tensors,) if isinstance(tensors, torch.Tensor) else tensors or ():
-                if isinstance(root, torch.Tensor) and root.grad_fn is not None:
-                    self._this_step.append(weakref.ref(root.grad_fn.metadata.setdefault(_ROOT_KEY, _RootStamp())))
-            result = original(*args, **kwargs)
-            retain, create = bound.arguments.get("retain_graph"), bound.arguments.get("create_graph", False)
-            if create if retain is None else retain:
-                self.retained_bytes.append(self.meter.graph_only_bytes)
-            return result
-
         def count(*_: Any) -> None:
             self.runs += 1
 
         handle = self.counted.register_forward_pre_hook(count)
-        torch.autograd.backward = backward
         try:
-            yield
+            with intercepting(on_backward=self._backward, before_step=self._before_step):
+                yield
         finally:
-            torch.autograd.backward = original
             handle.remove()
 
 
 def reads_data(answer: Callable[..., Any]) -> bool:
     """The answer's code reads an attribute ``.data``: its own code, its nested functions' and, through its
     closure, the code of the functions it was made with (a factory's arguments, a wrapper's target)."""
-    functions, seen, codes = [answer], set(), []
-    while functions:
-        function = functions.pop()
-        if id(function) in seen:
-            continue
-        seen.add(id(function))
-        for cell in getattr(function, "__closure__", None) or ():
-            with contextlib.suppress(ValueError):  # an empty cell
-                if isinstance(cell.cell_contents, types.FunctionType):
-                    functions.append(cell.cell_contents)
-        stack = [getattr(function, "__code__", None)]
-        while stack:
-            code = stack.pop()
-            if isinstance(code, types.CodeType):
-                codes.append(code)
-                stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-    return any("data" in code.co_names for code in codes)
+    return any("data" in code.co_names for code in code_reached(answer))
