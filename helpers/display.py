@@ -23,7 +23,7 @@ __all__ = ["PngFigure", "Table", "exact_bytes", "format_bytes", "style_count_axe
 def format_bytes(n: int) -> str:
     """``1536`` -> ``'1.5 KiB'``; exact bytes below 1 KiB.
 
-    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step and 04_carried_state.
+    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state and 06_real_stack.
     """
     if n < 1024:
         return f"{n} B"
