@@ -104,8 +104,21 @@ ERROR_FIXES = {
                               "retain_graph=True to the earlier backward only, or sum the losses and call "
                               "backward() once",
     "in-place version error": "a tensor the graph saved was changed in place (x += ..., relu_(), "
-                              "optimizer.step()) before the backward through it: use the out-of-place form, "
-                              "or call optimizer.step() after every backward through this graph",
+                              "optimizer.step()) before the backward through it: use the out-of-place form; "
+                              "after an optimizer.step(), compute the forward again (a GAN: G's loss on a fresh "
+                              "netD(fake)). Moving the step after the later backward runs, but takes that "
+                              "gradient through the old weights (notebook 03, section 3)",
+    "donated buffers": "torch.compile compiled this backward for one use (its first call did not retain), so it "
+                       "may reuse the saved buffers: call backward once per forward (sum the losses), or get each "
+                       "loss's gradient from one torch.autograd.grad(torch.stack(losses), params, "
+                       "grad_outputs=torch.eye(n), is_grads_batched=True); set "
+                       "torch._functorch.config.donated_buffer = False before compiling only if the code must "
+                       "retain (notebook 06, section 2)",
+    "DDP ready only once": "DistributedDataParallel all-reduces each parameter once per backward, and a second "
+                           "backward through the same parameters marks them ready again: sum the losses and call "
+                           "backward() once per forward ((l1 + l2).backward()); static_graph=True and "
+                           "find_unused_parameters=True do not make two backward calls right: they fail one "
+                           "iteration later or average the wrong gradients (notebook 06, section 3)",
     "no graph": "the loss was computed without a graph (under torch.no_grad(), from .detach() or .item(), or "
                 "from tensors that need no gradient): compute it from the model's output with grad enabled",
     "other": "the loop fails before retain_graph matters: fix this error first",

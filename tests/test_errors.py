@@ -86,9 +86,42 @@ def test_match_must_be_a_string():
     ("Trying to backward through the graph a second time (or ...", "backward a second time"),
     ("one of the variables needed for gradient computation has been modified by an inplace operation", "in-place version error"),
     ("element 0 of tensors does not require grad and does not have a grad_fn", "no graph"),
+    ("This backward function was compiled with non-empty donated buffers which requires create_graph=False "
+     "and retain_graph=False.", "donated buffers"),
+    ("Expected to mark a variable ready only once. This error is caused by ...", "DDP ready only once"),
+    ("Your training graph has changed in this iteration, e.g., one parameter is used twice", "DDP ready only once"),
+    ("Encountered gradient which is undefined, but still allreduced by DDP reducer.", "DDP ready only once"),
     ("CUDA out of memory", "other"),
 ])
 def test_error_kind_names_the_errors_the_course_is_about(message, kind):
     from helpers.errors import error_kind
 
     assert error_kind(message) == kind
+
+
+def test_every_kind_has_a_fix_and_a_real_donated_buffer_error_is_named():
+    """Each kind the course names has a fix in the verdicts, and torch.compile's real message (CPU, aot_eager:
+    no C++ compiler) is the donated-buffers kind, so a change in torch's wording fails here."""
+    import torch
+
+    from helpers.errors import ERROR_KINDS, error_kind
+    from helpers.verdicts import ERROR_FIXES
+
+    assert {kind for kind, _ in ERROR_KINDS} | {"other"} == set(ERROR_FIXES)
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)),
+                             backend="aot_eager")
+    x = torch.randn(4, 8)
+    compiled(x).sum().backward()
+    with pytest.raises(RuntimeError) as caught:
+        compiled(x).sum().backward(retain_graph=True)
+    torch._dynamo.reset()
+    assert error_kind(str(caught.value)) == "donated buffers"
+
+
+def test_the_in_place_fix_never_advises_moving_the_step():
+    """Notebook 03 measures the moved optimizer step as silently wrong: the fix says so instead of advising it."""
+    from helpers.verdicts import ERROR_FIXES
+
+    fix = ERROR_FIXES["in-place version error"]
+    assert "compute the forward again" in fix and "old weights" in fix
