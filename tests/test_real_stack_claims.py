@@ -65,11 +65,15 @@ def test_the_donated_buffer_switch_costs_no_time_on_aot_eager() -> None:
         with torch._functorch.config.patch(donated_buffer=False):
             undonated = torch.compile(make_mlp(), backend="aot_eager")
             undonated(batch).sum().backward()
-        times = best_milliseconds({"donated": lambda: donated(batch).sum().backward(),
-                                   "not donated": lambda: undonated(batch).sum().backward()}, rounds=30)
+        # Sub-millisecond steps: one busy moment moves a single ratio, so the claim is judged on the median of three.
+        ratios = []
+        for _ in range(3):
+            times = best_milliseconds({"donated": lambda: donated(batch).sum().backward(),
+                                       "not donated": lambda: undonated(batch).sum().backward()}, rounds=30)
+            ratios.append(times["not donated"] / times["donated"])
     finally:
         torch._dynamo.reset()
-    assert 0.7 < times["not donated"] / times["donated"] < 1.4, times
+    assert 0.7 < sorted(ratios)[1] < 1.4, ratios
 
 
 def test_vmap_over_grad_is_faster_than_the_retain_loop_and_equal() -> None:
