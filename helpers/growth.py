@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from helpers.display import PngFigure, Table, format_bytes
+from helpers.learner import intercepting
 from helpers.measure import time_round_robin
 from helpers.meter import SavedTensorMeter
 
@@ -154,20 +155,16 @@ def reachable_nodes(roots: torch.Tensor | Sequence[torch.Tensor]) -> int:
     return len(seen)
 
 
-@contextlib.contextmanager
-def _counting_backward_nodes(walked: list[int]) -> Iterator[None]:
-    """Inside: each ``backward()`` first appends to ``walked`` the number of nodes it is about to walk."""
-    original = torch.autograd.backward
+def _counting_backward_nodes(walked: list[int]) -> contextlib.AbstractContextManager[None]:
+    """Inside: each ``backward()`` first appends to ``walked`` the number of nodes it is about to walk (through
+    the one interception point, :func:`helpers.learner.intercepting`; ``torch.autograd.grad`` is not counted)."""
 
-    def counting(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        walked.append(reachable_nodes(tensors))
-        return original(tensors, *args, **kwargs)
+    def counting(engine: Callable[..., Any], outputs: Any, args: tuple, kwargs: dict) -> Any:
+        if kwargs.get("accumulate_grad", True):
+            walked.append(reachable_nodes(outputs))
+        return engine(outputs, *args, **kwargs)
 
-    torch.autograd.backward = counting
-    try:
-        yield
-    finally:
-        torch.autograd.backward = original
+    return intercepting(on_backward=counting)
 
 
 def growth_experiment(

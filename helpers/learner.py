@@ -6,7 +6,7 @@ code shares (:mod:`helpers.recorder`, :mod:`helpers.harness` and through them :f
 * :func:`intercepting` is the only code that patches torch: autograd's engine entry (bound twice, in
   ``torch.autograd.graph`` and ``torch.autograd``: ``loss.backward()``, ``torch.autograd.backward`` and ``grad``
   all pass through it) and PyTorch's global optimizer step hooks;
-* :func:`known_names` and :func:`held_bindings` are the only code that reads a step's closure and globals: the
+* :func:`known_names`, :func:`name_bindings` and :func:`held_bindings` are the only code that reads a step's closure and globals: the
   names it knows objects by, and a way to bind each name to its object again;
 * :func:`check_step` and :func:`as_items` refuse bad input with a message naming the tool and what is wrong: a
   step that needs arguments, models that are not modules, optimizers that are not optimizers;
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-__all__ = ["ENGINE_ENTRY", "as_items", "check_step", "code_reached", "first_line", "held_bindings", "intercepting", "known_names",
+__all__ = ["ENGINE_ENTRY", "as_items", "check_step", "code_reached", "first_line", "held_bindings", "intercepting", "known_names", "name_bindings",
            "learner_line", "passed_optimizers_only", "place", "raised_at", "short", "skipped_dirs"]
 
 
@@ -76,23 +76,31 @@ def learner_line(frame: types.FrameType | None, lines: dict[tuple[str, int], str
     return "(no source line outside torch)"
 
 
-def held_bindings(step: Callable[[], Any]) -> list[tuple[Callable[[Any], None], Any]]:
-    """(put it back, value) for each name the step holds in its closure and each global it reads (not functions):
-    calling ``put(value)`` binds the name to that very object again."""
-    bindings: list[tuple[Callable[[Any], None], Any]] = []
+def name_bindings(step: Callable[[], Any]) -> list[tuple[Callable[[], Any], Callable[[Any], None], Any]]:
+    """(read it now, put it back, value) for each name the step holds in its closure and each global it reads (not
+    functions): ``put(value)`` binds the name to that very object again, ``read()`` gives what it holds now."""
+    bindings: list[tuple[Callable[[], Any], Callable[[Any], None], Any]] = []
     code = getattr(step, "__code__", None)
     for name, cell in zip(code.co_freevars if code is not None else (), getattr(step, "__closure__", None) or ()):
         try:
             value = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        bindings.append((lambda v, cell=cell: setattr(cell, "cell_contents", v), value))
+        bindings.append((lambda cell=cell: cell.cell_contents,
+                         lambda v, cell=cell: setattr(cell, "cell_contents", v), value))
     namespace = getattr(step, "__globals__", {})
     closure = set(code.co_freevars) if code is not None else set()
     for name, value in known_names(step).items():
         if name not in closure and namespace.get(name) is value and not callable(value):
-            bindings.append((lambda v, name=name: namespace.__setitem__(name, v), value))
+            bindings.append((lambda name=name: namespace.get(name),
+                             lambda v, name=name: namespace.__setitem__(name, v), value))
     return bindings
+
+
+def held_bindings(step: Callable[[], Any]) -> list[tuple[Callable[[Any], None], Any]]:
+    """(put it back, value) for each of :func:`name_bindings`: calling ``put(value)`` binds the name to that very
+    object again."""
+    return [(put, value) for _, put, value in name_bindings(step)]
 
 
 def code_reached(function: Callable[..., Any]) -> list[types.CodeType]:

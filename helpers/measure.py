@@ -22,11 +22,12 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from types import CodeType
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
+
+from helpers.learner import name_bindings
 
 __all__ = [
     "ATOL",
@@ -154,8 +155,8 @@ class TrainingState:
     (``self.memory = out``, as the very objects), optimizers' state (learning rates included) and the random
     streams (Python's, torch's CPU and CUDA generators), captured now; :meth:`restore` puts them back.
 
-    Given ``step`` (a function), also the names it reaches: its closure's variables and the globals its code
-    (nested code included) names. :meth:`restore` binds a name to the very object it held (not a copy) when
+    Given ``step`` (a function), also the names it reaches (:func:`helpers.learner.name_bindings`: its closure's
+    variables and the globals it reads, functions left out). :meth:`restore` binds a name to the very object it held (not a copy) when
     that object or the name's value now holds tensors (a tensor, or a list or tuple with one in it: a
     hidden state ``h`` the step rebinds, a total that starts as ``0.0`` and becomes a tensor), and gives a
     list back the items it had (in place, the same list) when they or its items now hold tensors (a list of
@@ -173,8 +174,8 @@ class TrainingState:
         self._python_random = random.getstate()
         self._torch_random = torch.get_rng_state()
         self._cuda_random = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        self._cells, self._globals = _held_names(step)
-        values = [value for _, value in self._cells] + [value for _, _, value in self._globals]
+        self._bindings = [] if step is None else name_bindings(step)
+        values = [value for _, _, value in self._bindings]
         lists = {id(v): v for v in values if isinstance(v, list)}
         self._lists = [(target, list(target)) for target in lists.values()]
 
@@ -194,36 +195,12 @@ class TrainingState:
         torch.set_rng_state(self._torch_random)
         if self._cuda_random is not None:
             torch.cuda.set_rng_state_all(self._cuda_random)
-        for cell, value in self._cells:
-            if _holds_tensors(value) or _holds_tensors(cell.cell_contents):
-                cell.cell_contents = value
-        for namespace, name, value in self._globals:
-            if _holds_tensors(value) or _holds_tensors(namespace.get(name)):
-                namespace[name] = value
+        for read, put, value in self._bindings:
+            if _holds_tensors(value) or _holds_tensors(read()):
+                put(value)
         for target, items in self._lists:
             if _holds_tensors(items) or _holds_tensors(target):
                 target[:] = items
-
-
-def _held_names(step: Callable[[], Any] | None) -> tuple[list[tuple[Any, Any]], list[tuple[dict, str, Any]]]:
-    """(cell, value) for the step's closure cells and (globals, name, value) for the globals its code names."""
-    code = getattr(step, "__code__", None)
-    if not isinstance(code, CodeType):
-        return [], []
-    cells = []
-    for cell in getattr(step, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        cells.append((cell, value))
-    namespace = getattr(step, "__globals__", None) or {}
-    names, stack = set(), [code]
-    while stack:
-        current = stack.pop()
-        names.update(current.co_names)
-        stack.extend(c for c in current.co_consts if isinstance(c, CodeType))
-    return cells, [(namespace, n, namespace[n]) for n in sorted(names) if n in namespace]
 
 
 def _holds_tensors(value: Any) -> bool:

@@ -142,11 +142,6 @@ _PATCHES_OR_READS_A_STEP = re.compile(
     r"_engine_run_backward|register_optimizer_step_(?:pre|post)_hook|__closure__|__globals__|setattr\(torch\b"
     r"|torch\.autograd\.\w+\s*=[^=]|torch\.Tensor\.\w+\s*=[^=]|optimizer\.step\s*=[^=]")
 _THE_ONE_PLACE = "helpers/learner.py"
-# Older code that still reads a step's closure (measure.TrainingState) or wraps torch.autograd.backward itself
-# (growth.growth_experiment): owned elsewhere, to move onto helpers.learner.
-_NOT_YET_MOVED = {"helpers/measure.py", "helpers/growth.py"}
-
-
 def test_only_one_module_patches_torch_or_reads_a_steps_closure_and_globals() -> None:
     offenders = set()
     for path in sorted(HELPERS.rglob("*.py")):
@@ -155,6 +150,6 @@ def test_only_one_module_patches_torch_or_reads_a_steps_closure_and_globals() ->
         if _PATCHES_OR_READS_A_STEP.search(code):
             offenders.add(str(path.relative_to(ROOT)))
     assert _THE_ONE_PLACE in offenders
-    assert offenders - {_THE_ONE_PLACE} <= _NOT_YET_MOVED, (
-        f"{sorted(offenders - {_THE_ONE_PLACE} - _NOT_YET_MOVED)} patch torch or read a step's closure/globals: "
+    assert offenders == {_THE_ONE_PLACE}, (
+        f"{sorted(offenders - {_THE_ONE_PLACE})} patch torch or read a step's closure/globals: "
         f"use helpers.learner (intercepting, known_names, held_bindings) or helpers.harness.run_step")
