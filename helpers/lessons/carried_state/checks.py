@@ -260,6 +260,17 @@ def _passed(message: str, notes: Sequence[str]) -> CheckResult:
 
 # -- exercise 2: truncated BPTT ---------------------------------------------------------------------
 
+def _finish_step(index: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 before_step: Callable[[int, torch.nn.Module], None] | None, mistake: str | None) -> None:
+    """How every reference batch ends: the check's look before the step, the step, and the 'zero after step'
+    mistake."""
+    if before_step is not None:
+        before_step(index, model)
+    optimizer.step()
+    if mistake == "zero after step":
+        optimizer.zero_grad()
+
+
 def _bptt_reference(mistake: str | None) -> Reference:
     def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
               before_step: Callable[[int, torch.nn.Module], None] | None = None) -> None:
@@ -270,11 +281,7 @@ def _bptt_reference(mistake: str | None) -> Reference:
             if mistake is None or mistake == "h from zeros":
                 optimizer.zero_grad()
             loss.backward()
-            if before_step is not None:
-                before_step(index, model)
-            optimizer.step()
-            if mistake == "zero after step":
-                optimizer.zero_grad()
+            _finish_step(index, model, optimizer, before_step, mistake)
     return train
 
 
@@ -316,11 +323,7 @@ def _classifier_reference(mistake: str | None) -> Reference:
                 optimizer.zero_grad()
             loss = F.cross_entropy(model.head(features.detach() if mistake == "encoder frozen" else features), labels)
             loss.backward(retain_graph=mistake == "features once, retained")
-            if before_step is not None:
-                before_step(index, model)
-            optimizer.step()
-            if mistake == "zero after step":
-                optimizer.zero_grad()
+            _finish_step(index, model, optimizer, before_step, mistake)
     return train
 
 
