@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import types
 import weakref
 from collections.abc import Callable, Iterator
@@ -95,7 +96,7 @@ def names_holding_graphs(frame: types.FrameType | None, skipped: tuple[str, ...]
             namespace.clear()
         best: dict[int, tuple[str, Any, bool]] = {}
         holders: dict[int, str] = {}
-        alike: dict[int, set[str]] = {}
+        alike: dict[int, dict[str, int]] = {}  # node -> spelling -> the tensor's id (one tensor, several names)
         for name, value in items:
             if name.startswith("__") or isinstance(value, (types.ModuleType, type, types.FunctionType)):
                 continue
@@ -108,18 +109,24 @@ def names_holding_graphs(frame: types.FrameType | None, skipped: tuple[str, ...]
                 if not bare and (sequence not in holders or simpler(spelled, holders[sequence])):
                     holders[sequence] = spelled
                 known = best.get(sequence)
-                alike.setdefault(sequence, set()).add(spelled)
+                alike.setdefault(sequence, {})[spelled] = id(tensor)
                 if known is None or simpler(spelled, known[0]):
                     best[sequence] = (spelled, node, bare and (known is None or known[2]), kind,
-                                      tuple(tensor.shape))
+                                      tuple(tensor.shape), id(tensor))
                 elif not bare:
                     best[sequence] = (*known[:2], False, *known[3:])
-        for sequence, (spelled, node, bare, kind, shape) in best.items():
+        for sequence, (spelled, node, bare, kind, shape, tensor_id) in best.items():
             entry = found.get(sequence)
             if entry is None:  # the innermost frame names it
                 rank = (spelled.count("["), spelled.count("."))
-                aliases = tuple(sorted(a for a in alike[sequence]
-                                       if a != spelled and (a.count("["), a.count(".")) == rank))
+                # other tensors of the same node (an LSTM cell's h and c), one spelling each; another name of the
+                # very same tensor (a distribution's logits and _param) is no second finding
+                others: dict[int, str] = {}
+                for a, held in alike[sequence].items():
+                    if held != tensor_id and (a.count("["), a.count(".")) == rank and (
+                            held not in others or simpler(a, others[held])):
+                        others[held] = a
+                aliases = tuple(sorted(others.values()))
                 found[sequence] = [spelled, where, is_global, node, bare, holders.get(sequence), kind, shape, aliases]
             elif not bare:
                 entry[4] = False
@@ -129,8 +136,14 @@ def names_holding_graphs(frame: types.FrameType | None, skipped: tuple[str, ...]
 
 
 def simpler(a: str, b: str) -> bool:
-    """Whether spelling ``a`` is simpler than ``b``: fewer subscripts, then fewer attributes, then shorter."""
-    return (a.count("["), a.count("."), len(a)) < (b.count("["), b.count("."), len(b))
+    """Whether spelling ``a`` is simpler than ``b``: fewer subscripts, then fewer attributes, then fewer private
+    parts (``actions.logits`` before ``actions._param``), then shorter."""
+    return _rank(a) < _rank(b)
+
+
+def _rank(spelled: str) -> tuple[int, int, int, int]:
+    private = sum(1 for part in re.split(r"[.\[]", spelled) if part.startswith("_"))
+    return spelled.count("["), spelled.count("."), private, len(spelled)
 
 
 def _tensors_under(name: str, value: Any, depth: int = 0,
