@@ -27,6 +27,7 @@ messages count every cell of the notebook from 0, markdown included.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import configparser
 import re
 from dataclasses import dataclass
@@ -128,7 +129,10 @@ class CellRuns:
 
 def run_each_cell_twice(path: Path) -> tuple[nbformat.NotebookNode, list[CellRuns]]:
     notebook = nbformat.read(path, as_version=4)
-    return notebook, asyncio.run(_run_each_cell_twice(path, notebook))
+    # A loop of its own in a thread of its own: in the full suite the browser tests' Playwright (sync API) keeps
+    # an event loop running in this thread, where asyncio.run() refuses to start another.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return notebook, pool.submit(asyncio.run, _run_each_cell_twice(path, notebook)).result()
 
 
 async def _run_each_cell_twice(path: Path, notebook: nbformat.NotebookNode) -> list[CellRuns]:
