@@ -33,7 +33,6 @@ MODULES = {name: importlib.import_module(f"gallery.{name}") for name in LOOPS}
 STEP_TOOLS = ("diagnose", "audit_retain_graph", "find_carried_graph")
 
 
-@pytest.fixture(autouse=True)
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal to the bit, NaN included: a buffer made with torch.Tensor(shape), as CycleGAN's input_A is, holds
     whatever memory it got, and a NaN there is put back as NaN, which torch.equal calls different."""
@@ -41,6 +40,7 @@ def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
                                  and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
 
 
+@pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
