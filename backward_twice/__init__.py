@@ -34,8 +34,9 @@ def _load() -> ModuleType:
     before = {name: module for name, module in sys.modules.items() if _is_helpers(name)}
     for name in before:
         del sys.modules[name]
-    spec = importlib.util.spec_from_file_location("helpers", os.path.join(folder, "__init__.py"),
-                                                  submodule_search_locations=[folder])
+    spec = importlib.util.spec_from_file_location(
+        "helpers", os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]
+    )
     assert spec is not None and spec.loader is not None
     package = importlib.util.module_from_spec(spec)
     sys.modules["helpers"] = package
@@ -55,7 +56,7 @@ def _load() -> ModuleType:
 def _register(modules: dict[str, ModuleType]) -> None:
     for name, module in modules.items():
         if name != "helpers":
-            sys.modules.setdefault("backward_twice" + name[len("helpers"):], module)
+            sys.modules.setdefault("backward_twice" + name[len("helpers") :], module)
 
 
 _helpers = _load()

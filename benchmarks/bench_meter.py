@@ -51,9 +51,13 @@ def verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
 
-def interleaved(step: Callable[[str], None], names: list[str], rounds: int, steps: int = 1,
-                around: dict[str, Callable[[], contextlib.AbstractContextManager]] | None = None,
-                ) -> dict[str, list[float]]:
+def interleaved(
+    step: Callable[[str], None],
+    names: list[str],
+    rounds: int,
+    steps: int = 1,
+    around: dict[str, Callable[[], contextlib.AbstractContextManager]] | None = None,
+) -> dict[str, list[float]]:
     """Seconds per step of each variant in each round; the variants' order rotates every round."""
     for name in names:  # warm up every path
         for _ in range(5):
@@ -77,8 +81,12 @@ def paired(times: dict[str, list[float]], top: str, bottom: str) -> tuple[float,
 
 # -- a. growth ---------------------------------------------------------------------------------
 
+
 def growth_loop(
-    meter: SavedTensorMeter | None, second_loss_freed: bool, width: int = 256, batch: int = 64,
+    meter: SavedTensorMeter | None,
+    second_loss_freed: bool,
+    width: int = 256,
+    batch: int = 64,
     after_forward: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[Callable[[], None], list[torch.Tensor]]:
     """One iteration of the retain-and-keep loop as a function, and the list that keeps the losses.
@@ -89,8 +97,9 @@ def growth_loop(
     The forward runs in a helper, so no local variable holds an activation during backward.
     """
     torch.manual_seed(0)
-    trunk = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                                torch.nn.ReLU())
+    trunk = torch.nn.Sequential(
+        torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU()
+    )
     head_class, head_value = torch.nn.Linear(width, 10), torch.nn.Linear(width, 1)
     params = [*trunk.parameters(), *head_class.parameters(), *head_value.parameters()]
     optimizer = torch.optim.SGD(params, lr=1e-3)
@@ -124,10 +133,15 @@ def growth_loop(
 
 def growth(second_loss_freed: bool) -> list[float]:
     """Prints block times of both loops per repeat; returns the meter-minus-plain ratio differences."""
-    title = ("every loss kept, the value loss freed each iteration" if second_loss_freed
-             else "every loss kept (history.append(loss))")
-    print(f"\na. Growth, retain_graph=True, {title}: {GROWTH_ITERATIONS} iterations, "
-          f"one of each loop in turn; median ms per block of {BLOCK}")
+    title = (
+        "every loss kept, the value loss freed each iteration"
+        if second_loss_freed
+        else "every loss kept (history.append(loss))"
+    )
+    print(
+        f"\na. Growth, retain_graph=True, {title}: {GROWTH_ITERATIONS} iterations, "
+        f"one of each loop in turn; median ms per block of {BLOCK}"
+    )
     differences = []
     for repeat in range(GROWTH_REPEATS):
         gc.collect()
@@ -135,36 +149,44 @@ def growth(second_loss_freed: bool) -> list[float]:
         loops = {"plain": growth_loop(None, second_loss_freed)[0], "meter": growth_loop(meter, second_loss_freed)[0]}
         times: dict[str, list[float]] = {"plain": [], "meter": []}
         for i in range(GROWTH_ITERATIONS):
-            for name in (("plain", "meter") if (i + repeat) % 2 else ("meter", "plain")):
+            for name in ("plain", "meter") if (i + repeat) % 2 else ("meter", "plain"):
                 start = clock()
                 loops[name]()
                 times[name].append(clock() - start)
-        blocks = {name: [statistics.median(t[k:k + BLOCK]) * 1e3 for k in range(0, GROWTH_ITERATIONS, BLOCK)]
-                  for name, t in times.items()}
+        blocks = {
+            name: [statistics.median(t[k : k + BLOCK]) * 1e3 for k in range(0, GROWTH_ITERATIONS, BLOCK)]
+            for name, t in times.items()
+        }
         ratios = {name: b[-1] / b[0] for name, b in blocks.items()}
         differences.append(ratios["meter"] - ratios["plain"])
         per_iteration = [m / p for m, p in zip(times["meter"], times["plain"])]
-        paired_blocks = [statistics.median(per_iteration[k:k + BLOCK]) for k in range(0, GROWTH_ITERATIONS, BLOCK)]
+        paired_blocks = [statistics.median(per_iteration[k : k + BLOCK]) for k in range(0, GROWTH_ITERATIONS, BLOCK)]
         print(f"  repeat {repeat + 1} ({meter.saved_tensors} saved tensors alive at the end):")
         for name in ("plain", "meter"):
             print(f"    {name:5s} {' '.join(f'{v:6.3f}' for v in blocks[name])}   last/first {ratios[name]:.3f}")
-        print(f"    meter/plain per iteration, block medians {' '.join(f'{v:.3f}' for v in paired_blocks)}; "
-              f"difference of last/first ratios (meter - plain) {differences[-1]:+.3f}")
+        print(
+            f"    meter/plain per iteration, block medians {' '.join(f'{v:.3f}' for v in paired_blocks)}; "
+            f"difference of last/first ratios (meter - plain) {differences[-1]:+.3f}"
+        )
         del loops
     return differences
 
 
 # -- b. compute-bound step ---------------------------------------------------------------------
 
+
 def mlp_overhead() -> float:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     inputs, labels = torch.randn(128, 256), torch.randint(0, 10, (128,))
     meter = SavedTensorMeter()
     contexts: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
-        "plain": contextlib.nullcontext, "meter": lambda: meter}
+        "plain": contextlib.nullcontext,
+        "meter": lambda: meter,
+    }
 
     def step(name: str) -> None:
         optimizer.zero_grad()
@@ -178,12 +200,15 @@ def mlp_overhead() -> float:
     print(f"\nb. Overhead, MLP training step (batch 128, 256-512-512-10), {MLP_PAIRS} steps of each in turn")
     for name in contexts:
         print(f"  {name:6s} {statistics.median(times[name]) * 1e3:.3f} ms/step (median)")
-    print(f"  meter / plain: {ratio:.3f} (median of paired steps; interquartile {q1:.3f}-{q3:.3f}); "
-          f"target <= 1.05: {verdict(ratio <= 1.05)}")
+    print(
+        f"  meter / plain: {ratio:.3f} (median of paired steps; interquartile {q1:.3f}-{q3:.3f}); "
+        f"target <= 1.05: {verdict(ratio <= 1.05)}"
+    )
     return ratio
 
 
 # -- c, d. tiny-op step ------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def quiet_stderr() -> Iterator[None]:
@@ -217,8 +242,11 @@ def tiny_overhead() -> float:
         return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
 
     contexts: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
-        "plain": contextlib.nullcontext, "identity hooks": identity_hooks, "meter": lambda: meter,
-        "profiler": contextlib.nullcontext}
+        "plain": contextlib.nullcontext,
+        "identity hooks": identity_hooks,
+        "meter": lambda: meter,
+        "profiler": contextlib.nullcontext,
+    }
 
     def step(name: str) -> None:
         optimizer.zero_grad()
@@ -231,27 +259,36 @@ def tiny_overhead() -> float:
     # A profiling session has a start and stop cost, so the profiler runs whole rounds of steps,
     # paired with rounds of plain steps.
     with quiet_stderr():
-        profiled = interleaved(step, ["plain", "profiler"], PROFILER_ROUNDS, PROFILER_STEPS,
-                               around={"profiler": profiler})
+        profiled = interleaved(
+            step, ["plain", "profiler"], PROFILER_ROUNDS, PROFILER_STEPS, around={"profiler": profiler}
+        )
     with meter:
         loss = model(inputs).pow(2).mean()
     per_step = meter.saved_tensors
     del loss
-    print(f"\nc. Overhead, tiny-op step (20 x Linear(32, 32)+ReLU, batch 16, {per_step} saved tensors per step), "
-          f"{TINY_ROUNDS} steps of each in turn")
+    print(
+        f"\nc. Overhead, tiny-op step (20 x Linear(32, 32)+ReLU, batch 16, {per_step} saved tensors per step), "
+        f"{TINY_ROUNDS} steps of each in turn"
+    )
     for name in ("plain", "identity hooks", "meter"):
         print(f"  {name:15s} {statistics.median(times[name]) * 1e3:7.3f} ms/step (median)")
     target, q1, q3 = paired(times, "meter", "identity hooks")
-    print(f"  meter / identity hooks: {target:.3f} (median of paired steps; interquartile {q1:.3f}-{q3:.3f}); "
-          f"target <= 1.15: {verdict(target <= 1.15)}")
+    print(
+        f"  meter / identity hooks: {target:.3f} (median of paired steps; interquartile {q1:.3f}-{q3:.3f}); "
+        f"target <= 1.15: {verdict(target <= 1.15)}"
+    )
     for top, bottom in (("meter", "plain"), ("identity hooks", "plain")):
         ratio, q1, q3 = paired(times, top, bottom)
         print(f"  {top} / {bottom}: {ratio:.3f} (interquartile {q1:.3f}-{q3:.3f})")
     ratio, q1, q3 = paired(profiled, "profiler", "plain")
-    print(f"d. torch.profiler(profile_memory=True) on the same step, {PROFILER_ROUNDS} rounds of "
-          f"{PROFILER_STEPS} steps, one session per round (its start and stop included):")
-    print(f"  profiler {statistics.median(profiled['profiler']) * 1e3:.3f} ms/step (median); "
-          f"profiler / plain: {ratio:.3f} (interquartile {q1:.3f}-{q3:.3f})")
+    print(
+        f"d. torch.profiler(profile_memory=True) on the same step, {PROFILER_ROUNDS} rounds of "
+        f"{PROFILER_STEPS} steps, one session per round (its start and stop included):"
+    )
+    print(
+        f"  profiler {statistics.median(profiled['profiler']) * 1e3:.3f} ms/step (median); "
+        f"profiler / plain: {ratio:.3f} (interquartile {q1:.3f}-{q3:.3f})"
+    )
     return target
 
 
@@ -265,8 +302,10 @@ def main() -> None:
     print("\nTargets")
     for label, differences in (("a. growth, losses kept", kept), ("a. growth, value loss freed", freed)):
         middle = statistics.median(differences)
-        print(f"  {label}: meter - plain last/first ratio {middle:+.3f} (median of {len(differences)} repeats: "
-              f"{', '.join(f'{d:+.3f}' for d in differences)}); target within 0.05: {verdict(abs(middle) <= 0.05)}")
+        print(
+            f"  {label}: meter - plain last/first ratio {middle:+.3f} (median of {len(differences)} repeats: "
+            f"{', '.join(f'{d:+.3f}' for d in differences)}); target within 0.05: {verdict(abs(middle) <= 0.05)}"
+        )
     print(f"  b. MLP step, meter / plain {mlp:.3f}; target <= 1.05: {verdict(mlp <= 1.05)}")
     print(f"  c. tiny-op step, meter / identity hooks {tiny:.3f}; target <= 1.15: {verdict(tiny <= 1.15)}")
     print(f"Wall time {time.perf_counter() - start:.0f} s")

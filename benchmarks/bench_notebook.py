@@ -41,8 +41,9 @@ def run_seconds(notebook: nbformat.NotebookNode, folder: Path) -> tuple[float, f
     """Wall and CPU seconds of one run, from starting the kernel until it has exited."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(folder)}}).execute()
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
+    ).execute()
     wall = time.perf_counter() - start
     # The kernel is this process's child, and jupyter_client waits for it to exit, so its CPU time
     # (and that of the programs it ran and waited for) is in RUSAGE_CHILDREN from then on.
@@ -68,18 +69,22 @@ def main() -> None:
                 floors[name].append(run_seconds(nbformat.from_dict(floor_nb), folder))
                 runs[name].append(run_seconds(nbformat.read(folder / name, as_version=4), folder))
     all_floors = [pair for pairs in floors.values() for pair in pairs]
-    print(f"floor (one cell: import torch), {len(all_floors)} runs: wall {statistics.median(w for w, _ in all_floors):.2f} s "
-          f"({min(w for w, _ in all_floors):.2f}-{max(w for w, _ in all_floors):.2f}), "
-          f"CPU {statistics.median(c for _, c in all_floors):.2f} s "
-          f"({min(c for _, c in all_floors):.2f}-{max(c for _, c in all_floors):.2f})")
+    print(
+        f"floor (one cell: import torch), {len(all_floors)} runs: wall {statistics.median(w for w, _ in all_floors):.2f} s "
+        f"({min(w for w, _ in all_floors):.2f}-{max(w for w, _ in all_floors):.2f}), "
+        f"CPU {statistics.median(c for _, c in all_floors):.2f} s "
+        f"({min(c for _, c in all_floors):.2f}-{max(c for _, c in all_floors):.2f})"
+    )
     print(f"each notebook over its own floor, median of {ROUNDS} pairs (range):")
     for name in names:
         wall = [run[0] / floor[0] for run, floor in zip(runs[name], floors[name])]
         cpu = [run[1] / floor[1] for run, floor in zip(runs[name], floors[name])]
         target = TARGETS.get(name, TARGET)
         verdict = "met" if statistics.median(wall) <= target else "NOT MET"
-        print(f"  {name}: {statistics.median(r[0] for r in runs[name]):.2f} s; wall {summary(wall)}, "
-              f"CPU {summary(cpu)}; target <= {target:g}x: {verdict}")
+        print(
+            f"  {name}: {statistics.median(r[0] for r in runs[name]):.2f} s; wall {summary(wall)}, "
+            f"CPU {summary(cpu)}; target <= {target:g}x: {verdict}"
+        )
 
 
 if __name__ == "__main__":

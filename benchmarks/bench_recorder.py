@@ -31,8 +31,14 @@ torch.set_num_threads(1)
 
 def big_loop() -> tuple[Callable[[int], None], Callable[[], None]]:
     torch.manual_seed(0)
-    trunk = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 2560),
-                                torch.nn.ReLU(), torch.nn.Linear(2560, 1024), torch.nn.ReLU())
+    trunk = torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096),
+        torch.nn.ReLU(),
+        torch.nn.Linear(4096, 2560),
+        torch.nn.ReLU(),
+        torch.nn.Linear(2560, 1024),
+        torch.nn.ReLU(),
+    )
     head_a, head_b = torch.nn.Linear(1024, 1), torch.nn.Linear(1024, 1)
     params = [*trunk.parameters(), *head_a.parameters(), *head_b.parameters()]
     optimizer = torch.optim.Adam(params, lr=1e-4)
@@ -82,7 +88,7 @@ def paired(loop: Callable[[int], None], block: int, rounds: int) -> tuple[float,
     ratios = []
     for index in range(rounds):
         times = {}
-        for name in (("bare", "watched") if index % 2 == 0 else ("watched", "bare")):
+        for name in ("bare", "watched") if index % 2 == 0 else ("watched", "bare"):
             start = time.thread_time()
             if name == "bare":
                 loop(block)
@@ -124,8 +130,10 @@ def main() -> None:
         peaks["bare"].append(profiler_peak_bytes(lambda: loop(2)))
         peaks["watched"].append(profiler_peak_bytes(watched))
     bare_peak, watched_peak = min(peaks["bare"]), min(peaks["watched"])
-    print(f"   bare {bare_peak / 2**20:.1f} MiB, watched {watched_peak / 2**20:.1f} MiB: "
-          f"{watched_peak / bare_peak:.3f}x, {'within' if watched_peak <= 1.1 * bare_peak else 'OVER'} the target 1.1x")
+    print(
+        f"   bare {bare_peak / 2**20:.1f} MiB, watched {watched_peak / 2**20:.1f} MiB: "
+        f"{watched_peak / bare_peak:.3f}x, {'within' if watched_peak <= 1.1 * bare_peak else 'OVER'} the target 1.1x"
+    )
 
     print("d. diagnose(step) against one bare step (loop a's step)")
     bare, whole = [], []
@@ -138,8 +146,10 @@ def main() -> None:
         whole.append(time.thread_time() - start)
     runs = result.carried.iterations_run
     ratio = statistics.median(whole) / statistics.median(bare)
-    print(f"   diagnose / one bare step: {ratio:.2f}x with {runs} runs of the step (medians of 5 each), "
-          f"{'within' if ratio <= runs + 1 else 'OVER'} the target {runs + 1}x")
+    print(
+        f"   diagnose / one bare step: {ratio:.2f}x with {runs} runs of the step (medians of 5 each), "
+        f"{'within' if ratio <= runs + 1 else 'OVER'} the target {runs + 1}x"
+    )
 
 
 if __name__ == "__main__":

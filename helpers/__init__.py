@@ -34,13 +34,31 @@ from helpers.errors import expect_error
 from helpers.graph import draw_graph, record_saved_tensors
 from helpers.growth import growth_experiment, reachable_nodes
 from helpers.lab import BackwardLab
-from helpers.lessons.carried_state import (CarriedLab, check_carried_names, check_precomputed_fix,
-                                           check_truncated_bptt, jabberwocky)
-from helpers.lessons.gan_step import (GanLab, GanStepChecker, check_fixed_srgan_step, check_gradient_penalty,
-                                      check_single_forward_step, ring_coverage, ring_of_gaussians, sample_distance,
-                                      samples_figure, training_figure)
-from helpers.lessons.graph_buffers import (check_backward_three_times, check_predictions, check_training_loop,
-                                           operation_table)
+from helpers.lessons.carried_state import (
+    CarriedLab,
+    check_carried_names,
+    check_precomputed_fix,
+    check_truncated_bptt,
+    jabberwocky,
+)
+from helpers.lessons.gan_step import (
+    GanLab,
+    GanStepChecker,
+    check_fixed_srgan_step,
+    check_gradient_penalty,
+    check_single_forward_step,
+    ring_coverage,
+    ring_of_gaussians,
+    sample_distance,
+    samples_figure,
+    training_figure,
+)
+from helpers.lessons.graph_buffers import (
+    check_backward_three_times,
+    check_predictions,
+    check_training_loop,
+    operation_table,
+)
 from helpers.lessons.multi_loss import check_backward_both, check_two_loss_loop
 from helpers.lessons.real_stack import best_milliseconds, check_ppo_update, check_sam_step, run_ddp
 from helpers.lessons.your_training_step import check_audit_predictions, gradient_check

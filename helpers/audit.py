@@ -72,32 +72,47 @@ class RetainAudit:
     def summary(self) -> str:
         retains = [c for c in self.calls if c.needed is not None]
         needed = sum(1 for c in retains if c.needed)
-        failed = "" if self.error is None else (
-            f" As written the step raises {self.error.rstrip('.')} at {_short(self.error_line or '?')}")
-        return (f"{len(self.calls)} backward call(s); {len(retains)} retain_graph=True judged: {needed} needed, "
-                f"{len(retains) - needed} can go.{failed}")
+        failed = (
+            ""
+            if self.error is None
+            else (f" As written the step raises {self.error.rstrip('.')} at {_short(self.error_line or '?')}")
+        )
+        return (
+            f"{len(self.calls)} backward call(s); {len(retains)} retain_graph=True judged: {needed} needed, "
+            f"{len(retains) - needed} can go.{failed}"
+        )
 
     def __repr__(self) -> str:
-        rows = [f"  {c.index + 1}. {_short(c.line)} | retain_graph={c.retain_graph} | {c.verdict} | "
-                f"{format_bytes(c.held_after_bytes)} held after | {c.fix} ({c.why})" for c in self.calls]
-        lines = [f"  {_short(v.line)}: {v.verdict} ({v.runs} run{'s' if v.runs != 1 else ''}, needed in "
-                 f"{v.needed_runs}). {v.fix}" for v in self.lines]
+        rows = [
+            f"  {c.index + 1}. {_short(c.line)} | retain_graph={c.retain_graph} | {c.verdict} | "
+            f"{format_bytes(c.held_after_bytes)} held after | {c.fix} ({c.why})"
+            for c in self.calls
+        ]
+        lines = [
+            f"  {_short(v.line)}: {v.verdict} ({v.runs} run{'s' if v.runs != 1 else ''}, needed in "
+            f"{v.needed_runs}). {v.fix}"
+            for v in self.lines
+        ]
         return "\n".join([f"retain_graph audit: {self.summary()}", *rows, *(["Per line:"] + lines if lines else [])])
 
     def _repr_html_(self) -> str:
         # Left-aligned and wrapped, the why under the fix: the table fits a notebook's column.
         cell = "style='text-align:left;vertical-align:top;padding:2px 10px 2px 0'"
-        head = "".join(f"<th {cell}>{h}</th>" for h in ("#", "line", "retain_graph", "verdict", "held after",
-                                                        "fix (why)"))
+        head = "".join(
+            f"<th {cell}>{h}</th>" for h in ("#", "line", "retain_graph", "verdict", "held after", "fix (why)")
+        )
         rows = "".join(
             f"<tr><td {cell}>{c.index + 1}</td><td {cell} title='{html.escape(c.line, quote=True)}'>"
             f"<code style='white-space:pre-wrap'>{html.escape(_short(c.line))}</code></td><td {cell}>"
             f"{c.retain_graph}</td><td {cell}><b>{c.verdict}</b></td><td {cell}>{format_bytes(c.held_after_bytes)}"
             f"</td><td {cell}>{html.escape(c.fix)}<br><small>{html.escape(c.why)}</small></td></tr>"
-            for c in self.calls)
-        return (f"<div><p><b>retain_graph audit:</b> {html.escape(self.summary())}</p>"
-                f"<table style='border-collapse:collapse'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>"
-                f"</table></div>")
+            for c in self.calls
+        )
+        return (
+            f"<div><p><b>retain_graph audit:</b> {html.escape(self.summary())}</p>"
+            f"<table style='border-collapse:collapse'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>"
+            f"</table></div>"
+        )
 
 
 def _short(line: str) -> str:
@@ -113,27 +128,40 @@ def audit_report(run: StepRun) -> RetainAudit:
     for c in first:
         line = by_line.get(c.line)
         code = c.line.split(": ", 1)[-1]
-        function = ("torch.autograd.grad" if c.function == "grad"
-                    else "loss.backward" if ".backward(" in code and "autograd.backward" not in code
-                    else "torch.autograd.backward")
+        function = (
+            "torch.autograd.grad"
+            if c.function == "grad"
+            else "loss.backward"
+            if ".backward(" in code and "autograd.backward" not in code
+            else "torch.autograd.backward"
+        )
         if c.error is not None:  # no verdict for a call that raised: it never finished
             why, fix, needed = f"it raised {c.error}", "fix the step's error first", None
         elif line is None or line.verdict.startswith("not a retain"):
-            why, fix = ((CREATE_GRAPH_NOTE, "nothing to change here") if c.create_graph
-                        else ("it does not retain the graph (retain_graph is off)", "nothing to change"))
+            why, fix = (
+                (CREATE_GRAPH_NOTE, "nothing to change here")
+                if c.create_graph
+                else ("it does not retain the graph (retain_graph is off)", "nothing to change")
+            )
             needed = None
         else:
             needed = bool(c.needed_by) and not c.create_graph
             why, fix = line.why, line.fix
-        calls.append(BackwardCall(c.index, c.line, function, c.retain_graph, c.create_graph, needed,
-                                  c.held_after_bytes, why, fix))
+        calls.append(
+            BackwardCall(
+                c.index, c.line, function, c.retain_graph, c.create_graph, needed, c.held_after_bytes, why, fix
+            )
+        )
     error = None if v.error is None else v.error.message
     return RetainAudit(error, calls, None if v.error is None else v.error.line, list(v.lines))
 
 
-def audit_retain_graph(step: Callable[[], Any], models: torch.nn.Module | Iterable[torch.nn.Module] = (),
-                       optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
-                       iterations: int = 2) -> RetainAudit:
+def audit_retain_graph(
+    step: Callable[[], Any],
+    models: torch.nn.Module | Iterable[torch.nn.Module] = (),
+    optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
+    iterations: int = 2,
+) -> RetainAudit:
     """Run ``step`` (one training iteration, no arguments) as written ``iterations`` times and say, for every
     ``retain_graph=True``, whether a later backward walks the buffers it kept (needed) or none does (can go), per
     call of the first run and once per source line with counts; with the bytes only the graph still held right

@@ -55,8 +55,10 @@ class CarriedTensor:
         built = "before the first iteration" if self.iteration is None else f"in iteration {self.iteration}"
         shape = "" if self.shape is None else f" of shape {self.shape}"
         shape += "" if self.name is None else f" ({self.name})"
-        return (f"a tensor{shape} built {built} at {self.created_at}, reached from iteration "
-                f"{self.reached_from} at {self.used_at}. Fix: {self.fix}.")
+        return (
+            f"a tensor{shape} built {built} at {self.created_at}, reached from iteration "
+            f"{self.reached_from} at {self.used_at}. Fix: {self.fix}."
+        )
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,9 @@ class CarriedGraphReport:
         if not self.found:
             text = f"No graph carried across iterations in {self.iterations_run} iterations."
         else:
-            text = (f"Graph carried across iterations: {len(self.findings)} tensor(s) in "
-                    f"{self.iterations_run} iterations.")
+            text = (
+                f"Graph carried across iterations: {len(self.findings)} tensor(s) in {self.iterations_run} iterations."
+            )
         if self.error is None:
             return text
         return f"{text} Iteration {self.iterations_run} raised: {self.error.split('. ')[0].rstrip('.')}."
@@ -139,15 +142,27 @@ def stamp_iteration(iteration: int) -> TorchFunctionMode:
 def carried_report(run: StepRun) -> CarriedGraphReport:
     """The carried graphs :func:`helpers.harness.run_step` saw, as :func:`find_carried_graph` reports them."""
     v = run.verdicts
-    findings = tuple(CarriedTensor(shape=f.shape, iteration=f.iteration, created_at=f.built_at, used_at=f.used_at,
-                                   reached_from=f.reached_from, fix=f.fix, name=f.name) for f in v.carried)
+    findings = tuple(
+        CarriedTensor(
+            shape=f.shape,
+            iteration=f.iteration,
+            created_at=f.built_at,
+            used_at=f.used_at,
+            reached_from=f.reached_from,
+            fix=f.fix,
+            name=f.name,
+        )
+        for f in v.carried
+    )
     return CarriedGraphReport(findings, run.runs, None if v.error is None else v.error.message)
 
 
-def find_carried_graph(step: Callable[[], Any], iterations: int = 3,
-                       models: torch.nn.Module | Iterable[torch.nn.Module] = (),
-                       optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = ()
-                       ) -> CarriedGraphReport:
+def find_carried_graph(
+    step: Callable[[], Any],
+    iterations: int = 3,
+    models: torch.nn.Module | Iterable[torch.nn.Module] = (),
+    optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
+) -> CarriedGraphReport:
     """Run ``step`` (one iteration of a training loop, no arguments) ``iterations`` times as written, and
     report each tensor whose graph a later iteration's backward walks: built by an earlier iteration or before
     the first one, with the learner's line that built it and the fix. An exception a step raises stops the
@@ -158,8 +173,10 @@ def find_carried_graph(step: Callable[[], Any], iterations: int = 3,
     Used by notebook 04_carried_state.
     """
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:
-        raise ValueError(f"find_carried_graph: iterations must be an int >= 2 (a carried graph shows from "
-                         f"the second iteration on), got {iterations!r}")
+        raise ValueError(
+            f"find_carried_graph: iterations must be an int >= 2 (a carried graph shows from "
+            f"the second iteration on), got {iterations!r}"
+        )
     try:
         run = run_step(step, models, optimizers, iterations, who="find_carried_graph")
     except (TypeError, ValueError) as exc:  # the input checks: raised here, not deep in the harness

@@ -28,9 +28,9 @@ from helpers.measure import gradients_close
 from helpers.meter import SavedTensorMeter
 
 __all__ = [
+    "SECOND_CALL",
     "CheckResult",
     "Rejected",
-    "SECOND_CALL",
     "checked",
     "clear_multiple",
     "flat",
@@ -96,12 +96,13 @@ def run_answer(answer: Callable[..., Any], *args: Any, who: str, hint: str = "",
     """Call the learner's answer; an exception it raises becomes the verdict, with its own first line."""
     try:
         return answer(*args)
-    except Exception as exc:  # noqa: BLE001 - every error in the answer is a verdict, never a crash
+    except Exception as exc:
         lines = str(exc).strip().splitlines()
         text = lines[0][:90] + ("..." if len(lines[0]) > 90 else "") if lines else ""
         second = "backward through the graph a second time" in str(exc)  # the hint is about that error only
-        raise Rejected(f"{who} raised {type(exc).__name__}" + (f": {text}" if text else "."),
-                        hint if second else "", where) from None
+        raise Rejected(
+            f"{who} raised {type(exc).__name__}" + (f": {text}" if text else "."), hint if second else "", where
+        ) from None
 
 
 def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -120,8 +121,12 @@ def clear_multiple(got: torch.Tensor, want: torch.Tensor) -> float | None:
     return k if k and torch.allclose(got, k * want, rtol=1e-3, atol=1e-6) else None
 
 
-def gradient_problem(params: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], what: str,
-                      known: Mapping[str, Sequence[torch.Tensor]]) -> str | None:
+def gradient_problem(
+    params: Sequence[torch.Tensor],
+    expected: Sequence[torch.Tensor],
+    what: str,
+    known: Mapping[str, Sequence[torch.Tensor]],
+) -> str | None:
     """What is wrong with the parameters' ``.grad`` against ``expected`` (None: nothing), in true words.
 
     ``known`` names gradients that typical mistakes produce ("those of l1 alone"), recognised first.
@@ -140,8 +145,16 @@ def gradient_problem(params: Sequence[torch.Tensor], expected: Sequence[torch.Te
     return f"the gradients are {k:.2f}x {what}." if k is not None else f"the gradients differ from {what}."
 
 
-def run_loop(train: Callable[..., Any], args: tuple[Any, ...], meter: SavedTensorMeter, expected: Sequence[float],
-              name: Callable[[int], str], where: str, hints: Sequence[str], one_graph: int) -> tuple[bool, float]:
+def run_loop(
+    train: Callable[..., Any],
+    args: tuple[Any, ...],
+    meter: SavedTensorMeter,
+    expected: Sequence[float],
+    name: Callable[[int], str],
+    where: str,
+    hints: Sequence[str],
+    one_graph: int,
+) -> tuple[bool, float]:
     """Run a learner's loop under ``meter`` and judge what it returns and what its graphs left.
 
     The history must be a list of one number per batch equal to ``expected`` (tensors without a graph,
@@ -155,34 +168,52 @@ def run_loop(train: Callable[..., Any], args: tuple[Any, ...], meter: SavedTenso
     with meter:
         history = run_answer(train, *args, who="your loop", where=where, hint=hints[0])
     if not isinstance(history, list) or len(history) != len(expected):
-        got = ("None" if history is None else f"a list of {len(history)}" if isinstance(history, list)
-               else f"a {type(history).__name__}")
-        raise Rejected(f"return a list with one number per batch ({len(expected)} items); yours returned {got}.",
-                        "Append one number per batch and return the list.", where)
+        got = (
+            "None"
+            if history is None
+            else f"a list of {len(history)}"
+            if isinstance(history, list)
+            else f"a {type(history).__name__}"
+        )
+        raise Rejected(
+            f"return a list with one number per batch ({len(expected)} items); yours returned {got}.",
+            "Append one number per batch and return the list.",
+            where,
+        )
     tensors = [item for item in history if isinstance(item, torch.Tensor)]
     if any(t.grad_fn is not None for t in tensors):
-        raise Rejected("the history holds tensors that carry a grad_fn: each one keeps its whole graph (and any "
-                        "retained buffers) reachable.", hints[1], where)
+        raise Rejected(
+            "the history holds tensors that carry a grad_fn: each one keeps its whole graph (and any "
+            "retained buffers) reachable.",
+            hints[1],
+            where,
+        )
     if any(t.requires_grad for t in tensors):
-        raise Rejected("the history holds tensors that require grad: they carry no graph, but NumPy and plotting "
-                        "refuse them.", hints[1], where)
+        raise Rejected(
+            "the history holds tensors that require grad: they carry no graph, but NumPy and plotting refuse them.",
+            hints[1],
+            where,
+        )
     if not all(isinstance(v, numbers.Real) or (isinstance(v, torch.Tensor) and v.numel() == 1) for v in history):
         raise Rejected("each history item should be one number, such as loss.item().", hints[1], where)
     for i, (item, want) in enumerate(zip(history, expected)):
         if not math.isclose(float(item), want, rel_tol=1e-4, abs_tol=1e-6):
             raise Rejected(f"history[{i}] is not {name(i)}.", hints[2], where)
     if left := meter.graph_only_bytes:
-        raise Rejected(f"after your loop returned, graphs still hold {format_bytes(left)} of buffers.", hints[3],
-                        where)
+        raise Rejected(f"after your loop returned, graphs still hold {format_bytes(left)} of buffers.", hints[3], where)
     return bool(tensors), meter.peak_graph_only_bytes / one_graph
 
 
 def reject_peak(meter: SavedTensorMeter, one_graph: int, limit: float, hint: str, where: str) -> None:
     """Reject a loop whose graph-only bytes during the run (``meter``'s peak) exceeded ``limit``."""
     if (peak := meter.peak_graph_only_bytes) > limit:
-        raise Rejected(f"during your loop, graphs held up to {format_bytes(peak)} of buffers at once, "
-                        f"{peak / one_graph:.1f}x what one batch's graph holds: buffers of an earlier graph were "
-                        "still alive while another was built.", hint, where)
+        raise Rejected(
+            f"during your loop, graphs held up to {format_bytes(peak)} of buffers at once, "
+            f"{peak / one_graph:.1f}x what one batch's graph holds: buffers of an earlier graph were "
+            "still alive while another was built.",
+            hint,
+            where,
+        )
 
 
 def loop_passed(message: str, graphs: float, had_tensors: bool) -> CheckResult:

@@ -30,13 +30,18 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="backward-twice", description="Backward Twice's tools from the shell.")
     commands = parser.add_subparsers(dest="command", required=True)
-    watch = commands.add_parser("watch", help="run a training script unmodified under the recorder and print "
-                                              "what it found")
-    watch.add_argument("--iterations", type=int, default=None, metavar="N",
-                       help="stop after N iterations (optimizer steps end them)")
+    watch = commands.add_parser(
+        "watch", help="run a training script unmodified under the recorder and print what it found"
+    )
+    watch.add_argument(
+        "--iterations", type=int, default=None, metavar="N", help="stop after N iterations (optimizer steps end them)"
+    )
     watch.add_argument("--json", default=None, metavar="PATH", help="also write the diagnosis as JSON to PATH")
-    watch.add_argument("--no-traceback", action="store_true",
-                       help="leave out the script's own traceback when it raises (the report names the error)")
+    watch.add_argument(
+        "--no-traceback",
+        action="store_true",
+        help="leave out the script's own traceback when it raises (the report names the error)",
+    )
     watch.add_argument("script", help="the training script, as you would pass it to python")
     watch.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return parser
@@ -65,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exit_:
         status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    except BaseException as error:  # noqa: BLE001 - the script's own error: shown, then diagnosed
+    except BaseException as error:
         if not options.no_traceback:
             _print_traceback(error)
         status = 1
@@ -85,8 +90,13 @@ def _print_traceback(error: BaseException) -> None:
     ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(runpy.__file__))
     shown = traceback.TracebackException.from_exception(error)
     shown.stack = traceback.StackSummary.from_list(
-        [frame for frame in shown.stack if not os.path.dirname(os.path.abspath(frame.filename)).startswith(ours)
-         and not frame.filename.startswith("<frozen")])
+        [
+            frame
+            for frame in shown.stack
+            if not os.path.dirname(os.path.abspath(frame.filename)).startswith(ours)
+            and not frame.filename.startswith("<frozen")
+        ]
+    )
     print("".join(shown.format()), end="", file=sys.stderr)
 
 

@@ -73,8 +73,11 @@ class PatternComparison:
         columns += ["peak graph-only (meter)"] + (["peak allocated (profiler)"] if timing else [])
         rows = []
         for r in self.results:
-            verdict = r.gradients if timing else (
-                "bit-equal" if r.bit_equal else "equal up to float rounding" if r.close else "DIFFERENT")
+            verdict = (
+                r.gradients
+                if timing
+                else ("bit-equal" if r.bit_equal else "equal up to float rounding" if r.close else "DIFFERENT")
+            )
             row = [r.name, verdict]
             if timing:
                 row += [f"{r.seconds_per_step * 1e3:.2f} ms", f"{r.time_ratio:.2f}x"]
@@ -96,10 +99,20 @@ class PatternComparison:
         time_axes.set_title(f"Time (median of {self.rounds} rounds)")
         positions = range(len(names))
         width = 0.4
-        memory_axes.bar([p - width / 2 for p in positions], [r.peak_graph_only_bytes / 1024 for r in self.results],
-                        width, label="peak graph-only (meter)", color="tab:orange")
-        memory_axes.bar([p + width / 2 for p in positions], [r.profiler_peak_bytes / 1024 for r in self.results],
-                        width, label="peak allocated (profiler)", color="tab:gray")
+        memory_axes.bar(
+            [p - width / 2 for p in positions],
+            [r.peak_graph_only_bytes / 1024 for r in self.results],
+            width,
+            label="peak graph-only (meter)",
+            color="tab:orange",
+        )
+        memory_axes.bar(
+            [p + width / 2 for p in positions],
+            [r.profiler_peak_bytes / 1024 for r in self.results],
+            width,
+            label="peak allocated (profiler)",
+            color="tab:gray",
+        )
         memory_axes.set_xticks(list(positions), short)
         memory_axes.set_ylabel("KiB")
         memory_axes.set_title("Memory during one step")
@@ -151,8 +164,7 @@ def compare_patterns(
         profiled[name] = profiler_peak_bytes(step)
 
     names = list(patterns)
-    times = time_round_robin(patterns, rounds, before_each=lambda: model.zero_grad(set_to_none=True),
-                             progress=progress)
+    times = time_round_robin(patterns, rounds, before_each=lambda: model.zero_grad(set_to_none=True), progress=progress)
     model.zero_grad(set_to_none=True)
 
     reference_time = statistics.median(times[reference])
@@ -166,8 +178,19 @@ def compare_patterns(
         else:
             verdict = f"DIFFERENT (max diff {match.max_difference:.1e})"
         median = statistics.median(times[name])
-        results.append(PatternResult(name, verdict, match.bit_equal, match.close, match.max_difference, median,
-                                     median / reference_time, peaks[name], profiled[name]))
+        results.append(
+            PatternResult(
+                name,
+                verdict,
+                match.bit_equal,
+                match.close,
+                match.max_difference,
+                median,
+                median / reference_time,
+                peaks[name],
+                profiled[name],
+            )
+        )
     if progress:
         print(f"Measured {len(names)} patterns: gradients, {rounds} timing rounds, meter and profiler memory.")
     return PatternComparison(reference, results, rounds)

@@ -66,14 +66,19 @@ class Diagnosis:
 
     @property
     def healthy(self) -> bool:
-        return not self.carried.found and self.error is None and not any(
-            line.verdict == "can go" for line in self.audit.lines)
+        return (
+            not self.carried.found
+            and self.error is None
+            and not any(line.verdict == "can go" for line in self.audit.lines)
+        )
 
     @property
     def verdict(self) -> str:
         if self.healthy:
-            return (f"Healthy: no graph carried across {self.carried.iterations_run} iterations, no error, "
-                    f"and no retain_graph=True that can go.")
+            return (
+                f"Healthy: no graph carried across {self.carried.iterations_run} iterations, no error, "
+                f"and no retain_graph=True that can go."
+            )
         fixes = sum(1 for p in self.prescription if p.to_fix)
         notes = len(self.prescription) - fixes
         counted = f"{fixes} thing{'' if fixes == 1 else 's'} to fix"
@@ -95,7 +100,9 @@ class Diagnosis:
         error = f"<p>{html.escape(self.error_text())}</p>" if self.error else ""
         items = "".join(
             f"<li><code>{html.escape(p.line)}</code><br>{html.escape(p.problem)}<br>"
-            f"<b>{'Fix' if p.to_fix else 'Note'}:</b> {html.escape(p.fix)}</li>" for p in self.prescription)
+            f"<b>{'Fix' if p.to_fix else 'Note'}:</b> {html.escape(p.fix)}</li>"
+            for p in self.prescription
+        )
         return f"<div><p><b>{html.escape(self.verdict)}</b></p>{error}{f'<ol>{items}</ol>' if items else ''}</div>"
 
 
@@ -109,11 +116,15 @@ def _prescription(run: StepRun, carried: CarriedGraphReport, audit: RetainAudit)
         shape = "" if f.shape is None else f" of shape {f.shape}"
         names = [g.name for g in (f, *more) if g.name]
         name = f" ({', '.join(names)})" if names else ""
-        items.append(Prescription(
-            f.created_at, f"a tensor{shape}{name} built {built} still carries its graph into iteration "
-                          f"{f.reached_from} (walked by the backward at {f.used_at}): the second backward through "
-                          f"it raises, and retain_graph=True only makes each iteration slower until something fails",
-            f.fix))
+        items.append(
+            Prescription(
+                f.created_at,
+                f"a tensor{shape}{name} built {built} still carries its graph into iteration "
+                f"{f.reached_from} (walked by the backward at {f.used_at}): the second backward through "
+                f"it raises, and retain_graph=True only makes each iteration slower until something fails",
+                f.fix,
+            )
+        )
     e = v.error
     if e is not None and not (carried.found and e.kind in ("backward a second time", "in-place version error")):
         evidence = f" ({e.evidence})" if e.evidence else ""
@@ -121,30 +132,43 @@ def _prescription(run: StepRun, carried: CarriedGraphReport, audit: RetainAudit)
     for line in v.lines:
         if line.verdict == "can go":
             later = " (detach the carried tensor first: this retain only hides it)" if carried.found else ""
-            items.append(Prescription(line.line, f"retain_graph=True {line.why}",
-                                      f"remove retain_graph=True at {line.line}{later}"))
+            items.append(
+                Prescription(
+                    line.line, f"retain_graph=True {line.why}", f"remove retain_graph=True at {line.line}{later}"
+                )
+            )
     for line in v.lines:
         if line.verdict == "needed":
             keep = f"keep retain_graph=True at {line.line}: a later backward goes through these buffers"
             if carried.found and "in iteration" in line.why:  # a later iteration walks them: the carried graph
-                keep = (f"fix the carried tensor first; as written a later iteration walks what this retain keeps, "
-                        f"so removing it now raises. Once nothing is carried, run diagnose again: it can likely go")
+                keep = (
+                    "fix the carried tensor first; as written a later iteration walks what this retain keeps, "
+                    "so removing it now raises. Once nothing is carried, run diagnose again: it can likely go"
+                )
             items.append(Prescription(line.line, f"retain_graph=True is {line.why}", keep, to_fix=False))
     for line in v.lines:
         if line.verdict.startswith("not a retain"):
             items.append(Prescription(line.line, CREATE_GRAPH_NOTE, line.fix, to_fix=False))
     for note in v.notes:
         if note.held_bytes:
-            items.append(Prescription(note.built_at, f"{note.name} keeps {format_bytes(note.held_bytes)} of an "
-                                                     f"earlier iteration's graph alive; no backward walks it",
-                                      f"store {note.name}.detach() (or .item()) if you only log it", to_fix=False))
+            items.append(
+                Prescription(
+                    note.built_at,
+                    f"{note.name} keeps {format_bytes(note.held_bytes)} of an "
+                    f"earlier iteration's graph alive; no backward walks it",
+                    f"store {note.name}.detach() (or .item()) if you only log it",
+                    to_fix=False,
+                )
+            )
     return items
 
 
-def diagnose(step: Callable[[], Any],
-             models: torch.nn.Module | Iterable[torch.nn.Module] | Mapping[str, torch.nn.Module] = (),
-             optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
-             iterations: int = 3) -> Diagnosis:
+def diagnose(
+    step: Callable[[], Any],
+    models: torch.nn.Module | Iterable[torch.nn.Module] | Mapping[str, torch.nn.Module] = (),
+    optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
+    iterations: int = 3,
+) -> Diagnosis:
     """Diagnose ``step`` (one training iteration as written, no arguments): run it ``iterations`` times as
     written, find the graphs a later iteration walks, judge each ``retain_graph=True`` once per line, name the
     error a run raised by kind, and give one prescription ordered by what to fix first, each item with the
@@ -160,5 +184,11 @@ def diagnose(step: Callable[[], Any],
         raise type(exc)(str(exc)) from None
     carried, audit = carried_report(run), audit_report(run)
     e = run.verdicts.error
-    return Diagnosis(None if e is None else e.kind, None if e is None else e.message,
-                     None if e is None else e.line, carried, audit, _prescription(run, carried, audit))
+    return Diagnosis(
+        None if e is None else e.kind,
+        None if e is None else e.message,
+        None if e is None else e.line,
+        carried,
+        audit,
+        _prescription(run, carried, audit),
+    )

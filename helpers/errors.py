@@ -22,16 +22,18 @@ from dataclasses import dataclass, field
 __all__ = ["ERROR_KINDS", "ExpectedError", "error_kind", "expect_error"]
 
 # (kind, the text of PyTorch's message that identifies it)
-ERROR_KINDS = (("backward a second time", "backward through the graph a second time"),
-               ("in-place version error", "modified by an inplace operation"),
-               ("no graph", "does not require grad and does not have a grad_fn"),
-               # torch.compile's backward, compiled when its first call did not retain (notebook 06, section 2)
-               ("donated buffers", "compiled with non-empty donated buffers"),
-               # DistributedDataParallel with two backward calls per step, and the two "fixes" people try
-               # (static_graph=True; find_unused_parameters=True with zero_grad's set_to_none) (notebook 06, section 3)
-               ("DDP ready only once", "Expected to mark a variable ready only once"),
-               ("DDP ready only once", "Your training graph has changed in this iteration"),
-               ("DDP ready only once", "Encountered gradient which is undefined, but still allreduced"))
+ERROR_KINDS = (
+    ("backward a second time", "backward through the graph a second time"),
+    ("in-place version error", "modified by an inplace operation"),
+    ("no graph", "does not require grad and does not have a grad_fn"),
+    # torch.compile's backward, compiled when its first call did not retain (notebook 06, section 2)
+    ("donated buffers", "compiled with non-empty donated buffers"),
+    # DistributedDataParallel with two backward calls per step, and the two "fixes" people try
+    # (static_graph=True; find_unused_parameters=True with zero_grad's set_to_none) (notebook 06, section 3)
+    ("DDP ready only once", "Expected to mark a variable ready only once"),
+    ("DDP ready only once", "Your training graph has changed in this iteration"),
+    ("DDP ready only once", "Encountered gradient which is undefined, but still allreduced"),
+)
 
 
 def error_kind(message: str) -> str:

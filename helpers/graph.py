@@ -27,8 +27,8 @@ __all__ = [
     "ITERATION_KEY",
     "AutogradGraph",
     "SavedTensorInfo",
-    "draw_graph",
     "dot_install_help",
+    "draw_graph",
     "record_saved_tensors",
     "saved_tensors_of",
 ]
@@ -47,8 +47,14 @@ _SAVED_COLOUR = "orange"
 _FREED_COLOUR = "white"
 # Okabe-Ito's colour-blind-safe palette, cycled by iteration: (fill, the text colour readable on it). Its
 # orange (#E69F00) is left out: it looks like the saved tensors' orange.
-_ITERATION_PALETTE = (("#009E73", "black"), ("#CC79A7", "black"), ("#0072B2", "white"), ("#F0E442", "black"),
-                      ("#56B4E9", "black"), ("#D55E00", "black"))
+_ITERATION_PALETTE = (
+    ("#009E73", "black"),
+    ("#CC79A7", "black"),
+    ("#0072B2", "white"),
+    ("#F0E442", "black"),
+    ("#56B4E9", "black"),
+    ("#D55E00", "black"),
+)
 _UNSTAMPED = "before the loop"
 # A white rectangle under the whole drawing. Graphviz paints a white polygon as the background, but when it
 # shrinks a drawing to ``size`` it writes the scale rounded to two decimals, so the polygon can stop a few
@@ -177,8 +183,7 @@ def _root_tensors(roots: Roots, caller: str) -> list[tuple[str, torch.Tensor]]:
         named = [(f"output {i}", t) for i, t in enumerate(roots)]
     else:
         raise TypeError(
-            f"{caller}() takes a tensor, a list of tensors or a dict of named tensors, "
-            f"not {type(roots).__name__}."
+            f"{caller}() takes a tensor, a list of tensors or a dict of named tensors, not {type(roots).__name__}."
         )
     if not named:
         raise ValueError(f"{caller}() needs at least one tensor to draw.")
@@ -237,8 +242,9 @@ class AutogradGraph(graphviz.Digraph):
         nodes = "; ".join(line.strip() for line in self.text.splitlines() if line.strip())
         return f"Autograd graph. {self.summary()}. {nodes}."
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None,
-                          **kwargs: Any) -> dict[str, str] | tuple[dict[str, str], dict[str, dict[str, str]]]:
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None, **kwargs: Any
+    ) -> dict[str, str] | tuple[dict[str, str], dict[str, dict[str, str]]]:
         if shutil.which("dot") is None:
             return {"text/plain": dot_install_help() + "\n\nThe graph as text:\n" + self.text}
         try:
@@ -268,8 +274,7 @@ def _parameter_names(params: Params) -> dict[int, str]:
             names[id(p)] = name
         return names
     raise TypeError(
-        "draw_graph(params=...) takes a torch.nn.Module or a dict of named tensors, "
-        f"not {type(params).__name__}."
+        f"draw_graph(params=...) takes a torch.nn.Module or a dict of named tensors, not {type(params).__name__}."
     )
 
 
@@ -326,8 +331,9 @@ def _add_iteration_legend(graph: AutogradGraph) -> None:
             legend.edge(above, below, style="invis")  # keeps them in order, top to bottom
 
 
-def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True,
-               by_iteration: bool = False) -> AutogradGraph:
+def draw_graph(
+    roots: Roots, params: Params = None, show_saved: bool = True, by_iteration: bool = False
+) -> AutogradGraph:
     """The autograd graph behind ``roots`` with each node's saved tensors, alive or freed.
 
     ``roots`` is a tensor (usually a loss), a list of tensors or a dict of named tensors.
@@ -347,8 +353,9 @@ def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True,
     named_roots = _root_tensors(roots, "draw_graph")
     param_names = _parameter_names(params)
     graph = AutogradGraph(
-        node_attr=dict(style="filled", shape="box", align="left", fontsize="10", ranksep="0.1",
-                       height="0.2", fontname="monospace"),
+        node_attr=dict(
+            style="filled", shape="box", align="left", fontsize="10", ranksep="0.1", height="0.2", fontname="monospace"
+        ),
         # At most about 800 px wide, the width of a JupyterLab notebook column: wider graphs scale down.
         graph_attr=dict(size="8.5,14"),
     )
@@ -385,8 +392,9 @@ def draw_graph(roots: Roots, params: Params = None, show_saved: bool = True,
                 inputs.append(node_ids[id(next_fn)])
         saved = saved_tensors_of(fn) if show_saved else []
         graph.saved.extend(saved)
-        text_lines.append(f"{fn_id} {type(fn).__name__} <- {', '.join(inputs) or 'nothing'}"
-                          + (f" ({built_by})" if built_by else ""))
+        text_lines.append(
+            f"{fn_id} {type(fn).__name__} <- {', '.join(inputs) or 'nothing'}" + (f" ({built_by})" if built_by else "")
+        )
         for j, info in enumerate(saved):
             saved_id = f"{fn_id}_saved{j}"
             label = _saved_label(info)

@@ -75,8 +75,9 @@ class GrowthResult:
         fastest iteration of a block is the one least disturbed by it.
         """
         times = self.seconds[name]
-        return [min(times[start:start + self.block]) * 1e3
-                for start in range(0, len(times) - self.block + 1, self.block)]
+        return [
+            min(times[start : start + self.block]) * 1e3 for start in range(0, len(times) - self.block + 1, self.block)
+        ]
 
     def slowdown(self, name: str) -> float:
         """The last block's fastest iteration over the first block's (1.0: no slowdown)."""
@@ -92,8 +93,11 @@ class GrowthResult:
             headers += [f"ms/iteration, first {self.block}", f"ms/iteration, last {self.block}", "last / first"]
         rows = []
         for name in self.names:
-            row: list[object] = [name, format_bytes(self.graph_only_bytes[name][-1]),
-                                 format_bytes(self.growth_per_iteration(name))]
+            row: list[object] = [
+                name,
+                format_bytes(self.graph_only_bytes[name][-1]),
+                format_bytes(self.growth_per_iteration(name)),
+            ]
             if timing:
                 blocks = self.block_milliseconds(name)
                 row += [f"{blocks[0]:.2f}", f"{blocks[-1]:.2f}", f"{blocks[-1] / blocks[0]:.2f}"]
@@ -109,8 +113,9 @@ class GrowthResult:
         for index, name in enumerate(self.names):
             style = styles[index % len(styles)]
             values = self.graph_only_bytes[name]
-            memory_axes.plot(range(1, len(values) + 1), [v / 2**20 for v in values], label=name, linestyle=style,
-                             linewidth=2)
+            memory_axes.plot(
+                range(1, len(values) + 1), [v / 2**20 for v in values], label=name, linestyle=style, linewidth=2
+            )
             blocks = self.block_milliseconds(name)
             centres = [self.block * i + self.block / 2 for i in range(len(blocks))]
             time_axes.plot(centres, blocks, label=name, linestyle=style, marker="o", markersize=3)
@@ -208,10 +213,16 @@ def growth_experiment(
         del warm
     bar.close()
     states = {name: new_state() for name in bodies}
-    result.seconds = time_round_robin({name: functools.partial(body, states[name]) for name, body in bodies.items()},
-                                      iterations, progress=progress, desc="time run")
+    result.seconds = time_round_robin(
+        {name: functools.partial(body, states[name]) for name, body in bodies.items()},
+        iterations,
+        progress=progress,
+        desc="time run",
+    )
     del states
     if progress:
-        print(f"Ran {iterations} iterations of each of {len(bodies)} loop bodies, once with the meter "
-              "(bytes) and once without (time).")
+        print(
+            f"Ran {iterations} iterations of each of {len(bodies)} loop bodies, once with the meter "
+            "(bytes) and once without (time)."
+        )
     return result

@@ -57,23 +57,35 @@ def _to_cpu(value: Any) -> Any:
 class CpuSnapshot:
     """What a tool's runs of a step may change, copied to the CPU now; :meth:`restore` puts it back."""
 
-    def __init__(self, step: Callable[[], Any], models: tuple[torch.nn.Module, ...],
-                 optimizers: tuple[torch.optim.Optimizer, ...]) -> None:
+    def __init__(
+        self,
+        step: Callable[[], Any],
+        models: tuple[torch.nn.Module, ...],
+        optimizers: tuple[torch.optim.Optimizer, ...],
+    ) -> None:
         self._tensors: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]] = {}
         for model in models:
             for p in model.parameters():
                 self.keep(p)
             for b in model.buffers():
                 self.keep(b)
-        self._attributes = [(module, name, value) for model in models for module in model.modules()
-                            for name, value in vars(module).items() if isinstance(value, (torch.Tensor, tuple))]
+        self._attributes = [
+            (module, name, value)
+            for model in models
+            for module in model.modules()
+            for name, value in vars(module).items()
+            if isinstance(value, (torch.Tensor, tuple))
+        ]
         self._optimizers = [(o, _to_cpu(o.state_dict())) for o in optimizers]
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     self.keep(p)
-        self._random = (random.getstate(), torch.get_rng_state(),
-                        torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+        self._random = (
+            random.getstate(),
+            torch.get_rng_state(),
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        )
         self._bindings = held_bindings(step)
         self._containers: list[tuple[Any, Any]] = []
         self._objects: list[tuple[Any, dict[str, Any]]] = []
@@ -154,8 +166,14 @@ class StepRun:
     gradients: dict[str, torch.Tensor | None] = field(default_factory=dict)
 
 
-def run_step(step: Callable[[], Any], models: Any = (), optimizers: Any = (), iterations: int = 3,
-             who: str = "diagnose", gradients: bool = False) -> StepRun:
+def run_step(
+    step: Callable[[], Any],
+    models: Any = (),
+    optimizers: Any = (),
+    iterations: int = 3,
+    who: str = "diagnose",
+    gradients: bool = False,
+) -> StepRun:
     """Run ``step`` as written ``iterations`` times under the recorder (see the module's docstring) and put back
     everything it changed; the step's own error ends the runs and goes in the verdicts. ``gradients``: also keep
     (on the CPU) the gradients each optimizer gets at its first ``step()`` (the models' after the first run when
@@ -235,16 +253,21 @@ def _reachable(values: Iterable[Any], depth: int = 0) -> tuple[list[torch.nn.Mod
             inner = _reachable(list(value.values())[:64], depth + 1)
             models += inner[0]
             optimizers += inner[1]
-        elif depth < 2 and hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)) \
-                and not callable(value):
+        elif (
+            depth < 2
+            and hasattr(value, "__dict__")
+            and not isinstance(value, (type, types.ModuleType))
+            and not callable(value)
+        ):
             inner = _reachable(list(vars(value).values())[:64], depth + 1)
             models += inner[0]
             optimizers += inner[1]
     return models, optimizers
 
 
-def _parameter_labels(names: dict[str, Any], models: tuple[torch.nn.Module, ...],
-                      optimizers: tuple[torch.optim.Optimizer, ...]) -> dict[int, str]:
+def _parameter_labels(
+    names: dict[str, Any], models: tuple[torch.nn.Module, ...], optimizers: tuple[torch.optim.Optimizer, ...]
+) -> dict[int, str]:
     """Each parameter's label in a gradient snapshot: its model's name in the step and its own name."""
     by_id = {id(value): name for name, value in reversed(list(names.items()))}
     labels: dict[int, str] = {}

@@ -67,8 +67,11 @@ def split_iterations(recorder: Any) -> Split:
         for position, (optimizer, _, _, _) in enumerate(recorder.steps):
             first.setdefault(optimizer, position)
         closing = max(first, key=first.get)  # type: ignore[arg-type]
-        ends = [(seq, calls, ("step", i)) for i, (optimizer, seq, calls, _) in enumerate(recorder.steps)
-                if optimizer == closing]
+        ends = [
+            (seq, calls, ("step", i))
+            for i, (optimizer, seq, calls, _) in enumerate(recorder.steps)
+            if optimizer == closing
+        ]
         kind = recorder.optimizer_kinds.get(closing, "optimizer")
         line = next(line for optimizer, _, _, line in recorder.steps if optimizer == closing)
         return Split(f"by {kind}.step() at {short(line)}", *_to_loop_header(recorder, ends))
@@ -77,12 +80,15 @@ def split_iterations(recorder: Any) -> Split:
         return Split("no backward call and no optimizer step", (), recorder.start)
     first_site = calls[0].site
     ends = [(c.end, c.index + 1, ("call", c.index)) for c, after in zip(calls, calls[1:]) if after.site == first_site]
-    return Split(f"at each call of {short(calls[0].line)} (no optimizer step and no next_iteration())",
-                 *_to_loop_header(recorder, ends))
+    return Split(
+        f"at each call of {short(calls[0].line)} (no optimizer step and no next_iteration())",
+        *_to_loop_header(recorder, ends),
+    )
 
 
-def _to_loop_header(recorder: Any, ends: list[tuple[int, int, tuple[str, int]]],
-                    move: bool = True) -> tuple[tuple[tuple[int, int], ...], int, tuple[int, ...]]:
+def _to_loop_header(
+    recorder: Any, ends: list[tuple[int, int, tuple[str, int]]], move: bool = True
+) -> tuple[tuple[tuple[int, int], ...], int, tuple[int, ...]]:
     """(ends, start, end sightings): each end moved to the first loop header the tracer saw after its event, if
     that came before the next call (``move``); the sighting kept is the header's, or the event's."""
     starts = recorder.starts[1:]  # sighting indices, in the order they came
@@ -90,7 +96,7 @@ def _to_loop_header(recorder: Any, ends: list[tuple[int, int, tuple[str, int]]],
     for seq, calls, event in ends:
         sighting = recorder.event_sightings.get(event, len(recorder.sightings))
         position = bisect.bisect_left(starts, sighting)
-        limit = recorder.calls[calls].start if calls < len(recorder.calls) else 2 ** 64
+        limit = recorder.calls[calls].start if calls < len(recorder.calls) else 2**64
         if move and position < len(starts) and recorder.sightings[starts[position]] <= limit:
             seq, sighting = recorder.sightings[starts[position]], starts[position]
         moved.append((seq, calls))

@@ -107,8 +107,11 @@ class BackwardLab(Panel):
     # -- widgets ---------------------------------------------------------------------------
     def _build_widgets(self, title: str, iterations: int) -> None:
         self.forward_button = self._button(
-            "Forward", "Run the forward pass inside the meter: builds a new graph that saves tensors for backward",
-            "bt-forward", self.forward)
+            "Forward",
+            "Run the forward pass inside the meter: builds a new graph that saves tensors for backward",
+            "bt-forward",
+            self.forward,
+        )
         # Alone in the panel's column it would stretch into a full-width bar that reads as a header.
         self.forward_button.layout.align_self = "flex-start"
         self.retain: dict[str, widgets.Checkbox] = {}
@@ -116,52 +119,87 @@ class BackwardLab(Panel):
         loss_rows = []
         for name in self.loss_names:
             css = _css_name(name)
-            checkbox = widgets.Checkbox(value=False, description=f"retain_graph for {name}", indent=False,
-                                        tooltip=f"Keep the graph's buffers after {name}.backward()",
-                                        layout=widgets.Layout(width="auto"))
+            checkbox = widgets.Checkbox(
+                value=False,
+                description=f"retain_graph for {name}",
+                indent=False,
+                tooltip=f"Keep the graph's buffers after {name}.backward()",
+                layout=widgets.Layout(width="auto"),
+            )
             checkbox.add_class(f"bt-retain-{css}")
             self.retain[name] = checkbox
-            button = self._button(f"{name}.backward()", f"Backpropagate {name} with the retain_graph setting beside it",
-                                  f"bt-backward-{css}", lambda name=name: self.backward(name))
+            button = self._button(
+                f"{name}.backward()",
+                f"Backpropagate {name} with the retain_graph setting beside it",
+                f"bt-backward-{css}",
+                lambda name=name: self.backward(name),
+            )
             self.backward_buttons[name] = button
             loss_rows.append(widgets.HBox([button, checkbox]))
-        self.zero_grad_button = self._button("zero_grad()", "Set every parameter's .grad to None",
-                                             "bt-zero-grad", self.zero_grad)
-        self.reset_button = self._button("Reset", "Drop every graph and loss, clear .grad and the counters",
-                                         "bt-reset", self.reset)
+        self.zero_grad_button = self._button(
+            "zero_grad()", "Set every parameter's .grad to None", "bt-zero-grad", self.zero_grad
+        )
+        self.reset_button = self._button(
+            "Reset", "Drop every graph and loss, clear .grad and the counters", "bt-reset", self.reset
+        )
         self.keep_history = widgets.Checkbox(
-            value=False, description="keep each loss in a history list", indent=False,
+            value=False,
+            description="keep each loss in a history list",
+            indent=False,
             tooltip="Like history.append(loss): the list keeps every iteration's graph reachable",
-            layout=widgets.Layout(width="auto"))
+            layout=widgets.Layout(width="auto"),
+        )
         self.keep_history.add_class("bt-keep-history")
         self.iterations = self._iterations_box(iterations, 1000, "How many forward + backward iterations to run")
-        self.run_button = self._button("Run iterations", "Forward, then every loss's backward, repeated",
-                                       "bt-run", lambda: self.run(self.iterations.value))
+        self.run_button = self._button(
+            "Run iterations",
+            "Forward, then every loss's backward, repeated",
+            "bt-run",
+            lambda: self.run(self.iterations.value),
+        )
         self.run_button.layout.margin = "2px 2px 2px 14px"  # apart from the history checkbox's label
-        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="progress",
-                                            layout=widgets.Layout(width="300px"))
+        self.progress = widgets.IntProgress(
+            value=0, min=0, max=1, description="progress", layout=widgets.Layout(width="300px")
+        )
         self.progress.add_class("bt-progress")
 
-        self.values, figures = self._figure_rows([
-            ("saved-tensors", "saved tensors", "Saved tensors alive now (a buffer saved by two nodes counts twice)"),
-            ("saved-bytes", "saved bytes", "Distinct storages held by saved tensors, parameters and inputs included"),
-            ("graph-only-bytes", "graph-only bytes", "Saved bytes nothing but the graph keeps alive: what backward() frees"),
-            ("peak-bytes", "peak graph-only bytes", "Highest graph-only bytes since the last reset"),
-            ("backward-calls", "backward calls", "How many backward() calls succeeded since the last reset"),
-            ("grad", f"{self.watch}.grad", "The watched parameter's accumulated gradient"),
-            ("history", "losses kept in history", "Loss tensors the history list keeps (with their graphs)"),
-        ], css="bt-value")
+        self.values, figures = self._figure_rows(
+            [
+                (
+                    "saved-tensors",
+                    "saved tensors",
+                    "Saved tensors alive now (a buffer saved by two nodes counts twice)",
+                ),
+                (
+                    "saved-bytes",
+                    "saved bytes",
+                    "Distinct storages held by saved tensors, parameters and inputs included",
+                ),
+                (
+                    "graph-only-bytes",
+                    "graph-only bytes",
+                    "Saved bytes nothing but the graph keeps alive: what backward() frees",
+                ),
+                ("peak-bytes", "peak graph-only bytes", "Highest graph-only bytes since the last reset"),
+                ("backward-calls", "backward calls", "How many backward() calls succeeded since the last reset"),
+                ("grad", f"{self.watch}.grad", "The watched parameter's accumulated gradient"),
+                ("history", "losses kept in history", "Loss tensors the history list keeps (with their graphs)"),
+            ],
+            css="bt-value",
+        )
         self.status = self._status_line("bt-status")
-        self.panel = widgets.VBox([
-            widgets.HTML(f"<b>{title}</b>"),
-            self.forward_button,
-            *loss_rows,
-            widgets.HBox([self.zero_grad_button, self.reset_button]),
-            widgets.HBox([self.iterations, self.keep_history, self.run_button]),
-            self.progress,
-            figures,
-            self.status,
-        ])
+        self.panel = widgets.VBox(
+            [
+                widgets.HTML(f"<b>{title}</b>"),
+                self.forward_button,
+                *loss_rows,
+                widgets.HBox([self.zero_grad_button, self.reset_button]),
+                widgets.HBox([self.iterations, self.keep_history, self.run_button]),
+                self.progress,
+                figures,
+                self.status,
+            ]
+        )
         self.panel.add_class("bt-lab")
 
     # -- actions ---------------------------------------------------------------------------
@@ -195,8 +233,9 @@ class BackwardLab(Panel):
         grad = self._watched().grad
         if self._first_grad is None and grad is not None:
             self._first_grad = float(grad.flatten()[0])
-        self._record(f"{name}.backward({'retain' if retain else 'free'})",
-                     f"{name}.backward(retain_graph={retain}) worked.")
+        self._record(
+            f"{name}.backward({'retain' if retain else 'free'})", f"{name}.backward(retain_graph={retain}) worked."
+        )
 
     def zero_grad(self) -> None:
         """Set every parameter's ``.grad`` to ``None``."""
@@ -306,8 +345,9 @@ class BackwardLab(Panel):
         axes = figure.add_subplot()
         values = [nbytes / 1024 for _, nbytes in self.actions]
         axes.step(range(len(values)), values, where="post", marker="o", markersize=3)
-        style_count_axes(axes, "Bytes only the graph keeps alive, after each action",
-                         "action number (forward, backward, ...)")
+        style_count_axes(
+            axes, "Bytes only the graph keeps alive, after each action", "action number (forward, backward, ...)"
+        )
         axes.set_ylabel("graph-only KiB")
         figure.tight_layout()
         return figure

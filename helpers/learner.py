@@ -35,8 +35,23 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-__all__ = ["ENGINE_ENTRY", "as_items", "check_step", "code_reached", "first_line", "held_bindings", "intercepting", "known_names", "name_bindings",
-           "learner_line", "passed_optimizers_only", "place", "raised_at", "short", "skipped_dirs"]
+__all__ = [
+    "ENGINE_ENTRY",
+    "as_items",
+    "check_step",
+    "code_reached",
+    "first_line",
+    "held_bindings",
+    "intercepting",
+    "known_names",
+    "learner_line",
+    "name_bindings",
+    "passed_optimizers_only",
+    "place",
+    "raised_at",
+    "short",
+    "skipped_dirs",
+]
 
 
 def skipped_dirs() -> tuple[str, ...]:
@@ -47,7 +62,7 @@ def skipped_dirs() -> tuple[str, ...]:
 
 
 def place(filename: str, lineno: int) -> str:
-    """"file:line", or for a notebook cell "Cell In[3], line 5" as IPython's tracebacks name it: a kernel's
+    """ "file:line", or for a notebook cell "Cell In[3], line 5" as IPython's tracebacks name it: a kernel's
     cell files are temporary names that change with every kernel."""
     ipython = sys.modules.get("IPython")  # never imported here: only a running shell has cells
     shell = ipython.get_ipython() if ipython is not None else None
@@ -55,8 +70,11 @@ def place(filename: str, lineno: int) -> str:
     return f"{named[0]} {named[1]}, line {lineno}" if named else f"{filename}:{lineno}"
 
 
-def learner_line(frame: types.FrameType | None, lines: dict[tuple[str, int], str] | None = None,
-                 skipped: tuple[str, ...] | None = None) -> str:
+def learner_line(
+    frame: types.FrameType | None,
+    lines: dict[tuple[str, int], str] | None = None,
+    skipped: tuple[str, ...] | None = None,
+) -> str:
     """The learner's line, "file:line: code" ("Cell In[3], line 5: code" in a notebook), of the first frame from ``frame`` outward that lies outside
     torch, ``helpers/``, the standard library and site-packages (code read with ``linecache``), or
     "(no source line outside torch)". ``lines`` caches each (file, line)'s answer ("" for a skipped frame)
@@ -86,14 +104,16 @@ def name_bindings(step: Callable[[], Any]) -> list[tuple[Callable[[], Any], Call
             value = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        bindings.append((lambda cell=cell: cell.cell_contents,
-                         lambda v, cell=cell: setattr(cell, "cell_contents", v), value))
+        bindings.append(
+            (lambda cell=cell: cell.cell_contents, lambda v, cell=cell: setattr(cell, "cell_contents", v), value)
+        )
     namespace = getattr(step, "__globals__", {})
     closure = set(code.co_freevars) if code is not None else set()
     for name, value in known_names(step).items():
         if name not in closure and namespace.get(name) is value and not callable(value):
-            bindings.append((lambda name=name: namespace.get(name),
-                             lambda v, name=name: namespace.__setitem__(name, v), value))
+            bindings.append(
+                (lambda name=name: namespace.get(name), lambda v, name=name: namespace.__setitem__(name, v), value)
+            )
     return bindings
 
 
@@ -146,8 +166,9 @@ class _UnknownOptimizer(BaseException):  # not an Exception: a step's own ``exce
 
 
 @contextlib.contextmanager
-def passed_optimizers_only(step: Callable[[], Any], optimizers: tuple[torch.optim.Optimizer, ...],
-                           who: str) -> Iterator[None]:
+def passed_optimizers_only(
+    step: Callable[[], Any], optimizers: tuple[torch.optim.Optimizer, ...], who: str
+) -> Iterator[None]:
     """While inside, an optimizer not in ``optimizers`` that calls ``step()`` stops the run before it changes its
     weights or its state (which nothing could put back), and leaves as a ValueError naming it."""
     known = {id(o) for o in optimizers}
@@ -163,8 +184,10 @@ def passed_optimizers_only(step: Callable[[], Any], optimizers: tuple[torch.opti
         optimizer = unknown.args[0]
         name = next((n for n, v in known_names(step).items() if v is optimizer), None)
         what = f"{name} ({type(optimizer).__name__})" if name else f"a {type(optimizer).__name__}"
-        raise ValueError(f"{who}: the step calls {what}.step(), an optimizer not in optimizers: pass every "
-                         f"optimizer the step uses, so that its state can be put back") from None
+        raise ValueError(
+            f"{who}: the step calls {what}.step(), an optimizer not in optimizers: pass every "
+            f"optimizer the step uses, so that its state can be put back"
+        ) from None
     finally:
         handle.remove()
 
@@ -172,8 +195,10 @@ def passed_optimizers_only(step: Callable[[], Any], optimizers: tuple[torch.opti
 def check_step(step: object, who: str = "audit_retain_graph") -> None:
     """Refuse anything but a function of no arguments (``who`` names the tool in the message)."""
     if not callable(step):
-        raise TypeError(f"{who} takes a step: a function of no arguments that runs one training "
-                        f"iteration; got {type(step).__name__}")
+        raise TypeError(
+            f"{who} takes a step: a function of no arguments that runs one training "
+            f"iteration; got {type(step).__name__}"
+        )
     try:
         parameters = inspect.signature(step).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature: let the run tell
@@ -183,8 +208,10 @@ def check_step(step: object, who: str = "audit_retain_graph") -> None:
         name = getattr(step, "__name__", "step")
         name = "step" if name.startswith("<") else name
         call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in needs)
-        raise TypeError(f"{who} takes a step with no arguments; yours needs "
-                        f"({', '.join(p.name for p in needs)}): wrap it, e.g. lambda: {name}({call})")
+        raise TypeError(
+            f"{who} takes a step with no arguments; yours needs "
+            f"({', '.join(p.name for p in needs)}): wrap it, e.g. lambda: {name}({call})"
+        )
 
 
 def as_items(value: object, kind: type, what: str, label: str, who: str = "audit_retain_graph") -> tuple[Any, ...]:
@@ -210,10 +237,12 @@ EngineHandler = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
 
 @contextlib.contextmanager
-def intercepting(on_backward: EngineHandler | None = None,
-                 on_step: Callable[[torch.optim.Optimizer], None] | None = None,
-                 before_step: Callable[[torch.optim.Optimizer], None] | None = None,
-                 entry: str = ENGINE_ENTRY) -> Iterator[None]:
+def intercepting(
+    on_backward: EngineHandler | None = None,
+    on_step: Callable[[torch.optim.Optimizer], None] | None = None,
+    before_step: Callable[[torch.optim.Optimizer], None] | None = None,
+    entry: str = ENGINE_ENTRY,
+) -> Iterator[None]:
     """While inside, every entry into autograd's engine calls ``on_backward(engine, outputs, args, kwargs)``
     (which calls ``engine(outputs, *args, **kwargs)`` itself: ``args`` are grad_tensors, keep_graph,
     create_graph, inputs, ...; ``kwargs`` holds ``accumulate_grad``, False for ``torch.autograd.grad``), and every
@@ -262,8 +291,12 @@ def _public_entry(name: str, original: Callable[..., Any], on_backward: EngineHa
         inputs = bound.get("inputs")
         inputs = () if inputs is None else (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
         engine_args = (None, create if retain is None else bool(retain), create, inputs)
-        return on_backward(lambda *_, **__: original(*args, **kwargs), bound.get("tensors", bound.get("outputs")),
-                           engine_args, {"accumulate_grad": name == "backward"})
+        return on_backward(
+            lambda *_, **__: original(*args, **kwargs),
+            bound.get("tensors", bound.get("outputs")),
+            engine_args,
+            {"accumulate_grad": name == "backward"},
+        )
 
     return watched
 
@@ -273,7 +306,7 @@ def first_line(exc: BaseException, width: int = 110) -> str:
     also for an exception whose ``str()`` itself fails."""
     try:
         text = str(exc)
-    except Exception:  # noqa: BLE001 - a learner's exception class may break even str()
+    except Exception:
         text = ""
     lines = text.split(" Hint:")[0].strip().splitlines()
     return f"{type(exc).__name__}: {lines[0][:width]}" if lines else type(exc).__name__
@@ -290,7 +323,7 @@ def raised_at(exc: BaseException, lines: dict[tuple[str, int], str] | None = Non
 
 
 def short(line: str) -> str:
-    """"/a/b/train.py:12: code" -> "train.py:12: code" (a cell's "Cell In[5], line 3: code" stays)."""
+    """ "/a/b/train.py:12: code" -> "train.py:12: code" (a cell's "Cell In[5], line 3: code" stays)."""
     match = re.match(r"(.*?):(\d+): (.*)$", line)
     if not match or match.group(1).startswith("Cell "):
         return line

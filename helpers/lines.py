@@ -51,8 +51,9 @@ class CreationLines:
         own = self._own.get(code)
         if own is None:
             name = code.co_filename
-            own = self._own[code] = ((not name.startswith("<") or name.startswith("<ipython"))
-                                     and not os.path.realpath(name).startswith(self._skipped))
+            own = self._own[code] = (not name.startswith("<") or name.startswith("<ipython")) and not os.path.realpath(
+                name
+            ).startswith(self._skipped)
         return own
 
     def start(self, frame: types.FrameType | None) -> None:
@@ -68,8 +69,8 @@ class CreationLines:
                 sites[-1] = site
                 return
             if len(sequences) >= _MAX_ENTRIES:
-                del sequences[:_MAX_ENTRIES // 2]
-                del sites[:_MAX_ENTRIES // 2]
+                del sequences[: _MAX_ENTRIES // 2]
+                del sites[: _MAX_ENTRIES // 2]
             sequences.append(sequence)
             sites.append(site)
 

@@ -48,16 +48,20 @@ def _objects(line: str, namespace: dict[str, Any]) -> tuple[list[torch.nn.Module
     models, optimizers = [], []
     for name in line.split():
         if name not in namespace:
-            raise ValueError(f"%%diagnose: no variable named {name!r} in the notebook; name the models and "
-                             f"optimizers the cell trains, e.g. %%diagnose model optimizer")
+            raise ValueError(
+                f"%%diagnose: no variable named {name!r} in the notebook; name the models and "
+                f"optimizers the cell trains, e.g. %%diagnose model optimizer"
+            )
         value = namespace[name]
         if isinstance(value, torch.nn.Module):
             models.append(value)
         elif isinstance(value, torch.optim.Optimizer):
             optimizers.append(value)
         else:
-            raise TypeError(f"%%diagnose: {name} is a {type(value).__name__}; the names after %%diagnose are the "
-                            f"models (torch.nn.Module) and optimizers the cell trains")
+            raise TypeError(
+                f"%%diagnose: {name} is a {type(value).__name__}; the names after %%diagnose are the "
+                f"models (torch.nn.Module) and optimizers the cell trains"
+            )
     return models, optimizers
 
 
@@ -84,7 +88,9 @@ def diagnose_cell(line: str, cell: str, shell: Any) -> Diagnosis:
     try:
         tree = ast.parse(cell)
     except SyntaxError as exc:
-        raise SyntaxError(f"%%diagnose: the cell is not Python: {exc.msg} (cell line {(exc.lineno or 0) + 1})") from None
+        raise SyntaxError(
+            f"%%diagnose: the cell is not Python: {exc.msg} (cell line {(exc.lineno or 0) + 1})"
+        ) from None
     ast.increment_lineno(tree, 1)  # the %%diagnose line comes first in the cell
     body: list[ast.stmt] = list(tree.body)
     names = _assigned_names(body)

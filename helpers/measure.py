@@ -67,8 +67,9 @@ class GradientComparison:
     missing: tuple[str, ...]
 
 
-def compare_gradients(got: Mapping[str, torch.Tensor | None],
-                      reference: Mapping[str, torch.Tensor | None]) -> GradientComparison:
+def compare_gradients(
+    got: Mapping[str, torch.Tensor | None], reference: Mapping[str, torch.Tensor | None]
+) -> GradientComparison:
     """Compare ``got`` with ``reference``, name by name; a gradient that is None on one side only counts as
     zeros there and makes the sets neither bit-equal nor close."""
     if set(got) != set(reference):
@@ -96,9 +97,13 @@ def compare_gradients(got: Mapping[str, torch.Tensor | None],
     return GradientComparison(bit_equal, close, worst, relative, tuple(missing))
 
 
-def time_round_robin(steps: Mapping[str, Callable[[], object]], rounds: int,
-                     before_each: Callable[[], object] | None = None, progress: bool = False,
-                     desc: str = "timing rounds") -> dict[str, list[float]]:
+def time_round_robin(
+    steps: Mapping[str, Callable[[], object]],
+    rounds: int,
+    before_each: Callable[[], object] | None = None,
+    progress: bool = False,
+    desc: str = "timing rounds",
+) -> dict[str, list[float]]:
     """Seconds of each call of each step over ``rounds`` rounds; round ``i`` starts at the ``i``-th step,
     so no step always runs first. ``before_each`` (untimed) runs before every call."""
     names = list(steps)
@@ -162,14 +167,26 @@ class TrainingState:
     list back the items it had (in place, the same list) when they or its items now hold tensors (a list of
     outputs the step appends to). Other names (a counter, a function) are left alone."""
 
-    def __init__(self, models: Iterable[torch.nn.Module] = (), optimizers: Iterable[torch.optim.Optimizer] = (),
-                 step: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        models: Iterable[torch.nn.Module] = (),
+        optimizers: Iterable[torch.optim.Optimizer] = (),
+        step: Callable[[], Any] | None = None,
+    ) -> None:
         models = list(models)
-        self._parameters = [(p, p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
-                            for model in models for p in model.parameters()]
+        self._parameters = [
+            (p, p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
+            for model in models
+            for p in model.parameters()
+        ]
         self._buffers = [(b, b.detach().clone()) for model in models for b in model.buffers()]
-        self._attributes = [(module, name, value) for model in models for module in model.modules()
-                            for name, value in vars(module).items() if isinstance(value, torch.Tensor)]
+        self._attributes = [
+            (module, name, value)
+            for model in models
+            for module in model.modules()
+            for name, value in vars(module).items()
+            if isinstance(value, torch.Tensor)
+        ]
         self._optimizers = [(optimizer, copy.deepcopy(optimizer.state_dict())) for optimizer in optimizers]
         self._python_random = random.getstate()
         self._torch_random = torch.get_rng_state()
@@ -205,4 +222,5 @@ class TrainingState:
 
 def _holds_tensors(value: Any) -> bool:
     return isinstance(value, torch.Tensor) or (
-        isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value))
+        isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value)
+    )

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Callable
 
 import torch
 
@@ -73,7 +73,7 @@ class _StorageEntry:
     known to be graph-only (``confirmed``; see the module docstring for why that mark stays true).
     """
 
-    __slots__ = ("meter", "key", "nbytes", "boxes", "confirmed")
+    __slots__ = ("boxes", "confirmed", "key", "meter", "nbytes")
 
     def __init__(self, meter: SavedTensorMeter, key: int, nbytes: int) -> None:
         self.meter = meter
@@ -96,7 +96,7 @@ class _SavedBox:
     meter itself holds no box and no tensor.
     """
 
-    __slots__ = ("tensor", "version", "entry")
+    __slots__ = ("entry", "tensor", "version")
 
     def __init__(self, tensor: torch.Tensor, entry: _StorageEntry) -> None:
         self.tensor = tensor

@@ -56,8 +56,9 @@ def site_of(frame: types.FrameType | None, skipped: tuple[str, ...], outward: bo
         name = frame.f_code.co_filename
         own = _own_files.get(name)
         if own is None:
-            own = _own_files[name] = ((not name.startswith("<") or name.startswith("<ipython"))
-                                      and not os.path.realpath(name).startswith(skipped))
+            own = _own_files[name] = (not name.startswith("<") or name.startswith("<ipython")) and not os.path.realpath(
+                name
+            ).startswith(skipped)
         if own:
             return name, frame.f_lineno
         if not outward:
@@ -66,10 +67,15 @@ def site_of(frame: types.FrameType | None, skipped: tuple[str, ...], outward: bo
     return "", 0
 
 
-def names_holding_graphs(frame: types.FrameType | None, skipped: tuple[str, ...], event: int,
-                         roots: Callable[[], list[tuple[str, Any]]] | None = None, tracing: bool = False,
-                         outermost: types.FrameType | None = None,
-                         roots_where: tuple[str, int, str] | None = None) -> Iterator[tuple[NamedGraph, Any]]:
+def names_holding_graphs(
+    frame: types.FrameType | None,
+    skipped: tuple[str, ...],
+    event: int,
+    roots: Callable[[], list[tuple[str, Any]]] | None = None,
+    tracing: bool = False,
+    outermost: types.FrameType | None = None,
+    roots_where: tuple[str, int, str] | None = None,
+) -> Iterator[tuple[NamedGraph, Any]]:
     """(name, node) for each node a name holds: the learner's frames from ``frame`` out (up to, not including,
     ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. While a trace
     function runs (``tracing``), snapshots are left alone: CPython writes a frame's f_locals back into its
@@ -111,8 +117,14 @@ def names_holding_graphs(frame: types.FrameType | None, skipped: tuple[str, ...]
                 known = best.get(sequence)
                 alike.setdefault(sequence, {})[spelled] = id(tensor)
                 if known is None or simpler(spelled, known[0]):
-                    best[sequence] = (spelled, node, bare and (known is None or known[2]), kind,
-                                      tuple(tensor.shape), id(tensor))
+                    best[sequence] = (
+                        spelled,
+                        node,
+                        bare and (known is None or known[2]),
+                        kind,
+                        tuple(tensor.shape),
+                        id(tensor),
+                    )
                 elif not bare:
                     best[sequence] = (*known[:2], False, *known[3:])
         for sequence, (spelled, node, bare, kind, shape, tensor_id) in best.items():
@@ -123,8 +135,11 @@ def names_holding_graphs(frame: types.FrameType | None, skipped: tuple[str, ...]
                 # very same tensor (a distribution's logits and _param) is no second finding
                 others: dict[int, str] = {}
                 for a, held in alike[sequence].items():
-                    if held != tensor_id and (a.count("["), a.count(".")) == rank and (
-                            held not in others or simpler(a, others[held])):
+                    if (
+                        held != tensor_id
+                        and (a.count("["), a.count(".")) == rank
+                        and (held not in others or simpler(a, others[held]))
+                    ):
                         others[held] = a
                 aliases = tuple(sorted(others.values()))
                 found[sequence] = [spelled, where, is_global, node, bare, holders.get(sequence), kind, shape, aliases]
@@ -146,8 +161,9 @@ def _rank(spelled: str) -> tuple[int, int, int, int]:
     return spelled.count("["), spelled.count("."), private, len(spelled)
 
 
-def _tensors_under(name: str, value: Any, depth: int = 0,
-                   kind: str | None = None) -> Iterator[tuple[str, torch.Tensor, str | None]]:
+def _tensors_under(
+    name: str, value: Any, depth: int = 0, kind: str | None = None
+) -> Iterator[tuple[str, torch.Tensor, str | None]]:
     """(spelling, tensor, the kind of container it is an item of) for a tensor, the items of a list, tuple or dict,
     a module's tensor attributes and buffers, and an object's, two levels deep: ``h``, ``state[0]``,
     ``buffers['h']``, ``model.memory``, ``model.hidden[0]``."""
@@ -164,8 +180,11 @@ def _tensors_under(name: str, value: Any, depth: int = 0,
                 yield from _tensors_under(f"{name}[{key!r}]", item, depth + 1, "dict")
     elif isinstance(value, torch.nn.Module):
         yield from _module_tensors(name, value, 0)
-    elif hasattr(value, "__dict__") and not callable(value) and not isinstance(
-            value, (torch.optim.Optimizer, types.ModuleType)):
+    elif (
+        hasattr(value, "__dict__")
+        and not callable(value)
+        and not isinstance(value, (torch.optim.Optimizer, types.ModuleType))
+    ):
         for key, item in list(vars(value).items())[:64]:
             if isinstance(item, torch.Tensor):
                 yield f"{name}.{key}", item, None
@@ -181,9 +200,13 @@ def _module_tensors(prefix: str, module: torch.nn.Module, depth: int) -> Iterato
     attributes = module.__dict__
     cached = _tensor_keys.get(module)
     if cached is None or cached[0] != len(attributes):
-        keys = tuple(k for k, v in attributes.items()
-                     if (isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter))
-                     or (isinstance(v, tuple) and not k.startswith("_")) or v is None)
+        keys = tuple(
+            k
+            for k, v in attributes.items()
+            if (isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter))
+            or (isinstance(v, tuple) and not k.startswith("_"))
+            or v is None
+        )
         cached = _tensor_keys[module] = (len(attributes), keys)
     for key in cached[1]:
         item = attributes.get(key)

@@ -45,10 +45,12 @@ class Panel:
         button.on_click(lambda _button: self._safely(handler))
         return button
 
-    def _checkbox(self, description: str, tooltip: str, css: str, value: bool = False,
-                  on_change: Callable[[], None] | None = None) -> widgets.Checkbox:
-        box = widgets.Checkbox(value=value, description=description, tooltip=tooltip, indent=False,
-                               layout=widgets.Layout(width="auto"))
+    def _checkbox(
+        self, description: str, tooltip: str, css: str, value: bool = False, on_change: Callable[[], None] | None = None
+    ) -> widgets.Checkbox:
+        box = widgets.Checkbox(
+            value=value, description=description, tooltip=tooltip, indent=False, layout=widgets.Layout(width="auto")
+        )
         box.add_class(css)
         if on_change is not None:
             box.observe(lambda _change: self._safely(on_change), names="value")
@@ -57,14 +59,21 @@ class Panel:
     @staticmethod
     def _iterations_box(value: int, maximum: int, tooltip: str) -> widgets.BoundedIntText:
         """The box for how many iterations a Run button runs (CSS class ``bt-iterations``)."""
-        box = widgets.BoundedIntText(value=value, min=1, max=maximum, description="iterations", tooltip=tooltip,
-                                     layout=widgets.Layout(width="180px"))
+        box = widgets.BoundedIntText(
+            value=value,
+            min=1,
+            max=maximum,
+            description="iterations",
+            tooltip=tooltip,
+            layout=widgets.Layout(width="180px"),
+        )
         box.add_class("bt-iterations")
         return box
 
     @staticmethod
-    def _figure_rows(figures: Sequence[tuple[str, str, str]], css: str,
-                     initial: str = "") -> tuple[dict[str, widgets.Label], widgets.VBox]:
+    def _figure_rows(
+        figures: Sequence[tuple[str, str, str]], css: str, initial: str = ""
+    ) -> tuple[dict[str, widgets.Label], widgets.VBox]:
         """One labelled row per ``(key, label, tooltip)``; returns the value labels by key, and the column."""
         values: dict[str, widgets.Label] = {}
         rows = []
@@ -87,7 +96,7 @@ class Panel:
         # ipywidgets swallows exceptions raised in handlers; show them in the panel instead.
         try:
             action()
-        except Exception as exc:  # noqa: BLE001 - every error must reach the learner
+        except Exception as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             self._show_error(self.last_error)
             self._after_error()
@@ -95,8 +104,10 @@ class Panel:
     def _show_error(self, error: str, advice: str = "the panel still works") -> None:
         # Dark red on a pale red box of its own, bordered: readable in light and dark themes alike (contrast
         # 6.4:1), and said in words ("Error"), not by colour alone. role=alert: screen readers announce it.
-        self.status.value = (f"<div role='alert' style='{_ERROR_BOX}'><b>Error</b> ({html.escape(advice)})<br>"
-                             f"<code style='color:inherit;background:none'>{html.escape(error)}</code></div>")
+        self.status.value = (
+            f"<div role='alert' style='{_ERROR_BOX}'><b>Error</b> ({html.escape(advice)})<br>"
+            f"<code style='color:inherit;background:none'>{html.escape(error)}</code></div>"
+        )
 
     def _after_error(self) -> None:
         """What a subclass does after showing an error (nothing by default)."""

@@ -42,20 +42,22 @@ from typing import Any
 
 import torch
 
+from helpers.iterations import split_iterations
 from helpers.learner import first_line, intercepting, learner_line, raised_at, skipped_dirs
 from helpers.lines import CreationLines
 from helpers.names import NamedGraph, names_holding_graphs, simpler, site_of
-from helpers.iterations import split_iterations
 from helpers.saved import graph_only_bytes, has_saved_data, python_walk, saved_data
 
 __all__ = ["CallRecord", "ErrorRecord", "Recorder", "StopRecording"]
 
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
-SECOND_TIME = ("Trying to backward through the graph a second time (or directly access saved tensors after they "
-               "have already been freed). Saved intermediate values of the graph are freed when you call .backward() "
-               "or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time "
-               "or if you need to access saved tensors after calling backward.")
-_LEAF_SEQ = 2 ** 63  # AccumulateGrad nodes carry 2**64 - 1
+SECOND_TIME = (
+    "Trying to backward through the graph a second time (or directly access saved tensors after they "
+    "have already been freed). Saved intermediate values of the graph are freed when you call .backward() "
+    "or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time "
+    "or if you need to access saved tensors after calling backward."
+)
+_LEAF_SEQ = 2**63  # AccumulateGrad nodes carry 2**64 - 1
 _MAX_OLD, _MAX_NAMES = 100_000, 50_000  # nodes of maybe earlier iterations kept per call; names kept
 
 
@@ -110,11 +112,16 @@ class Recorder:
     graph's buffers and raise PyTorch's error where the code as written would. ``roots``: extra (name, object)
     pairs to look for named tensors in (a step's closure and globals), as a function called at each event."""
 
-    def __init__(self, iterations: int | None = None, keep_buffers: bool = False,
-                 roots: Callable[[], list[tuple[str, Any]]] | None = None,
-                 on_leaf: Callable[[torch.Tensor], None] | None = None) -> None:
-        if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int)
-                                       or iterations < 1):
+    def __init__(
+        self,
+        iterations: int | None = None,
+        keep_buffers: bool = False,
+        roots: Callable[[], list[tuple[str, Any]]] | None = None,
+        on_leaf: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        if iterations is not None and (
+            isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1
+        ):
             raise ValueError(f"watch: iterations must be a whole number from 1 up (or None), got {iterations!r}")
         self.iterations, self.keep_buffers, self.roots, self.on_leaf = iterations, keep_buffers, roots, on_leaf
         self.before_step: Callable[[torch.optim.Optimizer], None] | None = None  # called before each step()
@@ -243,9 +250,17 @@ class Recorder:
         site = site_of(caller, self._skipped)
         if self.marks == [] and self.steps == [] and self.calls and self.iterations is not None:
             self._fallback_stop(site)
-        call = CallRecord(len(self.calls), site, line, "backward" if kwargs.get("accumulate_grad", True) else "grad",
-                          keep, create, 0 if inputs is None else len(inputs), torch._C._autograd._get_sequence_nr(),
-                          event=self.events)
+        call = CallRecord(
+            len(self.calls),
+            site,
+            line,
+            "backward" if kwargs.get("accumulate_grad", True) else "grad",
+            keep,
+            create,
+            0 if inputs is None else len(inputs),
+            torch._C._autograd._get_sequence_nr(),
+            event=self.events,
+        )
         self.calls.append(call)
         roots = [_node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
         roots = [r for r in roots if r is not None]
@@ -302,8 +317,11 @@ class Recorder:
             for node in order:
                 sequence = node._sequence_nr()
                 if boundary <= sequence < _LEAF_SEQ:
-                    edges.update(s for s in (child._sequence_nr() for child, _ in node.next_functions
-                                             if child is not None) if s < boundary)
+                    edges.update(
+                        s
+                        for s in (child._sequence_nr() for child, _ in node.next_functions if child is not None)
+                        if s < boundary
+                    )
             call.frontier = array("Q", sorted(edges))
 
         for position, node in enumerate(order):
@@ -356,8 +374,7 @@ class Recorder:
             self.stopped = True
             raise StopRecording(self.iterations)
 
-    def _explain(self, exc: BaseException, call: CallRecord, walked: list[Any],
-                 caller: types.FrameType) -> ErrorRecord:
+    def _explain(self, exc: BaseException, call: CallRecord, walked: list[Any], caller: types.FrameType) -> ErrorRecord:
         record = ErrorRecord(first_line(exc, 400), call.line, call.index)
         message = str(exc)
         if "backward through the graph a second time" in message and call.first_freed is not None:
@@ -367,12 +384,17 @@ class Recorder:
             record.changed_by_step = self._step_that_changed(walked, call)
         return record
 
-    def _through(self, walked: list[Any], position: int, call: CallRecord,
-                 caller: types.FrameType) -> NamedGraph | None:
+    def _through(
+        self, walked: list[Any], position: int, call: CallRecord, caller: types.FrameType
+    ) -> NamedGraph | None:
         """The name closest above the freed node in the walk: kept at an event, or held by a frame now."""
-        live = {n.sequence: n for n, _ in names_holding_graphs(caller, self._skipped, self.events, self.roots,
-                                                                       sys.gettrace() is not None, self.outermost)}
-        for node in reversed(walked[:position + 1]):
+        live = {
+            n.sequence: n
+            for n, _ in names_holding_graphs(
+                caller, self._skipped, self.events, self.roots, sys.gettrace() is not None, self.outermost
+            )
+        }
+        for node in reversed(walked[: position + 1]):
             sequence = node._sequence_nr()
             named = self.names.get(sequence) or live.get(sequence)
             if named is not None:
@@ -417,9 +439,9 @@ class Recorder:
         sighting = len(self.sightings)
         self.sightings.append(torch._C._autograd._get_sequence_nr())
         at_start = bool(self.starts) and self.starts[-1] == sighting
-        for named, node in names_holding_graphs(frame, self._skipped, sighting, self.roots,
-                                                  sys.gettrace() is not None, self.outermost,
-                                                  self.roots_where):
+        for named, node in names_holding_graphs(
+            frame, self._skipped, sighting, self.roots, sys.gettrace() is not None, self.outermost, self.roots_where
+        ):
             sequence = named.sequence
             known = self.names.get(sequence)
             if known is None:

@@ -35,7 +35,7 @@ def _saved_items(node: Any) -> Iterator[Any]:
             raw = getattr(node, name)
         except RuntimeError:
             raise _Freed from None
-        for item in (raw if isinstance(raw, (tuple, list)) else (raw,)):
+        for item in raw if isinstance(raw, (tuple, list)) else (raw,):
             yield getattr(item, "data", None)
 
 

@@ -23,10 +23,9 @@ from typing import Any
 
 from helpers.display import format_bytes
 from helpers.errors import error_kind
-
+from helpers.iterations import Split, split_iterations
 from helpers.learner import place, short
 from helpers.names import NamedGraph
-from helpers.iterations import Split, split_iterations
 from helpers.recorder import CallRecord, Recorder
 
 __all__ = ["ERROR_FIXES", "CarriedFinding", "ErrorVerdict", "LineVerdict", "Note", "Verdicts", "judge"]
@@ -101,26 +100,26 @@ class Verdicts:
 
 ERROR_FIXES = {
     "backward a second time": "a backward freed this graph's buffers and a later one goes through them: add "
-                              "retain_graph=True to the earlier backward only, or sum the losses and call "
-                              "backward() once",
+    "retain_graph=True to the earlier backward only, or sum the losses and call "
+    "backward() once",
     "in-place version error": "a tensor the graph saved was changed in place (x += ..., relu_(), "
-                              "optimizer.step()) before the backward through it: use the out-of-place form; "
-                              "after an optimizer.step(), compute the forward again (a GAN: G's loss on a fresh "
-                              "netD(fake)). Moving the step after the later backward runs, but takes that "
-                              "gradient through the old weights (notebook 03, section 3)",
+    "optimizer.step()) before the backward through it: use the out-of-place form; "
+    "after an optimizer.step(), compute the forward again (a GAN: G's loss on a fresh "
+    "netD(fake)). Moving the step after the later backward runs, but takes that "
+    "gradient through the old weights (notebook 03, section 3)",
     "donated buffers": "torch.compile compiled this backward for one use (its first call did not retain), so it "
-                       "may reuse the saved buffers: call backward once per forward (sum the losses), or get each "
-                       "loss's gradient from one torch.autograd.grad(torch.stack(losses), params, "
-                       "grad_outputs=torch.eye(n), is_grads_batched=True); set "
-                       "torch._functorch.config.donated_buffer = False before compiling only if the code must "
-                       "retain (notebook 06, section 2)",
+    "may reuse the saved buffers: call backward once per forward (sum the losses), or get each "
+    "loss's gradient from one torch.autograd.grad(torch.stack(losses), params, "
+    "grad_outputs=torch.eye(n), is_grads_batched=True); set "
+    "torch._functorch.config.donated_buffer = False before compiling only if the code must "
+    "retain (notebook 06, section 2)",
     "DDP ready only once": "DistributedDataParallel all-reduces each parameter once per backward, and a second "
-                           "backward through the same parameters marks them ready again: sum the losses and call "
-                           "backward() once per forward ((l1 + l2).backward()); static_graph=True and "
-                           "find_unused_parameters=True do not make two backward calls right: they fail one "
-                           "iteration later or average the wrong gradients (notebook 06, section 3)",
+    "backward through the same parameters marks them ready again: sum the losses and call "
+    "backward() once per forward ((l1 + l2).backward()); static_graph=True and "
+    "find_unused_parameters=True do not make two backward calls right: they fail one "
+    "iteration later or average the wrong gradients (notebook 06, section 3)",
     "no graph": "the loss was computed without a graph (under torch.no_grad(), from .detach() or .item(), or "
-                "from tensors that need no gradient): compute it from the model's output with grad enabled",
+    "from tensors that need no gradient): compute it from the model's output with grad enabled",
     "other": "the loop fails before retain_graph matters: fix this error first",
 }
 
@@ -135,8 +134,9 @@ def judge(recorder: Recorder) -> Verdicts:
     error = _error(recorder, split, carried)
     partial = len(calls) > (split.ends[-1][1] if split.ends else 0) or recorder.error is not None
     run = split.count + (1 if partial else 0)
-    return Verdicts(split, run, len(calls), lines, carried, notes, error,
-                    recorder.iterations if recorder.stopped else None)
+    return Verdicts(
+        split, run, len(calls), lines, carried, notes, error, recorder.iterations if recorder.stopped else None
+    )
 
 
 def _lines(calls: list[CallRecord], split: Split, recorder: Recorder) -> list[LineVerdict]:
@@ -150,27 +150,57 @@ def _lines(calls: list[CallRecord], split: Split, recorder: Recorder) -> list[Li
         held = max(c.held_after_bytes for c in runs)
         if any(c.create_graph for c in runs):
             if _writes_retain(runs[0].site):  # written out, yet create_graph implies it
-                verdicts.append(LineVerdict(line, "can go", len(runs), 0, held,
-                                            "can go: create_graph=True keeps the graph anyway (retain_graph "
-                                            "defaults to create_graph)", "remove retain_graph=True"))
+                verdicts.append(
+                    LineVerdict(
+                        line,
+                        "can go",
+                        len(runs),
+                        0,
+                        held,
+                        "can go: create_graph=True keeps the graph anyway (retain_graph defaults to create_graph)",
+                        "remove retain_graph=True",
+                    )
+                )
             else:
-                verdicts.append(LineVerdict(line, "not a retain (create_graph)", len(runs), 0, held,
-                                            CREATE_GRAPH_NOTE, "nothing to change here"))
+                verdicts.append(
+                    LineVerdict(
+                        line,
+                        "not a retain (create_graph)",
+                        len(runs),
+                        0,
+                        held,
+                        CREATE_GRAPH_NOTE,
+                        "nothing to change here",
+                    )
+                )
             continue
         needed = [c for c in runs if c.needed_by]
         if needed:
             later = calls[needed[0].needed_by[0]]
             same = split.iteration_of_call(later.index) == split.iteration_of_call(needed[0].index)
             when = "in the same iteration" if same else f"in iteration {split.iteration_of_call(later.index)}"
-            why = (f"needed in {len(needed)} of {len(runs)} runs: a later backward, {short(later.line)}, walks the "
-                   f"buffers it kept ({when}); without it, that backward raises \"Trying to backward through the "
-                   f"graph a second time\"")
-            verdicts.append(LineVerdict(line, "needed", len(runs), len(needed), held, why,
-                                        f"keep it: a later backward needs these buffers ({short(later.line)})"))
+            why = (
+                f"needed in {len(needed)} of {len(runs)} runs: a later backward, {short(later.line)}, walks the "
+                f'buffers it kept ({when}); without it, that backward raises "Trying to backward through the '
+                f'graph a second time"'
+            )
+            verdicts.append(
+                LineVerdict(
+                    line,
+                    "needed",
+                    len(runs),
+                    len(needed),
+                    held,
+                    why,
+                    f"keep it: a later backward needs these buffers ({short(later.line)})",
+                )
+            )
         else:
             stopped = " before the error" if recorder.error is not None else ""
-            why = (f"can go: in {len(runs)} run{'s' if len(runs) != 1 else ''}{stopped} no later backward walks the "
-                   f"buffers it kept, so without it the step runs the same: it only kept {format_bytes(held)} alive")
+            why = (
+                f"can go: in {len(runs)} run{'s' if len(runs) != 1 else ''}{stopped} no later backward walks the "
+                f"buffers it kept, so without it the step runs the same: it only kept {format_bytes(held)} alive"
+            )
             verdicts.append(LineVerdict(line, "can go", len(runs), 0, held, why, "remove retain_graph=True"))
     return verdicts
 
@@ -202,17 +232,42 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                 name = carrier
                 container = "list" if re.search(r"\[\d+\]$", carrier) and container is None else container
             for spelled in (name, *(a for a in node.aliases if carrier is None or carrier == node.name)):
-                add(f"{line}|{spelled}", iteration, name=spelled, built_at=line, iteration=built or None,
-                    used_at=call.line, container=container, shape=node.shape)
+                add(
+                    f"{line}|{spelled}",
+                    iteration,
+                    name=spelled,
+                    built_at=line,
+                    iteration=built or None,
+                    used_at=call.line,
+                    container=container,
+                    shape=node.shape,
+                )
         if not named:
             built = split.iteration_of_node(max(old))
             line = f"(no name the loop holds; built {_when(built)})"
-            add(line, iteration, name=None, built_at=line, iteration=built or None, used_at=call.line,
-                container=None, shape=None)
-    return [CarriedFinding(e["name"], e["built_at"], e["iteration"], e["used_at"], e["reached_from"],
-                           len(e["times"]), carried_fix(e["name"], e["built_at"], e["iteration"] is None,
-                                                        e["container"]), e["shape"])
-            for e in found.values()]
+            add(
+                line,
+                iteration,
+                name=None,
+                built_at=line,
+                iteration=built or None,
+                used_at=call.line,
+                container=None,
+                shape=None,
+            )
+    return [
+        CarriedFinding(
+            e["name"],
+            e["built_at"],
+            e["iteration"],
+            e["used_at"],
+            e["reached_from"],
+            len(e["times"]),
+            carried_fix(e["name"], e["built_at"], e["iteration"] is None, e["container"]),
+            e["shape"],
+        )
+        for e in found.values()
+    ]
 
 
 def _notes(recorder: Recorder, split: Split) -> list[Note]:
@@ -244,8 +299,12 @@ def _writes_retain(site: tuple[str, int]) -> bool:
         tree = ast.parse("".join(linecache.getlines(filename)))
     except SyntaxError:
         return "retain_graph" in linecache.getline(filename, lineno)
-    return any(isinstance(node, ast.Call) and node.lineno <= lineno <= (node.end_lineno or node.lineno)
-               and any(k.arg == "retain_graph" for k in node.keywords) for node in ast.walk(tree))
+    return any(
+        isinstance(node, ast.Call)
+        and node.lineno <= lineno <= (node.end_lineno or node.lineno)
+        and any(k.arg == "retain_graph" for k in node.keywords)
+        for node in ast.walk(tree)
+    )
 
 
 def _below_a_submodule(name: str) -> bool:
@@ -264,8 +323,10 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
     if record.freed_by is not None:
         freer = calls[record.freed_by]
         through = f" through {record.reached_through.name}" if record.reached_through is not None else ""
-        evidence = (f"the buffers it needs were freed by the backward at {short(freer.line)} in iteration "
-                    f"{split.iteration_of_call(freer.index)}; this backward reached them{through}")
+        evidence = (
+            f"the buffers it needs were freed by the backward at {short(freer.line)} in iteration "
+            f"{split.iteration_of_call(freer.index)}; this backward reached them{through}"
+        )
         if carried:
             fix = carried[0].fix
     elif record.changed_by_step is not None:
@@ -284,8 +345,9 @@ def carried_fix(name: str | None, built_at: str, before_loop: bool, container: s
     code = built_at.split(": ", 1)[-1]
     total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)", code)
     if not before_loop and total:
-        return (f"add a number instead ({total.group(1)} += loss.item()) and call backward() on this "
-                f"iteration's loss alone")
+        return (
+            f"add a number instead ({total.group(1)} += loss.item()) and call backward() on this iteration's loss alone"
+        )
     if name is None:
         return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
     item = re.match(r"^(.*)\[[^\]]*\]$", name)
@@ -328,8 +390,7 @@ def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
     return f"{place(filename, first_line)} ({named.name}, {code_name})"
 
 
-def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name: str,
-                before_loop: bool) -> int | None:
+def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name: str, before_loop: bool) -> int | None:
     """The line of the assignment that built ``named``'s value, searched from the function it was found in
     outward: the functions around it (a step defined inside a test or a cell), the module's top level, then the
     whole file (``y = model(x)`` in a ``build()`` that returns ``{"y": y}``). Assignments that only alias a value
@@ -341,9 +402,18 @@ def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name:
     attribute = re.findall(r"\.(\w+)", spelled)
     wanted = {root, *keys[-1:], *attribute[-1:]} - {""}
     functions = (ast.FunctionDef, ast.AsyncFunctionDef)
-    around = [] if named.is_global or code_name == "<module>" else sorted(
-        (node for node in ast.walk(tree) if isinstance(node, functions)
-         and node.lineno <= first_line <= (node.end_lineno or node.lineno)), key=lambda node: -node.lineno)
+    around = (
+        []
+        if named.is_global or code_name == "<module>"
+        else sorted(
+            (
+                node
+                for node in ast.walk(tree)
+                if isinstance(node, functions) and node.lineno <= first_line <= (node.end_lineno or node.lineno)
+            ),
+            key=lambda node: -node.lineno,
+        )
+    )
     for scope, nested in [*((f, False) for f in around), (tree, False), (tree, True)]:
         found: list[tuple[int, bool]] = []  # (line, inside a loop)
 
@@ -377,8 +447,11 @@ def _may_build(value: ast.AST | None) -> bool:
         return False
     if isinstance(value, ast.Tuple):
         return any(_may_build(item) for item in value.elts)
-    return not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
-                and value.func.attr in ("detach", "detach_", "item", "tolist", "numpy"))
+    return not (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr in ("detach", "detach_", "item", "tolist", "numpy")
+    )
 
 
 def _binds(target: ast.AST, wanted: set[str]) -> bool:

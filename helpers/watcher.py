@@ -79,11 +79,14 @@ def watch(iterations: int | None = None) -> Watch:
 
 
 def _headline(v: Verdicts) -> str:
-    fixes = len(v.carried) + sum(1 for line in v.lines if line.verdict == "can go") + (
-        1 if v.error is not None and not v.carried else 0)
+    fixes = (
+        len(v.carried)
+        + sum(1 for line in v.lines if line.verdict == "can go")
+        + (1 if v.error is not None and not v.carried else 0)
+    )
     iterations = f"{v.iterations_run} iteration{'s' if v.iterations_run != 1 else ''}"
     calls = f"{v.calls} backward call{'s' if v.calls != 1 else ''}"
-    stopped = f", then stopped as asked" if v.stopped_after is not None else ""
+    stopped = ", then stopped as asked" if v.stopped_after is not None else ""
     watched = f"Watched {iterations} ({v.split.how}){stopped}, {calls}."
     if not fixes:
         return f"{watched} Healthy: no graph carried, no error, and no retain_graph=True that can go."
@@ -103,9 +106,13 @@ def _sections(v: Verdicts) -> list[tuple[str, list[tuple[str, str, str]]]]:
             built = "before the first iteration" if c.iteration is None else f"in iteration {c.iteration}"
             name = c.name or "a tensor"
             times = f" ({c.times} iterations walked it)" if c.times > 1 else ""
-            items.append((f"{name}: {short(c.built_at)}",
-                          f"built {built}, walked by the backward of iteration {c.reached_from} at "
-                          f"{short(c.used_at)}{times}", f"Fix: {c.fix}"))
+            items.append(
+                (
+                    f"{name}: {short(c.built_at)}",
+                    f"built {built}, walked by the backward of iteration {c.reached_from} at {short(c.used_at)}{times}",
+                    f"Fix: {c.fix}",
+                )
+            )
         sections.append(("Graphs carried into a later iteration", items))
     if v.lines:
         items = []
@@ -116,18 +123,31 @@ def _sections(v: Verdicts) -> list[tuple[str, list[tuple[str, str, str]]]]:
         sections.append(("retain_graph=True, one verdict per line", items))
     heavy = [n for n in v.notes if n.held_bytes]
     if heavy:
-        sections.append(("Notes", [(f"{n.name}: {short(n.built_at)}",
-                                    f"keeps {format_bytes(n.held_bytes)} of an earlier iteration's graph alive; no "
-                                    f"backward walks it", "Note: not an error; keep .detach() or .item() if you only "
-                                                          "log it") for n in heavy]))
+        sections.append(
+            (
+                "Notes",
+                [
+                    (
+                        f"{n.name}: {short(n.built_at)}",
+                        f"keeps {format_bytes(n.held_bytes)} of an earlier iteration's graph alive; no "
+                        f"backward walks it",
+                        "Note: not an error; keep .detach() or .item() if you only log it",
+                    )
+                    for n in heavy
+                ],
+            )
+        )
     return sections
 
 
 def _light_notes(v: Verdicts) -> str:
     """The names that hold an earlier iteration's graph whose buffers are already freed, in one line."""
     light = [n.name for n in v.notes if not n.held_bytes]
-    return (f"Also held into the next iteration, with no saved tensors left (harmless): {', '.join(light)}."
-            if light else "")
+    return (
+        f"Also held into the next iteration, with no saved tensors left (harmless): {', '.join(light)}."
+        if light
+        else ""
+    )
 
 
 def render_text(v: Verdicts) -> str:
@@ -142,8 +162,10 @@ def render_text(v: Verdicts) -> str:
 def render_html(v: Verdicts) -> str:
     parts = [f"<div><p><b>{html.escape(_headline(v))}</b></p>"]
     for title, items in _sections(v):
-        rows = "".join(f"<li><code>{html.escape(what)}</code><br>{html.escape(why)}<br><b>{html.escape(fix)}</b></li>"
-                       for what, why, fix in items)
+        rows = "".join(
+            f"<li><code>{html.escape(what)}</code><br>{html.escape(why)}<br><b>{html.escape(fix)}</b></li>"
+            for what, why, fix in items
+        )
         parts.append(f"<p>{html.escape(title)}:</p><ol>{rows}</ol>")
     if _light_notes(v):
         parts.append(f"<p><small>{html.escape(_light_notes(v))}</small></p>")
@@ -156,12 +178,40 @@ def verdicts_json(v: Verdicts) -> dict[str, Any]:
         "iterations": v.iterations_run,
         "split": v.split.how,
         "calls": v.calls,
-        "error": None if e is None else {"kind": e.kind, "message": e.message, "line": e.line,
-                                         "iteration": e.iteration, "evidence": e.evidence, "fix": e.fix},
-        "carried": [{"variable": c.name, "built_at": c.built_at, "iteration": c.iteration, "used_at": c.used_at,
-                     "reached_from": c.reached_from, "iterations_walked": c.times, "fix": c.fix} for c in v.carried],
-        "lines": [{"line": line.line, "verdict": line.verdict, "runs": line.runs, "needed_runs": line.needed_runs,
-                   "held_bytes": line.held_bytes, "why": line.why, "fix": line.fix} for line in v.lines],
+        "error": None
+        if e is None
+        else {
+            "kind": e.kind,
+            "message": e.message,
+            "line": e.line,
+            "iteration": e.iteration,
+            "evidence": e.evidence,
+            "fix": e.fix,
+        },
+        "carried": [
+            {
+                "variable": c.name,
+                "built_at": c.built_at,
+                "iteration": c.iteration,
+                "used_at": c.used_at,
+                "reached_from": c.reached_from,
+                "iterations_walked": c.times,
+                "fix": c.fix,
+            }
+            for c in v.carried
+        ],
+        "lines": [
+            {
+                "line": line.line,
+                "verdict": line.verdict,
+                "runs": line.runs,
+                "needed_runs": line.needed_runs,
+                "held_bytes": line.held_bytes,
+                "why": line.why,
+                "fix": line.fix,
+            }
+            for line in v.lines
+        ],
         "notes": [{"variable": n.name, "built_at": n.built_at, "held_bytes": n.held_bytes} for n in v.notes],
     }
 

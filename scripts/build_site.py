@@ -91,16 +91,23 @@ def vendor_problem() -> str | None:
     if installed is None:
         return f"the widget renderer is not installed ({HTML_MANAGER.relative_to(ROOT)} is missing). {MAKE_HINT}"
     if installed != pinned:
-        return (f"build/site-npm has @jupyter-widgets/html-manager {installed}, but package-lock.json pins "
-                f"{pinned}. {MAKE_HINT}")
+        return (
+            f"build/site-npm has @jupyter-widgets/html-manager {installed}, but package-lock.json pins "
+            f"{pinned}. {MAKE_HINT}"
+        )
     if not (HTML_MANAGER / "dist" / "embed.js").exists():
         return f"{HTML_MANAGER.relative_to(ROOT)}/dist/embed.js is missing. {MAKE_HINT}"
     return None
 
 
 def input_files() -> list[Path]:
-    files = [*notebooks(), *zh_pages(), Path(__file__).resolve(), PACKAGE_LOCK,
-             *sorted(path for path in TEMPLATES.rglob("*") if path.is_file())]
+    files = [
+        *notebooks(),
+        *zh_pages(),
+        Path(__file__).resolve(),
+        PACKAGE_LOCK,
+        *sorted(path for path in TEMPLATES.rglob("*") if path.is_file()),
+    ]
     files += [ROOT / source for source in ("README.md", *MARKDOWN_PAGES) if (ROOT / source).exists()]
     return files
 
@@ -109,8 +116,10 @@ def input_digest() -> str:
     from importlib.metadata import version
 
     digest = hashlib.sha256()
-    tools = (f"nbconvert {version('nbconvert')}; mistune {version('mistune')}; "
-             f"html-manager {installed_html_manager_version()}")
+    tools = (
+        f"nbconvert {version('nbconvert')}; mistune {version('mistune')}; "
+        f"html-manager {installed_html_manager_version()}"
+    )
     digest.update(tools.encode() + b"\n")
     for path in sorted(set(input_files())):
         digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0")
@@ -133,7 +142,9 @@ def is_up_to_date(out: Path = SITE) -> bool:
 _FETCHING = re.compile(
     r"<(script|link|img|iframe|source|video|audio|embed|object|image|use)\b[^>]*?"
     r"\s(src|href|xlink:href|data|srcset|poster)"
-    r"\s*=\s*(\"[^\"]*\"|'[^']*'|[^\s>]+)", re.IGNORECASE | re.DOTALL)
+    r"\s*=\s*(\"[^\"]*\"|'[^']*'|[^\s>]+)",
+    re.IGNORECASE | re.DOTALL,
+)
 _CSS_URL = re.compile(r"url\(\s*['\"]?\s*((?:https?:)?//[^)'\"]+)", re.IGNORECASE)
 _CSS_IMPORT = re.compile(r"@import\s+['\"]((?:https?:)?//[^'\"]+)", re.IGNORECASE)
 _STYLE = re.compile(r"<style\b[^>]*>(.*?)</style>", re.IGNORECASE | re.DOTALL)
@@ -149,8 +160,11 @@ def offline_problems(page_html: str) -> list[str]:
     """Every reference in a page that would make the browser contact another host (empty: none)."""
     problems = []
     for tag, attribute, value in _FETCHING.findall(page_html):
-        urls = [part.strip().split()[0] for part in value.strip("\"'").split(",") if part.strip()] \
-            if attribute.lower() == "srcset" else [value]
+        urls = (
+            [part.strip().split()[0] for part in value.strip("\"'").split(",") if part.strip()]
+            if attribute.lower() == "srcset"
+            else [value]
+        )
         problems += [f"<{tag} {attribute}={value[:120]}>" for url in urls if _is_remote(url)]
     for css in _STYLE.findall(page_html):
         css = _CSS_COMMENT.sub("", css)
@@ -193,10 +207,10 @@ def rewrite_links(page_html: str, source: str, page: str, pages: dict[str, str])
 # -- notebooks ------------------------------------------------------------------------------------
 @dataclass
 class NotebookPage:
-    source: str       # notebooks/NAME.ipynb
-    page: str         # NAME.html
+    source: str  # notebooks/NAME.ipynb
+    page: str  # NAME.html
     title: str
-    question: str     # the notebook's "The question." paragraph, as HTML (may be empty)
+    question: str  # the notebook's "The question." paragraph, as HTML (may be empty)
     zh_page: str | None
 
 
@@ -212,20 +226,27 @@ def check_notebook(nb, name: str) -> None:
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     foreign = sorted({model["model_module"] for model in state.values()} - BUILTIN_WIDGET_MODULES)
     if foreign:
-        raise SiteBuildError(f"{name}: widgets from {', '.join(foreign)} cannot be rendered offline by the "
-                             "html-manager's embed bundle; vendor their code or do not save their state")
+        raise SiteBuildError(
+            f"{name}: widgets from {', '.join(foreign)} cannot be rendered offline by the "
+            "html-manager's embed bundle; vendor their code or do not save their state"
+        )
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             if "application/javascript" in output.get("data", {}):
-                raise SiteBuildError(f"{name}: an application/javascript output would need require.js, "
-                                     "which the offline copy does not ship")
+                raise SiteBuildError(
+                    f"{name}: an application/javascript output would need require.js, "
+                    "which the offline copy does not ship"
+                )
     for source in _markdown_sources(nb):
         if "```mermaid" in source:
-            warnings.warn(f"{name}: a mermaid diagram shows as its source text in the offline copy "
-                          "(mermaid.js is not vendored)", stacklevel=2)
+            warnings.warn(
+                f"{name}: a mermaid diagram shows as its source text in the offline copy (mermaid.js is not vendored)",
+                stacklevel=2,
+            )
         if _MATH.search(re.sub(r"`[^`]*`", "", re.sub(r"```.*?```", "", source, flags=re.DOTALL))):
-            warnings.warn(f"{name}: TeX math shows as its source text in the offline copy "
-                          "(MathJax is not vendored)", stacklevel=2)
+            warnings.warn(
+                f"{name}: TeX math shows as its source text in the offline copy (MathJax is not vendored)", stacklevel=2
+            )
 
 
 def _markdown():
@@ -244,8 +265,9 @@ def notebook_facts(path: Path, nb) -> NotebookPage:
         if paragraph and not question:
             question = _markdown()(paragraph.group(1).strip()).strip()
     zh = ROOT / "docs" / "zh" / f"{path.stem}.md"
-    return NotebookPage(f"notebooks/{path.name}", f"{path.stem}.html", title, question,
-                        f"zh/{path.stem}.html" if zh.exists() else None)
+    return NotebookPage(
+        f"notebooks/{path.name}", f"{path.stem}.html", title, question, f"zh/{path.stem}.html" if zh.exists() else None
+    )
 
 
 def convert_notebook(path: Path, facts: NotebookPage, pages: dict[str, str]) -> str:
@@ -280,12 +302,17 @@ blockquote { margin: 0; padding-left: 1em; border-left: 4px solid #d0d7de; color
 
 def html_page(title: str, body: str, page: str, lang: str, nav: list[tuple[str, str]]) -> str:
     up = posixpath.relpath(".", posixpath.dirname(page) or ".")
-    links = "".join(f'<a data-site-link href="{html.escape(target if up == "." else posixpath.join(up, target))}">'
-                    f"{html.escape(text)}</a>" for text, target in nav)
-    return (f'<!DOCTYPE html>\n<html lang="{lang}">\n<head>\n<meta charset="utf-8" />\n'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1.0">\n'
-            f"<title>{html.escape(title)}</title>\n<style type=\"text/css\">{MARKDOWN_CSS}</style>\n</head>\n"
-            f'<body>\n<nav aria-label="course">{links}</nav>\n<main>\n{body}\n</main>\n</body>\n</html>\n')
+    links = "".join(
+        f'<a data-site-link href="{html.escape(target if up == "." else posixpath.join(up, target))}">'
+        f"{html.escape(text)}</a>"
+        for text, target in nav
+    )
+    return (
+        f'<!DOCTYPE html>\n<html lang="{lang}">\n<head>\n<meta charset="utf-8" />\n'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1.0">\n'
+        f'<title>{html.escape(title)}</title>\n<style type="text/css">{MARKDOWN_CSS}</style>\n</head>\n'
+        f'<body>\n<nav aria-label="course">{links}</nav>\n<main>\n{body}\n</main>\n</body>\n</html>\n'
+    )
 
 
 _IMG = re.compile(r"<img\b[^>]*>", re.IGNORECASE)
@@ -328,8 +355,11 @@ def convert_markdown(source: str, page: str, pages: dict[str, str]) -> str:
     heading = re.search(r"^#\s+(.+)$", text, re.MULTILINE)
     title = re.sub(r"`([^`]*)`", r"\1", heading.group(1).strip()) if heading else source
     lang = "zh-CN" if source.startswith("docs/zh/") or source == "README.zh-CN.md" else "en"
-    nav = [("Backward Twice: all notebooks", "index.html"), ("中文说明", "zh/index.html"),
-           ("术语表 Glossary", "glossary.html")]
+    nav = [
+        ("Backward Twice: all notebooks", "index.html"),
+        ("中文说明", "zh/index.html"),
+        ("术语表 Glossary", "glossary.html"),
+    ]
     body = rewrite_links(add_heading_ids(drop_remote_images(_markdown()(text))), source, page, pages)
     return html_page(title, body, page, lang, [item for item in nav if item[1] in pages.values()])
 
@@ -340,24 +370,28 @@ def first_section(markdown_text: str) -> str:
     It is the answer for a reader who has the error on screen; the index page shows it from the README
     itself, so there is one copy to keep in step with the notebooks.
     """
-    text = re.sub(r"^```.*?^```", lambda match: re.sub(r"[^\n]", " ", match.group(0)), markdown_text,
-                  flags=re.DOTALL | re.MULTILINE)  # a '## ' inside a code block is no heading
+    text = re.sub(
+        r"^```.*?^```",
+        lambda match: re.sub(r"[^\n]", " ", match.group(0)),
+        markdown_text,
+        flags=re.DOTALL | re.MULTILINE,
+    )  # a '## ' inside a code block is no heading
     headings = [match.start() for match in re.finditer(r"^##\s", text, re.MULTILINE)]
     if not headings:
         raise SiteBuildError("README.md has no '## ' section for the index page's first answer")
     end = headings[1] if len(headings) > 1 else len(markdown_text)
-    return markdown_text[headings[0]:end].strip()
+    return markdown_text[headings[0] : end].strip()
 
 
 def index_page(facts: list[NotebookPage], pages: dict[str, str]) -> str:
-    first_answer = rewrite_links(_markdown()(first_section((ROOT / "README.md").read_text(encoding="utf-8"))),
-                                 "README.md", "index.html", pages)
+    first_answer = rewrite_links(
+        _markdown()(first_section((ROOT / "README.md").read_text(encoding="utf-8"))), "README.md", "index.html", pages
+    )
     rows = []
     for item in facts:
         zh = f'<a href="{item.zh_page}" lang="zh-CN">中文讲解</a>' if item.zh_page else ""
         title = re.sub(r"^<p>(.*)</p>$", r"\1", _markdown()(item.title).strip(), flags=re.DOTALL)
-        rows.append(f'<tr><td><a href="{item.page}">{title}</a></td>'
-                    f"<td>{item.question}</td><td>{zh}</td></tr>")
+        rows.append(f'<tr><td><a href="{item.page}">{title}</a></td><td>{item.question}</td><td>{zh}</td></tr>')
     extra = []
     if "zh/index.html" in pages.values():
         extra.append('<a href="zh/index.html" lang="zh-CN">中文说明（README.zh-CN）</a>')
@@ -403,7 +437,9 @@ def _copy_vendor(target: Path) -> None:
     (target / "README.txt").write_text(
         f"@jupyter-widgets/html-manager {installed_html_manager_version()} (BSD-3-Clause, Jupyter Project), "
         "dist/ as published on npm: embed.js renders saved widget state; the fonts are Font Awesome Free "
-        "(embed.js.LICENSE.txt).\n", encoding="utf-8")
+        "(embed.js.LICENSE.txt).\n",
+        encoding="utf-8",
+    )
 
 
 def build(out: Path = SITE, zip_path: Path | None = SITE_ZIP, force: bool = False) -> bool:
@@ -438,8 +474,9 @@ def build(out: Path = SITE, zip_path: Path | None = SITE_ZIP, force: bool = Fals
             raise SiteBuildError(f"{page} would contact another host: " + "; ".join(problems[:5]))
         (tmp / page).parent.mkdir(parents=True, exist_ok=True)
         (tmp / page).write_text(text, encoding="utf-8")
-    (tmp / BUILD_INFO).write_text(json.dumps({"digest": digest, "pages": sorted(written)}, indent=1) + "\n",
-                                  encoding="utf-8")
+    (tmp / BUILD_INFO).write_text(
+        json.dumps({"digest": digest, "pages": sorted(written)}, indent=1) + "\n", encoding="utf-8"
+    )
     if out.exists():
         shutil.rmtree(out)
     tmp.replace(out)
@@ -470,8 +507,10 @@ def main(argv: list[str] | None = None) -> int:
     where = f"{SITE.relative_to(ROOT)}/ and {SITE_ZIP.relative_to(ROOT)}"
     if built:
         count = len(json.loads((SITE / BUILD_INFO).read_text(encoding="utf-8"))["pages"])
-        print(f"Built {where}: {count} pages in {time.monotonic() - start:.1f} s. "
-              f"Open {SITE.relative_to(ROOT)}/index.html in a browser (no network needed).")
+        print(
+            f"Built {where}: {count} pages in {time.monotonic() - start:.1f} s. "
+            f"Open {SITE.relative_to(ROOT)}/index.html in a browser (no network needed)."
+        )
     else:
         print(f"{where} are up to date (no input changed).")
     return 0

@@ -100,8 +100,10 @@ def make_mlp() -> Callable[..., torch.nn.Module]:
     def make(seed: int = 0, device: str = "cpu") -> torch.nn.Module:
         torch.manual_seed(seed)
         return torch.nn.Sequential(
-            torch.nn.Linear(8, 16), torch.nn.ReLU(),
-            torch.nn.Linear(16, 16), torch.nn.Tanh(),
+            torch.nn.Linear(8, 16),
+            torch.nn.ReLU(),
+            torch.nn.Linear(16, 16),
+            torch.nn.Tanh(),
             torch.nn.Linear(16, 1),
         ).to(device)
 

@@ -26,15 +26,24 @@ def g_loss_fn(fake_out):
 
 
 def mlp(n_in, n_out, hidden=64):
-    return torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.LeakyReLU(0.2),
-                               torch.nn.Linear(hidden, hidden), torch.nn.LeakyReLU(0.2),
-                               torch.nn.Linear(hidden, n_out))
+    return torch.nn.Sequential(
+        torch.nn.Linear(n_in, hidden),
+        torch.nn.LeakyReLU(0.2),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.LeakyReLU(0.2),
+        torch.nn.Linear(hidden, n_out),
+    )
 
 
 def small_mlp(n_in: int, n_out: int) -> torch.nn.Sequential:
     """Smaller than the notebook's networks: the unit tests judge logic, not learning."""
-    return torch.nn.Sequential(torch.nn.Linear(n_in, 16), torch.nn.LeakyReLU(0.2), torch.nn.Linear(16, 16),
-                               torch.nn.LeakyReLU(0.2), torch.nn.Linear(16, n_out))
+    return torch.nn.Sequential(
+        torch.nn.Linear(n_in, 16),
+        torch.nn.LeakyReLU(0.2),
+        torch.nn.Linear(16, 16),
+        torch.nn.LeakyReLU(0.2),
+        torch.nn.Linear(16, n_out),
+    )
 
 
 @pytest.fixture

@@ -48,8 +48,11 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def lesson_names() -> list[str]:
-    return sorted(p.stem for p in LESSONS.iterdir()
-                  if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists()))
+    return sorted(
+        p.stem
+        for p in LESSONS.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())
+    )
 
 
 def lesson_files(lesson: str) -> list[Path]:
@@ -69,8 +72,11 @@ def test_the_core_never_imports_a_lesson() -> None:
 def test_a_lesson_never_imports_another_lesson(lesson: str) -> None:
     own = f"helpers.lessons.{lesson}"
     for path in lesson_files(lesson):
-        others = {m for m in imported_modules(path)
-                  if m.startswith("helpers.lessons") and m != own and not m.startswith(own + ".")}
+        others = {
+            m
+            for m in imported_modules(path)
+            if m.startswith("helpers.lessons") and m != own and not m.startswith(own + ".")
+        }
         assert not others, f"{path.relative_to(ROOT)} imports {sorted(others)}"
 
 
@@ -88,7 +94,8 @@ def test_bt_exports_exactly_what_the_notebooks_call() -> None:
     calls = notebook_calls()
     assert sorted(helpers.__all__) == sorted(calls), (
         f"not called by any notebook: {sorted(set(helpers.__all__) - set(calls))}; "
-        f"called but not exported: {sorted(set(calls) - set(helpers.__all__))}")
+        f"called but not exported: {sorted(set(calls) - set(helpers.__all__))}"
+    )
     assert helpers.__all__ == sorted(helpers.__all__, key=lambda n: (n[0].islower(), n))
 
 
@@ -115,14 +122,19 @@ def _functions(source: str) -> dict[str, str]:
     functions = {}
     for node in ast.parse(source).body:
         if isinstance(node, ast.FunctionDef):
-            body = node.body[1:] if (node.body and isinstance(node.body[0], ast.Expr)
-                                     and isinstance(node.body[0].value, ast.Constant)) else node.body
+            body = (
+                node.body[1:]
+                if (node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant))
+                else node.body
+            )
             functions[node.name] = ast.dump(ast.Module(body=body, type_ignores=[]))
     return functions
 
 
-@pytest.mark.parametrize("name", ["d_loss_fn", "g_loss_fn", "mlp", "make_gan", "srgan_step", "moved_step",
-                                  "standard_step", "single_forward_step"])
+@pytest.mark.parametrize(
+    "name",
+    ["d_loss_fn", "g_loss_fn", "mlp", "make_gan", "srgan_step", "moved_step", "standard_step", "single_forward_step"],
+)
 def test_the_gan_tests_run_the_notebooks_own_code(name: str) -> None:
     """tests/gan_steps.py copies notebook 03's losses, networks and steps; a copy that drifts fails here."""
     cells = json.loads((ROOT / "notebooks" / "03_gan_step.ipynb").read_text(encoding="utf-8"))["cells"]
@@ -140,16 +152,21 @@ def test_the_gan_tests_run_the_notebooks_own_code(name: str) -> None:
 # through it (helpers/harness.py runs a step on it, helpers/recorder.py watches through it).
 _PATCHES_OR_READS_A_STEP = re.compile(
     r"_engine_run_backward|register_optimizer_step_(?:pre|post)_hook|__closure__|__globals__|setattr\(torch\b"
-    r"|torch\.autograd\.\w+\s*=[^=]|torch\.Tensor\.\w+\s*=[^=]|optimizer\.step\s*=[^=]")
+    r"|torch\.autograd\.\w+\s*=[^=]|torch\.Tensor\.\w+\s*=[^=]|optimizer\.step\s*=[^=]"
+)
 _THE_ONE_PLACE = "helpers/learner.py"
+
+
 def test_only_one_module_patches_torch_or_reads_a_steps_closure_and_globals() -> None:
     offenders = set()
     for path in sorted(HELPERS.rglob("*.py")):
-        code = "\n".join(line for line in path.read_text(encoding="utf-8").splitlines()
-                         if not line.lstrip().startswith("#"))
+        code = "\n".join(
+            line for line in path.read_text(encoding="utf-8").splitlines() if not line.lstrip().startswith("#")
+        )
         if _PATCHES_OR_READS_A_STEP.search(code):
             offenders.add(str(path.relative_to(ROOT)))
     assert _THE_ONE_PLACE in offenders
     assert offenders == {_THE_ONE_PLACE}, (
         f"{sorted(offenders - {_THE_ONE_PLACE})} patch torch or read a step's closure/globals: "
-        f"use helpers.learner (intercepting, known_names, held_bindings) or helpers.harness.run_step")
+        f"use helpers.learner (intercepting, known_names, held_bindings) or helpers.harness.run_step"
+    )

@@ -60,6 +60,7 @@ def gan():
 
 # -- the gallery -------------------------------------------------------------------------------------------
 
+
 def test_two_losses_on_one_trunk_the_first_retain_is_needed(two_heads) -> None:
     trunk, head1, head2, optimizer, x = two_heads
 
@@ -124,14 +125,17 @@ def test_reuse_the_graph_a_new_forward_builds_a_new_graph() -> None:
 
     audit = audit_retain_graph(step, models=model, optimizers=optimizer)
     assert audit.error is None and verdicts(audit) == [False, None]
-    first = the_call(audit, "loss.backward(retain_graph=True)  # \"reuse the graph\"")
+    first = the_call(audit, 'loss.backward(retain_graph=True)  # "reuse the graph"')
     assert first.held_after_bytes > 0 and first.fix == "remove retain_graph=True"
 
 
 def test_srgan_step_raises_in_place_and_its_retain_is_needed_for_the_second_backward(gan) -> None:
     netG, netD, optimizerG, optimizerD, real, z = gan
-    audit = audit_retain_graph(lambda: srgan_step(netG, netD, optimizerG, optimizerD, real, z),
-                               models=[netG, netD], optimizers=[optimizerG, optimizerD])
+    audit = audit_retain_graph(
+        lambda: srgan_step(netG, netD, optimizerG, optimizerD, real, z),
+        models=[netG, netD],
+        optimizers=[optimizerG, optimizerD],
+    )
     assert IN_PLACE in audit.error and audit.error.startswith("RuntimeError: ")
     assert audit.error_line.endswith(": g_loss.backward()")
     assert verdicts(audit) == [True, None]
@@ -151,8 +155,10 @@ def test_single_forward_gan_with_autograd_grad(gan) -> None:
     assert audit.error is None and verdicts(audit) == [True, None]
     first = the_call(audit, "d_grads = torch.autograd.grad(d_loss, d_params, retain_graph=True)", "gan_steps.py")
     assert first.function == "torch.autograd.grad" and SECOND_TIME in first.why
-    assert the_call(audit, "g_grads = torch.autograd.grad(g_loss, g_params)", "gan_steps.py").function == \
-        "torch.autograd.grad"
+    assert (
+        the_call(audit, "g_grads = torch.autograd.grad(g_loss, g_params)", "gan_steps.py").function
+        == "torch.autograd.grad"
+    )
 
 
 def test_gradient_penalty_create_graph_is_reported_as_such(gan) -> None:
@@ -280,7 +286,6 @@ def test_a_step_that_draws_its_batch_from_an_iterator_is_judged_from_what_ran() 
     assert (line.verdict, line.runs, line.needed_runs) == ("can go", 2, 0)
 
 
-
 def test_a_retain_on_a_carried_hidden_state_is_needed_by_the_next_runs_backward() -> None:
     torch.manual_seed(0)
     cell = nn.RNNCell(3, 4)
@@ -296,6 +301,7 @@ def test_a_retain_on_a_carried_hidden_state_is_needed_by_the_next_runs_backward(
     [line] = audit.lines
     assert (line.runs, line.needed_runs) == (2, 1) and "in iteration 2" in line.why
     assert h is h0, "the step's h is the learner's object again afterwards"
+
 
 def test_single_forward_gan_with_backward_inputs(gan) -> None:
     netG, netD, optimizerG, optimizerD, real, z = gan
@@ -333,7 +339,7 @@ def test_a_graph_that_saves_nothing_can_be_walked_twice_without_a_retain() -> No
 
     def step() -> None:
         optimizer.zero_grad()
-        loss = (w + x).sum()   # an addition saves no tensor
+        loss = (w + x).sum()  # an addition saves no tensor
         loss.backward(retain_graph=True)
         loss.backward()
         optimizer.step()
@@ -362,7 +368,9 @@ def test_a_swallowed_error_shows_as_changed_gradients(two_heads) -> None:
     assert audit.error is None and verdicts(audit) == [True, None]
     first = the_call(audit, "l1.backward(retain_graph=True)")
     # as written l2's backward walks the trunk l1 kept: without the retain it would raise (and be swallowed)
-    assert first.why.startswith("needed in 2 of 2 runs: a later backward, test_audit.py:") and "l2.backward()" in first.why
+    assert (
+        first.why.startswith("needed in 2 of 2 runs: a later backward, test_audit.py:") and "l2.backward()" in first.why
+    )
     assert first.fix.startswith("keep it: a later backward needs these buffers")
 
 
@@ -409,8 +417,10 @@ def test_an_optimizer_nobody_passed_is_refused_and_nothing_changes(two_heads) ->
 
     with pytest.raises(ValueError) as error:
         audit_retain_graph(hidden_step, models=[trunk, head1])
-    assert str(error.value) == ("audit_retain_graph: the step calls a SGD.step(), an optimizer not in "
-                                "optimizers: pass every optimizer the step uses, so that its state can be put back")
+    assert str(error.value) == (
+        "audit_retain_graph: the step calls a SGD.step(), an optimizer not in "
+        "optimizers: pass every optimizer the step uses, so that its state can be put back"
+    )
     assert all(torch.equal(b, p) for b, p in zip(before, trunk.parameters()))
 
 
@@ -431,6 +441,7 @@ def test_a_notebook_cell_is_named_as_a_traceback_names_it(monkeypatch) -> None:
 
 # -- the tool's promises -----------------------------------------------------------------------------------
 
+
 def test_state_is_put_back(two_heads) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
@@ -438,8 +449,13 @@ def test_state_is_put_back(two_heads) -> None:
     x = torch.randn(8, 4)
     model(x).sum().backward()
     optimizer.step()  # Adam has state now, and every parameter a .grad
-    before = (copy.deepcopy(model.state_dict()), {n: p.grad.clone() for n, p in model.named_parameters()},
-              copy.deepcopy(optimizer.state_dict()), torch.get_rng_state(), random.getstate())
+    before = (
+        copy.deepcopy(model.state_dict()),
+        {n: p.grad.clone() for n, p in model.named_parameters()},
+        copy.deepcopy(optimizer.state_dict()),
+        torch.get_rng_state(),
+        random.getstate(),
+    )
 
     def step() -> None:
         optimizer.zero_grad()
@@ -528,8 +544,10 @@ def test_bad_input_is_refused_clearly(two_heads) -> None:
 
     with pytest.raises(TypeError) as error:
         audit_retain_graph(train_step)
-    assert str(error.value) == ("audit_retain_graph takes a step with no arguments; yours needs (x, y, scale): "
-                                "wrap it, e.g. lambda: train_step(x, y, scale=scale)")
+    assert str(error.value) == (
+        "audit_retain_graph takes a step with no arguments; yours needs (x, y, scale): "
+        "wrap it, e.g. lambda: train_step(x, y, scale=scale)"
+    )
     with pytest.raises(TypeError, match="function of no arguments"):
         audit_retain_graph(trunk(x))
     with pytest.raises(TypeError, match="models must be a torch.nn.Module or a list of them; got Tensor"):

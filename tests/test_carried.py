@@ -35,6 +35,7 @@ def the_finding(report: CarriedGraphReport, code: str) -> CarriedTensor:
 
 # -- the catalogue of carried graphs ------------------------------------------------------------------
 
+
 def test_rnn_hidden_state_not_detached() -> None:
     torch.manual_seed(0)
     cell = nn.RNNCell(4, 8)
@@ -266,6 +267,7 @@ def test_retain_graph_with_an_optimizer_step_raises_the_in_place_error() -> None
 
 # -- clean steps: no alarm ----------------------------------------------------------------------------
 
+
 def test_clean_mlp_step() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
@@ -374,6 +376,7 @@ def test_clean_steps_with_in_place_ops_no_grad_and_a_fresh_distribution() -> Non
 
 # -- promises -----------------------------------------------------------------------------------------
 
+
 def test_parameters_grads_and_optimizer_state_are_put_back() -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
@@ -437,15 +440,30 @@ def test_the_steps_exception_is_reported_not_raised() -> None:
     assert "Iteration 2 raised: ValueError: boom on the second call" in str(report)
 
 
-@pytest.mark.parametrize("kwargs, error, words", [
-    ({"step": 3}, TypeError, "find_carried_graph takes a step: a function of no arguments"),
-    ({"step": lambda x: x}, TypeError, r"find_carried_graph takes a step with no arguments; yours needs \(x\)"),
-    ({"step": print, "models": [object()]}, TypeError, "models must be a torch.nn.Module or a list of them; got object"),
-    ({"step": print, "models": {"m": object()}}, TypeError, "models must be a torch.nn.Module or a list of them; got object"),
-    ({"step": print, "optimizers": nn.Linear(1, 1)}, TypeError, "optimizers must be a torch.optim.Optimizer or a list of them; got Linear"),
-    ({"step": print, "iterations": 1}, ValueError, "iterations must be an int >= 2"),
-    ({"step": print, "iterations": 2.0}, ValueError, "iterations must be an int >= 2"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"step": 3}, TypeError, "find_carried_graph takes a step: a function of no arguments"),
+        ({"step": lambda x: x}, TypeError, r"find_carried_graph takes a step with no arguments; yours needs \(x\)"),
+        (
+            {"step": print, "models": [object()]},
+            TypeError,
+            "models must be a torch.nn.Module or a list of them; got object",
+        ),
+        (
+            {"step": print, "models": {"m": object()}},
+            TypeError,
+            "models must be a torch.nn.Module or a list of them; got object",
+        ),
+        (
+            {"step": print, "optimizers": nn.Linear(1, 1)},
+            TypeError,
+            "optimizers must be a torch.optim.Optimizer or a list of them; got Linear",
+        ),
+        ({"step": print, "iterations": 1}, ValueError, "iterations must be an int >= 2"),
+        ({"step": print, "iterations": 2.0}, ValueError, "iterations must be an int >= 2"),
+    ],
+)
 def test_bad_input_is_refused_clearly(kwargs: dict, error: type, words: str) -> None:
     with pytest.raises(error, match=words):
         find_carried_graph(**kwargs)
@@ -470,7 +488,8 @@ def test_text_and_html_show_the_verdict_the_line_and_the_fix() -> None:
         assert "Graph carried across iterations" in shown and code in shown and HERE in shown
         assert "built in iteration 1" in shown and "total_loss += loss.item()" in shown
     assert find_carried_graph(lambda: None)._repr_html_() == (
-        "<div><b>No graph carried across iterations in 3 iterations.</b></div>")
+        "<div><b>No graph carried across iterations in 3 iterations.</b></div>"
+    )
 
 
 def test_each_finding_names_what_held_it_preferring_the_steps_own_names() -> None:

@@ -12,8 +12,8 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
-
 from check_catalogue import catalogue_tests, verdict
+
 from helpers.lessons.carried_state import check_carried_names, check_precomputed_fix, check_truncated_bptt
 
 
@@ -40,6 +40,7 @@ def bptt(cut=lambda h: h.detach(), retain=False, zero="before backward", carry=T
                 optimizer.zero_grad()
             if cut_after:
                 h = cut(h)
+
     return train_truncated
 
 
@@ -74,9 +75,15 @@ def bptt_no_grad(model, optimizer, batches, h):
         optimizer.step()
 
 
-def bptt_shaped(before_backward=lambda loss: None, before_step=lambda model, loss, h: h, after_step=lambda loss: None,
-                backward=lambda loss: loss.backward(), log_forward=None):
+def bptt_shaped(
+    before_backward=lambda loss: None,
+    before_step=lambda model, loss, h: h,
+    after_step=lambda loss: None,
+    backward=lambda loss: loss.backward(),
+    log_forward=None,
+):
     """The solution's loop with something added at one of its places (each hook returns what it changes)."""
+
     def train_truncated(model, optimizer, batches, h):
         for inputs, targets in batches:
             h = h.detach()
@@ -89,6 +96,7 @@ def bptt_shaped(before_backward=lambda loss: None, before_step=lambda model, los
             h = before_step(model, loss, h)
             optimizer.step()
             after_step(loss)
+
     return train_truncated
 
 
@@ -104,6 +112,7 @@ def bptt_retain_then_del(model, optimizer, batches, h):  # retains, then drops e
 
 def bptt_logging(keep, retain=False):
     """The solution's loop, keeping ``keep(loss)`` in a list for a log."""
+
     def train_truncated(model, optimizer, batches, h):
         log = []
         for inputs, targets in batches:
@@ -113,6 +122,7 @@ def bptt_logging(keep, retain=False):
             loss.backward(retain_graph=retain)
             log.append(keep(loss))
             optimizer.step()
+
     return train_truncated
 
 
@@ -123,7 +133,7 @@ def bptt_running_total(model, optimizer, batches, h):
         optimizer.zero_grad()
         loss, h = chunk_loss(model, h, inputs, targets)
         loss.backward()
-        total = total + loss                    # a tensor, for a log
+        total = total + loss  # a tensor, for a log
         optimizer.step()
 
 
@@ -144,7 +154,7 @@ def bptt_h_from_the_stepped_model(model, optimizer, batches, h):
         loss, _ = chunk_loss(model, h, inputs, targets)
         loss.backward()
         optimizer.step()
-        with torch.no_grad():                   # a second forward, with the new weights, for the next h
+        with torch.no_grad():  # a second forward, with the new weights, for the next h
             _, h = chunk_loss(model, h, inputs, targets)
 
 
@@ -160,7 +170,7 @@ def bptt_requires_grad_off(model, optimizer, batches, h):
 def bptt_logged_forward_kept(model, optimizer, batches, h):
     for inputs, targets in batches:
         h = h.detach()
-        logged, _ = chunk_loss(model, h, inputs, targets)   # for a log, with a graph, alive until the next batch
+        logged, _ = chunk_loss(model, h, inputs, targets)  # for a log, with a graph, alive until the next batch
         optimizer.zero_grad()
         loss, h = chunk_loss(model, h, inputs, targets)
         loss.backward()
@@ -175,6 +185,7 @@ def forward_for_a_log(under_no_grad):
     def log_forward(model, h, inputs, targets):
         with torch.no_grad() if under_no_grad else contextlib.nullcontext():
             chunk_loss(model, h, inputs, targets)
+
     return log_forward
 
 
@@ -207,6 +218,7 @@ def classifier(features_inside=True, detach=False, retain=False, whole_model=Fal
             loss = F.cross_entropy(logits, labels)
             loss.backward(retain_graph=retain)
             optimizer.step()
+
     return train_classifier
 
 
@@ -231,12 +243,13 @@ def classifier_retain_then_del(model, optimizer, inputs, labels, steps):
         optimizer.zero_grad()
         loss = F.cross_entropy(model.head(features), labels)
         loss.backward(retain_graph=True)
-        del loss, features                      # nothing holds the retained graph any more
+        del loss, features  # nothing holds the retained graph any more
         optimizer.step()
 
 
 def classifier_logging(keep):
     """The solution's loop, keeping ``keep(loss)`` in a list for a log."""
+
     def train_classifier(model, optimizer, inputs, labels, steps):
         log = []
         for _ in range(steps):
@@ -245,13 +258,14 @@ def classifier_logging(keep):
             loss.backward()
             log.append(keep(loss))
             optimizer.step()
+
     return train_classifier
 
 
 def classifier_two_forwards(model, optimizer, inputs, labels, steps):
     for _ in range(steps):
         with torch.no_grad():
-            accuracy = (model(inputs).argmax(1) == labels).float().mean()   # for a log  # noqa: F841
+            accuracy = (model(inputs).argmax(1) == labels).float().mean()  # for a log  # noqa: F841
         optimizer.zero_grad()
         F.cross_entropy(model(inputs), labels).backward()
         optimizer.step()
@@ -283,49 +297,107 @@ def classifier_features_made_a_leaf(model, optimizer, inputs, labels, steps):
 
 
 WRONG = [
-    pytest.param(check_truncated_bptt, bptt(cut=lambda h: h), "backward through the graph a second time",
-                 id="ex2-no-detach"),
-    pytest.param(check_truncated_bptt, bptt(cut=lambda h: h, retain=True), "modified by an inplace",
-                 id="ex2-retain-instead-of-detach"),
+    pytest.param(
+        check_truncated_bptt, bptt(cut=lambda h: h), "backward through the graph a second time", id="ex2-no-detach"
+    ),
+    pytest.param(
+        check_truncated_bptt,
+        bptt(cut=lambda h: h, retain=True),
+        "modified by an inplace",
+        id="ex2-retain-instead-of-detach",
+    ),
     pytest.param(check_truncated_bptt, bptt(retain=True), "retain_graph=True keeps them", id="ex2-detach-and-retain"),
     pytest.param(check_truncated_bptt, bptt(zero="never"), "never zeroes .grad", id="ex2-no-zero-grad"),
-    pytest.param(check_truncated_bptt, bptt(zero="after step"), "zeroes .grad only after its step",
-                 id="ex2-zero-after-step"),
+    pytest.param(
+        check_truncated_bptt, bptt(zero="after step"), "zeroes .grad only after its step", id="ex2-zero-after-step"
+    ),
     pytest.param(check_truncated_bptt, bptt(carry=False), "starts each batch from h = zeros", id="ex2-h-from-zeros"),
     pytest.param(check_truncated_bptt, bptt_two_steps, "optimizer.step() ran 8 times", id="ex2-two-steps"),
     pytest.param(check_truncated_bptt, bptt_no_grad, "does not require grad", id="ex2-forward-under-no-grad"),
     pytest.param(check_precomputed_fix, as_given, "backward through the graph a second time", id="ex3-as-given"),
-    pytest.param(check_precomputed_fix, classifier(features_inside=False, retain=True),
-                 "through the features computed once", id="ex3-retain"),
-    pytest.param(check_precomputed_fix, classifier(features_inside=False, detach=True), "model.encoder never trains",
-                 id="ex3-detach-once"),
-    pytest.param(check_precomputed_fix, classifier_under_no_grad, "model.encoder never trains",
-                 id="ex3-no-grad-once"),
-    pytest.param(check_precomputed_fix, classifier(retain=True), "retain_graph=True keeps them",
-                 id="ex3-inside-but-retain"),
+    pytest.param(
+        check_precomputed_fix,
+        classifier(features_inside=False, retain=True),
+        "through the features computed once",
+        id="ex3-retain",
+    ),
+    pytest.param(
+        check_precomputed_fix,
+        classifier(features_inside=False, detach=True),
+        "model.encoder never trains",
+        id="ex3-detach-once",
+    ),
+    pytest.param(check_precomputed_fix, classifier_under_no_grad, "model.encoder never trains", id="ex3-no-grad-once"),
+    pytest.param(
+        check_precomputed_fix, classifier(retain=True), "retain_graph=True keeps them", id="ex3-inside-but-retain"
+    ),
     # A list of loss tensors keeps every graph's nodes, as notebook 02's check says of its history.
-    pytest.param(check_truncated_bptt, bptt_logging(lambda loss: loss),
-                 "the graph of an earlier batch's loss was still alive", id="ex2-list-of-loss-tensors"),
-    pytest.param(check_truncated_bptt, bptt_running_total, "the graph of an earlier batch's loss was still alive",
-                 id="ex2-running-total-tensor"),
-    pytest.param(check_truncated_bptt, bptt_logging(lambda loss: loss, retain=True), "retain_graph=True keeps them",
-                 id="ex2-list-of-losses-retained"),
-    pytest.param(check_truncated_bptt, bptt_step_every_other_batch, "optimizer.step() ran 2 times",
-                 id="ex2-step-every-other-batch"),
-    pytest.param(check_truncated_bptt, bptt_h_from_the_stepped_model, "parameters differ from those of the right",
-                 id="ex2-h-recomputed-after-the-step"),
-    pytest.param(check_truncated_bptt, bptt_requires_grad_off, "raised RuntimeError: you can only change",
-                 id="ex2-requires-grad-off"),
-    pytest.param(check_truncated_bptt, bptt_shaped(backward=lambda loss: (loss * 0.5).backward()),
-                 "parameters differ from those of the right", id="ex2-half-the-loss-is-not-clipping"),
-    pytest.param(check_truncated_bptt, bptt_logged_forward_kept, "a graph no backward went through (a second forward",
-                 id="ex2-second-forward-kept-with-its-graph"),
-    pytest.param(check_precomputed_fix, classifier_logging(lambda loss: loss),
-                 "the graph of an earlier step's loss was still alive", id="ex3-list-of-loss-tensors"),
-    pytest.param(check_precomputed_fix, classifier_features_under_no_grad, "model.encoder never trains",
-                 id="ex3-features-under-no-grad"),
-    pytest.param(check_precomputed_fix, classifier_features_made_a_leaf, "model.encoder never trains",
-                 id="ex3-features-made-a-leaf"),
+    pytest.param(
+        check_truncated_bptt,
+        bptt_logging(lambda loss: loss),
+        "the graph of an earlier batch's loss was still alive",
+        id="ex2-list-of-loss-tensors",
+    ),
+    pytest.param(
+        check_truncated_bptt,
+        bptt_running_total,
+        "the graph of an earlier batch's loss was still alive",
+        id="ex2-running-total-tensor",
+    ),
+    pytest.param(
+        check_truncated_bptt,
+        bptt_logging(lambda loss: loss, retain=True),
+        "retain_graph=True keeps them",
+        id="ex2-list-of-losses-retained",
+    ),
+    pytest.param(
+        check_truncated_bptt,
+        bptt_step_every_other_batch,
+        "optimizer.step() ran 2 times",
+        id="ex2-step-every-other-batch",
+    ),
+    pytest.param(
+        check_truncated_bptt,
+        bptt_h_from_the_stepped_model,
+        "parameters differ from those of the right",
+        id="ex2-h-recomputed-after-the-step",
+    ),
+    pytest.param(
+        check_truncated_bptt,
+        bptt_requires_grad_off,
+        "raised RuntimeError: you can only change",
+        id="ex2-requires-grad-off",
+    ),
+    pytest.param(
+        check_truncated_bptt,
+        bptt_shaped(backward=lambda loss: (loss * 0.5).backward()),
+        "parameters differ from those of the right",
+        id="ex2-half-the-loss-is-not-clipping",
+    ),
+    pytest.param(
+        check_truncated_bptt,
+        bptt_logged_forward_kept,
+        "a graph no backward went through (a second forward",
+        id="ex2-second-forward-kept-with-its-graph",
+    ),
+    pytest.param(
+        check_precomputed_fix,
+        classifier_logging(lambda loss: loss),
+        "the graph of an earlier step's loss was still alive",
+        id="ex3-list-of-loss-tensors",
+    ),
+    pytest.param(
+        check_precomputed_fix,
+        classifier_features_under_no_grad,
+        "model.encoder never trains",
+        id="ex3-features-under-no-grad",
+    ),
+    pytest.param(
+        check_precomputed_fix,
+        classifier_features_made_a_leaf,
+        "model.encoder never trains",
+        id="ex3-features-made-a-leaf",
+    ),
     pytest.param(check_precomputed_fix, classifier_no_zero_grad, "never zeroes .grad", id="ex3-no-zero-grad"),
 ]
 
@@ -338,16 +410,25 @@ RIGHT = [
     pytest.param(check_precomputed_fix, classifier(), id="ex3-solution"),
     pytest.param(check_precomputed_fix, classifier(whole_model=True), id="ex3-whole-model"),
     pytest.param(check_truncated_bptt, bptt_retain_then_del, id="ex2-retain-then-del-before-the-step"),
-    pytest.param(check_truncated_bptt, bptt_shaped(log_forward=forward_for_a_log(under_no_grad=True)),
-                 id="ex2-second-forward-for-a-log"),
-    pytest.param(check_truncated_bptt, bptt_shaped(log_forward=forward_for_a_log(under_no_grad=False)),
-                 id="ex2-second-forward-with-a-graph"),
+    pytest.param(
+        check_truncated_bptt,
+        bptt_shaped(log_forward=forward_for_a_log(under_no_grad=True)),
+        id="ex2-second-forward-for-a-log",
+    ),
+    pytest.param(
+        check_truncated_bptt,
+        bptt_shaped(log_forward=forward_for_a_log(under_no_grad=False)),
+        id="ex2-second-forward-with-a-graph",
+    ),
     pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(0.45)), id="ex2-clip-grad-norm"),
     pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(0.25)), id="ex2-clip-grad-norm-every-step"),
     pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(5.0)), id="ex2-clip-that-never-acts"),
     pytest.param(check_truncated_bptt, bptt_logging(lambda loss: loss.item()), id="ex2-losses-as-numbers"),
-    pytest.param(check_truncated_bptt, bptt_shaped(before_step=lambda model, loss, h: h.detach()),
-                 id="ex2-detach-between-backward-and-step"),
+    pytest.param(
+        check_truncated_bptt,
+        bptt_shaped(before_step=lambda model, loss, h: h.detach()),
+        id="ex2-detach-between-backward-and-step",
+    ),
     pytest.param(check_precomputed_fix, classifier_retain_then_del, id="ex3-retain-then-del"),
     pytest.param(check_precomputed_fix, classifier_two_forwards, id="ex3-second-forward-for-a-log"),
     pytest.param(check_precomputed_fix, classifier_clipped, id="ex3-clip-grad-norm"),
@@ -364,19 +445,26 @@ NOTES = {
 }
 
 
-@pytest.mark.parametrize(("check", "answer", "notes"), [
-    pytest.param(check_truncated_bptt, bptt(), set(), id="ex2-solution"),
-    pytest.param(check_truncated_bptt, bptt_retain_then_del, {"retained"}, id="ex2-retain-then-del"),
-    pytest.param(check_truncated_bptt, bptt(cut=lambda h: h.data), {"data"}, id="ex2-h-data"),
-    pytest.param(check_truncated_bptt, bptt_shaped(log_forward=forward_for_a_log(under_no_grad=True)), {"runs"},
-                 id="ex2-second-forward"),
-    pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(0.45)), {"clipped"}, id="ex2-clipped"),
-    pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(5.0)), set(), id="ex2-clip-that-never-acts"),
-    pytest.param(check_precomputed_fix, classifier(), set(), id="ex3-solution"),
-    pytest.param(check_precomputed_fix, classifier_retain_then_del, {"retained"}, id="ex3-retain-then-del"),
-    pytest.param(check_precomputed_fix, classifier_two_forwards, {"runs"}, id="ex3-second-forward"),
-    pytest.param(check_precomputed_fix, classifier_clipped, {"clipped"}, id="ex3-clipped"),
-])
+@pytest.mark.parametrize(
+    ("check", "answer", "notes"),
+    [
+        pytest.param(check_truncated_bptt, bptt(), set(), id="ex2-solution"),
+        pytest.param(check_truncated_bptt, bptt_retain_then_del, {"retained"}, id="ex2-retain-then-del"),
+        pytest.param(check_truncated_bptt, bptt(cut=lambda h: h.data), {"data"}, id="ex2-h-data"),
+        pytest.param(
+            check_truncated_bptt,
+            bptt_shaped(log_forward=forward_for_a_log(under_no_grad=True)),
+            {"runs"},
+            id="ex2-second-forward",
+        ),
+        pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(0.45)), {"clipped"}, id="ex2-clipped"),
+        pytest.param(check_truncated_bptt, bptt_shaped(before_step=clip(5.0)), set(), id="ex2-clip-that-never-acts"),
+        pytest.param(check_precomputed_fix, classifier(), set(), id="ex3-solution"),
+        pytest.param(check_precomputed_fix, classifier_retain_then_del, {"retained"}, id="ex3-retain-then-del"),
+        pytest.param(check_precomputed_fix, classifier_two_forwards, {"runs"}, id="ex3-second-forward"),
+        pytest.param(check_precomputed_fix, classifier_clipped, {"clipped"}, id="ex3-clipped"),
+    ],
+)
 def test_an_accepted_loop_is_told_what_it_does_beyond_the_solution(check, answer, notes) -> None:
     """Each note an accepted loop gets is about what that loop did, and the solution gets none."""
     text = repr(verdict(check, answer))
@@ -456,14 +544,17 @@ def test_the_right_names_are_accepted_and_the_models_put_back() -> None:
         assert check_carried_names(other), other
 
 
-@pytest.mark.parametrize(("answers", "expected"), [
-    ({**RIGHT_NAMES, carries_state: "loss"}, "carries_state: not loss."),
-    ({**RIGHT_NAMES, carries_nothing: "clean_h"}, "carries_nothing: nothing carries a graph"),
-    ({**RIGHT_NAMES, carries_scale: None}, "carries_scale: something does carry a graph"),
-    ({carries_state: 3}, "answer with a name as a string, or None"),
-    ({"carries_state": "state"}, "The keys must be the snippet functions themselves"),
-    ([("state", 1)], "Pass a dict"),
-])
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        ({**RIGHT_NAMES, carries_state: "loss"}, "carries_state: not loss."),
+        ({**RIGHT_NAMES, carries_nothing: "clean_h"}, "carries_nothing: nothing carries a graph"),
+        ({**RIGHT_NAMES, carries_scale: None}, "carries_scale: something does carry a graph"),
+        ({carries_state: 3}, "answer with a name as a string, or None"),
+        ({"carries_state": "state"}, "The keys must be the snippet functions themselves"),
+        ([("state", 1)], "Pass a dict"),
+    ],
+)
 def test_wrong_names_are_rejected_for_their_true_reason(answers, expected) -> None:
     result = check_carried_names(answers)
     assert not result
@@ -479,14 +570,24 @@ NAMES_RIGHT = [
     pytest.param(check_carried_names, {**RIGHT_NAMES, carries_memory: "remembers.memory"}, id="ex1-module-attribute"),
 ]
 NAMES_WRONG = [
-    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_state: "state[2]"}, "carries_state: not state[2].",
-                 id="ex1-no-such-item"),
-    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_state: "h"}, "carries_state: not h.",
-                 id="ex1-h-for-an-lstm"),
-    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_state: "lstm"}, "carries_state: not lstm.",
-                 id="ex1-the-module"),
-    pytest.param(check_carried_names, {**RIGHT_NAMES, carries_scale: "linear.weight"},
-                 "carries_scale: not linear.weight.", id="ex1-the-parameter-it-came-from"),
+    pytest.param(
+        check_carried_names,
+        {**RIGHT_NAMES, carries_state: "state[2]"},
+        "carries_state: not state[2].",
+        id="ex1-no-such-item",
+    ),
+    pytest.param(
+        check_carried_names, {**RIGHT_NAMES, carries_state: "h"}, "carries_state: not h.", id="ex1-h-for-an-lstm"
+    ),
+    pytest.param(
+        check_carried_names, {**RIGHT_NAMES, carries_state: "lstm"}, "carries_state: not lstm.", id="ex1-the-module"
+    ),
+    pytest.param(
+        check_carried_names,
+        {**RIGHT_NAMES, carries_scale: "linear.weight"},
+        "carries_scale: not linear.weight.",
+        id="ex1-the-parameter-it-came-from",
+    ),
 ]
 
 test_wrong_name_is_rejected_for_its_true_reason, test_right_name_is_accepted = catalogue_tests(NAMES_WRONG, NAMES_RIGHT)

@@ -37,8 +37,11 @@ def notebook() -> dict:
             exec(compile(tree, filename, "exec"), namespace)
             if last is not None:
                 results[index] = eval(compile(ast.Expression(last.value), filename, "eval"), namespace)
-    solutions = [re.search(r"```python\n(.*?)```", "".join(c["source"]), re.S).group(1)
-                 for c in cells if c["cell_type"] == "markdown" and "<summary>Solution</summary>" in "".join(c["source"])]
+    solutions = [
+        re.search(r"```python\n(.*?)```", "".join(c["source"]), re.S).group(1)
+        for c in cells
+        if c["cell_type"] == "markdown" and "<summary>Solution</summary>" in "".join(c["source"])
+    ]
     return {"namespace": namespace, "results": results, "solutions": solutions}
 
 
@@ -63,11 +66,18 @@ def test_each_hidden_solution_passes_its_check(notebook) -> None:
     assert namespace["bt"].check_precomputed_fix(namespace["train_classifier"]), "exercise 3's solution"
 
 
-@pytest.mark.parametrize(("broken", "fixed"), [
-    ("step_precomputed", "step_precomputed_fixed"), ("step_total", "step_total_fixed"),
-    ("step_module_state", "step_module_state_fixed"), ("step_bank", "step_bank_fixed"),
-    ("step_policy", "step_policy_fixed"), ("step_average", "step_average_fixed"), ("train_step", None),
-])
+@pytest.mark.parametrize(
+    ("broken", "fixed"),
+    [
+        ("step_precomputed", "step_precomputed_fixed"),
+        ("step_total", "step_total_fixed"),
+        ("step_module_state", "step_module_state_fixed"),
+        ("step_bank", "step_bank_fixed"),
+        ("step_policy", "step_policy_fixed"),
+        ("step_average", "step_average_fixed"),
+        ("train_step", None),
+    ],
+)
 def test_each_carrier_is_found_and_each_fix_carries_nothing(notebook, broken, fixed) -> None:
     namespace = notebook["namespace"]
     torch = namespace["torch"]
@@ -118,8 +128,10 @@ def test_summed_chunks_give_full_bptt_with_its_peak_memory(notebook) -> None:
     bt, torch = namespace["bt"], namespace["torch"]
     inputs, targets = namespace["inputs"], namespace["targets"]
     peaks = {}
-    for name, gradient_of in (("summed", namespace["gradient_of_summed_chunks"]),
-                              ("window of 64", namespace["gradient_with_window"])):
+    for name, gradient_of in (
+        ("summed", namespace["gradient_of_summed_chunks"]),
+        ("window of 64", namespace["gradient_with_window"]),
+    ):
         meter = bt.SavedTensorMeter()
         with meter:
             gradient = gradient_of(16 if name == "summed" else 64, inputs, targets)
@@ -135,8 +147,9 @@ def test_an_lstm_needs_both_h_and_c_cut(notebook) -> None:
     assert len(set(walked)) == 1
     for keep in (0, 1):
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
-            namespace["train_lstm"](lambda state, keep=keep: tuple(s if i == keep else s.detach()
-                                                                  for i, s in enumerate(state)))
+            namespace["train_lstm"](
+                lambda state, keep=keep: tuple(s if i == keep else s.detach() for i, s in enumerate(state))
+            )
 
 
 def test_detaching_the_whole_average_changes_iteration_1s_gradient_a_little(notebook) -> None:

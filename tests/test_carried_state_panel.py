@@ -32,7 +32,7 @@ def chunk_loss(model, h, inputs, targets):
 def lab() -> CarriedLab:
     torch.manual_seed(0)
     stream = torch.randint(0, 7, (25, 2))
-    batches = [(stream[i:i + 4], stream[i + 1:i + 5]) for i in range(0, 20, 4)]
+    batches = [(stream[i : i + 4], stream[i + 1 : i + 5]) for i in range(0, 20, 4)]
     return CarriedLab(chunk_loss, TinyRNN(), batches, hidden_size=5)
 
 
@@ -97,18 +97,29 @@ def test_the_chart_is_a_png_of_the_run(lab) -> None:
     assert lab.chart_png().startswith(b"\x89PNG")
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(chunk_loss=None), "chunk_loss(model, h, inputs, targets)"),
-    (dict(model="net"), "takes a torch.nn.Module"),
-    (dict(batches=[]), "non-empty list of (inputs, targets)"),
-    (dict(hidden_size=0), "hidden_size=...) must be a positive whole number"),
-    (dict(batches=[(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long))]), "(steps, batch, ...)"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(chunk_loss=None), "chunk_loss(model, h, inputs, targets)"),
+        (dict(model="net"), "takes a torch.nn.Module"),
+        (dict(batches=[]), "non-empty list of (inputs, targets)"),
+        (dict(hidden_size=0), "hidden_size=...) must be a positive whole number"),
+        (dict(batches=[(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long))]), "(steps, batch, ...)"),
+    ],
+)
 def test_bad_input_is_refused_with_a_clear_message(kwargs, message) -> None:
-    arguments = dict(chunk_loss=chunk_loss, model=TinyRNN(), hidden_size=5,
-                     batches=[(torch.zeros(4, 2, dtype=torch.long), torch.zeros(4, 2, dtype=torch.long))]) | kwargs
-    with pytest.raises((TypeError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)")
-                       .replace(".", r"\.")):
+    arguments = (
+        dict(
+            chunk_loss=chunk_loss,
+            model=TinyRNN(),
+            hidden_size=5,
+            batches=[(torch.zeros(4, 2, dtype=torch.long), torch.zeros(4, 2, dtype=torch.long))],
+        )
+        | kwargs
+    )
+    with pytest.raises(
+        (TypeError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+    ):
         CarriedLab(**arguments)
 
 

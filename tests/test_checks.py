@@ -28,13 +28,14 @@ def _verdict(result, capsys) -> tuple[bool, str]:
 
 # -- exercise 1: predictions -------------------------------------------------------------------
 
+
 def _right_predictions() -> dict[str, bool]:
     """Evaluate each expression's own text here and try a second backward."""
     answers = {}
     for expression in SECOND_BACKWARD_QUESTIONS:
         x = torch.arange(1.0, 7.0, requires_grad=True)
         w = torch.full((6,), 0.5, requires_grad=True)
-        loss = eval(expression, {"torch": torch}, {"x": x, "w": w})  # noqa: S307 - fixed question text
+        loss = eval(expression, {"torch": torch}, {"x": x, "w": w})
         loss.backward()
         try:
             loss.backward()
@@ -85,12 +86,16 @@ def test_predictions_not_a_dict(capsys):
 FUNCTION_CHECKS = [check_backward_three_times, check_training_loop, check_two_loss_loop, check_backward_both]
 
 
-@pytest.mark.parametrize(("error", "shown"), [
-    (ZeroDivisionError("division by zero"), "raised ZeroDivisionError: division by zero"),
-    (KeyError("lr"), "raised KeyError: 'lr'"),
-    (ValueError(), "raised ValueError."),
-    (RuntimeError("x" * 200), "raised RuntimeError: " + "x" * 90 + "..."),
-], ids=["short", "key", "empty", "long"])
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        (ZeroDivisionError("division by zero"), "raised ZeroDivisionError: division by zero"),
+        (KeyError("lr"), "raised KeyError: 'lr'"),
+        (ValueError(), "raised ValueError."),
+        (RuntimeError("x" * 200), "raised RuntimeError: " + "x" * 90 + "..."),
+    ],
+    ids=["short", "key", "empty", "long"],
+)
 @pytest.mark.parametrize("check", FUNCTION_CHECKS)
 def test_an_exception_of_any_type_is_the_verdict_with_its_own_first_line(check, error, shown) -> None:
     def answer(*args):
@@ -109,6 +114,7 @@ def test_a_result_instead_of_a_function_is_refused(check) -> None:
 
 # -- exercise 2: what counts as a backward pass ------------------------------------------------------
 
+
 def test_three_passes_through_an_expression_of_loss_count_as_three() -> None:
     def answer(loss):
         for i in range(3):
@@ -118,6 +124,7 @@ def test_three_passes_through_an_expression_of_loss_count_as_three() -> None:
 
 
 # -- exercise 3: figures against ground truth from shapes ------------------------------------------
+
 
 def _train_retaining(model, batches):
     history = []
@@ -143,8 +150,11 @@ def test_training_loop_peak_is_two_graphs_counted_from_the_shapes() -> None:
     assert expected in result.message
 
 
-@pytest.mark.parametrize("keep", [lambda loss: np.float32(loss.item()), lambda loss: loss.detach().reshape(1)],
-                         ids=["numpy-float", "one-element-tensor"])
+@pytest.mark.parametrize(
+    "keep",
+    [lambda loss: np.float32(loss.item()), lambda loss: loss.detach().reshape(1)],
+    ids=["numpy-float", "one-element-tensor"],
+)
 def test_training_loop_accepts_any_real_number_or_graphless_one_element_tensor(keep) -> None:
     def train(model, batches):
         return [keep(loss) for loss in _losses_of_fixed_loop(model, batches)]

@@ -19,7 +19,7 @@ from helpers.cli import main
 
 COMMAND = Path(sys.executable).parent / "backward-twice"
 
-PROJECT_HELPERS = '''
+PROJECT_HELPERS = """
 import torch
 
 NAME = "the project's own helpers"
@@ -28,9 +28,9 @@ NAME = "the project's own helpers"
 def batches(count):
     torch.manual_seed(0)
     return [(torch.randn(5, 1, 4), torch.randn(5, 1, 8)) for _ in range(count)]
-'''
+"""
 
-RNN_SCRIPT = '''
+RNN_SCRIPT = """
 import sys
 
 import torch
@@ -49,7 +49,7 @@ for inputs, targets in helpers.batches(count):
     loss.backward()
     optimizer.step()
 print("finished", sys.argv[1:])
-'''
+"""
 
 
 @pytest.fixture()
@@ -80,8 +80,9 @@ def test_the_command_reports_the_carried_hidden_state_of_an_unmodified_script(pr
 
 
 def test_iterations_stop_the_script_and_its_arguments_reach_it(project: Path) -> None:
-    (project / "train.py").write_text(RNN_SCRIPT.replace("output, hidden = rnn(inputs, hidden)",
-                                                         "output, hidden = rnn(inputs, hidden.detach())"))
+    (project / "train.py").write_text(
+        RNN_SCRIPT.replace("output, hidden = rnn(inputs, hidden)", "output, hidden = rnn(inputs, hidden.detach())")
+    )
     done = _run(project, "watch", "--iterations", "2", "train.py", "5")
     assert done.returncode == 0, done.stderr
     assert "finished" not in done.stdout  # stopped after two of the five iterations
@@ -91,7 +92,8 @@ def test_iterations_stop_the_script_and_its_arguments_reach_it(project: Path) ->
 
 
 def test_a_learners_own_code_imports_the_tools_as_backward_twice_next_to_its_helpers_py(project: Path) -> None:
-    (project / "mine.py").write_text(textwrap.dedent('''
+    (project / "mine.py").write_text(
+        textwrap.dedent("""
         import torch
         import helpers
         import backward_twice as bt
@@ -107,7 +109,8 @@ def test_a_learners_own_code_imports_the_tools_as_backward_twice_next_to_its_hel
                 model(torch.randn(4, 3)).pow(2).mean().backward()
                 optimizer.step()
         print(w)
-    '''))
+    """)
+    )
     done = subprocess.run([sys.executable, "mine.py"], cwd=project, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Watched 2 iterations") and "Healthy" in done.stdout

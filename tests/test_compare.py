@@ -28,8 +28,9 @@ def test_equal_patterns_are_bit_equal_and_a_wrong_one_is_flagged() -> None:
     def only_first() -> None:
         net(x)[:, 0].mean().backward()
 
-    comparison = compare_patterns({"sum": summed, "roots": two_roots, "first": only_first}, net,
-                                  reference="sum", rounds=3, progress=False)
+    comparison = compare_patterns(
+        {"sum": summed, "roots": two_roots, "first": only_first}, net, reference="sum", rounds=3, progress=False
+    )
     assert comparison["sum"].bit_equal and comparison["sum"].time_ratio == 1.0
     assert comparison["roots"].close
     assert not comparison["first"].close and comparison["first"].gradients.startswith("DIFFERENT")
@@ -57,8 +58,9 @@ def test_meter_peak_is_the_same_for_every_pattern_that_frees_the_same_graph() ->
         out = net(x)
         (out[:, 0].mean() + out[:, 1].mean()).backward()
 
-    comparison = compare_patterns({"a": retain_then_backward, "b": summed}, net, reference="b", rounds=2,
-                                  progress=False)
+    comparison = compare_patterns(
+        {"a": retain_then_backward, "b": summed}, net, reference="b", rounds=2, progress=False
+    )
     hidden_activation_bytes = 32 * 64 * 4  # the ReLU output: the only buffer nothing else keeps
     assert comparison["b"].peak_graph_only_bytes >= hidden_activation_bytes
     assert comparison["a"].peak_graph_only_bytes == comparison["b"].peak_graph_only_bytes

@@ -19,8 +19,9 @@ HERE = os.path.basename(__file__)
 def at(item: Prescription, code: str) -> bool:
     """The item's line is ``code`` in this file (checked against the file itself)."""
     path, line, rest = item.line.split(":", 2)
-    return (os.path.basename(path) == HERE and rest.strip() == code
-            and linecache.getline(path, int(line)).strip() == code)
+    return (
+        os.path.basename(path) == HERE and rest.strip() == code and linecache.getline(path, int(line)).strip() == code
+    )
 
 
 def rnn_step(retain: bool, with_optimizer: bool):
@@ -142,13 +143,16 @@ def last_frame(exc: BaseException) -> str:
     return tb.tb_frame.f_code.co_name
 
 
-@pytest.mark.parametrize(("kwargs", "error", "words"), [
-    ({"step": 42}, TypeError, "takes a step: a function of no arguments"),
-    ({"step": lambda x: None}, TypeError, "no arguments"),
-    ({"step": lambda: None, "models": [object()]}, TypeError, "models must be a torch.nn.Module"),
-    ({"step": lambda: None, "optimizers": nn.Linear(2, 2)}, TypeError, "optimizers must be"),
-    ({"step": lambda: None, "iterations": 0}, ValueError, "iterations must be a whole number from 1 up"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"step": 42}, TypeError, "takes a step: a function of no arguments"),
+        ({"step": lambda x: None}, TypeError, "no arguments"),
+        ({"step": lambda: None, "models": [object()]}, TypeError, "models must be a torch.nn.Module"),
+        ({"step": lambda: None, "optimizers": nn.Linear(2, 2)}, TypeError, "optimizers must be"),
+        ({"step": lambda: None, "iterations": 0}, ValueError, "iterations must be a whole number from 1 up"),
+    ],
+)
 def test_bad_input_is_refused_by_diagnose(kwargs: dict, error: type, words: str) -> None:
     with pytest.raises(error, match=words) as info:
         diagnose(**kwargs)
@@ -250,11 +254,13 @@ def test_a_retain_needed_by_a_step_that_fails_keeps_the_audits_words() -> None:
         out = net(x)
         out.pow(2).mean().backward(retain_graph=True)
         optimizer.step()
-        out.abs().mean().backward()   # through the weights the step just changed in place
+        out.abs().mean().backward()  # through the weights the step just changed in place
 
     result = diagnose(step, models=net, optimizers=optimizer)
     assert result.error_kind == "in-place version error"
-    assert at(result.prescription[0], "out.abs().mean().backward()   # through the weights the step just changed in place")
+    assert at(
+        result.prescription[0], "out.abs().mean().backward()   # through the weights the step just changed in place"
+    )
     (keep,) = [p for p in result.prescription if p.problem.startswith("retain_graph=True is needed")]
     assert not keep.to_fix and keep.fix.startswith("keep retain_graph=True at ")
     (error,) = [p for p in result.prescription if p.to_fix]
@@ -274,11 +280,14 @@ def test_a_graph_built_before_the_step_stays_usable_and_the_error_comes_at_itera
 
     result = diagnose(step, models=[encoder, head], optimizers=optimizer)
     assert result.error_kind == "backward a second time" and result.carried.iterations_run == 2
-    assert result.error_line.endswith(": head(features).pow(2).mean().backward()  # frees the pre-loop graph: the "
-                                      "second iteration raises")
+    assert result.error_line.endswith(
+        ": head(features).pow(2).mean().backward()  # frees the pre-loop graph: the second iteration raises"
+    )
     [finding] = result.carried.findings
     assert finding.name == "features" and finding.iteration is None
-    assert finding.created_at.endswith(": features = torch.tanh(encoder(torch.randn(5, 4)))  # before the loop, with a graph")
+    assert finding.created_at.endswith(
+        ": features = torch.tanh(encoder(torch.randn(5, 4)))  # before the loop, with a graph"
+    )
     step()  # the learner's own first iteration still works: the tool's runs freed nothing
     with pytest.raises(RuntimeError, match="second time"):
         step()  # and the second fails, as written

@@ -6,10 +6,18 @@ import pytest
 
 from helpers.display import PngFigure, Table, format_bytes
 
+
 @pytest.mark.parametrize(
     ("n", "expected"),
-    [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"), (3 * 1024**2, "3.0 MiB"),
-     (5 * 1024**3, "5.0 GiB"), (2048 * 1024**3, "2048.0 GiB")],
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (1536, "1.5 KiB"),
+        (3 * 1024**2, "3.0 MiB"),
+        (5 * 1024**3, "5.0 GiB"),
+        (2048 * 1024**3, "2048.0 GiB"),
+    ],
 )
 def test_format_bytes(n, expected):
     assert format_bytes(n) == expected
@@ -52,8 +60,9 @@ def test_a_png_figure_describes_itself_for_screen_readers() -> None:
     left.set(title="Losses", xlabel="training step", ylabel="loss")
     left.legend()
     right.set_xlabel("iteration")
-    assert figure.alt_text() == ('Chart. Losses: loss against training step (legend: "d_loss", "g_loss"); '
-                                 "a panel: against iteration.")
+    assert figure.alt_text() == (
+        'Chart. Losses: loss against training step (legend: "d_loss", "g_loss"); a panel: against iteration.'
+    )
 
 
 def test_the_alt_text_reaches_the_output_metadata() -> None:

@@ -43,15 +43,13 @@ def test_long_messages_are_wrapped(capsys):
 
 
 def test_no_error_is_an_assertion_error():
-    with pytest.raises(AssertionError, match="ran without error"):
-        with expect_error(RuntimeError):
-            pass
+    with pytest.raises(AssertionError, match="ran without error"), expect_error(RuntimeError):
+        pass
 
 
 def test_error_of_another_type_is_reraised_with_a_note():
-    with pytest.raises(KeyError) as info:
-        with expect_error(RuntimeError, match="second time"):
-            raise KeyError("other")
+    with pytest.raises(KeyError) as info, expect_error(RuntimeError, match="second time"):
+        raise KeyError("other")
     notes = getattr(info.value, "__notes__", [])
     assert any("expected RuntimeError" in note and "KeyError" in note for note in notes)
 
@@ -68,31 +66,38 @@ def test_message_that_does_not_match_is_reraised_with_a_note(capsys):
 @pytest.mark.parametrize("not_an_exception", [int, "RuntimeError", RuntimeError("x"), None])
 def test_non_exception_class_is_a_type_error(not_an_exception):
     ran = []
-    with pytest.raises(TypeError, match="exception class"):
-        with expect_error(not_an_exception):
-            ran.append(True)
+    with pytest.raises(TypeError, match="exception class"), expect_error(not_an_exception):
+        ran.append(True)
     assert not ran
 
 
 def test_match_must_be_a_string():
     ran = []
-    with pytest.raises(TypeError, match="regular expression"):
-        with expect_error(RuntimeError, match=42):
-            ran.append(True)
+    with pytest.raises(TypeError, match="regular expression"), expect_error(RuntimeError, match=42):
+        ran.append(True)
     assert not ran
 
 
-@pytest.mark.parametrize(("message", "kind"), [
-    ("Trying to backward through the graph a second time (or ...", "backward a second time"),
-    ("one of the variables needed for gradient computation has been modified by an inplace operation", "in-place version error"),
-    ("element 0 of tensors does not require grad and does not have a grad_fn", "no graph"),
-    ("This backward function was compiled with non-empty donated buffers which requires create_graph=False "
-     "and retain_graph=False.", "donated buffers"),
-    ("Expected to mark a variable ready only once. This error is caused by ...", "DDP ready only once"),
-    ("Your training graph has changed in this iteration, e.g., one parameter is used twice", "DDP ready only once"),
-    ("Encountered gradient which is undefined, but still allreduced by DDP reducer.", "DDP ready only once"),
-    ("CUDA out of memory", "other"),
-])
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        ("Trying to backward through the graph a second time (or ...", "backward a second time"),
+        (
+            "one of the variables needed for gradient computation has been modified by an inplace operation",
+            "in-place version error",
+        ),
+        ("element 0 of tensors does not require grad and does not have a grad_fn", "no graph"),
+        (
+            "This backward function was compiled with non-empty donated buffers which requires create_graph=False "
+            "and retain_graph=False.",
+            "donated buffers",
+        ),
+        ("Expected to mark a variable ready only once. This error is caused by ...", "DDP ready only once"),
+        ("Your training graph has changed in this iteration, e.g., one parameter is used twice", "DDP ready only once"),
+        ("Encountered gradient which is undefined, but still allreduced by DDP reducer.", "DDP ready only once"),
+        ("CUDA out of memory", "other"),
+    ],
+)
 def test_error_kind_names_the_errors_the_course_is_about(message, kind):
     from helpers.errors import error_kind
 
@@ -109,8 +114,9 @@ def test_every_kind_has_a_fix_and_a_real_donated_buffer_error_is_named():
 
     assert {kind for kind, _ in ERROR_KINDS} | {"other"} == set(ERROR_FIXES)
     torch._dynamo.reset()
-    compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)),
-                             backend="aot_eager")
+    compiled = torch.compile(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)), backend="aot_eager"
+    )
     x = torch.randn(4, 8)
     compiled(x).sum().backward()
     with pytest.raises(RuntimeError) as caught:

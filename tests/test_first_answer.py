@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
+from functools import cache
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
-
 from test_zh_layer import CODE_SPAN, FENCE, LINK, heading_anchors, output_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +44,7 @@ def title_block_and_section(text: str) -> tuple[str, str]:
     starts = [match.start() for match in re.finditer(r"^##\s", blank_code_blocks(text), re.MULTILINE)]
     assert starts, "the README has no ## section"
     end = starts[1] if len(starts) > 1 else len(text)
-    return text[:starts[0]], text[starts[0]:end]
+    return text[: starts[0]], text[starts[0] : end]
 
 
 def code_spans(cell: str) -> list[str]:
@@ -74,8 +73,10 @@ def rows(language: str) -> list[dict]:
     text = READMES[language].read_text(encoding="utf-8")
     _, section = title_block_and_section(text)
     offset = text.index(section)
-    table = [(text.count("\n", 0, offset + match.start()) + 1, match.group(0))
-             for match in re.finditer(r"^\|.*\|[ \t]*$", section, re.MULTILINE)]
+    table = [
+        (text.count("\n", 0, offset + match.start()) + 1, match.group(0))
+        for match in re.finditer(r"^\|.*\|[ \t]*$", section, re.MULTILINE)
+    ]
     assert len(table) > 2, f"{READMES[language].name}: the first section has no table"
     found, messages = [], []
     for line_number, line in table[2:]:  # after the header and the separator
@@ -101,7 +102,7 @@ def normalized(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-@lru_cache(maxsize=None)
+@cache
 def raised_messages(notebook: Path) -> str:
     """Every error message the notebook's committed outputs show raised, whitespace runs as one space."""
     messages = []
@@ -114,7 +115,7 @@ def raised_messages(notebook: Path) -> str:
     return "\n".join(normalized(message) for message in messages)
 
 
-@lru_cache(maxsize=None)
+@cache
 def sections(notebook: Path) -> dict[str, str]:
     """Each heading's anchor -> the text of its section (markdown, code and outputs, up to the next heading
     of the same or a higher level), whitespace runs as one space."""
@@ -129,8 +130,9 @@ def sections(notebook: Path) -> dict[str, str]:
         for line in source.splitlines():
             heading = re.match(r"^(#{1,6})\s+\S", line)
             anchor = re.search(r'<h[1-6] id="([^"]+)"', markdown2html_mistune(line)) if heading else None
-            pieces.append((len(heading.group(1)), unquote(anchor.group(1)), line) if heading and anchor
-                          else (0, None, line))
+            pieces.append(
+                (len(heading.group(1)), unquote(anchor.group(1)), line) if heading and anchor else (0, None, line)
+            )
     found = {}
     for index, (level, anchor, _) in enumerate(pieces):
         if anchor is None:
@@ -151,13 +153,17 @@ def test_the_first_answer_comes_right_after_the_title(language: str) -> None:
     title_block, section = title_block_and_section(readme.read_text(encoding="utf-8"))
     lines = [line.strip() for line in title_block.splitlines() if line.strip()]
     assert lines and lines[0].startswith("# "), f"{readme.name} does not start with its title"
-    others = [line for line in lines[1:]
-              if not re.fullmatch(r"\*\*[^*]+\*\*", line) and LANGUAGE_LINK[language] not in line]
-    assert not others, (f"{readme.name}: between the title and the first answer there is more than the tagline "
-                        f"and the language link: {others}")
+    others = [
+        line for line in lines[1:] if not re.fullmatch(r"\*\*[^*]+\*\*", line) and LANGUAGE_LINK[language] not in line
+    ]
+    assert not others, (
+        f"{readme.name}: between the title and the first answer there is more than the tagline "
+        f"and the language link: {others}"
+    )
     assert re.search(r"^\|.*\|[ \t]*$", section, re.MULTILINE), (
         f"{readme.name}: the first section after the title, {section.splitlines()[0]!r}, is not the first answer "
-        "(it has no table of error messages)")
+        "(it has no table of error messages)"
+    )
 
 
 @pytest.mark.parametrize("language", READMES)
@@ -167,8 +173,10 @@ def test_every_row_quotes_a_message_links_a_section_and_gives_a_fix(language: st
         if not row["messages"]:
             problems.append(f"{where(language, row)}: no error message quoted (in a code span) above this row")
         if not row["links"] or any(not path.endswith(".ipynb") or not anchor for path, anchor in row["links"]):
-            problems.append(f"{where(language, row)}: every link must go to a section of a notebook "
-                            f"(notebooks/NN.ipynb#Anchor): {row['links']}")
+            problems.append(
+                f"{where(language, row)}: every link must go to a section of a notebook "
+                f"(notebooks/NN.ipynb#Anchor): {row['links']}"
+            )
         if not row["shape"] or not row["fix"]:
             problems.append(f"{where(language, row)}: a row says the shape of the code and the fix")
     assert not problems, "\n".join(problems)
@@ -196,8 +204,10 @@ def test_every_message_is_raised_by_a_linked_notebook(language: str) -> None:
         for message in row["messages"]:
             quoted = normalized(message.removesuffix("...").removesuffix("…"))
             if quoted not in raised:
-                problems.append(f"{where(language, row)}: no committed output of {[nb.name for nb in notebooks]} "
-                                f"raises {message!r} (quote the message as the notebook prints it)")
+                problems.append(
+                    f"{where(language, row)}: no committed output of {[nb.name for nb in notebooks]} "
+                    f"raises {message!r} (quote the message as the notebook prints it)"
+                )
     assert not problems, "\n".join(problems)
 
 
@@ -205,29 +215,35 @@ def test_every_message_is_raised_by_a_linked_notebook(language: str) -> None:
 def test_every_fix_is_in_the_sections_the_row_links(language: str) -> None:
     problems = []
     for row in rows(language):
-        text = "\n".join(sections(notebook_of(path)).get(anchor, "") for path, anchor in row["links"]
-                         if notebook_of(path).exists())
+        text = "\n".join(
+            sections(notebook_of(path)).get(anchor, "") for path, anchor in row["links"] if notebook_of(path).exists()
+        )
         spans = code_spans(row["fix"])
         words = normalized(re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", row["fix"])).rstrip(".;")
         for fix in spans or [words]:
             if normalized(fix).lower() not in text.lower():
-                problems.append(f"{where(language, row)}: the fix {fix!r} is not in the sections it links "
-                                f"{[anchor for _, anchor in row['links']]}")
+                problems.append(
+                    f"{where(language, row)}: the fix {fix!r} is not in the sections it links "
+                    f"{[anchor for _, anchor in row['links']]}"
+                )
     assert not problems, "the first answer gives fixes its sections do not show:\n" + "\n".join(problems)
 
 
 def test_the_chinese_table_has_the_english_rows() -> None:
     english, chinese = rows("en"), rows("zh")
-    assert len(chinese) == len(english), (f"README.zh-CN.md's first answer has {len(chinese)} rows, "
-                                          f"README.md's {len(english)}")
+    assert len(chinese) == len(english), (
+        f"README.zh-CN.md's first answer has {len(chinese)} rows, README.md's {len(english)}"
+    )
     problems = []
     for en, zh in zip(english, chinese):
         for key in ("messages", "links"):
             if en[key] != zh[key]:
                 problems.append(f"{where('zh', zh)}: {key} {zh[key]} differ from {where('en', en)}: {en[key]}")
         if code_spans(en["fix"]) != code_spans(zh["fix"]):
-            problems.append(f"{where('zh', zh)}: the fix's code {code_spans(zh['fix'])} differs from "
-                            f"{where('en', en)}: {code_spans(en['fix'])}")
+            problems.append(
+                f"{where('zh', zh)}: the fix's code {code_spans(zh['fix'])} differs from "
+                f"{where('en', en)}: {code_spans(en['fix'])}"
+            )
     assert not problems, "\n".join(problems)
 
 
@@ -286,15 +302,19 @@ def test_the_site_index_opens_with_the_same_first_answer(site: Path, language: s
     heading = shown_text(section.splitlines()[0].lstrip("#").strip())
     headings = [index for index, (tag, text) in enumerate(outline.elements) if tag == "h2"]
     assert headings and normalized(outline.elements[headings[0]][1]) == heading, (
-        f"site/{page}: the first section is not the README's first answer ({heading!r})")
-    between = tags[1:headings[0]]
+        f"site/{page}: the first section is not the README's first answer ({heading!r})"
+    )
+    between = tags[1 : headings[0]]
     assert all(tag == "p" for tag in between) and len(between) <= 2, (
         f"site/{page}: between the title and the first answer there is more than the tagline and the "
-        f"language link: {between}")
+        f"language link: {between}"
+    )
     table = next(index for index in range(headings[0], len(tags)) if tags[index] == "table")
-    assert not any(tag.startswith("h") and tag[1:].isdigit() for tag in tags[headings[0] + 1:table]), \
+    assert not any(tag.startswith("h") and tag[1:].isdigit() for tag in tags[headings[0] + 1 : table]), (
         f"site/{page}: the first answer's table is not in its section"
+    )
     shown = [[normalized(cell) for cell in row] for row in outline.tables[tags[:table].count("table")][1:]]
-    readme_rows = [[shown_text(cell) for cell in cells(line)]
-                   for line in re.findall(r"^\|.*\|[ \t]*$", section, re.MULTILINE)[2:]]
+    readme_rows = [
+        [shown_text(cell) for cell in cells(line)] for line in re.findall(r"^\|.*\|[ \t]*$", section, re.MULTILINE)[2:]
+    ]
     assert shown == readme_rows, f"site/{page}: the first answer's table differs from {READMES[language].name}'s"

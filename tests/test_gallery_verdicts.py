@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from gallery import LOOPS
+
 from helpers.audit import audit_retain_graph
 from helpers.carried import find_carried_graph
 from helpers.cli import main as command
@@ -36,8 +36,12 @@ STEP_TOOLS = ("diagnose", "audit_retain_graph", "find_carried_graph")
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal to the bit, NaN included: a buffer made with torch.Tensor(shape), as CycleGAN's input_A is, holds
     whatever memory it got, and a NaN there is put back as NaN, which torch.equal calls different."""
-    return torch.equal(a, b) or (a.is_floating_point() and a.shape == b.shape and a.dtype == b.dtype
-                                 and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+    return torch.equal(a, b) or (
+        a.is_floating_point()
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -79,10 +83,12 @@ def assert_same_findings(got: list[tuple[str | None, str]], truth: list[dict], w
     """Each truth entry is found, and each finding is a truth entry (variable by :func:`variable_matches`)."""
     for entry in truth:
         assert any(variable_matches(v, entry["variable"]) and line == entry["line"] for v, line in got), (
-            f"{what}: {entry} not found in {got}")
+            f"{what}: {entry} not found in {got}"
+        )
     for v, line in got:
         assert any(variable_matches(v, e["variable"]) and line == e["line"] for e in truth), (
-            f"{what}: {v} at {line} is not in TRUTH {truth}")
+            f"{what}: {v} at {line} is not in TRUTH {truth}"
+        )
 
 
 def build_markers(module: Any) -> set[str]:
@@ -93,23 +99,43 @@ def build_markers(module: Any) -> set[str]:
     return {marks[n] for n in range(start, start + len(lines)) if n in marks}
 
 
-def check_verdicts(module: Any, error: dict | None, lines: list[dict], carried: list[tuple[str | None, str]],
-                   notes: list[tuple[str | None, str]] | None, watched_build: bool = False) -> None:
+def check_verdicts(
+    module: Any,
+    error: dict | None,
+    lines: list[dict],
+    carried: list[tuple[str | None, str]],
+    notes: list[tuple[str | None, str]] | None,
+    watched_build: bool = False,
+) -> None:
     """``watched_build``: the command runs the whole file, ``build()`` included, so it sees a graph the script
     builds before its loop being built, at the line inside the model that built it, not at ``build()``'s line."""
     truth = module.TRUTH
     if watched_build:
         inside = build_markers(module)
-        carried = [(v, next((e["line"] for e in truth["carried"] if e["line"] in inside
-                             and variable_matches(v, e["variable"])), line)) for v, line in carried]
+        carried = [
+            (
+                v,
+                next(
+                    (e["line"] for e in truth["carried"] if e["line"] in inside and variable_matches(v, e["variable"])),
+                    line,
+                ),
+            )
+            for v, line in carried
+        ]
     if truth["error"] is None:
         assert error is None, f"no error in TRUTH, got {error}"
     else:
         assert error is not None, f"TRUTH says {truth['error']}, the tool saw no error"
         assert (error["kind"], error["iteration"], marker_of(error["line"], module)) == (
-            truth["error"]["kind"], truth["error"]["iteration"], truth["error"]["line"])
-    retains = {marker_of(line["line"], module): {k: line[k] for k in ("verdict", "runs", "needed_runs")}
-               for line in lines if line["verdict"] in ("needed", "can go")}
+            truth["error"]["kind"],
+            truth["error"]["iteration"],
+            truth["error"]["line"],
+        )
+    retains = {
+        marker_of(line["line"], module): {k: line[k] for k in ("verdict", "runs", "needed_runs")}
+        for line in lines
+        if line["verdict"] in ("needed", "can go")
+    }
     assert retains == truth["retains"]
     assert_same_findings(carried, truth["carried"], "carried")
     if notes is not None:
@@ -129,7 +155,7 @@ def test_watch_around_the_loops_own_run(name: str) -> None:
     try:
         with watch() as w:
             module.run(state)
-    except Exception:  # noqa: BLE001 - the loop's own error is in the report (and in TRUTH)
+    except Exception:
         pass
     check_verdicts(module, *from_report(w.to_json(), module))
 
@@ -158,8 +184,11 @@ def learner_state(state: dict) -> list[tuple[str, torch.Tensor | None]]:
                 kept.extend((f"{key}.{b}", t.detach().clone()) for b, t in item.named_buffers())
             elif isinstance(item, torch.optim.Optimizer):
                 for pid, entries in item.state_dict()["state"].items():
-                    kept.extend((f"{key}.state[{pid}].{k}", v.clone()) for k, v in entries.items()
-                                if isinstance(v, torch.Tensor))
+                    kept.extend(
+                        (f"{key}.state[{pid}].{k}", v.clone())
+                        for k, v in entries.items()
+                        if isinstance(v, torch.Tensor)
+                    )
             elif isinstance(item, torch.Tensor):
                 kept.append((f"{key}[{i}]", item.detach().clone()))
                 kept.append((f"{key}[{i}].grad", None if item.grad is None else item.grad.clone()))
@@ -178,8 +207,10 @@ def graphs_before_the_loop(state: dict) -> dict[str, int]:
 
 def models_and_optimizers(state: dict) -> tuple[list, list]:
     values = [v for value in state.values() for v in (value if isinstance(value, (list, tuple)) else [value])]
-    return ([v for v in values if isinstance(v, torch.nn.Module)],
-            [v for v in values if isinstance(v, torch.optim.Optimizer)])
+    return (
+        [v for v in values if isinstance(v, torch.nn.Module)],
+        [v for v in values if isinstance(v, torch.optim.Optimizer)],
+    )
 
 
 def run_tool(tool: str, module: Any, state: dict) -> tuple:
@@ -188,8 +219,11 @@ def run_tool(tool: str, module: Any, state: dict) -> tuple:
     iterations = module.ITERATIONS
     if tool == "diagnose":
         d = diagnose(step, models=models, optimizers=optimizers, iterations=iterations)
-        error = None if d.error is None else {"kind": d.error_kind, "iteration": d.carried.iterations_run,
-                                              "line": d.error_line}
+        error = (
+            None
+            if d.error is None
+            else {"kind": d.error_kind, "iteration": d.carried.iterations_run, "line": d.error_line}
+        )
         carried = [(f.name, marker_of(f.created_at, module)) for f in d.carried.findings]
         return error, [vars(line) for line in d.audit.lines], carried, None
     if tool == "audit_retain_graph":
@@ -209,14 +243,20 @@ def test_the_step_tools_on_step_function_leave_the_learners_state_as_it_was(name
     if tool == "diagnose":
         check_verdicts(module, error, lines, carried, notes)
     elif tool == "audit_retain_graph":
-        retains = {marker_of(line["line"], module): {k: line[k] for k in ("verdict", "runs", "needed_runs")}
-                   for line in lines if line["verdict"] in ("needed", "can go")}
+        retains = {
+            marker_of(line["line"], module): {k: line[k] for k in ("verdict", "runs", "needed_runs")}
+            for line in lines
+            if line["verdict"] in ("needed", "can go")
+        }
         assert retains == module.TRUTH["retains"]
     else:
         assert_same_findings(carried, module.TRUTH["carried"], "carried")
     after = learner_state(state)
     assert [k for k, _ in after] == [k for k, _ in before]
-    changed = [k for (k, a), (_, b) in zip(before, after)
-               if (a is None) != (b is None) or (a is not None and not same_values(a, b))]
+    changed = [
+        k
+        for (k, a), (_, b) in zip(before, after)
+        if (a is None) != (b is None) or (a is not None and not same_values(a, b))
+    ]
     assert not changed, f"{tool} left changed: {changed}"
     assert graphs_before_the_loop(state) == graphs, "a graph built before the loop lost its saved tensors"

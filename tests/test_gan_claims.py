@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import helpers as bt
-from helpers.lessons.gan_step.steps import StepSettings
-
 from gan_steps import (  # noqa: F401 - one_thread is an autouse fixture
     IN_PLACE,
     SECOND_TIME,
@@ -25,6 +21,10 @@ from gan_steps import (  # noqa: F401 - one_thread is an autouse fixture
     srgan_step,
     standard_step,
 )
+
+import helpers as bt
+from helpers.lessons.gan_step.steps import StepSettings
+
 
 class Recorder:
     """A stand-in optimizer: ``step()`` records the module's gradients and changes nothing."""
@@ -125,9 +125,17 @@ def test_the_correct_steps_match_the_reference(batch, step):
 
 def test_the_checker_agrees_and_the_correct_steps_cost_the_same_graph_bytes(batch):
     checker = bt.GanStepChecker(*make_gan(), *batch, d_loss_fn, g_loss_fn)
-    comparison = checker.compare({"standard": standard_step, "single forward": single_forward_step,
-                                  "copied SRGAN": srgan_step, "D step moved": moved_step},
-                                 reference="standard", rounds=2, progress=False)
+    comparison = checker.compare(
+        {
+            "standard": standard_step,
+            "single forward": single_forward_step,
+            "copied SRGAN": srgan_step,
+            "D step moved": moved_step,
+        },
+        reference="standard",
+        rounds=2,
+        progress=False,
+    )
     assert comparison["copied SRGAN"].error_kind == "in-place modification"
     assert comparison["D step moved"].outcome == "silently wrong"
     assert not comparison["D step moved"].networks["D"].matches and comparison["D step moved"].networks["G"].matches
@@ -141,8 +149,9 @@ def test_the_sixteen_combinations(batch):
     lab.run_all_button.click()
     assert lab.message == "Tried all 16: 8 raise, 5 are silently wrong, 3 are correct."
     correct = {s for s, r in lab.results.items() if r.outcome == "correct"}
-    assert correct == {s for s in StepSettings.all()
-                       if s.d_step_first and s.fresh_pass and (s.detach or s.retain_graph)}
+    assert correct == {
+        s for s in StepSettings.all() if s.d_step_first and s.fresh_pass and (s.detach or s.retain_graph)
+    }
     standard = lab.results[StepSettings(False, True, True, True)].peak_graph_only_bytes
     assert lab.results[StepSettings(True, False, True, True)].peak_graph_only_bytes > standard
 
@@ -155,8 +164,14 @@ def test_training_with_the_correct_step_learns_the_ring():
     with torch.no_grad():
         before = bt.sample_distance(netG(eval_z), eval_real)
     for _ in range(200):
-        standard_step(netG, netD, optimizerG, optimizerD, bt.ring_of_gaussians(256, generator=batches),
-                      torch.randn(256, 2, generator=batches))
+        standard_step(
+            netG,
+            netD,
+            optimizerG,
+            optimizerD,
+            bt.ring_of_gaussians(256, generator=batches),
+            torch.randn(256, 2, generator=batches),
+        )
     with torch.no_grad():
         samples = netG(eval_z)
     assert bt.sample_distance(samples, eval_real) < before / 3

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.autograd import grad as imported_grad  # a name bound before the check starts
-
-import helpers.lessons.gan_step.watch as watch
-from helpers.lessons.gan_step import check_fixed_srgan_step, check_gradient_penalty, check_single_forward_step
-
 from gan_steps import d_loss_fn, g_loss_fn, one_thread  # noqa: F401
 from gan_steps import inputs_step as single_forward_inputs  # exercise 2's solution
 from gan_steps import moved_step as d_step_after_g_backward
 from gan_steps import single_forward_step as single_forward_autograd_grad  # exercise 1 allows autograd.grad
 from gan_steps import srgan_step as srgan_start  # exercise 1's starting code
+from torch.autograd import grad as imported_grad  # a name bound before the check starts
+
+import helpers.lessons.gan_step.watch as watch
+from helpers.lessons.gan_step import check_fixed_srgan_step, check_gradient_penalty, check_single_forward_step
 
 
 def verdict(check, answer):
@@ -30,6 +29,7 @@ def verdict(check, answer):
 
 
 # -- exercise 1: the copied SRGAN step, fixed ---------------------------------------------------------
+
 
 def fixed_solution(netG, netD, optimizerG, optimizerD, real, z):  # the notebook's solution
     netD.zero_grad()
@@ -114,7 +114,7 @@ def fixed_one_batched_d_pass(netG, netD, optimizerG, optimizerD, real, z):
     netD.zero_grad()
     fake = netG(z)
     out = netD(torch.cat([real, fake.detach()]))
-    d_loss = d_loss_fn(out[:len(real)], out[len(real):])
+    d_loss = d_loss_fn(out[: len(real)], out[len(real) :])
     d_loss.backward()
     optimizerD.step()
     netG.zero_grad()
@@ -317,26 +317,50 @@ SRGAN_START_MESSAGE = (
 )
 
 EXERCISE_1_WRONG = [
-    pytest.param(never_zeroes, ["second call in a row", "D's and G's optimizers",
-                                "nothing cleared D's and G's .grad before the backward"], id="never-zero-grad"),
-    pytest.param(never_zeroes_g, ["G's optimizer received twice the reference gradient, the sum of two steps' "
-                                  "gradients: nothing cleared G's .grad"], id="never-zero-grad-G"),
-    pytest.param(zeroes_at_the_end, ["when .grad already holds values", "clears .grad after using it"],
-                 id="zero-grad-only-at-the-end"),
-    pytest.param(d_step_after_g_backward, ["SILENTLY WRONG", "D's optimizer received the gradient of d_loss + g_loss"],
-                 id="d-step-after-g-backward"),
+    pytest.param(
+        never_zeroes,
+        ["second call in a row", "D's and G's optimizers", "nothing cleared D's and G's .grad before the backward"],
+        id="never-zero-grad",
+    ),
+    pytest.param(
+        never_zeroes_g,
+        [
+            "G's optimizer received twice the reference gradient, the sum of two steps' "
+            "gradients: nothing cleared G's .grad"
+        ],
+        id="never-zero-grad-G",
+    ),
+    pytest.param(
+        zeroes_at_the_end,
+        ["when .grad already holds values", "clears .grad after using it"],
+        id="zero-grad-only-at-the-end",
+    ),
+    pytest.param(
+        d_step_after_g_backward,
+        ["SILENTLY WRONG", "D's optimizer received the gradient of d_loss + g_loss"],
+        id="d-step-after-g-backward",
+    ),
     pytest.param(retain_on_d_backward, ["Right gradients, but the graphs held up to"], id="needless-retain"),
-    pytest.param(retain_on_last_backward, ["the last backward of your step keeps its graph's buffers "
-                                           "(retain_graph=True)"], id="retain-on-last-backward"),
+    pytest.param(
+        retain_on_last_backward,
+        ["the last backward of your step keeps its graph's buffers (retain_graph=True)"],
+        id="retain-on-last-backward",
+    ),
     pytest.param(g_loss_on_detached_fake, ["G's optimizer found no gradient at all"], id="g-loss-on-fake-detach"),
     pytest.param(zero_grad_after_backward, ["D's optimizer found no gradient at all"], id="zero-grad-after-backward"),
-    pytest.param(zero_grad_to_zeros_after_backward, ["D's optimizer received a zero gradient"],
-                 id="zero-grad-to-zeros-after-backward"),
+    pytest.param(
+        zero_grad_to_zeros_after_backward,
+        ["D's optimizer received a zero gradient"],
+        id="zero-grad-to-zeros-after-backward",
+    ),
     pytest.param(d_step_twice, ["calls optimizerD.step() 2 times"], id="d-step-twice"),
     pytest.param(forgets_g_step, ["never calls optimizerG.step()"], id="forgets-g-step"),
     pytest.param(no_retain_no_detach, ["backward through the graph a second time"], id="second-backward"),
-    pytest.param(d_backward_twice, ["gradient of 2 × d_loss: 2 times d_loss's, as 2 backward passes of d_loss into D give"],
-                 id="d-backward-twice"),
+    pytest.param(
+        d_backward_twice,
+        ["gradient of 2 × d_loss: 2 times d_loss's, as 2 backward passes of d_loss into D give"],
+        id="d-backward-twice",
+    ),
     pytest.param(name_typo, ["Your step raised NameError: name 'netg' is not defined"], id="name-error"),
     pytest.param(raises_own_exception, ["Your step raised LearnerError: my own error"], id="own-exception"),
     pytest.param(exits, ["Your step raised SystemExit"], id="system-exit"),
@@ -363,6 +387,7 @@ def test_a_step_that_changes_between_calls_is_caught_on_a_later_call():
 
 
 # -- exercise 2: one pass of D, with backward(inputs=...) ---------------------------------------------
+
 
 def one_pass_start(netG, netD, optimizerG, optimizerD, real, z):  # the exercise cell's starting code
     netD.zero_grad()
@@ -428,7 +453,7 @@ def one_pass_batched(netG, netD, optimizerG, optimizerD, real, z):
     netD.zero_grad()
     netG.zero_grad()
     out = netD(torch.cat([real, netG(z)]))
-    real_out, fake_out = out[:len(real)], out[len(real):]
+    real_out, fake_out = out[: len(real)], out[len(real) :]
     d_loss, g_loss = d_loss_fn(real_out, fake_out), g_loss_fn(fake_out)
     d_loss.backward(inputs=list(netD.parameters()), retain_graph=True)
     g_loss.backward(inputs=list(netG.parameters()))
@@ -594,25 +619,41 @@ ONE_PASS_START_MESSAGE = (
 
 EXERCISE_2_WRONG = [
     pytest.param(single_forward_autograd_grad, ["your step calls torch.autograd.grad (2 times"], id="autograd-grad"),
-    pytest.param(one_pass_imported_grad, ["your step calls torch.autograd.grad (2 times"],
-                 id="autograd-grad-imported-before"),
-    pytest.param(one_pass_functional_vjp, ["your step calls torch.autograd.grad (1 time,",
-                                           "through a function built on it"], id="autograd-functional-vjp"),
+    pytest.param(
+        one_pass_imported_grad, ["your step calls torch.autograd.grad (2 times"], id="autograd-grad-imported-before"
+    ),
+    pytest.param(
+        one_pass_functional_vjp,
+        ["your step calls torch.autograd.grad (1 time,", "through a function built on it"],
+        id="autograd-functional-vjp",
+    ),
     pytest.param(one_pass_second_d_pass, ["netD ran 3 times"], id="second-d-pass"),
     pytest.param(one_pass_second_d_pass_by_forward, ["netD ran 3 times"], id="second-d-pass-by-forward"),
     pytest.param(fixed_solution, ["netD ran 3 times"], id="standard-step"),
-    pytest.param(one_pass_inputs_swapped, ["D's optimizer received the gradient of g_loss instead of d_loss's",
-                                           "G's optimizer received the gradient of d_loss instead of g_loss's"],
-                 id="inputs-list-the-wrong-net"),
-    pytest.param(one_pass_d_inputs_both_nets, ["G's optimizer received the gradient of d_loss + g_loss"],
-                 id="d-inputs-list-both-nets"),
-    pytest.param(one_pass_never_zeroes, ["nothing cleared D's and G's .grad before the backward"],
-                 id="never-zero-grad"),
+    pytest.param(
+        one_pass_inputs_swapped,
+        [
+            "D's optimizer received the gradient of g_loss instead of d_loss's",
+            "G's optimizer received the gradient of d_loss instead of g_loss's",
+        ],
+        id="inputs-list-the-wrong-net",
+    ),
+    pytest.param(
+        one_pass_d_inputs_both_nets,
+        ["G's optimizer received the gradient of d_loss + g_loss"],
+        id="d-inputs-list-both-nets",
+    ),
+    pytest.param(
+        one_pass_never_zeroes, ["nothing cleared D's and G's .grad before the backward"], id="never-zero-grad"
+    ),
     pytest.param(one_pass_zeroes_at_the_end, ["clears .grad after using it"], id="zero-grad-only-at-the-end"),
     pytest.param(one_pass_d_step_between, ["modified by an inplace operation"], id="d-step-between-backwards"),
     pytest.param(one_pass_no_retain, ["backward through the graph a second time"], id="no-retain"),
-    pytest.param(one_pass_retains_both, ["the last backward of your step keeps its graph's buffers"],
-                 id="retain-on-last-backward"),
+    pytest.param(
+        one_pass_retains_both,
+        ["the last backward of your step keeps its graph's buffers"],
+        id="retain-on-last-backward",
+    ),
     pytest.param(one_pass_forgets_g_step, ["never calls optimizerG.step()"], id="forgets-g-step"),
     pytest.param(name_typo, ["NameError"], id="name-error"),
     pytest.param(raises_own_exception, ["LearnerError: my own error"], id="own-exception"),
@@ -631,6 +672,7 @@ EXERCISE_2_RIGHT = [
 
 # -- exercise 3: a gradient penalty that does something ---------------------------------------------
 
+
 def penalty_start(netD, real, fake, alpha):  # the exercise cell's starting code
     mixed = (alpha * real + (1 - alpha) * fake).requires_grad_()
     (grad,) = torch.autograd.grad(netD(mixed).sum(), mixed, retain_graph=True)
@@ -646,8 +688,7 @@ def penalty_solution(netD, real, fake, alpha):  # the notebook's solution
 def penalty_grad_outputs(netD, real, fake, alpha):
     mixed = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
     out = netD(mixed)
-    (grad,) = torch.autograd.grad(out, mixed, grad_outputs=torch.ones_like(out), create_graph=True,
-                                  retain_graph=True)
+    (grad,) = torch.autograd.grad(out, mixed, grad_outputs=torch.ones_like(out), create_graph=True, retain_graph=True)
     return ((grad.norm(2, dim=1) - 1) ** 2).mean()
 
 
@@ -782,10 +823,12 @@ PENALTY_START_MESSAGE = (
 
 EXERCISE_3_WRONG = [
     pytest.param(penalty_detached_leaf, ["leaf tensor with no grad_fn"], id="detach-requires-grad"),
-    pytest.param(penalty_grad_detached, ["you used create_graph=True, but the penalty is a constant"],
-                 id="gradient-detached"),
-    pytest.param(penalty_under_no_grad, ["you used create_graph=True, but the penalty is a constant"],
-                 id="penalty-under-no-grad"),
+    pytest.param(
+        penalty_grad_detached, ["you used create_graph=True, but the penalty is a constant"], id="gradient-detached"
+    ),
+    pytest.param(
+        penalty_under_no_grad, ["you used create_graph=True, but the penalty is a constant"], id="penalty-under-no-grad"
+    ),
     pytest.param(penalty_wrong_tensor, ["The penalty is", "expected"], id="gradient-wrt-fake"),
     pytest.param(penalty_forgets_requires_grad, ["does not require grad"], id="forgets-requires-grad"),
     pytest.param(penalty_no_alpha, ["The penalty is", "expected"], id="mixed-without-alpha"),
@@ -794,11 +837,18 @@ EXERCISE_3_WRONG = [
     pytest.param(penalty_per_sample, ["returned shape (64,)"], id="per-sample-penalties"),
     pytest.param(penalty_whole_batch_norm, ["The penalty is", "expected"], id="norm-over-the-whole-batch"),
     pytest.param(penalty_output_mean, ["The penalty is", "expected"], id="mean-of-d-output"),
-    pytest.param(penalty_backward_inside, ["left values in D's .grad"], id="backward-inside",
-                 marks=pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")),
+    pytest.param(
+        penalty_backward_inside,
+        ["left values in D's .grad"],
+        id="backward-inside",
+        marks=pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True"),
+    ),
     pytest.param(penalty_freezes_d, ["switched off requires_grad on D's weights"], id="freezes-d"),
-    pytest.param(penalty_weights_frozen_then_restored, ["gradient for D's", "differs from the reference"],
-                 id="weights-frozen-while-computing"),
+    pytest.param(
+        penalty_weights_frozen_then_restored,
+        ["gradient for D's", "differs from the reference"],
+        id="weights-frozen-while-computing",
+    ),
     pytest.param(penalty_mixes_in_place, ["changed real in place"], id="mixes-in-place"),
     pytest.param(penalty_right_once, ["Right on the first call, but not on the second"], id="right-only-once"),
     pytest.param(penalty_raises, ["Your function raised KeyError: 'mixed'"], id="raises"),
@@ -816,6 +866,7 @@ EXERCISE_3_RIGHT = [
 
 
 # -- more answers a learner would write, for all three exercises ---------------------------------------
+
 
 def triple_d_loss(netG, netD, optimizerG, optimizerD, real, z):
     netD.zero_grad()
@@ -905,8 +956,13 @@ def d_frozen_for_g(netG, netD, optimizerG, optimizerD, real, z):
     netD.requires_grad_(True)
 
 
-def one_pass(d_backward, g_backward, zero=lambda netG, netD: (netD.zero_grad(), netG.zero_grad()),
-             detach_fake=False, order="D, G"):
+def one_pass(
+    d_backward,
+    g_backward,
+    zero=lambda netG, netD: (netD.zero_grad(), netG.zero_grad()),
+    detach_fake=False,
+    order="D, G",
+):
     """Exercise 2's step with its backward calls, its zeroing and the fake batch's detach replaced."""
 
     def step(netG, netD, optimizerG, optimizerD, real, z):
@@ -942,7 +998,7 @@ def d_into_d_then_zero(d_loss, netD, netG):
 
 
 def penalty_gradient(netD, real, fake, alpha, data=False):
-    mixed = (alpha * real + (1 - alpha) * fake)
+    mixed = alpha * real + (1 - alpha) * fake
     mixed = (mixed.data if data else mixed).requires_grad_()
     (grad,) = torch.autograd.grad(netD(mixed).sum(), mixed, create_graph=True)
     return grad
@@ -974,13 +1030,20 @@ def penalty_after_an_extra_forward(netD, real, fake, alpha):
 FLOAT_WARNING = pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning")
 
 EXERCISE_1_WRONG += [
-    pytest.param(triple_d_loss, ["D's optimizer received the gradient of 3 × d_loss: 3 times d_loss's", "or one pass "
-                                 "of 3 × d_loss"], id="3-times-d-loss"),
+    pytest.param(
+        triple_d_loss,
+        ["D's optimizer received the gradient of 3 × d_loss: 3 times d_loss's", "or one pass of 3 × d_loss"],
+        id="3-times-d-loss",
+    ),
     pytest.param(g_loss_on_fake_data, ["G's optimizer found no gradient at all"], id="g-loss-on-fake-data"),
-    pytest.param(retain_instead_of_detach, ["Right gradients, but the graphs held up to 129.5 KiB during your step; "
-                                            "the standard step needs 96.5 KiB."], id="retain-instead-of-detach"),
-    pytest.param(g_step_first, ["D's optimizer received the gradient of d_loss + g_loss, not of d_loss alone"],
-                 id="g-step-first"),
+    pytest.param(
+        retain_instead_of_detach,
+        ["Right gradients, but the graphs held up to 129.5 KiB during your step; the standard step needs 96.5 KiB."],
+        id="retain-instead-of-detach",
+    ),
+    pytest.param(
+        g_step_first, ["D's optimizer received the gradient of d_loss + g_loss, not of d_loss alone"], id="g-step-first"
+    ),
 ]
 EXERCISE_1_RIGHT += [
     pytest.param(d_loss_on_fake_data, id="d-loss-on-fake-data"),
@@ -989,50 +1052,94 @@ EXERCISE_1_RIGHT += [
     pytest.param(d_frozen_for_g, id="d-frozen-for-g-loss"),
 ]
 EXERCISE_2_WRONG += [
-    pytest.param(one_pass(lambda d_loss, netD, netG: (3 * d_loss).backward(inputs=list(netD.parameters()),
-                                                                            retain_graph=True), g_into_g),
-                 ["D's optimizer received the gradient of 3 × d_loss"], id="3-times-d-loss"),
-    pytest.param(one_pass(d_into_d, lambda g_loss, netD, netG, fake: g_loss.backward(inputs=list(netD.parameters())),
-                          detach_fake=True),
-                 ["D's optimizer received the gradient of d_loss + g_loss", "G's optimizer found no gradient at all"],
-                 id="fake-detached"),
-    pytest.param(one_pass(d_into_d_then_zero, g_into_g), ["D's optimizer found no gradient at all"],
-                 id="zero-grad-between-the-backwards"),
-    pytest.param(one_pass(d_into_d, lambda g_loss, netD, netG, fake: torch.tensor(float(g_loss),
-                                                                                  requires_grad=True).backward()),
-                 ["G's optimizer found no gradient at all"], id="backward-of-a-float", marks=FLOAT_WARNING),
-    pytest.param(one_pass(d_into_d, lambda g_loss, netD, netG, fake: g_loss.backward(inputs=[fake])),
-                 ["G's optimizer found no gradient at all"], id="g-inputs-fake"),
+    pytest.param(
+        one_pass(
+            lambda d_loss, netD, netG: (3 * d_loss).backward(inputs=list(netD.parameters()), retain_graph=True),
+            g_into_g,
+        ),
+        ["D's optimizer received the gradient of 3 × d_loss"],
+        id="3-times-d-loss",
+    ),
+    pytest.param(
+        one_pass(
+            d_into_d, lambda g_loss, netD, netG, fake: g_loss.backward(inputs=list(netD.parameters())), detach_fake=True
+        ),
+        ["D's optimizer received the gradient of d_loss + g_loss", "G's optimizer found no gradient at all"],
+        id="fake-detached",
+    ),
+    pytest.param(
+        one_pass(d_into_d_then_zero, g_into_g),
+        ["D's optimizer found no gradient at all"],
+        id="zero-grad-between-the-backwards",
+    ),
+    pytest.param(
+        one_pass(d_into_d, lambda g_loss, netD, netG, fake: torch.tensor(float(g_loss), requires_grad=True).backward()),
+        ["G's optimizer found no gradient at all"],
+        id="backward-of-a-float",
+        marks=FLOAT_WARNING,
+    ),
+    pytest.param(
+        one_pass(d_into_d, lambda g_loss, netD, netG, fake: g_loss.backward(inputs=[fake])),
+        ["G's optimizer found no gradient at all"],
+        id="g-inputs-fake",
+    ),
 ]
 EXERCISE_2_RIGHT += [
-    pytest.param(one_pass(lambda d_loss, netD, netG: d_loss.backward(inputs=tuple(netD.parameters()),
-                                                                     retain_graph=True),
-                          lambda g_loss, netD, netG, fake: g_loss.backward(inputs=tuple(netG.parameters()))),
-                 id="inputs-as-tuples"),
-    pytest.param(one_pass(d_into_d, g_into_g, zero=lambda netG, netD: [setattr(p, "grad", None) for p in
-                                                                       [*netD.parameters(), *netG.parameters()]]),
-                 id="grad-none-by-hand"),
-    pytest.param(one_pass(lambda d_loss, netD, netG: d_loss.backward(inputs=list(netD.parameters())),
-                          lambda g_loss, netD, netG, fake: g_loss.backward(inputs=list(netG.parameters()),
-                                                                           retain_graph=True),
-                          order="G, D"), id="g-step-before-d-backward"),
+    pytest.param(
+        one_pass(
+            lambda d_loss, netD, netG: d_loss.backward(inputs=tuple(netD.parameters()), retain_graph=True),
+            lambda g_loss, netD, netG, fake: g_loss.backward(inputs=tuple(netG.parameters())),
+        ),
+        id="inputs-as-tuples",
+    ),
+    pytest.param(
+        one_pass(
+            d_into_d,
+            g_into_g,
+            zero=lambda netG, netD: [setattr(p, "grad", None) for p in [*netD.parameters(), *netG.parameters()]],
+        ),
+        id="grad-none-by-hand",
+    ),
+    pytest.param(
+        one_pass(
+            lambda d_loss, netD, netG: d_loss.backward(inputs=list(netD.parameters())),
+            lambda g_loss, netD, netG, fake: g_loss.backward(inputs=list(netG.parameters()), retain_graph=True),
+            order="G, D",
+        ),
+        id="g-step-before-d-backward",
+    ),
 ]
 EXERCISE_3_WRONG += [
     pytest.param(lambda *args: 3 * penalty_solution(*args), ["The penalty is", "expected"], id="3-times-penalty"),
-    pytest.param(lambda *args: torch.tensor(float(penalty_solution(*args)), requires_grad=True),
-                 ["The value is right, but the penalty is a leaf tensor with no grad_fn"], id="float-of-penalty",
-                 marks=FLOAT_WARNING),
-    pytest.param(lambda netD, real, fake, alpha: ((penalty_gradient(netD, real, fake, alpha).data.norm(dim=1) - 1)
-                                                  ** 2).mean(),
-                 ["you used create_graph=True, but the penalty is a constant"], id="gradient-data"),
-    pytest.param(penalty_on_detached_points, ["Your function raised RuntimeError: The differentiated Tensor at index 0 "
-                                              "appears to not have been used in the graph"], id="d-on-detached-points"),
-    pytest.param(penalty_of(lambda norm: norm ** 2), ["The penalty is", "expected"], id="norm-squared-without-1"),
+    pytest.param(
+        lambda *args: torch.tensor(float(penalty_solution(*args)), requires_grad=True),
+        ["The value is right, but the penalty is a leaf tensor with no grad_fn"],
+        id="float-of-penalty",
+        marks=FLOAT_WARNING,
+    ),
+    pytest.param(
+        lambda netD, real, fake, alpha: ((penalty_gradient(netD, real, fake, alpha).data.norm(dim=1) - 1) ** 2).mean(),
+        ["you used create_graph=True, but the penalty is a constant"],
+        id="gradient-data",
+    ),
+    pytest.param(
+        penalty_on_detached_points,
+        [
+            "Your function raised RuntimeError: The differentiated Tensor at index 0 "
+            "appears to not have been used in the graph"
+        ],
+        id="d-on-detached-points",
+    ),
+    pytest.param(penalty_of(lambda norm: norm**2), ["The penalty is", "expected"], id="norm-squared-without-1"),
     pytest.param(penalty_of(lambda norm: (norm - 1).abs()), ["The penalty is", "expected"], id="absolute-not-squared"),
 ]
 EXERCISE_3_RIGHT += [
-    pytest.param(lambda netD, real, fake, alpha: ((penalty_gradient(netD, real, fake, alpha, data=True).norm(dim=1) - 1)
-                                                  ** 2).mean(), id="mixed-points-from-data"),
+    pytest.param(
+        lambda netD, real, fake, alpha: (
+            (penalty_gradient(netD, real, fake, alpha, data=True).norm(dim=1) - 1) ** 2
+        ).mean(),
+        id="mixed-points-from-data",
+    ),
     pytest.param(penalty_of(lambda norm: (norm - 1).square()), id="square-method"),
     pytest.param(penalty_from_torch_func, id="torch-func-grad"),
     pytest.param(penalty_after_an_extra_forward, id="extra-d-forward"),
@@ -1041,26 +1148,34 @@ EXERCISE_3_RIGHT += [
 
 # -- the catalogue, all three exercises ---------------------------------------------------------------
 
+
 def with_check(check, params):
-    return [pytest.param(check, *param.values, id=f"ex{EXERCISE[check]}-{param.id}", marks=param.marks)
-            for param in params]
+    return [
+        pytest.param(check, *param.values, id=f"ex{EXERCISE[check]}-{param.id}", marks=param.marks) for param in params
+    ]
 
 
 EXERCISE = {check_fixed_srgan_step: 1, check_single_forward_step: 2, check_gradient_penalty: 3}
 
 
-@pytest.mark.parametrize(("check", "answer", "expected"), [
-    pytest.param(check_fixed_srgan_step, srgan_start, SRGAN_START_MESSAGE, id="ex1"),
-    pytest.param(check_single_forward_step, one_pass_start, ONE_PASS_START_MESSAGE, id="ex2"),
-    pytest.param(check_gradient_penalty, penalty_start, PENALTY_START_MESSAGE, id="ex3"),
-])
+@pytest.mark.parametrize(
+    ("check", "answer", "expected"),
+    [
+        pytest.param(check_fixed_srgan_step, srgan_start, SRGAN_START_MESSAGE, id="ex1"),
+        pytest.param(check_single_forward_step, one_pass_start, ONE_PASS_START_MESSAGE, id="ex2"),
+        pytest.param(check_gradient_penalty, penalty_start, PENALTY_START_MESSAGE, id="ex3"),
+    ],
+)
 def test_the_starting_code_gets_the_notebooks_message(check, answer, expected):
     assert repr(verdict(check, answer)) == expected
 
 
-@pytest.mark.parametrize(("check", "answer", "expected"), with_check(check_fixed_srgan_step, EXERCISE_1_WRONG)
-                         + with_check(check_single_forward_step, EXERCISE_2_WRONG)
-                         + with_check(check_gradient_penalty, EXERCISE_3_WRONG))
+@pytest.mark.parametrize(
+    ("check", "answer", "expected"),
+    with_check(check_fixed_srgan_step, EXERCISE_1_WRONG)
+    + with_check(check_single_forward_step, EXERCISE_2_WRONG)
+    + with_check(check_gradient_penalty, EXERCISE_3_WRONG),
+)
 def test_wrong_answers_are_rejected_saying_what_is_wrong(check, answer, expected):
     result = verdict(check, answer)
     assert not result
@@ -1068,9 +1183,12 @@ def test_wrong_answers_are_rejected_saying_what_is_wrong(check, answer, expected
         assert text in result.message
 
 
-@pytest.mark.parametrize(("check", "answer"), with_check(check_fixed_srgan_step, EXERCISE_1_RIGHT)
-                         + with_check(check_single_forward_step, EXERCISE_2_RIGHT)
-                         + with_check(check_gradient_penalty, EXERCISE_3_RIGHT))
+@pytest.mark.parametrize(
+    ("check", "answer"),
+    with_check(check_fixed_srgan_step, EXERCISE_1_RIGHT)
+    + with_check(check_single_forward_step, EXERCISE_2_RIGHT)
+    + with_check(check_gradient_penalty, EXERCISE_3_RIGHT),
+)
 def test_right_answers_are_accepted(check, answer):
     result = verdict(check, answer)
     assert result, result
@@ -1085,29 +1203,41 @@ def test_exercise_3_hints_fit_the_mistake():
 
 # -- what the checks leave behind ---------------------------------------------------------------------
 
-@pytest.mark.parametrize(("check", "answer"), [
-    (check_fixed_srgan_step, never_zeroes), (check_single_forward_step, one_pass_imported_grad),
-    (check_fixed_srgan_step, raises_own_exception), (check_gradient_penalty, penalty_own_alpha),
-    (check_gradient_penalty, penalty_raises),
-])
+
+@pytest.mark.parametrize(
+    ("check", "answer"),
+    [
+        (check_fixed_srgan_step, never_zeroes),
+        (check_single_forward_step, one_pass_imported_grad),
+        (check_fixed_srgan_step, raises_own_exception),
+        (check_gradient_penalty, penalty_own_alpha),
+        (check_gradient_penalty, penalty_raises),
+    ],
+)
 def test_checks_restore_autograd_and_the_random_stream(check, answer):
     engine, backward, grad = torch.autograd._engine_run_backward, torch.autograd.backward, torch.autograd.grad
     torch.manual_seed(123)
     state = torch.get_rng_state()
     check(answer)
     assert torch.equal(torch.get_rng_state(), state)
-    assert (torch.autograd._engine_run_backward, torch.autograd.backward, torch.autograd.grad) == (engine, backward,
-                                                                                                    grad)
+    assert (torch.autograd._engine_run_backward, torch.autograd.backward, torch.autograd.grad) == (
+        engine,
+        backward,
+        grad,
+    )
 
 
-@pytest.mark.parametrize(("check", "answer", "expected"), [
-    (check_single_forward_step, single_forward_autograd_grad, "torch.autograd.grad (2 times"),
-    (check_single_forward_step, one_pass_retains_both, "the last backward of your step keeps"),
-    (check_single_forward_step, single_forward_inputs, None),
-    (check_fixed_srgan_step, single_forward_autograd_grad, None),
-    (check_gradient_penalty, penalty_grad_detached, "you used create_graph=True"),
-    (check_gradient_penalty, penalty_solution, None),
-])
+@pytest.mark.parametrize(
+    ("check", "answer", "expected"),
+    [
+        (check_single_forward_step, single_forward_autograd_grad, "torch.autograd.grad (2 times"),
+        (check_single_forward_step, one_pass_retains_both, "the last backward of your step keeps"),
+        (check_single_forward_step, single_forward_inputs, None),
+        (check_fixed_srgan_step, single_forward_autograd_grad, None),
+        (check_gradient_penalty, penalty_grad_detached, "you used create_graph=True"),
+        (check_gradient_penalty, penalty_solution, None),
+    ],
+)
 def test_without_the_engine_entry_the_public_functions_are_watched(monkeypatch, check, answer, expected):
     """Where torch has no private engine entry, torch.autograd.backward and .grad are wrapped instead."""
     monkeypatch.setattr(watch, "_ENGINE_ENTRY", "_no_such_engine_entry")

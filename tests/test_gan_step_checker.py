@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gan_steps import checker, d_loss_fn, g_loss_fn, gan, one_thread  # noqa: F401 - fixtures
 
 from helpers.lessons.gan_step.checker import GanStepChecker
 from helpers.lessons.gan_step.steps import StepSettings, make_step
-
-from gan_steps import checker, d_loss_fn, g_loss_fn, gan, one_thread  # noqa: F401 - fixtures
 
 
 def reference(netG, netD, real, z):
@@ -112,9 +111,11 @@ def test_checker_rejects_bad_input(gan):
 
 
 def test_compare_checks_and_measures_each_step(checker):
-    steps = {"standard": make_step(StepSettings(False, True, True, True), d_loss_fn, g_loss_fn),
-             "srgan": make_step(StepSettings(True, False, False, True), d_loss_fn, g_loss_fn),
-             "retained": make_step(StepSettings(True, True, True, True), d_loss_fn, g_loss_fn)}
+    steps = {
+        "standard": make_step(StepSettings(False, True, True, True), d_loss_fn, g_loss_fn),
+        "srgan": make_step(StepSettings(True, False, False, True), d_loss_fn, g_loss_fn),
+        "retained": make_step(StepSettings(True, True, True, True), d_loss_fn, g_loss_fn),
+    }
     comparison = checker.compare(steps, rounds=3, progress=False)
     assert comparison["standard"].outcome == "correct" and comparison["srgan"].outcome == "error"
     assert comparison.time_ratio("standard") == 1.0 and comparison.time_ratio("srgan") is None
@@ -125,8 +126,13 @@ def test_compare_checks_and_measures_each_step(checker):
     assert table.column("outcome") == ["correct", "error (in-place modification)", "correct"]
     assert table.column("time per step")[1] == "-"
     portable = comparison.table(timing=False)
-    assert portable.columns == ["step", "outcome", "D gradient vs reference", "G gradient vs reference",
-                                "peak graph-only (meter)"]
+    assert portable.columns == [
+        "step",
+        "outcome",
+        "D gradient vs reference",
+        "G gradient vs reference",
+        "peak graph-only (meter)",
+    ]
     assert portable.column("outcome") == table.column("outcome")
     with pytest.raises(KeyError):
         comparison["nope"]

@@ -34,16 +34,19 @@ def test_ring_centers_are_evenly_spaced():
     assert torch.allclose(ring_of_gaussians(5, modes=1, radius=1.0, std=0.0), torch.tensor([[1.0, 0.0]] * 5))
 
 
-@pytest.mark.parametrize("call, error", [
-    (lambda: ring_of_gaussians(0), ValueError),
-    (lambda: ring_of_gaussians(2.5), TypeError),
-    (lambda: ring_of_gaussians(True), TypeError),
-    (lambda: ring_of_gaussians(10, std=-0.1), ValueError),
-    (lambda: ring_of_gaussians(10, generator=0), TypeError),
-    (lambda: ring_of_gaussians(10, modes=0), ValueError),
-    (lambda: ring_of_gaussians(10, radius=0), ValueError),
-    (lambda: ring_centers(radius="2"), TypeError),
-])
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda: ring_of_gaussians(0), ValueError),
+        (lambda: ring_of_gaussians(2.5), TypeError),
+        (lambda: ring_of_gaussians(True), TypeError),
+        (lambda: ring_of_gaussians(10, std=-0.1), ValueError),
+        (lambda: ring_of_gaussians(10, generator=0), TypeError),
+        (lambda: ring_of_gaussians(10, modes=0), ValueError),
+        (lambda: ring_of_gaussians(10, radius=0), ValueError),
+        (lambda: ring_centers(radius="2"), TypeError),
+    ],
+)
 def test_data_functions_reject_bad_input(call, error):
     with pytest.raises(error):
         call()
@@ -63,12 +66,15 @@ def test_sample_distance_punishes_missing_modes():
     assert sample_distance(one_mode, real) > 1.0  # the other 7 modes' real points are far from every sample
 
 
-@pytest.mark.parametrize("a, error", [
-    ([[0.0, 0.0]], TypeError),
-    (torch.zeros(5, 3), ValueError),
-    (torch.zeros(5), ValueError),
-    (torch.zeros(0, 2), ValueError),
-])
+@pytest.mark.parametrize(
+    "a, error",
+    [
+        ([[0.0, 0.0]], TypeError),
+        (torch.zeros(5, 3), ValueError),
+        (torch.zeros(5), ValueError),
+        (torch.zeros(0, 2), ValueError),
+    ],
+)
 def test_sample_distance_rejects_bad_input(a, error):
     with pytest.raises(error):
         sample_distance(a, torch.zeros(4, 2))

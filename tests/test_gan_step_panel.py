@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import pytest
+from gan_steps import IN_PLACE, SECOND_TIME, checker, gan, one_thread  # noqa: F401 - fixtures
 
 from helpers.lessons.gan_step.panel import GanLab
 from helpers.lessons.gan_step.steps import StepSettings
-
-from gan_steps import IN_PLACE, SECOND_TIME, checker, gan, one_thread  # noqa: F401 - fixtures
 
 
 def expected_outcome(settings: StepSettings) -> tuple[str, str | None]:

@@ -39,8 +39,9 @@ def _saved_by_walk(loss: torch.Tensor) -> list[tuple[str, str, tuple[int, ...], 
                 value = getattr(fn, name)
                 if isinstance(value, torch.Tensor):
                     dtype = str(value.dtype).removeprefix("torch.")
-                    found.append((type(fn).__name__, name, tuple(value.shape), dtype,
-                                  value.numel() * value.element_size()))
+                    found.append(
+                        (type(fn).__name__, name, tuple(value.shape), dtype, value.numel() * value.element_size())
+                    )
         stack.extend(next_fn for next_fn, _ in fn.next_functions)
     return sorted(found)
 
@@ -247,15 +248,18 @@ def _rnn_loop(steps: int = 3, stamp: bool = True):
     iteration's loss and the parameters by name.
     """
     torch.manual_seed(0)
-    params = {"W": torch.randn(4, 3, requires_grad=True), "U": torch.randn(4, 4, requires_grad=True),
-              "h0": torch.randn(4, requires_grad=True)}
+    params = {
+        "W": torch.randn(4, 3, requires_grad=True),
+        "U": torch.randn(4, 4, requires_grad=True),
+        "h0": torch.randn(4, requires_grad=True),
+    }
     xs = torch.randn(steps, 3)
     h = torch.tanh(params["h0"])
     known: dict[int, object] = {}
     _nodes_not_in(h.grad_fn, known)
     for k, x in enumerate(xs, start=1):
         h = torch.tanh(params["W"] @ x + params["U"] @ h)
-        loss = (h ** 2).sum()
+        loss = (h**2).sum()
         for node in _nodes_not_in(loss.grad_fn, known):
             if stamp:
                 node.metadata[ITERATION_KEY] = k
@@ -264,9 +268,12 @@ def _rnn_loop(steps: int = 3, stamp: bool = True):
 
 def _op_nodes(source: str) -> dict[str, tuple[str, str]]:
     """``opN`` -> (label, the rest of its attributes) for every operation and leaf node in a DOT source."""
-    return {m["id"]: (m["label"], m["attrs"])
-            for m in re.finditer(r'^\t(?P<id>op\d+) \[label=(?P<label>"[^"]*"|\S+)(?P<attrs>[^\]]*)\]$',
-                                 source, re.MULTILINE)}
+    return {
+        m["id"]: (m["label"], m["attrs"])
+        for m in re.finditer(
+            r'^\t(?P<id>op\d+) \[label=(?P<label>"[^"]*"|\S+)(?P<attrs>[^\]]*)\]$', source, re.MULTILINE
+        )
+    }
 
 
 def test_by_iteration_colours_and_labels_each_node_by_the_iteration_that_built_it():
@@ -297,7 +304,7 @@ def test_by_iteration_colours_and_labels_each_node_by_the_iteration_that_built_i
 def test_by_iteration_legend_lists_every_iteration_drawn():
     loss, params = _rnn_loop(steps=2)
     source = draw_graph(loss, params=params, by_iteration=True).source
-    legend = source[source.index("subgraph cluster_legend"):]
+    legend = source[source.index("subgraph cluster_legend") :]
     assert "label=legend" in legend
     for line in ("iteration 1", "iteration 2", "before the loop"):
         assert line in legend
@@ -339,8 +346,10 @@ def test_by_iteration_colours_cycle_and_text_stays_readable():
     loss, params = _rnn_loop(steps=9)
     graph = draw_graph(loss, params=params, by_iteration=True, show_saved=False)
     assert list(graph.iteration_counts) == [*range(1, 10), None]
-    colour = {k: re.search(rf'legend_{k} \[label="iteration {k}" fillcolor="(#\w+)"', graph.source).group(1)
-              for k in range(1, 10)}
+    colour = {
+        k: re.search(rf'legend_{k} \[label="iteration {k}" fillcolor="(#\w+)"', graph.source).group(1)
+        for k in range(1, 10)
+    }
     assert len(set(colour.values())) == 6 and colour[7] == colour[1] and colour[9] == colour[3]
     assert "orange" not in colour.values() and "#E69F00" not in colour.values()  # saved tensors' colour
     assert 'fillcolor="#0072B2" fontcolor=white' in graph.source  # white text on the dark blue

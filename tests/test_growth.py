@@ -84,8 +84,12 @@ def test_the_time_run_happens_without_a_meter() -> None:
 
 
 def test_block_figures_table_and_chart() -> None:
-    result = GrowthResult(iterations=6, block=2, graph_only_bytes={"a": [0, 10, 20, 30, 40, 50]},
-                          seconds={"a": [0.004, 0.002, 0.003, 0.005, 0.009, 0.006]})
+    result = GrowthResult(
+        iterations=6,
+        block=2,
+        graph_only_bytes={"a": [0, 10, 20, 30, 40, 50]},
+        seconds={"a": [0.004, 0.002, 0.003, 0.005, 0.009, 0.006]},
+    )
     assert result.block_milliseconds("a") == pytest.approx([2.0, 3.0, 6.0])
     assert result.slowdown("a") == pytest.approx(3.0)
     assert result.growth_per_iteration("a") == 10
@@ -137,8 +141,9 @@ def test_the_bytes_run_counts_the_nodes_each_backward_walks_and_only_a_chain_mak
         state.total = state.total + net(x).pow(2).mean()
         state.total.backward(retain_graph=True)
 
-    result = growth_experiment({"kept": keep_retained, "chained": backward_the_total}, iterations=4, block=2,
-                               progress=False)
+    result = growth_experiment(
+        {"kept": keep_retained, "chained": backward_the_total}, iterations=4, block=2, progress=False
+    )
     # One graph: Pow, Mean, Addmm x2, Tanh, T x2 (weights transposed) and 4 AccumulateGrad leaves = 11 nodes.
     one_graph = result.backward_nodes["kept"][0]
     assert result.backward_nodes["kept"] == [one_graph] * 4
@@ -171,8 +176,9 @@ def test_a_loop_state_of_ones_own_reaches_every_body() -> None:
         state.h = w * state.h  # a chain: each backward walks every earlier iteration
         state.h.sum().backward(retain_graph=True)
 
-    result = growth_experiment({"carry": carry}, iterations=4, block=2, progress=False,
-                               new_state=lambda: SimpleNamespace(h=torch.ones(4)))
+    result = growth_experiment(
+        {"carry": carry}, iterations=4, block=2, progress=False, new_state=lambda: SimpleNamespace(h=torch.ones(4))
+    )
     nodes = result.backward_nodes["carry"]
     assert [b - a for a, b in zip(nodes, nodes[1:])] == [1, 1, 1]
     assert result.grows("carry")

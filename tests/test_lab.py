@@ -246,8 +246,10 @@ def test_chart_png_and_display(single, capsys):
     png = lab.chart_png()
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     image = lab._chart_image()
-    assert image.data == png and image.metadata == {"alt": "Chart. Bytes only the graph keeps alive, after each action: "
-                                                           "graph-only KiB against action number (forward, backward, ...)."}
+    assert image.data == png and image.metadata == {
+        "alt": "Chart. Bytes only the graph keeps alive, after each action: "
+        "graph-only KiB against action number (forward, backward, ...)."
+    }
     lab._ipython_display_()  # outside a kernel this prints reprs; it must not raise
     lab.backward_buttons["loss"].click()  # updates the displayed chart
     assert lab.last_error is None

@@ -59,8 +59,10 @@ def test_check_step_names_the_tool_and_what_to_do() -> None:
 
     with pytest.raises(TypeError) as error:
         check_step(train, "diagnose")
-    assert str(error.value) == ("diagnose takes a step with no arguments; yours needs (model, batch, lr): wrap it, "
-                                "e.g. lambda: train(model, batch, lr=lr)")
+    assert str(error.value) == (
+        "diagnose takes a step with no arguments; yours needs (model, batch, lr): wrap it, "
+        "e.g. lambda: train(model, batch, lr=lr)"
+    )
     with pytest.raises(TypeError, match="^gradient_check takes a step: a function of no arguments .*got int$"):
         check_step(3, "gradient_check")
     check_step(lambda *args, scale=1.0: None)  # nothing required: fine
@@ -99,10 +101,15 @@ def test_an_optimizer_nobody_passed_is_stopped_before_it_steps() -> None:
         except Exception:  # a step's own except must not swallow the guard
             pass
 
-    with pytest.raises(ValueError, match=r"^tool: the step calls stranger \(SGD\)\.step\(\), an optimizer not in "
-                                         r"optimizers: pass every optimizer"):
-        with passed_optimizers_only(step, (known,), "tool"):
-            step()
+    with (
+        pytest.raises(
+            ValueError,
+            match=r"^tool: the step calls stranger \(SGD\)\.step\(\), an optimizer not in "
+            r"optimizers: pass every optimizer",
+        ),
+        passed_optimizers_only(step, (known,), "tool"),
+    ):
+        step()
     assert stepped == []  # stopped before its update
     with passed_optimizers_only(step, (known, stranger), "tool"):
         step()  # both passed: nothing to stop

@@ -54,12 +54,15 @@ def test_a_step_that_detaches_is_healthy(shell) -> None:
     assert diagnosis.healthy, repr(diagnosis)
 
 
-@pytest.mark.parametrize(("line", "body", "message"), [
-    ("cell optimiser", BODY, "no variable named 'optimiser'"),
-    ("cell x", BODY, "x is a Tensor"),
-    ("cell optimizer", "   \n", "the cell is empty"),
-    ("cell optimizer", "h = = 1", "the cell is not Python"),
-])
+@pytest.mark.parametrize(
+    ("line", "body", "message"),
+    [
+        ("cell optimiser", BODY, "no variable named 'optimiser'"),
+        ("cell x", BODY, "x is a Tensor"),
+        ("cell optimizer", "   \n", "the cell is empty"),
+        ("cell optimizer", "h = = 1", "the cell is not Python"),
+    ],
+)
 def test_bad_input_is_a_usage_error_with_a_clear_message(shell, capsys, line, body, message) -> None:
     result = run(shell, f"%%diagnose {line}\n{body}")
     assert result.result is None

@@ -48,8 +48,9 @@ def path_without(tmp_path: Path, *hidden: str) -> str:
 def test_missing_dot_warns_for_the_lab_and_stops_the_rest(tmp_path: Path, flag: str | None, code: int) -> None:
     # Without apt-get on PATH the script cannot install Graphviz, so it must say what to run.
     command = ["bash", str(ROOT / "scripts" / "ensure-dot.sh"), *([flag] if flag else [])]
-    result = subprocess.run(command, env={"PATH": path_without(tmp_path, "dot", "apt-get")}, capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        command, env={"PATH": path_without(tmp_path, "dot", "apt-get")}, capture_output=True, text=True
+    )
     assert result.returncode == code, result.stderr
     for install in ("apt-get install -y graphviz", "brew install graphviz", "winget install"):
         assert install in result.stderr
@@ -63,13 +64,27 @@ def test_make_lab_serves_the_notebooks(tmp_path: Path, dot: bool) -> None:
     env = dict(os.environ)
     if not dot:  # nor apt-get, which would install it
         env["PATH"] = path_without(tmp_path, "dot", "apt-get")
-    for name, sub in [("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
-                      ("JUPYTERLAB_SETTINGS_DIR", "settings"), ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")]:
+    for name, sub in [
+        ("JUPYTER_CONFIG_DIR", "config"),
+        ("JUPYTER_RUNTIME_DIR", "runtime"),
+        ("IPYTHONDIR", "ipython"),
+        ("JUPYTERLAB_SETTINGS_DIR", "settings"),
+        ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
+    ]:
         env[name] = str(tmp_path / sub)
-    lab_args = (f"--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port={port} --ServerApp.port_retries=0 "
-                f"--IdentityProvider.token={token}")
-    process = subprocess.Popen(["make", "lab", f"LAB_ARGS={lab_args}"], cwd=ROOT, env=env, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lab_args = (
+        f"--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port={port} --ServerApp.port_retries=0 "
+        f"--IdentityProvider.token={token}"
+    )
+    process = subprocess.Popen(
+        ["make", "lab", f"LAB_ARGS={lab_args}"],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         listing = None
         deadline = time.monotonic() + 120
@@ -81,7 +96,9 @@ def test_make_lab_serves_the_notebooks(tmp_path: Path, dot: bool) -> None:
                 break
             except OSError:
                 time.sleep(0.5)
-        assert listing is not None, "JupyterLab did not answer: " + (process.stdout.read() if process.poll() is not None else "still starting")
+        assert listing is not None, "JupyterLab did not answer: " + (
+            process.stdout.read() if process.poll() is not None else "still starting"
+        )
         names = {item["name"] for item in listing["content"]}
         assert "01_graph_buffers.ipynb" in names, names
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token={token}", timeout=10) as response:
@@ -95,4 +112,3 @@ def test_make_lab_serves_the_notebooks(tmp_path: Path, dot: bool) -> None:
             process.wait()
     output = process.stdout.read()
     assert ("Going on without it" in output) == (not dot), output[-2000:]
-

@@ -44,7 +44,7 @@ def test_compare_gradients_bit_equal_close_wrong_and_missing() -> None:
     assert not nudged.bit_equal and nudged.close
     wrong = compare_gradients({"w": 2 * ref["w"], "b": ref["b"]}, ref)
     assert not wrong.close and wrong.max_difference == pytest.approx(2.0)
-    assert wrong.relative_error == pytest.approx((5 ** 0.5) / (5.25 ** 0.5))
+    assert wrong.relative_error == pytest.approx((5**0.5) / (5.25**0.5))
     missing = compare_gradients({"w": ref["w"], "b": None}, ref)
     assert missing.missing == ("b",) and not missing.close and not missing.bit_equal
     both_none = compare_gradients({"w": None}, {"w": None})
@@ -56,8 +56,11 @@ def test_compare_gradients_bit_equal_close_wrong_and_missing() -> None:
 def test_round_robin_rotates_the_first_step_and_times_every_call() -> None:
     order: list[str] = []
     resets: list[int] = []
-    times = time_round_robin({"a": lambda: order.append("a"), "b": lambda: order.append("b"),
-                              "c": lambda: order.append("c")}, rounds=3, before_each=lambda: resets.append(1))
+    times = time_round_robin(
+        {"a": lambda: order.append("a"), "b": lambda: order.append("b"), "c": lambda: order.append("c")},
+        rounds=3,
+        before_each=lambda: resets.append(1),
+    )
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     assert len(resets) == 9 and all(len(t) == 3 and min(t) >= 0 for t in times.values())
 
@@ -146,6 +149,7 @@ def test_training_state_with_a_step_reads_globals_in_nested_code() -> None:
         def add() -> None:
             global TOTAL
             TOTAL = TOTAL + 1
+
         add()
 
     state = TrainingState(step=step)

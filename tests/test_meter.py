@@ -24,6 +24,7 @@ def _mlp_loss(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 # -- ground truth ----------------------------------------------------------------------------
 
+
 def test_mlp_graph_only_bytes_match_storages_freed_by_backward(make_mlp, saved_storages):
     model = make_mlp()
     x = torch.randn(32, 8)
@@ -132,6 +133,7 @@ def test_del_loss_without_backward_frees_the_graph(make_mlp, saved_storages):
 
 
 # -- peak, reset, readings ---------------------------------------------------------------------
+
 
 def test_peak_keeps_the_pre_backward_figure_without_a_prior_read(make_mlp, saved_storages):
     model = make_mlp()
@@ -252,6 +254,7 @@ def test_without_the_private_use_count_the_meter_refuses_to_guess(monkeypatch):
 
 # -- entering ----------------------------------------------------------------------------------
 
+
 def test_nested_meters_raise_a_clear_error():
     outer, inner = SavedTensorMeter(), SavedTensorMeter()
     with outer:
@@ -267,9 +270,8 @@ def test_nested_meters_raise_a_clear_error():
 def test_entering_the_same_meter_twice_nested_raises():
     meter = SavedTensorMeter()
     with meter:
-        with pytest.raises(ValueError, match="this meter is already active"):
-            with meter:
-                pass
+        with pytest.raises(ValueError, match="this meter is already active"), meter:
+            pass
         assert meter.active
     assert not meter.active
 
@@ -291,15 +293,15 @@ def test_meter_can_be_entered_again_sequentially(make_mlp, saved_storages):
 
 def test_exception_inside_the_block_deactivates_the_meter():
     meter = SavedTensorMeter()
-    with pytest.raises(KeyError):
-        with meter:
-            raise KeyError("boom")
+    with pytest.raises(KeyError), meter:
+        raise KeyError("boom")
     assert not meter.active
     with SavedTensorMeter() as other:  # no meter is left registered as active
         assert other.active
 
 
 # -- devices -----------------------------------------------------------------------------------
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_cuda_allocated_bytes_is_none_without_cuda():
@@ -334,14 +336,18 @@ def test_cuda_mlp_ground_truth_and_allocator_drop(make_mlp, saved_storages):
 
 # -- the in-place check ------------------------------------------------------------------------
 
+
 def test_a_saved_tensor_modified_in_place_still_raises_inside_the_meter():
     weight = torch.randn(3, 3, requires_grad=True)
     with SavedTensorMeter():
         loss = (weight.t() * weight).sum()
     with torch.no_grad():
         weight.add_(1.0)
-    with pytest.raises(RuntimeError, match=r"modified by an inplace operation: \[torch.FloatTensor \[3, 3\]\] "
-                                           r"is at version 1; expected version 0"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"modified by an inplace operation: \[torch.FloatTensor \[3, 3\]\] "
+        r"is at version 1; expected version 0",
+    ):
         loss.backward()
 
 
@@ -359,6 +365,7 @@ def test_in_place_operations_before_saving_are_fine_inside_the_meter():
 # The hot paths must do a fixed amount of work however many graphs are alive. Counted, not timed:
 # every query of a storage's use count goes through the module-level function, which the fixture
 # below replaces with a counting wrapper (the only per-storage work a scan does is that query).
+
 
 @dataclass
 class _Queries:
@@ -381,7 +388,8 @@ def use_count_queries(monkeypatch) -> _Queries:
 
 
 def _retain_and_keep_loop(
-    meter: SavedTensorMeter, free_value_loss: bool,
+    meter: SavedTensorMeter,
+    free_value_loss: bool,
     after_forward: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[Callable[[], None], list]:
     """The loop benchmarks/bench_meter.py times, small: two heads on one trunk, retain_graph=True,
@@ -455,7 +463,8 @@ def test_peak_is_exact_in_the_retain_and_keep_loop(saved_storages):
     meter = SavedTensorMeter()
     walks: list = []
     iteration, history = _retain_and_keep_loop(
-        meter, free_value_loss=False, after_forward=lambda *losses: walks.append(saved_storages(*losses)))
+        meter, free_value_loss=False, after_forward=lambda *losses: walks.append(saved_storages(*losses))
+    )
     for _ in range(12):
         iteration()
     assert _dead_bytes(walks) == 0

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from check_catalogue import catalogue_tests
+
 from helpers.lessons.multi_loss import check_backward_both, check_two_loss_loop
 
 
@@ -186,97 +186,219 @@ def both_overwrite(l1, l2):
 
 WRONG = [
     # exercise 1
-    pytest.param(check_two_loss_loop, loop(retain_both, keep=lambda l1, l2: l1 + l2),
-                 "The history holds tensors that carry a grad_fn: each one keeps its whole graph", id="ex1-as-given"),
-    pytest.param(check_two_loss_loop, loop(retain_both),
-                 "During your loop, graphs held up to 130.5 KiB of buffers at once, 2.0x what one batch's graph holds",
-                 id="ex1-retain-both-numbers"),
-    pytest.param(check_two_loss_loop, loop(lambda l1, l2: (l1 + l2).backward(retain_graph=True)),
-                 "During your loop, graphs held up to 130.5 KiB", id="ex1-sum-retained"),
-    pytest.param(check_two_loss_loop, loop(summed, keep=lambda l1, l2: l1 + l2),
-                 "The history holds tensors that carry a grad_fn", id="ex1-tensors-without-retain"),
-    pytest.param(check_two_loss_loop, loop(summed, keep=lambda l1, l2: (l1 + l2).detach().requires_grad_()),
-                 "tensors that require grad: they carry no graph", id="ex1-detach-requires-grad"),
-    pytest.param(check_two_loss_loop, loop(summed, keep=lambda l1, l2: l1.item()),
-                 "history[0] is not l1 + l2 of batch 0.", id="ex1-history-of-l1"),
-    pytest.param(check_two_loss_loop, loop(summed, zero="every batch"),
-                 "The gradients are those of the last batch alone, not the gradient of l1 + l2 summed over the "
-                 "batches.", id="ex1-zero-grad-inside"),
-    pytest.param(check_two_loss_loop, loop(summed, zero="before the loop"),
-                 "On a second call, with .grad holding the first call's gradients, the gradients are those of this "
-                 "call alone (what .grad held was discarded)", id="ex1-zero-grad-before-the-loop"),
-    pytest.param(check_two_loss_loop, loop(lambda l1, l2: l1.backward()),
-                 "The gradients are those of l1 alone", id="ex1-l1-only"),
-    pytest.param(check_two_loss_loop, loop(lambda l1, l2: ((l1 + l2) / 2).backward()),
-                 "The gradients are 0.50x the gradient of l1 + l2 summed over the batches.", id="ex1-mean"),
-    pytest.param(check_two_loss_loop, loop(overwrite_with_autograd_grad),
-                 "those of the last batch alone", id="ex1-autograd-grad-overwrites"),
-    pytest.param(check_two_loss_loop, loop(no_retain),
-                 "Your loop raised RuntimeError: Trying to backward through the graph a second time",
-                 id="ex1-no-retain"),
+    pytest.param(
+        check_two_loss_loop,
+        loop(retain_both, keep=lambda l1, l2: l1 + l2),
+        "The history holds tensors that carry a grad_fn: each one keeps its whole graph",
+        id="ex1-as-given",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(retain_both),
+        "During your loop, graphs held up to 130.5 KiB of buffers at once, 2.0x what one batch's graph holds",
+        id="ex1-retain-both-numbers",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(lambda l1, l2: (l1 + l2).backward(retain_graph=True)),
+        "During your loop, graphs held up to 130.5 KiB",
+        id="ex1-sum-retained",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(summed, keep=lambda l1, l2: l1 + l2),
+        "The history holds tensors that carry a grad_fn",
+        id="ex1-tensors-without-retain",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(summed, keep=lambda l1, l2: (l1 + l2).detach().requires_grad_()),
+        "tensors that require grad: they carry no graph",
+        id="ex1-detach-requires-grad",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(summed, keep=lambda l1, l2: l1.item()),
+        "history[0] is not l1 + l2 of batch 0.",
+        id="ex1-history-of-l1",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(summed, zero="every batch"),
+        "The gradients are those of the last batch alone, not the gradient of l1 + l2 summed over the batches.",
+        id="ex1-zero-grad-inside",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(summed, zero="before the loop"),
+        "On a second call, with .grad holding the first call's gradients, the gradients are those of this "
+        "call alone (what .grad held was discarded)",
+        id="ex1-zero-grad-before-the-loop",
+    ),
+    pytest.param(
+        check_two_loss_loop, loop(lambda l1, l2: l1.backward()), "The gradients are those of l1 alone", id="ex1-l1-only"
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(lambda l1, l2: ((l1 + l2) / 2).backward()),
+        "The gradients are 0.50x the gradient of l1 + l2 summed over the batches.",
+        id="ex1-mean",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(overwrite_with_autograd_grad),
+        "those of the last batch alone",
+        id="ex1-autograd-grad-overwrites",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(no_retain),
+        "Your loop raised RuntimeError: Trying to backward through the graph a second time",
+        id="ex1-no-retain",
+    ),
     pytest.param(check_two_loss_loop, loop_generator, "yours returned a generator", id="ex1-generator"),
     pytest.param(check_two_loss_loop, lambda net, batches: None, "yours returned None", id="ex1-forgot-return"),
-    pytest.param(check_two_loss_loop, loop(lambda l1, l2: (3 * (l1 + l2)).backward()),
-                 "The gradients are 3.00x the gradient of l1 + l2 summed over the batches.", id="ex1-3-times-the-sum"),
-    pytest.param(check_two_loss_loop, loop(backward_of_a_float),
-                 "Every parameter's .grad is None: no gradient was left in .grad.", id="ex1-backward-of-a-float",
-                 marks=pytest.mark.filterwarnings(
-                     "ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning")),
-    pytest.param(check_two_loss_loop, loop(lambda l1, l2: (l1 + l2.detach()).backward()),
-                 "The gradients are those of l1 alone", id="ex1-l2-detached"),
-    pytest.param(check_two_loss_loop, loop(lambda l1, l2: (l1 + l2).data.backward()),
-                 "Your loop raised RuntimeError: element 0 of tensors does not require grad", id="ex1-data-backward"),
-    pytest.param(check_two_loss_loop, loop(lambda l1, l2: (l1 + l2).backward(create_graph=True)),
-                 "After your loop returned, graphs still hold", id="ex1-create-graph", marks=pytest.mark.filterwarnings(
-                     "ignore:Using backward\\(\\) with create_graph=True:UserWarning")),
-    pytest.param(check_two_loss_loop, loop_forward_twice,
-                 "During your loop, graphs held up to 130.5 KiB of buffers at once, 2.0x what one batch's graph holds",
-                 id="ex1-forward-twice"),
-    pytest.param(check_two_loss_loop, loop_with_an_optimizer_step,
-                 "history[1] is not l1 + l2 of batch 1.", id="ex1-optimizer-step"),
+    pytest.param(
+        check_two_loss_loop,
+        loop(lambda l1, l2: (3 * (l1 + l2)).backward()),
+        "The gradients are 3.00x the gradient of l1 + l2 summed over the batches.",
+        id="ex1-3-times-the-sum",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(backward_of_a_float),
+        "Every parameter's .grad is None: no gradient was left in .grad.",
+        id="ex1-backward-of-a-float",
+        marks=pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning"),
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(lambda l1, l2: (l1 + l2.detach()).backward()),
+        "The gradients are those of l1 alone",
+        id="ex1-l2-detached",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(lambda l1, l2: (l1 + l2).data.backward()),
+        "Your loop raised RuntimeError: element 0 of tensors does not require grad",
+        id="ex1-data-backward",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop(lambda l1, l2: (l1 + l2).backward(create_graph=True)),
+        "After your loop returned, graphs still hold",
+        id="ex1-create-graph",
+        marks=pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True:UserWarning"),
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop_forward_twice,
+        "During your loop, graphs held up to 130.5 KiB of buffers at once, 2.0x what one batch's graph holds",
+        id="ex1-forward-twice",
+    ),
+    pytest.param(
+        check_two_loss_loop,
+        loop_with_an_optimizer_step,
+        "history[1] is not l1 + l2 of batch 1.",
+        id="ex1-optimizer-step",
+    ),
     # exercise 2
-    pytest.param(check_backward_both, both_as_given,
-                 "Right gradients, but while l1 and l2 are still referenced the graph holds 33.0 KiB of buffers",
-                 id="ex2-as-given"),
-    pytest.param(check_backward_both, both_as_given_then_del,
-                 "while l1 and l2 are still referenced the graph holds 33.0 KiB", id="ex2-as-given-then-del"),
-    pytest.param(check_backward_both, retain_first_l2,
-                 "while l1 and l2 are still referenced the graph holds 32.2 KiB", id="ex2-l2-first"),
-    pytest.param(check_backward_both, both_sum_retained,
-                 "while l1 and l2 are still referenced the graph holds 65.3 KiB", id="ex2-sum-retained"),
-    pytest.param(check_backward_both, lambda l1, l2: l1.backward(),
-                 "The gradients are those of l1 alone, not the gradient of l1 + l2.", id="ex2-l1-only"),
+    pytest.param(
+        check_backward_both,
+        both_as_given,
+        "Right gradients, but while l1 and l2 are still referenced the graph holds 33.0 KiB of buffers",
+        id="ex2-as-given",
+    ),
+    pytest.param(
+        check_backward_both,
+        both_as_given_then_del,
+        "while l1 and l2 are still referenced the graph holds 33.0 KiB",
+        id="ex2-as-given-then-del",
+    ),
+    pytest.param(
+        check_backward_both,
+        retain_first_l2,
+        "while l1 and l2 are still referenced the graph holds 32.2 KiB",
+        id="ex2-l2-first",
+    ),
+    pytest.param(
+        check_backward_both,
+        both_sum_retained,
+        "while l1 and l2 are still referenced the graph holds 65.3 KiB",
+        id="ex2-sum-retained",
+    ),
+    pytest.param(
+        check_backward_both,
+        lambda l1, l2: l1.backward(),
+        "The gradients are those of l1 alone, not the gradient of l1 + l2.",
+        id="ex2-l1-only",
+    ),
     pytest.param(check_backward_both, both_mean, "The gradients are 0.50x the gradient of l1 + l2.", id="ex2-mean"),
-    pytest.param(check_backward_both, both_second_pass_through_everything,
-                 "peak allocation (torch.profiler) is more than 1.1x that of one backward of l1 + l2: your function "
-                 "backpropagated through the shared trunk 2 times", id="ex2-two-passes-freeing-all"),
-    pytest.param(check_backward_both, both_detached,
-                 "Your function raised RuntimeError: element 0 of tensors does not require grad", id="ex2-detached"),
-    pytest.param(check_backward_both, both_twice,
-                 "Your function raised RuntimeError: Trying to backward through the graph a second time",
-                 id="ex2-sum-twice"),
-    pytest.param(check_backward_both, both_with_the_notebooks_params,
-                 "Your function raised RuntimeError: The differentiated Tensor at index 0 appears to not have been",
-                 id="ex2-notebook-params"),
-    pytest.param(check_backward_both, both_overwrite,
-                 "On a second call, with .grad holding the first call's gradients, the gradients are those of this "
-                 "call alone (what .grad held was discarded)", id="ex2-overwrites-grad"),
+    pytest.param(
+        check_backward_both,
+        both_second_pass_through_everything,
+        "peak allocation (torch.profiler) is more than 1.1x that of one backward of l1 + l2: your function "
+        "backpropagated through the shared trunk 2 times",
+        id="ex2-two-passes-freeing-all",
+    ),
+    pytest.param(
+        check_backward_both,
+        both_detached,
+        "Your function raised RuntimeError: element 0 of tensors does not require grad",
+        id="ex2-detached",
+    ),
+    pytest.param(
+        check_backward_both,
+        both_twice,
+        "Your function raised RuntimeError: Trying to backward through the graph a second time",
+        id="ex2-sum-twice",
+    ),
+    pytest.param(
+        check_backward_both,
+        both_with_the_notebooks_params,
+        "Your function raised RuntimeError: The differentiated Tensor at index 0 appears to not have been",
+        id="ex2-notebook-params",
+    ),
+    pytest.param(
+        check_backward_both,
+        both_overwrite,
+        "On a second call, with .grad holding the first call's gradients, the gradients are those of this "
+        "call alone (what .grad held was discarded)",
+        id="ex2-overwrites-grad",
+    ),
     pytest.param(check_backward_both, "not a function", "Pass your function itself", id="ex2-not-a-function"),
-    pytest.param(check_backward_both, lambda l1, l2: (3 * (l1 + l2)).backward(),
-                 "The gradients are 3.00x the gradient of l1 + l2.", id="ex2-3-times-the-sum"),
-    pytest.param(check_backward_both, backward_of_a_float,
-                 "Every parameter's .grad is None: no gradient was left in .grad.", id="ex2-backward-of-a-float",
-                 marks=pytest.mark.filterwarnings(
-                     "ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning")),
-    pytest.param(check_backward_both, lambda l1, l2: (l1 + l2.detach()).backward(),
-                 "The gradients are those of l1 alone, not the gradient of l1 + l2.", id="ex2-l2-detached"),
-    pytest.param(check_backward_both, lambda l1, l2: torch.autograd.backward([l1, l2], retain_graph=True),
-                 "Right gradients, but while l1 and l2 are still referenced the graph holds 65.3 KiB",
-                 id="ex2-two-roots-retained"),
-    pytest.param(check_backward_both, lambda l1, l2: (l1 + l2).backward(create_graph=True),
-                 ".grad carries a graph of its own (create_graph=True builds one)", id="ex2-create-graph",
-                 marks=pytest.mark.filterwarnings(
-                     "ignore:Using backward\\(\\) with create_graph=True:UserWarning")),
+    pytest.param(
+        check_backward_both,
+        lambda l1, l2: (3 * (l1 + l2)).backward(),
+        "The gradients are 3.00x the gradient of l1 + l2.",
+        id="ex2-3-times-the-sum",
+    ),
+    pytest.param(
+        check_backward_both,
+        backward_of_a_float,
+        "Every parameter's .grad is None: no gradient was left in .grad.",
+        id="ex2-backward-of-a-float",
+        marks=pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning"),
+    ),
+    pytest.param(
+        check_backward_both,
+        lambda l1, l2: (l1 + l2.detach()).backward(),
+        "The gradients are those of l1 alone, not the gradient of l1 + l2.",
+        id="ex2-l2-detached",
+    ),
+    pytest.param(
+        check_backward_both,
+        lambda l1, l2: torch.autograd.backward([l1, l2], retain_graph=True),
+        "Right gradients, but while l1 and l2 are still referenced the graph holds 65.3 KiB",
+        id="ex2-two-roots-retained",
+    ),
+    pytest.param(
+        check_backward_both,
+        lambda l1, l2: (l1 + l2).backward(create_graph=True),
+        ".grad carries a graph of its own (create_graph=True builds one)",
+        id="ex2-create-graph",
+        marks=pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True:UserWarning"),
+    ),
 ]
 
 RIGHT = [
@@ -284,23 +406,32 @@ RIGHT = [
     pytest.param(check_two_loss_loop, loop(retain_first), id="ex1-solution-alternative"),
     pytest.param(check_two_loss_loop, loop(retain_first_l2), id="ex1-retain-l2-first"),
     # float() keeps a number, as .item() does; torch 2.13 also warns that the sum requires grad.
-    pytest.param(check_two_loss_loop, loop(two_roots, keep=lambda l1, l2: float(l1 + l2)), id="ex1-two-roots-float",
-                 marks=pytest.mark.filterwarnings(
-                     "ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning")),
+    pytest.param(
+        check_two_loss_loop,
+        loop(two_roots, keep=lambda l1, l2: float(l1 + l2)),
+        id="ex1-two-roots-float",
+        marks=pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True to a scalar:UserWarning"),
+    ),
     pytest.param(check_two_loss_loop, loop(summed, keep=lambda l1, l2: (l1 + l2).detach()), id="ex1-detach"),
     pytest.param(check_two_loss_loop, loop(summed, keep=lambda l1, l2: (l1 + l2).item()), id="ex1-item-of-sum"),
     pytest.param(check_two_loss_loop, loop(summed, keep=lambda l1, l2: (l1 + l2).data), id="ex1-data"),
     pytest.param(check_two_loss_loop, loop(summed, keep=lambda l1, l2: (l1 + l2).tolist()), id="ex1-tolist"),
     pytest.param(check_two_loss_loop, loop(lambda l1, l2: torch.stack([l1, l2]).sum().backward()), id="ex1-stack-sum"),
-    pytest.param(check_two_loss_loop, loop(lambda l1, l2: torch.autograd.backward(l1 + l2)),
-                 id="ex1-autograd-backward-of-the-sum"),
+    pytest.param(
+        check_two_loss_loop,
+        loop(lambda l1, l2: torch.autograd.backward(l1 + l2)),
+        id="ex1-autograd-backward-of-the-sum",
+    ),
     pytest.param(check_two_loss_loop, loop_retain_then_del, id="ex1-retain-first-then-del"),
     pytest.param(check_backward_both, summed, id="ex2-solution"),
     pytest.param(check_backward_both, lambda l1, l2: torch.stack([l1, l2]).sum().backward(), id="ex2-stack-sum"),
     pytest.param(check_backward_both, lambda l1, l2: l1.add(l2).backward(), id="ex2-add-method"),
     pytest.param(check_backward_both, lambda l1, l2: (l1 + l2).backward(torch.tensor(1.0)), id="ex2-explicit-gradient"),
-    pytest.param(check_backward_both, lambda l1, l2: torch.autograd.backward(
-        [l1, l2], grad_tensors=[torch.tensor(1.0), torch.tensor(1.0)]), id="ex2-two-roots-grad-tensors"),
+    pytest.param(
+        check_backward_both,
+        lambda l1, l2: torch.autograd.backward([l1, l2], grad_tensors=[torch.tensor(1.0), torch.tensor(1.0)]),
+        id="ex2-two-roots-grad-tensors",
+    ),
     pytest.param(check_backward_both, two_roots, id="ex2-two-roots"),
     pytest.param(check_backward_both, lambda l1, l2: sum([l1, l2]).backward(), id="ex2-builtin-sum"),
 ]

@@ -15,8 +15,9 @@ SECOND_TIME = "backward through the graph a second time"
 class TwoHeads(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.trunk = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                                         torch.nn.ReLU())
+        self.trunk = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU()
+        )
         self.classify = torch.nn.Linear(64, 10)
         self.regress = torch.nn.Linear(64, 1)
 
@@ -73,8 +74,7 @@ def test_the_four_patterns_compute_the_same_gradients(setup) -> None:
         for p, one, two in zip(params, g1, g2):
             p.grad = (0 if one is None else one) + (0 if two is None else two)
 
-    comparison = bt.compare_patterns({"a": a, "b": b, "c": c, "d": d}, net, reference="b", rounds=2,
-                                     progress=False)
+    comparison = bt.compare_patterns({"a": a, "b": b, "c": c, "d": d}, net, reference="b", rounds=2, progress=False)
     assert all(comparison[name].close for name in "abcd")
     assert comparison["c"].bit_equal
     peaks = {comparison[name].peak_graph_only_bytes for name in "abcd"}

@@ -103,7 +103,7 @@ def test_01_counter_gives_the_meters_saved_bytes_on_section_2s_graph() -> None:
     comparison = committed_stdout(cells(NB01)[next_code_cell(NB01, twin)])
     assert f"counter {counter} B, meter {meter.saved_bytes} B, equal: True" in comparison, comparison
     assert f"graph-only bytes: meter {meter.graph_only_bytes} B" in comparison, comparison
-    after = "".join(source(c) for c in cells(NB01)[next_code_cell(NB01, twin) + 1:] if c["cell_type"] == "markdown")
+    after = "".join(source(c) for c in cells(NB01)[next_code_cell(NB01, twin) + 1 :] if c["cell_type"] == "markdown")
     assert f"Here {meter.graph_only_bytes} of the {counter} bytes" in after
     del loss
 
@@ -163,7 +163,8 @@ def test_01_counter_never_sees_a_python_number() -> None:
     page = page_before(NB01, twin)
     run_cell(page, NB01, twin)
     assert "all\nbut a Python number, such as the `2` that section 3 found kept as an 8-byte tensor" in source(
-        cells(NB01)[twin - 1])
+        cells(NB01)[twin - 1]
+    )
     page["held"].clear()
     w = torch.ones(1024, requires_grad=True)
     with torch.autograd.graph.saved_tensors_hooks(page["pack"], lambda tensor: tensor):
@@ -211,8 +212,11 @@ def test_04_walk_counts_what_reachable_nodes_counts() -> None:
     for root in ((y * y).sum(), (y * y + y).sum(), page["loss"]):
         assert len(walk(root)) == bt.reachable_nodes(root)
     assert len(walk((y * y).sum())) == 4  # sum, mul, exp, x's AccumulateGrad
-    helper_cell = next(i for i, c in enumerate(cells(NB04)) if c["cell_type"] == "code" and "bt.reachable_nodes(loss)"
-                       in source(c) and "walk(loss)" in source(c))
+    helper_cell = next(
+        i
+        for i, c in enumerate(cells(NB04))
+        if c["cell_type"] == "code" and "bt.reachable_nodes(loss)" in source(c) and "walk(loss)" in source(c)
+    )
     assert f"{bt.reachable_nodes(loss)} | walk(loss): {len(walk(loss))}" in committed_stdout(cells(NB04)[helper_cell])
 
 

@@ -44,7 +44,8 @@ def test_widget_state_saved_when_widgets_shown(path: Path) -> None:
     notebook = json.loads(path.read_text(encoding="utf-8"))
     shows_widgets = any(
         "application/vnd.jupyter.widget-view+json" in output.get("data", {})
-        for cell in code_cells(path) for output in cell.get("outputs", [])
+        for cell in code_cells(path)
+        for output in cell.get("outputs", [])
     )
     if shows_widgets:
         state = notebook["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
@@ -66,10 +67,20 @@ def test_error_outputs_only_in_declared_error_demos(path: Path) -> None:
 
 # The timing tables the lessons commit ("<body>  ms per iteration: ...   last/first 1.02"): the bodies that
 # cannot slow down, and those that must (each iteration's backward walks every earlier graph).
-LAST_OVER_FIRST = re.compile(r"^(?P<body>\S.*?)\s+ms per iteration:.*last/first\s+(?P<ratio>\d+\.\d+)\s*$", re.MULTILINE)
+LAST_OVER_FIRST = re.compile(
+    r"^(?P<body>\S.*?)\s+ms per iteration:.*last/first\s+(?P<ratio>\d+\.\d+)\s*$", re.MULTILINE
+)
 FLAT_AND_GROWING = {
-    "02_multi_loss.ipynb": ({"retain, keep tensor", "retain, keep value", "no retain, keep tensor",
-                             "no retain, keep value", "retain, total += loss"}, {"total.backward() every iteration"}),
+    "02_multi_loss.ipynb": (
+        {
+            "retain, keep tensor",
+            "retain, keep value",
+            "no retain, keep tensor",
+            "no retain, keep value",
+            "retain, total += loss",
+        },
+        {"total.backward() every iteration"},
+    ),
     "04_carried_state.ipynb": ({"h = h.detach()"}, {"retain_graph=True"}),
 }
 
@@ -78,14 +89,20 @@ FLAT_AND_GROWING = {
 def test_committed_timings_were_taken_on_a_quiet_machine(name: str) -> None:
     """The text calls these ratios near 1 and far above it. nbval ignores the timed outputs, so a run
     committed while the machine slowed down mid-cell would show a flat loop "slowing down" unnoticed."""
-    text = "\n".join("".join(output.get("text", "")) for cell in code_cells(NOTEBOOKS[0].parent / name)
-                     for output in cell.get("outputs", []) if output.get("output_type") == "stream")
+    text = "\n".join(
+        "".join(output.get("text", ""))
+        for cell in code_cells(NOTEBOOKS[0].parent / name)
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "stream"
+    )
     ratios = {match["body"]: float(match["ratio"]) for match in LAST_OVER_FIRST.finditer(text)}
     flat, growing = FLAT_AND_GROWING[name]
     assert flat | growing <= set(ratios), f"{name}: timing lines not found; found {sorted(ratios)}"
     noisy = {body: ratios[body] for body in flat if not 0.8 <= ratios[body] <= 1.25}
-    assert not noisy, (f"{name} was committed with flat loops at last/first {noisy}: the machine was busy. "
-                       "Re-execute it on a quiet machine (make execute-notebooks).")
+    assert not noisy, (
+        f"{name} was committed with flat loops at last/first {noisy}: the machine was busy. "
+        "Re-execute it on a quiet machine (make execute-notebooks)."
+    )
     assert min(ratios[body] for body in growing) > 2 * max(ratios[body] for body in flat)
 
 
@@ -93,8 +110,13 @@ def test_committed_timings_were_taken_on_a_quiet_machine(name: str) -> None:
 def test_error_demos_still_raise(path: Path) -> None:
     """Execute the notebook; each tagged cell must raise exactly the error it declares."""
     notebook = nbformat.read(path, as_version=4)
-    client = NotebookClient(notebook, timeout=300, kernel_name="python3", allow_errors=False,
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        allow_errors=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     client.execute()
     demos = 0
     for index, cell in enumerate((c for c in notebook.cells if c.cell_type == "code"), start=1):

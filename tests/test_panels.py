@@ -19,8 +19,9 @@ class Counter(Panel):
         self.add = self._button("Add", "Add one", "bt-test-add", self.increment)
         self.fail = self._button("Fail", "Raise an error", "bt-test-fail", self.broken)
         self.toggle = self._checkbox("double", "Add two instead", "bt-test-double", on_change=self.redraw)
-        self.values, figures = self._figure_rows([("count", "count", "How many"), ("twice", "twice", "Twice")],
-                                                 css="bt-test-value", initial="-")
+        self.values, figures = self._figure_rows(
+            [("count", "count", "How many"), ("twice", "twice", "Twice")], css="bt-test-value", initial="-"
+        )
         self.status = self._status_line("bt-test-status")
         self.panel = widgets.VBox([self.add, self.fail, self.toggle, figures, self.status])
 
@@ -92,7 +93,8 @@ class Handle:
 
 @pytest.mark.parametrize("message_type", ["execute_request", "comm_msg"])
 def test_the_chart_is_drawn_at_once_for_a_browser_click_and_once_per_cell_for_clicks_in_code(
-        monkeypatch, message_type) -> None:
+    monkeypatch, message_type
+) -> None:
     panel = Counter()
     shell = FakeShell(message_type)
     monkeypatch.setattr(panels_module, "get_ipython", lambda: shell)

@@ -49,8 +49,11 @@ def test_the_distribution_is_not_named_helpers() -> None:
 
 
 def test_ci_runs_make_test() -> None:
-    commands = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-                if line.strip() and not line.lstrip().startswith("#")]
+    commands = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     assert commands[-1] == "make test"
 
 

@@ -19,7 +19,7 @@ from helpers.panels import Panel
 
 
 def _relative_luminance(hex_colour: str) -> float:
-    channels = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    channels = [int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
     linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
     return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
 
@@ -45,8 +45,9 @@ def test_a_drawing_shown_in_jupyter_has_a_white_background_under_everything():
 
 
 def test_png_figures_are_opaque_white_even_when_matplotlib_is_set_to_transparent():
-    with matplotlib.rc_context({"savefig.transparent": True, "figure.facecolor": (0, 0, 0, 0),
-                                "savefig.facecolor": "none"}):
+    with matplotlib.rc_context(
+        {"savefig.transparent": True, "figure.facecolor": (0, 0, 0, 0), "savefig.facecolor": "none"}
+    ):
         figure = PngFigure(figsize=(2, 1), dpi=50)
         figure.add_subplot().plot([0, 1], [1, 0])
         image = Image.open(io.BytesIO(figure.to_png())).convert("RGBA")

@@ -77,7 +77,7 @@ def sanitize(text: str) -> str:
     lines = (ROOT / "tests" / "nbval_sanitize.cfg").read_text(encoding="utf-8").splitlines()
     for regex, replace in zip(lines, lines[1:]):
         if regex.startswith("regex: ") and replace.startswith("replace: "):
-            text = re.sub(regex[len("regex: "):], replace[len("replace: "):], text)
+            text = re.sub(regex[len("regex: ") :], replace[len("replace: ") :], text)
     return text
 
 
@@ -91,18 +91,42 @@ def errors(cell: nbformat.NotebookNode) -> list[tuple[str, str]]:
 
 def local_cpu_torch_is_available() -> bool:
     """Whether pip, as configured here, finds torch 2.13.0+cpu without any index (so in a local folder)."""
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-deps",
-                             "--ignore-installed", "--quiet", TORCH_PIN], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-index",
+            "--no-deps",
+            "--ignore-installed",
+            "--quiet",
+            TORCH_PIN,
+        ],
+        capture_output=True,
+        text=True,
+    )
     return result.returncode == 0
 
 
 def copy_working_tree(target: Path) -> None:
     if not (ROOT / ".git").exists():  # a source archive: everything but what the set-up builds
-        shutil.copytree(ROOT, target, ignore=shutil.ignore_patterns(
-            ".venv", "build", "site", "site.zip", "__pycache__", "*.egg-info", ".pytest_cache", "test-artifacts"))
+        shutil.copytree(
+            ROOT,
+            target,
+            ignore=shutil.ignore_patterns(
+                ".venv", "build", "site", "site.zip", "__pycache__", "*.egg-info", ".pytest_cache", "test-artifacts"
+            ),
+        )
         return
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     for name in filter(None, listed):
         source = ROOT / name
         if source.is_file():
@@ -126,8 +150,9 @@ def script_for(block: list[str], workdir: Path) -> list[str]:
                 lines.append(REPLACED[line])
             continue
         assert "download.pytorch.org" not in line, f"README.md: `{line}` needs an index this test cannot reach"
-        assert not (line.startswith("pip install") and re.search(r"\btorch\b", line)) or "torch==2.13.0" in line, \
+        assert not (line.startswith("pip install") and re.search(r"\btorch\b", line)) or "torch==2.13.0" in line, (
             f"README.md: `{line}` would install an unpinned torch"
+        )
         lines.append(line)
     assert clones == 1, "README.md: the Linux block should start with one `git clone` of the course"
     missing = [line for line in REPLACED if line not in block]
@@ -157,8 +182,10 @@ def test_readme_linux_setup_runs_notebook_01s_first_section(tmp_path: Path) -> N
     if platform.system() != "Linux":
         pytest.skip("the README's tested block is the Linux one")
     if not local_cpu_torch_is_available():
-        message = (f"pip finds no local {TORCH_PIN} wheel (a find-links folder in pip's configuration), and this "
-                   "test never downloads torch")
+        message = (
+            f"pip finds no local {TORCH_PIN} wheel (a find-links folder in pip's configuration), and this "
+            "test never downloads torch"
+        )
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true and {message}", pytrace=False)
         pytest.skip(message)
@@ -178,16 +205,22 @@ def test_readme_linux_setup_runs_notebook_01s_first_section(tmp_path: Path) -> N
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(getattr(sys, "_base_executable", sys.executable))
-    env = {name: value for name, value in os.environ.items()
-           if name not in {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "JUPYTER_PATH"}}
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "JUPYTER_PATH"}
+    }
     env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", "")])
     env["PIP_COMPILE"] = "0"  # pip install --no-compile (PIP_NO_COMPILE=1 would mean the opposite)
-    for name, sub in [("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                      ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")]:
+    for name, sub in [
+        ("JUPYTER_CONFIG_DIR", "config"),
+        ("JUPYTER_DATA_DIR", "data"),
+        ("JUPYTER_RUNTIME_DIR", "runtime"),
+        ("IPYTHONDIR", "ipython"),
+    ]:
         env[name] = str(tmp_path / "jupyter" / sub)
     start, cpu_before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=1400)
+    result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1400)
     seconds = time.monotonic() - start
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = cpu_after.ru_utime + cpu_after.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime
@@ -224,8 +257,11 @@ def test_the_chinese_readme_gives_the_same_commands() -> None:
     # A reader of README.zh-CN.md runs the same set-up; only the tested copy in README.md is executed.
     english = README.read_text(encoding="utf-8")
     chinese = (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
-    blocks = [block for block in re.findall(r"^```(?:bash|powershell)\n.*?^```", english, re.DOTALL | re.MULTILINE)
-              if re.search(r"^(python3|py) -m venv|pip config --site", block, re.MULTILINE)]
+    blocks = [
+        block
+        for block in re.findall(r"^```(?:bash|powershell)\n.*?^```", english, re.DOTALL | re.MULTILINE)
+        if re.search(r"^(python3|py) -m venv|pip config --site", block, re.MULTILINE)
+    ]
     assert len(blocks) >= 4, "README.md should give the Linux, macOS, Windows and mainland China set-ups"
     missing = [block.splitlines()[1:4] for block in blocks if block not in chinese]
     assert not missing, f"README.zh-CN.md lacks the set-up blocks that begin {missing}"

@@ -8,12 +8,12 @@ leaving the random stream alone (tests/check_catalogue.py runs them).
 from __future__ import annotations
 
 import torch
-
 from check_catalogue import catalogue_tests
+
 from helpers.lessons.real_stack import check_ppo_update, check_sam_step
 
-
 # -- the notebook's own helpers -----------------------------------------------------------------------
+
 
 def ppo_loss(new_log_probs, old_log_probs, advantages, clip=0.2):
     ratio = torch.exp(new_log_probs - old_log_probs)
@@ -35,6 +35,7 @@ def new_log_probs_of(policy, observations, actions):
 
 # -- exercise 1: PPO ------------------------------------------------------------------------------------
 
+
 def ppo(detach=True, recompute=True, retain=False, zero=True, steps_less=0, old_from_current=False):
     def ppo_update(policy, optimizer, observations, actions, rollout_log_probs, advantages, epochs):
         old = rollout_log_probs.detach() if detach else rollout_log_probs
@@ -48,6 +49,7 @@ def ppo(detach=True, recompute=True, retain=False, zero=True, steps_less=0, old_
                 optimizer.zero_grad()
             ppo_loss(new, old, advantages).backward(retain_graph=retain)
             optimizer.step()
+
     return ppo_update
 
 
@@ -96,13 +98,25 @@ def ppo_log_softmax(policy, optimizer, observations, actions, rollout_log_probs,
 NOT_MOVED = "left the policy's parameters exactly where they started"
 PPO_WRONG = [
     (check_ppo_update, ppo_as_given, NOT_MOVED),
-    (check_ppo_update, ppo(detach=False), "Your update raised RuntimeError: Trying to backward through the graph a second"),
+    (
+        check_ppo_update,
+        ppo(detach=False),
+        "Your update raised RuntimeError: Trying to backward through the graph a second",
+    ),
     (check_ppo_update, ppo(detach=False, retain=True), NOT_MOVED),
-    (check_ppo_update, ppo(zero=False), "At optimizer step 1, .grad holds the right gradient plus the one left in .grad"),
+    (
+        check_ppo_update,
+        ppo(zero=False),
+        "At optimizer step 1, .grad holds the right gradient plus the one left in .grad",
+    ),
     (check_ppo_update, ppo_zero_after_step, "At optimizer step 1, .grad holds the right gradient plus the one left"),
     (check_ppo_update, ppo(recompute=False, retain=True), "At optimizer step 2, .grad differs from the right update's"),
     (check_ppo_update, ppo(steps_less=1), "Your update made 3 optimizer step(s); the right one makes 4"),
-    (check_ppo_update, ppo_everything_detached, "Your update raised RuntimeError: element 0 of tensors does not require"),
+    (
+        check_ppo_update,
+        ppo_everything_detached,
+        "Your update raised RuntimeError: element 0 of tensors does not require",
+    ),
     (check_ppo_update, ppo(old_from_current=True), "At optimizer step 2, .grad differs from the right update's"),
     (check_ppo_update, 42, "Pass your function itself"),
 ]
@@ -111,8 +125,17 @@ PPO_RIGHT = [(check_ppo_update, ppo_solution), (check_ppo_update, ppo()), (check
 
 # -- exercise 2: SAM ------------------------------------------------------------------------------------
 
-def sam(first_zero=True, second_zero=True, second_forward=True, retain=False, restore=True, restore_after=False,
-        perturb=True, steps=1):
+
+def sam(
+    first_zero=True,
+    second_zero=True,
+    second_forward=True,
+    retain=False,
+    restore=True,
+    restore_after=False,
+    perturb=True,
+    steps=1,
+):
     def sam_step(model, optimizer, loss_fn, rho):
         if first_zero:
             optimizer.zero_grad()
@@ -132,6 +155,7 @@ def sam(first_zero=True, second_zero=True, second_forward=True, retain=False, re
             with torch.no_grad():
                 for p, e in zip(model.parameters(), shifts):
                     p.sub_(e)
+
     return sam_step
 
 
@@ -175,7 +199,11 @@ def sam_saved_weights(model, optimizer, loss_fn, rho):
 
 
 SAM_WRONG = [
-    (check_sam_step, sam_as_given, "Your step raised RuntimeError: one of the variables needed for gradient computation"),
+    (
+        check_sam_step,
+        sam_as_given,
+        "Your step raised RuntimeError: one of the variables needed for gradient computation",
+    ),
     (check_sam_step, sam(second_forward=False), "Your step raised RuntimeError: Trying to backward through the graph"),
     (check_sam_step, sam(second_forward=False, retain=True), "Your step raised RuntimeError: one of the variables"),
     (check_sam_step, sam_plain_step, ".grad at optimizer.step() holds the gradient at w (a plain step, not SAM's)"),
@@ -189,4 +217,5 @@ SAM_WRONG = [
 SAM_RIGHT = [(check_sam_step, sam_solution), (check_sam_step, sam()), (check_sam_step, sam_saved_weights)]
 
 test_wrong_answer_is_rejected_for_its_true_reason, test_right_answer_is_accepted = catalogue_tests(
-    PPO_WRONG + SAM_WRONG, PPO_RIGHT + SAM_RIGHT)
+    PPO_WRONG + SAM_WRONG, PPO_RIGHT + SAM_RIGHT
+)

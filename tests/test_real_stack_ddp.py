@@ -85,6 +85,7 @@ def test_bad_input_gets_a_clear_message() -> None:
 def test_the_source_of_a_class_defined_in_a_cell_is_found(tmp_path: Path) -> None:
     """IPython keeps cells in linecache under a fake file name; inspect.getsource cannot find classes there."""
     import linecache
+
     cell = "class Cell(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
     filename = "<ipython-input-cell-1>"
     linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
@@ -125,8 +126,7 @@ def driver_and_ranks(tmp_path: Path, timeout: float) -> Iterator[tuple[subproces
     leaves running is killed afterwards."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER, encoding="utf-8")
-    driver = subprocess.Popen([sys.executable, str(script), str(timeout)], stdout=subprocess.PIPE, text=True,
-                              cwd=ROOT)
+    driver = subprocess.Popen([sys.executable, str(script), str(timeout)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     pids: list[int] = []
     try:
         while len(pids) < 2:

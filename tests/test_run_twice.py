@@ -50,7 +50,9 @@ CELL_TIMEOUT_S = 300
 
 SAYS_WHAT_A_RERUN_DOES = re.compile(
     r"\b(?:run|runs|running|ran|press|pressing)\b.{0,60}?\b(?:again|twice|a second time)\b"
-    r"|\bsecond run\b|\bre-?run", re.IGNORECASE | re.DOTALL)
+    r"|\bsecond run\b|\bre-?run",
+    re.IGNORECASE | re.DOTALL,
+)
 SAYS_WHAT_TO_RUN_FIRST = re.compile(r"\b(?:re-?)?run\b.{0,160}?\bfirst\b", re.IGNORECASE | re.DOTALL)
 
 # A tensor's version counter counts its in-place updates since it was made; a second run of a cell that
@@ -72,8 +74,9 @@ class ThisInterpreter(KernelSpecManager):
     """Kernel specs that always start this interpreter, whatever kernels the user has installed."""
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES,
-                                      **ipykernel.kernelspec.get_kernel_dict())
+        return self.kernel_spec_class(
+            resource_dir=ipykernel.kernelspec.RESOURCES, **ipykernel.kernelspec.get_kernel_dict()
+        )
 
 
 @dataclass
@@ -137,8 +140,13 @@ def run_each_cell_twice(path: Path) -> tuple[nbformat.NotebookNode, list[CellRun
 
 async def _run_each_cell_twice(path: Path, notebook: nbformat.NotebookNode) -> list[CellRuns]:
     kernel = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ThisInterpreter())
-    client = NotebookClient(notebook, km=kernel, timeout=CELL_TIMEOUT_S, allow_errors=True,
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        notebook,
+        km=kernel,
+        timeout=CELL_TIMEOUT_S,
+        allow_errors=True,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     runs: list[CellRuns] = []
     try:
         async with client.async_setup_kernel():
@@ -163,22 +171,33 @@ def first_sentence(error: dict) -> str:
 
 def raises_as_declared(error: dict | None, expected: dict) -> bool:
     """The error an error demo's ``expected_error`` metadata names: its type, and a message matching it."""
-    return (error is not None and error["ename"] == expected.get("ename", error["ename"])
-            and re.search(expected.get("evalue", ""), error["evalue"]) is not None)
+    return (
+        error is not None
+        and error["ename"] == expected.get("ename", error["ename"])
+        and re.search(expected.get("evalue", ""), error["evalue"]) is not None
+    )
 
 
 def learner_is_told(notebook: nbformat.NotebookNode, runs: CellRuns) -> bool:
     neighbours = [notebook.cells[i] for i in (runs.index - 1, runs.index + 1) if 0 <= i < len(notebook.cells)]
-    text = "\n".join([runs.cell.source, runs.first.shown_text(), runs.second.shown_text(),
-                      *(cell.source for cell in neighbours if cell.cell_type == "markdown")])
+    text = "\n".join(
+        [
+            runs.cell.source,
+            runs.first.shown_text(),
+            runs.second.shown_text(),
+            *(cell.source for cell in neighbours if cell.cell_type == "markdown"),
+        ]
+    )
     return bool(SAYS_WHAT_A_RERUN_DOES.search(text) and SAYS_WHAT_TO_RUN_FIRST.search(text))
 
 
 def problems_of(notebook: nbformat.NotebookNode, runs: CellRuns) -> list[str]:
     tags, name = runs.tags, runs.name()
     first, second = runs.first.error, runs.second.error
-    untold = ("but neither the cell, its output nor the markdown next to it says what a second run does "
-              "and which cell to run first")
+    untold = (
+        "but neither the cell, its output nor the markdown next to it says what a second run does "
+        "and which cell to run first"
+    )
     if ERROR_DEMO_TAG in tags:
         expected = runs.cell.metadata.get("expected_error", {})
         declared = expected.get("ename", "an error")
@@ -188,16 +207,19 @@ def problems_of(notebook: nbformat.NotebookNode, runs: CellRuns) -> list[str]:
         if second is None:
             return [f"{name} is an error demo that raises {declared} only once: its second run worked"]
         if not raises_as_declared(second, expected):
-            return [f"{name} is an error demo of {declared}; its second run raised another error: "
-                    f"{first_sentence(second)}"]
+            return [
+                f"{name} is an error demo of {declared}; its second run raised another error: {first_sentence(second)}"
+            ]
         return []
     if first is not None:
         return [f"{name} raised on its first run, after every cell above it ran twice: {first_sentence(first)}"]
     problems = []
     if second is not None:
         if RAISES_TAG not in tags:
-            problems.append(f"{name} raises when run a second time: {first_sentence(second)}. "
-                            f"Make it survive a second run, or tag it {RAISES_TAG!r} and say so to the learner")
+            problems.append(
+                f"{name} raises when run a second time: {first_sentence(second)}. "
+                f"Make it survive a second run, or tag it {RAISES_TAG!r} and say so to the learner"
+            )
         elif not learner_is_told(notebook, runs):
             problems.append(f"{name} is tagged {RAISES_TAG!r} {untold}")
     elif RAISES_TAG in tags:
@@ -205,9 +227,11 @@ def problems_of(notebook: nbformat.NotebookNode, runs: CellRuns) -> list[str]:
     if second is None and IGNORED_OUTPUT_TAG not in tags:
         changed = runs.first.compared_text() != runs.second.compared_text()
         if changed and CHANGES_TAG not in tags:
-            problems.append(f"{name} shows another output when run a second time:\n  first:  "
-                            f"{runs.first.compared_text()!r}\n  second: {runs.second.compared_text()!r}\n"
-                            f"Make it repeat itself, or tag it {CHANGES_TAG!r} and say so to the learner")
+            problems.append(
+                f"{name} shows another output when run a second time:\n  first:  "
+                f"{runs.first.compared_text()!r}\n  second: {runs.second.compared_text()!r}\n"
+                f"Make it repeat itself, or tag it {CHANGES_TAG!r} and say so to the learner"
+            )
         elif changed and not learner_is_told(notebook, runs):
             problems.append(f"{name} is tagged {CHANGES_TAG!r} {untold}")
         elif not changed and CHANGES_TAG in tags:
@@ -224,15 +248,20 @@ def drift_from_committed(committed: nbformat.NotebookNode, all_runs: list[CellRu
         if CHANGES_TAG in runs.tags:
             break
         cell = committed.cells[runs.index]
-        if (cell.get("execution_count") is None or {IGNORED_OUTPUT_TAG, ERROR_DEMO_TAG} & set(runs.tags)
-                or runs.first.error):
+        if (
+            cell.get("execution_count") is None
+            or {IGNORED_OUTPUT_TAG, ERROR_DEMO_TAG} & set(runs.tags)
+            or runs.first.error
+        ):
             continue
         before, now = Run(cell.outputs).compared_text(), runs.first.compared_text()
         if before != now:
-            problems.append(f"{runs.name()}, run after every cell above it ran twice, shows another output than "
-                            f"the committed one:\n  committed: {before!r}\n  now:       {now!r}\n"
-                            "A cell above changed a state on its second run without showing it (if nbval fails "
-                            "on this cell too, the notebook was edited without being re-executed)")
+            problems.append(
+                f"{runs.name()}, run after every cell above it ran twice, shows another output than "
+                f"the committed one:\n  committed: {before!r}\n  now:       {now!r}\n"
+                "A cell above changed a state on its second run without showing it (if nbval fails "
+                "on this cell too, the notebook was edited without being re-executed)"
+            )
     return problems
 
 
@@ -258,11 +287,15 @@ def test_each_cell_run_twice(path: Path) -> None:
 
 def test_the_explanation_is_recognised() -> None:
     """What the two phrases accept and refuse, so a tag cannot stand on text that says nothing."""
-    told = ("Run this cell once: running it again is a second backward through a freed graph. "
-            "To repeat it, run the cell that builds `loss` first.")
+    told = (
+        "Run this cell once: running it again is a second backward through a freed graph. "
+        "To repeat it, run the cell that builds `loss` first."
+    )
     assert SAYS_WHAT_A_RERUN_DOES.search(told) and SAYS_WHAT_TO_RUN_FIRST.search(told)
-    error_only = ("RuntimeError: Trying to backward through the graph a second time (or directly access saved "
-                  "tensors after they have already been freed).")
+    error_only = (
+        "RuntimeError: Trying to backward through the graph a second time (or directly access saved "
+        "tensors after they have already been freed)."
+    )
     assert not SAYS_WHAT_A_RERUN_DOES.search(error_only)
     assert not SAYS_WHAT_TO_RUN_FIRST.search("A second run raises the error of section 1.")
 
@@ -273,8 +306,9 @@ def test_the_check_finds_each_kind_of_problem(tmp_path: Path) -> None:
     told = "Run the next cell once: running it again pops from an empty list. Run the cell above first."
 
     def committed_one() -> nbformat.NotebookNode:
-        return code("print(steps)", execution_count=1,
-                    outputs=[nbformat.v4.new_output("stream", name="stdout", text="1\n")])
+        return code(
+            "print(steps)", execution_count=1, outputs=[nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+        )
 
     cases = [  # (cell, the phrase of the one problem it has, or None)
         (code("stack = [1]"), None),
@@ -289,16 +323,34 @@ def test_the_check_finds_each_kind_of_problem(tmp_path: Path) -> None:
         (committed_one(), "shows another output than the committed one"),
         (code("calls = globals().get('calls', 0) + 1\nprint(calls)"), "shows another output when run a second"),
         (code("print(calls)", metadata={"tags": [IGNORED_OUTPUT_TAG]}), None),
-        (code("1 / 0", metadata={"tags": [ERROR_DEMO_TAG],
-                                 "expected_error": {"ename": "ZeroDivisionError", "evalue": "division"}}), None),
-        (code("[][0]", metadata={"tags": [ERROR_DEMO_TAG], "expected_error": {"ename": "KeyError", "evalue": ""}}),
-         "its first run raised IndexError"),
-        (code("again = 'again' in globals()\nraise (KeyError if again else ValueError)('bad value')",
-              metadata={"tags": [ERROR_DEMO_TAG], "expected_error": {"ename": "ValueError", "evalue": "bad"}}),
-         "its second run raised another error"),
-        (code("if 'once' not in globals():\n    once = True\n    raise ValueError('only once')",
-              metadata={"tags": [ERROR_DEMO_TAG], "expected_error": {"ename": "ValueError", "evalue": "once"}}),
-         "raises ValueError only once"),
+        (
+            code(
+                "1 / 0",
+                metadata={
+                    "tags": [ERROR_DEMO_TAG],
+                    "expected_error": {"ename": "ZeroDivisionError", "evalue": "division"},
+                },
+            ),
+            None,
+        ),
+        (
+            code("[][0]", metadata={"tags": [ERROR_DEMO_TAG], "expected_error": {"ename": "KeyError", "evalue": ""}}),
+            "its first run raised IndexError",
+        ),
+        (
+            code(
+                "again = 'again' in globals()\nraise (KeyError if again else ValueError)('bad value')",
+                metadata={"tags": [ERROR_DEMO_TAG], "expected_error": {"ename": "ValueError", "evalue": "bad"}},
+            ),
+            "its second run raised another error",
+        ),
+        (
+            code(
+                "if 'once' not in globals():\n    once = True\n    raise ValueError('only once')",
+                metadata={"tags": [ERROR_DEMO_TAG], "expected_error": {"ename": "ValueError", "evalue": "once"}},
+            ),
+            "raises ValueError only once",
+        ),
         (md("Running the next cell again counts one more call; run the cell above first to start at 1."), None),
         (code("calls += 1\nprint(calls)", metadata={"tags": [CHANGES_TAG]}), None),
         (code("print('constant')", metadata={"tags": [CHANGES_TAG]}), "its second run repeats its first"),
@@ -314,5 +366,8 @@ def test_the_check_finds_each_kind_of_problem(tmp_path: Path) -> None:
     for index, (_, phrase) in enumerate(cases):
         if phrase:
             assert any(problem.startswith(f"cell {index} ") and phrase in problem for problem in problems), (
-                index, phrase, problems)
+                index,
+                phrase,
+                problems,
+            )
     assert cells_run == sum(cell.cell_type == "code" for cell, _ in cases) - 1

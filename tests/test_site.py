@@ -17,7 +17,6 @@ from pathlib import Path
 from types import ModuleType
 from urllib.parse import unquote, urlsplit
 
-
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/svg+xml")
@@ -25,9 +24,19 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 CDN_HOSTS = ("cdnjs.cloudflare.com", "cdn.jsdelivr.net", "unpkg.com", "requirejs.org", "mathjax", "googleapis.com")
 # Elements that make the browser fetch on their own, and the attributes they fetch through.
-FETCHING = {"script": ("src",), "link": ("href",), "img": ("src", "srcset"), "iframe": ("src",),
-            "source": ("src", "srcset"), "video": ("src", "poster"), "audio": ("src",), "embed": ("src",),
-            "object": ("data",), "image": ("href", "xlink:href"), "use": ("href", "xlink:href")}
+FETCHING = {
+    "script": ("src",),
+    "link": ("href",),
+    "img": ("src", "srcset"),
+    "iframe": ("src",),
+    "source": ("src", "srcset"),
+    "video": ("src", "poster"),
+    "audio": ("src",),
+    "embed": ("src",),
+    "object": ("data",),
+    "image": ("href", "xlink:href"),
+    "use": ("href", "xlink:href"),
+}
 
 
 class Page(HTMLParser):
@@ -50,8 +59,11 @@ class Page(HTMLParser):
             self.ids.add(values["id"])
         for attribute in FETCHING.get(tag, ()):
             if attribute in values:
-                urls = [part.strip().split()[0] for part in values[attribute].split(",") if part.strip()] \
-                    if attribute == "srcset" else [values[attribute]]
+                urls = (
+                    [part.strip().split()[0] for part in values[attribute].split(",") if part.strip()]
+                    if attribute == "srcset"
+                    else [values[attribute]]
+                )
                 self.fetched += [(tag, attribute, url) for url in urls]
         if tag == "img":
             self.images.append(values.get("src", ""))
@@ -69,8 +81,11 @@ class Page(HTMLParser):
 
 
 def pages(site: Path) -> dict[str, str]:
-    return {path.relative_to(site).as_posix(): path.read_text(encoding="utf-8")
-            for path in sorted(site.rglob("*.html")) if "_vendor" not in path.parts}
+    return {
+        path.relative_to(site).as_posix(): path.read_text(encoding="utf-8")
+        for path in sorted(site.rglob("*.html"))
+        if "_vendor" not in path.parts
+    }
 
 
 def remote(url: str) -> bool:
@@ -83,9 +98,12 @@ def committed(notebook: Path) -> dict:
 
 def shown_images(nb: dict) -> int:
     """Image outputs as a page shows them: one per output (the richest of its image types)."""
-    return sum(1 for cell in nb["cells"] for output in cell.get("outputs", [])
-               if any(mime in output.get("data", {}) for mime in IMAGE_MIMES)
-               and WIDGET_VIEW not in output.get("data", {}))
+    return sum(
+        1
+        for cell in nb["cells"]
+        for output in cell.get("outputs", [])
+        if any(mime in output.get("data", {}) for mime in IMAGE_MIMES) and WIDGET_VIEW not in output.get("data", {})
+    )
 
 
 # -- tests ----------------------------------------------------------------------------------------
@@ -134,7 +152,8 @@ def test_images_are_inline_and_every_image_output_is_there(site: Path) -> None:
         assert not not_inline, f"{notebook.stem}.html: images not inline (data: URLs): {not_inline}"
         expected = shown_images(committed(notebook))
         assert len(page.images) == expected, (
-            f"{notebook.stem}.html shows {len(page.images)} images; {notebook.name} has {expected} image outputs")
+            f"{notebook.stem}.html shows {len(page.images)} images; {notebook.name} has {expected} image outputs"
+        )
 
 
 def test_every_image_says_in_words_what_it_shows(site: Path) -> None:
@@ -151,8 +170,12 @@ def test_every_widget_view_and_the_saved_state_are_in_the_page(site: Path) -> No
     for notebook in NOTEBOOKS:
         nb = committed(notebook)
         text = (site / f"{notebook.stem}.html").read_text(encoding="utf-8")
-        views = [output["data"][WIDGET_VIEW]["model_id"] for cell in nb["cells"] for output in cell.get("outputs", [])
-                 if WIDGET_VIEW in output.get("data", {})]
+        views = [
+            output["data"][WIDGET_VIEW]["model_id"]
+            for cell in nb["cells"]
+            for output in cell.get("outputs", [])
+            if WIDGET_VIEW in output.get("data", {})
+        ]
         blocks = re.findall(rf'<script type="{re.escape(WIDGET_VIEW)}">\s*(.*?)\s*</script>', text, re.DOTALL)
         shown = [json.loads(block)["model_id"] for block in blocks]
         assert shown == views, f"{notebook.stem}.html: widget views differ"
@@ -176,15 +199,22 @@ def test_links_between_pages_land_on_a_page_and_a_heading_that_exist(site: Path)
             target = posixpath.normpath(posixpath.join(posixpath.dirname(name), parts.path)) if parts.path else name
             if not (site / target).exists():
                 broken.append(f"{name}: {href} (no {target})")
-            elif parts.fragment and target in ids and parts.fragment not in ids[target] \
-                    and unquote(parts.fragment) not in {unquote(i) for i in ids[target]}:
+            elif (
+                parts.fragment
+                and target in ids
+                and parts.fragment not in ids[target]
+                and unquote(parts.fragment) not in {unquote(i) for i in ids[target]}
+            ):
                 broken.append(f"{name}: {href} (no heading #{parts.fragment} in {target})")
     assert not broken, "broken links in the offline copy:\n" + "\n".join(broken)
 
 
 def test_the_zip_holds_the_whole_site(site: Path, site_builder: ModuleType) -> None:
-    files = {path.relative_to(site).as_posix() for path in site.rglob("*")
-             if path.is_file() and path.name != site_builder.BUILD_INFO}
+    files = {
+        path.relative_to(site).as_posix()
+        for path in site.rglob("*")
+        if path.is_file() and path.name != site_builder.BUILD_INFO
+    }
     with zipfile.ZipFile(site_builder.SITE_ZIP) as archive:
         names = {name.split("/", 1)[1] for name in archive.namelist()}
         assert all(name.startswith(site_builder.ZIP_FOLDER + "/") for name in archive.namelist())
@@ -197,13 +227,18 @@ def test_a_second_build_rebuilds_nothing(site: Path, site_builder: ModuleType) -
 
 def test_the_builders_own_guard_catches_requests_to_other_hosts(site_builder: ModuleType) -> None:
     # build_site.py refuses to write a page that would contact another host; make sure it would notice.
-    for leak in ['<script src="https://cdn.jsdelivr.net/npm/x.js"></script>',
-                 "<link rel=stylesheet href='//fonts.example/x.css'>",
-                 '<img srcset="a.png 1x, https://example.com/b.png 2x">',
-                 "<style>body { background: url(http://x/y.png) }</style>",
-                 '<style>@import "https://example.com/x.css";</style>']:
+    for leak in [
+        '<script src="https://cdn.jsdelivr.net/npm/x.js"></script>',
+        "<link rel=stylesheet href='//fonts.example/x.css'>",
+        '<img srcset="a.png 1x, https://example.com/b.png 2x">',
+        "<style>body { background: url(http://x/y.png) }</style>",
+        '<style>@import "https://example.com/x.css";</style>',
+    ]:
         assert site_builder.offline_problems(leak), leak
-    for fine in ['<script src="_vendor/html-manager/embed.js"></script>', '<img src="data:image/png;base64,AAAA">',
-                 '<a href="https://github.com/pytorch/pytorch/issues/37573">a link is not a request</a>',
-                 "<style>/* @import url('https://fonts.googleapis.com/css'); */</style>"]:
+    for fine in [
+        '<script src="_vendor/html-manager/embed.js"></script>',
+        '<img src="data:image/png;base64,AAAA">',
+        '<a href="https://github.com/pytorch/pytorch/issues/37573">a link is not a request</a>',
+        "<style>/* @import url('https://fonts.googleapis.com/css'); */</style>",
+    ]:
         assert not site_builder.offline_problems(fine), fine

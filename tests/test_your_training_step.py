@@ -65,8 +65,15 @@ def snapshot(objects: dict, step) -> tuple:
     optimizers = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
     params = [(p.detach().clone(), None if p.grad is None else p.grad.clone()) for m in models for p in m.parameters()]
     held = {name: step.__globals__[name] for name in step.__code__.co_names if name in step.__globals__}
-    return (params, [copy.deepcopy(o.state_dict()) for o in optimizers], torch.get_rng_state(), random.getstate(),
-            held, models, optimizers)
+    return (
+        params,
+        [copy.deepcopy(o.state_dict()) for o in optimizers],
+        torch.get_rng_state(),
+        random.getstate(),
+        held,
+        models,
+        optimizers,
+    )
 
 
 def assert_same_state(before: tuple, step) -> None:
@@ -163,9 +170,14 @@ def test_the_standard_gan_step_is_alternating_and_the_single_forward_fix_simulta
     single = bt.gradient_check(page["single_forward_fixed"], page["gan_reference"], **page["gan"])
     assert standard.alternating and not standard.simultaneous, standard
     assert single.simultaneous and not single.alternating, single
-    for result, point in ((standard, "at its optimizer's step (DIFFERENT at the step's start)"),
-                          (single, "at the step's start (DIFFERENT at its optimizer's step)")):
-        assert [m[-1] for m in result.runs[0][1]] == ["equal up to float rounding", f"equal up to float rounding {point}"]
+    for result, point in (
+        (standard, "at its optimizer's step (DIFFERENT at the step's start)"),
+        (single, "at the step's start (DIFFERENT at its optimizer's step)"),
+    ):
+        assert [m[-1] for m in result.runs[0][1]] == [
+            "equal up to float rounding",
+            f"equal up to float rounding {point}",
+        ]
 
 
 def test_the_srgan_diagnosis_names_the_error_line_and_keeps_the_audits_words(page) -> None:
@@ -188,9 +200,13 @@ def test_the_language_model_diagnosis_names_hidden_and_the_retain_that_hides_it(
 
 # -- the exercise --------------------------------------------------------------------------------------------
 
+
 def functions(tree: ast.AST) -> dict[str, str]:
-    return {node.name: ast.dump(ast.Module(body=node.body, type_ignores=[]))
-            for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    return {
+        node.name: ast.dump(ast.Module(body=node.body, type_ignores=[]))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+    }
 
 
 def test_the_exercise_steps_on_the_page_are_the_checks_own() -> None:
@@ -211,13 +227,19 @@ def test_the_exercise_setup_on_the_page_is_the_checks_own() -> None:
 
 def test_the_page_steps_get_the_verdicts_the_solution_gives(page) -> None:
     objects = dict(models=page["model"], optimizers=page["opt"])
-    got = {name: tuple(c.verdict for c in bt.audit_retain_graph(page[name], **objects).calls if c.retain_graph)
-           for name in ("adversarial_step", "head_grad_step", "regularised_step")}
-    assert got == {"adversarial_step": ("needed",), "head_grad_step": ("can go",),
-                   "regularised_step": ("needed", "can go")}
+    got = {
+        name: tuple(c.verdict for c in bt.audit_retain_graph(page[name], **objects).calls if c.retain_graph)
+        for name in ("adversarial_step", "head_grad_step", "regularised_step")
+    }
+    assert got == {
+        "adversarial_step": ("needed",),
+        "head_grad_step": ("can go",),
+        "regularised_step": ("needed", "can go"),
+    }
 
 
 # -- gradient_check's own promises ----------------------------------------------------------------------------
+
 
 @pytest.fixture
 def small():
@@ -238,7 +260,8 @@ def test_a_step_that_never_zeroes_grad_fails_on_the_second_run(small) -> None:
     result = bt.gradient_check(step, lambda: model(x).pow(2).mean(), models=model, optimizers=optimizer)
     assert not result and [r[1][0][-1] for r in result.runs] == [
         "equal up to float rounding",
-        "DIFFERENT (the reference plus what .grad held as the step began: nothing cleared it)"]
+        "DIFFERENT (the reference plus what .grad held as the step began: nothing cleared it)",
+    ]
     assert repr(result).startswith("✗ step does not give the reference gradients:")
 
 
@@ -246,8 +269,11 @@ def test_the_weights_move_at_the_optimizers_learning_rate_and_everything_is_put_
     model, optimizer, x = small
     model(x).sum().backward()
     optimizer.step()
-    before = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()),
-              [p.grad.clone() for p in model.parameters()])
+    before = (
+        copy.deepcopy(model.state_dict()),
+        copy.deepcopy(optimizer.state_dict()),
+        [p.grad.clone() for p in model.parameters()],
+    )
     seen = []
 
     def step():
@@ -268,8 +294,10 @@ def test_the_weights_move_at_the_optimizers_learning_rate_and_everything_is_put_
 @pytest.fixture
 def two_networks():
     torch.manual_seed(0)
-    netG, netD = torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(),
-                                                           torch.nn.Linear(4, 1))
+    netG, netD = (
+        torch.nn.Linear(2, 2),
+        torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)),
+    )
     optG, optD = torch.optim.SGD(netG.parameters(), lr=0.1), torch.optim.SGD(netD.parameters(), lr=0.1)
     z, real = torch.randn(8, 2), torch.randn(8, 2)
 
@@ -290,8 +318,7 @@ def two_networks():
         optD.zero_grad()
         optG.zero_grad()
         fake_out = netD(netG(z))
-        d_grads = torch.autograd.grad(netD(real).mean() - fake_out.mean(), list(netD.parameters()),
-                                      retain_graph=True)
+        d_grads = torch.autograd.grad(netD(real).mean() - fake_out.mean(), list(netD.parameters()), retain_graph=True)
         g_grads = torch.autograd.grad(fake_out.mean(), list(netG.parameters()))
         for p, g in zip([*netD.parameters(), *netG.parameters()], d_grads + g_grads):
             p.grad = g
@@ -303,14 +330,20 @@ def two_networks():
 
 def test_an_alternating_step_and_a_simultaneous_one_are_told_apart(two_networks) -> None:
     objects, reference, alternating, simultaneous = two_networks
-    first, second = bt.gradient_check(alternating, reference, **objects), bt.gradient_check(simultaneous, reference,
-                                                                                            **objects)
+    first, second = (
+        bt.gradient_check(alternating, reference, **objects),
+        bt.gradient_check(simultaneous, reference, **objects),
+    )
     assert first.alternating and not first.simultaneous and "alternating updates" in repr(first)
     assert second.simultaneous and not second.alternating and "simultaneous updates" in repr(second)
-    assert [m[-1] for m in first.runs[0][1]] == ["equal up to float rounding", "equal up to float rounding at its "
-                                                 "optimizer's step (DIFFERENT at the step's start)"]
-    assert [m[-1] for m in second.runs[0][1]] == ["equal up to float rounding", "equal up to float rounding at the "
-                                                  "step's start (DIFFERENT at its optimizer's step)"]
+    assert [m[-1] for m in first.runs[0][1]] == [
+        "equal up to float rounding",
+        "equal up to float rounding at its optimizer's step (DIFFERENT at the step's start)",
+    ]
+    assert [m[-1] for m in second.runs[0][1]] == [
+        "equal up to float rounding",
+        "equal up to float rounding at the step's start (DIFFERENT at its optimizer's step)",
+    ]
 
 
 def test_at_learning_rate_0_the_two_cannot_be_told_apart(two_networks) -> None:
@@ -399,8 +432,11 @@ def test_bad_input_is_refused_clearly(small) -> None:
         bt.gradient_check(step, reference, models=[model, x], optimizers=optimizer)
     with pytest.raises(TypeError, match="a dict of name -> torch.nn.Module"):
         bt.gradient_check(step, reference, models={"net": optimizer})
-    with pytest.raises(TypeError, match=r"the reference must return a dict of model name -> loss with the names "
-                                        r"\['a', 'b'\]"):
+    with pytest.raises(
+        TypeError,
+        match=r"the reference must return a dict of model name -> loss with the names "
+        r"\['a', 'b'\]",
+    ):
         bt.gradient_check(step, reference, models={"a": model, "b": model[2]}, optimizers=optimizer)
     with pytest.raises(TypeError, match="one-number tensor with a graph"):
         bt.gradient_check(step, lambda: model(x), models=model, optimizers=optimizer)

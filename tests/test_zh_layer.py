@@ -48,22 +48,30 @@ PARTS = ["问题", "你会看到什么", "流行说法与实测", "规则"]
 IGNORED = "nbval-ignore-output"
 KINDS = {None: "compared", "varies": "varies"}
 
-MARKER = re.compile(r"<!--\s*fig(?::(?P<kind>[\w-]+))?(?:@(?P<notebook>[\w-]+))?\s*-->(?P<text>.*?)"
-                    r"<!--\s*/fig\s*-->", re.DOTALL)
+MARKER = re.compile(
+    r"<!--\s*fig(?::(?P<kind>[\w-]+))?(?:@(?P<notebook>[\w-]+))?\s*-->(?P<text>.*?)"
+    r"<!--\s*/fig\s*-->",
+    re.DOTALL,
+)
 ANY_MARKER = re.compile(r"<!--\s*/?\s*fig\b[^>]*-->")
 LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]*)\]\((?P<target><[^>]*>|[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)", re.DOTALL)
 # A measured figure: a number and a unit (Latin units end at a word boundary; 倍 may run into the next word).
-PYTHON_BLOCK = re.compile(r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$",
-                          re.DOTALL | re.MULTILINE)
+PYTHON_BLOCK = re.compile(
+    r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$", re.DOTALL | re.MULTILINE
+)
 # What follows a python block: blank lines, at most one line of prose, then the text block it prints.
-PRINTED_BLOCK = re.compile(r"\n(?:[ \t]*\n)*(?:(?![ \t]*```)[^\n]*\S[^\n]*\n(?:[ \t]*\n)*)?"
-                           r"(?P<indent>[ \t]*)```text[ \t]*\n(?P<printed>.*?)^(?P=indent)```[ \t]*$",
-                           re.DOTALL | re.MULTILINE)
+PRINTED_BLOCK = re.compile(
+    r"\n(?:[ \t]*\n)*(?:(?![ \t]*```)[^\n]*\S[^\n]*\n(?:[ \t]*\n)*)?"
+    r"(?P<indent>[ \t]*)```text[ \t]*\n(?P<printed>.*?)^(?P=indent)```[ \t]*$",
+    re.DOTALL | re.MULTILINE,
+)
 CODE_LINES = range(5, 16)
-UNIT_FIGURE = re.compile(r"(?<![A-Za-z0-9_.,])\d[\d,]*(?:\.\d+)?\s*"
-                         r"(?:(?:B|KiB|MiB|GiB|ms|µs|s|%|x|×)(?![A-Za-z0-9_])|倍)")
+UNIT_FIGURE = re.compile(
+    r"(?<![A-Za-z0-9_.,])\d[\d,]*(?:\.\d+)?\s*"
+    r"(?:(?:B|KiB|MiB|GiB|ms|µs|s|%|x|×)(?![A-Za-z0-9_])|倍)"
+)
 
 
 # -- reading the notebooks --------------------------------------------------------------------------
@@ -110,8 +118,10 @@ def heading_anchors(notebook: Path) -> set[str]:
 def markdown_anchors(path: Path) -> set[str]:
     """GitHub's anchors for a Markdown file's headings (lower case, punctuation dropped, spaces as '-')."""
     text = FENCE.sub("", path.read_text(encoding="utf-8"))
-    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-            for heading in re.findall(r"^#{1,6}\s+(.+)$", text, re.MULTILINE)}
+    return {
+        re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        for heading in re.findall(r"^#{1,6}\s+(.+)$", text, re.MULTILINE)
+    }
 
 
 # -- reading the pages ------------------------------------------------------------------------------
@@ -155,7 +165,8 @@ def test_every_notebook_has_a_chinese_page() -> None:
     assert not missing, (
         f"notebooks without a Chinese page in docs/zh/: {', '.join(missing)}. Write docs/zh/NAME.md from the "
         "notebook's committed outputs, in the form of docs/zh/01_graph_buffers.md (see this file's docstring "
-        "for citing figures), and add it to README.zh-CN.md's course map.")
+        "for citing figures), and add it to README.zh-CN.md's course map."
+    )
 
 
 def test_every_chinese_page_belongs_to_a_notebook() -> None:
@@ -169,8 +180,8 @@ def test_page_has_the_four_parts_and_links_its_notebook(page: Path) -> None:
     headings = re.findall(r"^##\s+(.+?)\s*$", FENCE.sub("", text), re.MULTILINE)
     present = [part for part in PARTS if part in headings]
     assert present == PARTS and [h for h in headings if h in PARTS] == PARTS, (
-        f"{page_id(page)}: expected the sections {' / '.join('## ' + p for p in PARTS)} in this order; "
-        f"found {headings}")
+        f"{page_id(page)}: expected the sections {' / '.join('## ' + p for p in PARTS)} in this order; found {headings}"
+    )
     targets = [match.group("target").strip("<>") for match in LINK.finditer(text)]
     own = f"../../notebooks/{page.stem}.ipynb"
     assert own in [target.split("#")[0] for target in targets], f"{page_id(page)} never links to {own}"
@@ -185,7 +196,8 @@ def test_cited_figures_are_in_the_notebooks_committed_outputs(page: Path) -> Non
     text = page.read_text(encoding="utf-8")
     markers = list(MARKER.finditer(text))
     assert any(not match.group("notebook") for match in markers), (
-        f"{page_id(page)} cites no figure from {own.name} (wrap each in <!--fig-->...<!--/fig-->)")
+        f"{page_id(page)} cites no figure from {own.name} (wrap each in <!--fig-->...<!--/fig-->)"
+    )
     printed_by: dict[Path, dict[str, str]] = {}
     problems = []
     for match in markers:
@@ -198,15 +210,21 @@ def test_cited_figures_are_in_the_notebooks_committed_outputs(page: Path) -> Non
         if figure_pattern(figure, kind).search(printed[kind]):
             continue
         if kind == "compared" and figure_pattern(figure, "compared").search(printed["varies"]):
-            problems.append(f"{where} is printed only by an {IGNORED} cell of {notebook.name}, whose value "
-                            "changes from machine to machine: cite it as <!--fig:varies-->...<!--/fig--> "
-                            "(and say it is this run's figure), or cite a compared output")
+            problems.append(
+                f"{where} is printed only by an {IGNORED} cell of {notebook.name}, whose value "
+                "changes from machine to machine: cite it as <!--fig:varies-->...<!--/fig--> "
+                "(and say it is this run's figure), or cite a compared output"
+            )
         elif kind == "compared":
-            problems.append(f"{where} is not in the compared outputs of {notebook.name} (the figure changed, or "
-                            "the notebook no longer prints it): update the page from the committed outputs")
+            problems.append(
+                f"{where} is not in the compared outputs of {notebook.name} (the figure changed, or "
+                "the notebook no longer prints it): update the page from the committed outputs"
+            )
         elif figure_pattern(figure, "compared").search(printed["compared"]):
-            problems.append(f"{where} is marked fig:varies, but {notebook.name} prints it in an output that nbval "
-                            "compares, the same on every machine: cite it as <!--fig-->...<!--/fig-->")
+            problems.append(
+                f"{where} is marked fig:varies, but {notebook.name} prints it in an output that nbval "
+                "compares, the same on every machine: cite it as <!--fig-->...<!--/fig-->"
+            )
         else:
             problems.append(f"{where}: no figure of this form in the {IGNORED} outputs of {notebook.name}")
     assert not problems, "figures the Chinese page cites that its notebook does not print:\n" + "\n".join(problems)
@@ -217,8 +235,10 @@ def test_measured_figures_are_all_marked(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
     seen = prose(text)
     unmarked = [f"line {line_of(seen, m.start())}: {m.group(0)!r}" for m in UNIT_FIGURE.finditer(seen)]
-    assert not unmarked, (f"{page_id(page)}: measured figures outside <!--fig-->...<!--/fig--> markers, which "
-                          "no test checks against the notebook:\n" + "\n".join(unmarked))
+    assert not unmarked, (
+        f"{page_id(page)}: measured figures outside <!--fig-->...<!--/fig--> markers, which "
+        "no test checks against the notebook:\n" + "\n".join(unmarked)
+    )
 
 
 @pytest.mark.parametrize("path", LAYER, ids=lambda path: page_id(path))
@@ -227,8 +247,12 @@ def test_markers_are_well_formed(path: Path) -> None:
         pytest.skip(f"{page_id(path)} does not exist")
     text = path.read_text(encoding="utf-8")
     problems = []
-    in_code = [m.group(0)[:60] for pattern in (FENCE, CODE_SPAN) for m in pattern.finditer(text)
-               if ANY_MARKER.search(m.group(0))]
+    in_code = [
+        m.group(0)[:60]
+        for pattern in (FENCE, CODE_SPAN)
+        for m in pattern.finditer(text)
+        if ANY_MARKER.search(m.group(0))
+    ]
     if in_code and path.parent == ZH:
         problems.append(f"markers inside code, where they show as text and cite nothing: {in_code}")
     for pattern in (FENCE, CODE_SPAN):  # code may show the convention (README.zh-CN.md does)
@@ -244,8 +268,10 @@ def test_markers_are_well_formed(path: Path) -> None:
             problems.append(f"{where}: fig@{cited} names no notebook under notebooks/")
     starts = [line_of(text, m.start()) for m in re.finditer(r"^[ \t]*(?:>[ \t]*)?<!--\s*/?\s*fig", text, re.MULTILINE)]
     if starts:
-        problems.append(f"lines {starts} start with a marker, which Markdown reads as the start of an HTML block "
-                        "(it splits the paragraph): put text before it on the same line")
+        problems.append(
+            f"lines {starts} start with a marker, which Markdown reads as the start of an HTML block "
+            "(it splits the paragraph): put text before it on the same line"
+        )
     leftovers = ANY_MARKER.findall(MARKER.sub("", text))
     if leftovers:
         problems.append(f"unpaired markers: {leftovers}")
@@ -293,8 +319,9 @@ def test_chinese_readme_covers_what_the_brief_promises() -> None:
     zh = (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     first_block = re.search(r"```(?:bash|sh)?\n(.*?)```", zh, re.DOTALL)
-    assert first_block and "make lab" in first_block.group(1) and "make test" in first_block.group(1), \
+    assert first_block and "make lab" in first_block.group(1) and "make test" in first_block.group(1), (
         "README.zh-CN.md must show the two commands (make lab, make test) in its first code block"
+    )
     links = {match.group("target").strip("<>") for match in LINK.finditer(zh)}
     for page in PAGES:
         assert f"docs/zh/{page.name}" in links, f"README.zh-CN.md does not link to docs/zh/{page.name}"
@@ -325,8 +352,9 @@ def run_code(code: str, cwd: Path) -> subprocess.CompletedProcess:
     script = cwd / "example.py"
     script.write_text(code, encoding="utf-8")
     env = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, script.name], cwd=cwd, env=env, capture_output=True, text=True,
-                          encoding="utf-8", timeout=180)
+    return subprocess.run(
+        [sys.executable, script.name], cwd=cwd, env=env, capture_output=True, text=True, encoding="utf-8", timeout=180
+    )
 
 
 BLOCKS = [(page, line, code, printed) for page in PAGES for line, code, printed in code_blocks(page)]
@@ -335,33 +363,41 @@ BLOCKS = [(page, line, code, printed) for page in PAGES for line, code, printed 
 @pytest.mark.parametrize("page", PAGES, ids=lambda path: path.stem)
 def test_page_shows_a_minimal_runnable_example(page: Path) -> None:
     blocks = code_blocks(page)
-    assert blocks, (f"{page_id(page)} has no python code block: show the notebook's key experiment in 5 to "
-                    f"{CODE_LINES[-1]} lines of plain PyTorch, followed by a text block with what it prints")
+    assert blocks, (
+        f"{page_id(page)} has no python code block: show the notebook's key experiment in 5 to "
+        f"{CODE_LINES[-1]} lines of plain PyTorch, followed by a text block with what it prints"
+    )
     problems = []
     for line, code, printed in blocks:
         lines = [row for row in code.splitlines() if row.strip()]
         if len(lines) not in CODE_LINES:
-            problems.append(f"line {line}: {len(lines)} lines of code; a minimal example has "
-                            f"{CODE_LINES[0]} to {CODE_LINES[-1]}")
+            problems.append(
+                f"line {line}: {len(lines)} lines of code; a minimal example has {CODE_LINES[0]} to {CODE_LINES[-1]}"
+            )
         if not re.search(r"^import torch\b", code, re.MULTILINE):
-            problems.append(f"line {line}: the example does not start from `import torch`, so a reader cannot "
-                            "paste it into a fresh interpreter")
+            problems.append(
+                f"line {line}: the example does not start from `import torch`, so a reader cannot "
+                "paste it into a fresh interpreter"
+            )
         if printed is None:
             problems.append(f"line {line}: no ```text block after the code showing what it prints")
     assert not problems, f"{page_id(page)}:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("page, line, code, printed", BLOCKS,
-                         ids=[f"{page.stem}-line{line}" for page, line, _, _ in BLOCKS])
-def test_page_code_runs_and_prints_what_the_page_shows(page: Path, line: int, code: str, printed: str | None,
-                                                       tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "page, line, code, printed", BLOCKS, ids=[f"{page.stem}-line{line}" for page, line, _, _ in BLOCKS]
+)
+def test_page_code_runs_and_prints_what_the_page_shows(
+    page: Path, line: int, code: str, printed: str | None, tmp_path: Path
+) -> None:
     result = run_code(code, tmp_path)
-    assert result.returncode == 0, (f"{page_id(page)}, the code block at line {line} failed:\n"
-                                    f"{result.stderr[-3000:]}")
+    assert result.returncode == 0, f"{page_id(page)}, the code block at line {line} failed:\n{result.stderr[-3000:]}"
     if printed is None:
         return  # reported by test_page_shows_a_minimal_runnable_example
     got = [row.rstrip() for row in result.stdout.rstrip().splitlines()]
     shown = [row.rstrip() for row in printed.rstrip().splitlines()]
-    assert got == shown, (f"{page_id(page)}, the code block at line {line} prints something other than the "
-                          "text block under it (update the page from the real output, or the code):\n"
-                          f"printed:\n" + "\n".join(got) + "\npage shows:\n" + "\n".join(shown))
+    assert got == shown, (
+        f"{page_id(page)}, the code block at line {line} prints something other than the "
+        "text block under it (update the page from the real output, or the code):\n"
+        f"printed:\n" + "\n".join(got) + "\npage shows:\n" + "\n".join(shown)
+    )

@@ -74,24 +74,35 @@ def check_predictions(predictions: Mapping[str, bool]) -> CheckResult:
     given = {expression: predictions[expression] for expression in predictions}  # read once
     unknown = [str(e) for e in given if e not in SECOND_BACKWARD_QUESTIONS]
     if unknown:
-        return CheckResult(False, f"Unknown expression(s): {', '.join(unknown)}; predict for exactly these: "
-                                  f"{', '.join(SECOND_BACKWARD_QUESTIONS)}.",
-                           "Keep the dict's keys as the cell gives them.")
+        return CheckResult(
+            False,
+            f"Unknown expression(s): {', '.join(unknown)}; predict for exactly these: "
+            f"{', '.join(SECOND_BACKWARD_QUESTIONS)}.",
+            "Keep the dict's keys as the cell gives them.",
+        )
     missing = [e for e in SECOND_BACKWARD_QUESTIONS if given.get(e, ...) is ...]
     if missing:
-        return CheckResult(False, f"Fill in True or False for: {', '.join(missing)}.",
-                           "Replace each ... with True (second backward works) or False (it raises).")
+        return CheckResult(
+            False,
+            f"Fill in True or False for: {', '.join(missing)}.",
+            "Replace each ... with True (second backward works) or False (it raises).",
+        )
     other = [e for e in SECOND_BACKWARD_QUESTIONS if type(given[e]) is not bool]
     if other:
-        return CheckResult(False, f"Each prediction is True or False; {other[0]} has {given[other[0]]!r}"
-                                  + (f" (and {len(other) - 1} more)." if len(other) > 1 else "."),
-                           "Write True (second backward works) or False (it raises), without quotes.")
+        return CheckResult(
+            False,
+            f"Each prediction is True or False; {other[0]} has {given[other[0]]!r}"
+            + (f" (and {len(other) - 1} more)." if len(other) > 1 else "."),
+            "Write True (second backward works) or False (it raises), without quotes.",
+        )
     wrong = [e for e in SECOND_BACKWARD_QUESTIONS if given[e] is not _second_backward_of(e)]
     if wrong:
         return CheckResult(
-            False, f"{len(wrong)} of {len(SECOND_BACKWARD_QUESTIONS)} predictions are wrong: {', '.join(wrong)}.",
+            False,
+            f"{len(wrong)} of {len(SECOND_BACKWARD_QUESTIONS)} predictions are wrong: {', '.join(wrong)}.",
             "A second backward fails exactly when a node saved a tensor it needs for its gradient. "
-            "Adding and viewing save nothing; multiplying saves the other factor, even a Python number.")
+            "Adding and viewing save nothing; multiplying saves the other factor, even a Python number.",
+        )
     return CheckResult(True, "Every prediction matches what autograd does.")
 
 
@@ -114,37 +125,66 @@ def check_backward_three_times(backward_three_times: Callable[[torch.Tensor], No
         passes: list[int] = []
         loss.grad_fn.register_prehook(lambda grad_outputs: passes.append(1))
         before = gradients_or_zeros([weight])[0]
-        run_answer(backward_three_times, loss, who="your function", where=where,
-             hint="Every backward except the last needs retain_graph=True.")
+        run_answer(
+            backward_three_times,
+            loss,
+            who="your function",
+            where=where,
+            hint="Every backward except the last needs retain_graph=True.",
+        )
         grown = gradients_or_zeros([weight])[0] - before
         if len(passes) != 3:
-            said = (f"backpropagated through loss {len(passes)} time{'s' if len(passes) != 1 else ''}, not 3."
-                    if passes else "did not backpropagate through the loss it was given.")
+            said = (
+                f"backpropagated through loss {len(passes)} time{'s' if len(passes) != 1 else ''}, not 3."
+                if passes
+                else "did not backpropagate through the loss it was given."
+            )
             if len(passes) == 1 and gradients_close(grown, 3 * one):
-                said += (" One pass with a gradient scaled by 3, such as (3 * loss).backward(), gives the same "
-                         ".grad, but the exercise is three backward passes.")
-            raise Rejected(f"your function {said}", "Call backward on the loss you are given three times: "
-                            "retain_graph=True on every call but the last.", where)
+                said += (
+                    " One pass with a gradient scaled by 3, such as (3 * loss).backward(), gives the same "
+                    ".grad, but the exercise is three backward passes."
+                )
+            raise Rejected(
+                f"your function {said}",
+                "Call backward on the loss you are given three times: retain_graph=True on every call but the last.",
+                where,
+            )
         if weight.grad is None:
-            raise Rejected("weight.grad is None after your function: the passes left no gradient in .grad.",
-                            "torch.autograd.grad returns gradients; loss.backward() adds them into .grad.", where)
+            raise Rejected(
+                "weight.grad is None after your function: the passes left no gradient in .grad.",
+                "torch.autograd.grad returns gradients; loss.backward() adds them into .grad.",
+                where,
+            )
         if weight.grad.requires_grad:
-            raise Rejected("weight.grad carries a graph of its own (create_graph=True builds one), which keeps "
-                            "memory alive.", "retain_graph=True is all a repeated backward needs.", where)
+            raise Rejected(
+                "weight.grad carries a graph of its own (create_graph=True builds one), which keeps memory alive.",
+                "retain_graph=True is all a repeated backward needs.",
+                where,
+            )
         if not gradients_close(grown, 3 * one):
             k = clear_multiple(grown, one)
             amount = f"{k:.2f}x" if k is not None else "something that is not a multiple of"
-            raise Rejected(f"weight.grad {'is' if call == 0 else 'grew by'} {amount} one backward's gradient; "
-                            "three backward passes add 3x.", "Each backward adds its gradient into .grad: do not "
-                            "zero or replace it between or after the calls.", where)
+            raise Rejected(
+                f"weight.grad {'is' if call == 0 else 'grew by'} {amount} one backward's gradient; "
+                "three backward passes add 3x.",
+                "Each backward adds its gradient into .grad: do not zero or replace it between or after the calls.",
+                where,
+            )
         if left := meter.graph_only_bytes:
-            raise Rejected(f"the gradient is right, but while loss is still referenced its graph holds "
-                            f"{format_bytes(left)} of buffers after your function.", "Only the backward calls that "
-                            "are followed by another one need retain_graph=True (a del inside your function drops "
-                            "only its own name for loss).", where)
+            raise Rejected(
+                f"the gradient is right, but while loss is still referenced its graph holds "
+                f"{format_bytes(left)} of buffers after your function.",
+                "Only the backward calls that "
+                "are followed by another one need retain_graph=True (a del inside your function drops "
+                "only its own name for loss).",
+                where,
+            )
         del loss
-    return CheckResult(True, "Three backward passes each call, .grad up by 3x one backward's gradient, and the "
-                             "last backward freed the buffers.")
+    return CheckResult(
+        True,
+        "Three backward passes each call, .grad up by 3x one backward's gradient, and the "
+        "last backward freed the buffers.",
+    )
 
 
 def _given_loop_fixed(model: torch.nn.Module, batches: Sequence[torch.Tensor]) -> list[float]:
@@ -176,14 +216,19 @@ def check_training_loop(train: Callable[[torch.nn.Module, list[torch.Tensor]], l
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     batches = [torch.randn(16, 8) for _ in range(5)]
-    training = ("Keep the loop's training as given: zero the gradients before each backward, one backward and "
-                "one optimizer step (SGD, lr=0.1) per batch, and record loss.item().")
-    hints = ("Only a backward followed by another one through the same graph needs retain_graph=True.",
-             "Store loss.item(), a plain Python number.", training,
-             "A graph keeps its buffers until backward frees them or nothing references it: what still references one?",
-             "A graph's buffers live until a backward frees them or nothing references it: a graph retained by its "
-             "backward lives until loss is reassigned, in the middle of the next batch's forward, and a second "
-             "forward builds a second graph while the first is alive.")
+    training = (
+        "Keep the loop's training as given: zero the gradients before each backward, one backward and "
+        "one optimizer step (SGD, lr=0.1) per batch, and record loss.item()."
+    )
+    hints = (
+        "Only a backward followed by another one through the same graph needs retain_graph=True.",
+        "Store loss.item(), a plain Python number.",
+        training,
+        "A graph keeps its buffers until backward frees them or nothing references it: what still references one?",
+        "A graph's buffers live until a backward frees them or nothing references it: a graph retained by its "
+        "backward lives until loss is reassigned, in the middle of the next batch's forward, and a second "
+        "forward builds a second graph while the first is alive.",
+    )
     meter, had_tensors, graphs = SavedTensorMeter(), False, 0.0
     for call in range(2):
         where = "" if call == 0 else "On a second call (the model already trained, .grad already filled), "
@@ -194,16 +239,24 @@ def check_training_loop(train: Callable[[torch.nn.Module, list[torch.Tensor]], l
         with meter:
             expected = _given_loop_fixed(reference, batches)
         one_graph = meter.peak_graph_only_bytes
-        tensors, peak = run_loop(train, (model, batches), meter, expected,
-                                  lambda i: f"the loss the given loop records at batch {i}", where, hints,
-                                  one_graph)
+        tensors, peak = run_loop(
+            train,
+            (model, batches),
+            meter,
+            expected,
+            lambda i: f"the loss the given loop records at batch {i}",
+            where,
+            hints,
+            one_graph,
+        )
         if not gradients_close(flat(list(model.parameters())), flat(list(reference.parameters()))):
             raise Rejected("after your loop the model's parameters differ from the given loop's.", training, where)
         # The peak last: a loop that does not train as given is told that first, whatever its graphs held.
         reject_peak(meter, one_graph, 1.5 * one_graph, hints[4], where)
         had_tensors, graphs = had_tensors or tensors, max(graphs, peak)
-    return loop_passed("The loop trains as given and records numbers, with {memory} alive at once.", graphs,
-                   had_tensors)
+    return loop_passed(
+        "The loop trains as given and records numbers, with {memory} alive at once.", graphs, had_tensors
+    )
 
 
 def operation_table(
@@ -221,8 +274,9 @@ def operation_table(
     if not isinstance(operations, Mapping) or not operations:
         raise TypeError("operation_table() takes a non-empty dict of name -> function(x, w).")
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise ValueError(f"operation_table(size=...) is the number of floats in x and w: a whole number of at "
-                         f"least 1, not {size!r}.")
+        raise ValueError(
+            f"operation_table(size=...) is the number of floats in x and w: a whole number of at least 1, not {size!r}."
+        )
     rows = []
     generator = torch.Generator().manual_seed(seed)
     for name, operation in operations.items():
@@ -239,10 +293,17 @@ def operation_table(
         op_node = out.grad_fn
         saved = saved_tensors_of(op_node) if op_node is not None and op_node is not loss.grad_fn else []
         saved += saved_tensors_of(loss.grad_fn)
-        described = ", ".join(
-            f"{info.name.removeprefix('_saved_')} {tuple(info.shape or ())}" for info in saved
-        ) or "nothing"
+        described = (
+            ", ".join(f"{info.name.removeprefix('_saved_')} {tuple(info.shape or ())}" for info in saved) or "nothing"
+        )
         nbytes = sum(info.nbytes or 0 for info in saved)
-        rows.append([name, type(op_node).__name__ if op_node else "-", described, format_bytes(nbytes),
-                     "yes" if second_backward_works(loss) else "no: buffers freed"])
+        rows.append(
+            [
+                name,
+                type(op_node).__name__ if op_node else "-",
+                described,
+                format_bytes(nbytes),
+                "yes" if second_backward_works(loss) else "no: buffers freed",
+            ]
+        )
     return Table(["operation", "node", "saved for backward", "saved bytes", "second backward?"], rows)

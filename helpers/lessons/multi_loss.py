@@ -31,13 +31,15 @@ __all__ = ["check_backward_both", "check_two_loss_loop"]
 
 # -- exercise checks -------------------------------------------------------------------------------
 
+
 class _TwoHeads(torch.nn.Module):
     """The checks' own copy of notebook 02's model (smaller): a shared trunk, a classifier and a regressor."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.trunk = torch.nn.Sequential(torch.nn.Linear(16, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
-                                         torch.nn.ReLU())
+        self.trunk = torch.nn.Sequential(
+            torch.nn.Linear(16, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU()
+        )
         self.classify = torch.nn.Linear(128, 4)
         self.regress = torch.nn.Linear(128, 1)
 
@@ -54,8 +56,14 @@ def _two_head_setup(batches: int) -> tuple[_TwoHeads, list[Batch], list[tuple[li
     generator = torch.Generator().manual_seed(0)
     torch.manual_seed(0)  # inside the check's fork_rng
     net = _TwoHeads()
-    data = [(torch.randn(64, 16, generator=generator), torch.randint(0, 4, (64,), generator=generator),
-             torch.randn(64, 1, generator=generator)) for _ in range(batches)]
+    data = [
+        (
+            torch.randn(64, 16, generator=generator),
+            torch.randint(0, 4, (64,), generator=generator),
+            torch.randn(64, 1, generator=generator),
+        )
+        for _ in range(batches)
+    ]
     params, parts = list(net.parameters()), []
     for batch in data:  # autograd.grad leaves .grad untouched
         l1, l2 = _two_losses(net, *batch)
@@ -65,8 +73,9 @@ def _two_head_setup(batches: int) -> tuple[_TwoHeads, list[Batch], list[tuple[li
     return net, data, parts
 
 
-def _two_losses(net: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor,
-                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _two_losses(
+    net: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     logits, value = net(x)
     return F.cross_entropy(logits, labels), F.mse_loss(value, targets)
 
@@ -105,30 +114,57 @@ def check_two_loss_loop(train: Callable[[torch.nn.Module, list[Batch]], list[flo
     retained_first = peak_of(lambda l1, l2: (l1.backward(retain_graph=True), l2.backward()))
     limit = (retained_first + 2 * one_graph) / 2  # halfway to two whole graphs alive at once
     store = "Append (l1 + l2).item() or l1.item() + l2.item(): plain numbers."
-    hints = ("Both losses share the trunk: the first backward through it must keep the buffers.", store,
-             store + " The given loop takes no optimizer step: every batch's loss is computed at the same weights.",
-             "Which backward is the last one through each graph? It should not retain.",
-             "A graph's buffers live until a backward frees them or nothing references it: a graph retained by its "
-             "last backward lives until l1 and l2 are reassigned, in the next batch's forward, and a second forward "
-             "builds a second graph while the first is alive.")
+    hints = (
+        "Both losses share the trunk: the first backward through it must keep the buffers.",
+        store,
+        store + " The given loop takes no optimizer step: every batch's loss is computed at the same weights.",
+        "Which backward is the last one through each graph? It should not retain.",
+        "A graph's buffers live until a backward frees them or nothing references it: a graph retained by its "
+        "last backward lives until l1 and l2 are reassigned, in the next batch's forward, and a second forward "
+        "builds a second graph while the first is alive.",
+    )
     had_tensors, graphs = False, 0.0
     for call in range(2):
         where = SECOND_CALL if call else ""
         before = gradients_or_zeros(params)
-        tensors, peak = run_loop(train, (net, data), meter, [s for *_, (s,) in parts],
-                                  lambda i: f"l1 + l2 of batch {i}", where, hints, one_graph)
-        known = ({"those of l1 alone": _add(*(g1 for g1, _, _ in parts)),
-                  "those of l2 alone": _add(*(g2 for _, g2, _ in parts)),
-                  "those of the last batch alone": _add(*parts[-1][:2])} if call == 0 else
-                 {"those of this call alone (what .grad held was discarded)": total})
-        if problem := gradient_problem(params, _add(before, total), "the gradient of l1 + l2 summed over the "
-                                        "batches" + (" added to what .grad held" if call else ""), known):
-            raise Rejected(problem, "Backpropagate both losses once per batch, and do not zero .grad: the given "
-                                     "loop adds up every batch's.", where)
+        tensors, peak = run_loop(
+            train,
+            (net, data),
+            meter,
+            [s for *_, (s,) in parts],
+            lambda i: f"l1 + l2 of batch {i}",
+            where,
+            hints,
+            one_graph,
+        )
+        known = (
+            {
+                "those of l1 alone": _add(*(g1 for g1, _, _ in parts)),
+                "those of l2 alone": _add(*(g2 for _, g2, _ in parts)),
+                "those of the last batch alone": _add(*parts[-1][:2]),
+            }
+            if call == 0
+            else {"those of this call alone (what .grad held was discarded)": total}
+        )
+        if problem := gradient_problem(
+            params,
+            _add(before, total),
+            "the gradient of l1 + l2 summed over the batches" + (" added to what .grad held" if call else ""),
+            known,
+        ):
+            raise Rejected(
+                problem,
+                "Backpropagate both losses once per batch, and do not zero .grad: the given "
+                "loop adds up every batch's.",
+                where,
+            )
         reject_peak(meter, one_graph, limit, hints[4], where)  # after the gradients: a loop without them says so first
         had_tensors, graphs = had_tensors or tensors, max(graphs, peak)
-    return loop_passed("Right gradients, added up over both calls, numbers in the history, and {memory} alive at once.",
-                   graphs, had_tensors)
+    return loop_passed(
+        "Right gradients, added up over both calls, numbers in the history, and {memory} alive at once.",
+        graphs,
+        had_tensors,
+    )
 
 
 @checked
@@ -153,31 +189,55 @@ def check_backward_both(backward_both: Callable[[torch.Tensor, torch.Tensor], No
         with meter:
             l1, l2 = _two_losses(net, *data[0])
         walks.clear()
-        run_answer(backward_both, l1, l2, who="your function", where=where, hint="The two losses share the trunk's buffers.")
-        known = ({"those of l1 alone": g1, "those of l2 alone": g2} if call == 0 else
-                 {"those of this call alone (what .grad held was discarded)": total})
-        if problem := gradient_problem(params, _add(before, total), "the gradient of l1 + l2"
-                                        + (" added to what .grad held" if call else ""), known):
+        run_answer(
+            backward_both, l1, l2, who="your function", where=where, hint="The two losses share the trunk's buffers."
+        )
+        known = (
+            {"those of l1 alone": g1, "those of l2 alone": g2}
+            if call == 0
+            else {"those of this call alone (what .grad held was discarded)": total}
+        )
+        if problem := gradient_problem(
+            params,
+            _add(before, total),
+            "the gradient of l1 + l2" + (" added to what .grad held" if call else ""),
+            known,
+        ):
             raise Rejected(problem, "", where)
         if left := meter.graph_only_bytes:
             raise Rejected(
                 f"right gradients, but while l1 and l2 are still referenced the graph holds {format_bytes(left)} "
-                "of buffers after your function.", "Buffers survive a backward that retains, and buffers off the last "
+                "of buffers after your function.",
+                "Buffers survive a backward that retains, and buffers off the last "
                 "backward's path: a backward frees only what it walks through. One backward through everything frees "
-                "it all.", where)
+                "it all.",
+                where,
+            )
         del l1, l2
     trunk_walks, peaks = len(walks), []
     for answer in (lambda l1, l2: (l1 + l2).backward(), backward_both):
         runs = []
         for _ in range(2):
             net.zero_grad(set_to_none=True)
-            runs.append(profiler_peak_bytes(lambda: run_answer(answer, *_two_losses(net, *data[0]), who="your function")))
+            runs.append(
+                profiler_peak_bytes(lambda: run_answer(answer, *_two_losses(net, *data[0]), who="your function"))
+            )
         peaks.append(min(runs))
     if peaks[1] > 1.1 * peaks[0]:
-        walked = (f": your function backpropagated through the shared trunk {trunk_walks} times, and each pass "
-                  "allocates the trunk's gradients again" if trunk_walks > 1 else "")
-        return CheckResult(False, "Right gradients and no buffers left, but your step's peak allocation "
-                                  f"(torch.profiler) is more than 1.1x that of one backward of l1 + l2{walked}.",
-                           "Can you do it in one backward pass?")
-    return CheckResult(True, "Right gradients, added to .grad on both calls, no buffers left, and a peak allocation "
-                             "within 10% of one backward of l1 + l2.")
+        walked = (
+            f": your function backpropagated through the shared trunk {trunk_walks} times, and each pass "
+            "allocates the trunk's gradients again"
+            if trunk_walks > 1
+            else ""
+        )
+        return CheckResult(
+            False,
+            "Right gradients and no buffers left, but your step's peak allocation "
+            f"(torch.profiler) is more than 1.1x that of one backward of l1 + l2{walked}.",
+            "Can you do it in one backward pass?",
+        )
+    return CheckResult(
+        True,
+        "Right gradients, added to .grad on both calls, no buffers left, and a peak allocation "
+        "within 10% of one backward of l1 + l2.",
+    )

@@ -86,8 +86,9 @@ class GradientCheck:
         if not self.passed:
             head = f"✗ {self.step} does not give the reference gradients:"
         else:
-            head = (f"✓ {self.step} gives the reference gradients in both runs (the second from the state the first "
-                    "left)")
+            head = (
+                f"✓ {self.step} gives the reference gradients in both runs (the second from the state the first left)"
+            )
             if not self.simultaneous:
                 head += ", each model's taken when its optimizer stepped: alternating updates"
             elif not self.alternating:
@@ -106,9 +107,11 @@ def _named_models(models: object, step: Callable[[], Any]) -> dict[str, torch.nn
         named = dict(models)
         wrong = [n for n, m in named.items() if not isinstance(n, str) or not isinstance(m, torch.nn.Module)]
         if not named or wrong:
-            raise TypeError(f"{WHO}: models must be a torch.nn.Module, a list of them or a dict of name -> "
-                            f"torch.nn.Module (the names the reference's losses use); check "
-                            f"{wrong[0] if wrong else 'the empty dict'}")
+            raise TypeError(
+                f"{WHO}: models must be a torch.nn.Module, a list of them or a dict of name -> "
+                f"torch.nn.Module (the names the reference's losses use); check "
+                f"{wrong[0] if wrong else 'the empty dict'}"
+            )
         return named
     items = as_items(models, torch.nn.Module, "models", "torch.nn.Module, a list of them or a dict of them", WHO)
     if not items:
@@ -118,21 +121,24 @@ def _named_models(models: object, step: Callable[[], Any]) -> dict[str, torch.nn
     return dict(zip(names, items))
 
 
-def _reference_gradients(reference: Callable[[], Any], models: dict[str, torch.nn.Module]
-                         ) -> dict[str, torch.Tensor]:
+def _reference_gradients(reference: Callable[[], Any], models: dict[str, torch.nn.Module]) -> dict[str, torch.Tensor]:
     losses = reference()
     if isinstance(losses, torch.Tensor) and len(models) == 1:
         losses = {next(iter(models)): losses}
     if not isinstance(losses, Mapping) or set(losses) != set(models):
         got = sorted(losses) if isinstance(losses, Mapping) else type(losses).__name__
-        raise TypeError(f"{WHO}: the reference must return a dict of model name -> loss with the names "
-                        f"{sorted(models)} (one model: the loss itself); it returned {got}")
+        raise TypeError(
+            f"{WHO}: the reference must return a dict of model name -> loss with the names "
+            f"{sorted(models)} (one model: the loss itself); it returned {got}"
+        )
     wanted = {}
     for name, module in models.items():
         loss, params = losses[name], list(module.parameters())
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
-            raise TypeError(f"{WHO}: the reference's loss for {name} must be a one-number tensor with a graph "
-                            f"back to {name}'s parameters")
+            raise TypeError(
+                f"{WHO}: the reference's loss for {name} must be a one-number tensor with a graph "
+                f"back to {name}'s parameters"
+            )
         # The losses may share a graph (one forward pass for D's and G's): keep it for the next loss's grad.
         grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
         wanted[name] = flat([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
@@ -151,8 +157,13 @@ class _Reference:
 
     def gradients(self) -> dict[str, torch.Tensor]:
         now = TrainingState(step=self.reference)
-        held = [(module, name, buffer) for model in self.models.values() for module in model.modules()
-                for name, buffer in module._buffers.items() if buffer is not None]
+        held = [
+            (module, name, buffer)
+            for model in self.models.values()
+            for module in model.modules()
+            for name, buffer in module._buffers.items()
+            if buffer is not None
+        ]
         self.start.restore()
         for module, name, buffer in held:
             module._buffers[name] = buffer.detach().clone()
@@ -165,17 +176,22 @@ class _Reference:
             now.restore()
 
 
-def _run_step(step: Callable[[], Any], models: dict[str, torch.nn.Module],
-              optimizers: tuple[torch.optim.Optimizer, ...], reference: _Reference
-              ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor], str | None]:
+def _run_step(
+    step: Callable[[], Any],
+    models: dict[str, torch.nn.Module],
+    optimizers: tuple[torch.optim.Optimizer, ...],
+    reference: _Reference,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor], str | None]:
     """Run the step once: each model's gradients as its optimizer received them, its reference gradients taken at
     that moment (at the end of the step for a model no optimizer stepped), each model's .grad as the step began,
     and the error the step raised."""
     received: dict[int, torch.Tensor | None] = {}
     at_step: dict[str, torch.Tensor] = {}
     failed: list[BaseException] = []
-    entry = {name: flat([torch.zeros_like(p) if p.grad is None else p.grad for p in module.parameters()])
-             for name, module in models.items()}
+    entry = {
+        name: flat([torch.zeros_like(p) if p.grad is None else p.grad for p in module.parameters()])
+        for name, module in models.items()
+    }
 
     def take_reference(names: list[str]) -> None:
         try:
@@ -192,8 +208,11 @@ def _run_step(step: Callable[[], Any], models: dict[str, torch.nn.Module],
         for group in optimizer.param_groups:
             for p in group["params"]:
                 received.setdefault(id(p), None if p.grad is None else p.grad.detach().clone())
-        stepped = [name for name, module in models.items()
-                   if name not in at_step and any(id(p) in held for p in module.parameters())]
+        stepped = [
+            name
+            for name, module in models.items()
+            if name not in at_step and any(id(p) in held for p in module.parameters())
+        ]
         if stepped and not failed:
             take_reference(stepped)
 
@@ -225,8 +244,9 @@ def _difference(got: torch.Tensor, want: torch.Tensor, entry: torch.Tensor) -> s
     return f"DIFFERENT ({k:.2f}x the reference)" if k is not None else "DIFFERENT"
 
 
-def _describe(name: str, got: torch.Tensor, at_start: torch.Tensor, at_step: torch.Tensor | None,
-              entry: torch.Tensor) -> tuple[str, bool, bool, str]:
+def _describe(
+    name: str, got: torch.Tensor, at_start: torch.Tensor, at_step: torch.Tensor | None, entry: torch.Tensor
+) -> tuple[str, bool, bool, str]:
     start = gradients_close(got, at_start)
     stepped = at_step is not None and gradients_close(got, at_step)
     if start and stepped:
@@ -240,9 +260,12 @@ def _describe(name: str, got: torch.Tensor, at_start: torch.Tensor, at_step: tor
     return name, False, False, detail
 
 
-def gradient_check(step: Callable[[], Any], reference: Callable[[], Any],
-                   models: torch.nn.Module | Iterable[torch.nn.Module] | Mapping[str, torch.nn.Module],
-                   optimizers: torch.optim.Optimizer | Any = ()) -> GradientCheck:
+def gradient_check(
+    step: Callable[[], Any],
+    reference: Callable[[], Any],
+    models: torch.nn.Module | Iterable[torch.nn.Module] | Mapping[str, torch.nn.Module],
+    optimizers: torch.optim.Optimizer | Any = (),
+) -> GradientCheck:
     """Run ``step`` (one training iteration, no arguments) twice, with the optimizers' own learning rates, the
     second time from the state the first left, and compare the gradients each model receives (its ``.grad`` when
     its optimizer's ``step()`` is called) with the reference's: ``reference()`` returns the loss each model should
@@ -270,8 +293,14 @@ def gradient_check(step: Callable[[], Any], reference: Callable[[], Any],
                 as_it_began = _Reference(reference, named)
                 at_start = as_it_began.gradients()
                 got, at_step, entry, error = _run_step(step, named, optimizers, as_it_began)
-                runs.append((error, tuple(_describe(name, got[name], at_start[name], at_step.get(name), entry[name])
-                                          for name in named)))
+                runs.append(
+                    (
+                        error,
+                        tuple(
+                            _describe(name, got[name], at_start[name], at_step.get(name), entry[name]) for name in named
+                        ),
+                    )
+                )
                 if error is not None:
                     break
     finally:
@@ -324,8 +353,11 @@ def _exercise_steps() -> tuple[torch.nn.Module, torch.optim.Optimizer, dict[str,
         penalty.backward(retain_graph=True)
         opt.step()
 
-    steps = {"adversarial_step": adversarial_step, "head_grad_step": head_grad_step,
-             "regularised_step": regularised_step}
+    steps = {
+        "adversarial_step": adversarial_step,
+        "head_grad_step": head_grad_step,
+        "regularised_step": regularised_step,
+    }
     return model, opt, steps
 
 
@@ -346,11 +378,15 @@ def _as_verdicts(name: str, value: object, count: int) -> tuple[str, ...] | None
     if any(item is Ellipsis for item in items):
         return None
     if len(items) != count:
-        raise ValueError(f"{name} has {count} retain_graph=True: give {count} verdict"
-                         f"{'s, in order, as a tuple' if count > 1 else ''}, not {len(items)}")
+        raise ValueError(
+            f"{name} has {count} retain_graph=True: give {count} verdict"
+            f"{'s, in order, as a tuple' if count > 1 else ''}, not {len(items)}"
+        )
     bad = [item for item in items if type(item) is not str or item.strip().lower() not in VERDICTS]
     if bad:
-        shown = repr(bad[0]) if isinstance(bad[0], (str, bool, int, float, type(None))) else f"a {type(bad[0]).__name__}"
+        shown = (
+            repr(bad[0]) if isinstance(bad[0], (str, bool, int, float, type(None))) else f"a {type(bad[0]).__name__}"
+        )
         raise ValueError(f"each verdict is the text 'needed' or 'can go'; {name} has {shown}")
     return tuple(item.strip().lower() for item in items)
 
@@ -362,35 +398,49 @@ def check_audit_predictions(predictions: Mapping[str, object]) -> CheckResult:
     Used by notebook 05_your_training_step.
     """
     if not isinstance(predictions, Mapping):
-        return CheckResult(False, f"Give a dict of step name -> verdict, not {type(predictions).__name__}.",
-                           "Fill in the dict in the cell: 'needed' or 'can go' for each retain_graph=True.")
+        return CheckResult(
+            False,
+            f"Give a dict of step name -> verdict, not {type(predictions).__name__}.",
+            "Fill in the dict in the cell: 'needed' or 'can go' for each retain_graph=True.",
+        )
     with torch.random.fork_rng(devices=[]):  # a check must not disturb the learner's random stream
         truth = _measured_verdicts()
     given = {name: predictions[name] for name in predictions}  # read once
     unknown = sorted(str(name) for name in given if name not in truth)
     if unknown:
-        return CheckResult(False, f"Unknown step name(s): {', '.join(unknown)}; the steps are "
-                                  f"{', '.join(truth)}.")
+        return CheckResult(False, f"Unknown step name(s): {', '.join(unknown)}; the steps are {', '.join(truth)}.")
     answers, missing = {}, []
     for name, verdicts in truth.items():
         try:
             answers[name] = _as_verdicts(name, given.get(name, ...), len(verdicts))
         except ValueError as problem:
-            return CheckResult(False, str(problem)[:1].upper() + str(problem)[1:] + ".",
-                               "Each prediction is 'needed' or 'can go' (regularised_step: a tuple of two, in the "
-                               "order of its retain_graph=True calls).")
+            return CheckResult(
+                False,
+                str(problem)[:1].upper() + str(problem)[1:] + ".",
+                "Each prediction is 'needed' or 'can go' (regularised_step: a tuple of two, in the "
+                "order of its retain_graph=True calls).",
+            )
         if answers[name] is None:
             missing.append(name)
     if missing:
-        return CheckResult(False, f"Fill in 'needed' or 'can go' for: {', '.join(missing)}.",
-                           "Replace each ... with 'needed' or 'can go'.")
-    wrong = [f"{name}" if len(verdicts) == 1 else f"{name} (retain {i + 1} of {len(verdicts)})"
-             for name, verdicts in truth.items() for i, verdict in enumerate(verdicts)
-             if answers[name][i] != verdict]
+        return CheckResult(
+            False,
+            f"Fill in 'needed' or 'can go' for: {', '.join(missing)}.",
+            "Replace each ... with 'needed' or 'can go'.",
+        )
+    wrong = [
+        f"{name}" if len(verdicts) == 1 else f"{name} (retain {i + 1} of {len(verdicts)})"
+        for name, verdicts in truth.items()
+        for i, verdict in enumerate(verdicts)
+        if answers[name][i] != verdict
+    ]
     total = sum(len(v) for v in truth.values())
     if wrong:
-        return CheckResult(False, f"{len(wrong)} of {total} verdicts differ from the audit's: {', '.join(wrong)}.",
-                           "For each retain, run the step in your head without it: does a later backward walk "
-                           "a node whose buffers this one freed? Then it raises. A backward frees only the buffers on "
-                           "the path it walks, and a new forward pass builds a new graph.")
+        return CheckResult(
+            False,
+            f"{len(wrong)} of {total} verdicts differ from the audit's: {', '.join(wrong)}.",
+            "For each retain, run the step in your head without it: does a later backward walk "
+            "a node whose buffers this one freed? Then it raises. A backward frees only the buffers on "
+            "the path it walks, and a new forward pass builds a new graph.",
+        )
     return CheckResult(True, f"All {total} verdicts match the audit's, measured just now.")

@@ -16,8 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from labdriver import (ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, INIT_SCRIPT, INSTALL_HINT, NOTEBOOKS, VIEWPORT, LabPage,
-                       LabServer, NotebookPages, slug)
+from labdriver import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    INIT_SCRIPT,
+    INSTALL_HINT,
+    NOTEBOOKS,
+    VIEWPORT,
+    LabPage,
+    LabServer,
+    NotebookPages,
+    slug,
+)
 
 # Nothing here is a notebook for nbval to collect; the notebooks under test are copied to a temp dir.
 collect_ignore_glob = ["*.ipynb"]
@@ -97,8 +108,10 @@ def playwright_api() -> Iterator[Any]:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        _need(False, "the playwright Python package is missing: run `make setup-test` "
-                     "(it installs requirements-test.txt).")
+        _need(
+            False,
+            "the playwright Python package is missing: run `make setup-test` (it installs requirements-test.txt).",
+        )
     manager = sync_playwright().start()
     yield manager
     manager.stop()
@@ -122,8 +135,9 @@ def browser(playwright_api: Any) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def lab_server(request: pytest.FixtureRequest, artifacts: Path, tmp_path_factory: pytest.TempPathFactory,
-               playwright_api: Any) -> LabServer:
+def lab_server(
+    request: pytest.FixtureRequest, artifacts: Path, tmp_path_factory: pytest.TempPathFactory, playwright_api: Any
+) -> LabServer:
     # playwright_api first: without a browser there is no point starting JupyterLab.
     server = LabServer(tmp_path_factory.mktemp("jupyterlab"))
     request.addfinalizer(server.stop)  # registered before start, so a half-started server is stopped too

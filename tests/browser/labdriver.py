@@ -30,8 +30,13 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 CHROMIUM = Path(os.environ.get("BT_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 TOKEN = "backward-twice-browser-tests"
 KERNEL_IDLE = "Python 3 (ipykernel) | Idle"
@@ -111,8 +116,9 @@ class NotebookFile:
         expression (so the drawing is the cell's result), or their committed outputs hold an SVG."""
         found = []
         for index in self.code_indices():
-            committed_svg = any("image/svg+xml" in output.get("data", {})
-                                for output in self.cells[index].get("outputs", []))
+            committed_svg = any(
+                "image/svg+xml" in output.get("data", {}) for output in self.cells[index].get("outputs", [])
+            )
             if committed_svg or self._shows_a_drawing(self.source(index)):
                 found.append(index)
         return found
@@ -133,7 +139,8 @@ class NotebookFile:
         try:
             calls = {
                 node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-                for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+                for node in ast.walk(ast.parse(source))
+                if isinstance(node, ast.Call)
             }
         except SyntaxError:
             calls = set(re.findall(r"\b(draw_graph|make_dot)\(", source))
@@ -141,8 +148,11 @@ class NotebookFile:
 
     def lab_cells(self) -> list[int]:
         """Code cells that build a BackwardLab panel and show it (their last statement is an expression)."""
-        return [i for i in self.code_indices()
-                if re.search(r"\bBackwardLab\(", self.source(i)) and self.ends_in_expression(self.source(i))]
+        return [
+            i
+            for i in self.code_indices()
+            if re.search(r"\bBackwardLab\(", self.source(i)) and self.ends_in_expression(self.source(i))
+        ]
 
 
 # -- the JupyterLab server ---------------------------------------------------------------------
@@ -168,9 +178,14 @@ class LabServer:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
-        for name, sub in [("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                          ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
-                          ("JUPYTERLAB_SETTINGS_DIR", "settings"), ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")]:
+        for name, sub in [
+            ("JUPYTER_CONFIG_DIR", "config"),
+            ("JUPYTER_DATA_DIR", "data"),
+            ("JUPYTER_RUNTIME_DIR", "runtime"),
+            ("IPYTHONDIR", "ipython"),
+            ("JUPYTERLAB_SETTINGS_DIR", "settings"),
+            ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
+        ]:
             (self.base / sub).mkdir(parents=True, exist_ok=True)
             env[name] = str(self.base / sub)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -182,7 +197,8 @@ class LabServer:
         folder = self.base / "settings" / "@jupyterlab" / "apputils-extension"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "notification.jupyterlab-settings").write_text(
-            json.dumps({"checkForUpdates": False, "fetchNews": "false"}), encoding="utf-8")
+            json.dumps({"checkForUpdates": False, "fetchNews": "false"}), encoding="utf-8"
+        )
 
     def start(self) -> None:
         shutil.copytree(NOTEBOOK_DIR, self.root_dir, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
@@ -192,15 +208,29 @@ class LabServer:
         for _attempt in range(3):  # the free port can be taken between choosing and binding it
             self.port = _free_port()
             command = [
-                sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
-                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-                f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={self.root_dir}",
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                "--allow-root",
+                "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.port={self.port}",
+                "--ServerApp.port_retries=0",
+                f"--IdentityProvider.token={TOKEN}",
+                f"--ServerApp.root_dir={self.root_dir}",
                 "--LabApp.expose_app_in_browser=True",
                 "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             ]
             with open(self.log_path, "ab") as log:
-                self.process = subprocess.Popen(command, cwd=self.base, env=env, start_new_session=True,
-                                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                self.process = subprocess.Popen(
+                    command,
+                    cwd=self.base,
+                    env=env,
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             if self._wait_ready(timeout=120):
                 return
             errors.append(f"port {self.port}: exit code {self.process.poll()}")
@@ -222,9 +252,12 @@ class LabServer:
         return False
 
     def api(self, method: str, path: str, timeout: float = 10) -> Any:
-        request = urllib.request.Request(self.url + path, method=method,
-                                         headers={"Authorization": f"token {TOKEN}"},
-                                         data=b"" if method in ("POST", "PUT", "PATCH") else None)
+        request = urllib.request.Request(
+            self.url + path,
+            method=method,
+            headers={"Authorization": f"token {TOKEN}"},
+            data=b"" if method in ("POST", "PUT", "PATCH") else None,
+        )
         return urllib.request.urlopen(request, timeout=timeout)
 
     def shutdown_sessions(self) -> None:
@@ -323,30 +356,41 @@ class LabPage:
         self.notebook = NotebookFile.read(notebook)
         self.path = notebook.name
         workspace = f"bt-{uuid.uuid4().hex[:12]}"
-        self.page.goto(f"{self.server.url}/lab/workspaces/{workspace}/tree/{self.path}?reset&token={TOKEN}",
-                       wait_until="domcontentloaded")
-        self.page.wait_for_function("(path) => !!(window.__bt && window.__bt.panel(path))", arg=self.path,
-                                    timeout=120_000)
+        self.page.goto(
+            f"{self.server.url}/lab/workspaces/{workspace}/tree/{self.path}?reset&token={TOKEN}",
+            wait_until="domcontentloaded",
+        )
+        self.page.wait_for_function(
+            "(path) => !!(window.__bt && window.__bt.panel(path))", arg=self.path, timeout=120_000
+        )
         self.page.wait_for_function(
             "(path) => { const w = window.__bt.panel(path); return w.context.isReady && w.sessionContext.isReady "
-            "&& w.content.widgets.length > 0; }", arg=self.path, timeout=120_000)
+            "&& w.content.widgets.length > 0; }",
+            arg=self.path,
+            timeout=120_000,
+        )
         # The toolbar's indicator says idle too early (a Run All sent then is lost); the status bar does not.
         self.wait_kernel_idle(timeout=120_000)
         return self.notebook
 
     def wait_kernel_idle(self, timeout: float = 60_000) -> None:
         self.page.wait_for_function(
-            "(idle) => window.__bt.statusText().includes(idle)", arg=KERNEL_IDLE, timeout=timeout)
+            "(idle) => window.__bt.statusText().includes(idle)", arg=KERNEL_IDLE, timeout=timeout
+        )
 
     def run_all(self, timeout: float = 300_000) -> None:
         """Clear every output (so each execution count proves a fresh run), Run All, wait for the kernel."""
         self.page.evaluate(
             "async (path) => { const w = window.__bt.panel(path); window.jupyterapp.shell.activateById(w.id);"
-            " await window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs'); }", self.path)
+            " await window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs'); }",
+            self.path,
+        )
         started = time.monotonic()
         self.page.evaluate(
             "async (path) => { window.jupyterapp.shell.activateById(window.__bt.panel(path).id);"
-            " return await window.jupyterapp.commands.execute('notebook:run-all-cells'); }", self.path)
+            " return await window.jupyterapp.commands.execute('notebook:run-all-cells'); }",
+            self.path,
+        )
         remaining = max(10_000, timeout - (time.monotonic() - started) * 1000)
         # Done when the kernel is idle and every code cell has run (outputs were cleared, so a count
         # proves this run), or Run All stopped at an error in a cell not tagged raises-exception.
@@ -369,7 +413,10 @@ class LabPage:
                     return false;
                 });
                 return ran || stopped;
-            }""", arg=[self.path, ERROR_TAG], timeout=remaining)
+            }""",
+            arg=[self.path, ERROR_TAG],
+            timeout=remaining,
+        )
         self.wait_kernel_idle()
         self.mark_cells()
 
@@ -377,7 +424,8 @@ class LabPage:
         """Give each cell's DOM node ``data-bt-cell=<index in the .ipynb>`` for stable locators."""
         self.page.evaluate(
             "(path) => window.__bt.panel(path).content.widgets.forEach((c, i) => c.node.setAttribute('data-bt-cell', i))",
-            self.path)
+            self.path,
+        )
 
     def cell_states(self) -> list[dict]:
         """Per cell (in notebook order): type, execution count, output types and error names, from the model."""
@@ -393,7 +441,9 @@ class LabPage:
                 }
                 return {index: i, type: c.model.type, count: c.model.type === 'code' ? c.model.executionCount : null,
                         outputs, source: c.model.sharedModel.getSource()};
-            })""", self.path)
+            })""",
+            self.path,
+        )
 
     def learner_view_problems(self) -> list[str]:
         """Soft findings about the page after Run All (see LEARNER_VIEW_JS)."""
@@ -408,7 +458,9 @@ class LabPage:
         assert self.notebook is not None, "open a notebook first"
         pattern = re.compile(cell_pattern, re.MULTILINE)
         cells = [i for i in self.notebook.code_indices() if pattern.search(self.notebook.source(i))]
-        assert len(cells) == 1, f"{self.notebook.name}: expected one cell matching {cell_pattern!r}, found cells {cells}"
+        assert len(cells) == 1, (
+            f"{self.notebook.name}: expected one cell matching {cell_pattern!r}, found cells {cells}"
+        )
         # Run All replaced the cell's outputs, so its output holds only the live view; .last guards
         # against a view of the saved widget state rendered next to it.
         panel = self.outputs(cells[0]).locator(f".{css}").last
@@ -435,7 +487,9 @@ class LabPage:
                 };
                 await future.done;
                 return {out, error};
-            }""", [self.path, code])
+            }""",
+            [self.path, code],
+        )
         if result["error"]:
             raise AssertionError(f"kernel code failed: {result['error']}\n{code}")
         return result["out"]
@@ -522,8 +576,10 @@ class NotebookPages:
             raise RuntimeError(f"Run All of {notebook.name} failed earlier in this session: {self.failed[notebook]}")
         page = self.context.new_page()
         self.console = []
-        page.on("console", lambda message: self.console.append(f"{message.type}: {message.text}")
-                if message.type == "error" else None)
+        page.on(
+            "console",
+            lambda message: self.console.append(f"{message.type}: {message.text}") if message.type == "error" else None,
+        )
         page.on("pageerror", lambda error: self.console.append(f"pageerror: {error}"))
         self.notebook, self.lab = notebook, LabPage(page, self.server, self.artifacts)
         try:
@@ -543,7 +599,7 @@ class NotebookPages:
         lines = list(self.console)
         try:
             self.lab.page.screenshot(path=str(failures / f"{name}.png"))
-        except Exception as exc:  # noqa: BLE001 - a failed screenshot must not hide the failure
+        except Exception as exc:
             lines.append(f"(failure screenshot failed: {exc})")
         (failures / f"{name}.console.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 

@@ -41,8 +41,10 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
 AXE_DIR = ROOT / "build" / "a11y-npm" / "node_modules" / "axe-core"
 AXE_LOCK = ROOT / "scripts" / "a11y" / "package-lock.json"
-AXE_HINT = ("Run `make a11y-for-tests` (part of `make test`): it installs the axe-core version pinned in "
-            "scripts/a11y/package-lock.json into build/a11y-npm/ with npm.")
+AXE_HINT = (
+    "Run `make a11y-for-tests` (part of `make test`): it installs the axe-core version pinned in "
+    "scripts/a11y/package-lock.json into build/a11y-npm/ with npm."
+)
 LIGHT, DARK = "JupyterLab Light", "JupyterLab Dark"
 THEME_SETTINGS = Path("settings") / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
 SERIOUS = ("serious", "critical")
@@ -132,15 +134,25 @@ def saved_copies(axe_installed: None, lab_server: LabServer) -> Iterator[dict[Pa
     for notebook in NOTEBOOKS:
         copies[notebook] = lab_server.root_dir / f"{PREFIX}{notebook.name}"
         shutil.copyfile(notebook, copies[notebook])
-    subprocess.run([sys.executable, "-m", "jupyter", "trust", *map(str, copies.values())],
-                   env=lab_server.environment(), check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "jupyter", "trust", *map(str, copies.values())],
+        env=lab_server.environment(),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     yield copies
     (lab_server.base / THEME_SETTINGS).unlink(missing_ok=True)  # the default theme for the tests after these
 
 
 @pytest.fixture(scope="module", params=NOTEBOOKS, ids=lambda path: path.stem)
-def saved_page(request: pytest.FixtureRequest, saved_copies: dict[Path, Path], browser_context: Any,
-               lab_server: LabServer, artifacts: Path) -> Iterator[tuple[LabPage, list[dict]]]:
+def saved_page(
+    request: pytest.FixtureRequest,
+    saved_copies: dict[Path, Path],
+    browser_context: Any,
+    lab_server: LabServer,
+    artifacts: Path,
+) -> Iterator[tuple[LabPage, list[dict]]]:
     """One notebook open as saved (no cell run), shared by its two tests; its course outputs marked."""
     page = browser_context.new_page()
     lab = LabPage(page, lab_server, artifacts)
@@ -167,11 +179,13 @@ def lab(request: pytest.FixtureRequest, saved_page: tuple[LabPage, list[dict]], 
 
 # -- helpers -----------------------------------------------------------------------------------
 def set_theme(lab: LabPage, theme: str) -> None:
-    lab.page.evaluate("async (theme) => { await window.jupyterapp.commands.execute('apputils:change-theme', "
-                      "{theme}); }", theme)
-    lab.page.wait_for_function("([name, light]) => document.body.dataset.jpThemeName === name "
-                               "&& document.body.dataset.jpThemeLight === light",
-                               arg=[theme, "false" if theme == DARK else "true"])
+    lab.page.evaluate(
+        "async (theme) => { await window.jupyterapp.commands.execute('apputils:change-theme', {theme}); }", theme
+    )
+    lab.page.wait_for_function(
+        "([name, light]) => document.body.dataset.jpThemeName === name && document.body.dataset.jpThemeLight === light",
+        arg=[theme, "false" if theme == DARK else "true"],
+    )
     lab.page.wait_for_timeout(300)  # the theme's stylesheet applied and painted
 
 
@@ -228,8 +242,11 @@ def error_box_markup() -> str:
 
     panel = Panel()
     panel.status = Panel._status_line("bt-status")
-    panel._show_error("RuntimeError: Trying to backward through the graph a second time (or directly access "
-                      "saved tensors after they have already been freed).", "the panel still works")
+    panel._show_error(
+        "RuntimeError: Trying to backward through the graph a second time (or directly access "
+        "saved tensors after they have already been freed).",
+        "the panel still works",
+    )
     return panel.status.value
 
 
@@ -237,21 +254,27 @@ def error_box_markup() -> str:
 def error_box_in_a_panel(lab: LabPage) -> Iterator[int | None]:
     """The error box put into the first panel's status line (restored after); its target number, or None
     when the notebook has no panel with a status line."""
-    target = lab.page.evaluate("""([selector, markup]) => {
+    target = lab.page.evaluate(
+        """([selector, markup]) => {
         const status = document.querySelector(selector);
         if (!status) return null;
         status.setAttribute('data-bt-saved-html', status.innerHTML);
         status.innerHTML = markup;
         const output = status.closest('[data-bt-target]');
         return output ? Number(output.getAttribute('data-bt-target')) : null;
-    }""", [STATUS_SELECTOR, error_box_markup()])
+    }""",
+        [STATUS_SELECTOR, error_box_markup()],
+    )
     try:
         yield target
     finally:
-        lab.page.evaluate("""(selector) => { const status = document.querySelector(selector);
+        lab.page.evaluate(
+            """(selector) => { const status = document.querySelector(selector);
             if (status && status.hasAttribute('data-bt-saved-html')) {
                 status.innerHTML = status.getAttribute('data-bt-saved-html');
-                status.removeAttribute('data-bt-saved-html'); } }""", STATUS_SELECTOR)
+                status.removeAttribute('data-bt-saved-html'); } }""",
+            STATUS_SELECTOR,
+        )
 
 
 def _channel(value: Any) -> Any:
@@ -286,7 +309,7 @@ def image_readability(png: bytes) -> tuple[list[float], float]:
 
     lum = luminance(png)
     height, width = lum.shape
-    corners = [float(lum[y:y + 5, x:x + 5].mean()) for y in (2, height - 7) for x in (2, width - 7)]
+    corners = [float(lum[y : y + 5, x : x + 5].mean()) for y in (2, height - 7) for x in (2, width - 7)]
     ink = float(np.percentile(lum, 0.5))
     return corners, contrast(float(np.median(corners)), ink)
 
@@ -299,14 +322,17 @@ def _describe(violations: list[dict]) -> str:
     lines = []
     for rule in violations:
         lines.append(f"{rule['impact']} {rule['id']}: {rule['help']} ({rule['helpUrl']})")
-        lines += [f"      {node['target']}: {node['html'][:160]}\n        {node['summary']}".rstrip()
-                  for node in rule["nodes"][:3]]
+        lines += [
+            f"      {node['target']}: {node['html'][:160]}\n        {node['summary']}".rstrip()
+            for node in rule["nodes"][:3]
+        ]
     return "\n    ".join(lines)
 
 
 # -- the tests -----------------------------------------------------------------------------------
 def test_axe_finds_no_serious_violations_in_the_course_outputs(
-        lab: LabPage, saved_page: tuple[LabPage, list[dict]], artifacts: Path) -> None:
+    lab: LabPage, saved_page: tuple[LabPage, list[dict]], artifacts: Path
+) -> None:
     ensure_axe(lab)
     set_theme(lab, LIGHT)
     number = lab.path.removeprefix(PREFIX)[:2]
@@ -330,12 +356,15 @@ def test_axe_finds_no_serious_violations_in_the_course_outputs(
         if target is not None:
             check({"target": target, "cell": "of the first panel", "kind": "error box"})
     (artifacts / f"axe-{number}.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
-    assert not problems, (f"axe-core found serious or critical violations in {lab.path} "
-                          f"(all findings: test-artifacts/browser/axe-{number}.json):\n  " + "\n  ".join(problems))
+    assert not problems, (
+        f"axe-core found serious or critical violations in {lab.path} "
+        f"(all findings: test-artifacts/browser/axe-{number}.json):\n  " + "\n  ".join(problems)
+    )
 
 
 def test_dark_theme_keeps_drawings_charts_and_panels_readable(
-        lab: LabPage, saved_page: tuple[LabPage, list[dict]], artifacts: Path) -> None:
+    lab: LabPage, saved_page: tuple[LabPage, list[dict]], artifacts: Path
+) -> None:
     ensure_axe(lab)
     number = lab.path.removeprefix(PREFIX)[:2]
     problems = []
@@ -348,7 +377,8 @@ def test_dark_theme_keeps_drawings_charts_and_panels_readable(
             return [r, g, b]; }""")
         page_luminance = float(luminance_of_rgb(background))
         assert page_luminance < 0.1, (
-            f"the dark theme did not apply: the notebook's background is rgb{tuple(background)}")
+            f"the dark theme did not apply: the notebook's background is rgb{tuple(background)}"
+        )
 
         for item in saved_page[1]:
             locator = lab.page.locator(f'[data-bt-target="{item["target"]}"]')
@@ -359,13 +389,17 @@ def test_dark_theme_keeps_drawings_charts_and_panels_readable(
                     png = image.screenshot(path=str(artifacts / f"{name}.png"))
                 corners, ink = image_readability(png)
                 if min(corners) < LIGHT_BACKGROUND:
-                    problems.append(f"{_where(lab.path, item)}: a corner is dark in the dark theme (luminance "
-                                    f"{', '.join(f'{c:.2f}' for c in corners)}; want >= {LIGHT_BACKGROUND}): the "
-                                    "page shows through the picture there (no light background of its own up to "
-                                    "its edges)")
+                    problems.append(
+                        f"{_where(lab.path, item)}: a corner is dark in the dark theme (luminance "
+                        f"{', '.join(f'{c:.2f}' for c in corners)}; want >= {LIGHT_BACKGROUND}): the "
+                        "page shows through the picture there (no light background of its own up to "
+                        "its edges)"
+                    )
                 if ink < MIN_CONTRAST:
-                    problems.append(f"{_where(lab.path, item)}: ink contrast {ink:.1f}:1 against its background "
-                                    f"(want >= {MIN_CONTRAST})")
+                    problems.append(
+                        f"{_where(lab.path, item)}: ink contrast {ink:.1f}:1 against its background "
+                        f"(want >= {MIN_CONTRAST})"
+                    )
                 continue
             with shown(lab, locator):
                 locator.screenshot(path=str(artifacts / f"{name}.png"))
@@ -382,10 +416,12 @@ def test_dark_theme_keeps_drawings_charts_and_panels_readable(
                     locator.screenshot(path=str(artifacts / f"dark-{number}-error-box.png"))
                     result = run_axe(lab, target, ["color-contrast"])
                 if result["violations"]:
-                    problems.append(f"{lab.path} a panel's error box, dark theme:\n"
-                                    f"    {_describe(result['violations'])}")
+                    problems.append(
+                        f"{lab.path} a panel's error box, dark theme:\n    {_describe(result['violations'])}"
+                    )
     finally:
         set_theme(lab, LIGHT)
-    assert not problems, (f"{lab.path} in JupyterLab's dark theme (screenshots: test-artifacts/browser/"
-                          f"dark-{number}-*.png):\n  " + "\n  ".join(problems))
-
+    assert not problems, (
+        f"{lab.path} in JupyterLab's dark theme (screenshots: test-artifacts/browser/"
+        f"dark-{number}-*.png):\n  " + "\n  ".join(problems)
+    )

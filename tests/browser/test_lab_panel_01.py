@@ -35,14 +35,17 @@ def open_lab(lab_page: LabPage) -> Any:
 
 
 def kernel_lab_state(lab_page: LabPage) -> dict:
-    code = ("import json as _json; print(_json.dumps({'graph_only_bytes': lab.meter.graph_only_bytes, "
-            "'backward_calls': lab.backward_calls, 'retain': lab.retain['loss'].value, "
-            "'last_error': lab.last_error}))")
+    code = (
+        "import json as _json; print(_json.dumps({'graph_only_bytes': lab.meter.graph_only_bytes, "
+        "'backward_calls': lab.backward_calls, 'retain': lab.retain['loss'].value, "
+        "'last_error': lab.last_error}))"
+    )
     return json.loads(lab_page.kernel_execute(code).strip().splitlines()[-1])
 
 
-def test_lab_01_backward_twice_by_clicking_then_latency(notebook_page: Callable[[Path], LabPage], expect: Any,
-                                                        report_in_summary: Any) -> None:
+def test_lab_01_backward_twice_by_clicking_then_latency(
+    notebook_page: Callable[[Path], LabPage], expect: Any, report_in_summary: Any
+) -> None:
     if not NOTEBOOK.exists():
         pytest.skip(f"{NOTEBOOK.name} is not in notebooks/")
     lab_page = notebook_page(NOTEBOOK)  # after Run All, shared with the Run All test of notebook 01
@@ -152,8 +155,10 @@ def measure_click_latency(lab_page: LabPage, panel: Any, expect: Any, report_in_
 
     # With retain_graph on, every click on loss.backward() adds one to "backward calls".
     lab_page.page.evaluate(LATENCY_PROBE_JS, [backward.element_handle(), calls.element_handle()])
-    kernel_idle = ("(path) => { const k = window.__bt.panel(path).sessionContext.session.kernel;"
-                   " return k && k.status === 'idle'; }")
+    kernel_idle = (
+        "(path) => { const k = window.__bt.panel(path).sessionContext.session.kernel;"
+        " return k && k.status === 'idle'; }"
+    )
     total = LATENCY_WARMUP + LATENCY_CLICKS
     started = time.monotonic()
     for click in range(1, total + 1):
@@ -190,5 +195,6 @@ def measure_click_latency(lab_page: LabPage, panel: Any, expect: Any, report_in_
         f"click -> counter update over {result['clicks']} clicks: median {result['median_ms']} ms, "
         f"p95 {result['p95_ms']} ms (target median < {LATENCY_TARGET_MS:.0f} ms: "
         f"{'met' if result['median_under_target'] else 'NOT met'}); load average {result['load_average_1min']}; "
-        "details in test-artifacts/browser/latency.json")
+        "details in test-artifacts/browser/latency.json"
+    )
     return result

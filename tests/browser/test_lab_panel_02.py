@@ -25,9 +25,11 @@ ITERATIONS = 4
 
 
 def kernel_lab_state(lab_page: LabPage) -> dict:
-    code = ("import json as _json; print(_json.dumps({'graph_only_bytes': lab.meter.graph_only_bytes, "
-            "'backward_calls': lab.backward_calls, 'retain': {k: v.value for k, v in lab.retain.items()}, "
-            "'kept': sum(len(losses) for losses in lab.kept), 'last_error': lab.last_error}))")
+    code = (
+        "import json as _json; print(_json.dumps({'graph_only_bytes': lab.meter.graph_only_bytes, "
+        "'backward_calls': lab.backward_calls, 'retain': {k: v.value for k, v in lab.retain.items()}, "
+        "'kept': sum(len(losses) for losses in lab.kept), 'last_error': lab.last_error}))"
+    )
     return json.loads(lab_page.kernel_execute(code).strip().splitlines()[-1])
 
 
@@ -104,8 +106,13 @@ def test_lab_02_two_losses_by_clicking(notebook_page: Callable[[Path], LabPage],
     # What is left is l1's head: l2's plain backward freed the trunk and its own head, never l1's.
     shown = byte_count(graph_only.inner_text())
     state = kernel_lab_state(lab_page)
-    assert state == {"graph_only_bytes": shown, "backward_calls": 2, "retain": {"l1": True, "l2": False},
-                     "kept": 0, "last_error": None}, state
+    assert state == {
+        "graph_only_bytes": shown,
+        "backward_calls": 2,
+        "retain": {"l1": True, "l2": False},
+        "kept": 0,
+        "last_error": None,
+    }, state
     assert 0 < shown < full_graph, f"graph-only bytes after both backward calls: {shown} (full graph {full_graph})"
     lab_page.screenshot_element(lab_page.cell(cell).locator(".jp-Cell-outputArea"), "02-lab-after-retain-l1")
 
@@ -122,12 +129,18 @@ def test_lab_02_two_losses_by_clicking(notebook_page: Callable[[Path], LabPage],
     expect(history_count).to_have_text(str(2 * ITERATIONS))  # two losses kept per iteration
     grown = byte_count(graph_only.inner_text())
     state = kernel_lab_state(lab_page)
-    assert state == {"graph_only_bytes": grown, "backward_calls": 2 + 2 * ITERATIONS,
-                     "retain": {"l1": True, "l2": True}, "kept": 2 * ITERATIONS, "last_error": None}, state
+    assert state == {
+        "graph_only_bytes": grown,
+        "backward_calls": 2 + 2 * ITERATIONS,
+        "retain": {"l1": True, "l2": True},
+        "kept": 2 * ITERATIONS,
+        "last_error": None,
+    }, state
     assert grown > shown, f"graph-only bytes did not grow: {shown} -> {grown}"
     assert grown >= ITERATIONS * full_graph, (
         f"{ITERATIONS} retained graphs kept in the history should hold at least {ITERATIONS} x {full_graph} B; "
-        f"the panel shows {grown} B")
+        f"the panel shows {grown} B"
+    )
     assert byte_count(panel.locator(".bt-value-peak-bytes").inner_text()) >= grown
     expect(lab_page.outputs(cell).locator("img").last).not_to_have_attribute("src", chart_before)
     lab_page.screenshot_element(lab_page.cell(cell).locator(".jp-Cell-outputArea"), "02-lab-after-run-iterations")

@@ -29,17 +29,22 @@ ORDER_BUTTON = {True: "before g_loss.backward()", False: "after g_loss.backward(
 
 
 def kernel_lab_state(lab_page: LabPage) -> dict:
-    code = ("import json as _json, dataclasses as _dc; _c = lab.last_check; print(_json.dumps({"
-            "'settings': _dc.asdict(lab.settings), 'outcome': _c and _c.outcome, "
-            "'error_kind': _c and _c.error_kind, 'last_error': lab.last_error}))")
+    code = (
+        "import json as _json, dataclasses as _dc; _c = lab.last_check; print(_json.dumps({"
+        "'settings': _dc.asdict(lab.settings), 'outcome': _c and _c.outcome, "
+        "'error_kind': _c and _c.error_kind, 'last_error': lab.last_error}))"
+    )
     return json.loads(lab_page.kernel_execute(code).strip().splitlines()[-1])
 
 
 def set_switches(panel: Any, expect: Any, settings: StepSettings) -> None:
     """Click the switches to ``settings`` (only those that differ), then wait until the code the panel
     shows, which the kernel writes on every switch change, is that combination's step."""
-    for css, value in (("bt-gan-retain", settings.retain_graph), ("bt-gan-detach", settings.detach),
-                       ("bt-gan-fresh-pass", settings.fresh_pass)):
+    for css, value in (
+        ("bt-gan-retain", settings.retain_graph),
+        ("bt-gan-detach", settings.detach),
+        ("bt-gan-fresh-pass", settings.fresh_pass),
+    ):
         panel.locator(f".{css} input[type=checkbox]").set_checked(value)
     order = panel.locator(".bt-gan-order button", has_text=ORDER_BUTTON[settings.d_step_first])
     order.click()
@@ -109,6 +114,7 @@ def test_lab_03_gan_switches_by_clicking(notebook_page: Callable[[Path], LabPage
     assert state["outcome"] == "error", state
     panel.locator(".bt-gan-run-all").click()
     expect(panel.locator(".bt-gan-status")).to_have_text(
-        "Status: Tried all 16: 8 raise, 5 are silently wrong, 3 are correct.")
+        "Status: Tried all 16: 8 raise, 5 are silently wrong, 3 are correct."
+    )
     expect(panel.locator(".bt-gan-summary tr")).to_have_count(17)  # a header and one row per combination
     shoot("03-gan-lab-after-try-all")

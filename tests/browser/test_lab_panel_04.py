@@ -23,8 +23,10 @@ LAB_CELL = r"^lab\s*=\s*bt\.CarriedLab\("
 
 
 def kernel_lab_state(lab_page: LabPage) -> dict:
-    code = ("import json as _json; print(_json.dumps({'nodes': lab.nodes, 'bytes': lab.graph_only_bytes, "
-            "'outcome': lab.outcome, 'toggles': [lab.detach.value, lab.retain.value, lab.step.value]}))")
+    code = (
+        "import json as _json; print(_json.dumps({'nodes': lab.nodes, 'bytes': lab.graph_only_bytes, "
+        "'outcome': lab.outcome, 'toggles': [lab.detach.value, lab.retain.value, lab.step.value]}))"
+    )
     return json.loads(lab_page.kernel_execute(code).strip().splitlines()[-1])
 
 
@@ -35,8 +37,9 @@ def test_lab_04_carried_state_by_clicking(notebook_page: Callable[[Path], LabPag
     panel, cell = lab_page.live_panel(LAB_CELL, "bt-carried-lab")
     status, loop = panel.locator(".bt-status"), panel.locator(".bt-loop")
     toggles = {name: panel.locator(f".bt-{name} input[type=checkbox]") for name in ("detach", "retain", "step")}
-    values = {key: panel.locator(f".bt-value-{key}") for key in ("iteration", "nodes", "graph-only-bytes",
-                                                                  "backward-ms")}
+    values = {
+        key: panel.locator(f".bt-value-{key}") for key in ("iteration", "nodes", "graph-only-bytes", "backward-ms")
+    }
     reset, run = panel.locator(".bt-reset"), panel.locator(".bt-run")
     iterations = panel.locator(".bt-iterations input")
 

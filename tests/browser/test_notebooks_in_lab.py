@@ -36,7 +36,8 @@ def test_every_notebook_is_found() -> None:
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
 def test_run_all_shows_no_unexpected_errors_and_renders_graphs_and_panels(
-        notebook_page: Callable[[Path], LabPage], notebook: Path) -> None:
+    notebook_page: Callable[[Path], LabPage], notebook: Path
+) -> None:
     # Opened and run here (the first test of each notebook); its panel tests then click in this page.
     lab_page = notebook_page(notebook)
     nb = lab_page.notebook
@@ -58,14 +59,18 @@ def test_run_all_shows_no_unexpected_errors_and_renders_graphs_and_panels(
         errors = [o for o in state["outputs"] if o["type"] == "error"]
         if errors and ERROR_TAG not in nb.tags(index):
             first = errors[0]
-            problems.append(f"{where(state)} shows an error but is not tagged {ERROR_TAG}: "
-                            f"{first['ename']}: {first['evalue']}\n    source: {state['source'][:200]!r}")
+            problems.append(
+                f"{where(state)} shows an error but is not tagged {ERROR_TAG}: "
+                f"{first['ename']}: {first['evalue']}\n    source: {state['source'][:200]!r}"
+            )
         # The page shows one output area child per output in the model: indices line up.
         rendered = lab_page.output_children(index).count()
         if rendered != len(state["outputs"]):
             problems.append(f"{where(state)}: {len(state['outputs'])} outputs in the model, {rendered} in the page")
     if never_ran:
-        problems.append(f"{len(never_ran)} code cells never ran (Run All stopped before them): cells {', '.join(never_ran)}")
+        problems.append(
+            f"{len(never_ran)} code cells never ran (Run All stopped before them): cells {', '.join(never_ran)}"
+        )
     assert not problems, f"{notebook.name} after Run All:\n  " + "\n  ".join(problems)
 
     # Graph drawings: an image (SVG) in the output of every cell that draws and shows a graph.
@@ -75,7 +80,8 @@ def test_run_all_shows_no_unexpected_errors_and_renders_graphs_and_panels(
         image = output.evaluate(GRAPH_IMAGE_JS)
         assert image is not None, f"{notebook.name} cell {index} draws a graph but shows no SVG image"
         assert image["width"] > 50 and image["height"] > 50, (
-            f"{notebook.name} cell {index}: the graph image did not render ({image})")
+            f"{notebook.name} cell {index}: the graph image did not render ({image})"
+        )
 
     # Widget panels: every widget output rendered as a widget, never as "Error displaying widget".
     page_text = lab_page.page.evaluate("() => document.body.textContent")
@@ -86,7 +92,8 @@ def test_run_all_shows_no_unexpected_errors_and_renders_graphs_and_panels(
                 continue
             child = lab_page.output_children(state["index"]).nth(position)
             assert child.locator(".jupyter-widgets").count() > 0, (
-                f"{notebook.name} {where(state)}: widget output {position} rendered no widget")
+                f"{notebook.name} {where(state)}: widget output {position} rendered no widget"
+            )
     for index in nb.lab_cells():
         panels = lab_page.outputs(index).locator(".bt-lab")
         assert panels.count() >= 1, f"{notebook.name} cell {index} builds a BackwardLab but shows no panel"
@@ -96,7 +103,9 @@ def test_run_all_shows_no_unexpected_errors_and_renders_graphs_and_panels(
         panel.scroll_into_view_if_needed()
         assert panel.is_visible(), f"{notebook.name}: widget panel {number} is not visible"
         box = panel.bounding_box()
-        assert box and box["width"] > 200 and box["height"] > 100, f"{notebook.name}: panel {number} is collapsed: {box}"
+        assert box and box["width"] > 200 and box["height"] > 100, (
+            f"{notebook.name}: panel {number} is collapsed: {box}"
+        )
 
     # Soft findings, reported as warnings in pytest's summary without failing the run.
     for finding in lab_page.learner_view_problems():

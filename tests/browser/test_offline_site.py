@@ -43,11 +43,16 @@ class OfflinePage:
         self.blocked: list[str] = []
         self.errors: list[str] = []
         self.page = context.new_page()
-        self.page.on("request", lambda request: None if request.url.startswith(LOCAL)
-                     else self.blocked.append(request.url))
+        self.page.on(
+            "request", lambda request: None if request.url.startswith(LOCAL) else self.blocked.append(request.url)
+        )
         self.page.on("websocket", lambda socket: self.blocked.append(socket.url))
-        self.page.on("console", lambda message: self.errors.append(f"console {message.type}: {message.text}")
-                     if message.type == "error" else None)
+        self.page.on(
+            "console",
+            lambda message: (
+                self.errors.append(f"console {message.type}: {message.text}") if message.type == "error" else None
+            ),
+        )
         self.page.on("pageerror", lambda error: self.errors.append(f"pageerror: {error}"))
 
     def open(self, path: Path) -> Any:
@@ -87,8 +92,9 @@ def offline_page(request: pytest.FixtureRequest, offline_context: Any, artifacts
         try:
             page.page.screenshot(path=str(failures / f"{slug(request.node.name)}.png"), full_page=False)
         finally:
-            (failures / f"{slug(request.node.name)}.txt").write_text("\n".join(page.errors + page.blocked) + "\n",
-                                                                       encoding="utf-8")
+            (failures / f"{slug(request.node.name)}.txt").write_text(
+                "\n".join(page.errors + page.blocked) + "\n", encoding="utf-8"
+            )
     page.page.close()
 
 
@@ -97,8 +103,12 @@ def expected_widgets(notebook: Path) -> tuple[int, Counter, list[str]]:
     (walking each view's children in the saved state), and the CSS classes of the displayed panels."""
     nb = json.loads(notebook.read_text(encoding="utf-8"))
     state = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    views = [output["data"][WIDGET_VIEW]["model_id"] for cell in nb["cells"] for output in cell.get("outputs", [])
-             if WIDGET_VIEW in output.get("data", {})]
+    views = [
+        output["data"][WIDGET_VIEW]["model_id"]
+        for cell in nb["cells"]
+        for output in cell.get("outputs", [])
+        if WIDGET_VIEW in output.get("data", {})
+    ]
     buttons: Counter = Counter()
     classes: list[str] = []
 
@@ -119,9 +129,12 @@ def expected_widgets(notebook: Path) -> tuple[int, Counter, list[str]]:
 
 def image_outputs(notebook: Path) -> int:
     nb = json.loads(notebook.read_text(encoding="utf-8"))
-    return sum(1 for cell in nb["cells"] for output in cell.get("outputs", [])
-               if any(mime in output.get("data", {}) for mime in IMAGE_MIMES)
-               and WIDGET_VIEW not in output.get("data", {}))
+    return sum(
+        1
+        for cell in nb["cells"]
+        for output in cell.get("outputs", [])
+        if any(mime in output.get("data", {}) for mime in IMAGE_MIMES) and WIDGET_VIEW not in output.get("data", {})
+    )
 
 
 def test_every_notebook_is_found() -> None:
@@ -129,8 +142,9 @@ def test_every_notebook_is_found() -> None:
 
 
 @pytest.mark.parametrize("name", [path.stem for path in NOTEBOOKS])
-def test_notebook_page_shows_images_and_panels_offline(site: Path, offline_page: OfflinePage, offline_context: Any,
-                                                       name: str) -> None:
+def test_notebook_page_shows_images_and_panels_offline(
+    site: Path, offline_page: OfflinePage, offline_context: Any, name: str
+) -> None:
     notebook = ROOT / "notebooks" / f"{name}.ipynb"
     views, buttons, classes = expected_widgets(notebook)
     page = offline_page.open(site / f"{name}.html")
@@ -138,14 +152,16 @@ def test_notebook_page_shows_images_and_panels_offline(site: Path, offline_page:
     # The embed bundle renders on the load event: each view becomes a .widget-subarea.
     if views:
         page.wait_for_function("(n) => document.querySelectorAll('.widget-subarea').length >= n", arg=views)
-        page.wait_for_function("() => Array.from(document.querySelectorAll('.widget-subarea'))"
-                               ".every((area) => area.childElementCount > 0)")
+        page.wait_for_function(
+            "() => Array.from(document.querySelectorAll('.widget-subarea')).every((area) => area.childElementCount > 0)"
+        )
     assert page.locator(".widget-subarea").count() == views, f"{name}: not every widget view was rendered"
     for css in classes:
         panel = page.locator(f".widget-subarea .{css}").first
         box = panel.bounding_box() if panel.count() else None
-        assert box and box["width"] > 0 and box["height"] > 0, \
+        assert box and box["width"] > 0 and box["height"] > 0, (
             f"{name}: the panel .{css} is not rendered (or has no size)"
+        )
     shown = Counter(page.evaluate(BUTTONS_JS))
     missing = buttons - shown
     assert not missing, f"{name}: panel buttons not rendered: {dict(missing)} (rendered: {dict(shown)})"
@@ -160,8 +176,9 @@ def test_notebook_page_shows_images_and_panels_offline(site: Path, offline_page:
     assert not attempted, f"{name}: requests to other hosts: {attempted}"
 
 
-def test_index_and_chinese_pages_load_without_any_request(site: Path, offline_page: OfflinePage,
-                                                          offline_context: Any) -> None:
+def test_index_and_chinese_pages_load_without_any_request(
+    site: Path, offline_page: OfflinePage, offline_context: Any
+) -> None:
     others = [site / "index.html", *sorted((site / "zh").glob("*.html")), *sorted(site.glob("glossary.html"))]
     for path in others:
         page = offline_page.open(path)

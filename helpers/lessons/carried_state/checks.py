@@ -28,8 +28,13 @@ from helpers.carried import find_carried_graph
 from helpers.checks import CheckResult, Rejected, checked, flat, run_answer
 from helpers.display import format_bytes
 from helpers.learner import known_names
-from helpers.lessons.carried_state.loop_watch import (LoopWatch, gradient_norm, is_norm_clipping, reads_data,
-                                                      scale_down_to)
+from helpers.lessons.carried_state.loop_watch import (
+    LoopWatch,
+    gradient_norm,
+    is_norm_clipping,
+    reads_data,
+    scale_down_to,
+)
 from helpers.measure import gradients_close
 from helpers.meter import SavedTensorMeter
 
@@ -40,6 +45,7 @@ _LR = 0.1
 
 
 # -- exercise 1: name the carried tensor ------------------------------------------------------------
+
 
 def _referenced(step: Callable[[], Any], kind: type) -> list[Any]:
     """The objects of ``kind`` that ``step`` knows by name (its closure, the globals it reads), each once."""
@@ -70,30 +76,38 @@ def check_carried_names(answers: Mapping[Callable[[], Any], str | None]) -> Chec
     Used by notebook 04_carried_state.
     """
     if not isinstance(answers, Mapping) or not answers:
-        return CheckResult(False, "Pass a dict: {snippet_1: \"name\", snippet_2: None, ...}, one entry per snippet.")
+        return CheckResult(False, 'Pass a dict: {snippet_1: "name", snippet_2: None, ...}, one entry per snippet.')
     wrong = []
     for step, answer in answers.items():
         if not callable(step) or not hasattr(step, "__code__"):
             return CheckResult(False, f"The keys must be the snippet functions themselves; got {step!r}.")
         if answer is not None and not isinstance(answer, str):
             return CheckResult(False, f"{step.__name__}: answer with a name as a string, or None; got {answer!r}.")
-        report = find_carried_graph(step, models=_referenced(step, torch.nn.Module),
-                                    optimizers=_referenced(step, torch.optim.Optimizer))
+        report = find_carried_graph(
+            step, models=_referenced(step, torch.nn.Module), optimizers=_referenced(step, torch.optim.Optimizer)
+        )
         names = sorted({f.name for f in report.findings if f.name is not None})
         if answer is None and report.found:
             wrong.append(f"{step.__name__}: something does carry a graph into the next iteration.")
         elif answer is not None and not report.found:
-            wrong.append(f"{step.__name__}: nothing carries a graph across its iterations; {answer} is rebuilt "
-                         f"or detached in time.")
+            wrong.append(
+                f"{step.__name__}: nothing carries a graph across its iterations; {answer} is rebuilt "
+                f"or detached in time."
+            )
         elif answer is not None and not any(_matches(answer, n) for n in names):
             wrong.append(f"{step.__name__}: not {answer}.")
     if wrong:
-        return CheckResult(False, " ".join(wrong), "Look for a tensor that survives the end of an iteration and "
-                                                   "is used by the next one, and that was built with a graph.")
+        return CheckResult(
+            False,
+            " ".join(wrong),
+            "Look for a tensor that survives the end of an iteration and "
+            "is used by the next one, and that was built with a graph.",
+        )
     return CheckResult(True, f"all {len(answers)} snippets named; find_carried_graph agrees on each.")
 
 
 # -- the loops' own models and data -----------------------------------------------------------------
+
 
 class _TinyCharRNN(torch.nn.Module):
     """The checks' own character model, with the notebook's interface: ``forward(chars, h) -> (logits, h)``."""
@@ -125,11 +139,12 @@ class _EncoderHead(torch.nn.Module):
 def _char_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(4)
     stream = torch.randint(0, 12, (33, 3), generator=generator)
-    return [(stream[i:i + 8], stream[i + 1:i + 9]) for i in range(0, 32, 8)]
+    return [(stream[i : i + 8], stream[i + 1 : i + 9]) for i in range(0, 32, 8)]
 
 
-def _chunk_loss(model: torch.nn.Module, h: torch.Tensor, inputs: torch.Tensor,
-                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_loss(
+    model: torch.nn.Module, h: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     logits, h = model(inputs, h)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten()), h
 
@@ -144,10 +159,19 @@ def _state(model: torch.nn.Module) -> torch.Tensor:
 
 
 Reference = Callable[..., None]  # reference(model, optimizer, before_step=None): a loop the check runs itself
-def _judge_loop(call: Callable[[torch.nn.Module, torch.optim.Optimizer], Any], make_model: Callable[[], torch.nn.Module],
-                references: Mapping[str, Reference], steps: int, unit: tuple[str, str],
-                counted: Callable[[torch.nn.Module], torch.nn.Module], what_runs: str,
-                hint_error: str, hint_wrong: str) -> list[str]:
+
+
+def _judge_loop(
+    call: Callable[[torch.nn.Module, torch.optim.Optimizer], Any],
+    make_model: Callable[[], torch.nn.Module],
+    references: Mapping[str, Reference],
+    steps: int,
+    unit: tuple[str, str],
+    counted: Callable[[torch.nn.Module], torch.nn.Module],
+    what_runs: str,
+    hint_error: str,
+    hint_wrong: str,
+) -> list[str]:
     """Run ``call`` (the learner's loop) twice on a model from ``make_model``, ``.grad`` pre-filled, watched by a
     :class:`LoopWatch`; compare its parameters after each call with ``references["right"]`` run the same way,
     and with the right loop clipped to the learner's gradient norms, naming the wrong reference it matches
@@ -173,8 +197,11 @@ def _judge_loop(call: Callable[[torch.nn.Module, torch.optim.Optimizer], Any], m
         with meter, watch.watching():
             run_answer(call, model, optimizer, who="your loop", hint=hint_error, where=where)
         if len(watch.held) != steps:
-            raise Rejected(f"optimizer.step() ran {len(watch.held)} times; one step per {unit[0]} is {steps}.",
-                           f"Call optimizer.step() once per {unit[0]}, after its backward.", where)
+            raise Rejected(
+                f"optimizer.step() ran {len(watch.held)} times; one step per {unit[0]} is {steps}.",
+                f"Call optimizer.step() once per {unit[0]}, after its backward.",
+                where,
+            )
         for name, reference in references.items():
             reference(runs[name], optimizers[name])
         norms += watch.norms
@@ -186,39 +213,54 @@ def _judge_loop(call: Callable[[torch.nn.Module, torch.optim.Optimizer], Any], m
         references["right"](runs["clipped"], optimizers["clipped"], before_step=clip_as_the_learner)
         got = _state(model)
         right = gradients_close(got, _state(runs["right"]))
-        clipped = (not right and is_norm_clipping(norms, unclipped)
-                   and gradients_close(got, _state(runs["clipped"])))
+        clipped = not right and is_norm_clipping(norms, unclipped) and gradients_close(got, _state(runs["clipped"]))
         if right or clipped:
             if held := max(watch.held):
                 at = next(i for i, b in enumerate(watch.held, start=1) if b)
                 if watch.retained_bytes:
-                    raise Rejected(f"when optimizer.step() ran at {unit[0]} {at}, graphs still held "
-                                   f"{format_bytes(held)} of saved buffers: a backward with retain_graph=True keeps "
-                                   "them, and no later backward goes through them.",
-                                   "Let each backward free its graph.", where)
-                raise Rejected(f"when optimizer.step() ran at {unit[0]} {at}, graphs still held {format_bytes(held)} "
-                               "of saved buffers that no backward had freed: a graph no backward went through (a "
-                               "second forward, kept in a variable?) or one a backward retained was still alive.",
-                               "Compute what you only log under torch.no_grad(), or from the loss with .item().", where)
+                    raise Rejected(
+                        f"when optimizer.step() ran at {unit[0]} {at}, graphs still held "
+                        f"{format_bytes(held)} of saved buffers: a backward with retain_graph=True keeps "
+                        "them, and no later backward goes through them.",
+                        "Let each backward free its graph.",
+                        where,
+                    )
+                raise Rejected(
+                    f"when optimizer.step() ran at {unit[0]} {at}, graphs still held {format_bytes(held)} "
+                    "of saved buffers that no backward had freed: a graph no backward went through (a "
+                    "second forward, kept in a variable?) or one a backward retained was still alive.",
+                    "Compute what you only log under torch.no_grad(), or from the loss with .item().",
+                    where,
+                )
             if any(watch.earlier_alive):
                 at = watch.earlier_alive.index(True) + 1
-                raise Rejected(f"when optimizer.step() ran at {unit[0]} {at}, the graph of an earlier {unit[0]}'s loss "
-                               "was still alive: your loop still holds that loss tensor (in a list?), or a tensor "
-                               "computed from it, and with it that graph's nodes (backward() freed its buffers, not "
-                               "its nodes).", "For a log, keep numbers: loss.item().", where)
+                raise Rejected(
+                    f"when optimizer.step() ran at {unit[0]} {at}, the graph of an earlier {unit[0]}'s loss "
+                    "was still alive: your loop still holds that loss tensor (in a list?), or a tensor "
+                    "computed from it, and with it that graph's nodes (backward() freed its buffers, not "
+                    "its nodes).",
+                    "For a log, keep numbers: loss.item().",
+                    where,
+                )
             if clipped:
-                notes["clipped"] = ("You also clip the gradient's norm, a common guard for recurrent networks: your "
-                                    "parameters are the right loop's with each step's gradient scaled down to the "
-                                    "norm yours had.")
+                notes["clipped"] = (
+                    "You also clip the gradient's norm, a common guard for recurrent networks: your "
+                    "parameters are the right loop's with each step's gradient scaled down to the "
+                    "norm yours had."
+                )
             if watch.retained_bytes:
                 kept = max(watch.retained_bytes)
-                notes["retained"] = ("retain_graph=True was not needed: no later backward goes through those graphs"
-                                     + (f", and it left up to {format_bytes(kept)} of buffers alive after a backward "
-                                        "until your loop dropped the graph, where a plain backward frees them at once."
-                                        if kept else "."))
+                notes["retained"] = "retain_graph=True was not needed: no later backward goes through those graphs" + (
+                    f", and it left up to {format_bytes(kept)} of buffers alive after a backward "
+                    "until your loop dropped the graph, where a plain backward frees them at once."
+                    if kept
+                    else "."
+                )
             if watch.runs > steps:
-                notes["runs"] = (f"Your loop ran {what_runs} {watch.runs} times in {steps} {unit[1]}: one run per "
-                                 f"{unit[0]} gives the same parameters, so the others only add their cost.")
+                notes["runs"] = (
+                    f"Your loop ran {what_runs} {watch.runs} times in {steps} {unit[1]}: one run per "
+                    f"{unit[0]} gives the same parameters, so the others only add their cost."
+                )
             continue
         if gradients_close(got, before):
             raise Rejected("the parameters did not change: no gradient reached them.", hint_wrong, where)
@@ -227,24 +269,26 @@ def _judge_loop(call: Callable[[torch.nn.Module, torch.optim.Optimizer], Any], m
                 raise Rejected(message, _MISTAKE_HINTS.get(name, hint_wrong), where)
         raise Rejected("after your loop the parameters differ from those of the right loop.", hint_wrong, where)
     if reads_data(call):
-        notes["data"] = ("Your code reads .data, which works here as .detach() would; prefer .detach(): a tensor "
-                         "taken with .data has a version counter of its own, so autograd cannot catch an in-place "
-                         "change to it.")
+        notes["data"] = (
+            "Your code reads .data, which works here as .detach() would; prefer .detach(): a tensor "
+            "taken with .data has a version counter of its own, so autograd cannot catch an in-place "
+            "change to it."
+        )
     return [notes[key] for key in ("clipped", "retained", "runs", "data") if key in notes]
 
 
 _MISTAKES = {
     "no zero_grad": "the parameters are those of a loop that never zeroes .grad: each step used the sum of every "
-                    "earlier step's gradients, and what .grad held before the loop.",
+    "earlier step's gradients, and what .grad held before the loop.",
     "zero after step": "the parameters are those of a loop that zeroes .grad only after its step: the first "
-                       "step used what .grad held before the loop.",
+    "step used what .grad held before the loop.",
     "h from zeros": "the parameters are those of a loop that starts each batch from h = zeros: truncated BPTT "
-                    "carries h's values into the next batch and cuts only its graph.",
+    "carries h's values into the next batch and cuts only its graph.",
     "features once, retained": "the parameters are those of a loop that backpropagates every step through the "
-                               "features computed once, before the first step: the encoder's gradient comes from "
-                               "its first weights' graph every time.",
+    "features computed once, before the first step: the encoder's gradient comes from "
+    "its first weights' graph every time.",
     "encoder frozen": "the parameters are those of a loop in which model.encoder never trains: its weights did "
-                      "not change, since the features were cut from its graph; the encoder is meant to train.",
+    "not change, since the features were cut from its graph; the encoder is meant to train.",
 }
 
 
@@ -260,8 +304,14 @@ def _passed(message: str, notes: Sequence[str]) -> CheckResult:
 
 # -- exercise 2: truncated BPTT ---------------------------------------------------------------------
 
-def _finish_step(index: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 before_step: Callable[[int, torch.nn.Module], None] | None, mistake: str | None) -> None:
+
+def _finish_step(
+    index: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    before_step: Callable[[int, torch.nn.Module], None] | None,
+    mistake: str | None,
+) -> None:
     """How every reference batch ends: the check's look before the step, the step, and the 'zero after step'
     mistake."""
     if before_step is not None:
@@ -272,8 +322,11 @@ def _finish_step(index: int, model: torch.nn.Module, optimizer: torch.optim.Opti
 
 
 def _bptt_reference(mistake: str | None) -> Reference:
-    def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-              before_step: Callable[[int, torch.nn.Module], None] | None = None) -> None:
+    def train(
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        before_step: Callable[[int, torch.nn.Module], None] | None = None,
+    ) -> None:
         h = torch.zeros(3, 10)
         for index, (inputs, targets) in enumerate(_char_batches()):
             h = torch.zeros(3, 10) if mistake == "h from zeros" else h.detach()
@@ -282,6 +335,7 @@ def _bptt_reference(mistake: str | None) -> Reference:
                 optimizer.zero_grad()
             loss.backward()
             _finish_step(index, model, optimizer, before_step, mistake)
+
     return train
 
 
@@ -293,18 +347,30 @@ def check_truncated_bptt(train_truncated: Callable[..., Any]) -> CheckResult:
 
     Used by notebook 04_carried_state.
     """
-    references = {name: _bptt_reference(None if name == "right" else name)
-                  for name in ("right", "no zero_grad", "zero after step", "h from zeros")}
-    notes = _judge_loop(lambda model, optimizer: train_truncated(model, optimizer, _char_batches(), torch.zeros(3, 10)),
-                        _TinyCharRNN, references, steps=4, unit=("batch", "batches"), counted=lambda model: model,
-                        what_runs="the model",
-                        hint_error="h still carries the previous batch's graph: cut it at the start of each batch.",
-                        hint_wrong="Each batch: h = h.detach(), forward, zero_grad, backward, step.")
-    return _passed("each batch starts from the last one's h, cut from its graph, and no graph's buffers were "
-                   "alive at any optimizer.step().", notes)
+    references = {
+        name: _bptt_reference(None if name == "right" else name)
+        for name in ("right", "no zero_grad", "zero after step", "h from zeros")
+    }
+    notes = _judge_loop(
+        lambda model, optimizer: train_truncated(model, optimizer, _char_batches(), torch.zeros(3, 10)),
+        _TinyCharRNN,
+        references,
+        steps=4,
+        unit=("batch", "batches"),
+        counted=lambda model: model,
+        what_runs="the model",
+        hint_error="h still carries the previous batch's graph: cut it at the start of each batch.",
+        hint_wrong="Each batch: h = h.detach(), forward, zero_grad, backward, step.",
+    )
+    return _passed(
+        "each batch starts from the last one's h, cut from its graph, and no graph's buffers were "
+        "alive at any optimizer.step().",
+        notes,
+    )
 
 
 # -- exercise 3: a tensor computed before the loop ---------------------------------------------------
+
 
 def _classifier_data() -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(5)
@@ -312,8 +378,11 @@ def _classifier_data() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _classifier_reference(mistake: str | None) -> Reference:
-    def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-              before_step: Callable[[int, torch.nn.Module], None] | None = None) -> None:
+    def train(
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        before_step: Callable[[int, torch.nn.Module], None] | None = None,
+    ) -> None:
         inputs, labels = _classifier_data()
         features = model.encoder(inputs)
         for index in range(4):
@@ -324,6 +393,7 @@ def _classifier_reference(mistake: str | None) -> Reference:
             loss = F.cross_entropy(model.head(features.detach() if mistake == "encoder frozen" else features), labels)
             loss.backward(retain_graph=mistake == "features once, retained")
             _finish_step(index, model, optimizer, before_step, mistake)
+
     return train
 
 
@@ -335,13 +405,23 @@ def check_precomputed_fix(train_classifier: Callable[..., Any]) -> CheckResult:
 
     Used by notebook 04_carried_state.
     """
-    references = {name: _classifier_reference(None if name == "right" else name)
-                  for name in ("right", "encoder frozen", "features once, retained", "no zero_grad", "zero after step")}
-    notes = _judge_loop(lambda model, optimizer: train_classifier(model, optimizer, *_classifier_data(), 4),
-                        _EncoderHead, references, steps=4, unit=("step", "steps"), counted=lambda model: model.encoder,
-                        what_runs="model.encoder",
-                        hint_error="The features are computed once, so every step backpropagates through the same "
-                                   "graph.",
-                        hint_wrong="Compute the features from model.encoder inside the loop, every step.")
-    return _passed("the features are rebuilt every step, so each backward goes through this step's graph only, "
-                   "and the encoder trains.", notes)
+    references = {
+        name: _classifier_reference(None if name == "right" else name)
+        for name in ("right", "encoder frozen", "features once, retained", "no zero_grad", "zero after step")
+    }
+    notes = _judge_loop(
+        lambda model, optimizer: train_classifier(model, optimizer, *_classifier_data(), 4),
+        _EncoderHead,
+        references,
+        steps=4,
+        unit=("step", "steps"),
+        counted=lambda model: model.encoder,
+        what_runs="model.encoder",
+        hint_error="The features are computed once, so every step backpropagates through the same graph.",
+        hint_wrong="Compute the features from model.encoder inside the loop, every step.",
+    )
+    return _passed(
+        "the features are rebuilt every step, so each backward goes through this step's graph only, "
+        "and the encoder trains.",
+        notes,
+    )

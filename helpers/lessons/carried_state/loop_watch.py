@@ -80,8 +80,13 @@ class LoopWatch:
     times the module ``counted`` ran.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meter: SavedTensorMeter,
-                 counted: torch.nn.Module) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        meter: SavedTensorMeter,
+        counted: torch.nn.Module,
+    ) -> None:
         self.meter, self.counted, self._model, self._optimizer = meter, counted, model, optimizer
         self.clear()
 

@@ -65,24 +65,38 @@ class CarriedLab(Panel):
     Used by notebook 04_carried_state.
     """
 
-    def __init__(self, chunk_loss: ChunkLoss, model: torch.nn.Module,
-                 batches: Sequence[tuple[torch.Tensor, torch.Tensor]], hidden_size: int,
-                 iterations: int = 10, title: str = "Carried state lab") -> None:
+    def __init__(
+        self,
+        chunk_loss: ChunkLoss,
+        model: torch.nn.Module,
+        batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        hidden_size: int,
+        iterations: int = 10,
+        title: str = "Carried state lab",
+    ) -> None:
         if not callable(chunk_loss):
-            raise TypeError(f"CarriedLab needs a function chunk_loss(model, h, inputs, targets) -> (loss, h), "
-                            f"not {type(chunk_loss).__name__}.")
+            raise TypeError(
+                f"CarriedLab needs a function chunk_loss(model, h, inputs, targets) -> (loss, h), "
+                f"not {type(chunk_loss).__name__}."
+            )
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"CarriedLab(model=...) takes a torch.nn.Module, not {type(model).__name__}.")
-        if not isinstance(batches, Sequence) or not batches or not all(
+        if (
+            not isinstance(batches, Sequence)
+            or not batches
+            or not all(
                 isinstance(b, (tuple, list)) and len(b) == 2 and all(isinstance(t, torch.Tensor) for t in b)
-                for b in batches):
+                for b in batches
+            )
+        ):
             raise TypeError("CarriedLab(batches=...) takes a non-empty list of (inputs, targets) tensor pairs.")
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
             raise ValueError(f"CarriedLab(hidden_size=...) must be a positive whole number, not {hidden_size!r}.")
         inputs = batches[0][0]
         if inputs.dim() < 2:
-            raise ValueError(f"CarriedLab: each batch's inputs must be (steps, batch, ...), got shape "
-                             f"{tuple(inputs.shape)}.")
+            raise ValueError(
+                f"CarriedLab: each batch's inputs must be (steps, batch, ...), got shape {tuple(inputs.shape)}."
+            )
         self._chunk_loss, self._model, self._batches = chunk_loss, model, list(batches)
         self._h0 = torch.zeros(inputs.shape[1], hidden_size)
         self._build_widgets(title, iterations)
@@ -91,37 +105,61 @@ class CarriedLab(Panel):
 
     # -- widgets ---------------------------------------------------------------------------
     def _build_widgets(self, title: str, iterations: int) -> None:
-        self.detach = self._checkbox("h = h.detach() before each chunk", "Cut the graph at the batch boundary: "
-                                     "truncated backpropagation through time", "bt-detach",
-                                     on_change=self._show_loop)
-        self.retain = self._checkbox("loss.backward(retain_graph=True)", "Keep every buffer the backward goes "
-                                     "through, instead of freeing it", "bt-retain", on_change=self._show_loop)
-        self.step = self._checkbox("optimizer.step()", "Update the weights in place after each backward",
-                                   "bt-step", value=True, on_change=self._show_loop)
+        self.detach = self._checkbox(
+            "h = h.detach() before each chunk",
+            "Cut the graph at the batch boundary: truncated backpropagation through time",
+            "bt-detach",
+            on_change=self._show_loop,
+        )
+        self.retain = self._checkbox(
+            "loss.backward(retain_graph=True)",
+            "Keep every buffer the backward goes through, instead of freeing it",
+            "bt-retain",
+            on_change=self._show_loop,
+        )
+        self.step = self._checkbox(
+            "optimizer.step()",
+            "Update the weights in place after each backward",
+            "bt-step",
+            value=True,
+            on_change=self._show_loop,
+        )
         self.iterations = self._iterations_box(iterations, 200, "How many iterations one press of Run runs")
-        self.run_button = self._button("Run", "Run that many iterations, continuing from the last one",
-                                       "bt-run", lambda: self.run(self.iterations.value))
-        self.reset_button = self._button("Reset", "Start again: fresh copies of the model, h = zeros, "
-                                         "first batch", "bt-reset", self.reset)
+        self.run_button = self._button(
+            "Run",
+            "Run that many iterations, continuing from the last one",
+            "bt-run",
+            lambda: self.run(self.iterations.value),
+        )
+        self.reset_button = self._button(
+            "Reset", "Start again: fresh copies of the model, h = zeros, first batch", "bt-reset", self.reset
+        )
         self.loop = widgets.HTML()
         self.loop.add_class("bt-loop")
-        self.values, figures = self._figure_rows([
-            ("iteration", "iterations run", "Iterations that finished since the last reset"),
-            ("nodes", "nodes walked", "Autograd nodes reachable from the last loss: what its backward walks"),
-            ("graph-only-bytes", "graph-only bytes", "Saved bytes only graphs keep alive after the last "
-                                                     "iteration (the meter, on the counted copy)"),
-            ("backward-ms", "backward ms", "The last backward's milliseconds (the timed copy, without the "
-                                           "meter)"),
-        ], css="bt-value")
+        self.values, figures = self._figure_rows(
+            [
+                ("iteration", "iterations run", "Iterations that finished since the last reset"),
+                ("nodes", "nodes walked", "Autograd nodes reachable from the last loss: what its backward walks"),
+                (
+                    "graph-only-bytes",
+                    "graph-only bytes",
+                    "Saved bytes only graphs keep alive after the last iteration (the meter, on the counted copy)",
+                ),
+                ("backward-ms", "backward ms", "The last backward's milliseconds (the timed copy, without the meter)"),
+            ],
+            css="bt-value",
+        )
         self.status = self._status_line("bt-status")
-        self.panel = widgets.VBox([
-            widgets.HTML(f"<b>{title}</b>"),
-            widgets.HBox([self.detach, self.retain, self.step]),
-            self.loop,
-            widgets.HBox([self.iterations, self.run_button, self.reset_button]),
-            figures,
-            self.status,
-        ])
+        self.panel = widgets.VBox(
+            [
+                widgets.HTML(f"<b>{title}</b>"),
+                widgets.HBox([self.detach, self.retain, self.step]),
+                self.loop,
+                widgets.HBox([self.iterations, self.run_button, self.reset_button]),
+                figures,
+                self.status,
+            ]
+        )
         self.panel.add_class("bt-carried-lab")
         self._show_loop()
 
@@ -129,8 +167,11 @@ class CarriedLab(Panel):
         lines = ["for inputs, targets in batches:"]
         if self.detach.value:
             lines.append("    h = h.detach()")
-        lines += ["    loss, h = chunk_loss(model, h, inputs, targets)", "    optimizer.zero_grad()",
-                  f"    loss.backward({'retain_graph=True' if self.retain.value else ''})"]
+        lines += [
+            "    loss, h = chunk_loss(model, h, inputs, targets)",
+            "    optimizer.zero_grad()",
+            f"    loss.backward({'retain_graph=True' if self.retain.value else ''})",
+        ]
         if self.step.value:
             lines.append("    optimizer.step()")
         self.loop.value = "<pre style='margin:2px 0'>" + "\n".join(lines) + "</pre>"
@@ -184,7 +225,7 @@ class CarriedLab(Panel):
                 try:
                     self._iteration(self.counted, inputs, targets, counted=True)
                 except RuntimeError as exc:
-                    del self.nodes[number - 1:]
+                    del self.nodes[number - 1 :]
                     raise RuntimeError(f"iteration {number}: {exc}") from exc
                 self._iteration(self.timed, inputs, targets, counted=False)
         finally:
@@ -196,7 +237,7 @@ class CarriedLab(Panel):
         self._update_chart()
 
     def _refresh(self, message: str = "", error: str | None = None) -> None:
-        last = (lambda values, text: text(values[-1]) if values else "-")
+        last = lambda values, text: text(values[-1]) if values else "-"
         self.values["iteration"].value = str(len(self.backward_ms))
         self.values["nodes"].value = last(self.nodes, str)
         self.values["graph-only-bytes"].value = last(self.graph_only_bytes, exact_bytes)
@@ -205,7 +246,7 @@ class CarriedLab(Panel):
 
     @property
     def outcome(self) -> str:
-        """"ran N iterations" since the last reset, or the iteration that failed and the error's kind."""
+        """ "ran N iterations" since the last reset, or the iteration that failed and the error's kind."""
         if self.last_error is None:
             return f"ran {len(self.backward_ms)} iterations"
         return f"iteration {len(self.backward_ms) + 1}: {error_kind(self.last_error)}"
@@ -214,8 +255,11 @@ class CarriedLab(Panel):
     def chart_figure(self) -> PngFigure:
         """Nodes walked, graph-only KiB and backward ms per iteration, side by side."""
         figure = PngFigure(figsize=(9, 2.5), dpi=90)
-        series = [(self.nodes, "nodes walked by backward"), ([b / 1024 for b in self.graph_only_bytes],
-                  "graph-only KiB (meter)"), (self.backward_ms, "backward ms (no meter)")]
+        series = [
+            (self.nodes, "nodes walked by backward"),
+            ([b / 1024 for b in self.graph_only_bytes], "graph-only KiB (meter)"),
+            (self.backward_ms, "backward ms (no meter)"),
+        ]
         for axes, (values, label) in zip(figure.subplots(1, 3), series):
             axes.plot(range(1, len(values) + 1), values, marker="o", markersize=3)
             style_count_axes(axes, label, "iteration", title_size=10)

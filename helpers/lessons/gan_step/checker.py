@@ -123,8 +123,14 @@ class StepCheck:
             if check is None:
                 rows.append([NETWORK_NAMES[key], "-", "-", "not computed: the step raised"])
                 continue
-            rows.append([NETWORK_NAMES[key], f"{check.max_difference:.2e}", f"{check.relative_error:.2%}",
-                         "matches" if check.matches else "WRONG"])
+            rows.append(
+                [
+                    NETWORK_NAMES[key],
+                    f"{check.max_difference:.2e}",
+                    f"{check.relative_error:.2%}",
+                    "matches" if check.matches else "WRONG",
+                ]
+            )
         return Table(["network", "max |grad - reference|", "relative error", "verdict"], rows)
 
     def __repr__(self) -> str:
@@ -133,10 +139,12 @@ class StepCheck:
     def _repr_html_(self) -> str:
         colour = {"error": "#b00020", "silently wrong": "#b00020", "correct": "#1b5e20"}[self.outcome]
         mark = "✓" if self.outcome == "correct" else "✗"
-        return (f"<div style='border:2px solid {colour};padding:6px;margin:4px 0;background:#ffffff;color:#1f1f1f'>"
-                f"<b style='color:{colour}'>{mark} {html.escape(self.verdict)}</b>"
-                f"<div style='font-size:90%'>{html.escape(self.name)}</div>"
-                f"{self.table()._repr_html_()}</div>")
+        return (
+            f"<div style='border:2px solid {colour};padding:6px;margin:4px 0;background:#ffffff;color:#1f1f1f'>"
+            f"<b style='color:{colour}'>{mark} {html.escape(self.verdict)}</b>"
+            f"<div style='font-size:90%'>{html.escape(self.name)}</div>"
+            f"{self.table()._repr_html_()}</div>"
+        )
 
 
 def _bytes_or_dash(n: int | None, dash: str = "-") -> str:
@@ -148,11 +156,13 @@ def _by_name(params: Mapping[str, torch.Tensor], grads: Sequence[torch.Tensor | 
     return {n: torch.zeros_like(p) if g is None else g.detach() for (n, p), g in zip(params.items(), grads)}
 
 
-def _network_check(network: str, grads: Mapping[str, torch.Tensor | None],
-                   reference: Mapping[str, torch.Tensor]) -> NetworkCheck:
+def _network_check(
+    network: str, grads: Mapping[str, torch.Tensor | None], reference: Mapping[str, torch.Tensor]
+) -> NetworkCheck:
     match = compare_gradients(grads, reference)
-    return NetworkCheck(network, match.max_difference, match.relative_error, match.close, match.bit_equal,
-                        match.missing)
+    return NetworkCheck(
+        network, match.max_difference, match.relative_error, match.close, match.bit_equal, match.missing
+    )
 
 
 def _scalar_loss(value: Any, what: str) -> torch.Tensor:
@@ -202,8 +212,10 @@ class GanStepChecker:
             own = {id(p) for p in module.parameters()}
             held = [p for group in optimizer.param_groups for p in group["params"]]
             if not held or any(id(p) not in own for p in held):
-                raise ValueError(f"GanStepChecker: {name} must hold only the parameters of "
-                                 f"{'netG' if name == 'optimizerG' else 'netD'}.")
+                raise ValueError(
+                    f"GanStepChecker: {name} must hold only the parameters of "
+                    f"{'netG' if name == 'optimizerG' else 'netD'}."
+                )
             if any("lr" not in group for group in optimizer.param_groups):
                 raise ValueError(f"GanStepChecker: {name} has no learning rate to set to 0.")
         for name, tensor in (("real", real), ("z", z)):
@@ -261,11 +273,24 @@ class GanStepChecker:
         self._run(step, meter=meter, held=held)
         networks = {key: _network_check(key, recorded[key], self.reference[key]) for key in ("D", "G")}
         outcome: Outcome = "correct" if all(c.matches for c in networks.values()) else "silently wrong"
-        return StepCheck(name, outcome, None, networks, meter.peak_graph_only_bytes, held[0] if held else None,
-                         seconds, calls, forwards, recorded)
+        return StepCheck(
+            name,
+            outcome,
+            None,
+            networks,
+            meter.peak_graph_only_bytes,
+            held[0] if held else None,
+            seconds,
+            calls,
+            forwards,
+            recorded,
+        )
 
     def _run(
-        self, step: Step, meter: SavedTensorMeter | None, held: list[int] | None = None,
+        self,
+        step: Step,
+        meter: SavedTensorMeter | None,
+        held: list[int] | None = None,
     ) -> tuple[dict[str, dict[str, torch.Tensor | None]], dict[str, int], str | None, float, int]:
         recorded: dict[str, dict[str, torch.Tensor | None]] = {}
         calls = {"D": 0, "G": 0}
@@ -281,15 +306,18 @@ class GanStepChecker:
                     recorded[key] = gradients_of(module)
                     if key == "D" and meter is not None and held is not None:
                         held.append(meter.graph_only_bytes)
+
             return hook
 
         error: str | None = None
         with self.frozen():
             self.netG.zero_grad(set_to_none=True)
             self.netD.zero_grad(set_to_none=True)
-            handles = [self.optimizerD.register_step_pre_hook(recorder("D", self.netD)),
-                       self.optimizerG.register_step_pre_hook(recorder("G", self.netG)),
-                       self.netD.register_forward_hook(count_forward)]
+            handles = [
+                self.optimizerD.register_step_pre_hook(recorder("D", self.netD)),
+                self.optimizerG.register_step_pre_hook(recorder("G", self.netG)),
+                self.netD.register_forward_hook(count_forward),
+            ]
             start = time.perf_counter()
             try:
                 with meter if meter is not None else contextlib.nullcontext():
@@ -337,12 +365,15 @@ class GanStepChecker:
                 self.netG.zero_grad(set_to_none=True)
                 self.netD.zero_grad(set_to_none=True)
                 allocated[key] = profiler_peak_bytes(lambda step=steps[key]: step(*self._args()))
-            times = time_round_robin({key: lambda step=steps[key]: step(*self._args()) for key in runnable}, rounds,
-                                     progress=progress)
+            times = time_round_robin(
+                {key: lambda step=steps[key]: step(*self._args()) for key in runnable}, rounds, progress=progress
+            )
         medians = {key: statistics.median(values) for key, values in times.items()}
         if progress:
-            print(f"Checked {len(steps)} steps against the reference gradients; timed {len(runnable)} "
-                  f"of them over {rounds} rounds.")
+            print(
+                f"Checked {len(steps)} steps against the reference gradients; timed {len(runnable)} "
+                f"of them over {rounds} rounds."
+            )
         return StepComparison(reference, checks, medians, allocated, rounds)
 
 
@@ -379,11 +410,17 @@ class StepComparison:
         columns += ["peak graph-only (meter)"] + (["peak allocated (profiler)"] if timing else [])
         rows = []
         for name, check in self.checks.items():
-            row = [name, check.outcome if check.outcome != "error" else f"error ({check.error_kind})",
-                   *(check.networks[key].describe() if key in check.networks else "-" for key in ("D", "G"))]
+            row = [
+                name,
+                check.outcome if check.outcome != "error" else f"error ({check.error_kind})",
+                *(check.networks[key].describe() if key in check.networks else "-" for key in ("D", "G")),
+            ]
             seconds, ratio = self.seconds_per_step.get(name), self.time_ratio(name)
             if timing:
-                row += ["-" if seconds is None else f"{seconds * 1e3:.2f} ms", "-" if ratio is None else f"{ratio:.2f}x"]
+                row += [
+                    "-" if seconds is None else f"{seconds * 1e3:.2f} ms",
+                    "-" if ratio is None else f"{ratio:.2f}x",
+                ]
             row.append(_bytes_or_dash(check.peak_graph_only_bytes))
             if timing:
                 row.append(format_bytes(self.profiler_peak_bytes[name]) if name in self.profiler_peak_bytes else "-")

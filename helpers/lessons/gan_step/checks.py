@@ -90,6 +90,7 @@ def _run_three_calls(checker: GanStepChecker, step: Step) -> list[_StepCall]:
             def recorder(key: str) -> Callable[..., None]:
                 def hook(*_: Any) -> None:
                     received[key].append(gradients_of(modules[key]))
+
                 return hook
 
             entry = {key: gradients_of(module) for key, module in modules.items()}
@@ -101,7 +102,7 @@ def _run_three_calls(checker: GanStepChecker, step: Step) -> list[_StepCall]:
                     step(*checker._args())
             except KeyboardInterrupt:
                 raise
-            except BaseException as exc:  # noqa: BLE001 - a learner's bug is a verdict, not a crash
+            except BaseException as exc:
                 error = exc
             finally:
                 for handle in handles:
@@ -114,8 +115,12 @@ def _run_three_calls(checker: GanStepChecker, step: Step) -> list[_StepCall]:
 
 
 def _flat(grads: Mapping[str, torch.Tensor | None], like: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return torch.cat([(grads.get(name) if grads.get(name) is not None else torch.zeros_like(ref)).reshape(-1)
-                      for name, ref in like.items()])
+    return torch.cat(
+        [
+            (grads.get(name) if grads.get(name) is not None else torch.zeros_like(ref)).reshape(-1)
+            for name, ref in like.items()
+        ]
+    )
 
 
 def _cross_reference(checker: GanStepChecker) -> dict[str, dict[str, torch.Tensor]]:
@@ -139,8 +144,12 @@ def _combination(d_times: int, g_times: int) -> str:
     return " + ".join(f"{'' if times == 1 else f'{times} × '}{loss}" for loss, times in counted if times)
 
 
-def _what_was_received(key: str, got: Mapping[str, torch.Tensor | None], reference: Mapping[str, torch.Tensor],
-                       cross: Mapping[str, torch.Tensor]) -> tuple[str, str] | None:
+def _what_was_received(
+    key: str,
+    got: Mapping[str, torch.Tensor | None],
+    reference: Mapping[str, torch.Tensor],
+    cross: Mapping[str, torch.Tensor],
+) -> tuple[str, str] | None:
     """Name the wrong gradient a network's optimizer received on a first call, if it is a simple one.
 
     Returns ``(kind, sentence)``, kind one of ``'empty'``, ``'zero'``, ``'repeated'``, ``'other loss'``,
@@ -148,21 +157,27 @@ def _what_was_received(key: str, got: Mapping[str, torch.Tensor | None], referen
     """
     network = f"{key}'s optimizer"
     if all(value is None for value in got.values()):
-        return "empty", (f"{network} found no gradient at all: {key}'s .grad was empty (None) when "
-                         f"{_OPTIMIZER[key]}.step() ran.")
+        return "empty", (
+            f"{network} found no gradient at all: {key}'s .grad was empty (None) when {_OPTIMIZER[key]}.step() ran."
+        )
     flat, own, other = _flat(got, reference), _flat(reference, reference), _flat(cross, reference)
     if not bool(flat.abs().max() > 0):
-        return "zero", (f"{network} received a zero gradient: {key}'s .grad held only zeros when "
-                        f"{_OPTIMIZER[key]}.step() ran.")
+        return "zero", (
+            f"{network} received a zero gradient: {key}'s .grad held only zeros when {_OPTIMIZER[key]}.step() ran."
+        )
     for own_times, other_times in itertools.product(range(4), range(3)):
-        if (own_times, other_times) in ((0, 0), (1, 0)) or not gradients_close(flat, own_times * own + other_times * other):
+        if (own_times, other_times) in ((0, 0), (1, 0)) or not gradients_close(
+            flat, own_times * own + other_times * other
+        ):
             continue
         d_times, g_times = (own_times, other_times) if key == "D" else (other_times, own_times)
         text = f"{network} received the gradient of {_combination(d_times, g_times)}"
         if other_times == 0:
-            return "repeated", (f"{text}: {own_times} times {_OWN_LOSS[key]}'s, as {own_times} backward passes of "
-                                f"{_OWN_LOSS[key]} into {key} give (a retain_graph=True lets a second backward add the "
-                                f"same gradient again), or one pass of {own_times} × {_OWN_LOSS[key]}.")
+            return "repeated", (
+                f"{text}: {own_times} times {_OWN_LOSS[key]}'s, as {own_times} backward passes of "
+                f"{_OWN_LOSS[key]} into {key} give (a retain_graph=True lets a second backward add the "
+                f"same gradient again), or one pass of {own_times} × {_OWN_LOSS[key]}."
+            )
         if own_times == 0:
             return "other loss", f"{text} instead of {_OWN_LOSS[key]}'s."
         return "both losses", f"{text}, not of {_OWN_LOSS[key]} alone."
@@ -171,13 +186,17 @@ def _what_was_received(key: str, got: Mapping[str, torch.Tensor | None], referen
 
 def _first_call_hint(kinds: set[str]) -> str:
     if kinds & {"empty", "zero"}:
-        return ("A network's .grad is filled by a backward whose path reaches its parameters (no .detach() on the "
-                "way, and listed in inputs= if you pass it); call its optimizer's step() after that backward, and "
-                "clear .grad only before it.")
+        return (
+            "A network's .grad is filled by a backward whose path reaches its parameters (no .detach() on the "
+            "way, and listed in inputs= if you pass it); call its optimizer's step() after that backward, and "
+            "clear .grad only before it."
+        )
     if kinds == {"repeated"}:
         return "Backpropagate each loss, unscaled, into each network once per step."
-    return ("D's gradient must come from d_loss alone (fake term on fake.detach() or through inputs=), G's from "
-            "g_loss alone. Is a backward adding into the other network's .grad?")
+    return (
+        "D's gradient must come from d_loss alone (fake term on fake.detach() or through inputs=), G's from "
+        "g_loss alone. Is a backward adding into the other network's .grad?"
+    )
 
 
 def _step_call_problem(counts: Mapping[str, int], before: str = "") -> str | None:
@@ -194,8 +213,9 @@ def _step_call_problem(counts: Mapping[str, int], before: str = "") -> str | Non
     return f"{before}{sentence}" if before else sentence[0].upper() + sentence[1:]
 
 
-def _later_call_problem(call: _StepCall, index: int, previous: _StepCall | None,
-                        reference: Mapping[str, Mapping[str, torch.Tensor]]) -> tuple[str, str] | None:
+def _later_call_problem(
+    call: _StepCall, index: int, previous: _StepCall | None, reference: Mapping[str, Mapping[str, torch.Tensor]]
+) -> tuple[str, str] | None:
     """Message and hint when an optimizer got a wrong gradient on one of the calls after the first (see ``_CALLS``)."""
     leftover, unexplained = [], []
     for key in ("D", "G"):
@@ -208,33 +228,52 @@ def _later_call_problem(call: _StepCall, index: int, previous: _StepCall | None,
             leftover.append(key)
         else:
             unexplained.append(key)
-    fix = ("Clear each network's .grad at the start of the step, before its backward: net.zero_grad() or "
-           "optimizer.zero_grad().")
+    fix = (
+        "Clear each network's .grad at the start of the step, before its backward: net.zero_grad() or "
+        "optimizer.zero_grad()."
+    )
     if leftover:
         who, whose = " and ".join(leftover), " and ".join(f"{key}'s" for key in leftover)
         optimizers = f"{whose} optimizer{'s' if len(leftover) > 1 else ''}"
         if index == 1:
-            twice = all(gradients_close(_flat(call.entry[key], reference[key]), _flat(reference[key], reference[key]))
-                        for key in leftover)
-            what = ("twice the reference gradient, the sum of two steps' gradients" if twice else
-                    "the reference gradient plus what the first call left in .grad")
-            return (f"Right on a first call, but on the second call in a row {optimizers} received {what}: "
-                    f"nothing cleared {whose} .grad before the backward, so from the second iteration on "
-                    f"{who} would train on the sum of earlier losses.", fix)
+            twice = all(
+                gradients_close(_flat(call.entry[key], reference[key]), _flat(reference[key], reference[key]))
+                for key in leftover
+            )
+            what = (
+                "twice the reference gradient, the sum of two steps' gradients"
+                if twice
+                else "the reference gradient plus what the first call left in .grad"
+            )
+            return (
+                f"Right on a first call, but on the second call in a row {optimizers} received {what}: "
+                f"nothing cleared {whose} .grad before the backward, so from the second iteration on "
+                f"{who} would train on the sum of earlier losses.",
+                fix,
+            )
         cleared_at_end = previous is not None and all(
             all(value is None or not bool(value.abs().max() > 0) for value in previous.final[key].values())
-            for key in leftover)
-        how = ("your step clears .grad after using it, not before its backward" if cleared_at_end else
-               f"nothing cleared {whose} .grad before the backward")
-        return ("Right from empty .grad and twice in a row, but when .grad already holds values as the step begins "
-                "(left by other code: a gradient penalty, an evaluation backward, an earlier cell), "
-                f"{optimizers} received them added to the reference gradient: {how}.", fix)
+            for key in leftover
+        )
+        how = (
+            "your step clears .grad after using it, not before its backward"
+            if cleared_at_end
+            else f"nothing cleared {whose} .grad before the backward"
+        )
+        return (
+            "Right from empty .grad and twice in a row, but when .grad already holds values as the step begins "
+            "(left by other code: a gradient penalty, an evaluation backward, an earlier cell), "
+            f"{optimizers} received them added to the reference gradient: {how}.",
+            fix,
+        )
     if unexplained:
         whose = " and ".join(f"{key}'s" for key in unexplained)
         optimizers = f"{whose} optimizer{'s' if len(unexplained) > 1 else ''}"
-        return (f"Right on a first call, but called {'again ' if index == 0 else ''}{_CALLS[index]}, {optimizers} "
-                "received a wrong gradient.",
-                "A step must hand each optimizer the same gradient whatever .grad held and whatever ran before it.")
+        return (
+            f"Right on a first call, but called {'again ' if index == 0 else ''}{_CALLS[index]}, {optimizers} "
+            "received a wrong gradient.",
+            "A step must hand each optimizer the same gradient whatever .grad held and whatever ran before it.",
+        )
     return None
 
 
@@ -251,15 +290,15 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
         result = checker.check(step)
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # noqa: BLE001 - a learner's bug is a verdict, not a crash
+    except BaseException as exc:
         return CheckResult(False, f"Your step raised {_first_line(exc)}")
     if result.outcome == "error":
         hint = {
             "in-place modification": "optimizerD.step() changed D's weights in place while a graph still needed "
-                                     "the old ones: compute every gradient that needs D's current weights before "
-                                     "D's step.",
+            "the old ones: compute every gradient that needs D's current weights before "
+            "D's step.",
             "backward a second time": "A second backward went through buffers the first one freed. Which graph "
-                                      "does g_loss need?",
+            "does g_loss need?",
         }.get(result.error_kind or "", "")
         return CheckResult(False, f"Your step raised {(result.error or '').split(' Hint:')[0]}", hint)
     problem = _step_call_problem(result.step_calls)
@@ -267,8 +306,11 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
         return CheckResult(False, problem)
     if result.outcome == "silently wrong":
         cross = _cross_reference(checker)
-        found = [_what_was_received(key, result.gradients[key], checker.reference[key], cross[key])
-                 for key in ("D", "G") if not result.networks[key].matches]
+        found = [
+            _what_was_received(key, result.gradients[key], checker.reference[key], cross[key])
+            for key in ("D", "G")
+            if not result.networks[key].matches
+        ]
         explained = [pair for pair in found if pair is not None]
         message = " ".join([result.verdict, *(text for _, text in explained)])
         return CheckResult(False, message, _first_call_hint({kind for kind, _ in explained}))
@@ -277,8 +319,9 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
         when = f"called {'again ' if index == 0 else ''}{_CALLS[index]}"
         if call.error is not None:
             return CheckResult(False, f"Right on a first call, but {when} your step raised {_first_line(call.error)}")
-        problem = _step_call_problem({key: len(got) for key, got in call.received.items()},
-                                     f"Right on a first call, but {when} ")
+        problem = _step_call_problem(
+            {key: len(got) for key, got in call.received.items()}, f"Right on a first call, but {when} "
+        )
         if problem:
             return CheckResult(False, problem)
         later = _later_call_problem(call, index, calls[index - 1] if index else None, checker.reference)
@@ -287,20 +330,28 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
     first = calls[0]
     computed = sum(call.computes_grad for call in first.backward_calls)
     if single_forward and computed:
-        return CheckResult(False, f"Right gradients, but your step calls torch.autograd.grad ({computed} "
-                                  f"time{'s' if computed > 1 else ''}, directly or through a function built on "
-                                  "it); this exercise asks for backward(inputs=...) instead.",
-                           "backward(inputs=[...]) fills .grad of only the tensors you list.")
+        return CheckResult(
+            False,
+            f"Right gradients, but your step calls torch.autograd.grad ({computed} "
+            f"time{'s' if computed > 1 else ''}, directly or through a function built on "
+            "it); this exercise asks for backward(inputs=...) instead.",
+            "backward(inputs=[...]) fills .grad of only the tensors you list.",
+        )
     if single_forward and first.d_passes > 2:
-        return CheckResult(False, f"Right gradients, but netD ran {first.d_passes} times; run it once on real and "
-                                  "once on fake, and get both gradients from that one graph.",
-                           "backward(inputs=...) sends a loss's gradient only to the tensors you list.")
+        return CheckResult(
+            False,
+            f"Right gradients, but netD ran {first.d_passes} times; run it once on real and "
+            "once on fake, and get both gradients from that one graph.",
+            "backward(inputs=...) sends a loss's gradient only to the tensors you list.",
+        )
     if first.backward_calls and first.backward_calls[-1].retain_graph:
         option = "create_graph=True, which retains" if first.backward_calls[-1].create_graph else "retain_graph=True"
-        return CheckResult(False, f"Right gradients, but the last backward of your step keeps its graph's buffers "
-                                  f"({option}), and no later backward needs them.",
-                           "Keep retain_graph=True only on a backward that another backward through the same "
-                           "graph follows.")
+        return CheckResult(
+            False,
+            f"Right gradients, but the last backward of your step keeps its graph's buffers "
+            f"({option}), and no later backward needs them.",
+            "Keep retain_graph=True only on a backward that another backward through the same graph follows.",
+        )
     peak = _bytes_or_dash(result.peak_graph_only_bytes)
     if single_forward:
         how = f"from one D pass on fake (peak graph-only {peak})"
@@ -308,13 +359,21 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
         standard = _toy_checker().check(make_step(STANDARD_SETTINGS, _d_loss, _g_loss)).peak_graph_only_bytes
         # 10 % slack: the same step written with other temporaries differs by a few hundred bytes.
         if (result.peak_graph_only_bytes or 0) > 1.1 * (standard or 0):
-            return CheckResult(False, f"Right gradients, but the graphs held up to {peak} during your step; the "
-                                      f"standard step needs {_bytes_or_dash(standard)}.",
-                               "Is a retain_graph=True left that no later backward needs?")
-        how = (f"and your graphs held at most 10 % more than the standard step's (peak graph-only {peak}; "
-               f"standard {_bytes_or_dash(standard)})")
-    return CheckResult(True, "Both optimizers receive the reference gradients, call after call (from empty .grad, "
-                             f"right after another call, and over leftover .grad values), {how}.")
+            return CheckResult(
+                False,
+                f"Right gradients, but the graphs held up to {peak} during your step; the "
+                f"standard step needs {_bytes_or_dash(standard)}.",
+                "Is a retain_graph=True left that no later backward needs?",
+            )
+        how = (
+            f"and your graphs held at most 10 % more than the standard step's (peak graph-only {peak}; "
+            f"standard {_bytes_or_dash(standard)})"
+        )
+    return CheckResult(
+        True,
+        "Both optimizers receive the reference gradients, call after call (from empty .grad, "
+        f"right after another call, and over leftover .grad values), {how}.",
+    )
 
 
 def check_fixed_srgan_step(step: Step) -> CheckResult:

@@ -113,8 +113,10 @@ class RingCoverage:
     near_fraction: float
 
     def __str__(self) -> str:
-        return (f"{self.modes_covered} of {self.modes} modes covered, "
-                f"{self.near_fraction:.0%} of the samples within 3 std of a centre")
+        return (
+            f"{self.modes_covered} of {self.modes} modes covered, "
+            f"{self.near_fraction:.0%} of the samples within 3 std of a centre"
+        )
 
 
 def ring_coverage(samples: torch.Tensor, modes: int = 8, radius: float = 2.0, std: float = 0.1) -> RingCoverage:
@@ -132,6 +134,7 @@ def ring_coverage(samples: torch.Tensor, modes: int = 8, radius: float = 2.0, st
 
 
 # -- figures -------------------------------------------------------------------------------------
+
 
 def _scatter(axes: Any, real: torch.Tensor, generated: torch.Tensor | None, title: str) -> None:
     axes.scatter(real[:, 0], real[:, 1], s=4, color="tab:gray", alpha=0.5, label="real data")
@@ -180,7 +183,7 @@ def training_figure(
     window = max(1, len(history) // 25)
     for index, (label, colour) in enumerate((("d_loss", "tab:blue"), ("g_loss", "tab:red"))):
         values = [pair[index] for pair in history]
-        smooth = [statistics.fmean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
+        smooth = [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
         losses.plot(values, color=colour, alpha=0.25, linewidth=0.8)
         losses.plot(smooth, color=colour, label=f"{label} (moving mean)")
     losses.set_xlabel("training step")

@@ -17,14 +17,10 @@ _CARD = "background:#ffffff;color:#1f1f1f;padding:1px 6px"
 
 # (key, label, tooltip) of each figure the panel shows for the last step it ran.
 _FIGURES = (
-    ("d-grad", "D gradient vs reference",
-     "What optimizerD.step() received, against D's reference gradient"),
-    ("g-grad", "G gradient vs reference",
-     "What optimizerG.step() received, against G's reference gradient"),
-    ("peak-bytes", "peak graph-only bytes",
-     "Most bytes only the graphs kept alive during the step (meter)"),
-    ("held-bytes", "held at optimizerD.step()",
-     "Graph-only bytes alive when optimizerD.step() was called"),
+    ("d-grad", "D gradient vs reference", "What optimizerD.step() received, against D's reference gradient"),
+    ("g-grad", "G gradient vs reference", "What optimizerG.step() received, against G's reference gradient"),
+    ("peak-bytes", "peak graph-only bytes", "Most bytes only the graphs kept alive during the step (meter)"),
+    ("held-bytes", "held at optimizerD.step()", "Graph-only bytes alive when optimizerD.step() was called"),
     ("seconds", "time of this step", "Wall time of this one run (noisy)"),
 )
 
@@ -56,31 +52,49 @@ class GanLab(Panel):
 
     # -- widgets ---------------------------------------------------------------------------
     def _build_widgets(self, title: str) -> None:
-        self.retain = self._checkbox("retain_graph=True on d_loss.backward()",
-                                     "Keep the graph's buffers after D's backward (the SRGAN code does)",
-                                     "bt-gan-retain", SRGAN_SETTINGS.retain_graph, self._show_code)
-        self.detach = self._checkbox("D's fake term uses fake.detach()",
-                                     "Cut the generator out of the discriminator's loss",
-                                     "bt-gan-detach", SRGAN_SETTINGS.detach, self._show_code)
-        self.fresh_pass = self._checkbox("g_loss from a fresh netD(fake) pass",
-                                         "Unticked: g_loss reuses fake_out from D's pass, as the SRGAN code does",
-                                         "bt-gan-fresh-pass", SRGAN_SETTINGS.fresh_pass, self._show_code)
+        self.retain = self._checkbox(
+            "retain_graph=True on d_loss.backward()",
+            "Keep the graph's buffers after D's backward (the SRGAN code does)",
+            "bt-gan-retain",
+            SRGAN_SETTINGS.retain_graph,
+            self._show_code,
+        )
+        self.detach = self._checkbox(
+            "D's fake term uses fake.detach()",
+            "Cut the generator out of the discriminator's loss",
+            "bt-gan-detach",
+            SRGAN_SETTINGS.detach,
+            self._show_code,
+        )
+        self.fresh_pass = self._checkbox(
+            "g_loss from a fresh netD(fake) pass",
+            "Unticked: g_loss reuses fake_out from D's pass, as the SRGAN code does",
+            "bt-gan-fresh-pass",
+            SRGAN_SETTINGS.fresh_pass,
+            self._show_code,
+        )
         self.order = widgets.ToggleButtons(
             options=[("before g_loss.backward()", "before"), ("after g_loss.backward()", "after")],
             value="before" if SRGAN_SETTINGS.d_step_first else "after",
             description="optimizerD.step()",
             tooltip="When the discriminator's optimizer updates its weights",
-            tooltips=["Update D between the two backward calls (the SRGAN order)",
-                      "Update D only after g_loss.backward() (the tempting fix)"],
+            tooltips=[
+                "Update D between the two backward calls (the SRGAN order)",
+                "Update D only after g_loss.backward() (the tempting fix)",
+            ],
             style={"description_width": "initial", "button_width": "auto"},
         )
         self.order.add_class("bt-gan-order")
         self.order.observe(lambda _change: self._safely(self._show_code), names="value")
-        self.run_button = self._button("Run one step", "Run the step shown below once and check its gradients",
-                                       "bt-gan-run", self.run)
-        self.run_all_button = self._button("Try all 16 combinations",
-                                           "Run every combination of the four switches and fill the table",
-                                           "bt-gan-run-all", self.run_all)
+        self.run_button = self._button(
+            "Run one step", "Run the step shown below once and check its gradients", "bt-gan-run", self.run
+        )
+        self.run_all_button = self._button(
+            "Try all 16 combinations",
+            "Run every combination of the four switches and fill the table",
+            "bt-gan-run-all",
+            self.run_all,
+        )
         self.code = widgets.HTML(value="")
         self.code.add_class("bt-gan-code")
         self.outcome = widgets.HTML(value="")
@@ -89,21 +103,31 @@ class GanLab(Panel):
         self.summary = widgets.HTML(value="")
         self.summary.add_class("bt-gan-summary")
         self.status = self._status_line("bt-gan-status")
-        self.panel = widgets.VBox([
-            widgets.HTML(f"<b>{html.escape(title)}</b>"),
-            self.retain, self.detach, self.fresh_pass, self.order,
-            # Room above, so the run buttons do not read as a third option of the order toggle.
-            widgets.HBox([self.run_button, self.run_all_button], layout=widgets.Layout(margin="10px 0 0 0")),
-            self.code, self.outcome, figures, self.status, self.summary,
-        ])
+        self.panel = widgets.VBox(
+            [
+                widgets.HTML(f"<b>{html.escape(title)}</b>"),
+                self.retain,
+                self.detach,
+                self.fresh_pass,
+                self.order,
+                # Room above, so the run buttons do not read as a third option of the order toggle.
+                widgets.HBox([self.run_button, self.run_all_button], layout=widgets.Layout(margin="10px 0 0 0")),
+                self.code,
+                self.outcome,
+                figures,
+                self.status,
+                self.summary,
+            ]
+        )
         self.panel.add_class("bt-gan-lab")
 
     # -- state -----------------------------------------------------------------------------
     @property
     def settings(self) -> StepSettings:
         """The step the switches describe now."""
-        return StepSettings(bool(self.retain.value), bool(self.detach.value), bool(self.fresh_pass.value),
-                            self.order.value == "before")
+        return StepSettings(
+            bool(self.retain.value), bool(self.detach.value), bool(self.fresh_pass.value), self.order.value == "before"
+        )
 
     @settings.setter
     def settings(self, settings: StepSettings) -> None:
@@ -145,10 +169,14 @@ class GanLab(Panel):
             self._check(settings)
         self.last_error = None
         self._show_summary()
-        counts = {outcome: sum(r.outcome == outcome for r in self.results.values())
-                  for outcome in ("error", "silently wrong", "correct")}
-        self._set_status(f"Tried all 16: {counts['error']} raise, {counts['silently wrong']} are silently wrong, "
-                         f"{counts['correct']} are correct.")
+        counts = {
+            outcome: sum(r.outcome == outcome for r in self.results.values())
+            for outcome in ("error", "silently wrong", "correct")
+        }
+        self._set_status(
+            f"Tried all 16: {counts['error']} raise, {counts['silently wrong']} are silently wrong, "
+            f"{counts['correct']} are correct."
+        )
 
     def _show_result(self, result: StepCheck) -> None:
         # The verdict's red or green words on a light card of its own, so they stay readable in a dark theme.
@@ -169,12 +197,20 @@ class GanLab(Panel):
             if result is None:
                 continue
             outcome = result.outcome if result.outcome != "error" else f"error: {result.error_kind}"
-            rows.append(["yes" if settings.retain_graph else "no", "fake.detach()" if settings.detach else "fake",
-                         "fresh netD(fake)" if settings.fresh_pass else "reuse fake_out",
-                         "before" if settings.d_step_first else "after", outcome,
-                         _bytes_or_dash(result.peak_graph_only_bytes)])
-        return Table(["retain_graph", "D's fake input", "g_loss from", "optimizerD.step()", "outcome",
-                      "peak graph-only bytes"], rows)
+            rows.append(
+                [
+                    "yes" if settings.retain_graph else "no",
+                    "fake.detach()" if settings.detach else "fake",
+                    "fresh netD(fake)" if settings.fresh_pass else "reuse fake_out",
+                    "before" if settings.d_step_first else "after",
+                    outcome,
+                    _bytes_or_dash(result.peak_graph_only_bytes),
+                ]
+            )
+        return Table(
+            ["retain_graph", "D's fake input", "g_loss from", "optimizerD.step()", "outcome", "peak graph-only bytes"],
+            rows,
+        )
 
     def _show_summary(self) -> None:
         self.summary.value = self.summary_table()._repr_html_() if self.results else ""

@@ -21,16 +21,19 @@ from helpers.lessons.gan_step.watch import _BackwardCall, _first_line, _mlp, _wa
 __all__ = ["check_gradient_penalty"]
 
 
-def _reference_penalty(netD: torch.nn.Module, real: torch.Tensor, fake: torch.Tensor,
-                       alpha: torch.Tensor) -> torch.Tensor:
+def _reference_penalty(
+    netD: torch.nn.Module, real: torch.Tensor, fake: torch.Tensor, alpha: torch.Tensor
+) -> torch.Tensor:
     mixed = (alpha * real + (1 - alpha) * fake).requires_grad_()
     (grad,) = torch.autograd.grad(netD(mixed).sum(), mixed, create_graph=True)
     return ((grad.norm(dim=1) - 1) ** 2).mean()
 
 
 _PENALTY_HINT = "Mix the points with alpha, take D's gradient at the mixed points, and average (norm - 1) squared."
-_CREATE_GRAPH_HINT = ("retain_graph=True keeps buffers; only create_graph=True records the gradient computation "
-                      "itself so it can be differentiated.")
+_CREATE_GRAPH_HINT = (
+    "retain_graph=True keeps buffers; only create_graph=True records the gradient computation "
+    "itself so it can be differentiated."
+)
 
 
 @dataclass
@@ -43,8 +46,13 @@ class _PenaltyCall:
     problem: str | None  # a side effect on D or on the inputs
 
 
-def _call_penalty(gradient_penalty: Callable[..., Any], netD: torch.nn.Module, real: torch.Tensor,
-                  fake: torch.Tensor, alpha: torch.Tensor) -> _PenaltyCall:
+def _call_penalty(
+    gradient_penalty: Callable[..., Any],
+    netD: torch.nn.Module,
+    real: torch.Tensor,
+    fake: torch.Tensor,
+    alpha: torch.Tensor,
+) -> _PenaltyCall:
     """Call it on copies of the inputs with D's .grad empty, and note what it left behind."""
     inputs = {"real": real.clone(), "fake": fake.clone(), "alpha": alpha.clone()}
     weights = {name: p.detach().clone() for name, p in netD.named_parameters()}
@@ -56,24 +64,31 @@ def _call_penalty(gradient_penalty: Callable[..., Any], netD: torch.nn.Module, r
             penalty = gradient_penalty(netD, inputs["real"], inputs["fake"], inputs["alpha"])
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # noqa: BLE001 - a learner's bug is a verdict, not a crash
+    except BaseException as exc:
         error = exc
     problem = None
     parameters = dict(netD.named_parameters())
     if any(p.grad is not None for p in parameters.values()):
-        problem = ("Your function left values in D's .grad (a backward inside it accumulated into D's weights): in "
-                   "training they would be added to D's gradient. torch.autograd.grad returns the gradient "
-                   "without touching .grad.")
+        problem = (
+            "Your function left values in D's .grad (a backward inside it accumulated into D's weights): in "
+            "training they would be added to D's gradient. torch.autograd.grad returns the gradient "
+            "without touching .grad."
+        )
     elif any(not p.requires_grad for p in parameters.values()):
         problem = "Your function switched off requires_grad on D's weights and left it off: D would stop learning."
     elif any(not torch.equal(p.detach(), weights[name]) for name, p in parameters.items()):
         problem = "Your function changed D's weights."
     else:
-        changed = [name for name, value in inputs.items()
-                   if not torch.equal(value.detach(), {"real": real, "fake": fake, "alpha": alpha}[name])]
+        changed = [
+            name
+            for name, value in inputs.items()
+            if not torch.equal(value.detach(), {"real": real, "fake": fake, "alpha": alpha}[name])
+        ]
         if changed:
-            problem = (f"Your function changed {' and '.join(changed)} in place: the caller's tensor no longer "
-                       "holds the batch.")
+            problem = (
+                f"Your function changed {' and '.join(changed)} in place: the caller's tensor no longer "
+                "holds the batch."
+            )
     # Put D back only where the function changed it: restoring equal weights in place would bump
     # their version and break the returned penalty's graph.
     with torch.no_grad():
@@ -85,61 +100,91 @@ def _call_penalty(gradient_penalty: Callable[..., Any], netD: torch.nn.Module, r
     return _PenaltyCall(penalty, error, backward_calls, problem)
 
 
-def _penalty_problem(call: _PenaltyCall, netD: torch.nn.Module, expected: torch.Tensor,
-                     expected_grads: Sequence[torch.Tensor | None]) -> CheckResult | None:
+def _penalty_problem(
+    call: _PenaltyCall, netD: torch.nn.Module, expected: torch.Tensor, expected_grads: Sequence[torch.Tensor | None]
+) -> CheckResult | None:
     """What is wrong with one call's penalty, or None when it is right."""
     if call.error is not None:
         hint = ""
         if "does not require grad" in _first_line(call.error):
-            hint = ("torch.autograd.grad can only differentiate with respect to a tensor that requires grad: take "
-                    "D's gradient with respect to the mixed points, and call .requires_grad_() on them before "
-                    "D sees them.")
+            hint = (
+                "torch.autograd.grad can only differentiate with respect to a tensor that requires grad: take "
+                "D's gradient with respect to the mixed points, and call .requires_grad_() on them before "
+                "D sees them."
+            )
         return CheckResult(False, f"Your function raised {_first_line(call.error)}", hint)
     if call.problem:
         return CheckResult(False, call.problem)
     penalty = call.penalty
     if not isinstance(penalty, torch.Tensor):
         dropped = " (.item() and float() drop the graph)" if isinstance(penalty, (int, float)) else ""
-        return CheckResult(False, f"Return the penalty as a single-number tensor, not a {type(penalty).__name__}"
-                                  f"{dropped}.")
+        return CheckResult(
+            False, f"Return the penalty as a single-number tensor, not a {type(penalty).__name__}{dropped}."
+        )
     if penalty.numel() != 1:
-        return CheckResult(False, f"Return the penalty as a single number (the mean over the batch); your "
-                                  f"function returned shape {tuple(penalty.shape)}.", _PENALTY_HINT)
+        return CheckResult(
+            False,
+            f"Return the penalty as a single number (the mean over the batch); your "
+            f"function returned shape {tuple(penalty.shape)}.",
+            _PENALTY_HINT,
+        )
     if not torch.allclose(penalty.detach().float().reshape(()), expected.detach(), rtol=1e-4, atol=1e-6):
-        return CheckResult(False, f"The penalty is {float(penalty.detach()):.4f}; expected "
-                                  f"{float(expected.detach()):.4f}.", _PENALTY_HINT)
+        return CheckResult(
+            False,
+            f"The penalty is {float(penalty.detach()):.4f}; expected {float(expected.detach()):.4f}.",
+            _PENALTY_HINT,
+        )
     created = any(backward.create_graph for backward in call.backward_calls)
     if penalty.grad_fn is None:
         if penalty.requires_grad:
-            return CheckResult(False, "The value is right, but the penalty is a leaf tensor with no grad_fn, cut "
-                                      "off from D's weights (a .detach() or a new tensor made from the value), so "
-                                      "adding it to d_loss changes nothing.",
-                               "Return the penalty as computed, without .detach(), .data or torch.tensor(...).")
+            return CheckResult(
+                False,
+                "The value is right, but the penalty is a leaf tensor with no grad_fn, cut "
+                "off from D's weights (a .detach() or a new tensor made from the value), so "
+                "adding it to d_loss changes nothing.",
+                "Return the penalty as computed, without .detach(), .data or torch.tensor(...).",
+            )
         if not created:
-            return CheckResult(False, "The value is right, but the penalty is a constant: no gradient reaches D's "
-                                      "weights, so adding it to d_loss changes nothing.", _CREATE_GRAPH_HINT)
-        return CheckResult(False, "The value is right, and you used create_graph=True, but the penalty is a "
-                                  "constant: something after the gradient cut the graph (.detach(), .data, "
-                                  "torch.no_grad()), so no gradient reaches D's weights.",
-                           "Compute the penalty from the gradient exactly as autograd returned it.")
+            return CheckResult(
+                False,
+                "The value is right, but the penalty is a constant: no gradient reaches D's "
+                "weights, so adding it to d_loss changes nothing.",
+                _CREATE_GRAPH_HINT,
+            )
+        return CheckResult(
+            False,
+            "The value is right, and you used create_graph=True, but the penalty is a "
+            "constant: something after the gradient cut the graph (.detach(), .data, "
+            "torch.no_grad()), so no gradient reaches D's weights.",
+            "Compute the penalty from the gradient exactly as autograd returned it.",
+        )
     params = list(netD.parameters())
     try:
         got = torch.autograd.grad(penalty, params, allow_unused=True)
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # noqa: BLE001 - the learner's graph, not the check, is broken
-        return CheckResult(False, f"The value is right, but the penalty cannot be backpropagated: "
-                                  f"{_first_line(exc)}", _CREATE_GRAPH_HINT if not created else "")
+    except BaseException as exc:
+        return CheckResult(
+            False,
+            f"The value is right, but the penalty cannot be backpropagated: {_first_line(exc)}",
+            _CREATE_GRAPH_HINT if not created else "",
+        )
     if all(grad is None for grad in got):
-        return CheckResult(False, "The value is right and the penalty has a grad_fn, but no path in its graph "
-                                  "leads to D's weights, so adding it to d_loss changes nothing for D.",
-                           _CREATE_GRAPH_HINT if not created else "")
+        return CheckResult(
+            False,
+            "The value is right and the penalty has a grad_fn, but no path in its graph "
+            "leads to D's weights, so adding it to d_loss changes nothing for D.",
+            _CREATE_GRAPH_HINT if not created else "",
+        )
     for (name, parameter), mine, ref in zip(netD.named_parameters(), got, expected_grads):
         mine = torch.zeros_like(parameter) if mine is None else mine
         ref = torch.zeros_like(parameter) if ref is None else ref
         if not torch.allclose(mine, ref, rtol=1e-4, atol=1e-6):
-            return CheckResult(False, f"The value is right, but the penalty's gradient for D's {name} differs "
-                                      "from the reference.", _CREATE_GRAPH_HINT if not created else "")
+            return CheckResult(
+                False,
+                f"The value is right, but the penalty's gradient for D's {name} differs from the reference.",
+                _CREATE_GRAPH_HINT if not created else "",
+            )
     return None
 
 
@@ -181,16 +226,29 @@ def check_gradient_penalty(gradient_penalty: Callable[..., torch.Tensor]) -> Che
             calls.append(call)
             values.append(call.penalty.detach().clone() if isinstance(call.penalty, torch.Tensor) else None)
             problems.append(_penalty_problem(call, netD, expected, expected_grads))
-    if (problems[0] is not None and values[0] is not None and values[1] is not None
-            and not _same_values(values[0], values[1])):
-        return CheckResult(False, "Your function returned two different penalties for the same batch: does it "
-                                  "draw its own random numbers instead of using alpha?", _PENALTY_HINT)
+    if (
+        problems[0] is not None
+        and values[0] is not None
+        and values[1] is not None
+        and not _same_values(values[0], values[1])
+    ):
+        return CheckResult(
+            False,
+            "Your function returned two different penalties for the same batch: does it "
+            "draw its own random numbers instead of using alpha?",
+            _PENALTY_HINT,
+        )
     if problems[0] is not None:
         return problems[0]
     if problems[1] is not None:
         message = problems[1].message
-        return CheckResult(False, f"Right on the first call, but not on the second: {message[:1].lower()}{message[1:]}",
-                           problems[1].hint)
+        return CheckResult(
+            False,
+            f"Right on the first call, but not on the second: {message[:1].lower()}{message[1:]}",
+            problems[1].hint,
+        )
     how = " (create_graph=True)" if any(b.create_graph for b in calls[0].backward_calls) else ""
-    return CheckResult(True, "The penalty gives D the right gradient, call after call: the gradient computation "
-                             f"itself was recorded{how}.")
+    return CheckResult(
+        True,
+        f"The penalty gives D the right gradient, call after call: the gradient computation itself was recorded{how}.",
+    )

@@ -51,12 +51,14 @@ class StepSettings:
     @property
     def label(self) -> str:
         """A short description, for tables."""
-        return ", ".join([
-            "retain" if self.retain_graph else "no retain",
-            "fake.detach()" if self.detach else "fake",
-            "fresh netD(fake) for G" if self.fresh_pass else "G reuses fake_out",
-            "D step before g_loss.backward()" if self.d_step_first else "D step after g_loss.backward()",
-        ])
+        return ", ".join(
+            [
+                "retain" if self.retain_graph else "no retain",
+                "fake.detach()" if self.detach else "fake",
+                "fresh netD(fake) for G" if self.fresh_pass else "G reuses fake_out",
+                "D step before g_loss.backward()" if self.d_step_first else "D step after g_loss.backward()",
+            ]
+        )
 
     @property
     def code(self) -> str:
@@ -100,7 +102,7 @@ def make_step(settings: StepSettings, d_loss_fn: LossD, g_loss_fn: LossG) -> Ste
     if not callable(d_loss_fn) or not callable(g_loss_fn):
         raise TypeError("make_step() needs two loss functions: d_loss_fn(real_out, fake_out) and g_loss_fn(fake_out).")
     namespace: dict[str, Any] = {"d_loss_fn": d_loss_fn, "g_loss_fn": g_loss_fn}
-    exec(compile(settings.code, f"<GAN step: {settings.label}>", "exec"), namespace)  # noqa: S102 - our own template
+    exec(compile(settings.code, f"<GAN step: {settings.label}>", "exec"), namespace)
     step = namespace["step"]
     step.label = settings.label  # type: ignore[attr-defined]  # shown as the step's name
     return step

@@ -17,14 +17,17 @@ from typing import Any
 
 import torch
 
-from helpers.learner import first_line as _first_line
 from helpers.learner import ENGINE_ENTRY, intercepting
 
 
 def _mlp(inputs: int, outputs: int, hidden: int = 32) -> torch.nn.Sequential:
-    return torch.nn.Sequential(torch.nn.Linear(inputs, hidden), torch.nn.LeakyReLU(0.2),
-                               torch.nn.Linear(hidden, hidden), torch.nn.LeakyReLU(0.2),
-                               torch.nn.Linear(hidden, outputs))
+    return torch.nn.Sequential(
+        torch.nn.Linear(inputs, hidden),
+        torch.nn.LeakyReLU(0.2),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.LeakyReLU(0.2),
+        torch.nn.Linear(hidden, outputs),
+    )
 
 
 def _d_loss(real_out: torch.Tensor, fake_out: torch.Tensor) -> torch.Tensor:

@@ -28,13 +28,15 @@ def _recording(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> 
     steps: list[dict] = []
 
     def before(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        steps.append({"params": flat(params),
-                      "grad": flat([torch.zeros_like(p) if p.grad is None else p.grad for p in params])})
+        steps.append(
+            {"params": flat(params), "grad": flat([torch.zeros_like(p) if p.grad is None else p.grad for p in params])}
+        )
 
     return steps, optimizer.register_step_pre_hook(before)
 
 
 # -- PPO ------------------------------------------------------------------------------------------------
+
 
 def ppo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
     """The clipped PPO objective, as notebook 06 writes it."""
@@ -56,8 +58,13 @@ def _rollout(policy: torch.nn.Module, observations: torch.Tensor, seed: int) -> 
     return actions, distribution.log_prob(actions)
 
 
-def _reference_ppo(policy: torch.nn.Module, observations: torch.Tensor, actions: torch.Tensor,
-                   old: torch.Tensor, advantages: torch.Tensor) -> list[dict]:
+def _reference_ppo(
+    policy: torch.nn.Module,
+    observations: torch.Tensor,
+    actions: torch.Tensor,
+    old: torch.Tensor,
+    advantages: torch.Tensor,
+) -> list[dict]:
     optimizer = torch.optim.SGD(policy.parameters(), lr=PPO_LR)
     steps, handle = _recording(optimizer, list(policy.parameters()))
     old = old.detach()
@@ -70,14 +77,14 @@ def _reference_ppo(policy: torch.nn.Module, observations: torch.Tensor, actions:
     return steps
 
 
-def _first_bad_step(got: list[dict], want: list[dict], who: str, where: str, hint: str,
-                    known: dict[str, Callable[[int], torch.Tensor]]) -> None:
+def _first_bad_step(
+    got: list[dict], want: list[dict], who: str, where: str, hint: str, known: dict[str, Callable[[int], torch.Tensor]]
+) -> None:
     if len(got) != len(want):
         raise Rejected(f"{who} made {len(got)} optimizer step(s); the right one makes {len(want)}.", hint, where)
     for index, (mine, right) in enumerate(zip(got, want), start=1):
         if not gradients_close(mine["params"], right["params"]):
-            raise Rejected(f"the parameters before optimizer step {index} differ from the right update's.", hint,
-                           where)
+            raise Rejected(f"the parameters before optimizer step {index} differ from the right update's.", hint, where)
         if not gradients_close(mine["grad"], right["grad"]):
             for description, gradient in known.items():
                 if gradients_close(mine["grad"], gradient(index)):
@@ -98,8 +105,10 @@ def check_ppo_update(ppo_update: Callable[..., Any]) -> CheckResult:
     policy, observations, advantages = _ppo_setup()
     reference = torch.nn.Linear(4, 3)
     reference.load_state_dict(policy.state_dict())
-    hint = ("Store the rollout's log-probs detached (the old policy is a constant), and compute the new log-probs "
-            "from the current policy inside every epoch.")
+    hint = (
+        "Store the rollout's log-probs detached (the old policy is a constant), and compute the new log-probs "
+        "from the current policy inside every epoch."
+    )
     for call in range(2):
         where = SECOND_CALL if call else ""
         actions, rollout_log_probs = _rollout(policy, observations, seed=call)
@@ -110,24 +119,48 @@ def check_ppo_update(ppo_update: Callable[..., Any]) -> CheckResult:
         steps, handle = _recording(optimizer, list(policy.parameters()))
         start = flat(list(policy.parameters()))
         try:
-            run_answer(ppo_update, policy, optimizer, observations, actions, rollout_log_probs, advantages, EPOCHS,
-                       who="your update", where=where, hint=hint)
+            run_answer(
+                ppo_update,
+                policy,
+                optimizer,
+                observations,
+                actions,
+                rollout_log_probs,
+                advantages,
+                EPOCHS,
+                who="your update",
+                where=where,
+                hint=hint,
+            )
         finally:
             handle.remove()
         if steps and torch.equal(flat(list(policy.parameters())), start):
             raise Rejected("your update left the policy's parameters exactly where they started.", hint, where)
         zero = torch.zeros_like(want[0]["grad"])
-        _first_bad_step(steps, want, "your update", where, hint, {
-            "zeros": lambda index: zero,
-            "the right gradient plus the one left in .grad before it": lambda index: (
-                want[index - 1]["grad"] + (steps[index - 2]["grad"] if index > 1 else torch.ones_like(zero)))})
+        _first_bad_step(
+            steps,
+            want,
+            "your update",
+            where,
+            hint,
+            {
+                "zeros": lambda index: zero,
+                "the right gradient plus the one left in .grad before it": lambda index: (
+                    want[index - 1]["grad"] + (steps[index - 2]["grad"] if index > 1 else torch.ones_like(zero))
+                ),
+            },
+        )
         if not gradients_close(flat(list(policy.parameters())), flat(list(reference.parameters()))):
             raise Rejected("the parameters after your update differ from the right update's.", hint, where)
-    return CheckResult(True, f"{EPOCHS} epochs, each a new forward with the current policy against the stored, "
-                             "detached log-probs: every step matches the right update, also from dirty .grad.")
+    return CheckResult(
+        True,
+        f"{EPOCHS} epochs, each a new forward with the current policy against the stored, "
+        "detached log-probs: every step matches the right update, also from dirty .grad.",
+    )
 
 
 # -- SAM ------------------------------------------------------------------------------------------------
+
 
 def _sam_setup() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(5)
@@ -156,8 +189,10 @@ def check_sam_step(sam_step: Callable[..., Any]) -> CheckResult:
     """
     model, x, y = _sam_setup()
     params = list(model.parameters())
-    hint = ("Two forwards: the first at w gives g; perturb w by rho * g / |g| in place (under torch.no_grad), zero "
-            ".grad, run a second forward and backward there, put w back, then optimizer.step().")
+    hint = (
+        "Two forwards: the first at w gives g; perturb w by rho * g / |g| in place (under torch.no_grad), zero "
+        ".grad, run a second forward and backward there, put w back, then optimizer.step()."
+    )
     for call in range(2):
         where = SECOND_CALL if call else ""
         w = flat(params)
@@ -166,7 +201,7 @@ def check_sam_step(sam_step: Callable[..., Any]) -> CheckResult:
         e = RHO * g / g.norm()
         shift, offset = [], 0
         for p in params:
-            shift.append(e[offset:offset + p.numel()].view_as(p))
+            shift.append(e[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         g_sam = _gradient_at(model, x, y, shift)
         for p in params:
@@ -174,26 +209,40 @@ def check_sam_step(sam_step: Callable[..., Any]) -> CheckResult:
         optimizer = torch.optim.SGD(params, lr=SAM_LR)
         steps, handle = _recording(optimizer, params)
         try:
-            run_answer(sam_step, model, optimizer, lambda: F.mse_loss(model(x), y), RHO, who="your step",
-                       where=where, hint=hint)
+            run_answer(
+                sam_step,
+                model,
+                optimizer,
+                lambda: F.mse_loss(model(x), y),
+                RHO,
+                who="your step",
+                where=where,
+                hint=hint,
+            )
         finally:
             handle.remove()
         if len(steps) != 1:
             raise Rejected(f"your step made {len(steps)} optimizer step(s); a SAM step makes one.", hint, where)
         (step,) = steps
         if gradients_close(step["params"], w + e):
-            raise Rejected("optimizer.step() ran while the weights were still perturbed: put w back before it.", hint,
-                           where)
+            raise Rejected(
+                "optimizer.step() ran while the weights were still perturbed: put w back before it.", hint, where
+            )
         if not gradients_close(step["params"], w):
             raise Rejected("the weights at optimizer.step() are neither w nor w + e.", hint, where)
-        for description, gradient in {"the gradient at w (a plain step, not SAM's)": g,
-                                      "the sum of the gradients at w and at w + e (.grad was not zeroed between)": g + g_sam,
-                                      "the gradient at w + e plus what .grad held before the step": g_sam + 0.5}.items():
+        for description, gradient in {
+            "the gradient at w (a plain step, not SAM's)": g,
+            "the sum of the gradients at w and at w + e (.grad was not zeroed between)": g + g_sam,
+            "the gradient at w + e plus what .grad held before the step": g_sam + 0.5,
+        }.items():
             if gradients_close(step["grad"], gradient):
                 raise Rejected(f".grad at optimizer.step() holds {description}.", hint, where)
         if not gradients_close(step["grad"], g_sam):
             raise Rejected(".grad at optimizer.step() differs from the gradient at w + e.", hint, where)
         if not gradients_close(flat(params), w - SAM_LR * g_sam):
             raise Rejected("the parameters after your step differ from SAM's.", hint, where)
-    return CheckResult(True, "one optimizer step, at w, with the gradient of a second forward at w + e: SAM's step, "
-                             "twice, also from dirty .grad.")
+    return CheckResult(
+        True,
+        "one optimizer step, at w, with the gradient of a second forward at w + e: SAM's step, "
+        "twice, also from dirty .grad.",
+    )

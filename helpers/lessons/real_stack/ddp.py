@@ -71,8 +71,10 @@ class DDPRuns(dict):
     """The settings :func:`run_ddp` ran, by label (a dict of :class:`DDPRun`), shown as a table of outcomes."""
 
     def table(self) -> Table:
-        return Table(["setting", "outcome on rank 0", "gradients after iteration 0 equal on both ranks"],
-                     [[run.setting, run.outcome, run.ranks_agree if run.gradients else "-"] for run in self.values()])
+        return Table(
+            ["setting", "outcome on rank 0", "gradients after iteration 0 equal on both ranks"],
+            [[run.setting, run.outcome, run.ranks_agree if run.gradients else "-"] for run in self.values()],
+        )
 
     def __repr__(self) -> str:
         return repr(self.table())
@@ -95,8 +97,10 @@ def _source(obj: Any) -> str:
         for node in ast.walk(ast.parse(text)) if text else ():
             if isinstance(node, ast.ClassDef) and node.name == obj.__name__:
                 return ast.get_source_segment(text, node) or ""
-    raise ValueError(f"run_ddp() cannot find the source of {getattr(obj, '__name__', obj)!r}: define it in a "
-                     "notebook cell or a file with `class`/`def`.")
+    raise ValueError(
+        f"run_ddp() cannot find the source of {getattr(obj, '__name__', obj)!r}: define it in a "
+        "notebook cell or a file with `class`/`def`."
+    )
 
 
 def _free_port() -> int:
@@ -117,13 +121,18 @@ def _stop(process: subprocess.Popen) -> None:
 
 def _start_rank(command: list[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen:
     with open(log, "wb") as stream:
-        return subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=dict(env),
-                                start_new_session=True)
+        return subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True)
 
 
-def run_ddp(model: type[torch.nn.Module], batch: torch.Tensor,
-            settings: Sequence[tuple[str, Callable[..., Any], Mapping[str, Any]]],
-            iterations: int = 3, lr: float = 0.1, seed: int = 0, timeout: float = 90.0) -> DDPRuns:
+def run_ddp(
+    model: type[torch.nn.Module],
+    batch: torch.Tensor,
+    settings: Sequence[tuple[str, Callable[..., Any], Mapping[str, Any]]],
+    iterations: int = 3,
+    lr: float = 0.1,
+    seed: int = 0,
+    timeout: float = 90.0,
+) -> DDPRuns:
     """Run each ``(label, step, ddp_options)`` on two DDP ranks over gloo on 127.0.0.1, in two new processes.
 
     ``model`` is a module class (built with no arguments after ``torch.manual_seed(seed)`` on each rank);
@@ -140,8 +149,10 @@ def run_ddp(model: type[torch.nn.Module], batch: torch.Tensor,
     if not (inspect.isclass(model) and issubclass(model, torch.nn.Module)):
         raise TypeError(f"run_ddp() needs the model's class (a torch.nn.Module subclass), not {model!r}.")
     if not isinstance(batch, torch.Tensor) or batch.shape[0] % WORLD_SIZE:
-        raise ValueError(f"run_ddp() needs the global batch as one tensor whose first dimension splits into "
-                         f"{WORLD_SIZE} equal halves.")
+        raise ValueError(
+            f"run_ddp() needs the global batch as one tensor whose first dimension splits into "
+            f"{WORLD_SIZE} equal halves."
+        )
     labels = [label for label, _, _ in settings]
     if len(set(labels)) != len(labels):
         raise ValueError(f"run_ddp() needs a different label for every setting: {labels}")
@@ -149,11 +160,19 @@ def run_ddp(model: type[torch.nn.Module], batch: torch.Tensor,
     with tempfile.TemporaryDirectory(prefix="bt-ddp-") as folder:
         work = Path(folder)
         torch.save(batch.detach().clone(), work / "batch.pt")
-        spec = {"sources": [_source(model)] + [_source(step) for step in steps.values()],
-                "model": model.__name__, "seed": seed, "lr": lr, "iterations": iterations,
-                "timeout": timeout, "world_size": WORLD_SIZE, "port": _free_port(),
-                "settings": [{"label": label, "step": step.__name__, "options": dict(options)}
-                             for label, step, options in settings]}
+        spec = {
+            "sources": [_source(model)] + [_source(step) for step in steps.values()],
+            "model": model.__name__,
+            "seed": seed,
+            "lr": lr,
+            "iterations": iterations,
+            "timeout": timeout,
+            "world_size": WORLD_SIZE,
+            "port": _free_port(),
+            "settings": [
+                {"label": label, "step": step.__name__, "options": dict(options)} for label, step, options in settings
+            ],
+        }
         (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
         processes: list[subprocess.Popen] = []
@@ -166,8 +185,9 @@ def run_ddp(model: type[torch.nn.Module], batch: torch.Tensor,
                 try:
                     process.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    raise TimeoutError(f"The two DDP ranks did not finish within {timeout:g} s; both were "
-                                       "stopped.") from None
+                    raise TimeoutError(
+                        f"The two DDP ranks did not finish within {timeout:g} s; both were stopped."
+                    ) from None
         finally:
             for process in processes:
                 _stop(process)
@@ -185,8 +205,12 @@ def _read_results(work: Path, iterations: int) -> DDPRuns:
     runs = DDPRuns()
     for mine, theirs in zip(results[0], results[1]):
         gradients, other = mine["gradients"], theirs["gradients"]
-        agree = bool(gradients) and gradients.keys() == other.keys() and all(
-            torch.equal(gradients[name], other[name]) for name in gradients)
-        runs[mine["label"]] = DDPRun(mine["label"], iterations, mine["raised_at"], mine["error_type"],
-                                     mine["message"], gradients, agree)
+        agree = (
+            bool(gradients)
+            and gradients.keys() == other.keys()
+            and all(torch.equal(gradients[name], other[name]) for name in gradients)
+        )
+        runs[mine["label"]] = DDPRun(
+            mine["label"], iterations, mine["raised_at"], mine["error_type"], mine["message"], gradients, agree
+        )
     return runs

@@ -24,24 +24,31 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 
-def run_setting(namespace: dict[str, Any], spec: dict[str, Any], setting: dict[str, Any],
-                local_batch: torch.Tensor) -> dict[str, Any]:
+def run_setting(
+    namespace: dict[str, Any], spec: dict[str, Any], setting: dict[str, Any], local_batch: torch.Tensor
+) -> dict[str, Any]:
     torch.manual_seed(spec["seed"])
     model = namespace[spec["model"]]()
     wrapped = DistributedDataParallel(model, **setting["options"])
     optimizer = torch.optim.SGD(model.parameters(), lr=spec["lr"])
     step = namespace[setting["step"]]
-    result: dict[str, Any] = {"label": setting["label"], "raised_at": None, "error_type": "", "message": "",
-                              "gradients": {}}
+    result: dict[str, Any] = {
+        "label": setting["label"],
+        "raised_at": None,
+        "error_type": "",
+        "message": "",
+        "gradients": {},
+    }
     for iteration in range(spec["iterations"]):
         try:
             step(wrapped, optimizer, local_batch)
-        except Exception as exc:  # noqa: BLE001 - every error is the setting's outcome
+        except Exception as exc:
             result.update(raised_at=iteration, error_type=type(exc).__name__, message=str(exc))
             break
         if iteration == 0:
-            result["gradients"] = {name: p.grad.detach().clone() for name, p in model.named_parameters()
-                                   if p.grad is not None}
+            result["gradients"] = {
+                name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None
+            }
     dist.barrier()  # both ranks finish a setting before the next one builds its model
     return result
 
@@ -63,11 +70,16 @@ def main(folder: str, rank: int, parent: int) -> None:
     work = Path(folder)
     spec = json.loads((work / "spec.json").read_text(encoding="utf-8"))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank,
-                            world_size=spec["world_size"], timeout=datetime.timedelta(seconds=spec["timeout"]))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{spec['port']}",
+        rank=rank,
+        world_size=spec["world_size"],
+        timeout=datetime.timedelta(seconds=spec["timeout"]),
+    )
     namespace: dict[str, Any] = {"torch": torch, "F": F, "__name__": "ddp_step"}
     for source in spec["sources"]:
-        exec(compile(source, f"<notebook: {source.splitlines()[0][:40]}>", "exec"), namespace)  # noqa: S102
+        exec(compile(source, f"<notebook: {source.splitlines()[0][:40]}>", "exec"), namespace)
     batch = torch.load(work / "batch.pt", weights_only=True)
     local_batch = batch.chunk(spec["world_size"])[rank]
     results = [run_setting(namespace, spec, setting, local_batch) for setting in spec["settings"]]
