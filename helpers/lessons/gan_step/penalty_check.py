@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from helpers.checks import CheckResult
+from helpers.learner import first_line
 from helpers.lessons.gan_step.data import ring_of_gaussians
-from helpers.lessons.gan_step.watch import _BackwardCall, _first_line, _mlp, _watching_backward
+from helpers.lessons.gan_step.watch import _BackwardCall, _mlp, _watching_backward
 
 __all__ = ["check_gradient_penalty"]
 
@@ -106,13 +107,13 @@ def _penalty_problem(
     """What is wrong with one call's penalty, or None when it is right."""
     if call.error is not None:
         hint = ""
-        if "does not require grad" in _first_line(call.error):
+        if "does not require grad" in first_line(call.error):
             hint = (
                 "torch.autograd.grad can only differentiate with respect to a tensor that requires grad: take "
                 "D's gradient with respect to the mixed points, and call .requires_grad_() on them before "
                 "D sees them."
             )
-        return CheckResult(False, f"Your function raised {_first_line(call.error)}", hint)
+        return CheckResult(False, f"Your function raised {first_line(call.error)}", hint)
     if call.problem:
         return CheckResult(False, call.problem)
     penalty = call.penalty
@@ -166,7 +167,7 @@ def _penalty_problem(
     except BaseException as exc:
         return CheckResult(
             False,
-            f"The value is right, but the penalty cannot be backpropagated: {_first_line(exc)}",
+            f"The value is right, but the penalty cannot be backpropagated: {first_line(exc)}",
             _CREATE_GRAPH_HINT if not created else "",
         )
     if all(grad is None for grad in got):
