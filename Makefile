@@ -13,7 +13,7 @@ NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sani
 # JupyterLab refuses to run as root unless told to; containers and CI run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test test-portable bench setup setup-test dot browser execute-notebooks html site-for-tests npm a11y-for-tests clean
+.PHONY: lab test lint test-portable bench setup setup-test dot browser execute-notebooks html site-for-tests npm a11y-for-tests clean
 
 # Without dot the course's drawings fall back to text (README, "Set-up without make"), so the lab only
 # warns; the targets that depend on `dot` (test, test-portable, execute-notebooks, bench) stop: they
@@ -25,8 +25,17 @@ lab: setup
 # tests/browser/ (JupyterLab in Chromium, marker `browser`) is collected with the rest; skip it with
 # PYTEST_ARGS="-m 'not browser'".
 test: setup-test dot browser site-for-tests a11y-for-tests
+	@$(MAKE) --no-print-directory lint
 	$(PY) -m pytest $(NBVAL_ARGS) $(PYTEST_ARGS) tests notebooks
 	@$(MAKE) --no-print-directory test-portable
+
+# The code's habits (pyproject.toml): ruff's lint and format check, mypy (the core strict, the lessons checked)
+# and import-linter's layer contracts (the core never imports a lesson; no lesson imports another).
+lint: setup-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # The notebook suite once more on PyTorch's plainest CPU kernels and one thread: an output that nbval
 # compares must be the same on every CPU (AVX-512, AVX2, none) and thread count, so it fails here on

@@ -1,7 +1,8 @@
 """The package's layout rules (README, "Where a helper goes"), kept by reading the code and the notebooks.
 
-* The core (``helpers/*.py``) never imports a lesson; a lesson (``helpers/lessons/NAME``) never imports
-  another lesson.
+* The core (``helpers/*.py``) never imports a lesson, and a lesson (``helpers/lessons/NAME``) never imports
+  another: import-linter's contracts in pyproject.toml say it (``make test`` runs ``lint-imports``); the test here
+  makes sure they break when a copy of the package breaks them.
 * Each lesson belongs to the notebook named after it (``gan_step`` -> ``03_gan_step.ipynb``), and its
   notebook calls every public name it exports.
 * ``bt`` (``import helpers as bt``) exports exactly the names the notebooks call, and each one's
@@ -14,6 +15,9 @@ import ast
 import inspect
 import json
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,16 +41,6 @@ def notebook_calls() -> dict[str, set[str]]:
     return calls
 
 
-def imported_modules(path: Path) -> set[str]:
-    modules = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            modules.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            modules.add(node.module)
-    return modules
-
-
 def lesson_names() -> list[str]:
     return sorted(
         p.stem
@@ -55,29 +49,35 @@ def lesson_names() -> list[str]:
     )
 
 
-def lesson_files(lesson: str) -> list[Path]:
-    package = LESSONS / lesson
-    return sorted(package.glob("*.py")) if package.is_dir() else [LESSONS / f"{lesson}.py"]
+def lesson_files_in(root: Path, lesson: str) -> list[Path]:
+    package = root / "helpers" / "lessons" / lesson
+    return sorted(package.glob("*.py")) if package.is_dir() else [package.with_suffix(".py")]
 
 
-def test_the_core_never_imports_a_lesson() -> None:
-    for path in sorted(HELPERS.glob("*.py")):
-        if path.name == "__init__.py":
-            continue  # the package's front door re-exports the lessons for `bt`
-        lessons = {m for m in imported_modules(path) if m.startswith("helpers.lessons")}
-        assert not lessons, f"core module {path.name} imports {sorted(lessons)}"
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--config", str(ROOT / "pyproject.toml")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
-@pytest.mark.parametrize("lesson", lesson_names())
-def test_a_lesson_never_imports_another_lesson(lesson: str) -> None:
-    own = f"helpers.lessons.{lesson}"
-    for path in lesson_files(lesson):
-        others = {
-            m
-            for m in imported_modules(path)
-            if m.startswith("helpers.lessons") and m != own and not m.startswith(own + ".")
-        }
-        assert not others, f"{path.relative_to(ROOT)} imports {sorted(others)}"
+def test_the_import_contracts_catch_a_core_module_or_a_lesson_that_breaks_them(tmp_path: Path) -> None:
+    """`make test` runs lint-imports on pyproject.toml's contracts; here they must break on a copy that breaks them."""
+    shutil.copytree(HELPERS, tmp_path / "helpers", ignore=shutil.ignore_patterns("__pycache__"))
+    assert _lint_imports(tmp_path).returncode == 0, "the contracts fail on an unchanged copy"
+    lessons = lesson_names()
+    for path, line in [
+        (tmp_path / "helpers" / "display.py", f"import helpers.lessons.{lessons[0]}"),
+        (lesson_files_in(tmp_path, lessons[1])[0], f"import helpers.lessons.{lessons[0]}"),
+    ]:
+        original = path.read_text(encoding="utf-8")
+        path.write_text(original + f"\n{line}\n", encoding="utf-8")
+        result = _lint_imports(tmp_path)
+        path.write_text(original, encoding="utf-8")
+        assert result.returncode != 0 and "BROKEN" in result.stdout, f"{line} in {path.name} went unnoticed"
 
 
 @pytest.mark.parametrize("lesson", lesson_names())
