@@ -16,6 +16,9 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+# The GAN tests' fixtures (gan, checker, one_thread) live beside the GAN pieces they build on.
+pytest_plugins = ["gan_steps"]
+
 
 @dataclass
 class SavedStorages:

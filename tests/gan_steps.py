@@ -1,6 +1,10 @@
 """GAN pieces shared by the tests of helpers/lessons/gan_step (tests/test_gan_step_*.py,
 tests/test_gan_claims.py, tests/test_gan_step_catalogue.py): the losses, the networks, the
-notebook's step functions, written out here independently of the package, and small seeded GANs."""
+notebook's step functions, written out here independently of the package, and small seeded GANs.
+
+tests/conftest.py loads this module as a pytest plugin, so its fixtures (``gan``, ``checker``,
+``one_thread``) reach every test by name; a module that wants one thread asks for it with
+``pytestmark = pytest.mark.usefixtures("one_thread")``."""
 
 from __future__ import annotations
 
@@ -139,7 +143,7 @@ def inputs_step(netG, netD, optimizerG, optimizerD, real, z):
     return d_loss.item(), g_loss.item()
 
 
-@pytest.fixture(autouse=True, scope="module")
+@pytest.fixture(scope="module")
 def one_thread():
     """Tiny networks: one thread is steadier (and, on a busy machine, much faster) than two."""
     threads = torch.get_num_threads()

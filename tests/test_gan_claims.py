@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gan_steps import (  # noqa: F401 - one_thread is an autouse fixture
+from gan_steps import (
     IN_PLACE,
     SECOND_TIME,
     d_loss_fn,
@@ -16,7 +16,6 @@ from gan_steps import (  # noqa: F401 - one_thread is an autouse fixture
     inputs_step,
     make_gan,
     moved_step,
-    one_thread,
     single_forward_step,
     srgan_step,
     standard_step,
@@ -24,6 +23,8 @@ from gan_steps import (  # noqa: F401 - one_thread is an autouse fixture
 
 import helpers as bt
 from helpers.lessons.gan_step.steps import StepSettings
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Recorder:
@@ -76,7 +77,7 @@ def test_the_copied_srgan_step_raises_the_in_place_error(batch):
 
 def test_the_optimizer_step_bumps_the_version_and_backward_does_not(batch):
     real, z = batch
-    netG, netD, optimizerG, optimizerD = make_gan()
+    netG, netD, _optimizerG, optimizerD = make_gan()
     weight = netD[4].weight
     fake_out = netD(netG(z))
     saved = fake_out.grad_fn._saved_mat2
@@ -87,7 +88,7 @@ def test_the_optimizer_step_bumps_the_version_and_backward_does_not(batch):
     optimizerD.step()
     assert weight._version == 2
     with pytest.raises(RuntimeError, match=IN_PLACE):
-        fake_out.grad_fn._saved_mat2
+        _ = fake_out.grad_fn._saved_mat2
 
 
 def test_plain_saved_tensor_hooks_switch_the_in_place_check_off(batch):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gan_steps import d_loss_fn, g_loss_fn, one_thread  # noqa: F401
+from gan_steps import d_loss_fn, g_loss_fn
 from gan_steps import inputs_step as single_forward_inputs  # exercise 2's solution
 from gan_steps import moved_step as d_step_after_g_backward
 from gan_steps import single_forward_step as single_forward_autograd_grad  # exercise 1 allows autograd.grad
@@ -19,6 +19,8 @@ from torch.autograd import grad as imported_grad  # a name bound before the chec
 
 import helpers.lessons.gan_step.watch as watch
 from helpers.lessons.gan_step import check_fixed_srgan_step, check_gradient_penalty, check_single_forward_step
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def verdict(check, answer):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gan_steps import checker, d_loss_fn, g_loss_fn, gan, one_thread  # noqa: F401 - fixtures
+from gan_steps import d_loss_fn, g_loss_fn
 
 from helpers.lessons.gan_step.checker import GanStepChecker
 from helpers.lessons.gan_step.steps import StepSettings, make_step
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reference(netG, netD, real, z):
@@ -62,9 +64,7 @@ def test_check_records_what_the_optimizers_receive(gan, checker):
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(moved.gradients["D"].values(), both))
 
 
-def test_a_step_without_optimizer_steps_is_judged_by_its_final_grads(gan, checker):
-    netG, netD, _, _, real, z = gan
-
+def test_a_step_without_optimizer_steps_is_judged_by_its_final_grads(checker):
     def only_gradients(netG, netD, optimizerG, optimizerD, real, z):
         d_grads, g_grads = reference(netG, netD, real, z)
         for p, g in zip([*netD.parameters(), *netG.parameters()], [*d_grads, *g_grads]):

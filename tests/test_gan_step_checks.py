@@ -3,12 +3,15 @@ answers written here."""
 
 from __future__ import annotations
 
+import pytest
 import torch
-from gan_steps import d_loss_fn, g_loss_fn, inputs_step, one_thread, standard_step  # noqa: F401 - one_thread: fixture
+from gan_steps import d_loss_fn, g_loss_fn, inputs_step, standard_step
 
 from helpers.lessons.gan_step.checks import check_fixed_srgan_step, check_single_forward_step
 from helpers.lessons.gan_step.penalty_check import check_gradient_penalty
 from helpers.lessons.gan_step.steps import StepSettings, make_step
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_check_fixed_srgan_step():

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import pytest
-from gan_steps import IN_PLACE, SECOND_TIME, checker, gan, one_thread  # noqa: F401 - fixtures
+from gan_steps import IN_PLACE, SECOND_TIME
 
 from helpers.lessons.gan_step.panel import GanLab
 from helpers.lessons.gan_step.steps import StepSettings
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def expected_outcome(settings: StepSettings) -> tuple[str, str | None]:

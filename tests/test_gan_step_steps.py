@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gan_steps import IN_PLACE, d_loss_fn, g_loss_fn, gan, one_thread  # noqa: F401 - fixtures
+from gan_steps import IN_PLACE, d_loss_fn, g_loss_fn
 
 from helpers.lessons.gan_step.steps import StepSettings, make_step
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_all_settings_are_the_16_distinct_combinations():
