@@ -259,7 +259,7 @@ def test_a_retain_needed_by_a_step_that_fails_keeps_the_audits_words() -> None:
     result = diagnose(step, models=net, optimizers=optimizer)
     assert result.error_kind == "in-place version error"
     assert at(
-        result.prescription[0], "out.abs().mean().backward()   # through the weights the step just changed in place"
+        result.prescription[0], "out.abs().mean().backward()  # through the weights the step just changed in place"
     )
     (keep,) = [p for p in result.prescription if p.problem.startswith("retain_graph=True is needed")]
     assert not keep.to_fix and keep.fix.startswith("keep retain_graph=True at ")
