@@ -9,6 +9,7 @@ import gc
 import linecache
 import os
 import random
+import re
 import sys
 import types
 import weakref
@@ -550,9 +551,11 @@ def test_bad_input_is_refused_clearly(two_heads) -> None:
     )
     with pytest.raises(TypeError, match="function of no arguments"):
         audit_retain_graph(trunk(x))
-    with pytest.raises(TypeError, match="models must be a torch.nn.Module or a list of them; got Tensor"):
+    with pytest.raises(TypeError, match=re.escape("models must be a torch.nn.Module or a list of them; got Tensor")):
         audit_retain_graph(lambda: None, models=[trunk, x])
-    with pytest.raises(TypeError, match="optimizers must be a torch.optim.Optimizer or a list of them; got Sequential"):
+    with pytest.raises(
+        TypeError, match=re.escape("optimizers must be a torch.optim.Optimizer or a list of them; got Sequential")
+    ):
         audit_retain_graph(lambda: None, models=trunk, optimizers=trunk)
     assert audit_retain_graph(lambda: None, models=trunk, optimizers=optimizer).calls == []
 

@@ -55,9 +55,11 @@ def test_error_of_another_type_is_reraised_with_a_note():
 
 
 def test_message_that_does_not_match_is_reraised_with_a_note(capsys):
-    with pytest.raises(RuntimeError, match="something else") as info:
-        with expect_error(RuntimeError, match="backward through the graph"):
-            raise RuntimeError("something else")
+    with (
+        pytest.raises(RuntimeError, match="something else") as info,
+        expect_error(RuntimeError, match="backward through the graph"),
+    ):
+        raise RuntimeError("something else")
     notes = getattr(info.value, "__notes__", [])
     assert any("did not match" in note for note in notes)
     assert capsys.readouterr().out == ""

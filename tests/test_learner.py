@@ -63,7 +63,7 @@ def test_check_step_names_the_tool_and_what_to_do() -> None:
         "diagnose takes a step with no arguments; yours needs (model, batch, lr): wrap it, "
         "e.g. lambda: train(model, batch, lr=lr)"
     )
-    with pytest.raises(TypeError, match="^gradient_check takes a step: a function of no arguments .*got int$"):
+    with pytest.raises(TypeError, match=r"^gradient_check takes a step: a function of no arguments .*got int$"):
         check_step(3, "gradient_check")
     check_step(lambda *args, scale=1.0: None)  # nothing required: fine
 
@@ -73,7 +73,7 @@ def test_as_items_takes_one_a_list_or_a_dicts_values() -> None:
     assert as_items(a, torch.nn.Module, "models", "torch.nn.Module") == (a,)
     assert as_items([a, b], torch.nn.Module, "models", "torch.nn.Module") == (a, b)
     assert as_items({"D": a, "G": b}, torch.nn.Module, "models", "torch.nn.Module") == (a, b)
-    with pytest.raises(TypeError, match="^tool: models must be a torch.nn.Module or a list of them; got str$"):
+    with pytest.raises(TypeError, match=r"^tool: models must be a torch\.nn\.Module or a list of them; got str$"):
         as_items("net", torch.nn.Module, "models", "torch.nn.Module", "tool")
 
 

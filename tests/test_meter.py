@@ -248,7 +248,7 @@ def test_without_the_private_use_count_the_meter_refuses_to_guess(monkeypatch):
     import helpers.meter as meter_module
 
     monkeypatch.setattr(meter_module, "_storage_use_count", None)
-    with pytest.raises(RuntimeError, match="_storage_Use_Count.*torch==2.13.0"):
+    with pytest.raises(RuntimeError, match=r"_storage_Use_Count.*torch==2\.13\.0"):
         SavedTensorMeter()
 
 
@@ -258,9 +258,8 @@ def test_without_the_private_use_count_the_meter_refuses_to_guess(monkeypatch):
 def test_nested_meters_raise_a_clear_error():
     outer, inner = SavedTensorMeter(), SavedTensorMeter()
     with outer:
-        with pytest.raises(ValueError, match="another SavedTensorMeter is already active.*cannot be nested"):
-            with inner:
-                pass
+        with pytest.raises(ValueError, match=r"another SavedTensorMeter is already active.*cannot be nested"), inner:
+            pass
         assert outer.active and not inner.active
     assert not outer.active
     with inner:  # the failed nesting left nothing behind

@@ -76,7 +76,7 @@ def test_two_backwards_raise_ready_only_once_and_one_backward_is_the_single_proc
 def test_bad_input_gets_a_clear_message() -> None:
     with pytest.raises(TypeError, match="the model's class"):
         run_ddp(TwoHeads(), torch.zeros(8, 8), [("one", one_backward, {})])
-    with pytest.raises(ValueError, match="two equal halves|2 equal halves"):
+    with pytest.raises(ValueError, match=r"two equal halves|2 equal halves"):
         run_ddp(TwoHeads, torch.zeros(7, 8), [("one", one_backward, {})])
     with pytest.raises(ValueError, match="different label"):
         run_ddp(TwoHeads, torch.zeros(8, 8), [("one", one_backward, {}), ("one", two_backwards, {})])
