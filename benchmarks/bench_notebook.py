@@ -70,7 +70,8 @@ def main() -> None:
                 runs[name].append(run_seconds(nbformat.read(folder / name, as_version=4), folder))
     all_floors = [pair for pairs in floors.values() for pair in pairs]
     print(
-        f"floor (one cell: import torch), {len(all_floors)} runs: wall {statistics.median(w for w, _ in all_floors):.2f} s "
+        f"floor (one cell: import torch), {len(all_floors)} runs: "
+        f"wall {statistics.median(w for w, _ in all_floors):.2f} s "
         f"({min(w for w, _ in all_floors):.2f}-{max(w for w, _ in all_floors):.2f}), "
         f"CPU {statistics.median(c for _, c in all_floors):.2f} s "
         f"({min(c for _, c in all_floors):.2f}-{max(c for _, c in all_floors):.2f})"

@@ -114,7 +114,7 @@ def main() -> None:
     report("   watched / bare", ratio, low, high, f"{rounds} pairs of {block}-iteration blocks", 1.25)
 
     print("b. recorder on a tiny-op loop")
-    tiny, tiny_step = tiny_loop()
+    tiny, _tiny_step = tiny_loop()
     rounds, block = 12, 50
     ratio, low, high = paired(tiny, block, rounds)
     report("   watched / bare", ratio, low, high, f"{rounds} pairs of {block}-iteration blocks", 2.0)

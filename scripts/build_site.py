@@ -188,7 +188,7 @@ def rewrite_links(page_html: str, source: str, page: str, pages: dict[str, str])
         if "data-site-link" in match.group(1):  # the site's own navigation, already a page path
             return match.group(0)
         quote, value = match.group(2)[0], html.unescape(match.group(2)[1:-1])
-        if not value or value.startswith("#") or re.match(r"(?i)[a-z][a-z0-9+.-]*:", value) or value.startswith("//"):
+        if not value or value.startswith(("#", "//")) or re.match(r"(?i)[a-z][a-z0-9+.-]*:", value):
             return match.group(0)
         path, hash_, fragment = value.partition("#")
         path = path.split("?", 1)[0]
