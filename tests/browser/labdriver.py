@@ -8,6 +8,7 @@ folders, and serves a temporary copy of ``notebooks/`` (Run All never touches th
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -291,15 +292,10 @@ class LabServer:
         if process is None:
             return
         if process.poll() is None:
-            try:
-                with self.api("POST", "/api/shutdown", timeout=10):
-                    pass
-            except (OSError, urllib.error.URLError):
+            with contextlib.suppress(OSError, urllib.error.URLError), self.api("POST", "/api/shutdown", timeout=10):
                 pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(process.pid, sig)
@@ -311,10 +307,8 @@ class LabServer:
             except subprocess.TimeoutExpired:
                 continue
         for pid in self._own_kernel_pids():  # kernels run in sessions of their own
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 # -- a notebook in the page ---------------------------------------------------------------------
@@ -423,7 +417,8 @@ class LabPage:
     def mark_cells(self) -> None:
         """Give each cell's DOM node ``data-bt-cell=<index in the .ipynb>`` for stable locators."""
         self.page.evaluate(
-            "(path) => window.__bt.panel(path).content.widgets.forEach((c, i) => c.node.setAttribute('data-bt-cell', i))",
+            "(path) => window.__bt.panel(path).content.widgets"
+            ".forEach((c, i) => c.node.setAttribute('data-bt-cell', i))",
             self.path,
         )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ def test_lab_04_carried_state_by_clicking(notebook_page: Callable[[Path], LabPag
     expect(status).to_contain_text("Ran 4 iterations.")
     state = kernel_lab_state(lab_page)
     nodes, kept = state["nodes"], state["bytes"]
-    assert len(nodes) == 4 and len({b - a for a, b in zip(nodes, nodes[1:])}) == 1 and nodes[1] > nodes[0], nodes
+    assert len(nodes) == 4 and len({b - a for a, b in pairwise(nodes)}) == 1 and nodes[1] > nodes[0], nodes
     assert kept == [kept[0] * k for k in (1, 2, 3, 4)], kept
     expect(values["nodes"]).to_have_text(str(nodes[-1]))
     assert byte_count(values["graph-only-bytes"].inner_text()) == kept[-1]
