@@ -51,29 +51,44 @@ AT_START, AT_STEP = "at the step's start", "at its optimizer's step"
 
 
 @dataclass(frozen=True)
+class ModelGradients:
+    """One model's gradients in one run of the step, against its two references."""
+
+    model: str
+    equals_reference_at_start: bool  # the reference taken at the weights the step began with
+    equals_reference_at_step: bool  # the reference taken when the model's optimizer stepped
+    reads: str  # how they read: "equal up to float rounding", "DIFFERENT (...)"
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """One run of the step: its error (type and first line; None if it ran) and each model's gradients."""
+
+    error: str | None
+    models: tuple[ModelGradients, ...]
+
+
+@dataclass(frozen=True)
 class GradientCheck:
-    """What :func:`gradient_check` found: per run, the step's error (type and first line; None if it ran) and, per
-    model, whether its gradients equal the reference taken at the weights the step began with, whether they equal
-    the reference taken when its optimizer stepped, and how they read.
+    """What :func:`gradient_check` found: per run, the step's error and, per model, whether its gradients equal
+    the reference taken at the weights the step began with, whether they equal the reference taken when its
+    optimizer stepped, and how they read.
 
     Used by notebook 05_your_training_step.
     """
 
     step: str
-    runs: tuple[tuple[str | None, tuple[tuple[str, bool, bool, str], ...]], ...]
-
-    def _holds(self, point: int) -> bool:
-        return all(error is None and all(model[point] for model in models) for error, models in self.runs)
+    runs: tuple[StepRun, ...]
 
     @property
     def alternating(self) -> bool:
         """Every model's gradients equal the reference taken when its optimizer stepped, in both runs."""
-        return self._holds(2)
+        return all(r.error is None and all(m.equals_reference_at_step for m in r.models) for r in self.runs)
 
     @property
     def simultaneous(self) -> bool:
         """Every model's gradients equal the reference taken at the weights the step began with, in both runs."""
-        return self._holds(1)
+        return all(r.error is None and all(m.equals_reference_at_start for m in r.models) for r in self.runs)
 
     @property
     def passed(self) -> bool:
@@ -95,8 +110,8 @@ class GradientCheck:
                 head += ", each model's taken at the weights the step began with: simultaneous updates"
             head += "."
         rows = []
-        for number, (error, models) in enumerate(self.runs, 1):
-            said = f"raised {error}" if error else ", ".join(f"{name} {text}" for name, *_, text in models)
+        for number, run in enumerate(self.runs, 1):
+            said = f"raised {run.error}" if run.error else ", ".join(f"{m.model} {m.reads}" for m in run.models)
             rows.append(f"  run {number}: {said}")
         return "\n".join([head, *rows])
 
@@ -228,7 +243,7 @@ def _run_step(
         raise failed[0]
     got = {}
     for name, module in models.items():
-        grads = [received[id(p)] if id(p) in received else p.grad for p in module.parameters()]
+        grads = [received.get(id(p), p.grad) for p in module.parameters()]
         got[name] = flat([torch.zeros_like(p) if g is None else g for p, g in zip(module.parameters(), grads)])
     return got, at_step, entry, error
 
@@ -246,18 +261,18 @@ def _difference(got: torch.Tensor, want: torch.Tensor, entry: torch.Tensor) -> s
 
 def _describe(
     name: str, got: torch.Tensor, at_start: torch.Tensor, at_step: torch.Tensor | None, entry: torch.Tensor
-) -> tuple[str, bool, bool, str]:
+) -> ModelGradients:
     start = gradients_close(got, at_start)
     stepped = at_step is not None and gradients_close(got, at_step)
     if start and stepped:
-        return name, True, True, "equal up to float rounding"
+        return ModelGradients(name, True, True, "equal up to float rounding")
     if start or stepped:
         here, there = (AT_START, AT_STEP) if start else (AT_STEP, AT_START)
-        return name, start, stepped, f"equal up to float rounding {here} (DIFFERENT {there})"
+        return ModelGradients(name, start, stepped, f"equal up to float rounding {here} (DIFFERENT {there})")
     detail = _difference(got, at_step if at_step is not None else at_start, entry)
     if detail == "DIFFERENT" and at_step is not None:
         detail = _difference(got, at_start, entry)
-    return name, False, False, detail
+    return ModelGradients(name, False, False, detail)
 
 
 def gradient_check(
@@ -274,10 +289,10 @@ def gradient_check(
     step for a model no optimizer steps). A step passes when every model matches at one of the two points in both
     runs: the second means alternating updates (the standard GAN step: G's gradient through the updated D), the
     first simultaneous ones (one pass for both networks); with one optimizer step per iteration, or learning rates
-    of 0, they coincide. The reference is always evaluated as the step began (the tensors it reads, the random streams, the
-    buffers); only the weights differ. ``models``: a dict of name -> model, whose names the reference's dict uses;
-    one model (or a list) goes by the name the step knows it by, and with one model the reference may return the
-    loss itself. Everything is put back afterwards.
+    of 0, they coincide. The reference is always evaluated as the step began (the tensors it reads, the random
+    streams, the buffers); only the weights differ. ``models``: a dict of name -> model, whose names the reference's
+    dict uses; one model (or a list) goes by the name the step knows it by, and with one model the reference may
+    return the loss itself. Everything is put back afterwards.
 
     Used by notebook 05_your_training_step."""
     check_step(step, WHO)
@@ -286,21 +301,17 @@ def gradient_check(
     optimizers = as_items(optimizers, torch.optim.Optimizer, "optimizers", "torch.optim.Optimizer", WHO)
     state = TrainingState(list(named.values()), optimizers, step=step)
     buffers = [(b, b.detach().clone()) for m in named.values() for b in m.buffers()]
-    runs = []
+    runs: list[StepRun] = []
     try:
         with passed_optimizers_only(step, optimizers, WHO):
             for _ in range(2):
                 as_it_began = _Reference(reference, named)
                 at_start = as_it_began.gradients()
                 got, at_step, entry, error = _run_step(step, named, optimizers, as_it_began)
-                runs.append(
-                    (
-                        error,
-                        tuple(
-                            _describe(name, got[name], at_start[name], at_step.get(name), entry[name]) for name in named
-                        ),
-                    )
+                each = tuple(
+                    _describe(name, got[name], at_start[name], at_step.get(name), entry[name]) for name in named
                 )
+                runs.append(StepRun(error, each))
                 if error is not None:
                     break
     finally:
@@ -327,7 +338,7 @@ def _exercise_steps() -> tuple[torch.nn.Module, torch.optim.Optimizer, dict[str,
         x_in = xb.clone().requires_grad_()
         loss = F.mse_loss(model(x_in), yb)
         loss.backward(retain_graph=True)
-        x_adv = (x_in + 0.1 * x_in.grad.sign()).detach()
+        x_adv = (x_in + 0.1 * x_in.grad.sign()).detach()  # type: ignore[union-attr]  # as on the page; backward() set .grad
         opt.zero_grad()
         total = 0.5 * loss + 0.5 * F.mse_loss(model(x_adv), yb)
         total.backward()
@@ -341,7 +352,7 @@ def _exercise_steps() -> tuple[torch.nn.Module, torch.optim.Optimizer, dict[str,
         loss = F.mse_loss(model[2](features), yb)
         loss.backward()
         for p, g in zip(model[2].parameters(), head_grads):
-            p.grad += 0.1 * g
+            p.grad += 0.1 * g  # type: ignore[operator]  # as on the page; backward() set .grad
         opt.step()
 
     def regularised_step():
@@ -391,7 +402,7 @@ def _as_verdicts(name: str, value: object, count: int) -> tuple[str, ...] | None
     return tuple(item.strip().lower() for item in items)
 
 
-def check_audit_predictions(predictions: Mapping[str, object]) -> CheckResult:
+def check_audit_predictions(predictions: object) -> CheckResult:
     """The exercise: predict, for each retain_graph=True of the three steps, the audit's verdict ('needed' or
     'can go'). The audit runs on the check's own copies of the steps, on every call.
 
@@ -409,10 +420,11 @@ def check_audit_predictions(predictions: Mapping[str, object]) -> CheckResult:
     unknown = sorted(str(name) for name in given if name not in truth)
     if unknown:
         return CheckResult(False, f"Unknown step name(s): {', '.join(unknown)}; the steps are {', '.join(truth)}.")
-    answers, missing = {}, []
+    answers: dict[str, tuple[str, ...]] = {}
+    missing = []
     for name, verdicts in truth.items():
         try:
-            answers[name] = _as_verdicts(name, given.get(name, ...), len(verdicts))
+            answer = _as_verdicts(name, given.get(name, ...), len(verdicts))
         except ValueError as problem:
             return CheckResult(
                 False,
@@ -420,8 +432,10 @@ def check_audit_predictions(predictions: Mapping[str, object]) -> CheckResult:
                 "Each prediction is 'needed' or 'can go' (regularised_step: a tuple of two, in the "
                 "order of its retain_graph=True calls).",
             )
-        if answers[name] is None:
+        if answer is None:
             missing.append(name)
+        else:
+            answers[name] = answer
     if missing:
         return CheckResult(
             False,
