@@ -6,6 +6,7 @@ runs lives in the core (:mod:`helpers.growth`), since notebook 04 measures carri
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,8 +52,17 @@ class _TwoHeads(torch.nn.Module):
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def _two_head_setup(batches: int) -> tuple[_TwoHeads, list[Batch], list[tuple[list[torch.Tensor], ...]]]:
-    """The network, its batches, and per batch (gradient of l1, gradient of l2, [l1 + l2 as a number])."""
+@dataclass(frozen=True)
+class _BatchGradients:
+    """One batch's gradients of l1 and of l2 (one tensor per parameter, in the network's order), l1 + l2 as a number."""
+
+    of_l1: tuple[torch.Tensor, ...]
+    of_l2: tuple[torch.Tensor, ...]
+    loss_sum: float
+
+
+def _two_head_setup(batches: int) -> tuple[_TwoHeads, list[Batch], list[_BatchGradients]]:
+    """The network, its batches, and each batch's gradients of l1 and of l2, and l1 + l2 as a number."""
     generator = torch.Generator().manual_seed(0)
     torch.manual_seed(0)  # inside the check's fork_rng
     net = _TwoHeads()
@@ -69,7 +79,7 @@ def _two_head_setup(batches: int) -> tuple[_TwoHeads, list[Batch], list[tuple[li
         l1, l2 = _two_losses(net, *batch)
         g1 = torch.autograd.grad(l1, params, retain_graph=True, materialize_grads=True)
         g2 = torch.autograd.grad(l2, params, materialize_grads=True)
-        parts.append((list(g1), list(g2), [l1.item() + l2.item()]))
+        parts.append(_BatchGradients(g1, g2, l1.item() + l2.item()))
     return net, data, parts
 
 
@@ -98,7 +108,7 @@ def check_two_loss_loop(train: Callable[[torch.nn.Module, list[Batch]], list[flo
     """
     net, data, parts = _two_head_setup(batches=4)
     params, meter = list(net.parameters()), SavedTensorMeter()
-    total = _add(*(_add(g1, g2) for g1, g2, _ in parts))
+    total = _add(*(_add(part.of_l1, part.of_l2) for part in parts))
 
     def peak_of(backward: Callable[[torch.Tensor, torch.Tensor], Any]) -> int:
         meter.reset_peak()
@@ -131,7 +141,7 @@ def check_two_loss_loop(train: Callable[[torch.nn.Module, list[Batch]], list[flo
             train,
             (net, data),
             meter,
-            [s for *_, (s,) in parts],
+            [part.loss_sum for part in parts],
             lambda i: f"l1 + l2 of batch {i}",
             where,
             hints,
@@ -139,9 +149,9 @@ def check_two_loss_loop(train: Callable[[torch.nn.Module, list[Batch]], list[flo
         )
         known = (
             {
-                "those of l1 alone": _add(*(g1 for g1, _, _ in parts)),
-                "those of l2 alone": _add(*(g2 for _, g2, _ in parts)),
-                "those of the last batch alone": _add(*parts[-1][:2]),
+                "those of l1 alone": _add(*(part.of_l1 for part in parts)),
+                "those of l2 alone": _add(*(part.of_l2 for part in parts)),
+                "those of the last batch alone": _add(parts[-1].of_l1, parts[-1].of_l2),
             }
             if call == 0
             else {"those of this call alone (what .grad held was discarded)": total}
@@ -180,9 +190,11 @@ def check_backward_both(backward_both: Callable[[torch.Tensor, torch.Tensor], No
     byte counts that repeat exactly run to run, and the lowest of two runs each is compared.
     """
 
-    net, data, ((g1, g2, _),) = _two_head_setup(batches=1)
+    net, data, (part,) = _two_head_setup(batches=1)
+    g1, g2 = part.of_l1, part.of_l2
     params, meter, total, walks = list(net.parameters()), SavedTensorMeter(), _add(g1, g2), []
-    net.trunk[0].weight.register_hook(lambda grad: walks.append(1))  # once per backward pass through the trunk
+    # once per backward pass through the trunk
+    net.get_parameter("trunk.0.weight").register_hook(lambda grad: walks.append(1))
     for call in range(2):
         where = SECOND_CALL if call else ""
         before = gradients_or_zeros(params)
@@ -214,15 +226,19 @@ def check_backward_both(backward_both: Callable[[torch.Tensor, torch.Tensor], No
                 where,
             )
         del l1, l2
-    trunk_walks, peaks = len(walks), []
-    for answer in (lambda l1, l2: (l1 + l2).backward(), backward_both):
+    trunk_walks = len(walks)
+
+    def lowest_peak(answer: Callable[[torch.Tensor, torch.Tensor], Any]) -> int:
+        """The lower of two runs' allocation peaks of a whole step with ``answer``, .grad empty."""
         runs = []
         for _ in range(2):
             net.zero_grad(set_to_none=True)
             runs.append(
                 profiler_peak_bytes(lambda: run_answer(answer, *_two_losses(net, *data[0]), who="your function"))
             )
-        peaks.append(min(runs))
+        return min(runs)
+
+    peaks = [lowest_peak(answer) for answer in (lambda l1, l2: (l1 + l2).backward(), backward_both)]
     if peaks[1] > 1.1 * peaks[0]:
         walked = (
             f": your function backpropagated through the shared trunk {trunk_walks} times, and each pass "
