@@ -170,7 +170,7 @@ def bptt_requires_grad_off(model, optimizer, batches, h):
 def bptt_logged_forward_kept(model, optimizer, batches, h):
     for inputs, targets in batches:
         h = h.detach()
-        logged, _ = chunk_loss(model, h, inputs, targets)  # for a log, with a graph, alive until the next batch
+        _logged, _ = chunk_loss(model, h, inputs, targets)  # for a log, with a graph, alive until the next batch
         optimizer.zero_grad()
         loss, h = chunk_loss(model, h, inputs, targets)
         loss.backward()

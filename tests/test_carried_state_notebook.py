@@ -13,6 +13,7 @@ import io
 import json
 import linecache
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,7 @@ def test_each_carrier_is_found_and_each_fix_carries_nothing(notebook, broken, fi
 def test_retaining_walks_and_keeps_one_more_batch_per_iteration_and_detaching_stays_flat(notebook) -> None:
     growth = notebook["namespace"]["growth"]
     nodes, kept = growth.backward_nodes["retain_graph=True"], growth.graph_only_bytes["retain_graph=True"]
-    assert len({b - a for a, b in zip(nodes, nodes[1:])}) == 1 and nodes[1] > nodes[0]
+    assert len({b - a for a, b in pairwise(nodes)}) == 1 and nodes[1] > nodes[0]
     assert kept == [kept[0] * k for k in range(1, len(kept) + 1)] and kept[0] > 0
     assert len(set(growth.backward_nodes["h = h.detach()"])) == 1
     assert set(growth.graph_only_bytes["h = h.detach()"]) == {0}
@@ -111,7 +112,7 @@ def test_the_truncated_gradient_nears_the_full_one_as_the_window_grows(notebook)
     namespace = notebook["namespace"]
     full, windows = namespace["full"], namespace["windows"]
     differences = [float((windows[k] - full).norm() / full.norm()) for k in (4, 8, 16, 32, 64)]
-    assert all(a > b for a, b in zip(differences, differences[1:])), differences
+    assert all(a > b for a, b in pairwise(differences)), differences
     assert differences[0] > 0.05 and differences[-1] < 1e-6, differences
 
 

@@ -100,23 +100,20 @@ def test_the_chart_is_a_png_of_the_run(lab) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(chunk_loss=None), "chunk_loss(model, h, inputs, targets)"),
-        (dict(model="net"), "takes a torch.nn.Module"),
-        (dict(batches=[]), "non-empty list of (inputs, targets)"),
-        (dict(hidden_size=0), "hidden_size=...) must be a positive whole number"),
-        (dict(batches=[(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long))]), "(steps, batch, ...)"),
+        ({"chunk_loss": None}, "chunk_loss(model, h, inputs, targets)"),
+        ({"model": "net"}, "takes a torch.nn.Module"),
+        ({"batches": []}, "non-empty list of (inputs, targets)"),
+        ({"hidden_size": 0}, "hidden_size=...) must be a positive whole number"),
+        ({"batches": [(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long))]}, "(steps, batch, ...)"),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_message(kwargs, message) -> None:
-    arguments = (
-        dict(
-            chunk_loss=chunk_loss,
-            model=TinyRNN(),
-            hidden_size=5,
-            batches=[(torch.zeros(4, 2, dtype=torch.long), torch.zeros(4, 2, dtype=torch.long))],
-        )
-        | kwargs
-    )
+    arguments = {
+        "chunk_loss": chunk_loss,
+        "model": TinyRNN(),
+        "hidden_size": 5,
+        "batches": [(torch.zeros(4, 2, dtype=torch.long), torch.zeros(4, 2, dtype=torch.long))],
+    } | kwargs
     with pytest.raises(
         (TypeError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
     ):
