@@ -14,6 +14,7 @@ Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,6 +51,12 @@ class ExpectedError:
     exception: BaseException | None = field(default=None, repr=False)
 
 
+def _add_note(exc: BaseException, note: str) -> None:
+    """Attach ``note`` to ``exc``, shown under its traceback (Python 3.11+; 3.10 has no notes: the error alone)."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+
+
 @contextmanager
 def expect_error(
     error_type: type[BaseException] = Exception,
@@ -83,7 +90,7 @@ def expect_error(
     except error_type as exc:
         message = str(exc)
         if match is not None and re.search(match, message) is None:
-            exc.add_note(f"expect_error: expected {wanted}, but the message did not match.")
+            _add_note(exc, f"expect_error: expected {wanted}, but the message did not match.")
             raise
         record.type_name = type(exc).__name__
         record.message = message
@@ -93,7 +100,7 @@ def expect_error(
             for paragraph in message.splitlines() or [""]:
                 print(textwrap.fill(paragraph, width=width, initial_indent="  ", subsequent_indent="  "))
     except BaseException as exc:
-        exc.add_note(f"expect_error: expected {wanted}, got {type(exc).__name__} instead.")
+        _add_note(exc, f"expect_error: expected {wanted}, got {type(exc).__name__} instead.")
         raise
     else:
         raise AssertionError(
