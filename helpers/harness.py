@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from helpers.learner import as_items, check_step, held_bindings, known_names, passed_optimizers_only
+from helpers.names import CodeSite
 from helpers.recorder import Recorder
 from helpers.verdicts import Verdicts, judge
 
@@ -54,6 +55,16 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class _KeptTensor:
+    """A tensor a step may change and what puts it back: its CPU copy, its ``.grad``'s (None: none), its version."""
+
+    tensor: torch.Tensor
+    value: torch.Tensor
+    grad: torch.Tensor | None
+    version: int
+
+
 class CpuSnapshot:
     """What a tool's runs of a step may change, copied to the CPU now; :meth:`restore` puts it back."""
 
@@ -63,7 +74,7 @@ class CpuSnapshot:
         models: tuple[torch.nn.Module, ...],
         optimizers: tuple[torch.optim.Optimizer, ...],
     ) -> None:
-        self._tensors: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]] = {}
+        self._tensors: dict[int, _KeptTensor] = {}
         for model in models:
             for p in model.parameters():
                 self.keep(p)
@@ -96,7 +107,9 @@ class CpuSnapshot:
         """Copy ``tensor`` (and its ``.grad``) to the CPU, once."""
         if id(tensor) not in self._tensors and not tensor.is_meta and tensor.layout == torch.strided:
             grad = tensor.grad if tensor.is_leaf else None
-            self._tensors[id(tensor)] = (tensor, _cpu(tensor), None if grad is None else _cpu(grad), tensor._version)
+            self._tensors[id(tensor)] = _KeptTensor(
+                tensor, _cpu(tensor), None if grad is None else _cpu(grad), tensor._version
+            )
 
     def _walk(self, value: Any, depth: int) -> None:
         """Containers the step holds (their items put back) and the tensors in them (by value: a step may change
@@ -126,11 +139,12 @@ class CpuSnapshot:
 
     def restore(self) -> None:
         with torch.no_grad():
-            for tensor, value, grad, version in self._tensors.values():
+            for kept in self._tensors.values():
+                tensor, grad = kept.tensor, kept.grad
                 # changed in place: an optimizer's step bumps the version; p.data.add_() and batch norm's running
                 # statistics do not, so an unbumped tensor is compared
-                if tensor._version != version or not torch.equal(tensor.detach().cpu(), value):
-                    tensor.copy_(value)
+                if tensor._version != kept.version or not torch.equal(tensor.detach().cpu(), kept.value):
+                    tensor.copy_(kept.value)
                 if tensor.is_leaf and (tensor.requires_grad or grad is not None):
                     tensor.grad = None if grad is None else grad.to(tensor.device)
         for module, name, value in self._attributes:
@@ -211,7 +225,7 @@ def run_step(
     recorder.outermost = sys._getframe()  # the step's names are inside it; the caller's, outside
     code = getattr(step, "__code__", None)
     if code is not None:
-        recorder.roots_where = (code.co_filename, code.co_firstlineno, code.co_name)
+        recorder.roots_where = CodeSite(code.co_filename, code.co_firstlineno, code.co_name)
     runs = 0
     try:
         with passed_optimizers_only(step, optimizers, who), recorder:

@@ -19,12 +19,21 @@ import re
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 import torch
+from torch.autograd.graph import Node
 
-__all__ = ["NamedGraph", "names_holding_graphs", "simpler", "site_of"]
+__all__ = ["CodeSite", "NamedGraph", "names_holding_graphs", "simpler", "site_of"]
+
+
+class CodeSite(NamedTuple):
+    """The code a name was found in: its file, the code's first line and the code's name (a function's)."""
+
+    filename: str
+    first_line: int
+    name: str
 
 
 @dataclass(frozen=True)
@@ -36,7 +45,7 @@ class NamedGraph:
     rebinds each call, unlike an entry of a dict or an attribute it reaches)."""
 
     name: str
-    frame: tuple[str, int, str] | None
+    frame: CodeSite | None
     is_global: bool
     event: int
     sequence: int
@@ -74,33 +83,33 @@ def names_holding_graphs(
     roots: Callable[[], list[tuple[str, Any]]] | None = None,
     tracing: bool = False,
     outermost: types.FrameType | None = None,
-    roots_where: tuple[str, int, str] | None = None,
-) -> Iterator[tuple[NamedGraph, Any]]:
+    roots_where: CodeSite | None = None,
+) -> Iterator[tuple[NamedGraph, Node]]:
     """(name, node) for each node a name holds: the learner's frames from ``frame`` out (up to, not including,
     ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. While a trace
     function runs (``tracing``), snapshots are left alone: CPython writes a frame's f_locals back into its
     variables after each trace call, so an emptied snapshot would delete them; it also refreshes them then."""
-    sources: list[tuple[tuple[str, int, str] | None, bool, dict[str, Any], bool]] = []
+    sources: list[_Namespace] = []
     globals_seen: set[int] = set()
     while frame is not None and frame is not outermost:
         code = frame.f_code
         if site_of(frame, skipped, outward=False)[0]:
-            where = (code.co_filename, code.co_firstlineno, code.co_name)
+            where = CodeSite(code.co_filename, code.co_firstlineno, code.co_name)
             optimized = bool(code.co_flags & inspect.CO_OPTIMIZED)
             if optimized or frame.f_locals is not frame.f_globals:  # exec with its own namespace: the real one
-                sources.append((where, False, frame.f_locals, optimized))
+                sources.append(_Namespace(where, False, frame.f_locals, optimized))
             if id(frame.f_globals) not in globals_seen:
                 globals_seen.add(id(frame.f_globals))
-                sources.append((where, True, frame.f_globals, False))
+                sources.append(_Namespace(where, True, frame.f_globals, False))
         frame = frame.f_back
     if roots is not None:
-        sources.append((roots_where, False, dict(roots()), False))
-    found: dict[int, list] = {}  # node -> [NamedGraph fields..., node, held only by a function's own variable]
-    for where, is_global, namespace, snapshot in sources:
-        items = list(namespace.items())
-        if snapshot and not tracing:
-            namespace.clear()
-        best: dict[int, tuple[str, Any, bool]] = {}
+        sources.append(_Namespace(roots_where, False, dict(roots()), False))
+    found: dict[int, _Finding] = {}  # node's sequence number -> what the innermost namespace naming it found
+    for source in sources:
+        items = list(source.names.items())
+        if source.snapshot and not tracing:
+            source.names.clear()
+        best: dict[int, _Spelling] = {}
         holders: dict[int, str] = {}
         alike: dict[int, dict[str, int]] = {}  # node -> spelling -> the tensor's id (one tensor, several names)
         for name, value in items:
@@ -111,23 +120,19 @@ def names_holding_graphs(
                 if node is None:
                     continue
                 sequence = node._sequence_nr()
-                bare = snapshot and "[" not in spelled and "." not in spelled
+                bare = source.snapshot and "[" not in spelled and "." not in spelled
                 if not bare and (sequence not in holders or simpler(spelled, holders[sequence])):
                     holders[sequence] = spelled
                 known = best.get(sequence)
                 alike.setdefault(sequence, {})[spelled] = id(tensor)
-                if known is None or simpler(spelled, known[0]):
-                    best[sequence] = (
-                        spelled,
-                        node,
-                        bare and (known is None or known[2]),
-                        kind,
-                        tuple(tensor.shape),
-                        id(tensor),
+                if known is None or simpler(spelled, known.spelled):
+                    best[sequence] = _Spelling(
+                        spelled, node, bare and (known is None or known.local), kind, tuple(tensor.shape), id(tensor)
                     )
                 elif not bare:
-                    best[sequence] = (*known[:2], False, *known[3:])
-        for sequence, (spelled, node, bare, kind, shape, tensor_id) in best.items():
+                    best[sequence] = replace(known, local=False)
+        for sequence, spelling in best.items():
+            spelled, tensor_id = spelling.spelled, spelling.tensor_id
             entry = found.get(sequence)
             if entry is None:  # the innermost frame names it
                 rank = (spelled.count("["), spelled.count("."))
@@ -142,12 +147,76 @@ def names_holding_graphs(
                     ):
                         others[held] = a
                 aliases = tuple(sorted(others.values()))
-                found[sequence] = [spelled, where, is_global, node, bare, holders.get(sequence), kind, shape, aliases]
-            elif not bare:
-                entry[4] = False
-                entry[5] = entry[5] or holders.get(sequence)
-    for sequence, (spelled, where, is_global, node, bare, holder, kind, shape, aliases) in found.items():
-        yield NamedGraph(spelled, where, is_global, event, sequence, bare, holder, kind, shape, aliases), node
+                found[sequence] = _Finding(
+                    spelled,
+                    source.frame,
+                    source.is_global,
+                    spelling.node,
+                    spelling.local,
+                    holders.get(sequence),
+                    spelling.container,
+                    spelling.shape,
+                    aliases,
+                )
+            elif not spelling.local:
+                entry.local = False
+                entry.holder = entry.holder or holders.get(sequence)
+    for sequence, finding in found.items():
+        yield (
+            NamedGraph(
+                finding.name,
+                finding.frame,
+                finding.is_global,
+                event,
+                sequence,
+                finding.local,
+                finding.holder,
+                finding.container,
+                finding.shape,
+                finding.aliases,
+            ),
+            finding.node,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Namespace:
+    """A namespace searched for names: the code it belongs to (None: the harness's roots), whether it is a
+    module's globals, the names, and whether it is a function frame's ``f_locals`` snapshot (emptied after)."""
+
+    frame: CodeSite | None
+    is_global: bool
+    names: dict[str, Any]
+    snapshot: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Spelling:
+    """The simplest spelling one namespace has for a node so far: the spelling, the node, whether only a
+    function's own variables name it, the kind of container it is an item of, the tensor's shape and id."""
+
+    spelled: str
+    node: Node
+    local: bool
+    container: str | None
+    shape: tuple[int, ...]
+    tensor_id: int
+
+
+@dataclass(slots=True)
+class _Finding:
+    """A node as the innermost namespace naming it spelled it; ``local`` and ``holder`` are updated by the
+    namespaces further out (a global naming it too means it is not only a function's own variable)."""
+
+    name: str
+    frame: CodeSite | None
+    is_global: bool
+    node: Node
+    local: bool
+    holder: str | None
+    container: str | None
+    shape: tuple[int, ...]
+    aliases: tuple[str, ...]
 
 
 def simpler(a: str, b: str) -> bool:
@@ -191,7 +260,7 @@ def _tensors_under(
 
 
 # module -> (len(__dict__), the keys worth looking at); weak, so a module's id reused later finds nothing stale
-_tensor_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_tensor_keys: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, tuple[str, ...]]] = weakref.WeakKeyDictionary()
 
 
 def _module_tensors(prefix: str, module: torch.nn.Module, depth: int) -> Iterator[tuple[str, torch.Tensor, str | None]]:

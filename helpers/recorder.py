@@ -41,14 +41,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.autograd.graph import Node
 
-from helpers.iterations import split_iterations
+from helpers.iterations import EventKey, IterationEnd, split_iterations
 from helpers.learner import first_line, intercepting, learner_line, raised_at, skipped_dirs
 from helpers.lines import CreationLines
-from helpers.names import NamedGraph, names_holding_graphs, simpler, site_of
+from helpers.names import CodeSite, NamedGraph, names_holding_graphs, simpler, site_of
 from helpers.saved import graph_only_bytes, has_saved_data, python_walk, saved_data
 
-__all__ = ["CallRecord", "ErrorRecord", "Recorder", "StopRecording"]
+__all__ = ["CallRecord", "ErrorRecord", "FreedEarlier", "HeldGraph", "Recorder", "StepEvent", "StopRecording"]
 
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
 SECOND_TIME = (
@@ -64,6 +65,15 @@ _MAX_OLD, _MAX_NAMES = 100_000, 50_000  # nodes of maybe earlier iterations kept
 class StopRecording(BaseException):
     """Raised at the end of the iteration a recorder was told to stop after; :func:`helpers.watcher.watch` swallows
     it. Not an Exception: the learner's own ``except Exception`` must not catch it."""
+
+
+@dataclass(frozen=True)
+class FreedEarlier:
+    """The first node a call walked whose buffers an earlier call had freed: its position in the walk, and the
+    index of the call that walked it without retaining."""
+
+    position: int
+    freed_by: int
 
 
 @dataclass
@@ -84,11 +94,11 @@ class CallRecord:
     saved_nodes: int = 0
     held_after_bytes: int = 0
     needed_by: list[int] = field(default_factory=list)  # later calls that walked buffers this one kept
-    frontier: array = field(default_factory=lambda: array("Q"))  # of ``old``, those a new node points to
-    old: array = field(default_factory=lambda: array("Q"))  # sequence numbers of walked nodes built before the
-    # call's last event: what a later rule may call an earlier iteration
+    frontier: array[int] = field(default_factory=lambda: array("Q"))  # of ``old``, those a new node points to
+    old: array[int] = field(default_factory=lambda: array("Q"))  # sequence numbers of walked nodes built before
+    # the call's last event: what a later rule may call an earlier iteration
     error: str | None = None
-    first_freed: tuple[int, int] | None = None  # (position in the walk, the call that freed it)
+    first_freed: FreedEarlier | None = None
 
 
 @dataclass
@@ -103,6 +113,36 @@ class ErrorRecord:
     freed_by: int | None = None
     reached_through: NamedGraph | None = None
     changed_by_step: str | None = None
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """An optimizer step: the optimizer's id, the engine's sequence counter then, how many backward calls came
+    before it, and the learner's line that called ``step()``."""
+
+    optimizer: int
+    sequence: int
+    calls: int
+    line: str
+
+
+@dataclass(frozen=True)
+class HeldGraph:
+    """A graph the loop held into an iteration: the sighting at the first iteration start it was held at, its
+    graph-only bytes then, and the name that held it."""
+
+    sighting: int
+    graph_bytes: int
+    holder: str
+
+
+@dataclass(slots=True)
+class _Stamp:
+    """What a recorder writes in a walked node's ``metadata``: the last call that walked it, and whether that
+    call kept its buffers (updated by each later call that walks it)."""
+
+    call: int
+    kept: bool
 
 
 class Recorder:
@@ -127,18 +167,18 @@ class Recorder:
         self.before_step: Callable[[torch.optim.Optimizer], None] | None = None  # called before each step()
         self.by_runs = False  # a harness's runs of a step: each run is one iteration, whatever steps inside
         self.outermost: types.FrameType | None = None  # a tool's frame: names beyond it are its caller's
-        self.roots_where: tuple[str, int, str] | None = None  # the code the roots' names belong to (a step's)
+        self.roots_where: CodeSite | None = None  # the code the roots' names belong to (a step's)
         self.calls: list[CallRecord] = []
-        self.steps: list[tuple[int, int, int, str]] = []  # (optimizer id, sequence counter, calls so far, line)
+        self.steps: list[StepEvent] = []
         self.optimizer_kinds: dict[int, str] = {}
-        self._optimizers: dict[int, weakref.ref] = {}  # to read their parameters if an error needs them
-        self.marks: list[tuple[int, int]] = []  # next_iteration(): (sequence counter, calls so far)
+        # to read their parameters if an error needs them
+        self._optimizers: dict[int, weakref.ref[torch.optim.Optimizer]] = {}
+        self.marks: list[IterationEnd] = []  # where next_iteration() was called
         self.names: dict[int, NamedGraph] = {}  # node sequence number -> the name that held it
-        self.held_from: dict[int, tuple[int, int, str]] = {}  # node -> (the first iteration start the loop held
-        # it at, its graph-only bytes then, the name that held it)
+        self.held_from: dict[int, HeldGraph] = {}  # node sequence number -> when and how the loop first held it
         self.sightings: list[int] = []  # the sequence counter at each time names were read
         self.carriers: dict[int, str] = {}  # node -> the name that held it at an iteration's start
-        self.event_sightings: dict[tuple[str, int], int] = {}  # (kind, index) of an event -> its sighting
+        self.event_sightings: dict[EventKey, int] = {}  # an event -> its sighting
         self.starts: list[int] = []  # of those, the ones at an iteration's start (a loop header after an event)
         self.error: ErrorRecord | None = None
         self.creation = CreationLines()  # which learner's line built each node
@@ -162,18 +202,17 @@ class Recorder:
         self.creation.start(sys._getframe(1))
         return self
 
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         self.finish = torch._C._autograd._get_sequence_nr()
         self.creation.stop()
         self._context.__exit__(None, None, None)
-        frame = sys._getframe(1)
+        frame: types.FrameType | None = sys._getframe(1)
         while frame is not None:  # the f_locals snapshots that tracing and naming made: none outlives the watch
             if frame.f_code.co_flags & inspect.CO_OPTIMIZED and self.creation.is_learners(frame.f_code):
                 frame.f_locals.clear()
             frame = frame.f_back
         if exc is not None and not isinstance(exc, StopRecording) and self.error is None:
             self.record_error(exc)
-        return False
 
     def record_error(self, exc: BaseException) -> None:
         """Keep an error the loop raised outside a backward call (a backward's own is kept where it rose)."""
@@ -202,7 +241,7 @@ class Recorder:
         """Mark the end of an iteration (a loop without an optimizer, or with a hand-written update).
         ``between_runs``: called between two calls of a step (the step's frame is gone), so this is also where
         the next iteration starts."""
-        self.marks.append((torch._C._autograd._get_sequence_nr(), len(self.calls)))
+        self.marks.append(IterationEnd(torch._C._autograd._get_sequence_nr(), len(self.calls)))
         self.event_sightings[("mark", len(self.marks) - 1)] = len(self.sightings)
         if between_runs:
             self.starts.append(len(self.sightings))
@@ -228,7 +267,7 @@ class Recorder:
 
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
         line = learner_line(sys._getframe(1), self._lines, self._skipped)
-        self.steps.append((id(optimizer), torch._C._autograd._get_sequence_nr(), len(self.calls), line))
+        self.steps.append(StepEvent(id(optimizer), torch._C._autograd._get_sequence_nr(), len(self.calls), line))
         self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
         self._event_names(sys._getframe(1))
         self.creation.pending = True
@@ -239,7 +278,9 @@ class Recorder:
         return len(self.steps) + len(self.marks)
 
     # -- backward calls ------------------------------------------------------------------------------------
-    def _on_backward(self, engine: Callable[..., Any], outputs: Any, args: tuple, kwargs: dict) -> Any:
+    def _on_backward(
+        self, engine: Callable[..., Any], outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         if self._depth:  # a backward inside a backward (a hook's): the outer call is the learner's
             return engine(outputs, *args, **kwargs)
         keep = bool(args[1]) if len(args) > 1 else bool(kwargs.get("keep_graph", False))
@@ -249,7 +290,7 @@ class Recorder:
         line = learner_line(caller, self._lines, self._skipped)
         site = site_of(caller, self._skipped)
         if self.marks == [] and self.steps == [] and self.calls and self.iterations is not None:
-            self._fallback_stop(site)
+            self._fallback_stop(site, self.iterations)
         call = CallRecord(
             len(self.calls),
             site,
@@ -262,18 +303,21 @@ class Recorder:
             event=self.events,
         )
         self.calls.append(call)
-        roots = [_node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
-        roots = [r for r in roots if r is not None]
-        walked: list[Any] = []
+        nodes = [_node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
+        roots = [r for r in nodes if r is not None]
+        walked: list[Node] = []
         boundary = self._last_event_sequence()
 
-        def look(order: list[Any]) -> None:
+        def look(order: list[Node]) -> None:
             walked.extend(order)
             self._walk(call, order, boundary)
 
         handle = None
         if len(roots) == 1 and hasattr(roots[0], "register_prehook"):
-            handle = roots[0].register_prehook(lambda grads: look(torch._C._current_graph_task_execution_order()))
+            handle = roots[0].register_prehook(
+                # torch's stub lacks this private binding: the engine's own list of the nodes it will run
+                lambda grads: look(torch._C._current_graph_task_execution_order())  # type: ignore[attr-defined]
+            )
         elif roots:
             look(python_walk(roots))
         if self.keep_buffers:  # torch passes (grad_tensors, keep_graph, create_graph, inputs, ...) by position
@@ -294,15 +338,15 @@ class Recorder:
                 handle.remove()
             call.end = torch._C._autograd._get_sequence_nr()
         if keep or create:  # without a retain the engine freed every buffer it walked: nothing is held after it
-            call.held_after_bytes = graph_only_bytes([n for n in walked if self._key in n.metadata])
-        del walked
+            call.held_after_bytes = graph_only_bytes([n for n in walked if self._key in _metadata(n)])
+        walked.clear()  # the recorder holds no node between calls
         if not self.steps and not self.marks:
             self.event_sightings[("call", call.index)] = len(self.sightings)
             self._event_names(caller)
             self.creation.pending = True
         return result
 
-    def _walk(self, call: CallRecord, order: list[Any], boundary: int) -> None:
+    def _walk(self, call: CallRecord, order: list[Node], boundary: int) -> None:
         """Stamp the walked nodes that hold saved tensors; note the buffers an earlier call kept, and the nodes
         built before the call's last event. With keep_buffers, raise where the code as written would."""
         walked = saved_nodes = 0
@@ -313,7 +357,7 @@ class Recorder:
             cell's old h and old c both; not what lies under them). Only when there are old nodes at all."""
             if not call.old:
                 return
-            edges = set()
+            edges: set[int] = set()
             for node in order:
                 sequence = node._sequence_nr()
                 if boundary <= sequence < _LEAF_SEQ:
@@ -327,28 +371,29 @@ class Recorder:
         for position, node in enumerate(order):
             sequence = node._sequence_nr()
             if sequence >= _LEAF_SEQ:
-                if self.on_leaf is not None and isinstance(getattr(node, "variable", None), torch.Tensor):
-                    self.on_leaf(node.variable)  # before it accumulates: a leaf the caller could not name
+                leaf = getattr(node, "variable", None)  # an AccumulateGrad node's
+                if self.on_leaf is not None and isinstance(leaf, torch.Tensor):
+                    self.on_leaf(leaf)  # before it accumulates: a leaf the caller could not name
                 continue
             walked += 1
             if sequence < boundary and len(call.old) < _MAX_OLD:
                 call.old.append(sequence)
-            stamp = node.metadata.get(self._key)
+            metadata = _metadata(node)
+            stamp: _Stamp | None = metadata.get(self._key)
             if stamp is None:
                 if not has_saved_data(node):
                     continue
-                stamp = node.metadata[self._key] = [call.index, call.retain_graph or call.create_graph]
+                metadata[self._key] = _Stamp(call.index, call.retain_graph or call.create_graph)
             else:
-                previous, kept = stamp
-                if not kept and call.first_freed is None:
-                    call.first_freed = (position, previous)
+                if not stamp.kept and call.first_freed is None:
+                    call.first_freed = FreedEarlier(position, stamp.call)
                     if self.keep_buffers:
                         call.walked, call.saved_nodes = walked, saved_nodes + 1
                         frontier()
                         raise RuntimeError(SECOND_TIME)
-                if kept:
-                    needs.add(previous)
-                stamp[0], stamp[1] = call.index, call.retain_graph or call.create_graph
+                if stamp.kept:
+                    needs.add(stamp.call)
+                stamp.call, stamp.kept = call.index, call.retain_graph or call.create_graph
             saved_nodes += 1
         call.walked, call.saved_nodes = walked, saved_nodes
         frontier()
@@ -360,32 +405,34 @@ class Recorder:
         there is neither, the end of the last call."""
         candidates = [self.start]
         if self.steps:
-            candidates.append(self.steps[-1][1])
+            candidates.append(self.steps[-1].sequence)
         if self.marks:
-            candidates.append(self.marks[-1][0])
+            candidates.append(self.marks[-1].sequence)
         if self.calls and len(self.calls) > 1:
             candidates.append(self.calls[-2].end)
         return max(candidates)
 
-    def _fallback_stop(self, site: tuple[str, int]) -> None:
+    def _fallback_stop(self, site: tuple[str, int], iterations: int) -> None:
         """Without optimizer steps or marks, iteration N ends where the first backward line is called again."""
         first = self.calls[0].site
-        if site == first and sum(1 for c in self.calls if c.site == first) >= self.iterations:
+        if site == first and sum(1 for c in self.calls if c.site == first) >= iterations:
             self.stopped = True
-            raise StopRecording(self.iterations)
+            raise StopRecording(iterations)
 
-    def _explain(self, exc: BaseException, call: CallRecord, walked: list[Any], caller: types.FrameType) -> ErrorRecord:
+    def _explain(
+        self, exc: BaseException, call: CallRecord, walked: list[Node], caller: types.FrameType
+    ) -> ErrorRecord:
         record = ErrorRecord(first_line(exc, 400), call.line, call.index)
         message = str(exc)
         if "backward through the graph a second time" in message and call.first_freed is not None:
-            position, record.freed_by = call.first_freed
-            record.reached_through = self._through(walked, position, call, caller)
+            record.freed_by = call.first_freed.freed_by
+            record.reached_through = self._through(walked, call.first_freed.position, call, caller)
         elif "modified by an inplace operation" in message:
             record.changed_by_step = self._step_that_changed(walked, call)
         return record
 
     def _through(
-        self, walked: list[Any], position: int, call: CallRecord, caller: types.FrameType
+        self, walked: list[Node], position: int, call: CallRecord, caller: types.FrameType
     ) -> NamedGraph | None:
         """The name closest above the freed node in the walk: kept at an event, or held by a frame now."""
         live = {
@@ -401,25 +448,24 @@ class Recorder:
                 return named
         return None
 
-    def _step_that_changed(self, walked: list[Any], call: CallRecord) -> str | None:
+    def _step_that_changed(self, walked: list[Node], call: CallRecord) -> str | None:
         """The learner's line of the last optimizer step whose parameters a walked node saved, if one stepped
         after that node was built."""
-        stepped = {}
-        for optimizer_id, sequence, _, line in self.steps:
-            stepped[optimizer_id] = (sequence, line)
+        stepped = {step.optimizer: step for step in self.steps}  # each optimizer's last step
         if not stepped:
             return None
-        params = {}
+        params: dict[int, int] = {}  # a parameter's storage -> the optimizer that steps it
         for optimizer_id in stepped:
-            optimizer = self._optimizers.get(optimizer_id, lambda: None)()
+            reference = self._optimizers.get(optimizer_id)
+            optimizer = reference() if reference is not None else None
             for group in optimizer.param_groups if optimizer is not None else ():
                 for p in group["params"]:
                     params[p.untyped_storage().data_ptr()] = optimizer_id
         for node in walked:
             for tensor in saved_data(node) or ():
                 owner = params.get(tensor.untyped_storage().data_ptr())
-                if owner is not None and stepped[owner][0] > node._sequence_nr():
-                    return stepped[owner][1]
+                if owner is not None and stepped[owner].sequence > node._sequence_nr():
+                    return stepped[owner].line
         return None
 
     # -- names ---------------------------------------------------------------------------------------------
@@ -460,11 +506,22 @@ class Recorder:
                 # is rebound at its next call: what the loop holds is in its dicts, objects, modules and globals
                 # A node a backward walked without a retain has no buffers left (as written: with keep_buffers the
                 # recorder keeps them, so they are left out here the same way).
-                alive = [n for n in python_walk([node]) if (n.metadata.get(self._key) or (0, True))[1]]
-                self.held_from[sequence] = (sighting, graph_only_bytes(alive), named.holder or named.name)
+                alive = [n for n in python_walk([node]) if self._kept(n)]
+                self.held_from[sequence] = HeldGraph(sighting, graph_only_bytes(alive), named.holder or named.name)
+
+    def _kept(self, node: Node) -> bool:
+        """Whether ``node`` still has its buffers: no call of this recorder walked it, or the last one kept them."""
+        stamp: _Stamp | None = _metadata(node).get(self._key)
+        return stamp is None or stamp.kept
 
 
-def _node_of(output: Any) -> Any:
+def _metadata(node: Node) -> dict[str, Any]:
+    """A node's ``metadata`` dict (an attribute of every C++ node; torch's ``Node`` declares it a method)."""
+    metadata: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a dict attribute, not the stub's method
+    return metadata
+
+
+def _node_of(output: Any) -> Node | None:
     node = getattr(output, "grad_fn", None)
     if node is None and hasattr(output, "node"):  # a GradientEdge
         node = output.node

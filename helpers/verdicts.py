@@ -19,7 +19,6 @@ import ast
 import linecache
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from helpers.display import format_bytes
 from helpers.errors import error_kind
@@ -132,7 +131,7 @@ def judge(recorder: Recorder) -> Verdicts:
     carried_names = {c.name for c in carried if c.name}
     notes = [n for n in _notes(recorder, split) if n.name not in carried_names]  # carried already says it
     error = _error(recorder, split, carried)
-    partial = len(calls) > (split.ends[-1][1] if split.ends else 0) or recorder.error is not None
+    partial = len(calls) > (split.ends[-1].calls if split.ends else 0) or recorder.error is not None
     run = split.count + (1 if partial else 0)
     return Verdicts(
         split, run, len(calls), lines, carried, notes, error, recorder.iterations if recorder.stopped else None
@@ -208,13 +207,14 @@ def _lines(calls: list[CallRecord], split: Split, recorder: Recorder) -> list[Li
 def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
     """One finding per name and line that built it: each named node a backward walks that an earlier iteration
     built (or that was built before the first); a walk through old nodes no name holds is one finding too."""
-    found: dict[str, dict] = {}
+    found: dict[str, _Carried] = {}
 
-    def add(key: str, walked_in: int, **entry: Any) -> None:
-        if key in found:
-            found[key]["times"].add(walked_in)
+    def add(key: str, sighting: _Carried) -> None:
+        known = found.get(key)
+        if known is None:
+            found[key] = sighting
         else:
-            found[key] = {**entry, "reached_from": walked_in, "times": {walked_in}}
+            known.times.add(sighting.reached_from)
 
     for call in recorder.calls:
         iteration = split.iteration_of_call(call.index)
@@ -234,40 +234,40 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             for spelled in (name, *(a for a in node.aliases if carrier is None or carrier == node.name)):
                 add(
                     f"{line}|{spelled}",
-                    iteration,
-                    name=spelled,
-                    built_at=line,
-                    iteration=built or None,
-                    used_at=call.line,
-                    container=container,
-                    shape=node.shape,
+                    _Carried(spelled, line, built or None, call.line, container, node.shape, iteration, {iteration}),
                 )
         if not named:
             built = split.iteration_of_node(max(old))
             line = f"(no name the loop holds; built {_when(built)})"
-            add(
-                line,
-                iteration,
-                name=None,
-                built_at=line,
-                iteration=built or None,
-                used_at=call.line,
-                container=None,
-                shape=None,
-            )
+            add(line, _Carried(None, line, built or None, call.line, None, None, iteration, {iteration}))
     return [
         CarriedFinding(
-            e["name"],
-            e["built_at"],
-            e["iteration"],
-            e["used_at"],
-            e["reached_from"],
-            len(e["times"]),
-            carried_fix(e["name"], e["built_at"], e["iteration"] is None, e["container"]),
-            e["shape"],
+            e.name,
+            e.built_at,
+            e.iteration,
+            e.used_at,
+            e.reached_from,
+            len(e.times),
+            carried_fix(e.name, e.built_at, e.iteration is None, e.container),
+            e.shape,
         )
         for e in found.values()
     ]
+
+
+@dataclass(slots=True)
+class _Carried:
+    """A carried graph as the first backward that walked it saw it (the fields of :class:`CarriedFinding`, and
+    the container its name is an item of); ``times`` gathers every iteration whose backward walked it."""
+
+    name: str | None
+    built_at: str
+    iteration: int | None
+    used_at: str
+    container: str | None
+    shape: tuple[int, ...] | None
+    reached_from: int
+    times: set[int]
 
 
 def _notes(recorder: Recorder, split: Split) -> list[Note]:
@@ -280,15 +280,16 @@ def _notes(recorder: Recorder, split: Split) -> list[Note]:
             walked[sequence] = max(walked.get(sequence, 0), iteration)
     last = max(1, split.count + (1 if recorder.error is not None else 0))
     by_name: dict[str, Note] = {}
-    for sequence, (sighting, held_bytes, holder) in recorder.held_from.items():
-        held = split.iteration_of_sighting(sighting)
+    for sequence, held_graph in recorder.held_from.items():
+        holder = held_graph.holder
+        held = split.iteration_of_sighting(held_graph.sighting)
         built = split.iteration_of_node(sequence)
         if not built < held <= last or walked.get(sequence, 0) >= held:
             continue
         if _below_a_submodule(holder):  # a loss module's self.loss: the model's own bookkeeping
             continue
         named = recorder.names[sequence]
-        by_name.setdefault(holder, Note(holder, built_line(named, built == 0, recorder), held_bytes))
+        by_name.setdefault(holder, Note(holder, built_line(named, built == 0, recorder), held_graph.graph_bytes))
     return list(by_name.values())
 
 
@@ -397,7 +398,7 @@ def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name:
     (``y = state["y"]``) or cannot build a graph (``h = h.detach()``) do not count. Built in an iteration: the
     last one inside a loop; built before the first: the last one outside loops before the function's own line."""
     spelled = named.name
-    root = re.match(r"\w*", spelled).group(0)
+    root = re.split(r"\W", spelled, maxsplit=1)[0]  # the leading word: "state" of state['h'], "" of ['h']
     keys = re.findall(r"\[['\"](\w+)['\"]\]", spelled)
     attribute = re.findall(r"\.(\w+)", spelled)
     wanted = {root, *keys[-1:], *attribute[-1:]} - {""}
@@ -415,20 +416,7 @@ def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name:
         )
     )
     for scope, nested in [*((f, False) for f in around), (tree, False), (tree, True)]:
-        found: list[tuple[int, bool]] = []  # (line, inside a loop)
-
-        def visit(node: ast.AST, in_loop: bool, top: bool) -> None:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, (*functions, ast.ClassDef, ast.Lambda)) and child is not scope and not nested:
-                    continue  # a scope of its own: searched when it is around the name, or in the last pass
-                loop = in_loop or isinstance(child, (ast.For, ast.While, ast.AsyncFor))
-                if isinstance(child, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and _may_build(child.value):
-                    targets = child.targets if isinstance(child, ast.Assign) else [child.target]
-                    if any(_binds(t, wanted) for t in targets):
-                        found.append((child.lineno, in_loop))
-                visit(child, loop, False)
-
-        visit(scope, False, True)
+        found = _assignments_to(wanted, scope, nested)
         if not found:
             continue
         if before_loop:
@@ -438,6 +426,27 @@ def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name:
         inside = [line for line, in_loop in found if in_loop]
         return (inside or [line for line, _ in found])[-1]
     return None
+
+
+def _assignments_to(wanted: set[str], scope: ast.AST, nested: bool) -> list[tuple[int, bool]]:
+    """(line, inside a loop) of each assignment in ``scope`` that binds one of ``wanted`` with a value that may
+    build a graph; the functions, classes and lambdas inside ``scope`` are searched too only if ``nested``."""
+    found: list[tuple[int, bool]] = []
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+    def visit(node: ast.AST, in_loop: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, scopes) and child is not scope and not nested:
+                continue  # a scope of its own: searched when it is around the name, or in the last pass
+            loop = in_loop or isinstance(child, (ast.For, ast.While, ast.AsyncFor))
+            if isinstance(child, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and _may_build(child.value):
+                targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                if any(_binds(t, wanted) for t in targets):
+                    found.append((child.lineno, in_loop))
+            visit(child, loop)
+
+    visit(scope, False)
+    return found
 
 
 def _may_build(value: ast.AST | None) -> bool:
