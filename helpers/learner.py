@@ -6,8 +6,8 @@ code shares (:mod:`helpers.recorder`, :mod:`helpers.harness` and through them :f
 * :func:`intercepting` is the only code that patches torch: autograd's engine entry (bound twice, in
   ``torch.autograd.graph`` and ``torch.autograd``: ``loss.backward()``, ``torch.autograd.backward`` and ``grad``
   all pass through it) and PyTorch's global optimizer step hooks;
-* :func:`known_names`, :func:`name_bindings` and :func:`held_bindings` are the only code that reads a step's closure and globals: the
-  names it knows objects by, and a way to bind each name to its object again;
+* :func:`known_names`, :func:`name_bindings` and :func:`held_bindings` are the only code that reads a step's
+  closure and globals: the names it knows objects by, and a way to bind each name to its object again;
 * :func:`check_step` and :func:`as_items` refuse bad input with a message naming the tool and what is wrong: a
   step that needs arguments, models that are not modules, optimizers that are not optimizers;
 * :func:`passed_optimizers_only` stops a run when an optimizer the caller did not pass calls ``step()``, before it
@@ -22,6 +22,7 @@ code shares (:mod:`helpers.recorder`, :mod:`helpers.harness` and through them :f
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import linecache
 import os
@@ -30,6 +31,7 @@ import sys
 import sysconfig
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,6 +39,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 __all__ = [
     "ENGINE_ENTRY",
+    "NameBinding",
     "as_items",
     "check_step",
     "code_reached",
@@ -75,8 +78,9 @@ def learner_line(
     lines: dict[tuple[str, int], str] | None = None,
     skipped: tuple[str, ...] | None = None,
 ) -> str:
-    """The learner's line, "file:line: code" ("Cell In[3], line 5: code" in a notebook), of the first frame from ``frame`` outward that lies outside
-    torch, ``helpers/``, the standard library and site-packages (code read with ``linecache``), or
+    """The learner's line, "file:line: code" ("Cell In[3], line 5: code" in a notebook), of the first frame from
+    ``frame`` outward that lies outside torch, ``helpers/``, the standard library and site-packages (code read with
+    ``linecache``), or
     "(no source line outside torch)". ``lines`` caches each (file, line)'s answer ("" for a skipped frame)
     across calls; ``skipped`` is the folders to skip, computed when not given."""
     lines = {} if lines is None else lines
@@ -94,33 +98,50 @@ def learner_line(
     return "(no source line outside torch)"
 
 
-def name_bindings(step: Callable[[], Any]) -> list[tuple[Callable[[], Any], Callable[[Any], None], Any]]:
-    """(read it now, put it back, value) for each name the step holds in its closure and each global it reads (not
-    functions): ``put(value)`` binds the name to that very object again, ``read()`` gives what it holds now."""
-    bindings: list[tuple[Callable[[], Any], Callable[[Any], None], Any]] = []
+@dataclass(frozen=True)
+class NameBinding:
+    """A name a step holds (a variable of its closure, or a global it reads): ``read()`` gives what the name holds
+    now, ``put(value)`` binds the name to that very object again, and ``value`` is what it held when read."""
+
+    read: Callable[[], Any]
+    put: Callable[[Any], None]
+    value: Any
+
+
+def _cell_binding(cell: types.CellType, value: Any) -> NameBinding:
+    def put(new: Any) -> None:
+        cell.cell_contents = new
+
+    return NameBinding(lambda: cell.cell_contents, put, value)
+
+
+def _global_binding(namespace: dict[str, Any], name: str, value: Any) -> NameBinding:
+    return NameBinding(lambda: namespace.get(name), functools.partial(namespace.__setitem__, name), value)
+
+
+def name_bindings(step: Callable[[], Any]) -> list[NameBinding]:
+    """A :class:`NameBinding` for each name the step holds in its closure and each global it reads (not
+    functions)."""
+    bindings: list[NameBinding] = []
     code = getattr(step, "__code__", None)
-    for name, cell in zip(code.co_freevars if code is not None else (), getattr(step, "__closure__", None) or ()):
+    for _, cell in zip(code.co_freevars if code is not None else (), getattr(step, "__closure__", None) or ()):
         try:
             value = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        bindings.append(
-            (lambda cell=cell: cell.cell_contents, lambda v, cell=cell: setattr(cell, "cell_contents", v), value)
-        )
+        bindings.append(_cell_binding(cell, value))
     namespace = getattr(step, "__globals__", {})
     closure = set(code.co_freevars) if code is not None else set()
     for name, value in known_names(step).items():
         if name not in closure and namespace.get(name) is value and not callable(value):
-            bindings.append(
-                (lambda name=name: namespace.get(name), lambda v, name=name: namespace.__setitem__(name, v), value)
-            )
+            bindings.append(_global_binding(namespace, name, value))
     return bindings
 
 
 def held_bindings(step: Callable[[], Any]) -> list[tuple[Callable[[Any], None], Any]]:
     """(put it back, value) for each of :func:`name_bindings`: calling ``put(value)`` binds the name to that very
     object again."""
-    return [(put, value) for _, put, value in name_bindings(step)]
+    return [(binding.put, binding.value) for binding in name_bindings(step)]
 
 
 def code_reached(function: Callable[..., Any]) -> list[types.CodeType]:
@@ -233,7 +254,7 @@ def as_items(value: object, kind: type, what: str, label: str, who: str = "audit
 _ENGINE_OWNERS = (torch.autograd.graph, torch.autograd)
 ENGINE_ENTRY = "_engine_run_backward"
 
-EngineHandler = Callable[[Callable[..., Any], Any, tuple, dict], Any]
+EngineHandler = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
 @contextlib.contextmanager
@@ -261,12 +282,12 @@ def intercepting(
 
             for owner, original in zip(_ENGINE_OWNERS, current):
                 setattr(owner, entry, entered)
-                undo.append(lambda owner=owner, original=original: setattr(owner, entry, original))
+                undo.append(functools.partial(setattr, owner, entry, original))
         elif on_backward is not None:
             for name in ("backward", "grad"):
                 original = getattr(torch.autograd, name)
                 setattr(torch.autograd, name, _public_entry(name, original, on_backward))
-                undo.append(lambda name=name, original=original: setattr(torch.autograd, name, original))
+                undo.append(functools.partial(setattr, torch.autograd, name, original))
         if before_step is not None:
             undo.append(register_optimizer_step_pre_hook(lambda o, args, kwargs: before_step(o)).remove)
         if on_step is not None:

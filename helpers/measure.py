@@ -78,14 +78,15 @@ def compare_gradients(
     missing = []
     for name, ref in reference.items():
         mine = got[name]
-        if mine is None and ref is None:
-            continue
-        if mine is None or ref is None:
-            if mine is None:
-                missing.append(name)
+        if mine is None:
+            if ref is None:
+                continue
+            missing.append(name)
             bit_equal = close = False
-            mine = torch.zeros_like(ref) if mine is None else mine
-            ref = torch.zeros_like(mine) if ref is None else ref
+            mine = torch.zeros_like(ref)
+        elif ref is None:
+            bit_equal = close = False
+            ref = torch.zeros_like(mine)
         difference = mine - ref
         worst = max(worst, float(difference.abs().max()) if difference.numel() else 0.0)
         squared_diff += float(difference.pow(2).sum())
@@ -139,6 +140,7 @@ def profiler_peak_bytes(step: Callable[[], object]) -> int:
     Allocations and frees are summed in time order; the peak includes everything the step
     allocates (activations, gradients, temporaries), not only saved tensors.
     """
+    from torch._C._autograd import DeviceType  # where it is defined: torch.autograd re-exports it untyped
     from torch.profiler import ProfilerActivity, profile
 
     with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -146,7 +148,7 @@ def profiler_peak_bytes(step: Callable[[], object]) -> int:
     events = sorted(
         (event.start_ns(), event.nbytes())
         for event in prof.profiler.kineto_results.events()
-        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU
+        if event.name() == "[memory]" and event.device_type() == DeviceType.CPU
     )
     running = peak = 0
     for _, nbytes in events:
@@ -161,8 +163,8 @@ class TrainingState:
     streams (Python's, torch's CPU and CUDA generators), captured now; :meth:`restore` puts them back.
 
     Given ``step`` (a function), also the names it reaches (:func:`helpers.learner.name_bindings`: its closure's
-    variables and the globals it reads, functions left out). :meth:`restore` binds a name to the very object it held (not a copy) when
-    that object or the name's value now holds tensors (a tensor, or a list or tuple with one in it: a
+    variables and the globals it reads, functions left out). :meth:`restore` binds a name to the very object it held
+    (not a copy) when that object or the name's value now holds tensors (a tensor, or a list or tuple with one in it: a
     hidden state ``h`` the step rebinds, a total that starts as ``0.0`` and becomes a tensor), and gives a
     list back the items it had (in place, the same list) when they or its items now hold tensors (a list of
     outputs the step appends to). Other names (a counter, a function) are left alone."""
@@ -192,7 +194,7 @@ class TrainingState:
         self._torch_random = torch.get_rng_state()
         self._cuda_random = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         self._bindings = [] if step is None else name_bindings(step)
-        values = [value for _, _, value in self._bindings]
+        values = [binding.value for binding in self._bindings]
         lists = {id(v): v for v in values if isinstance(v, list)}
         self._lists = [(target, list(target)) for target in lists.values()]
 
@@ -212,9 +214,9 @@ class TrainingState:
         torch.set_rng_state(self._torch_random)
         if self._cuda_random is not None:
             torch.cuda.set_rng_state_all(self._cuda_random)
-        for read, put, value in self._bindings:
-            if _holds_tensors(value) or _holds_tensors(read()):
-                put(value)
+        for binding in self._bindings:
+            if _holds_tensors(binding.value) or _holds_tensors(binding.read()):
+                binding.put(binding.value)
         for target, items in self._lists:
             if _holds_tensors(items) or _holds_tensors(target):
                 target[:] = items
