@@ -99,7 +99,9 @@ class _IterationStamps(TorchFunctionMode):
         super().__init__()
         self.iteration = iteration
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         # Read before the call: an in-place op gives its input a new grad_fn, which this call built.
         inputs = {id(t.grad_fn) for t in _tensors((args, kwargs)) if t.grad_fn is not None}
@@ -107,9 +109,12 @@ class _IterationStamps(TorchFunctionMode):
         stack = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
         while stack:  # down to the inputs' nodes: what lies between, one C++ op built inside itself
             node = stack.pop()
-            if id(node) in inputs or hasattr(node, "variable") or ITERATION_KEY in node.metadata:
+            if id(node) in inputs or hasattr(node, "variable"):
                 continue
-            node.metadata[ITERATION_KEY] = self.iteration
+            metadata: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a dict attribute, not a method
+            if ITERATION_KEY in metadata:
+                continue
+            metadata[ITERATION_KEY] = self.iteration
             stack.extend(child for child, _ in node.next_functions if child is not None)
         return out
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from helpers.audit import RetainAudit, audit_report
-from helpers.carried import CarriedGraphReport, carried_report
+from helpers.carried import CarriedGraphReport, CarriedTensor, carried_report
 from helpers.display import format_bytes
 from helpers.harness import StepRun, run_step
 from helpers.verdicts import CREATE_GRAPH_NOTE
@@ -108,7 +108,9 @@ class Diagnosis:
 
 def _prescription(run: StepRun, carried: CarriedGraphReport, audit: RetainAudit) -> list[Prescription]:
     v = run.verdicts
-    items, by_line = [], {}  # one item per line: an LSTM's line builds h and c, one fix detaches both
+    items: list[Prescription] = []
+    # one item per line: an LSTM's line builds h and c, one fix detaches both
+    by_line: dict[str, list[CarriedTensor]] = {}
     for f in carried.findings:
         by_line.setdefault(f.created_at, []).append(f)
     for f, *more in by_line.values():

@@ -164,7 +164,7 @@ def _counting_backward_nodes(walked: list[int]) -> contextlib.AbstractContextMan
     """Inside: each ``backward()`` first appends to ``walked`` the number of nodes it is about to walk (through
     the one interception point, :func:`helpers.learner.intercepting`; ``torch.autograd.grad`` is not counted)."""
 
-    def counting(engine: Callable[..., Any], outputs: Any, args: tuple, kwargs: dict) -> Any:
+    def counting(engine: Callable[..., Any], outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if kwargs.get("accumulate_grad", True):
             walked.append(reachable_nodes(outputs))
         return engine(outputs, *args, **kwargs)

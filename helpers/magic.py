@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import linecache
 import sys
+import types
 from typing import Any
 
 import torch
@@ -68,7 +69,7 @@ def _objects(line: str, namespace: dict[str, Any]) -> tuple[list[torch.nn.Module
 def _cell_file(shell: Any) -> str | None:
     """The file name IPython compiled the running cell under (the first frame out whose file its compiler
     names as a cell), or None outside a cell."""
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         if shell.compile.format_code_name(frame.f_code.co_filename):
             return frame.f_code.co_filename
@@ -97,7 +98,9 @@ def diagnose_cell(line: str, cell: str, shell: Any) -> Diagnosis:
     if names:
         body.insert(0, ast.Global(names=names, lineno=2, col_offset=0))
     module = ast.parse(f"def {_STEP_NAME}():\n    pass\n")  # a function node as this Python builds one
-    module.body[0].body = body
+    function = module.body[0]
+    assert isinstance(function, ast.FunctionDef)  # the one statement parsed above
+    function.body = body
     ast.fix_missing_locations(module)
     filename = _cell_file(shell) or shell.compile.cache(source, shell.execution_count)
     # The cell's own code is one call of the magic; its lines, as the learner sees them, are the source.

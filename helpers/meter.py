@@ -33,7 +33,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import torch
 
@@ -57,7 +57,7 @@ def _statement_site() -> tuple[int, int] | None:
     reassigned), named by (frame id, instruction): it walks out of torch's frames to the statement
     that dropped the graph. Every release caused by one statement reports the same site.
     """
-    frame = sys._getframe(3)  # _statement_site <- _sample_peak <- _SavedBox.__del__ <- what freed it
+    frame: FrameType | None = sys._getframe(3)  # _statement_site <- _sample_peak <- _SavedBox.__del__ <- what freed it
     while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
         frame = frame.f_back
     return None if frame is None else (id(frame), frame.f_lasti)
@@ -139,7 +139,7 @@ class _SavedBox:
 class MeterReading:
     """The meter's figures at one moment (bytes are distinct storages, never double counted).
 
-    Returned by :meth:`SavedTensorMeter.reading`; used by the lab in notebooks 01 and 02.
+    Returned by :meth:`SavedTensorMeter.reading`.
     """
 
     saved_tensors: int
