@@ -1,6 +1,7 @@
 """The exercise checks' mechanics: predictions against autograd, errors of any type, figures from shapes.
 
-The catalogues of right and wrong answers per notebook are in test_graph_buffers_checks.py and test_multi_loss_checks.py.
+The catalogues of right and wrong answers per notebook are in test_graph_buffers_checks.py and
+test_multi_loss_checks.py.
 """
 
 from __future__ import annotations

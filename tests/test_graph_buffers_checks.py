@@ -102,7 +102,7 @@ def three_data(loss):
 
 
 def three_global_loss(loss):
-    for i in range(3):
+    for _ in range(3):
         notebook_loss.backward(retain_graph=True)
 
 

@@ -3,6 +3,8 @@ reachable, and time per iteration grows only when each backward walks earlier it
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import torch
 
@@ -149,7 +151,7 @@ def test_the_bytes_run_counts_the_nodes_each_backward_walks_and_only_a_chain_mak
     assert result.backward_nodes["kept"] == [one_graph] * 4
     # The chain adds one AddBackward per iteration and one graph's own nodes (the leaves are shared).
     chained = result.backward_nodes["chained"]
-    steps = {b - a for a, b in zip(chained, chained[1:])}
+    steps = {b - a for a, b in pairwise(chained)}
     assert len(steps) == 1 and steps.pop() > 0 and chained[0] <= one_graph + 1
     import torch.autograd as autograd_module
 
@@ -180,5 +182,5 @@ def test_a_loop_state_of_ones_own_reaches_every_body() -> None:
         {"carry": carry}, iterations=4, block=2, progress=False, new_state=lambda: SimpleNamespace(h=torch.ones(4))
     )
     nodes = result.backward_nodes["carry"]
-    assert [b - a for a, b in zip(nodes, nodes[1:])] == [1, 1, 1]
+    assert [b - a for a, b in pairwise(nodes)] == [1, 1, 1]
     assert result.grows("carry")

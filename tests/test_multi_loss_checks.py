@@ -70,7 +70,7 @@ def two_roots(l1, l2):
 
 
 def overwrite_with_autograd_grad(l1, l2):
-    params = [leaf for leaf in _leaves(l1 + l2)]
+    params = list(_leaves(l1 + l2))
     for p, g in zip(params, torch.autograd.grad(l1 + l2, params)):
         p.grad = g
 
