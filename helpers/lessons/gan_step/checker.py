@@ -239,6 +239,10 @@ class GanStepChecker:
         g_grads = torch.autograd.grad(g_loss, list(g_params.values()), allow_unused=True)
         return {"D": _by_name(d_params, d_grads), "G": _by_name(g_params, g_grads)}
 
+    def _called(self, step: Step) -> Callable[[], object]:
+        """``step`` as a function of no arguments: one call on this checker's networks, optimizers and batch."""
+        return lambda: step(*self._args())
+
     def _args(self) -> tuple[Any, ...]:
         return self.netG, self.netD, self.optimizerG, self.optimizerD, self.real, self.z
 
@@ -264,7 +268,7 @@ class GanStepChecker:
         """
         if not callable(step):
             raise TypeError(f"check() needs a step function, not {type(step).__name__}.")
-        name = name or getattr(step, "label", None) or getattr(step, "__name__", "step")
+        name = name or str(getattr(step, "label", None) or getattr(step, "__name__", "step"))
         recorded, calls, error, seconds, forwards = self._run(step, meter=None)
         if error is not None:
             return StepCheck(name, "error", error, {}, None, None, seconds, calls, forwards)
@@ -364,10 +368,8 @@ class GanStepChecker:
             for key in runnable:
                 self.netG.zero_grad(set_to_none=True)
                 self.netD.zero_grad(set_to_none=True)
-                allocated[key] = profiler_peak_bytes(lambda step=steps[key]: step(*self._args()))
-            times = time_round_robin(
-                {key: lambda step=steps[key]: step(*self._args()) for key in runnable}, rounds, progress=progress
-            )
+                allocated[key] = profiler_peak_bytes(self._called(steps[key]))
+            times = time_round_robin({key: self._called(steps[key]) for key in runnable}, rounds, progress=progress)
         medians = {key: statistics.median(values) for key, values in times.items()}
         if progress:
             print(

@@ -71,8 +71,6 @@ def _run_three_calls(checker: GanStepChecker, step: Step) -> list[_StepCall]:
     Weights, optimizer state and .grad are restored afterwards.
     """
     modules = {"D": checker.netD, "G": checker.netG}
-    optimizers = {"D": checker.optimizerD, "G": checker.optimizerG}
-    first_layer = next(m for m in checker.netD.modules() if list(m.parameters(recurse=False)))
     prefill = torch.Generator().manual_seed(3)
     calls: list[_StepCall] = []
     with checker.frozen():
@@ -82,43 +80,52 @@ def _run_three_calls(checker: GanStepChecker, step: Step) -> list[_StepCall]:
             if index == 2:
                 for module in modules.values():
                     _prefill(module, prefill)
-            received: dict[str, list[dict[str, torch.Tensor | None]]] = {"D": [], "G": []}
-            passes = [0]
-
-            def count_pass(*_: Any) -> None:
-                passes[0] += 1
-
-            def recorder(key: str) -> Callable[..., None]:
-                def hook(*_: Any) -> None:
-                    received[key].append(gradients_of(modules[key]))
-
-                return hook
-
-            entry = {key: gradients_of(module) for key, module in modules.items()}
-            handles = [optimizers[key].register_step_pre_hook(recorder(key)) for key in optimizers]
-            handles.append(first_layer.register_forward_hook(count_pass))
-            error: BaseException | None = None
-            try:
-                with _watching_backward() as backward_calls:
-                    step(*checker._args())
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:
-                error = exc
-            finally:
-                for handle in handles:
-                    handle.remove()
-            final = {key: gradients_of(module) for key, module in modules.items()}
-            calls.append(_StepCall(entry, received, final, passes[0], backward_calls, error))
-            if error is not None:
+            calls.append(_call_once(checker, step))
+            if calls[-1].error is not None:
                 break
     return calls
+
+
+def _call_once(checker: GanStepChecker, step: Step) -> _StepCall:
+    """Call ``step`` once, recording .grad as the call begins, at each optimizer's ``step()`` and as it ends, D's
+    passes (at its first parameterized layer) and the backward calls; the exception it raises is kept."""
+    modules = {"D": checker.netD, "G": checker.netG}
+    optimizers = {"D": checker.optimizerD, "G": checker.optimizerG}
+    first_layer = next(m for m in checker.netD.modules() if list(m.parameters(recurse=False)))
+    received: dict[str, list[dict[str, torch.Tensor | None]]] = {"D": [], "G": []}
+    passes = [0]
+
+    def count_pass(*_: Any) -> None:
+        passes[0] += 1
+
+    def recorder(key: str) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
+            received[key].append(gradients_of(modules[key]))
+
+        return hook
+
+    entry = {key: gradients_of(module) for key, module in modules.items()}
+    handles = [optimizers[key].register_step_pre_hook(recorder(key)) for key in optimizers]
+    handles.append(first_layer.register_forward_hook(count_pass))
+    error: BaseException | None = None
+    try:
+        with _watching_backward() as backward_calls:
+            step(*checker._args())
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        error = exc
+    finally:
+        for handle in handles:
+            handle.remove()
+    final = {key: gradients_of(module) for key, module in modules.items()}
+    return _StepCall(entry, received, final, passes[0], backward_calls, error)
 
 
 def _flat(grads: Mapping[str, torch.Tensor | None], like: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat(
         [
-            (grads.get(name) if grads.get(name) is not None else torch.zeros_like(ref)).reshape(-1)
+            (grad if (grad := grads.get(name)) is not None else torch.zeros_like(ref)).reshape(-1)
             for name, ref in like.items()
         ]
     )

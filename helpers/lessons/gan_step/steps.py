@@ -104,5 +104,5 @@ def make_step(settings: StepSettings, d_loss_fn: LossD, g_loss_fn: LossG) -> Ste
     namespace: dict[str, Any] = {"d_loss_fn": d_loss_fn, "g_loss_fn": g_loss_fn}
     exec(compile(settings.code, f"<GAN step: {settings.label}>", "exec"), namespace)
     step = namespace["step"]
-    step.label = settings.label  # type: ignore[attr-defined]  # shown as the step's name
+    step.label = settings.label  # shown as the step's name
     return step
