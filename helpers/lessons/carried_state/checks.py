@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -62,12 +62,12 @@ def _matches(answer: str, name: str) -> bool:
     """``answer`` names the holder ``name``: the whole name (``state[0]`` or ``state(0)`` for the finder's
     "state(0)"), its variable ("state"), or the attribute ("memory" or "self.memory" for "model.memory")."""
     answer, name = _spelled_alike(answer), _spelled_alike(name)
-    root = re.match(r"[\w.]*", name).group(0)
+    root = re.split(r"[^\w.]", name, maxsplit=1)[0]
     attribute = root.rsplit(".", 1)[-1]
     return answer in {name, root, attribute, f"self.{attribute}"}
 
 
-def check_carried_names(answers: Mapping[Callable[[], Any], str | None]) -> CheckResult:
+def check_carried_names(answers: object) -> CheckResult:
     """Exercise 1: ``answers`` maps each snippet's step function to the name of the variable (or attribute)
     that carries a graph into the next iteration, or None when nothing does. The truth is measured:
     :func:`find_carried_graph` runs each step three times, with the modules and optimizers it uses put
@@ -159,15 +159,16 @@ def _state(model: torch.nn.Module) -> torch.Tensor:
 
 
 Reference = Callable[..., None]  # reference(model, optimizer, before_step=None): a loop the check runs itself
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
 
 def _judge_loop(
-    call: Callable[[torch.nn.Module, torch.optim.Optimizer], Any],
-    make_model: Callable[[], torch.nn.Module],
+    call: Callable[[ModelT, torch.optim.Optimizer], Any],
+    make_model: Callable[[], ModelT],
     references: Mapping[str, Reference],
     steps: int,
     unit: tuple[str, str],
-    counted: Callable[[torch.nn.Module], torch.nn.Module],
+    counted: Callable[[ModelT], torch.nn.Module],
     what_runs: str,
     hint_error: str,
     hint_wrong: str,
@@ -379,7 +380,7 @@ def _classifier_data() -> tuple[torch.Tensor, torch.Tensor]:
 
 def _classifier_reference(mistake: str | None) -> Reference:
     def train(
-        model: torch.nn.Module,
+        model: _EncoderHead,
         optimizer: torch.optim.Optimizer,
         before_step: Callable[[int, torch.nn.Module], None] | None = None,
     ) -> None:

@@ -113,7 +113,9 @@ class LoopWatch:
             return engine(outputs, *args, **kwargs)
         for root in outputs if isinstance(outputs, (tuple, list)) else (outputs,):
             if isinstance(root, torch.Tensor) and root.grad_fn is not None:
-                self._this_step.append(weakref.ref(root.grad_fn.metadata.setdefault(_ROOT_KEY, _RootStamp())))
+                # torch's stub declares Node.metadata a method; on autograd's nodes it is a dict
+                metadata: dict[Any, Any] = root.grad_fn.metadata  # type: ignore[assignment]
+                self._this_step.append(weakref.ref(metadata.setdefault(_ROOT_KEY, _RootStamp())))
         result = engine(outputs, *args, **kwargs)
         if len(args) > 1 and args[1]:  # the engine's keep_graph: retain_graph, or create_graph
             self.retained_bytes.append(self.meter.graph_only_bytes)

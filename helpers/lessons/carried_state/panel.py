@@ -16,6 +16,7 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import ipywidgets as widgets
 import torch
@@ -30,6 +31,12 @@ __all__ = ["CarriedLab"]
 
 ChunkLoss = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 LEARNING_RATE = 0.1
+Value = TypeVar("Value")
+
+
+def _last(values: Sequence[Value], text: Callable[[Value], str]) -> str:
+    """The last value as ``text`` writes it, or "-" before the first iteration."""
+    return text(values[-1]) if values else "-"
 
 
 class _Copy:
@@ -237,11 +244,10 @@ class CarriedLab(Panel):
         self._update_chart()
 
     def _refresh(self, message: str = "", error: str | None = None) -> None:
-        last = lambda values, text: text(values[-1]) if values else "-"
         self.values["iteration"].value = str(len(self.backward_ms))
-        self.values["nodes"].value = last(self.nodes, str)
-        self.values["graph-only-bytes"].value = last(self.graph_only_bytes, exact_bytes)
-        self.values["backward-ms"].value = last(self.backward_ms, lambda ms: f"{ms:.2f}")
+        self.values["nodes"].value = _last(self.nodes, str)
+        self.values["graph-only-bytes"].value = _last(self.graph_only_bytes, exact_bytes)
+        self.values["backward-ms"].value = _last(self.backward_ms, lambda ms: f"{ms:.2f}")
         self._show_status_or_error(message, error, "the panel still works: press Reset to start again")
 
     @property
@@ -255,7 +261,7 @@ class CarriedLab(Panel):
     def chart_figure(self) -> PngFigure:
         """Nodes walked, graph-only KiB and backward ms per iteration, side by side."""
         figure = PngFigure(figsize=(9, 2.5), dpi=90)
-        series = [
+        series: list[tuple[Sequence[float], str]] = [
             (self.nodes, "nodes walked by backward"),
             ([b / 1024 for b in self.graph_only_bytes], "graph-only KiB (meter)"),
             (self.backward_ms, "backward ms (no meter)"),
