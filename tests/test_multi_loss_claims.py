@@ -40,7 +40,7 @@ def setup():
 
 
 def test_two_plain_backwards_fail_in_either_order_and_retaining_the_first_works(setup) -> None:
-    net, two_losses = setup
+    _, two_losses = setup
     for first, second in ((0, 1), (1, 0)):
         losses = two_losses()
         losses[first].backward()
@@ -182,26 +182,32 @@ def test_is_grads_batched_gives_each_losss_gradient_in_one_call_and_frees_the_gr
         l1.backward()
 
 
+def retain_then_backward_and_sum(net, batch):
+    """Notebook 02's patterns (a) and (b), both bound to one new random batch of ``batch`` samples."""
+    x, labels, targets = torch.randn(batch, 32), torch.randint(0, 10, (batch,)), torch.randn(batch, 1)
+
+    def losses():
+        logits, value = net(x)
+        return F.cross_entropy(logits, labels), F.mse_loss(value, targets)
+
+    def a():
+        l1, l2 = losses()
+        l1.backward(retain_graph=True)
+        l2.backward()
+
+    def b():
+        sum(losses()).backward()
+
+    return {"a": a, "b": b}
+
+
 def test_the_extra_peak_of_retain_then_backward_is_a_second_set_of_gradients_not_the_buffers(setup) -> None:
     net, _ = setup
     gradient_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
     extra, buffers = {}, {}
     for batch in (4, 1024):
-        x, labels, targets = torch.randn(batch, 32), torch.randint(0, 10, (batch,)), torch.randn(batch, 1)
-
-        def losses():
-            logits, value = net(x)
-            return F.cross_entropy(logits, labels), F.mse_loss(value, targets)
-
-        def a():
-            l1, l2 = losses()
-            l1.backward(retain_graph=True)
-            l2.backward()
-
-        def b():
-            sum(losses()).backward()
-
-        run = bt.compare_patterns({"a": a, "b": b}, net, reference="b", rounds=1, progress=False)
+        patterns = retain_then_backward_and_sum(net, batch)
+        run = bt.compare_patterns(patterns, net, reference="b", rounds=1, progress=False)
         extra[batch] = run["a"].profiler_peak_bytes - run["b"].profiler_peak_bytes
         buffers[batch] = run["b"].peak_graph_only_bytes
     assert buffers[4] < 0.2 * gradient_bytes < 0.5 * gradient_bytes < extra[4], (buffers, extra, gradient_bytes)

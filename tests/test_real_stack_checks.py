@@ -79,7 +79,7 @@ def ppo_zero_after_step(policy, optimizer, observations, actions, rollout_log_pr
 
 def ppo_solution(policy, optimizer, observations, actions, rollout_log_probs, advantages, epochs):
     old_log_probs = rollout_log_probs.detach()
-    for epoch in range(epochs):
+    for _ in range(epochs):
         new_log_probs = torch.distributions.Categorical(logits=policy(observations)).log_prob(actions)
         optimizer.zero_grad()
         ppo_loss(new_log_probs, old_log_probs, advantages).backward()
@@ -162,7 +162,7 @@ def sam(
 def sam_as_given(model, optimizer, loss_fn, rho):
     loss = loss_fn()
     loss.backward(retain_graph=True)
-    shifts = climb(model, rho)
+    shifts = climb(model, rho)  # noqa: F841 - the page's starting code leaves the weights at w + e
     loss.backward()
     optimizer.step()
 
