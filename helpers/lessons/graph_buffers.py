@@ -64,7 +64,7 @@ def _second_backward_of(expression: str) -> bool:
     return second_backward_works(SECOND_BACKWARD_QUESTIONS[expression](x, w))
 
 
-def check_predictions(predictions: Mapping[str, bool]) -> CheckResult:
+def check_predictions(predictions: object) -> CheckResult:
     """Exercise 1: predict, per expression, whether a second plain backward() works.
 
     Used by notebook 01_graph_buffers.
@@ -106,6 +106,14 @@ def check_predictions(predictions: Mapping[str, bool]) -> CheckResult:
     return CheckResult(True, "Every prediction matches what autograd does.")
 
 
+def _backward_passes(loss: torch.Tensor) -> list[int]:
+    """A list that gets one item per backward pass through ``loss`` (a prehook on its node)."""
+    assert loss.grad_fn is not None, "the check's own loss has a graph"
+    passes: list[int] = []
+    loss.grad_fn.register_prehook(lambda grad_outputs: passes.append(1))
+    return passes
+
+
 @checked
 def check_backward_three_times(backward_three_times: Callable[[torch.Tensor], None]) -> CheckResult:
     """Exercise 2: three backward passes through ``loss``, no buffers left. Used by notebook 01_graph_buffers.
@@ -122,8 +130,7 @@ def check_backward_three_times(backward_three_times: Callable[[torch.Tensor], No
         with meter:
             loss = torch.tanh(inputs * weight).sum()
         (one,) = torch.autograd.grad(loss, weight, retain_graph=True)
-        passes: list[int] = []
-        loss.grad_fn.register_prehook(lambda grad_outputs: passes.append(1))
+        passes = _backward_passes(loss)
         before = gradients_or_zeros([weight])[0]
         run_answer(
             backward_three_times,
@@ -196,7 +203,8 @@ def _given_loop_fixed(model: torch.nn.Module, batches: Sequence[torch.Tensor]) -
         loss.backward()
         with torch.no_grad():
             for p in model.parameters():
-                p.add_(p.grad, alpha=-0.1)  # what torch.optim.SGD(lr=0.1) does on CPU
+                if p.grad is not None:  # SGD too skips a parameter without a gradient
+                    p.add_(p.grad, alpha=-0.1)  # what torch.optim.SGD(lr=0.1) does on CPU
         history.append(loss.item())
     return history
 

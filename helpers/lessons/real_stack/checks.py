@@ -8,11 +8,13 @@ measured: the number of steps, which step first differs, and what that step's gr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.hooks import RemovableHandle
 
 from helpers.checks import SECOND_CALL, CheckResult, Rejected, checked, flat, run_answer
 from helpers.measure import gradients_close
@@ -23,13 +25,23 @@ EPOCHS, CLIP, PPO_LR = 4, 0.2, 0.5
 RHO, SAM_LR = 0.05, 0.1
 
 
-def _recording(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> tuple[list[dict], Any]:
+@dataclass(frozen=True)
+class _BeforeStep:
+    """The parameters and their ``.grad`` (zeros where there is none), flattened, just before an optimizer step."""
+
+    params: torch.Tensor
+    grad: torch.Tensor
+
+
+def _recording(
+    optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]
+) -> tuple[list[_BeforeStep], RemovableHandle]:
     """Record, at every ``optimizer.step()``, the parameters and their ``.grad`` just before it."""
-    steps: list[dict] = []
+    steps: list[_BeforeStep] = []
 
     def before(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
         steps.append(
-            {"params": flat(params), "grad": flat([torch.zeros_like(p) if p.grad is None else p.grad for p in params])}
+            _BeforeStep(flat(params), flat([torch.zeros_like(p) if p.grad is None else p.grad for p in params]))
         )
 
     return steps, optimizer.register_step_pre_hook(before)
@@ -64,7 +76,7 @@ def _reference_ppo(
     actions: torch.Tensor,
     old: torch.Tensor,
     advantages: torch.Tensor,
-) -> list[dict]:
+) -> list[_BeforeStep]:
     optimizer = torch.optim.SGD(policy.parameters(), lr=PPO_LR)
     steps, handle = _recording(optimizer, list(policy.parameters()))
     old = old.detach()
@@ -78,18 +90,35 @@ def _reference_ppo(
 
 
 def _first_bad_step(
-    got: list[dict], want: list[dict], who: str, where: str, hint: str, known: dict[str, Callable[[int], torch.Tensor]]
+    got: list[_BeforeStep],
+    want: list[_BeforeStep],
+    who: str,
+    where: str,
+    hint: str,
+    known: dict[str, Callable[[int], torch.Tensor]],
 ) -> None:
     if len(got) != len(want):
         raise Rejected(f"{who} made {len(got)} optimizer step(s); the right one makes {len(want)}.", hint, where)
     for index, (mine, right) in enumerate(zip(got, want), start=1):
-        if not gradients_close(mine["params"], right["params"]):
+        if not gradients_close(mine.params, right.params):
             raise Rejected(f"the parameters before optimizer step {index} differ from the right update's.", hint, where)
-        if not gradients_close(mine["grad"], right["grad"]):
+        if not gradients_close(mine.grad, right.grad):
             for description, gradient in known.items():
-                if gradients_close(mine["grad"], gradient(index)):
+                if gradients_close(mine.grad, gradient(index)):
                     raise Rejected(f"at optimizer step {index}, .grad holds {description}.", hint, where)
             raise Rejected(f"at optimizer step {index}, .grad differs from the right update's gradient.", hint, where)
+
+
+def _ppo_mistakes(want: list[_BeforeStep], got: list[_BeforeStep]) -> dict[str, Callable[[int], torch.Tensor]]:
+    """What .grad holds at optimizer step ``index`` (from 1) after two typical mistakes: nothing backpropagated, or
+    nothing zeroed (the right gradient plus what .grad held before: the check's ones before the first step)."""
+    zero = torch.zeros_like(want[0].grad)
+    return {
+        "zeros": lambda index: zero,
+        "the right gradient plus the one left in .grad before it": lambda index: (
+            want[index - 1].grad + (got[index - 2].grad if index > 1 else torch.ones_like(zero))
+        ),
+    }
 
 
 @checked
@@ -136,20 +165,7 @@ def check_ppo_update(ppo_update: Callable[..., Any]) -> CheckResult:
             handle.remove()
         if steps and torch.equal(flat(list(policy.parameters())), start):
             raise Rejected("your update left the policy's parameters exactly where they started.", hint, where)
-        zero = torch.zeros_like(want[0]["grad"])
-        _first_bad_step(
-            steps,
-            want,
-            "your update",
-            where,
-            hint,
-            {
-                "zeros": lambda index: zero,
-                "the right gradient plus the one left in .grad before it": lambda index: (
-                    want[index - 1]["grad"] + (steps[index - 2]["grad"] if index > 1 else torch.ones_like(zero))
-                ),
-            },
-        )
+        _first_bad_step(steps, want, "your update", where, hint, _ppo_mistakes(want, steps))
         if not gradients_close(flat(list(policy.parameters())), flat(list(reference.parameters()))):
             raise Rejected("the parameters after your update differ from the right update's.", hint, where)
     return CheckResult(
@@ -224,20 +240,20 @@ def check_sam_step(sam_step: Callable[..., Any]) -> CheckResult:
         if len(steps) != 1:
             raise Rejected(f"your step made {len(steps)} optimizer step(s); a SAM step makes one.", hint, where)
         (step,) = steps
-        if gradients_close(step["params"], w + e):
+        if gradients_close(step.params, w + e):
             raise Rejected(
                 "optimizer.step() ran while the weights were still perturbed: put w back before it.", hint, where
             )
-        if not gradients_close(step["params"], w):
+        if not gradients_close(step.params, w):
             raise Rejected("the weights at optimizer.step() are neither w nor w + e.", hint, where)
         for description, gradient in {
             "the gradient at w (a plain step, not SAM's)": g,
             "the sum of the gradients at w and at w + e (.grad was not zeroed between)": g + g_sam,
             "the gradient at w + e plus what .grad held before the step": g_sam + 0.5,
         }.items():
-            if gradients_close(step["grad"], gradient):
+            if gradients_close(step.grad, gradient):
                 raise Rejected(f".grad at optimizer.step() holds {description}.", hint, where)
-        if not gradients_close(step["grad"], g_sam):
+        if not gradients_close(step.grad, g_sam):
             raise Rejected(".grad at optimizer.step() differs from the gradient at w + e.", hint, where)
         if not gradients_close(flat(params), w - SAM_LR * g_sam):
             raise Rejected("the parameters after your step differ from SAM's.", hint, where)

@@ -14,6 +14,7 @@ parent is gone without cleaning up (a killed or restarted kernel) ends itself.
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import json
 import linecache
@@ -112,10 +113,8 @@ def _free_port() -> int:
 def _stop(process: subprocess.Popen) -> None:
     """Kill the rank and everything it started (its own process group), then reap it."""
     if process.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it has already gone
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     process.wait()
 
 
