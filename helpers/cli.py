@@ -9,8 +9,8 @@ resolve as they always do. The tools are imported under the name ``backward_twic
 ``--no-traceback`` leaves out the script's own traceback (the report names the error and its line). The exit
 status is the script's (1 when it raised).
 
-Used by notebook 05_your_training_step (in its kernel: ``main([...])`` is the command), and by learners on
-their own scripts (README, "Bring your own training step").
+Used by notebook 05_your_training_step, and by learners on their own scripts (README, "Bring your own training
+step"). In the notebook's kernel ``main([...])`` is the command.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def exact_bytes(n: int) -> str:
 class Table:
     """Rows of values shown as an HTML table in Jupyter and as aligned text elsewhere.
 
-    Used by notebooks 02_multi_loss and 04_carried_state, and by every helper that prints a table.
+    Used by notebooks 02_multi_loss and 04_carried_state.
     """
 
     def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -87,7 +87,7 @@ class PngFigure(Figure):
     which the offline copy writes into the image's ``alt`` attribute for screen readers (JupyterLab's own
     image renderer reads no alt text).
 
-    Used by the charts of notebooks 01_graph_buffers to 04_carried_state, and by the panels.
+    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step and 04_carried_state.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -130,7 +130,8 @@ def style_count_axes(axes: Any, title: str, xlabel: str, title_size: float | Non
     """Dress one chart whose x axis counts things (actions, iterations): its title and x label, whole
     numbers on the x axis, the y axis from 0 (a count of bytes or nodes), a light grid.
 
-    Used by the charts of the lab panels (notebooks 01 and 02) and of notebook 04's carried-state panel.
+    Used by notebooks 01_graph_buffers, 02_multi_loss and 04_carried_state, and by :class:`BackwardLab` and
+    :class:`CarriedLab`.
     """
     axes.set_title(title, fontsize=title_size)
     axes.set_xlabel(xlabel)

@@ -16,7 +16,7 @@ __all__ = ["describe_environment", "pick_device", "seed_everything"]
 
 
 def pick_device() -> torch.device:
-    """``cuda`` when a GPU is visible, else ``cpu``. Used by describe_environment, which prints it."""
+    """``cuda`` when a GPU is visible, else ``cpu``. Used by :func:`describe_environment`."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

@@ -19,7 +19,7 @@
 * the gradients each optimizer receives are kept (on the CPU) at its first ``step()``; without optimizers, the
   models' ``.grad`` after the first run.
 
-Used by :mod:`helpers.audit`, :mod:`helpers.carried`, :mod:`helpers.diagnose` and :mod:`helpers.magic`.
+Used by :mod:`helpers.audit`, :mod:`helpers.carried` and :mod:`helpers.diagnose`.
 """
 
 from __future__ import annotations

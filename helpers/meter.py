@@ -24,7 +24,8 @@ graph-only storage goes. So the peak is reached just before such a release, or n
 in bursts (one backward call, one ``del``) during which no user code runs, and the meter looks
 once, before the first falling release of each burst.
 
-Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state and 06_real_stack, and by the panels.
+Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state, 05_your_training_step and
+06_real_stack.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
   that built it (read with ``ast``). A named graph that holds bytes and that no backward walks is a note;
 * the error, by kind (:func:`helpers.errors.error_kind`), with the recorder's evidence.
 
-Used by :mod:`helpers.watcher`, :mod:`helpers.audit`, :mod:`helpers.carried` and :mod:`helpers.diagnose`.
+Used by :mod:`helpers.audit`, :mod:`helpers.diagnose`, :mod:`helpers.harness` and :mod:`helpers.watcher`.
 """
 
 from __future__ import annotations

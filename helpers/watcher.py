@@ -7,7 +7,8 @@ goes on up (the diagnosis names it); ``watch(iterations=N)`` ends the block quie
 without an optimizer (a hand-written update) marks its iterations with ``w.next_iteration()``; otherwise the
 report says how it split them.
 
-Used by notebook 05_your_training_step, and by ``backward-twice watch`` (:mod:`helpers.cli`).
+Used by notebook 05_your_training_step, and by :mod:`helpers.cli`. ``backward-twice watch SCRIPT``
+runs it on a script.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ SECOND_BACKWARD_QUESTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torc
 def second_backward_works(loss: torch.Tensor) -> bool:
     """Backpropagate ``loss`` twice (plain ``backward()``); say whether the second one worked.
 
-    Used by :func:`operation_table` and :func:`check_predictions`.
+    Used by :func:`operation_table` and :func:`_second_backward_of`.
     """
     loss.backward()
     try:

@@ -48,7 +48,7 @@ def _positive_float(value: Any, name: str, allow_zero: bool = False) -> float:
 def ring_centers(modes: int = 8, radius: float = 2.0) -> torch.Tensor:
     """The ``modes`` centres of the ring, evenly spaced on a circle, shape ``(modes, 2)``.
 
-    Used by ring_of_gaussians and ring_coverage.
+    Used by :func:`ring_of_gaussians` and :func:`ring_coverage`.
     """
     modes = _positive_int(modes, "modes")
     radius = _positive_float(radius, "radius")
@@ -105,7 +105,7 @@ def sample_distance(a: torch.Tensor, b: torch.Tensor) -> float:
 class RingCoverage:
     """How well samples cover the ring: modes with enough samples near them, and the share near any.
 
-    Used by ring_coverage, which returns it.
+    Used by :func:`ring_coverage`.
     """
 
     modes_covered: int

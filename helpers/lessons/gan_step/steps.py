@@ -30,7 +30,7 @@ class StepSettings:
     reusing D's ``fake_out``. ``d_step_first``: ``optimizerD.step()`` runs before
     ``g_loss.backward()`` (otherwise after it).
 
-    Used by make_step, GanLab and check_fixed_srgan_step.
+    Used by :func:`make_step`, :class:`GanLab`, :data:`SRGAN_SETTINGS` and :data:`STANDARD_SETTINGS`.
     """
 
     retain_graph: bool
@@ -95,7 +95,7 @@ def make_step(settings: StepSettings, d_loss_fn: LossD, g_loss_fn: LossG) -> Ste
 
     What runs is exactly the code the panel shows.
 
-    Used by GanLab and check_fixed_srgan_step.
+    Used by :class:`GanLab` and :func:`_judge_step_calls`.
     """
     if not isinstance(settings, StepSettings):
         raise TypeError(f"make_step() needs StepSettings, not {type(settings).__name__}.")

@@ -4,8 +4,8 @@ The checks' own small networks and the notebook's losses, the first line of a le
 exception (:func:`helpers.learner.first_line`), and a list of every backward call
 (``torch.autograd.grad`` or ``.backward()``, with its ``retain_graph`` and ``create_graph``), taken
 through the course's one interception point (:func:`helpers.learner.intercepting`, where PyTorch's
-engine is entered), so a name imported before the check is seen too. Used by the checks in
-``checks`` and ``penalty_check``.
+engine is entered), so a name imported before the check is seen too. Used by
+:mod:`helpers.lessons.gan_step.checks` and :mod:`helpers.lessons.gan_step.penalty_check`.
 """
 
 from __future__ import annotations
