@@ -5,14 +5,13 @@
   makes sure they break when a copy of the package breaks them.
 * Each lesson belongs to the notebook named after it (``gan_step`` -> ``03_gan_step.ipynb``), and its
   notebook calls every public name it exports.
-* ``bt`` (``import helpers as bt``) exports exactly the names the notebooks call, and each one's
-  docstring says "Used by" exactly the notebooks that call it.
+* ``bt`` (``import helpers as bt``) exports exactly the names the notebooks call (tests/test_used_by.py checks
+  that every "Used by" sentence in a docstring names exactly the users the notebooks and the code give it).
 """
 
 from __future__ import annotations
 
 import ast
-import inspect
 import json
 import re
 import shutil
@@ -97,18 +96,6 @@ def test_bt_exports_exactly_what_the_notebooks_call() -> None:
         f"called but not exported: {sorted(set(calls) - set(helpers.__all__))}"
     )
     assert helpers.__all__ == sorted(helpers.__all__, key=lambda n: (n[0].islower(), n))
-
-
-def used_by(obj: object) -> set[str]:
-    doc = inspect.getdoc(obj) or ""
-    match = re.search(r"Used by\s+(?:the \w+ of\s+)?notebooks?\s+(.*?)(?:\.\s|\.$|\(|$)", doc, re.DOTALL)
-    assert match, f"{getattr(obj, '__qualname__', obj)}'s docstring has no 'Used by notebook ...' line"
-    return set(re.findall(r"\b\d\d_[a-z_]+[a-z]", match.group(1)))
-
-
-@pytest.mark.parametrize("name", helpers.__all__)
-def test_each_public_helper_says_exactly_which_notebooks_use_it(name: str) -> None:
-    assert used_by(getattr(helpers, name)) == notebook_calls()[name]
 
 
 def test_no_module_is_too_long_to_read() -> None:
