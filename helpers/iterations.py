@@ -25,7 +25,7 @@ from helpers.learner import short
 if TYPE_CHECKING:
     from helpers.recorder import Recorder
 
-__all__ = ["EventKey", "IterationEnd", "Split", "split_iterations"]
+__all__ = ["EventKey", "IterationEnd", "Split", "StepEvent", "split_iterations"]
 
 EventKey = tuple[str, int]  # an event the recorder saw: ("step", "mark" or "call", its index among its kind)
 
@@ -37,6 +37,17 @@ class IterationEnd:
 
     sequence: int
     calls: int
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """An optimizer step the recorder saw: the optimizer's id, the engine's sequence counter then, how many
+    backward calls came before it, and the learner's line that called ``step()``."""
+
+    optimizer: int
+    sequence: int
+    calls: int
+    line: str
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,14 @@ import os
 import re
 import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
 from torch.autograd.graph import Node
 
-__all__ = ["CodeSite", "NamedGraph", "names_holding_graphs", "simpler", "site_of"]
+__all__ = ["CodeSite", "NamedGraph", "names_holding_graphs", "simpler", "site_of", "unstepped_optimizers"]
 
 
 class CodeSite(NamedTuple):
@@ -74,6 +74,22 @@ def site_of(frame: types.FrameType | None, skipped: tuple[str, ...], outward: bo
             break
         frame = frame.f_back
     return "", 0
+
+
+def unstepped_optimizers(frame: types.FrameType | None, skipped: tuple[str, ...], stepped: Container[int]) -> list[str]:
+    """ "name (kind)" of each optimizer the learner's code in the frames from ``frame`` out names whose id is not in
+    ``stepped``: at an error, the optimizers that never stepped because the loop raised before the end of its
+    first cycle (a GAN's generator step never came)."""
+    pending = []
+    while frame is not None:
+        if site_of(frame, skipped, outward=False)[0]:
+            code = frame.f_code
+            for name in (*code.co_varnames, *code.co_names):
+                value = frame.f_locals.get(name, frame.f_globals.get(name))
+                if isinstance(value, torch.optim.Optimizer) and id(value) not in stepped:
+                    pending.append(f"{name} ({type(value).__name__})")
+        frame = frame.f_back
+    return pending
 
 
 def names_holding_graphs(

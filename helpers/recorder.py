@@ -43,13 +43,13 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
-from helpers.iterations import EventKey, IterationEnd, split_iterations
+from helpers.iterations import EventKey, IterationEnd, StepEvent, split_iterations
 from helpers.learner import first_line, intercepting, learner_line, raised_at, skipped_dirs
 from helpers.lines import CreationLines
-from helpers.names import CodeSite, NamedGraph, names_holding_graphs, simpler, site_of
+from helpers.names import CodeSite, NamedGraph, names_holding_graphs, simpler, site_of, unstepped_optimizers
 from helpers.saved import graph_only_bytes, has_saved_data, python_walk, saved_data
 
-__all__ = ["CallRecord", "ErrorRecord", "FreedEarlier", "HeldGraph", "Recorder", "StepEvent", "StopRecording"]
+__all__ = ["CallRecord", "ErrorRecord", "FreedEarlier", "HeldGraph", "Recorder", "StopRecording"]
 
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
 SECOND_TIME = (
@@ -69,8 +69,7 @@ class StopRecording(BaseException):
 
 @dataclass(frozen=True)
 class FreedEarlier:
-    """The first node a call walked whose buffers an earlier call had freed: its position in the walk, and the
-    index of the call that walked it without retaining."""
+    """The first node a call walked that an earlier call had freed: its position in the walk, and that call."""
 
     position: int
     freed_by: int
@@ -116,20 +115,8 @@ class ErrorRecord:
 
 
 @dataclass(frozen=True)
-class StepEvent:
-    """An optimizer step: the optimizer's id, the engine's sequence counter then, how many backward calls came
-    before it, and the learner's line that called ``step()``."""
-
-    optimizer: int
-    sequence: int
-    calls: int
-    line: str
-
-
-@dataclass(frozen=True)
 class HeldGraph:
-    """A graph the loop held into an iteration: the sighting at the first iteration start it was held at, its
-    graph-only bytes then, and the name that held it."""
+    """A graph the loop held into an iteration: when it first did (a sighting), its graph-only bytes, its holder."""
 
     sighting: int
     graph_bytes: int
@@ -138,8 +125,7 @@ class HeldGraph:
 
 @dataclass(slots=True)
 class _Stamp:
-    """What a recorder writes in a walked node's ``metadata``: the last call that walked it, and whether that
-    call kept its buffers (updated by each later call that walks it)."""
+    """A walked node's stamp in its ``metadata``: the last call that walked it, and whether it kept the buffers."""
 
     call: int
     kept: bool
@@ -220,21 +206,7 @@ class Recorder:
         tb = exc.__traceback__
         while tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
-        self.pending = self._pending_optimizers(None if tb is None else tb.tb_frame)
-
-    def _pending_optimizers(self, frame: types.FrameType | None) -> list[str]:
-        """The kinds of the optimizers the learner's code at the error names and that never stepped: the loop
-        raised before the end of its first cycle (a GAN's generator step never came)."""
-        pending = []
-        while frame is not None:
-            if site_of(frame, self._skipped, outward=False)[0]:
-                code = frame.f_code
-                for name in (*code.co_varnames, *code.co_names):
-                    value = frame.f_locals.get(name, frame.f_globals.get(name))
-                    if isinstance(value, torch.optim.Optimizer) and id(value) not in self.optimizer_kinds:
-                        pending.append(f"{name} ({type(value).__name__})")
-            frame = frame.f_back
-        return pending
+        self.pending = unstepped_optimizers(None if tb is None else tb.tb_frame, self._skipped, self.optimizer_kinds)
 
     # -- iterations ----------------------------------------------------------------------------------------
     def next_iteration(self, between_runs: bool = False) -> None:
@@ -330,7 +302,7 @@ class Recorder:
             call.error = first_line(exc, 400)
             if self.error is None:
                 self.error = self._explain(exc, call, walked, caller)
-                self.pending = self._pending_optimizers(caller)
+                self.pending = unstepped_optimizers(caller, self._skipped, self.optimizer_kinds)
             raise
         finally:
             self._depth -= 1
