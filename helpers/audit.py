@@ -93,7 +93,7 @@ class RetainAudit:
             f"{v.needed_runs}). {v.fix}"
             for v in self.lines
         ]
-        return "\n".join([f"retain_graph audit: {self.summary()}", *rows, *(["Per line:"] + lines if lines else [])])
+        return "\n".join([f"retain_graph audit: {self.summary()}", *rows, *(["Per line:", *lines] if lines else [])])
 
     def _repr_html_(self) -> str:
         # Left-aligned and wrapped, the why under the fix: the table fits a notebook's column.

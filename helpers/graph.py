@@ -12,14 +12,16 @@ Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step and 04_carried_st
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Union
+from typing import Any
 
 import graphviz
 import torch
+from torch.autograd.graph import Node
 
 from helpers.display import format_bytes
 
@@ -33,8 +35,8 @@ __all__ = [
     "saved_tensors_of",
 ]
 
-Roots = Union[torch.Tensor, Sequence[torch.Tensor], Mapping[str, torch.Tensor]]
-Params = Union[torch.nn.Module, Mapping[str, torch.Tensor], None]
+Roots = torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
+Params = torch.nn.Module | Mapping[str, torch.Tensor] | None
 
 _RECORD_KEY = "backward_twice.saved"
 # A loop stamps each node it builds with ``fn.metadata[ITERATION_KEY] = k`` (k = 1, 2, ...).
@@ -119,9 +121,18 @@ def _tensors_in(name: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
                 yield f"{name}[{i}]", item
 
 
-def _read_saved(fn: Any) -> tuple[list[tuple[str, torch.Tensor]], list[str]]:
+@dataclass(frozen=True)
+class _SavedNow:
+    """A node's saved attributes as read now: each tensor still readable, by its name (``_saved_self``,
+    ``_saved_tensors[0]``), and the names of the attributes already freed."""
+
+    alive: dict[str, torch.Tensor]
+    freed: tuple[str, ...]
+
+
+def _read_saved(fn: Any) -> _SavedNow:
     """Readable saved tensors of a node, and the names of saved attributes already freed."""
-    alive: list[tuple[str, torch.Tensor]] = []
+    alive: dict[str, torch.Tensor] = {}
     freed: list[str] = []
     for name in _saved_attribute_names(fn):
         try:
@@ -129,8 +140,8 @@ def _read_saved(fn: Any) -> tuple[list[tuple[str, torch.Tensor]], list[str]]:
         except RuntimeError:
             freed.append(name)
             continue
-        alive.extend(_tensors_in(name, value))
-    return alive, freed
+        alive.update(_tensors_in(name, value))
+    return _SavedNow(alive, tuple(freed))
 
 
 def saved_tensors_of(fn: Any) -> list[SavedTensorInfo]:
@@ -140,12 +151,12 @@ def saved_tensors_of(fn: Any) -> list[SavedTensorInfo]:
     later calls, after backward, can still say what was freed. Used by notebook 01_graph_buffers.
     """
     node = type(fn).__name__
-    alive, freed_names = _read_saved(fn)
+    saved_now = _read_saved(fn)
     metadata = getattr(fn, "metadata", None)
     recorded: list[SavedTensorInfo] = list(metadata.get(_RECORD_KEY, [])) if metadata is not None else []
     current = {
         name: SavedTensorInfo(node, name, tuple(t.shape), _dtype_name(t.dtype), t.numel() * t.element_size(), True)
-        for name, t in alive
+        for name, t in saved_now.alive.items()
     }
     if metadata is not None and not recorded and current:
         metadata[_RECORD_KEY] = list(current.values())
@@ -159,7 +170,7 @@ def saved_tensors_of(fn: Any) -> list[SavedTensorInfo]:
     for name, info in current.items():
         if name not in seen:
             result.append(info)
-    for name in freed_names:
+    for name in saved_now.freed:
         if not any(info.name == name or info.name.startswith(name + "[") for info in result):
             result.append(SavedTensorInfo(node, name, None, None, None, False))
     return result
@@ -199,11 +210,11 @@ def _root_tensors(roots: Roots, caller: str) -> list[tuple[str, torch.Tensor]]:
     return named
 
 
-def _walk(named_roots: list[tuple[str, torch.Tensor]]) -> list[Any]:
+def _walk(named_roots: list[tuple[str, torch.Tensor]]) -> list[Node]:
     """Graph nodes in breadth-first order from the roots: the order names are given in."""
-    order: list[Any] = []
+    order: list[Node] = []
     seen: set[int] = set()
-    queue = [t.grad_fn for _, t in named_roots if t.grad_fn is not None]
+    queue: list[Node | None] = [t.grad_fn for _, t in named_roots if t.grad_fn is not None]
     while queue:
         fn = queue.pop(0)
         if fn is None or id(fn) in seen:
@@ -214,7 +225,7 @@ def _walk(named_roots: list[tuple[str, torch.Tensor]]) -> list[Any]:
     return order
 
 
-class AutogradGraph(graphviz.Digraph):
+class AutogradGraph(graphviz.Digraph):  # type: ignore[misc]  # graphviz ships no type information
     """A graphviz drawing of an autograd graph, with the saved tensors it lists.
 
     It shows as a picture in Jupyter, on a white background of its own (readable in a dark theme too: see
@@ -248,7 +259,7 @@ class AutogradGraph(graphviz.Digraph):
         if shutil.which("dot") is None:
             return {"text/plain": dot_install_help() + "\n\nThe graph as text:\n" + self.text}
         try:
-            bundle = super()._repr_mimebundle_(include, exclude, **kwargs)
+            bundle: dict[str, str] = super()._repr_mimebundle_(include, exclude, **kwargs)
         except graphviz.ExecutableNotFound:
             return {"text/plain": dot_install_help() + "\n\nThe graph as text:\n" + self.text}
         svg = bundle.get("image/svg+xml")
@@ -305,12 +316,12 @@ def _iteration_of(fn: Any) -> int | None:
 def _iteration_look(iteration: int | None) -> tuple[str, dict[str, str]]:
     """The label line and node attributes that mark an operation built by ``iteration`` (None: unstamped)."""
     if iteration is None:
-        return _UNSTAMPED, dict(fillcolor="white", style="filled,dashed")
+        return _UNSTAMPED, {"fillcolor": "white", "style": "filled,dashed"}
     fill, text = _ITERATION_PALETTE[(iteration - 1) % len(_ITERATION_PALETTE)]
-    return f"iteration {iteration}", dict(fillcolor=fill) | (dict(fontcolor=text) if text != "black" else {})
+    return f"iteration {iteration}", {"fillcolor": fill} | ({"fontcolor": text} if text != "black" else {})
 
 
-def _iteration_counts(nodes: list[Any]) -> dict[int | None, int]:
+def _iteration_counts(nodes: list[Node]) -> dict[int | None, int]:
     found = [_iteration_of(fn) for fn in nodes if not isinstance(getattr(fn, "variable", None), torch.Tensor)]
     keys = sorted({k for k in found if k is not None}) + ([None] if None in found else [])
     return {k: found.count(k) for k in keys}
@@ -327,7 +338,7 @@ def _add_iteration_legend(graph: AutogradGraph) -> None:
         for name, k in zip(names, graph.iteration_counts):
             label, look = _iteration_look(k)
             legend.node(name, label, **look)
-        for above, below in zip(names, names[1:]):
+        for above, below in itertools.pairwise(names):
             legend.edge(above, below, style="invis")  # keeps them in order, top to bottom
 
 
@@ -353,11 +364,17 @@ def draw_graph(
     named_roots = _root_tensors(roots, "draw_graph")
     param_names = _parameter_names(params)
     graph = AutogradGraph(
-        node_attr=dict(
-            style="filled", shape="box", align="left", fontsize="10", ranksep="0.1", height="0.2", fontname="monospace"
-        ),
+        node_attr={
+            "style": "filled",
+            "shape": "box",
+            "align": "left",
+            "fontsize": "10",
+            "ranksep": "0.1",
+            "height": "0.2",
+            "fontname": "monospace",
+        },
         # At most about 800 px wide, the width of a JupyterLab notebook column: wider graphs scale down.
-        graph_attr=dict(size="8.5,14"),
+        graph_attr={"size": "8.5,14"},
     )
     nodes = _walk(named_roots)
     node_ids = {id(fn): f"op{i}" for i, fn in enumerate(nodes)}

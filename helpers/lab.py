@@ -5,6 +5,7 @@ Used by notebook 01_graph_buffers (one loss) and notebook 02_multi_loss (several
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -132,7 +133,7 @@ class BackwardLab(Panel):
                 f"{name}.backward()",
                 f"Backpropagate {name} with the retain_graph setting beside it",
                 f"bt-backward-{css}",
-                lambda name=name: self.backward(name),
+                functools.partial(self.backward, name),
             )
             self.backward_buttons[name] = button
             loss_rows.append(widgets.HBox([button, checkbox]))
@@ -228,7 +229,7 @@ class BackwardLab(Panel):
         if self.losses is None:
             raise RuntimeError("There is no graph yet: press Forward first, then backward.")
         retain = self.retain[name].value
-        self.losses[name].backward(retain_graph=retain)
+        self.losses[name].backward(retain_graph=retain)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         self.backward_calls += 1
         grad = self._watched().grad
         if self._first_grad is None and grad is not None:

@@ -137,13 +137,15 @@ class Panel:
         if figure is None:
             return None
         # The chart's description goes into the output's metadata, as a PngFigure shown on its own does.
-        return Image(data=figure.to_png(), format="png", metadata={"alt": figure.alt_text()})
+        png, alt = figure.to_png(), figure.alt_text()
+        return Image(data=png, format="png", metadata={"alt": alt})  # type: ignore[no-untyped-call]  # unannotated
 
     def _ipython_display_(self) -> None:
-        display(self.panel)
+        # IPython.display's Image and display carry no annotations: mypy takes their calls as untyped.
+        display(self.panel)  # type: ignore[no-untyped-call]
         image = self._chart_image()
         if image is not None:
-            self._chart_handle = display(image, display_id=True)
+            self._chart_handle = display(image, display_id=True)  # type: ignore[no-untyped-call]
 
     def _update_chart(self) -> None:
         if self._chart_handle is None:
