@@ -313,9 +313,11 @@ def test_05_what_gradient_check_adds_a_step_that_never_clears_grad_passes_once()
     assert comparison(NB05, twin, page, "never_cleared") is True
     result = check(page, "never_cleared")
     assert not result.passed
-    (first_error, first_run), (second_error, second_run) = result.runs
-    assert first_error is second_error is None
-    assert first_run[0][1] and not second_run[0][1] and not second_run[0][2]
+    first_run, second_run = result.runs
+    assert first_run.error is second_run.error is None
+    first, second = first_run.models[0], second_run.models[0]
+    assert first.equals_reference_at_start and not second.equals_reference_at_start
+    assert not second.equals_reference_at_step
 
 
 def test_05_comparison_puts_back_the_weights_and_clears_grad() -> None:
