@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import nbformat
@@ -75,7 +76,7 @@ def first_section(notebook: Path) -> nbformat.NotebookNode:
 def sanitize(text: str) -> str:
     """nbval's sanitizers from tests/nbval_sanitize.cfg (memory addresses, node ids, cell numbers)."""
     lines = (ROOT / "tests" / "nbval_sanitize.cfg").read_text(encoding="utf-8").splitlines()
-    for regex, replace in zip(lines, lines[1:]):
+    for regex, replace in pairwise(lines):
         if regex.startswith("regex: ") and replace.startswith("replace: "):
             text = re.sub(regex[len("regex: ") :], replace[len("replace: ") :], text)
     return text

@@ -227,7 +227,7 @@ def test_the_exercise_setup_on_the_page_is_the_checks_own() -> None:
 
 
 def test_the_page_steps_get_the_verdicts_the_solution_gives(page) -> None:
-    objects = dict(models=page["model"], optimizers=page["opt"])
+    objects = {"models": page["model"], "optimizers": page["opt"]}
     got = {
         name: tuple(c.verdict for c in bt.audit_retain_graph(page[name], **objects).calls if c.retain_graph)
         for name in ("adversarial_step", "head_grad_step", "regularised_step")
@@ -326,7 +326,7 @@ def two_networks():
         optD.step()
         optG.step()
 
-    return dict(models={"D": netD, "G": netG}, optimizers=[optD, optG]), reference, alternating, simultaneous
+    return {"models": {"D": netD, "G": netG}, "optimizers": [optD, optG]}, reference, alternating, simultaneous
 
 
 def test_an_alternating_step_and_a_simultaneous_one_are_told_apart(two_networks) -> None:
@@ -404,7 +404,7 @@ def test_a_reference_that_fails_at_the_optimizers_step_is_its_own_error_not_the_
 
 
 def test_a_step_that_raises_is_reported_with_its_error(small) -> None:
-    model, optimizer, x = small
+    model, _optimizer, x = small
 
     def step():
         loss = model(x).sum()
