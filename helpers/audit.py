@@ -13,7 +13,7 @@ counts: "needed in 1 of 5 runs"), so a line gets one prescription. It holds plai
 graph outlives the call. A line in a notebook cell is named as IPython's tracebacks name it ("Cell In[5], line 3:
 code", :func:`helpers.learner.learner_line`).
 
-Used by notebook 05_your_training_step.
+Used by notebooks 05_your_training_step and 06_real_stack.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ as the node), tells freed from alive by trying to read each saved attribute, and
 walk order so the same graph always gives the same drawing. ``draw_graph(by_iteration=True)`` colours
 each node by the loop iteration that stamped it in ``metadata[ITERATION_KEY]``.
 
-Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step and 04_carried_state.
+Used by notebooks 01_graph_buffers, 02_multi_loss, 04_carried_state, 05_your_training_step and 06_real_stack.
 """
 
 from __future__ import annotations
@@ -148,7 +148,8 @@ def saved_tensors_of(fn: Any) -> list[SavedTensorInfo]:
     """What one graph node (a ``grad_fn``) saved, alive or freed, in a stable order.
 
     The first call while the buffers are alive records their shapes in ``fn.metadata`` so that
-    later calls, after backward, can still say what was freed. Used by notebook 01_graph_buffers.
+    later calls, after backward, can still say what was freed. Used by notebooks 01_graph_buffers, 02_multi_loss and
+    04_carried_state.
     """
     node = type(fn).__name__
     saved_now = _read_saved(fn)

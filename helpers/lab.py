@@ -1,6 +1,6 @@
 """BackwardLab: a panel to toggle retain_graph on each backward and watch the saved bytes.
 
-Used by notebook 01_graph_buffers (one loss) and notebook 02_multi_loss (several losses).
+Used by notebooks 01_graph_buffers and 02_multi_loss. Notebook 01 gives it one loss, notebook 02 several.
 """
 
 from __future__ import annotations

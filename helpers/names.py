@@ -8,7 +8,7 @@ attributes and buffers, an object's tensor attributes. Each node gets its simple
 learner deletes or rebinds the name: it is emptied after reading (the frame's own variables are untouched), unless
 a trace function is running.
 
-Used by :mod:`helpers.recorder`.
+Used by :mod:`helpers.harness`, :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
 """
 
 from __future__ import annotations

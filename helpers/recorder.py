@@ -25,7 +25,7 @@ With ``keep_buffers=True`` (the step tools' runs) every call keeps its buffers a
 error where the step as written would (a walk through a node a non-retaining call already walked): the runs
 behave as written, and a graph built before the step is still usable afterwards.
 
-Used by :mod:`helpers.watcher` and :mod:`helpers.harness`.
+Used by :mod:`helpers.harness`, :mod:`helpers.verdicts` and :mod:`helpers.watcher`.
 """
 
 from __future__ import annotations
