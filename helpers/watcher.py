@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from helpers.display import format_bytes
@@ -94,13 +95,31 @@ def _headline(v: Verdicts) -> str:
     return f"{watched} {fixes} thing{'s' if fixes != 1 else ''} to fix."
 
 
-def _sections(v: Verdicts) -> list[tuple[str, list[tuple[str, str, str]]]]:
-    """(title, [(what, why, fix)]) in the order to fix them."""
+@dataclass(frozen=True)
+class _Item:
+    """One thing to look at: the learner's line (or name and line), why, and the fix (or "Keep: ...")."""
+
+    what: str
+    why: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class _Section:
+    """A titled group of the report's items ("Graphs carried into a later iteration")."""
+
+    title: str
+    items: tuple[_Item, ...]
+
+
+def _sections(v: Verdicts) -> list[_Section]:
+    """The report's sections in the order to fix them."""
     sections = []
     if v.error is not None:
         e = v.error
         why = e.message + (f" Evidence: {e.evidence}." if e.evidence else "")
-        sections.append((f"Error ({e.kind}) in iteration {e.iteration}", [(short(e.line), why, f"Fix: {e.fix}")]))
+        error = _Item(short(e.line), why, f"Fix: {e.fix}")
+        sections.append(_Section(f"Error ({e.kind}) in iteration {e.iteration}", (error,)))
     if v.carried:
         items = []
         for c in v.carried:
@@ -108,36 +127,31 @@ def _sections(v: Verdicts) -> list[tuple[str, list[tuple[str, str, str]]]]:
             name = c.name or "a tensor"
             times = f" ({c.times} iterations walked it)" if c.times > 1 else ""
             items.append(
-                (
+                _Item(
                     f"{name}: {short(c.built_at)}",
                     f"built {built}, walked by the backward of iteration {c.reached_from} at {short(c.used_at)}{times}",
                     f"Fix: {c.fix}",
                 )
             )
-        sections.append(("Graphs carried into a later iteration", items))
+        sections.append(_Section("Graphs carried into a later iteration", tuple(items)))
     if v.lines:
         items = []
         for line in v.lines:
             keep = line.verdict != "can go"
             fix = f"{line.fix} at {short(line.line)}" if line.fix == "remove retain_graph=True" else line.fix
-            items.append((short(line.line), line.why, f"{'Keep' if keep else 'Fix'}: {fix}"))
-        sections.append(("retain_graph=True, one verdict per line", items))
+            items.append(_Item(short(line.line), line.why, f"{'Keep' if keep else 'Fix'}: {fix}"))
+        sections.append(_Section("retain_graph=True, one verdict per line", tuple(items)))
     heavy = [n for n in v.notes if n.held_bytes]
     if heavy:
-        sections.append(
-            (
-                "Notes",
-                [
-                    (
-                        f"{n.name}: {short(n.built_at)}",
-                        f"keeps {format_bytes(n.held_bytes)} of an earlier iteration's graph alive; no "
-                        f"backward walks it",
-                        "Note: not an error; keep .detach() or .item() if you only log it",
-                    )
-                    for n in heavy
-                ],
+        notes = tuple(
+            _Item(
+                f"{n.name}: {short(n.built_at)}",
+                f"keeps {format_bytes(n.held_bytes)} of an earlier iteration's graph alive; no backward walks it",
+                "Note: not an error; keep .detach() or .item() if you only log it",
             )
+            for n in heavy
         )
+        sections.append(_Section("Notes", notes))
     return sections
 
 
@@ -153,21 +167,21 @@ def _light_notes(v: Verdicts) -> str:
 
 def render_text(v: Verdicts) -> str:
     out = [_headline(v)]
-    for title, items in _sections(v):
-        out.append(f"{title}:")
-        for i, (what, why, fix) in enumerate(items, 1):
-            out.extend([f"  {i}. {what}", f"     {why}", f"     {fix}"])
+    for section in _sections(v):
+        out.append(f"{section.title}:")
+        for i, item in enumerate(section.items, 1):
+            out.extend([f"  {i}. {item.what}", f"     {item.why}", f"     {item.fix}"])
     return "\n".join([*out, _light_notes(v)] if _light_notes(v) else out)
 
 
 def render_html(v: Verdicts) -> str:
     parts = [f"<div><p><b>{html.escape(_headline(v))}</b></p>"]
-    for title, items in _sections(v):
+    for section in _sections(v):
         rows = "".join(
-            f"<li><code>{html.escape(what)}</code><br>{html.escape(why)}<br><b>{html.escape(fix)}</b></li>"
-            for what, why, fix in items
+            f"<li><code>{html.escape(item.what)}</code><br>{html.escape(item.why)}<br><b>{html.escape(item.fix)}</b></li>"
+            for item in section.items
         )
-        parts.append(f"<p>{html.escape(title)}:</p><ol>{rows}</ol>")
+        parts.append(f"<p>{html.escape(section.title)}:</p><ol>{rows}</ol>")
     if _light_notes(v):
         parts.append(f"<p><small>{html.escape(_light_notes(v))}</small></p>")
     return "".join(parts) + "</div>"
