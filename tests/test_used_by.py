@@ -263,6 +263,7 @@ def notebooks_of_module(module: str) -> set[str]:
 
 
 def code_users_of_def(definition: Def) -> set[Def]:
+    """The defs whose code names ``definition``, other than itself and its own class."""
     module, qualname = definition
     own = {qualname, qualname.split(".")[0]}  # the def itself, its class, and the class's methods
     return {
@@ -299,7 +300,7 @@ def parse(doc: str) -> list[Claim]:
     starts = {m.start() for m in sentences}
     for mention in re.finditer(r"\bused by\b", text, re.IGNORECASE):
         assert mention.start() in starts, (
-            f"'used by' outside a 'Used by ...' sentence: ...{text[mention.start() - 30 :][:90]}..."
+            f"'used by' outside a 'Used by ...' sentence: ...{text[max(0, mention.start() - 30) :][:90]}..."
         )
     claims = []
     for sentence in sentences:
@@ -311,9 +312,11 @@ def parse(doc: str) -> list[Claim]:
                 assert stems and len(stems) == len(set(stems)) and plural == (len(stems) > 1), (
                     f"not a list of notebooks: {group!r}"
                 )
-                claim.notebooks = set(stems)
+                claim.notebooks = (claim.notebooks or set()) | set(stems)
             elif (refs := listed(group)) and all(CODE_REF.fullmatch(r) for r in refs):
-                claim.code = {(m["role"], m["name"]) for m in map(CODE_REF.fullmatch, refs) if m}
+                claim.code = (claim.code or set()) | {
+                    (m["role"], m["name"]) for m in map(CODE_REF.fullmatch, refs) if m
+                }
             elif learners := LEARNERS.fullmatch(group):
                 claim.sections += (learners["section"],)
             else:
