@@ -13,10 +13,12 @@ Used by :mod:`helpers.recorder`.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.autograd.graph import Node
 
 __all__ = ["graph_only_bytes", "has_saved_data", "python_walk", "saved_data"]
 
@@ -28,7 +30,7 @@ class _Freed(Exception):
     """A custom Function's saved tensors, once freed: reading them raises."""
 
 
-def _saved_items(node: Any) -> Iterator[Any]:
+def _saved_items(node: Node) -> Iterator[Any]:
     """What each of ``node``'s saved slots holds (``.data`` of its ``SavedTensor``: None when it holds nothing)."""
     for name in _raw_names(type(node)):
         try:
@@ -39,7 +41,7 @@ def _saved_items(node: Any) -> Iterator[Any]:
             yield getattr(item, "data", None)
 
 
-def saved_data(node: Any) -> list[torch.Tensor] | None:
+def saved_data(node: Node) -> list[torch.Tensor] | None:
     """The tensors ``node`` holds for its backward (read without unpacking), or None once they are freed."""
     try:
         return [data for data in _saved_items(node) if isinstance(data, torch.Tensor)]
@@ -47,7 +49,7 @@ def saved_data(node: Any) -> list[torch.Tensor] | None:
         return None
 
 
-def has_saved_data(node: Any) -> bool:
+def has_saved_data(node: Node) -> bool:
     """Whether ``node`` still holds a tensor for its backward (stops at the first: cheaper than
     :func:`saved_data`)."""
     try:
@@ -64,30 +66,43 @@ def _raw_names(kind: type) -> tuple[str, ...]:
     return names
 
 
-def graph_only_bytes(nodes: list[Any]) -> int:
+@dataclass(slots=True)
+class _Storage:
+    """A storage saved tensors share: the storage, the tensors (their ``_cdata``) that hold it in the graph, and
+    whether one of them is held outside the graph too."""
+
+    storage: torch.UntypedStorage
+    impls: set[int] = field(default_factory=set)
+    outside: bool = False
+
+
+def graph_only_bytes(nodes: Sequence[Node]) -> int:
     """The bytes of the storages the saved tensors of ``nodes`` hold and nothing else does: one storage once; a
     leaf that requires grad (a parameter) or a tensor a Python name still holds is not the graph's alone."""
     if _storage_use_count is None:
         return 0
-    storages: dict[int, list[Any]] = {}
+    storages: dict[int, _Storage] = {}
     for node in nodes:
         for tensor in saved_data(node) or ():
             # getrefcount: the list, this name, the argument and the graph's own hold; more: someone else holds it.
             outside = (tensor.requires_grad and tensor.grad_fn is None) or sys.getrefcount(tensor) > 4
             storage = tensor.untyped_storage()
-            entry = storages.setdefault(storage.data_ptr(), [storage, set(), False])
-            entry[1].add(tensor._cdata)
-            entry[2] = entry[2] or outside
+            entry = storages.get(storage.data_ptr())
+            if entry is None:
+                entry = storages[storage.data_ptr()] = _Storage(storage)
+            entry.impls.add(tensor._cdata)
+            entry.outside = entry.outside or outside
     total = 0
-    for storage, impls, outside in storages.values():
-        if not outside and _storage_use_count(storage._cdata) - 1 == len(impls):  # -1: the wrapper held here
-            total += storage.nbytes()
+    for entry in storages.values():
+        # -1: the wrapper held here
+        if not entry.outside and _storage_use_count(entry.storage._cdata) - 1 == len(entry.impls):
+            total += entry.storage.nbytes()
     return total
 
 
-def python_walk(roots: list[Any]) -> list[Any]:
+def python_walk(roots: Sequence[Node | None]) -> list[Node]:
     """Every node reachable from ``roots`` over ``next_functions``, each once, a layer at a time."""
-    seen: dict[int, Any] = {}
+    seen: dict[int, Node] = {}
     layer = [root for root in roots if root is not None]
     while layer:
         fresh = {id(node): node for node in layer if id(node) not in seen}
