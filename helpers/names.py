@@ -6,7 +6,7 @@ step's closure and globals), one and two levels in: items of lists, tuples and d
 attributes and buffers, an object's tensor attributes. Each node gets its simplest spelling (``h`` before
 ``state['h']``). A function frame's ``f_locals`` is a snapshot that would keep every tensor in it alive after the
 learner deletes or rebinds the name: it is emptied after reading (the frame's own variables are untouched), unless
-a trace function is running.
+a trace function is running. :func:`unstepped_optimizers` reads the same frames for the optimizers they name.
 
 Used by :mod:`helpers.harness`, :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
 """
@@ -39,8 +39,8 @@ class CodeSite(NamedTuple):
 @dataclass(frozen=True)
 class NamedGraph:
     """A name that held a tensor with a graph at an event: the name as the learner spells it (``h``,
-    ``state[0]``, ``model.memory``, ``buffers["h"]``), the learner's frame it was found in ((file, first line
-    of the code, the code's name), None for a name the harness gave), whether it is a global, the event's
+    ``state[0]``, ``model.memory``, ``buffers["h"]``), the code of the learner's frame it was found in (None for
+    a name the harness gave), whether it is a global, the event's
     index, the node's sequence number, and whether it is a function's own local variable (which the function
     rebinds each call, unlike an entry of a dict or an attribute it reaches)."""
 
