@@ -64,9 +64,12 @@ _UNSTAMPED = "before the loop"
 SVG_BACKGROUND = '<rect width="100%" height="100%" fill="white"/>'
 _FIRST_GROUP = re.compile(r'<g id="graph0"')
 
+# The same commands as scripts/ensure-dot.sh prints (tests/test_graph.py keeps the two lists equal).
 DOT_INSTALL_COMMANDS = {
     "Debian/Ubuntu": "sudo apt-get install -y graphviz",
+    "Fedora": "sudo dnf install graphviz",
     "macOS (Homebrew)": "brew install graphviz",
+    "Windows": "winget install --id Graphviz.Graphviz",
     "conda": "conda install -c conda-forge graphviz",
 }
 

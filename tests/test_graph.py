@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from torchviz import make_dot
 
-from helpers.graph import ITERATION_KEY, AutogradGraph, draw_graph, record_saved_tensors, saved_tensors_of
+from helpers.graph import (
+    DOT_INSTALL_COMMANDS,
+    ITERATION_KEY,
+    AutogradGraph,
+    dot_install_help,
+    draw_graph,
+    record_saved_tensors,
+    saved_tensors_of,
+)
 
 SECOND_TIME = "backward through the graph a second time"
 # torchviz 0.0.3 compares versions with distutils' LooseVersion.
@@ -194,6 +203,15 @@ def test_missing_dot_shows_install_help_and_text(monkeypatch, tmp_path):
         assert command in text
     assert graph.text in text
     assert "image/svg+xml" not in bundle
+
+
+def test_the_drawings_and_make_lab_give_the_same_install_commands():
+    script = (Path(__file__).resolve().parent.parent / "scripts" / "ensure-dot.sh").read_text(encoding="utf-8")
+    message = script.split("it is not installed. Install it:\n", 1)[1].split("MSG", 1)[0]
+    listed = dict(re.findall(r"^  ([^:\n]+):\s+(\S.*)$", message, re.MULTILINE))
+    assert listed == DOT_INSTALL_COMMANDS
+    for platform, command in DOT_INSTALL_COMMANDS.items():
+        assert f"{platform}" in dot_install_help() and command in dot_install_help()
 
 
 @requires_dot
