@@ -5,7 +5,7 @@ runs lives in the core (:mod:`helpers.growth`), since notebook 04 measures carri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,27 +147,20 @@ def check_two_loss_loop(train: Callable[[torch.nn.Module, list[Batch]], list[flo
             hints,
             one_graph,
         )
-        known = (
+        _reject_wrong_sum(
+            params,
+            before,
+            total,
+            call,
+            "the gradient of l1 + l2 summed over the batches",
             {
                 "those of l1 alone": _add(*(part.of_l1 for part in parts)),
                 "those of l2 alone": _add(*(part.of_l2 for part in parts)),
                 "those of the last batch alone": _add(parts[-1].of_l1, parts[-1].of_l2),
-            }
-            if call == 0
-            else {"those of this call alone (what .grad held was discarded)": total}
+            },
+            "Backpropagate both losses once per batch, and do not zero .grad: the given loop adds up every batch's.",
+            where,
         )
-        if problem := gradient_problem(
-            params,
-            _add(before, total),
-            "the gradient of l1 + l2 summed over the batches" + (" added to what .grad held" if call else ""),
-            known,
-        ):
-            raise Rejected(
-                problem,
-                "Backpropagate both losses once per batch, and do not zero .grad: the given "
-                "loop adds up every batch's.",
-                where,
-            )
         reject_peak(meter, one_graph, limit, hints[4], where)  # after the gradients: a loop without them says so first
         had_tensors, graphs = had_tensors or tensors, max(graphs, peak)
     return loop_passed(
@@ -175,6 +168,24 @@ def check_two_loss_loop(train: Callable[[torch.nn.Module, list[Batch]], list[flo
         graphs,
         had_tensors,
     )
+
+
+def _reject_wrong_sum(
+    params: Sequence[torch.Tensor],
+    before: Sequence[torch.Tensor],
+    total: Sequence[torch.Tensor],
+    call: int,
+    what: str,
+    first_call_mistakes: Mapping[str, Sequence[torch.Tensor]],
+    hint: str,
+    where: str,
+) -> None:
+    """Reject unless ``.grad`` holds ``before`` plus ``total``; a wrong one is named among the known mistakes (the
+    first call's, or, on the second call, the gradient of that call alone: ``.grad`` was discarded)."""
+    known = first_call_mistakes if call == 0 else {"those of this call alone (what .grad held was discarded)": total}
+    expected = what + (" added to what .grad held" if call else "")
+    if problem := gradient_problem(params, _add(before, total), expected, known):
+        raise Rejected(problem, hint, where)
 
 
 @checked
@@ -204,18 +215,16 @@ def check_backward_both(backward_both: Callable[[torch.Tensor, torch.Tensor], No
         run_answer(
             backward_both, l1, l2, who="your function", where=where, hint="The two losses share the trunk's buffers."
         )
-        known = (
-            {"those of l1 alone": g1, "those of l2 alone": g2}
-            if call == 0
-            else {"those of this call alone (what .grad held was discarded)": total}
-        )
-        if problem := gradient_problem(
+        _reject_wrong_sum(
             params,
-            _add(before, total),
-            "the gradient of l1 + l2" + (" added to what .grad held" if call else ""),
-            known,
-        ):
-            raise Rejected(problem, "", where)
+            before,
+            total,
+            call,
+            "the gradient of l1 + l2",
+            {"those of l1 alone": g1, "those of l2 alone": g2},
+            "",
+            where,
+        )
         if left := meter.graph_only_bytes:
             raise Rejected(
                 f"right gradients, but while l1 and l2 are still referenced the graph holds {format_bytes(left)} "
