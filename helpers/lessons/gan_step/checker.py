@@ -39,10 +39,7 @@ SECOND_TIME = "backward through the graph a second time"
 
 @dataclass(frozen=True)
 class NetworkCheck:
-    """One network's gradients, as its optimizer received them, against the reference.
-
-    Used by GanStepChecker and StepCheck.
-    """
+    """One network's gradients, as its optimizer received them, against the reference."""
 
     network: str
     max_difference: float
@@ -72,7 +69,7 @@ class StepCheck:
     discriminator's forward passes. ``gradients`` holds what each optimizer received
     (``{'D': {name: grad}, 'G': {...}}``; empty for a step that raised).
 
-    Used by GanStepChecker, StepComparison, GanLab and the exercise checks.
+    Used by :class:`GanStepChecker`.
     """
 
     name: str
@@ -239,12 +236,12 @@ class GanStepChecker:
         g_grads = torch.autograd.grad(g_loss, list(g_params.values()), allow_unused=True)
         return {"D": _by_name(d_params, d_grads), "G": _by_name(g_params, g_grads)}
 
+    def _args(self) -> tuple[Any, ...]:
+        return self.netG, self.netD, self.optimizerG, self.optimizerD, self.real, self.z
+
     def _called(self, step: Step) -> Callable[[], object]:
         """``step`` as a function of no arguments: one call on this checker's networks, optimizers and batch."""
         return lambda: step(*self._args())
-
-    def _args(self) -> tuple[Any, ...]:
-        return self.netG, self.netD, self.optimizerG, self.optimizerD, self.real, self.z
 
     @contextmanager
     def frozen(self) -> Iterator[None]:
@@ -383,7 +380,7 @@ class GanStepChecker:
 class StepComparison:
     """What :meth:`GanStepChecker.compare` found: one :class:`StepCheck` and the costs per step.
 
-    Used by GanStepChecker.compare, which returns it.
+    Used by :meth:`GanStepChecker.compare`.
     """
 
     reference: str
