@@ -1,6 +1,7 @@
 """The setup line every notebook prints first: versions, device and whether graphs can be drawn.
 
-Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state, 05_your_training_step and 06_real_stack.
+Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state, 05_your_training_step and
+06_real_stack.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def pick_device() -> torch.device:
 def seed_everything(seed: int = 0) -> None:
     """Seed Python and torch (CPU and CUDA) so notebook outputs are the same on every run.
 
-    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state, 05_your_training_step and 06_real_stack.
+    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state, 05_your_training_step and
+    06_real_stack.
     """
     random.seed(seed)
     torch.manual_seed(seed)
@@ -41,7 +43,8 @@ def _dot_version() -> str:
 def describe_environment() -> str:
     """One line with Python, torch, device and Graphviz versions, printed by every notebook's setup cell.
 
-    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state, 05_your_training_step and 06_real_stack.
+    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state, 05_your_training_step and
+    06_real_stack.
     """
     device = pick_device()
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
