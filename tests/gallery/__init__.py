@@ -1,6 +1,6 @@
 """Published training loops retyped at CPU size, each with the truth its probes establish.
 
-Format: /work/coord/gallery-format.md (one module per loop; TRUTH checked by tests/gallery/test_truth.py).
+Format: FORMAT.md in this folder (one module per loop; TRUTH checked by tests/gallery/test_truth.py).
 """
 
 LOOPS = [

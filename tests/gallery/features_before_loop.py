@@ -18,7 +18,7 @@ ITERATIONS = 3
 
 TRUTH = {
     "error": None,
-    "retains": {"@head_backward": {"verdict": "needed", "runs": 3, "needed_runs": 2}},
+    "retains": {"@head_backward": {"verdict": "goes with the carried fix", "runs": 3, "needed_runs": 2}},
     "carried": [{"variable": "y", "line": "@features"}],
     "notes": [],
     "modifies_in_place": [],

@@ -6,7 +6,9 @@ Everything here watches or varies the published loop from the outside:
   from the traceback (the innermost frame in the loop's own file gives the marked line);
 - a retain is judged by running a copy of the module whose marked `retain_graph=...` is switched off,
   for all its runs or for one run at a time (a textual change of that one keyword, exec'd under the
-  module's own file name so line numbers stay those of the published code);
+  module's own file name so line numbers stay those of the published code); a retain that changes the
+  outcome only while a graph is carried into a later iteration (with the carried variables detached from
+  iteration 2 on, removing it changes nothing) is the forum's band-aid: "goes with the carried fix";
 - what a backward reaches is read by walking `grad_fn.next_functions` from its roots before it runs,
   and comparing each node's `_sequence_nr()` with the sequence number read at the iteration's start;
 - which line built a node comes from a line tracer that records the sequence number each time a line
@@ -37,6 +39,8 @@ RETAIN_KEYWORD = re.compile(r"retain_graph\s*=\s*([A-Za-z_][\w.]*)")
 ERROR_KINDS = (
     ("Trying to backward through the graph a second time", "backward a second time"),
     ("modified by an inplace operation", "in-place version error"),
+    # the same check for a saved output of a multi-output view (unbind, split, chunk, `for row in w`)
+    ("its base or another view of its base has been modified inplace", "in-place version error"),
     ("does not require grad and does not have a grad_fn", "no graph"),
 )
 
@@ -212,8 +216,11 @@ class RetainVerdict:
 
 
 def judge_retains(module: types.ModuleType, iterations: int) -> dict[str, RetainVerdict]:
-    """Each marked retain that ran, judged by running copies of the loop with it switched off."""
+    """Each marked retain that ran, judged by running copies of the loop with it switched off: "can go" when
+    that changes nothing, "needed" when it changes the outcome, and "goes with the carried fix" when it changes
+    the outcome only while a graph is carried into a later iteration (:func:`goes_with_the_carried_fix`)."""
     marked = [name for name, number in markers(module).items() if number in retain_lines(module)]
+    carried = list(observe_reach(module, iterations).carried) if marked else []
     counting = RetainSwitch()
     reference = drive(variant(module, counting, marked), iterations)
     verdicts = {}
@@ -225,11 +232,30 @@ def judge_retains(module: types.ModuleType, iterations: int) -> dict[str, Retain
             not drive(variant(module, RetainSwitch({marker: {run}}), marked), iterations).same_as(reference)
             for run in range(1, completed + 1)
         )
-        if completed:  # a line that never ran (or only raised) has no verdict from what ran
-            verdicts[marker] = RetainVerdict(
-                "can go" if without.same_as(reference) else "needed", completed, needed_runs
-            )
+        if not completed:  # a line that never ran (or only raised) has no verdict from what ran
+            continue
+        verdict = "can go" if without.same_as(reference) else "needed"
+        if verdict == "needed" and carried and goes_with_the_carried_fix(module, iterations, marker, marked, carried):
+            verdict = "goes with the carried fix"
+        verdicts[marker] = RetainVerdict(verdict, completed, needed_runs)
     return verdicts
+
+
+def goes_with_the_carried_fix(
+    module: types.ModuleType, iterations: int, marker: str, marked: list[str], carried: list[str]
+) -> bool:
+    """The band-aid: a retain the loop as written needs, but only because a graph is carried into a later
+    iteration. With the carried variables detached at the start of every iteration after the first (what a
+    backward of the same iteration needs is left as it is), removing it changes nothing."""
+    detach = detaching(module, carried)
+
+    def fixed(number: int, state: dict) -> None:
+        if number > 1:
+            detach(number, state)
+
+    kept = drive(variant(module, RetainSwitch(), marked), iterations, fixed)
+    dropped = drive(variant(module, RetainSwitch({marker: "all"}), marked), iterations, fixed)
+    return dropped.same_as(kept)
 
 
 # ---------------------------------------------------------------- what each backward reaches, and who built it

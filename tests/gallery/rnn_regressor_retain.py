@@ -21,7 +21,7 @@ LR = 0.02
 
 TRUTH = {
     "error": {"kind": "in-place version error", "iteration": 2, "line": "@backward"},
-    "retains": {"@backward": {"verdict": "needed", "runs": 1, "needed_runs": 1}},
+    "retains": {"@backward": {"verdict": "goes with the carried fix", "runs": 1, "needed_runs": 1}},
     "carried": [{"variable": "h_state", "line": "@rnn_forward"}],
     "notes": [],
     "modifies_in_place": [],
