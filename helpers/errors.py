@@ -26,6 +26,8 @@ __all__ = ["ERROR_KINDS", "ExpectedError", "error_kind", "expect_error"]
 ERROR_KINDS = (
     ("backward a second time", "backward through the graph a second time"),
     ("in-place version error", "modified by an inplace operation"),
+    # the same version check, worded for a saved output of a multi-output view (unbind, split, chunk)
+    ("in-place version error", "its base or another view of its base has been modified inplace"),
     ("no graph", "does not require grad and does not have a grad_fn"),
     # torch.compile's backward, compiled when its first call did not retain (notebook 06, section 2)
     ("donated buffers", "compiled with non-empty donated buffers"),

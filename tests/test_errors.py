@@ -133,3 +133,30 @@ def test_the_in_place_fix_never_advises_moving_the_step():
 
     fix = ERROR_FIXES["in-place version error"]
     assert "compute the forward again" in fix and "old weights" in fix
+
+
+def test_both_wordings_of_the_version_check_are_the_in_place_kind():
+    """PyTorch words its version check two ways; the second (a saved output of a multi-output view, here
+    ``unbind``'s) has no "modified by an inplace operation". Both real messages are the in-place kind."""
+    import torch
+
+    from helpers.errors import error_kind
+
+    messages = []
+    w = torch.randn(2, 3, requires_grad=True)
+    y = w * 1  # a non-leaf, so it may be changed in place
+    first, _second = y.unbind(0)
+    loss = first.sin().sum()  # sin saves its input: the view
+    with torch.no_grad():
+        y.add_(1)
+    with pytest.raises(RuntimeError) as caught:
+        loss.backward()
+    messages.append(str(caught.value))
+    h = torch.randn(3, requires_grad=True)
+    z = h.exp()
+    z.add_(1)
+    with pytest.raises(RuntimeError) as caught:
+        z.sum().backward()
+    messages.append(str(caught.value))
+    assert "modified by an inplace operation" not in messages[0] and "its base" in messages[0]
+    assert [error_kind(m) for m in messages] == ["in-place version error", "in-place version error"]
