@@ -8,7 +8,8 @@ panel shares), ``lab`` (the retain_graph panel), ``checks`` (what every exercise
 (error demos that fail when the error stops happening, and the errors' kinds), ``environment`` (the setup
 line), and the tools for a learner's own training step: ``learner`` (what they share: input checks, the
 learner's line, and the one place that patches torch and reads a step's closure), ``recorder`` (watches a loop
-run as written; with ``lines``, ``names``, ``saved`` and ``iterations``), ``verdicts`` (judged from what ran),
+run as written; with ``loops`` and ``lines`` (the learner's loops and where their passes start), ``passes`` (which
+loop is the iteration), ``walks``, ``saved``, ``names``, ``evidence`` and ``iterations``), ``verdicts`` (judged from what ran),
 ``watcher`` (``bt.watch()`` around a loop), ``cli`` (``backward-twice watch SCRIPT``), ``harness`` (runs a step for
 the tools), ``carried`` (what carries a graph from one iteration into the next), ``audit`` (which
 ``retain_graph=True`` can go), ``diagnose`` (both, as one prescription) and ``magic`` (``%%diagnose``, loaded

@@ -1,14 +1,15 @@
-"""How a recording is cut into iterations, decided afterwards from the events a :class:`helpers.recorder.Recorder`
-kept (so a rule can use what came later: in a GAN, which optimizer steps last in a cycle).
+"""How a recording is cut into iterations, decided afterwards from what a :class:`helpers.recorder.Recorder` kept
+(so a rule can use what came later: in a GAN, which optimizer steps last in a cycle).
 
 * a step's runs under :func:`helpers.harness.run_step`: one iteration per run;
-* the learner's ``next_iteration()`` marks, if there are any;
-* else the steps of the optimizer whose first step came last (the generator's, after the critic's five); when
-  the loop raised before an optimizer its code names ever stepped, that one's step, which never came;
-* else a new iteration at each call of the first backward line.
+* the passes of the learner's own loop (:mod:`helpers.passes`): the innermost loop of theirs that encloses every
+  backward call and optimizer step; an iteration starts where its pass starts;
+* without one (a framework's loop, a loop the tracer could not follow), the evidence, in this order: the learner's
+  ``next_iteration()`` marks; the steps of the optimizer whose first step came last (the generator's, after the
+  critic's five), or, when the loop raised before an optimizer its code names ever stepped, that one's step,
+  which never came; a new iteration at each call of the first backward line.
 
-An iteration ends at its event, or, where the line tracer saw the loop come round to its header before the next
-backward call, there (``total += loss`` after ``optimizer.step()`` still belongs to the iteration).
+Without a loop, an iteration ends at its event.
 
 Used by :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
 """
@@ -16,11 +17,12 @@ Used by :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from helpers.learner import short
+from helpers.learner import learner_line_at, short
 
 if TYPE_CHECKING:
     from helpers.recorder import Recorder
@@ -64,14 +66,22 @@ class Split:
     def count(self) -> int:
         return len(self.ends)
 
+    @functools.cached_property
+    def _end_sequences(self) -> list[int]:
+        return [end.sequence for end in self.ends]
+
+    @functools.cached_property
+    def _end_calls(self) -> list[int]:
+        return [end.calls for end in self.ends]
+
     def iteration_of_node(self, sequence: int) -> int:
         """1-based iteration that built a node; 0 before the first."""
         if sequence < self.start:
             return 0
-        return 1 + bisect.bisect_right([end.sequence for end in self.ends], sequence)
+        return 1 + bisect.bisect_right(self._end_sequences, sequence)
 
     def iteration_of_call(self, index: int) -> int:
-        return 1 + bisect.bisect_right([end.calls for end in self.ends], index)
+        return 1 + bisect.bisect_right(self._end_calls, index)
 
     def iteration_of_sighting(self, sighting: int) -> int:
         """The iteration a look at the names (by its index) belongs to: one at an end opens the next."""
@@ -82,10 +92,21 @@ def split_iterations(recorder: Recorder) -> Split:
     """The rule that splits ``recorder``'s recording into iterations (see the module's docstring), and the ends."""
     if recorder.by_runs:
         marks = [(end, ("mark", i)) for i, end in enumerate(recorder.marks)]
-        return _to_loop_header(recorder, "one iteration per run of the step", marks, move=False)
+        return _at_events(recorder, "one iteration per run of the step", marks)
+    passes = recorder.loop.iteration_passes()
+    if passes:
+        ends = [*passes[1:], *([recorder.stop_pass] if recorder.stop_pass is not None else [])]
+        loop = recorder.loop.chain[-1].loop if recorder.loop.chain else None
+        header = short(learner_line_at(loop.filename, loop.header)) if loop is not None else "(a loop)"
+        return Split(
+            f"one per pass of your loop at {header}",
+            tuple(IterationEnd(p.sequence, p.calls) for p in ends),
+            passes[0].sequence,
+            tuple(p.sighting if p.sighting >= 0 else len(recorder.sightings) for p in ends),
+        )
     if recorder.marks:
         marks = [(end, ("mark", i)) for i, end in enumerate(recorder.marks)]
-        return _to_loop_header(recorder, "by next_iteration()", marks)
+        return _at_events(recorder, "by next_iteration()", marks)
     if recorder.steps and recorder.pending:
         return Split(f"by {recorder.pending[0]}.step(), which never came before the error", (), recorder.start)
     if recorder.steps:
@@ -100,7 +121,7 @@ def split_iterations(recorder: Recorder) -> Split:
         ]
         kind = recorder.optimizer_kinds.get(closing, "optimizer")
         line = next(step.line for step in recorder.steps if step.optimizer == closing)
-        return _to_loop_header(recorder, f"by {kind}.step() at {short(line)}", steps)
+        return _at_events(recorder, f"by {kind}.step() at {short(line)}", steps)
     calls = recorder.calls
     if not calls:
         return Split("no backward call and no optimizer step", (), recorder.start)
@@ -110,26 +131,12 @@ def split_iterations(recorder: Recorder) -> Split:
         for c, after in itertools.pairwise(calls)
         if after.site == first_site
     ]
-    return _to_loop_header(
+    return _at_events(
         recorder, f"at each call of {short(calls[0].line)} (no optimizer step and no next_iteration())", repeats
     )
 
 
-def _to_loop_header(
-    recorder: Recorder, how: str, ends: list[tuple[IterationEnd, EventKey]], move: bool = True
-) -> Split:
-    """The split by rule ``how`` with these ends (each with the event that made it), each moved to the first loop
-    header the tracer saw after its event, if that came before the next call (``move``); the sighting kept is the
-    header's, or the event's."""
-    starts = recorder.starts[1:]  # sighting indices, in the order they came
-    moved: list[IterationEnd] = []
-    sightings: list[int] = []
-    for end, event in ends:
-        sighting = recorder.event_sightings.get(event, len(recorder.sightings))
-        position = bisect.bisect_left(starts, sighting)
-        limit = recorder.calls[end.calls].start if end.calls < len(recorder.calls) else 2**64
-        if move and position < len(starts) and recorder.sightings[starts[position]] <= limit:
-            end, sighting = IterationEnd(recorder.sightings[starts[position]], end.calls), starts[position]
-        moved.append(end)
-        sightings.append(sighting)
-    return Split(how, tuple(moved), recorder.start, tuple(sightings))
+def _at_events(recorder: Recorder, how: str, ends: list[tuple[IterationEnd, EventKey]]) -> Split:
+    """The split by rule ``how`` with these ends, each with the event that made it (and the names read there)."""
+    sightings = tuple(recorder.event_sightings.get(event, len(recorder.sightings)) for _, event in ends)
+    return Split(how, tuple(end for end, _ in ends), recorder.start, sightings)

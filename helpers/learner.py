@@ -12,8 +12,9 @@ code shares (:mod:`helpers.recorder`, :mod:`helpers.harness` and through them :f
   step that needs arguments, models that are not modules, optimizers that are not optimizers;
 * :func:`passed_optimizers_only` stops a run when an optimizer the caller did not pass calls ``step()``, before it
   changes weights or state that nothing could put back;
-* :func:`learner_line` finds the learner's own line in a stack ("file:line: code", the first frame outside torch,
-  ``helpers/``, the standard library and site-packages), :func:`place` names a notebook cell's line as
+* :func:`learners_code` tells the learner's code from torch's, the helpers' and the libraries' (a file outside torch,
+  ``helpers/``, the standard library and site-packages), :func:`learner_line` finds the learner's own line in a
+  stack ("file:line: code", the first such frame), :func:`place` names a notebook cell's line as
   IPython's tracebacks do ("Cell In[5], line 3": a cell's file lies in a folder named after the kernel's
   process, so its path changes with every kernel), :func:`short` drops the folders, and :func:`first_line` and
   :func:`raised_at` give an error's first line and the learner's line that raised it.
@@ -48,6 +49,8 @@ __all__ = [
     "intercepting",
     "known_names",
     "learner_line",
+    "learner_line_at",
+    "learners_code",
     "name_bindings",
     "passed_optimizers_only",
     "place",
@@ -62,6 +65,22 @@ def skipped_dirs() -> tuple[str, ...]:
     dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))}  # torch, helpers/
     dirs.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k))
     return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+def learners_code(skipped: tuple[str, ...]) -> Callable[[types.CodeType], bool]:
+    """A test of whether code is the learner's: its file lies outside ``skipped`` (torch, ``helpers/``, the standard
+    library, site-packages) and is a real file or a notebook cell, read once per code object."""
+    known: dict[types.CodeType, bool] = {}
+
+    def is_learners(code: types.CodeType) -> bool:
+        own = known.get(code)
+        if own is None:
+            name = code.co_filename
+            real = not name.startswith("<") or name.startswith("<ipython")
+            own = known[code] = real and not os.path.realpath(name).startswith(skipped)
+        return own
+
+    return is_learners
 
 
 def place(filename: str, lineno: int) -> str:
@@ -96,6 +115,11 @@ def learner_line(
             return lines[key]
         frame = frame.f_back
     return "(no source line outside torch)"
+
+
+def learner_line_at(filename: str, lineno: int) -> str:
+    """ "file:line: code" (a cell's "Cell In[3], line 5: code") of one line of the learner's code."""
+    return f"{place(filename, lineno)}: {linecache.getline(filename, lineno).strip()}"
 
 
 @dataclass(frozen=True)

@@ -1,121 +1,226 @@
-"""Which of the learner's lines built each autograd node, read afterwards from a node's sequence number.
+"""A line tracer over the learner's own code: which line built each autograd node, and where each pass of their
+loops starts.
 
-While a :class:`CreationLines` is on, a trace function (``sys.settrace``) gets line events from the learner's own
-code only (a frame whose file lies outside torch, ``helpers/``, the standard library and site-packages: for any
-other frame it returns None, so torch's own Python code runs untraced). At each line, and when a learner's frame
-returns to another, it logs the engine's node counter (``torch._C._autograd._get_sequence_nr()``) with the
-line; consecutive entries at the same counter collapse into the last, since no node was built between them. A
-node built with sequence number ``s`` was built while the last entry at or below ``s`` ran: the innermost
-learner's line at that moment ("the first frame outside torch and the helpers", as tracebacks read).
+While a :class:`LineTracer` is on, a trace function (``sys.settrace``, and ``threading.settrace`` for the threads
+started meanwhile) gets events from the learner's code only: a frame whose file lies outside torch, ``helpers/``,
+the standard library and site-packages. For any other frame it returns None, so torch's own Python code runs
+untraced. A function of the learner's that returned three times without ever building a node (a ``Dataset``'s
+``__getitem__``, a collate function, a logging helper) is not traced again. In a forked child (a ``DataLoader``
+worker) the tracer switches itself off.
 
-Nodes built before it started (a graph built before the loop) have no entry: :meth:`CreationLines.line_of`
-gives None. When another trace function is already set (a debugger, coverage), nothing is logged.
+* **Creation lines.** At each line, and when a learner's frame returns to another, it logs the engine's node
+  counter (``torch._C._autograd._get_sequence_nr()``, passed in as ``counter``) with the line; consecutive entries
+  at the same counter collapse into the last, since no node was built between them. A node built with sequence
+  number ``s`` was built while the last entry at or below ``s`` ran (:meth:`LineTracer.line_of`). The log is
+  bounded: past its size the older half goes, and those nodes' lines become unknown.
+* **Passes.** A loop's pass starts where its header line runs and the next line of the same frame lies in its
+  body (at the loop's end the header runs once more, and the next line lies after it: no pass).
+  ``on_pass(frame, loop, sequence)`` is called there, before the pass's first statement runs; if it returns an
+  exception, that exception is raised into the learner's frame at that point, outside any ``try`` of the body: how
+  a recorder stops between iterations. A loop whose body starts with ``try:`` is asked at its header instead
+  (``at_header``, the same contract): from Python 3.11 on, an exception raised by a trace function at a ``try:``
+  line escapes every handler of its frame, the ``with`` that started the watch included. The last pass seen of
+  each loop in each running frame is kept in :attr:`LineTracer.latest` (sequence counter and count), for the loop
+  a recorder picks after its first pass began.
 
-Used by :mod:`helpers.recorder`.
+When another trace function is already set (a debugger, coverage), nothing is traced. An error inside the tracer
+switches it off and goes to ``on_failure``: it never reaches the learner's code.
+
+Used by :mod:`helpers.passes` and :mod:`helpers.recorder`.
 """
 
 from __future__ import annotations
 
 import bisect
-import linecache
 import os
 import sys
+import threading
 import types
+import weakref
 from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-import torch
+from helpers.loops import Loop, loops_of
 
-from helpers.learner import skipped_dirs
-
-__all__ = ["CreationLines"]
+__all__ = ["LineTracer", "PassSeen"]
 
 _MAX_ENTRIES = 1_000_000  # past it, the older half goes: those nodes' lines become unknown
+_QUIET_CALLS = 3  # a function that returned this often in a row without building a node is not traced again
+_ACTIVE: weakref.WeakSet[LineTracer] = weakref.WeakSet()
+_FORK_HOOKED = False
 
 
-class CreationLines:
-    def __init__(self) -> None:
+@dataclass(slots=True)
+class PassSeen:
+    """The latest pass of one loop in one frame: the node counter when it started, and how many passes so far."""
+
+    sequence: int
+    count: int
+
+
+def _in_forked_child() -> None:
+    """A forked child (a DataLoader worker) inherits the parent's trace function: nothing is traced there."""
+    for tracer in list(_ACTIVE):
+        tracer.forked = True
+        tracer.stop()
+
+
+class LineTracer:
+    def __init__(
+        self,
+        counter: Callable[[], int],
+        is_learners: Callable[[types.CodeType], bool],
+        on_pass: Callable[[types.FrameType, Loop, int], BaseException | None] | None = None,
+        on_failure: Callable[[str, BaseException], None] | None = None,
+        at_header: Callable[[types.FrameType, Loop, int], BaseException | None] | None = None,
+    ) -> None:
+        self.counter, self.is_learners, self.on_pass, self.on_failure = counter, is_learners, on_pass, on_failure
+        self.at_header = at_header
         self.sequences = array("Q")
         self.sites: list[tuple[str, int]] = []
         self.active = False
-        self._own: dict[types.CodeType, bool] = {}
-        self._skipped = skipped_dirs()
+        self.forked = False
+        self.latest: dict[tuple[int, int], PassSeen] = {}  # (id(frame), header line) -> its latest pass
+        self._headers: dict[types.CodeType, dict[int, Loop]] = {}
+        self._pending: dict[int, Loop] = {}  # id(frame) -> the loop whose header it just ran
+        self._entered: dict[int, int] = {}  # id(frame) -> the node counter when it was called
+        self._quiet: dict[types.CodeType, int] = {}  # code -> calls in a row that built no node
+        self._builders: set[types.CodeType] = set()  # code that built a node once: always traced
         self._frames: list[types.FrameType] = []
-        # After an event that may end an iteration, the next loop header (``for``/``while``) that runs is where
-        # the next iteration starts: ``on_loop_start(frame)`` is called there once.
-        self.pending = False
-        self.on_loop_start: Any = None
-        self._headers: dict[tuple[str, int], bool] = {}
+        self._previous_thread_trace: Any = None
 
-    def is_learners(self, code: types.CodeType) -> bool:
-        own = self._own.get(code)
-        if own is None:
-            name = code.co_filename
-            own = self._own[code] = (not name.startswith("<") or name.startswith("<ipython")) and not os.path.realpath(
-                name
-            ).startswith(self._skipped)
-        return own
-
-    def start(self, frame: types.FrameType | None) -> None:
-        """Trace from now on, and the learner's frames already running from ``frame`` out."""
+    # -- on and off ------------------------------------------------------------------------------------------
+    def start(self, frame: types.FrameType | None) -> bool:
+        """Trace from now on, the learner's frames already running from ``frame`` out included; False (and no
+        tracing) when another trace function is set."""
+        global _FORK_HOOKED
         if sys.gettrace() is not None:
-            return
-        counter = torch._C._autograd._get_sequence_nr
-        sequences, sites, is_learners = self.sequences, self.sites, self.is_learners
-
-        def log(site: tuple[str, int]) -> None:
-            sequence = counter()
-            if sequences and sequences[-1] == sequence:
-                sites[-1] = site
-                return
-            if len(sequences) >= _MAX_ENTRIES:
-                del sequences[: _MAX_ENTRIES // 2]
-                del sites[: _MAX_ENTRIES // 2]
-            sequences.append(sequence)
-            sites.append(site)
-
-        headers = self._headers
-
-        def local(frame: types.FrameType, event: str, arg: Any) -> Any:
-            if event == "line":
-                site = (frame.f_code.co_filename, frame.f_lineno)
-                log(site)
-                if self.pending:
-                    header = headers.get(site)
-                    if header is None:
-                        text = linecache.getline(*site).lstrip()
-                        header = headers[site] = text.startswith(("for ", "while ", "async for "))
-                    if header:
-                        self.pending = False
-                        self.on_loop_start(frame)
-            elif event == "return":
-                back = frame.f_back
-                while back is not None and not is_learners(back.f_code):
-                    back = back.f_back
-                if back is not None:
-                    log((back.f_code.co_filename, back.f_lineno))
-            return local
-
-        def calls(frame: types.FrameType, event: str, arg: Any) -> Any:
-            return local if is_learners(frame.f_code) else None
-
+            return False
+        if not _FORK_HOOKED and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_in_forked_child)
+            _FORK_HOOKED = True
         self.active = True
+        _ACTIVE.add(self)
         while frame is not None:
-            if is_learners(frame.f_code):
-                frame.f_trace = local
+            if self.is_learners(frame.f_code):
+                frame.f_trace = self._local
                 self._frames.append(frame)
             frame = frame.f_back
-        sys.settrace(calls)
+        self._previous_thread_trace = threading.gettrace() if hasattr(threading, "gettrace") else None
+        threading.settrace(self._global)
+        sys.settrace(self._global)
+        return True
 
     def stop(self) -> None:
         if not self.active:
             return
-        sys.settrace(None)
+        self.active = False
+        _ACTIVE.discard(self)
+        if sys.gettrace() == self._global:
+            sys.settrace(None)
+        threading.settrace(self._previous_thread_trace)
         for frame in self._frames:
             frame.f_trace = None
         self._frames.clear()  # frames hold their variables: none is kept past the watch
-        self.active = False
+        self._pending.clear()
+        self._entered.clear()
 
+    def _failed(self, where: str, error: BaseException) -> None:
+        self.stop()
+        if self.on_failure is not None:
+            self.on_failure(where, error)
+
+    # -- the trace functions ---------------------------------------------------------------------------------
+    def _global(self, frame: types.FrameType, event: str, arg: Any) -> Any:
+        try:
+            if not self.active:
+                return None
+            code = frame.f_code
+            if self._quiet.get(code, 0) >= _QUIET_CALLS or not self.is_learners(code):
+                return None
+            self._entered[id(frame)] = self.counter()
+            return self._local
+        except Exception as error:
+            self._failed("the line tracer", error)
+            return None
+
+    def _local(self, frame: types.FrameType, event: str, arg: Any) -> Any:
+        stop = None
+        try:
+            if not self.active:
+                return None
+            if event == "line":
+                stop = self._line(frame)
+            elif event == "return":
+                self._return(frame)
+        except Exception as error:
+            self._failed("the line tracer", error)
+            return None
+        if stop is not None:
+            self.stop()
+            raise stop  # into the learner's frame, at the top of a pass: the recorder stops here
+        return self._local
+
+    def _line(self, frame: types.FrameType) -> BaseException | None:
+        line = frame.f_lineno
+        self._log((frame.f_code.co_filename, line))
+        key = id(frame)
+        stop = None
+        pending = self._pending.pop(key, None)
+        if pending is not None and pending.holds(line):
+            seen = self.latest.get((key, pending.header))
+            sequence = self.counter()
+            if seen is None:
+                self.latest[(key, pending.header)] = PassSeen(sequence, 1)
+            else:
+                seen.sequence, seen.count = sequence, seen.count + 1
+            if self.on_pass is not None:
+                stop = self.on_pass(frame, pending, sequence)
+        code = frame.f_code
+        headers = self._headers.get(code)
+        if headers is None:
+            headers = self._headers[code] = {loop.header: loop for loop in loops_of(code)}
+        loop = headers.get(line)
+        if loop is not None:
+            self._pending[key] = loop
+            if stop is None and loop.starts_with_try and self.at_header is not None:
+                stop = self.at_header(frame, loop, self.counter())
+        return stop
+
+    def _return(self, frame: types.FrameType) -> None:
+        key = id(frame)
+        self._pending.pop(key, None)
+        for header in self._headers.get(frame.f_code, ()):
+            self.latest.pop((key, header), None)
+        entered = self._entered.pop(key, None)
+        code = frame.f_code
+        if entered is not None and code not in self._builders:
+            if self.counter() == entered:
+                self._quiet[code] = self._quiet.get(code, 0) + 1
+            else:
+                self._builders.add(code)
+                self._quiet.pop(code, None)
+        back = frame.f_back
+        while back is not None and not self.is_learners(back.f_code):
+            back = back.f_back
+        if back is not None:
+            self._log((back.f_code.co_filename, back.f_lineno))
+
+    def _log(self, site: tuple[str, int]) -> None:
+        sequence = self.counter()
+        sequences, sites = self.sequences, self.sites
+        if sequences and sequences[-1] == sequence:
+            sites[-1] = site
+            return
+        if len(sequences) >= _MAX_ENTRIES:
+            del sequences[: _MAX_ENTRIES // 2]
+            del sites[: _MAX_ENTRIES // 2]
+        sequences.append(sequence)
+        sites.append(site)
+
+    # -- reading ---------------------------------------------------------------------------------------------
     def line_of(self, sequence: int) -> tuple[str, int] | None:
         """(file, line) of the learner's line that was running when node ``sequence`` was built; None if unknown."""
         position = bisect.bisect_right(self.sequences, sequence) - 1

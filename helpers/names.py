@@ -4,11 +4,12 @@
 torch, ``helpers/``, the standard library and site-packages: its locals, then its globals) and in extra roots (a
 step's closure and globals), one and two levels in: items of lists, tuples and dicts, a module's tensor
 attributes and buffers, an object's tensor attributes. Each node gets its simplest spelling (``h`` before
-``state['h']``). A function frame's ``f_locals`` is a snapshot that would keep every tensor in it alive after the
-learner deletes or rebinds the name: it is emptied after reading (the frame's own variables are untouched), unless
-a trace function is running. :func:`unstepped_optimizers` reads the same frames for the optimizers they name.
+``state['h']``). Frames are only read, never written (``f_locals`` is a snapshot up to Python 3.12 and a
+write-through view from 3.13: either way it is read item by item and left as it is). A tensor whose ``grad_fn``
+PyTorch refuses to give (an ``unbind`` view whose base changed in place) is skipped. :func:`unstepped_optimizers`
+reads the same frames for the optimizers they name.
 
-Used by :mod:`helpers.harness`, :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
+Used by :mod:`helpers.evidence`, :mod:`helpers.harness`, :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.autograd.graph import Node
+
+from helpers.saved import grad_fn_of
 
 __all__ = ["CodeSite", "NamedGraph", "names_holding_graphs", "simpler", "site_of", "unstepped_optimizers"]
 
@@ -97,14 +100,11 @@ def names_holding_graphs(
     skipped: tuple[str, ...],
     event: int,
     roots: Callable[[], list[tuple[str, Any]]] | None = None,
-    tracing: bool = False,
     outermost: types.FrameType | None = None,
     roots_where: CodeSite | None = None,
 ) -> Iterator[tuple[NamedGraph, Node]]:
     """(name, node) for each node a name holds: the learner's frames from ``frame`` out (up to, not including,
-    ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. While a trace
-    function runs (``tracing``), snapshots are left alone: CPython writes a frame's f_locals back into its
-    variables after each trace call, so an emptied snapshot would delete them; it also refreshes them then."""
+    ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``."""
     sources: list[_Namespace] = []
     globals_seen: set[int] = set()
     while frame is not None and frame is not outermost:
@@ -113,7 +113,7 @@ def names_holding_graphs(
             where = CodeSite(code.co_filename, code.co_firstlineno, code.co_name)
             optimized = bool(code.co_flags & inspect.CO_OPTIMIZED)
             if optimized or frame.f_locals is not frame.f_globals:  # exec with its own namespace: the real one
-                sources.append(_Namespace(where, False, frame.f_locals, optimized))
+                sources.append(_Namespace(where, False, dict(frame.f_locals.items()), optimized))
             if id(frame.f_globals) not in globals_seen:
                 globals_seen.add(id(frame.f_globals))
                 sources.append(_Namespace(where, True, frame.f_globals, False))
@@ -123,8 +123,6 @@ def names_holding_graphs(
     found: dict[int, _Finding] = {}  # node's sequence number -> what the innermost namespace naming it found
     for source in sources:
         items = list(source.names.items())
-        if source.snapshot and not tracing:
-            source.names.clear()
         best: dict[int, _Spelling] = {}
         holders: dict[int, str] = {}
         alike: dict[int, dict[str, int]] = {}  # node -> spelling -> the tensor's id (one tensor, several names)
@@ -132,11 +130,11 @@ def names_holding_graphs(
             if name.startswith("__") or isinstance(value, (types.ModuleType, type, types.FunctionType)):
                 continue
             for spelled, tensor, kind in _tensors_under(name, value):
-                node = tensor.grad_fn
+                node = grad_fn_of(tensor)
                 if node is None:
                     continue
                 sequence = node._sequence_nr()
-                bare = source.snapshot and "[" not in spelled and "." not in spelled
+                bare = source.function and "[" not in spelled and "." not in spelled
                 if not bare and (sequence not in holders or simpler(spelled, holders[sequence])):
                     holders[sequence] = spelled
                 known = best.get(sequence)
@@ -198,12 +196,12 @@ def names_holding_graphs(
 @dataclass(frozen=True, slots=True)
 class _Namespace:
     """A namespace searched for names: the code it belongs to (None: the harness's roots), whether it is a
-    module's globals, the names, and whether it is a function frame's ``f_locals`` snapshot (emptied after)."""
+    module's globals, the names, and whether they are a function frame's own variables (rebound at each call)."""
 
     frame: CodeSite | None
     is_global: bool
     names: dict[str, Any]
-    snapshot: bool
+    function: bool
 
 
 @dataclass(frozen=True, slots=True)

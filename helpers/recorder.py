@@ -5,21 +5,28 @@
 * every backward and ``torch.autograd.grad`` call: the learner's line (:func:`helpers.learner.learner_line`), its
   ``retain_graph`` (as written), ``create_graph`` and ``inputs``, and what it walked. What a backward walks is
   the engine's own list (``torch._C._current_graph_task_execution_order()``, read in a prehook on the root with
-  multithreading off; several roots: a walk over ``next_functions``). Each walked node that holds saved tensors
-  (a ``_raw_saved_*`` attribute with data, read without unpacking, so PyTorch's version check stays on) gets
-  a stamp in its ``node.metadata``: the last call that walked it and whether that call kept the buffers. The
-  stamp dies with the graph: the recorder holds no node and no tensor between calls;
+  multithreading off; several roots: a walk over ``next_functions``), stamped by :func:`helpers.walks.stamp_walk`:
+  the recorder holds no node and no tensor between calls;
 * the bytes the walked graph still holds after each call, counted as the saved-tensor meter counts them (one
   storage once, and only when the graph alone holds it);
-* iterations: PyTorch's global optimizer step hooks, :meth:`Recorder.next_iteration`, or, without either, a new
-  iteration at each call of the first backward line (:mod:`helpers.verdicts` decides which, afterwards, from
-  the events kept here). Which iteration built a node comes from its ``_sequence_nr()`` against the engine's
-  counter (``torch._C._autograd._get_sequence_nr()``) read at each event;
-* the names that hold tensors with a graph at each event (the learner's frames, their globals, attributes of
-  the modules and objects they hold, items of lists, tuples and dicts), so a verdict names the learner's own
-  variable and the line that assigned it;
+* iterations: the passes of the learner's own loop (:mod:`helpers.passes`, from the line tracer of
+  :mod:`helpers.lines`); without one, PyTorch's global optimizer step hooks, :meth:`Recorder.next_iteration`, or
+  a new iteration at each call of the first backward line (:mod:`helpers.iterations` decides, afterwards). Which
+  iteration built a node comes from its ``_sequence_nr()`` against the engine's counter
+  (``torch._C._autograd._get_sequence_nr()``) read at each pass start and event;
+* the names that hold tensors with a graph at each iteration's start (the learner's frames, their globals,
+  attributes of the modules and objects they hold, items of lists, tuples and dicts), so a verdict names the
+  learner's own variable and the line that assigned it;
 * the error a backward raised, with the call that freed the buffers it needed, or the optimizer step that changed
-  a saved tensor in place.
+  a saved tensor in place (:mod:`helpers.evidence`).
+
+``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
+:class:`StopRecording` raised there, outside any ``try`` of the body); without a loop of theirs, at the first
+backward call after N iterations ended.
+
+The recorder never breaks the loop it watches: every hook and trace function is guarded, and an error of its own
+switches it off for the rest of the run (:attr:`Recorder.failure` says where and why); the learner's code goes on
+as bare Python would. It writes to no frame.
 
 With ``keep_buffers=True`` (the step tools' runs) every call keeps its buffers and the recorder raises PyTorch's own
 error where the step as written would (a walk through a node a non-retaining call already walked): the runs
@@ -30,26 +37,29 @@ Used by :mod:`helpers.harness`, :mod:`helpers.verdicts` and :mod:`helpers.watche
 
 from __future__ import annotations
 
-import inspect
 import itertools
+import os
 import sys
 import types
 import weakref
-from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.autograd.graph import Node
 
+from helpers.evidence import ErrorRecord, explain
 from helpers.iterations import EventKey, IterationEnd, StepEvent, split_iterations
-from helpers.learner import first_line, intercepting, learner_line, raised_at, skipped_dirs
-from helpers.lines import CreationLines
+from helpers.learner import first_line, intercepting, learner_line, learners_code, raised_at, skipped_dirs
+from helpers.lines import LineTracer
+from helpers.loops import Loop, forget
 from helpers.names import CodeSite, NamedGraph, names_holding_graphs, simpler, site_of, unstepped_optimizers
-from helpers.saved import graph_only_bytes, has_saved_data, python_walk, saved_data
+from helpers.passes import IterationLoop, PassStart
+from helpers.saved import graph_only_bytes, python_walk
+from helpers.walks import CallRecord, FreedEarlier, kept, stamp_walk, stamped
 
-__all__ = ["CallRecord", "ErrorRecord", "FreedEarlier", "HeldGraph", "Recorder", "StopRecording"]
+__all__ = ["Failure", "HeldGraph", "Recorder", "StopRecording"]
 
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
 SECOND_TIME = (
@@ -58,60 +68,22 @@ SECOND_TIME = (
     "or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time "
     "or if you need to access saved tensors after calling backward."
 )
-_LEAF_SEQ = 2**63  # AccumulateGrad nodes carry 2**64 - 1
-_MAX_OLD, _MAX_NAMES = 100_000, 50_000  # nodes of maybe earlier iterations kept per call; names kept
+_MAX_NAMES = 50_000  # names kept
 
 
 class StopRecording(BaseException):
-    """Raised at the end of the iteration a recorder was told to stop after; :func:`helpers.watcher.watch` swallows
-    it. Not an Exception: the learner's own ``except Exception`` must not catch it."""
+    """Raised at the top of the pass after the N iterations a recorder was told to watch; :func:`helpers.watcher.watch`
+    swallows it. Not an Exception: the learner's own ``except Exception`` must not catch it."""
 
 
 @dataclass(frozen=True)
-class FreedEarlier:
-    """The first node a call walked that an earlier call had freed: its position in the walk, and that call."""
+class Failure:
+    """Where the recorder failed and switched itself off: what it was doing, the error, and how many backward calls
+    it had seen by then."""
 
-    position: int
-    freed_by: int
-
-
-@dataclass
-class CallRecord:
-    """One backward or ``torch.autograd.grad`` call as it ran."""
-
-    index: int
-    site: tuple[str, int]  # (file, line) of the learner's line
-    line: str  # "file:line: code"
-    function: str  # "backward" or "grad"
-    retain_graph: bool  # as written (create_graph implies it)
-    create_graph: bool
-    inputs: int  # how many tensors inputs= named (0: none)
-    start: int  # the sequence counter when the call began, and when it ended
-    end: int = 0
-    event: int = 0  # how many events (optimizer steps, marks) came before it
-    walked: int = 0
-    saved_nodes: int = 0
-    held_after_bytes: int = 0
-    needed_by: list[int] = field(default_factory=list)  # later calls that walked buffers this one kept
-    frontier: array[int] = field(default_factory=lambda: array("Q"))  # of ``old``, those a new node points to
-    old: array[int] = field(default_factory=lambda: array("Q"))  # sequence numbers of walked nodes built before
-    # the call's last event: what a later rule may call an earlier iteration
-    error: str | None = None
-    first_freed: FreedEarlier | None = None
-
-
-@dataclass
-class ErrorRecord:
-    """The error a call (or the loop) raised: its first line, the learner's line, the call (None: not a backward),
-    and the recorder's evidence: the call that freed the buffers needed, the name it was reached through, the
-    optimizer step that changed a saved tensor in place."""
-
-    message: str
-    line: str
-    call: int | None = None
-    freed_by: int | None = None
-    reached_through: NamedGraph | None = None
-    changed_by_step: str | None = None
+    where: str
+    error: str
+    calls: int
 
 
 @dataclass(frozen=True)
@@ -123,20 +95,13 @@ class HeldGraph:
     holder: str
 
 
-@dataclass(slots=True)
-class _Stamp:
-    """A walked node's stamp in its ``metadata``: the last call that walked it, and whether it kept the buffers."""
-
-    call: int
-    kept: bool
-
-
 class Recorder:
-    """Watches backward calls and optimizer steps while inside ``with recorder:`` (see the module's docstring).
+    """Watches backward calls, optimizer steps and the learner's loop while inside ``with recorder:`` (see the
+    module's docstring).
 
-    ``iterations``: raise :class:`StopRecording` once that many iterations ended. ``keep_buffers``: keep every
-    graph's buffers and raise PyTorch's error where the code as written would. ``roots``: extra (name, object)
-    pairs to look for named tensors in (a step's closure and globals), as a function called at each event."""
+    ``iterations``: stop after that many. ``keep_buffers``: keep every graph's buffers and raise PyTorch's error
+    where the code as written would. ``roots``: extra (name, object) pairs to look for named tensors in (a step's
+    closure and globals), as a function called at each event."""
 
     def __init__(
         self,
@@ -153,52 +118,80 @@ class Recorder:
         self.before_step: Callable[[torch.optim.Optimizer], None] | None = None  # called before each step()
         self.by_runs = False  # a harness's runs of a step: each run is one iteration, whatever steps inside
         self.outermost: types.FrameType | None = None  # a tool's frame: names beyond it are its caller's
+        self.boundary: types.FrameType | None = None  # the frame whose `with` started the watch (its caller's)
         self.roots_where: CodeSite | None = None  # the code the roots' names belong to (a step's)
         self.calls: list[CallRecord] = []
         self.steps: list[StepEvent] = []
         self.optimizer_kinds: dict[int, str] = {}
-        # to read their parameters if an error needs them
-        self._optimizers: dict[int, weakref.ref[torch.optim.Optimizer]] = {}
+        self._optimizers: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # to read their parameters later
         self.marks: list[IterationEnd] = []  # where next_iteration() was called
         self.names: dict[int, NamedGraph] = {}  # node sequence number -> the name that held it
         self.held_from: dict[int, HeldGraph] = {}  # node sequence number -> when and how the loop first held it
         self.sightings: list[int] = []  # the sequence counter at each time names were read
         self.carriers: dict[int, str] = {}  # node -> the name that held it at an iteration's start
         self.event_sightings: dict[EventKey, int] = {}  # an event -> its sighting
-        self.starts: list[int] = []  # of those, the ones at an iteration's start (a loop header after an event)
+        self.starts: list[int] = []  # of those, the ones at an iteration's start
         self.error: ErrorRecord | None = None
-        self.creation = CreationLines()  # which learner's line built each node
+        self.failure: Failure | None = None  # set when the recorder failed and switched itself off
         self.pending: list[str] = []  # optimizers the code names that never stepped before the error
         self.start = self.finish = 0
         self.stopped = False
+        self.stop_pass: PassStart | None = None  # the pass that never ran: where the last watched one ended
+        self._skipped = skipped_dirs()
+        self.is_learners = learners_code(self._skipped)
+        self.creation = LineTracer(
+            torch._C._autograd._get_sequence_nr, self.is_learners, self._pass_started, self._fail, self._at_header
+        )
+        self.loop = IterationLoop(self.is_learners, _is_optimizer)
         self._key = f"{STAMP}.{next(_RECORDERS)}"  # another recorder's stamps (an earlier watch) mean nothing here
         self._lines: dict[tuple[str, int], str] = {}
-        self._skipped = skipped_dirs()
         self._context: Any = None
         self._depth = 0
+        self._boundary_line = 0
+        self._pid = os.getpid()
+        self._first_steps: dict[int, int] = {}  # optimizer -> the position of its first step
+        self._step_counts: dict[int, int] = {}
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
+        forget()  # a script may have changed since an earlier watch read its loops
         self.start = torch._C._autograd._get_sequence_nr()
+        caller = sys._getframe(1)
+        if self.boundary is None:
+            self.boundary = caller
+        self._boundary_line = self.boundary.f_lineno
         self._context = intercepting(self._on_backward, self._on_step, self._before_step)
         self._context.__enter__()
-        self.starts.append(0)
-        self._note_names(sys._getframe(1))  # what the loop starts from: a graph built before it
-        self.creation.on_loop_start = self._loop_start
-        self.creation.start(sys._getframe(1))
+        try:
+            self.starts.append(0)
+            self._note_names(caller)  # what the loop starts from: a graph built before it
+            self.creation.start(caller)
+            if self.by_runs:
+                self.loop.unusable = "a tool's runs of a step"
+        except Exception as error:
+            self._fail("starting", error)
         return self
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         self.finish = torch._C._autograd._get_sequence_nr()
         self.creation.stop()
         self._context.__exit__(None, None, None)
-        frame: types.FrameType | None = sys._getframe(1)
-        while frame is not None:  # the f_locals snapshots that tracing and naming made: none outlives the watch
-            if frame.f_code.co_flags & inspect.CO_OPTIMIZED and self.creation.is_learners(frame.f_code):
-                frame.f_locals.clear()
-            frame = frame.f_back
-        if exc is not None and not isinstance(exc, StopRecording) and self.error is None:
-            self.record_error(exc)
+        self.boundary = None  # a frame holds its variables: none is kept past the watch
+        if isinstance(exc, Exception) and self.error is None:
+            try:
+                self.record_error(exc)
+            except Exception as error:
+                self._fail("reading the loop's error", error)
+
+    @property
+    def off(self) -> bool:
+        return self.failure is not None or os.getpid() != self._pid
+
+    def _fail(self, where: str, error: BaseException) -> None:
+        """Switch off for the rest of the run: the learner's code goes on as bare Python would."""
+        if self.failure is None:
+            self.failure = Failure(where, first_line(error, 200), len(self.calls))
+        self.creation.stop()
 
     def record_error(self, exc: BaseException) -> None:
         """Keep an error the loop raised outside a backward call (a backward's own is kept where it rose)."""
@@ -210,40 +203,107 @@ class Recorder:
 
     # -- iterations ----------------------------------------------------------------------------------------
     def next_iteration(self, between_runs: bool = False) -> None:
-        """Mark the end of an iteration (a loop without an optimizer, or with a hand-written update).
+        """Mark the end of an iteration (a loop of no statement of yours, or none this watch can read).
         ``between_runs``: called between two calls of a step (the step's frame is gone), so this is also where
         the next iteration starts."""
-        self.marks.append(IterationEnd(torch._C._autograd._get_sequence_nr(), len(self.calls)))
-        self.event_sightings[("mark", len(self.marks) - 1)] = len(self.sightings)
-        if between_runs:
-            self.starts.append(len(self.sightings))
-            self._note_names(sys._getframe(1))
-        else:
-            self._event_names(sys._getframe(1))
-        self.creation.pending = not between_runs
-        self._maybe_stop()
+        if self.off:
+            return
+        try:
+            self.marks.append(IterationEnd(torch._C._autograd._get_sequence_nr(), len(self.calls)))
+            self.event_sightings[("mark", len(self.marks) - 1)] = len(self.sightings)
+            if between_runs:
+                self.starts.append(len(self.sightings))
+                self._note_names(sys._getframe(1))
+            else:
+                self._event_names(sys._getframe(1))
+        except Exception as error:
+            self._fail("a mark of next_iteration()", error)
+            return
+        without_a_loop = self.loop.innermost is None and not self.by_runs
+        if self.iterations is not None and not self.stopped and without_a_loop and len(self.marks) >= self.iterations:
+            self.stopped = True
+            raise StopRecording(self.iterations)
 
     def iterations_done(self) -> int:
         return split_iterations(self).count
 
-    def _maybe_stop(self) -> None:
-        if self.iterations is not None and not self.stopped and self.iterations_done() >= self.iterations:
-            self.stopped = True
-            raise StopRecording(self.iterations)
+    def _pass_started(self, frame: types.FrameType, loop: Loop, sequence: int) -> BaseException | None:
+        """The line tracer's ``on_pass``: a pass of one of the learner's loops starts (see :mod:`helpers.passes`)."""
+        if self.off:
+            return None
+        try:
+            role = self.loop.role(frame, loop)
+            if role is None:
+                return None
+            if role == "iteration" and self._stop_due():
+                return self._stop_here(sequence)
+            start = PassStart(sequence, len(self.calls))
+            self.loop.add_pass(frame, loop, start)
+            if role == "iteration":
+                start.sighting = len(self.sightings)
+                self.starts.append(start.sighting)
+                self._note_names(frame)
+        except Exception as error:
+            self._fail("the start of a pass of your loop", error)
+        return None
+
+    def _at_header(self, frame: types.FrameType, loop: Loop, sequence: int) -> BaseException | None:
+        """The line tracer's ``at_header``, for a loop whose body starts with ``try:``: stop there, if due."""
+        if self.off:
+            return None
+        try:
+            if self.loop.role(frame, loop) == "iteration" and self._stop_due():
+                return self._stop_here(sequence)
+        except Exception as error:
+            self._fail("the header of your loop", error)
+        return None
+
+    def _stop_due(self) -> bool:
+        return self.iterations is not None and not self.stopped and len(self.loop.iteration_passes()) >= self.iterations
+
+    def _stop_here(self, sequence: int) -> StopRecording:
+        assert self.iterations is not None
+        self.stopped, self.stop_pass = True, PassStart(sequence, len(self.calls), len(self.sightings))
+        return StopRecording(self.iterations)
+
+    def _saw_event(self, frame: types.FrameType) -> None:
+        if not self.by_runs:
+            self.loop.saw_event(frame, self.boundary, self._boundary_line, self.creation, len(self.calls))
 
     def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer_kinds.setdefault(id(optimizer), type(optimizer).__name__)
-        self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
-        if self.before_step is not None:
-            self.before_step(optimizer)
+        if self.off:
+            return
+        try:
+            self.optimizer_kinds.setdefault(id(optimizer), type(optimizer).__name__)
+            self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
+            if self.before_step is not None:
+                self.before_step(optimizer)
+        except Exception as error:
+            self._fail("before an optimizer step", error)
 
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
-        line = learner_line(sys._getframe(1), self._lines, self._skipped)
-        self.steps.append(StepEvent(id(optimizer), torch._C._autograd._get_sequence_nr(), len(self.calls), line))
-        self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
-        self._event_names(sys._getframe(1))
-        self.creation.pending = True
-        self._maybe_stop()
+        if self.off:
+            return
+        try:
+            caller = sys._getframe(1)
+            line = learner_line(caller, self._lines, self._skipped)
+            self.steps.append(StepEvent(id(optimizer), torch._C._autograd._get_sequence_nr(), len(self.calls), line))
+            self._first_steps.setdefault(id(optimizer), len(self.steps) - 1)
+            self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
+            self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
+            self._saw_event(caller)
+            self._event_names(caller)
+        except Exception as error:
+            self._fail("after an optimizer step", error)
+
+    def _iterations_ended_without_a_loop(self) -> int:
+        """Iterations ended so far by the fallbacks (marks, the closing optimizer's steps), for a stop."""
+        if self.marks:
+            return len(self.marks)
+        if self._first_steps:
+            closing = max(self._first_steps, key=self._first_steps.__getitem__)
+            return self._step_counts[closing]
+        return 0
 
     @property
     def events(self) -> int:
@@ -253,16 +313,56 @@ class Recorder:
     def _on_backward(
         self, engine: Callable[..., Any], outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        if self._depth:  # a backward inside a backward (a hook's): the outer call is the learner's
+        if self._depth or self.off:  # a backward inside a backward (a hook's): the outer call is the learner's
             return engine(outputs, *args, **kwargs)
+        caller = sys._getframe(1)
+        try:
+            prepared = self._before_backward(outputs, args, kwargs, caller)
+        except StopRecording:
+            raise
+        except Exception as error:
+            self._fail("before a backward call", error)
+            return engine(outputs, *args, **kwargs)
+        call, walked, handle, args = prepared
+        self._depth += 1
+        try:
+            with torch.autograd.set_multithreading_enabled(False):
+                result = engine(outputs, *args, **kwargs)
+        except Exception as exc:
+            try:
+                call.error = first_line(exc, 400)
+                if self.error is None:
+                    self.error = explain(self, exc, call, walked, caller)
+                    self.pending = unstepped_optimizers(caller, self._skipped, self.optimizer_kinds)
+            except Exception as error:
+                self._fail("reading a backward's error", error)
+            raise
+        finally:
+            self._depth -= 1
+            if handle is not None:
+                handle.remove()
+            call.end = torch._C._autograd._get_sequence_nr()
+        try:
+            if call.retain_graph or call.create_graph:  # without a retain the engine freed every buffer it walked
+                call.held_after_bytes = graph_only_bytes([n for n in walked if stamped(n, self._key)])
+            walked.clear()  # the recorder holds no node between calls
+            if not self.steps and not self.marks:
+                self.event_sightings[("call", call.index)] = len(self.sightings)
+                self._event_names(caller)
+        except Exception as error:
+            self._fail("after a backward call", error)
+        return result
+
+    def _before_backward(
+        self, outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any], caller: types.FrameType
+    ) -> tuple[CallRecord, list[Node], Any, tuple[Any, ...]]:
         keep = bool(args[1]) if len(args) > 1 else bool(kwargs.get("keep_graph", False))
         create = bool(args[2]) if len(args) > 2 else bool(kwargs.get("create_graph", False))
         inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
-        caller = sys._getframe(1)
         line = learner_line(caller, self._lines, self._skipped)
         site = site_of(caller, self._skipped)
-        if self.marks == [] and self.steps == [] and self.calls and self.iterations is not None:
-            self._fallback_stop(site, self.iterations)
+        self._saw_event(caller)
+        self._maybe_stop_without_a_loop(site)
         call = CallRecord(
             len(self.calls),
             site,
@@ -278,11 +378,21 @@ class Recorder:
         nodes = [_node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
         roots = [r for r in nodes if r is not None]
         walked: list[Node] = []
-        boundary = self._last_event_sequence()
+        boundary = self._iteration_start()
+        as_written: list[bool] = []
 
         def look(order: list[Node]) -> None:
-            walked.extend(order)
-            self._walk(call, order, boundary)
+            if self.off:
+                return
+            try:
+                walked.extend(order)
+                as_written.append(
+                    stamp_walk(self._key, self.calls, call, order, boundary, self.on_leaf, self.keep_buffers)
+                )
+            except Exception as error:
+                self._fail("reading what a backward walks", error)
+            if as_written and as_written[-1]:
+                raise RuntimeError(SECOND_TIME)  # keep_buffers: where the step as written raises
 
         handle = None
         if len(roots) == 1 and hasattr(roots[0], "register_prehook"):
@@ -294,87 +404,27 @@ class Recorder:
             look(python_walk(roots))
         if self.keep_buffers:  # torch passes (grad_tensors, keep_graph, create_graph, inputs, ...) by position
             args = (args[0], True, *args[2:]) if len(args) > 1 else args
-        self._depth += 1
-        try:
-            with torch.autograd.set_multithreading_enabled(False):
-                result = engine(outputs, *args, **kwargs)
-        except Exception as exc:
-            call.error = first_line(exc, 400)
-            if self.error is None:
-                self.error = self._explain(exc, call, walked, caller)
-                self.pending = unstepped_optimizers(caller, self._skipped, self.optimizer_kinds)
-            raise
-        finally:
-            self._depth -= 1
-            if handle is not None:
-                handle.remove()
-            call.end = torch._C._autograd._get_sequence_nr()
-        if keep or create:  # without a retain the engine freed every buffer it walked: nothing is held after it
-            call.held_after_bytes = graph_only_bytes([n for n in walked if self._key in _metadata(n)])
-        walked.clear()  # the recorder holds no node between calls
-        if not self.steps and not self.marks:
-            self.event_sightings[("call", call.index)] = len(self.sightings)
-            self._event_names(caller)
-            self.creation.pending = True
-        return result
+        return call, walked, handle, args
 
-    def _walk(self, call: CallRecord, order: list[Node], boundary: int) -> None:
-        """Stamp the walked nodes that hold saved tensors; note the buffers an earlier call kept, and the nodes
-        built before the call's last event. With keep_buffers, raise where the code as written would."""
-        walked = saved_nodes = 0
-        needs: set[int] = set()
+    def _maybe_stop_without_a_loop(self, site: tuple[str, int]) -> None:
+        """Without a loop of the learner's, iteration N+1 is stopped at its first backward call, before it runs."""
+        if self.iterations is None or self.stopped or self.by_runs or self.loop.iteration_passes():
+            return
+        ended = self._iterations_ended_without_a_loop()
+        if not ended and self.calls:  # no step and no mark: a new iteration at each call of the first line
+            first = self.calls[0].site
+            ended = sum(1 for c in self.calls if c.site == first) if site == first else 0
+        if ended >= self.iterations:
+            self.stopped = True
+            raise StopRecording(self.iterations)
 
-        def frontier() -> None:
-            """The old nodes a new node points to: where this iteration's graph meets an earlier one (an LSTM
-            cell's old h and old c both; not what lies under them). Only when there are old nodes at all."""
-            if not call.old:
-                return
-            edges: set[int] = set()
-            for node in order:
-                sequence = node._sequence_nr()
-                if boundary <= sequence < _LEAF_SEQ:
-                    edges.update(
-                        s
-                        for s in (child._sequence_nr() for child, _ in node.next_functions if child is not None)
-                        if s < boundary
-                    )
-            call.frontier = array("Q", sorted(edges))
-
-        for position, node in enumerate(order):
-            sequence = node._sequence_nr()
-            if sequence >= _LEAF_SEQ:
-                leaf = getattr(node, "variable", None)  # an AccumulateGrad node's
-                if self.on_leaf is not None and isinstance(leaf, torch.Tensor):
-                    self.on_leaf(leaf)  # before it accumulates: a leaf the caller could not name
-                continue
-            walked += 1
-            if sequence < boundary and len(call.old) < _MAX_OLD:
-                call.old.append(sequence)
-            metadata = _metadata(node)
-            stamp: _Stamp | None = metadata.get(self._key)
-            if stamp is None:
-                if not has_saved_data(node):
-                    continue
-                metadata[self._key] = _Stamp(call.index, call.retain_graph or call.create_graph)
-            else:
-                if not stamp.kept and call.first_freed is None:
-                    call.first_freed = FreedEarlier(position, stamp.call)
-                    if self.keep_buffers:
-                        call.walked, call.saved_nodes = walked, saved_nodes + 1
-                        frontier()
-                        raise RuntimeError(SECOND_TIME)
-                if stamp.kept:
-                    needs.add(stamp.call)
-                stamp.call, stamp.kept = call.index, call.retain_graph or call.create_graph
-            saved_nodes += 1
-        call.walked, call.saved_nodes = walked, saved_nodes
-        frontier()
-        for previous in needs:
-            self.calls[previous].needed_by.append(call.index)
-
-    def _last_event_sequence(self) -> int:
-        """The sequence counter at the last event that may end an iteration: an optimizer step, a mark, or, while
-        there is neither, the end of the last call."""
+    def _iteration_start(self) -> int:
+        """The sequence counter where the current iteration started: its loop's pass start; without one, the last
+        event that may end an iteration (an optimizer step, a mark, or, while there is neither, the end of the
+        last call)."""
+        passes = self.loop.iteration_passes()
+        if passes:
+            return passes[-1].sequence
         candidates = [self.start]
         if self.steps:
             candidates.append(self.steps[-1].sequence)
@@ -384,72 +434,12 @@ class Recorder:
             candidates.append(self.calls[-2].end)
         return max(candidates)
 
-    def _fallback_stop(self, site: tuple[str, int], iterations: int) -> None:
-        """Without optimizer steps or marks, iteration N ends where the first backward line is called again."""
-        first = self.calls[0].site
-        if site == first and sum(1 for c in self.calls if c.site == first) >= iterations:
-            self.stopped = True
-            raise StopRecording(iterations)
-
-    def _explain(
-        self, exc: BaseException, call: CallRecord, walked: list[Node], caller: types.FrameType
-    ) -> ErrorRecord:
-        record = ErrorRecord(first_line(exc, 400), call.line, call.index)
-        message = str(exc)
-        if "backward through the graph a second time" in message and call.first_freed is not None:
-            record.freed_by = call.first_freed.freed_by
-            record.reached_through = self._through(walked, call.first_freed.position, call, caller)
-        elif "modified by an inplace operation" in message:
-            record.changed_by_step = self._step_that_changed(walked, call)
-        return record
-
-    def _through(
-        self, walked: list[Node], position: int, call: CallRecord, caller: types.FrameType
-    ) -> NamedGraph | None:
-        """The name closest above the freed node in the walk: kept at an event, or held by a frame now."""
-        live = {
-            n.sequence: n
-            for n, _ in names_holding_graphs(
-                caller, self._skipped, self.events, self.roots, sys.gettrace() is not None, self.outermost
-            )
-        }
-        for node in reversed(walked[: position + 1]):
-            sequence = node._sequence_nr()
-            named = self.names.get(sequence) or live.get(sequence)
-            if named is not None:
-                return named
-        return None
-
-    def _step_that_changed(self, walked: list[Node], call: CallRecord) -> str | None:
-        """The learner's line of the last optimizer step whose parameters a walked node saved, if one stepped
-        after that node was built."""
-        stepped = {step.optimizer: step for step in self.steps}  # each optimizer's last step
-        if not stepped:
-            return None
-        params: dict[int, int] = {}  # a parameter's storage -> the optimizer that steps it
-        for optimizer_id in stepped:
-            reference = self._optimizers.get(optimizer_id)
-            optimizer = reference() if reference is not None else None
-            for group in optimizer.param_groups if optimizer is not None else ():
-                for p in group["params"]:
-                    params[p.untyped_storage().data_ptr()] = optimizer_id
-        for node in walked:
-            for tensor in saved_data(node) or ():
-                owner = params.get(tensor.untyped_storage().data_ptr())
-                if owner is not None and stepped[owner].sequence > node._sequence_nr():
-                    return stepped[owner].line
-        return None
-
     # -- names ---------------------------------------------------------------------------------------------
     def _event_names(self, frame: types.FrameType) -> None:
-        """At an event: with the line tracer on, the names are read where the loop comes round to its header
-        instead (what is held there is what can carry a graph into the next iteration); without it, now."""
-        if not self.creation.active or self.by_runs:  # a tool's runs: its loop is not the learner's code
+        """At an event: with a loop of the learner's, the names are read at its passes' starts instead (what is
+        held there is what can carry a graph into the next iteration); without one, now."""
+        if self.by_runs or not self.loop.iteration_passes():
             self._note_names(frame)
-
-    def _loop_start(self, frame: types.FrameType) -> None:
-        self.starts.append(len(self.sightings))
-        self._note_names(frame)
 
     def _note_names(self, frame: types.FrameType | None) -> None:
         """Keep the names that hold graphs now (the simplest spelling of each node); at an iteration's start, also
@@ -458,7 +448,7 @@ class Recorder:
         self.sightings.append(torch._C._autograd._get_sequence_nr())
         at_start = bool(self.starts) and self.starts[-1] == sighting
         for named, node in names_holding_graphs(
-            frame, self._skipped, sighting, self.roots, sys.gettrace() is not None, self.outermost, self.roots_where
+            frame, self._skipped, sighting, self.roots, self.outermost, self.roots_where
         ):
             sequence = named.sequence
             known = self.names.get(sequence)
@@ -478,19 +468,16 @@ class Recorder:
                 # is rebound at its next call: what the loop holds is in its dicts, objects, modules and globals
                 # A node a backward walked without a retain has no buffers left (as written: with keep_buffers the
                 # recorder keeps them, so they are left out here the same way).
-                alive = [n for n in python_walk([node]) if self._kept(n)]
+                alive = [n for n in python_walk([node]) if kept(n, self._key)]
                 self.held_from[sequence] = HeldGraph(sighting, graph_only_bytes(alive), named.holder or named.name)
 
-    def _kept(self, node: Node) -> bool:
-        """Whether ``node`` still has its buffers: no call of this recorder walked it, or the last one kept them."""
-        stamp: _Stamp | None = _metadata(node).get(self._key)
-        return stamp is None or stamp.kept
 
-
-def _metadata(node: Node) -> dict[str, Any]:
-    """A node's ``metadata`` dict (an attribute of every C++ node; torch's ``Node`` declares it a method)."""
-    metadata: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a dict attribute, not the stub's method
-    return metadata
+def _is_optimizer(value: Any) -> bool:
+    """An optimizer, a wrapper of one (Lightning's), or a GradScaler (``scaler.step(optimizer)``)."""
+    if isinstance(value, torch.optim.Optimizer):
+        return True
+    inner = getattr(value, "_optimizer", None) or getattr(value, "optimizer", None)
+    return isinstance(inner, torch.optim.Optimizer) or type(value).__name__ == "GradScaler"
 
 
 def _node_of(output: Any) -> Node | None:

@@ -5,9 +5,10 @@
 * :func:`graph_only_bytes`: the storages those tensors hold, each once, counted only when the graph alone holds
   them, as the course's saved-tensor meter counts (a parameter, or an input or activation a Python name still
   holds, is alive anyway); a saved 0-dim scalar counts too;
-* :func:`python_walk`: every node a graph reaches from some roots, over ``next_functions``.
+* :func:`python_walk`: every node a graph reaches from some roots, over ``next_functions``;
+* :func:`grad_fn_of`: a tensor's ``grad_fn``, or None where PyTorch refuses the read.
 
-Used by :mod:`helpers.recorder`.
+Used by :mod:`helpers.evidence`, :mod:`helpers.names`, :mod:`helpers.recorder` and :mod:`helpers.walks`.
 """
 
 from __future__ import annotations
@@ -20,10 +21,19 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
-__all__ = ["graph_only_bytes", "has_saved_data", "python_walk", "saved_data"]
+__all__ = ["grad_fn_of", "graph_only_bytes", "has_saved_data", "python_walk", "saved_data"]
 
 _storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 _saved_attributes: dict[type, tuple[str, ...]] = {}
+
+
+def grad_fn_of(tensor: torch.Tensor) -> Node | None:
+    """``tensor.grad_fn``, or None where PyTorch refuses to give it: a view of a function that returns several
+    (``unbind``, ``split``, ``chunk``, ``for row in w``) whose base was changed in place raises on the read."""
+    try:
+        return tensor.grad_fn
+    except RuntimeError:
+        return None
 
 
 class _Freed(Exception):
@@ -85,7 +95,9 @@ def graph_only_bytes(nodes: Sequence[Node]) -> int:
     for node in nodes:
         for tensor in saved_data(node) or ():
             # getrefcount: the list, this name, the argument and the graph's own hold; more: someone else holds it.
-            outside = (tensor.requires_grad and tensor.grad_fn is None) or sys.getrefcount(tensor) > 4
+            outside = (tensor.requires_grad and not tensor._is_view() and grad_fn_of(tensor) is None) or (
+                sys.getrefcount(tensor) > 4
+            )
             storage = tensor.untyped_storage()
             entry = storages.get(storage.data_ptr())
             if entry is None:

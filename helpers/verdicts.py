@@ -25,7 +25,8 @@ from helpers.errors import error_kind
 from helpers.iterations import Split, split_iterations
 from helpers.learner import place, short
 from helpers.names import NamedGraph
-from helpers.recorder import CallRecord, Recorder
+from helpers.recorder import Recorder
+from helpers.walks import CallRecord
 
 __all__ = ["ERROR_FIXES", "CarriedFinding", "ErrorVerdict", "LineVerdict", "Note", "Verdicts", "judge"]
 

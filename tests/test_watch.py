@@ -25,10 +25,13 @@ def test_watch_stops_after_n_iterations_quietly_and_says_so() -> None:
             model(torch.randn(3, 4)).pow(2).mean().backward()
             optimizer.step()
             ran += 1
-    assert ran == 1  # the second step ended the block, before the loop's own count went on
+    assert ran == 2  # the block ended at the top of the third pass: the second ran whole
     assert w.verdicts.iterations_run == 2 and w.healthy
     text = str(w)
-    assert text.startswith("Watched 2 iterations (by SGD.step() at test_watch.py:") and "then stopped as asked" in text
+    assert (
+        text.startswith("Watched 2 iterations (one per pass of your loop at test_watch.py:")
+        and "then stopped as asked" in text
+    )
     assert "Healthy" in text and "Healthy" in w._repr_html_()
 
 
@@ -64,7 +67,7 @@ def test_a_hand_written_update_marks_its_iterations_and_per_line_verdicts_come_o
                 weight.grad = None
             w.next_iteration()
     report = w.to_json()
-    assert report["iterations"] == 3 and report["split"] == "by next_iteration()"
+    assert report["iterations"] == 3 and report["split"].endswith("for _ in range(3):")  # the loop, not the marks
     [line] = report["lines"]
     assert (line["verdict"], line["runs"], line["needed_runs"]) == ("can go", 3, 0)
     assert "remove retain_graph=True" in str(w)

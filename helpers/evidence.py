@@ -1,0 +1,88 @@
+"""What the recorder can say about an error a backward raised, from what it saw: for "backward through the graph a
+second time", the earlier call that freed the buffers and the name the walk reached them through; for the version
+check, the optimizer step that changed a saved tensor in place.
+
+Used by :mod:`helpers.recorder`.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torch.autograd.graph import Node
+
+from helpers.errors import error_kind
+from helpers.learner import first_line
+from helpers.names import NamedGraph, names_holding_graphs
+from helpers.saved import saved_data
+
+if TYPE_CHECKING:
+    from helpers.recorder import Recorder
+    from helpers.walks import CallRecord
+
+__all__ = ["ErrorRecord", "explain"]
+
+
+@dataclass
+class ErrorRecord:
+    """The error a call (or the loop) raised: its first line, the learner's line, the call (None: not a backward),
+    and the recorder's evidence: the call that freed the buffers needed, the name it was reached through, the
+    optimizer step that changed a saved tensor in place."""
+
+    message: str
+    line: str
+    call: int | None = None
+    freed_by: int | None = None
+    reached_through: NamedGraph | None = None
+    changed_by_step: str | None = None
+
+
+def explain(
+    recorder: Recorder, exc: BaseException, call: CallRecord, walked: list[Node], caller: types.FrameType
+) -> ErrorRecord:
+    """The error a backward call raised, with the recorder's evidence."""
+    record = ErrorRecord(first_line(exc, 400), call.line, call.index)
+    kind = error_kind(str(exc))
+    if kind == "backward a second time" and call.first_freed is not None:
+        record.freed_by = call.first_freed.freed_by
+        record.reached_through = _through(recorder, walked, call.first_freed.position, caller)
+    elif kind == "in-place version error":
+        record.changed_by_step = _step_that_changed(recorder, walked)
+    return record
+
+
+def _through(recorder: Recorder, walked: list[Node], position: int, caller: types.FrameType) -> NamedGraph | None:
+    """The name closest above the freed node in the walk: kept at an event, or held by a frame now."""
+    live = {
+        n.sequence: n
+        for n, _ in names_holding_graphs(caller, recorder._skipped, recorder.events, recorder.roots, recorder.outermost)
+    }
+    for node in reversed(walked[: position + 1]):
+        sequence = node._sequence_nr()
+        named = recorder.names.get(sequence) or live.get(sequence)
+        if named is not None:
+            return named
+    return None
+
+
+def _step_that_changed(recorder: Recorder, walked: list[Node]) -> str | None:
+    """The learner's line of the last optimizer step whose parameters a walked node saved, if one stepped after
+    that node was built."""
+    stepped = {step.optimizer: step for step in recorder.steps}  # each optimizer's last step
+    if not stepped:
+        return None
+    params: dict[int, int] = {}  # a parameter's storage -> the optimizer that steps it
+    for optimizer_id in stepped:
+        reference = recorder._optimizers.get(optimizer_id)
+        optimizer = reference() if reference is not None else None
+        for group in optimizer.param_groups if optimizer is not None else ():
+            for p in group["params"]:
+                params[p.untyped_storage().data_ptr()] = optimizer_id
+    for node in walked:
+        for tensor in saved_data(node) or ():
+            owner = params.get(tensor.untyped_storage().data_ptr())
+            if owner is not None and stepped[owner].sequence > node._sequence_nr():
+                return stepped[owner].line
+    return None

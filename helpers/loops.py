@@ -1,0 +1,171 @@
+"""The loops a learner wrote, read from their source: which statement loops enclose a line of a function.
+
+An iteration of the learner's training is one pass of their own loop: the innermost ``for`` or ``while`` of
+their code that encloses the backward calls and the optimizer steps. This module gives the recorder the static
+half of that, per code object (a function, a method, a script's or a notebook cell's top level), read once with
+``ast`` from the lines ``linecache`` holds:
+
+* :func:`loops_of`: the statement loops of the code's own scope (not of the functions, classes and lambdas
+  nested in it; comprehensions are not statements), each a :class:`Loop` with its header line and body lines;
+* :func:`enclosing`: the loops whose body holds a line, outermost first;
+* :func:`step_calls`: the calls of the code's own scope to ``backward``, ``autograd.grad``, ``manual_backward`` or a
+  ``step`` (with its receiver, for the caller to tell an optimizer's from a scheduler's), so a loop that holds only
+  some of them (a critic's inner loop) is known not to be the iteration before the others run.
+
+Nothing here imports torch, reads a frame's variables or writes to a frame.
+
+Used by :mod:`helpers.lines`, :mod:`helpers.passes` and :mod:`helpers.recorder`.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import types
+from dataclasses import dataclass
+
+__all__ = ["Loop", "StepCall", "enclosing", "forget", "loops_of", "step_calls"]
+
+_STEP_NAMES = frozenset({"backward", "manual_backward", "step"})
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A statement loop: its file, header line (where each pass starts), the first and last lines of its body,
+    its kind ("for" or "while"), and whether its body starts with a ``try`` (from Python 3.11 on, an exception
+    raised by a trace function at a ``try:`` line escapes the handlers of its own frame: a recorder stops such a
+    loop at its header instead)."""
+
+    filename: str
+    header: int
+    body_first: int
+    body_last: int
+    kind: str
+    starts_with_try: bool = False
+
+    def holds(self, line: int) -> bool:
+        """Whether ``line`` lies in the loop's body (the header and an ``else:`` clause do not)."""
+        return self.body_first <= line <= self.body_last
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """A call that may be a training event: its line, the method (``backward``, ``manual_backward``, ``grad``,
+    ``step``) and, for ``step``, the expression it is called on (``optimizer``, ``self.opt_g``, ``scheduler``)."""
+
+    line: int
+    method: str
+    receiver: ast.expr | None = None
+
+
+@dataclass(frozen=True)
+class _Scope:
+    loops: tuple[Loop, ...]
+    steps: tuple[StepCall, ...]
+
+
+_EMPTY = _Scope((), ())
+_scopes: dict[tuple[str, int, str], _Scope] = {}
+_trees: dict[str, ast.Module | None] = {}
+
+
+def _tree(filename: str) -> ast.Module | None:
+    if filename not in _trees:
+        source = "".join(linecache.getlines(filename))
+        try:
+            _trees[filename] = ast.parse(source) if source else None
+        except (SyntaxError, ValueError):
+            _trees[filename] = None
+    return _trees[filename]
+
+
+def _scope_node(tree: ast.Module, code: types.CodeType) -> ast.AST | None:
+    """The AST node whose body is ``code``'s own: the module for top-level code, else the def or lambda that starts
+    on the code's first line (a decorated function's first line is its first decorator's)."""
+    if code.co_name == "<module>":
+        return tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+            starts = {node.lineno, *(d.lineno for d in node.decorator_list)}
+            if code.co_firstlineno in starts:
+                return node
+        elif isinstance(node, ast.Lambda) and code.co_name == "<lambda>" and node.lineno == code.co_firstlineno:
+            return node
+    return None
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of ``scope`` outside the functions, classes and lambdas nested in it."""
+    found: list[ast.AST] = []
+    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, nested):
+            continue
+        found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _step_call(call: ast.Call) -> StepCall | None:
+    func = call.func
+    if not isinstance(func, ast.Attribute):
+        return None
+    if func.attr == "step":
+        return StepCall(call.lineno, "step", func.value)
+    if func.attr in _STEP_NAMES:
+        return StepCall(call.lineno, func.attr)
+    owner = func.value  # torch.autograd.grad(...), autograd.grad(...)
+    named = (isinstance(owner, ast.Name) and owner.id == "autograd") or (
+        isinstance(owner, ast.Attribute) and owner.attr == "autograd"
+    )
+    return StepCall(call.lineno, "grad") if func.attr == "grad" and named else None
+
+
+def _scope(code: types.CodeType) -> _Scope:
+    key = (code.co_filename, code.co_firstlineno, code.co_name)
+    known = _scopes.get(key)
+    if known is not None:
+        return known
+    tree = _tree(code.co_filename)
+    node = _scope_node(tree, code) if tree is not None else None
+    if node is None:
+        _scopes[key] = _EMPTY
+        return _EMPTY
+    loops, steps = [], []
+    for child in _own_nodes(node):
+        if isinstance(child, (ast.For, ast.AsyncFor, ast.While)) and child.body:
+            last = max(getattr(statement, "end_lineno", None) or statement.lineno for statement in child.body)
+            kind = "while" if isinstance(child, ast.While) else "for"
+            first_try = isinstance(child.body[0], (ast.Try, getattr(ast, "TryStar", ast.Try)))
+            loops.append(Loop(code.co_filename, child.lineno, child.body[0].lineno, last, kind, first_try))
+        elif isinstance(child, ast.Call):
+            step = _step_call(child)
+            if step is not None:
+                steps.append(step)
+    scope = _Scope(tuple(sorted(loops, key=lambda loop: loop.header)), tuple(sorted(steps, key=lambda s: s.line)))
+    _scopes[key] = scope
+    return scope
+
+
+def loops_of(code: types.CodeType) -> tuple[Loop, ...]:
+    """The statement loops of ``code``'s own scope, by header line (empty when its source cannot be read)."""
+    return _scope(code).loops
+
+
+def enclosing(code: types.CodeType, line: int) -> list[Loop]:
+    """The loops of ``code`` whose body holds ``line``, outermost first."""
+    return [loop for loop in loops_of(code) if loop.holds(line)]
+
+
+def step_calls(code: types.CodeType) -> tuple[StepCall, ...]:
+    """The calls of ``code``'s own scope to ``.backward(``, ``.manual_backward(``, ``autograd.grad(`` and
+    ``.step(``, by line."""
+    return _scope(code).steps
+
+
+def forget() -> None:
+    """Drop what was read (a recorder starts afresh: a script may have been edited since)."""
+    _trees.clear()
+    _scopes.clear()

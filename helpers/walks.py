@@ -1,0 +1,146 @@
+"""What one backward call walked: its record, and the stamps it leaves on the nodes that hold saved tensors.
+
+Each walked node that holds saved tensors (a ``_raw_saved_*`` attribute with data, read without unpacking, so
+PyTorch's version check stays on) gets a stamp in its ``node.metadata`` under a recorder's own key: the last call
+that walked it and whether that call kept the buffers. The stamp dies with the graph, so nothing here holds a node
+or a tensor between calls. From the stamps, :func:`stamp_walk` tells which earlier call's kept buffers a call
+walked (that retain was needed), the first node an earlier call had freed, and the nodes built before the call's
+iteration (and, of those, the frontier: the old nodes a new node points to).
+
+Used by :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.autograd.graph import Node
+
+from helpers.saved import has_saved_data
+
+__all__ = ["CallRecord", "FreedEarlier", "kept", "stamp_walk", "stamped"]
+
+_LEAF_SEQ = 2**63  # AccumulateGrad nodes carry 2**64 - 1
+_MAX_OLD = 100_000  # nodes of maybe earlier iterations kept per call
+
+
+@dataclass(frozen=True)
+class FreedEarlier:
+    """The first node a call walked that an earlier call had freed: its position in the walk, and that call."""
+
+    position: int
+    freed_by: int
+
+
+@dataclass
+class CallRecord:
+    """One backward or ``torch.autograd.grad`` call as it ran."""
+
+    index: int
+    site: tuple[str, int]  # (file, line) of the learner's line
+    line: str  # "file:line: code"
+    function: str  # "backward" or "grad"
+    retain_graph: bool  # as written (create_graph implies it)
+    create_graph: bool
+    inputs: int  # how many tensors inputs= named (0: none)
+    start: int  # the sequence counter when the call began, and when it ended
+    end: int = 0
+    event: int = 0  # how many events (optimizer steps, marks) came before it
+    walked: int = 0
+    saved_nodes: int = 0
+    held_after_bytes: int = 0
+    needed_by: list[int] = field(default_factory=list)  # later calls that walked buffers this one kept
+    frontier: tuple[int, ...] = ()  # of ``old``, those a new node points to
+    old: list[int] = field(default_factory=list)  # sequence numbers of walked nodes built before the call's
+    # iteration (or its last event): what a later rule may call an earlier iteration
+    error: str | None = None
+    first_freed: FreedEarlier | None = None
+
+
+@dataclass(slots=True)
+class _Stamp:
+    """A walked node's stamp in its ``metadata``: the last call that walked it, and whether it kept the buffers."""
+
+    call: int
+    kept: bool
+
+
+def stamp_walk(
+    key: str,
+    calls: list[CallRecord],
+    call: CallRecord,
+    order: list[Node],
+    boundary: int,
+    on_leaf: Callable[[torch.Tensor], None] | None = None,
+    keep_buffers: bool = False,
+) -> bool:
+    """Stamp (under ``key``) the nodes ``call`` walks that hold saved tensors; note in ``calls`` the buffers an
+    earlier call kept, and the nodes built before ``boundary`` (the call's iteration's start). ``on_leaf`` sees each
+    leaf before it accumulates. True where, with ``keep_buffers`` (every call made to retain), the code as written
+    would have raised: the walk reaches a node an earlier non-retaining call walked."""
+    walked = saved_nodes = 0
+    needs: set[int] = set()
+    for position, node in enumerate(order):
+        sequence = node._sequence_nr()
+        if sequence >= _LEAF_SEQ:
+            leaf = getattr(node, "variable", None)  # an AccumulateGrad node's
+            if on_leaf is not None and isinstance(leaf, torch.Tensor):
+                on_leaf(leaf)  # before it accumulates: a leaf the caller could not name
+            continue
+        walked += 1
+        if sequence < boundary and len(call.old) < _MAX_OLD:
+            call.old.append(sequence)
+        metadata = _metadata(node)
+        stamp: _Stamp | None = metadata.get(key)
+        if stamp is None:
+            if not has_saved_data(node):
+                continue
+            metadata[key] = _Stamp(call.index, call.retain_graph or call.create_graph)
+        else:
+            if not stamp.kept and call.first_freed is None:
+                call.first_freed = FreedEarlier(position, stamp.call)
+                if keep_buffers:
+                    call.walked, call.saved_nodes = walked, saved_nodes + 1
+                    call.frontier = _frontier(order, boundary) if call.old else ()
+                    return True
+            if stamp.kept:
+                needs.add(stamp.call)
+            stamp.call, stamp.kept = call.index, call.retain_graph or call.create_graph
+        saved_nodes += 1
+    call.walked, call.saved_nodes = walked, saved_nodes
+    call.frontier = _frontier(order, boundary) if call.old else ()
+    for previous in needs:
+        calls[previous].needed_by.append(call.index)
+    return False
+
+
+def stamped(node: Node, key: str) -> bool:
+    """Whether a call of the recorder stamping under ``key`` walked ``node``."""
+    return key in _metadata(node)
+
+
+def kept(node: Node, key: str) -> bool:
+    """Whether ``node`` still has its buffers: no call stamping under ``key`` walked it, or the last one kept them."""
+    stamp: _Stamp | None = _metadata(node).get(key)
+    return stamp is None or stamp.kept
+
+
+def _frontier(order: list[Node], boundary: int) -> tuple[int, ...]:
+    """The old nodes a new node points to: where this iteration's graph meets an earlier one (an LSTM cell's old h
+    and old c both; not what lies under them)."""
+    edges: set[int] = set()
+    for node in order:
+        sequence = node._sequence_nr()
+        if boundary <= sequence < _LEAF_SEQ:
+            children = (child._sequence_nr() for child, _ in node.next_functions if child is not None)
+            edges.update(s for s in children if s < boundary)
+    return tuple(sorted(edges))
+
+
+def _metadata(node: Node) -> dict[str, Any]:
+    """A node's ``metadata`` dict (an attribute of every C++ node; torch's ``Node`` declares it a method)."""
+    metadata: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a dict attribute, not the stub's method
+    return metadata
