@@ -28,7 +28,7 @@ import torch
 from helpers.display import format_bytes
 from helpers.harness import StepRun, run_step
 from helpers.learner import short
-from helpers.verdicts import CREATE_GRAPH_NOTE, LineVerdict
+from helpers.verdicts import CREATE_GRAPH_NOTE, GOES_WITH_CARRIED, LineVerdict
 
 __all__ = ["BackwardCall", "RetainAudit", "audit_report", "audit_retain_graph"]
 
@@ -37,7 +37,8 @@ __all__ = ["BackwardCall", "RetainAudit", "audit_report", "audit_retain_graph"]
 class BackwardCall:
     """One backward call of the step: its place in the run (0-based), the learner's line ("file:line: code"),
     which function it was, its effective ``retain_graph`` and ``create_graph``, the verdict (``needed``: True,
-    False = can go, None = not a retain), the graph-only bytes still held right after it, why, and the fix."""
+    False = can go, None = not a retain; ``band_aid``: needed only by a later iteration, through a carried graph),
+    the graph-only bytes still held right after it, why, and the fix."""
 
     index: int
     line: str
@@ -48,9 +49,12 @@ class BackwardCall:
     held_after_bytes: int
     why: str
     fix: str
+    band_aid: bool = False
 
     @property
     def verdict(self) -> str:
+        if self.band_aid:
+            return GOES_WITH_CARRIED
         if self.needed is not None:
             return "needed" if self.needed else "can go"
         if self.retain_graph and not self.create_graph:
@@ -147,9 +151,19 @@ def audit_report(run: StepRun) -> RetainAudit:
         else:
             needed = bool(c.needed_by) and not c.create_graph
             why, fix = line.why, line.fix
+        band_aid = line is not None and line.verdict == GOES_WITH_CARRIED and bool(c.needed_by)
         calls.append(
             BackwardCall(
-                c.index, c.line, function, c.retain_graph, c.create_graph, needed, c.held_after_bytes, why, fix
+                c.index,
+                c.line,
+                function,
+                c.retain_graph,
+                c.create_graph,
+                needed,
+                c.held_after_bytes,
+                why,
+                fix,
+                band_aid,
             )
         )
     error = None if v.error is None else v.error.message

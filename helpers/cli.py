@@ -1,13 +1,22 @@
-"""``backward-twice watch [--iterations N] [--json PATH] SCRIPT [ARGS...]``: run an unmodified training script
-under the recorder (:func:`helpers.watcher.watch`) and print the diagnosis when it ends, raises or reaches N
-iterations.
+"""``backward-twice watch [--iterations N] [--json PATH] [--verbose] SCRIPT [ARGS...]``: run an unmodified training
+script under the recorder (:func:`helpers.watcher.watch`) and say what it found.
 
-The script runs as ``python SCRIPT ARGS...`` would run it: as ``__main__`` (:func:`runpy.run_path`), with
-``sys.argv`` set and its folder first on ``sys.path``, so its own imports (a ``helpers.py`` of its own included)
-resolve as they always do. The tools are imported under the name ``backward_twice``, which no project shadows.
-``--json PATH`` writes the diagnosis (error kind, carried tensors, per-line verdicts) for other tools;
-``--no-traceback`` leaves out the script's own traceback (the report names the error and its line). The exit
-status is the script's (1 when it raised).
+The script runs as ``python SCRIPT ARGS...`` would run it: as ``__main__`` (:func:`runpy.run_path`; a folder runs
+its ``__main__.py``), with ``sys.argv`` set and its folder first on ``sys.path``, so its own imports (a
+``helpers.py`` of its own included) resolve as they always do. The tools are imported under the name
+``backward_twice``, which no project shadows. It ends as Python would:
+
+* the script ran to its end, or to the top of pass N+1 of its loop (``--iterations N``): the diagnosis on stdout,
+  status 0;
+* it raised: its traceback on stderr as ``python`` prints it (no frame of this command's), the diagnosis as the
+  traceback's last lines (a note on the exception), status 1; ``--no-traceback`` prints the diagnosis alone;
+* ``sys.exit(code)``, argparse's ``--help``: the diagnosis of what ran, then Python's status (0, the code, or 1 with
+  the message on stderr); Ctrl-C: Python's ``KeyboardInterrupt`` traceback and status 130;
+* a ``SyntaxError`` in the script: Python's message and status 1, before anything runs.
+
+Bad input (no such script, ``--iterations 0``, a ``--json`` folder that does not exist or cannot be written) is
+refused with one line on stderr and status 2, before the script runs. ``--json PATH`` (resolved against the folder
+the command was run from) writes the diagnosis as JSON; ``--verbose`` adds the evidence.
 
 Used by notebook 05_your_training_step, and by learners on their own scripts (README, "Bring your own training
 step"). In the notebook's kernel ``main([...])`` is the command.
@@ -22,6 +31,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from helpers.report import render_text
 from helpers.watcher import Watch, dump_json
 
 __all__ = ["main"]
@@ -34,54 +44,108 @@ def _parser() -> argparse.ArgumentParser:
         "watch", help="run a training script unmodified under the recorder and print what it found"
     )
     watch.add_argument(
-        "--iterations", type=int, default=None, metavar="N", help="stop after N iterations (optimizer steps end them)"
+        "--iterations", type=int, default=None, metavar="N", help="stop at the top of pass N+1 of the script's loop"
     )
     watch.add_argument("--json", default=None, metavar="PATH", help="also write the diagnosis as JSON to PATH")
+    watch.add_argument("--verbose", action="store_true", help="show the evidence under the diagnosis")
     watch.add_argument(
         "--no-traceback",
         action="store_true",
-        help="leave out the script's own traceback when it raises (the report names the error)",
+        help="leave out the script's own traceback when it raises (the diagnosis names the error)",
     )
-    watch.add_argument("script", help="the training script, as you would pass it to python")
+    watch.add_argument(
+        "script", help="the training script (or a folder with __main__.py), as you would pass it to python"
+    )
     watch.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return parser
+
+
+def _refuse(message: str) -> int:
+    print(f"backward-twice watch: {message}", file=sys.stderr)
+    return 2
+
+
+def _script_file(given: str) -> str | None:
+    """The file ``python given`` runs: the script itself, or a folder's ``__main__.py``; None if there is none."""
+    path = os.path.abspath(given)
+    if os.path.isdir(path):
+        path = os.path.join(path, "__main__.py")
+    return path if os.path.isfile(path) else None
+
+
+def _json_problem(path: str) -> str | None:
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        return f"--json {path}: is a folder; give a file name"
+    if not os.path.isdir(folder):
+        return f"--json {path}: no such folder: {folder}"
+    if not os.access(folder, os.W_OK):
+        return f"--json {path}: cannot write in {folder}"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = _parser().parse_args(argv)
     if options.iterations is not None and options.iterations < 1:
-        print("backward-twice watch: --iterations must be 1 or more", file=sys.stderr)
-        return 2
-    script = os.path.abspath(options.script)
-    if not os.path.isfile(script):
-        print(f"backward-twice watch: no such script: {options.script}", file=sys.stderr)
-        return 2
+        return _refuse("--iterations must be 1 or more")
+    script = _script_file(options.script)
+    if script is None:
+        what = "no __main__.py in folder" if os.path.isdir(options.script) else "no such script"
+        return _refuse(f"{what}: {options.script}")
+    report_path = os.path.abspath(options.json) if options.json else None  # before the script can chdir
+    problem = _json_problem(report_path) if report_path else None
+    if problem:
+        return _refuse(problem)
+    try:
+        with open(script, "rb") as file:
+            compile(file.read(), script, "exec")
+    except SyntaxError as error:  # as python reports it, before anything runs
+        print("".join(traceback.format_exception_only(type(error), error)), end="", file=sys.stderr)
+        return 1
+    return _run(options, os.path.abspath(options.script), report_path)
+
+
+def _run(options: argparse.Namespace, target: str, report_path: str | None) -> int:
     saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [script, *options.args]
-    sys.path[0:1] = [os.path.dirname(script)]  # what `python SCRIPT` puts first, in place of this command's folder
+    sys.argv = [target, *options.args]
+    sys.path[0:1] = [target if os.path.isdir(target) else os.path.dirname(target)]  # what `python SCRIPT` puts first
     # Run from a kernel that imported the course's helpers, the script's own `import helpers` must still find its
     # own helpers.py: the course's modules step out of sys.modules while it runs (they hold each other already).
     ours = {name: module for name, module in sys.modules.items() if name == "helpers" or name.startswith("helpers.")}
     for name in ours:
         del sys.modules[name]
-    watcher, status = Watch(options.iterations), 0
+    watcher, status, raised = Watch(options.iterations, f"backward-twice watch --verbose {options.script}"), 0, False
     try:
         with watcher:
-            runpy.run_path(script, run_name="__main__")
+            runpy.run_path(target, run_name="__main__")
     except SystemExit as exit_:
-        status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        code = exit_.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)  # sys.exit("message"): python prints it and exits 1
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+    except KeyboardInterrupt as interrupt:
+        _print_traceback(interrupt)  # as python prints it; the diagnosis of what ran follows
+        status = 130
     except BaseException as error:
+        raised, status = True, 1
         if not options.no_traceback:
             _print_traceback(error)
-        status = 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         for name in [n for n in sys.modules if n == "helpers" or n.startswith("helpers.")]:
             del sys.modules[name]  # the script's own helpers, if it had one
         sys.modules.update(ours)
-    print(watcher, flush=True)
-    if options.json:
-        dump_json(watcher.verdicts, options.json)
+    # When it raised, the traceback ends with the diagnosis (a note): printed again only without the traceback. An
+    # error before any backward call (a missing import) is Python's alone.
+    if not raised or (options.no_traceback and watcher.verdicts.calls):
+        print(render_text(watcher.report, verbose=options.verbose, more=watcher.more), flush=True)
+    elif options.verbose and watcher.verdicts.calls:
+        print("\n".join(["evidence:", *(f"  {line}" for line in watcher.report.evidence)]), flush=True)
+    if report_path:
+        try:
+            dump_json(watcher, report_path)
+        except OSError as error:
+            print(f"backward-twice watch: could not write --json {report_path}: {error}", file=sys.stderr)
     return status
 
 

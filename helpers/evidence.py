@@ -37,6 +37,7 @@ class ErrorRecord:
     freed_by: int | None = None
     reached_through: NamedGraph | None = None
     changed_by_step: str | None = None
+    stale_node: int | None = None  # the sequence number of the node whose saved weights the step changed
 
 
 def explain(
@@ -49,7 +50,9 @@ def explain(
         record.freed_by = call.first_freed.freed_by
         record.reached_through = _through(recorder, walked, call.first_freed.position, caller)
     elif kind == "in-place version error":
-        record.changed_by_step = _step_that_changed(recorder, walked)
+        changed = _step_that_changed(recorder, walked)
+        if changed is not None:
+            record.changed_by_step, record.stale_node = changed
     return record
 
 
@@ -67,9 +70,9 @@ def _through(recorder: Recorder, walked: list[Node], position: int, caller: type
     return None
 
 
-def _step_that_changed(recorder: Recorder, walked: list[Node]) -> str | None:
+def _step_that_changed(recorder: Recorder, walked: list[Node]) -> tuple[str, int] | None:
     """The learner's line of the last optimizer step whose parameters a walked node saved, if one stepped after
-    that node was built."""
+    that node was built, and that node's sequence number."""
     stepped = {step.optimizer: step for step in recorder.steps}  # each optimizer's last step
     if not stepped:
         return None
@@ -84,5 +87,5 @@ def _step_that_changed(recorder: Recorder, walked: list[Node]) -> str | None:
         for tensor in saved_data(node) or ():
             owner = params.get(tensor.untyped_storage().data_ptr())
             if owner is not None and stepped[owner].sequence > node._sequence_nr():
-                return stepped[owner].line
+                return stepped[owner].line, node._sequence_nr()
     return None

@@ -3,9 +3,8 @@
 :func:`run_step` is what :func:`helpers.diagnose.diagnose`, :func:`helpers.audit.audit_retain_graph`,
 :func:`helpers.carried.find_carried_graph` and ``%%diagnose`` share (and the lessons' checks of a learner's step):
 
-* the input is checked (:func:`helpers.learner.check_step`, :func:`helpers.learner.as_items`), the step's lines
-  are named as the learner's (:func:`helpers.learner.learner_line`), and an optimizer the caller did not pass
-  stops the run before it changes anything (:func:`helpers.learner.passed_optimizers_only`);
+* the input is checked (:func:`helpers.learner.check_step`, :func:`helpers.learner.as_items`), and the step's
+  lines are named as the learner's (:func:`helpers.learner.learner_line`);
 * the step runs as written, ``iterations`` times, under a :class:`helpers.recorder.Recorder` with
   ``keep_buffers=True``: no ``retain_graph`` is switched off or on as far as the step can tell (the recorder
   raises PyTorch's own error where the step as written would), and a graph built before the step keeps its
@@ -15,7 +14,9 @@
   streams, and what the step's closure and globals hold (tensors, lists, dicts, tuples, and the leaves that
   require grad among them: a hand-written ``W``); a leaf that requires grad the step reaches some other way is
   copied the first time a backward walks to it (before it accumulates), and the optimizers' parameters (an
-  LBFGS image) are copied with them. Afterwards everything is put back;
+  LBFGS image) are copied with them. An optimizer nobody passed (one the step builds every call, one kept where
+  no name reaches) is adopted at its first ``step()``, before it changes anything: its parameters and state are
+  copied then. Afterwards everything is put back;
 * the gradients each optimizer receives are kept (on the CPU) at its first ``step()``; without optimizers, the
   models' ``.grad`` after the first run.
 
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from helpers.learner import as_items, check_step, held_bindings, known_names, passed_optimizers_only
+from helpers.learner import as_items, check_step, held_bindings, known_names
 from helpers.names import CodeSite
 from helpers.recorder import Recorder
 from helpers.verdicts import Verdicts, judge
@@ -102,6 +103,15 @@ class CpuSnapshot:
         self._objects: list[tuple[Any, dict[str, Any]]] = []
         for _, value in self._bindings:
             self._walk(value, 0)
+
+    def adopt(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer nobody passed, about to step (one the step builds itself, or reaches some other way): its
+        parameters and its state are copied now, before it changes them, and put back with the rest."""
+        if all(kept is not optimizer for kept, _ in self._optimizers):
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    self.keep(p)
+            self._optimizers.append((optimizer, _to_cpu(optimizer.state_dict())))
 
     def keep(self, tensor: torch.Tensor) -> None:
         """Copy ``tensor`` (and its ``.grad``) to the CPU, once."""
@@ -212,15 +222,15 @@ def run_step(
     stepped: set[int] = set()
 
     def capture(optimizer: torch.optim.Optimizer) -> None:
-        if id(optimizer) in stepped:
+        snapshot.adopt(optimizer)  # before it changes anything
+        if id(optimizer) in stepped or not gradients:
             return
         stepped.add(id(optimizer))
         for group in optimizer.param_groups:
             for p in group["params"]:
                 kept.setdefault(labels.get(id(p), f"parameter {len(kept)}"), None if p.grad is None else _cpu(p.grad))
 
-    if gradients:
-        recorder.before_step = capture
+    recorder.before_step = capture
     recorder.by_runs = True
     recorder.outermost = sys._getframe()  # the step's names are inside it; the caller's, outside
     code = getattr(step, "__code__", None)
@@ -228,7 +238,7 @@ def run_step(
         recorder.roots_where = CodeSite(code.co_filename, code.co_firstlineno, code.co_name)
     runs = 0
     try:
-        with passed_optimizers_only(step, optimizers, who), recorder:
+        with recorder:
             for runs in range(1, iterations + 1):
                 try:
                     step()

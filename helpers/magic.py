@@ -107,7 +107,9 @@ def diagnose_cell(line: str, cell: str, shell: Any) -> Diagnosis:
     linecache.cache[filename] = (len(source), None, [f"{text}\n" for text in source.splitlines()], filename)
     scope: dict[str, Any] = {}
     exec(compile(module, filename, "exec"), namespace, scope)
-    return diagnose(scope[_STEP_NAME], models=models, optimizers=optimizers)
+    step = scope[_STEP_NAME]
+    step.__name__ = "<cell>"  # the report says "runs of the cell"
+    return diagnose(step, models=models, optimizers=optimizers)
 
 
 def load_ipython_extension(ipython: Any) -> None:

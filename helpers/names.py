@@ -9,7 +9,7 @@ write-through view from 3.13: either way it is read item by item and left as it 
 PyTorch refuses to give (an ``unbind`` view whose base changed in place) is skipped. :func:`unstepped_optimizers`
 reads the same frames for the optimizers they name.
 
-Used by :mod:`helpers.evidence`, :mod:`helpers.harness`, :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
+Used by :mod:`helpers.built`, :mod:`helpers.evidence`, :mod:`helpers.harness` and :mod:`helpers.recorder`.
 """
 
 from __future__ import annotations
@@ -102,9 +102,12 @@ def names_holding_graphs(
     roots: Callable[[], list[tuple[str, Any]]] | None = None,
     outermost: types.FrameType | None = None,
     roots_where: CodeSite | None = None,
+    held_under: dict[str, set[int]] | None = None,
 ) -> Iterator[tuple[NamedGraph, Node]]:
     """(name, node) for each node a name holds: the learner's frames from ``frame`` out (up to, not including,
-    ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``."""
+    ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. ``held_under``, if
+    given, gathers for each top-level name the nodes held under it, whatever spelling names them (``losses``: the
+    nodes of ``losses[0]``, ``losses[1]``, ...), so a caller can see a container that grows."""
     sources: list[_Namespace] = []
     globals_seen: set[int] = set()
     while frame is not None and frame is not outermost:
@@ -129,11 +132,13 @@ def names_holding_graphs(
         for name, value in items:
             if name.startswith("__") or isinstance(value, (types.ModuleType, type, types.FunctionType)):
                 continue
-            for spelled, tensor, kind in _tensors_under(name, value):
+            for spelled, tensor, kind in _readable(_tensors_under(name, value)):
                 node = grad_fn_of(tensor)
                 if node is None:
                     continue
                 sequence = node._sequence_nr()
+                if held_under is not None and not source.function:  # a function's own variables are rebound
+                    held_under.setdefault(name, set()).add(sequence)
                 bare = source.function and "[" not in spelled and "." not in spelled
                 if not bare and (sequence not in holders or simpler(spelled, holders[sequence])):
                     holders[sequence] = spelled
@@ -234,43 +239,60 @@ class _Finding:
 
 
 def simpler(a: str, b: str) -> bool:
-    """Whether spelling ``a`` is simpler than ``b``: fewer subscripts, then fewer attributes, then fewer private
-    parts (``actions.logits`` before ``actions._param``), then shorter."""
+    """Whether spelling ``a`` is simpler than ``b``: fewer private parts (``actions.logits`` before
+    ``actions._param``; ``model.hidden`` before ``trainer._loop.model.hidden``), then fewer steps in, then fewer
+    subscripts, fewer attributes, then shorter."""
     return _rank(a) < _rank(b)
 
 
-def _rank(spelled: str) -> tuple[int, int, int, int]:
+def _rank(spelled: str) -> tuple[int, int, int, int, int]:
     private = sum(1 for part in re.split(r"[.\[]", spelled) if part.startswith("_"))
-    return spelled.count("["), spelled.count("."), private, len(spelled)
+    depth = spelled.count("[") + spelled.count(".")
+    return private, depth, spelled.count("["), spelled.count("."), len(spelled)
+
+
+def _readable(found: Iterator[tuple[str, torch.Tensor, str | None]]) -> Iterator[tuple[str, torch.Tensor, str | None]]:
+    """What a walk into a learner's objects found before one of them refused to be read (a property that raises,
+    a ``__getattr__`` of its own): the rest of that name is skipped, never the loop."""
+    try:
+        yield from found
+    except Exception:
+        return
+
+
+_MAX_DEPTH, _MAX_VISITS = 4, 2_000  # how far into a learner's objects a name is followed, and how many objects
+_NOT_STATE = (torch.optim.Optimizer, types.ModuleType, torch.utils.data.Dataset, torch.utils.data.DataLoader)
 
 
 def _tensors_under(
-    name: str, value: Any, depth: int = 0, kind: str | None = None
+    name: str, value: Any, depth: int = 0, kind: str | None = None, visits: list[int] | None = None
 ) -> Iterator[tuple[str, torch.Tensor, str | None]]:
     """(spelling, tensor, the kind of container it is an item of) for a tensor, the items of a list, tuple or dict,
-    a module's tensor attributes and buffers, and an object's, two levels deep: ``h``, ``state[0]``,
-    ``buffers['h']``, ``model.memory``, ``model.hidden[0]``."""
+    a module's tensor attributes and buffers, and a plain object's attributes, down to where a learner's state
+    lives: ``h``, ``state[0]``, ``buffers['h']``, ``model.memory``, ``trainer.hidden[0]``,
+    ``past.layers[0].keys`` (four levels at most, and a budget of objects per name: a dataset is not walked)."""
+    visits = [0] if visits is None else visits
     if isinstance(value, torch.Tensor):
         yield name, value, kind
-    elif depth >= 2:
         return
-    elif isinstance(value, (list, tuple)):
+    visits[0] += 1
+    if depth >= _MAX_DEPTH or visits[0] > _MAX_VISITS:
+        return
+    if isinstance(value, (list, tuple)):
         for i, item in enumerate(value[:64]):
-            yield from _tensors_under(f"{name}[{i}]", item, depth + 1, type(value).__name__)
+            yield from _tensors_under(f"{name}[{i}]", item, depth + 1, type(value).__name__, visits)
     elif isinstance(value, dict):
         for key, item in list(value.items())[:64]:
             if isinstance(key, (str, int)):
-                yield from _tensors_under(f"{name}[{key!r}]", item, depth + 1, "dict")
+                yield from _tensors_under(f"{name}[{key!r}]", item, depth + 1, "dict", visits)
     elif isinstance(value, torch.nn.Module):
         yield from _module_tensors(name, value, 0)
     elif (
-        hasattr(value, "__dict__")
-        and not callable(value)
-        and not isinstance(value, (torch.optim.Optimizer, types.ModuleType))
+        isinstance(getattr(value, "__dict__", None), dict) and not callable(value) and not isinstance(value, _NOT_STATE)
     ):
         for key, item in list(vars(value).items())[:64]:
-            if isinstance(item, torch.Tensor):
-                yield f"{name}.{key}", item, None
+            if isinstance(item, (torch.Tensor, list, tuple, dict)) or isinstance(getattr(item, "__dict__", None), dict):
+                yield from _tensors_under(f"{name}.{key}", item, depth + 1, None, visits)
 
 
 # module -> (len(__dict__), the keys worth looking at); weak, so a module's id reused later finds nothing stale

@@ -50,6 +50,7 @@ import torch
 from torch.autograd.graph import Node
 
 from helpers.evidence import ErrorRecord, explain
+from helpers.held import Growth, HeldGraph, held_graph, note_growth
 from helpers.iterations import EventKey, IterationEnd, StepEvent, split_iterations
 from helpers.learner import first_line, intercepting, learner_line, learners_code, raised_at, skipped_dirs
 from helpers.lines import LineTracer
@@ -57,9 +58,9 @@ from helpers.loops import Loop, forget
 from helpers.names import CodeSite, NamedGraph, names_holding_graphs, simpler, site_of, unstepped_optimizers
 from helpers.passes import IterationLoop, PassStart
 from helpers.saved import graph_only_bytes, python_walk
-from helpers.walks import CallRecord, FreedEarlier, kept, stamp_walk, stamped
+from helpers.walks import CallRecord, stamp_walk, stamped
 
-__all__ = ["Failure", "HeldGraph", "Recorder", "StopRecording"]
+__all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
 
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
 SECOND_TIME = (
@@ -84,15 +85,6 @@ class Failure:
     where: str
     error: str
     calls: int
-
-
-@dataclass(frozen=True)
-class HeldGraph:
-    """A graph the loop held into an iteration: when it first did (a sighting), its graph-only bytes, its holder."""
-
-    sighting: int
-    graph_bytes: int
-    holder: str
 
 
 class Recorder:
@@ -129,6 +121,7 @@ class Recorder:
         self.held_from: dict[int, HeldGraph] = {}  # node sequence number -> when and how the loop first held it
         self.sightings: list[int] = []  # the sequence counter at each time names were read
         self.carriers: dict[int, str] = {}  # node -> the name that held it at an iteration's start
+        self.growth: dict[str, Growth] = {}  # a name whose count of graphs held at an iteration's start grew
         self.event_sightings: dict[EventKey, int] = {}  # an event -> its sighting
         self.starts: list[int] = []  # of those, the ones at an iteration's start
         self.error: ErrorRecord | None = None
@@ -267,8 +260,14 @@ class Recorder:
         return StopRecording(self.iterations)
 
     def _saw_event(self, frame: types.FrameType) -> None:
-        if not self.by_runs:
-            self.loop.saw_event(frame, self.boundary, self._boundary_line, self.creation, len(self.calls))
+        if self.by_runs:
+            return
+        known = self.loop.chain is not None
+        self.loop.saw_event(frame, self.boundary, self._boundary_line, self.creation, len(self.calls))
+        passes = self.loop.iteration_passes()
+        if not known and passes:  # the loop is known now, in its first pass: what it holds from before it (a graph
+            self.starts.append(len(self.sightings))  # built before the loop) is read here
+            self._note_names(frame, built_before=passes[0].sequence)
 
     def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.off:
@@ -441,16 +440,21 @@ class Recorder:
         if self.by_runs or not self.loop.iteration_passes():
             self._note_names(frame)
 
-    def _note_names(self, frame: types.FrameType | None) -> None:
+    def _note_names(self, frame: types.FrameType | None, built_before: int | None = None) -> None:
         """Keep the names that hold graphs now (the simplest spelling of each node); at an iteration's start, also
-        which graphs are held into it, with their graph-only bytes (a note, if no later backward walks them)."""
+        which graphs are held into it, with their graph-only bytes (a note, if no later backward walks them).
+        ``built_before``: read inside the first pass, only the graphs built before that sequence number are held
+        into it."""
         sighting = len(self.sightings)
         self.sightings.append(torch._C._autograd._get_sequence_nr())
         at_start = bool(self.starts) and self.starts[-1] == sighting
+        held_under: dict[str, set[int]] | None = {} if at_start else None
+        nodes: dict[int, Node] = {}
         for named, node in names_holding_graphs(
-            frame, self._skipped, sighting, self.roots, self.outermost, self.roots_where
+            frame, self._skipped, sighting, self.roots, self.outermost, self.roots_where, held_under
         ):
             sequence = named.sequence
+            nodes[sequence] = node
             known = self.names.get(sequence)
             if known is None:
                 if len(self.names) >= _MAX_NAMES:
@@ -460,16 +464,17 @@ class Recorder:
                 self.names[sequence] = named
             elif simpler(named.name, known.name) or (named.name == known.name and known.event == 0):
                 self.names[sequence] = named  # a simpler name, or the loop's own frame over the watch's
-            if at_start:  # what holds it into the next iteration: the name a carried graph's fix uses
+            held_in = at_start and (built_before is None or sequence < built_before)
+            if held_in:  # what holds it into the next iteration: the name a carried graph's fix uses
                 carrier = named.holder if named.local and named.holder else named.name
                 if sequence not in self.carriers or simpler(carrier, self.carriers[sequence]):
                     self.carriers[sequence] = carrier
-            if at_start and not named.local and sequence not in self.held_from:  # a function's own variable
+            if held_in and not named.local and sequence not in self.held_from:  # a function's own variable
                 # is rebound at its next call: what the loop holds is in its dicts, objects, modules and globals
                 # A node a backward walked without a retain has no buffers left (as written: with keep_buffers the
                 # recorder keeps them, so they are left out here the same way).
-                alive = [n for n in python_walk([node]) if kept(n, self._key)]
-                self.held_from[sequence] = HeldGraph(sighting, graph_only_bytes(alive), named.holder or named.name)
+                self.held_from[sequence] = held_graph(node, sighting, named.holder or named.name, self._key)
+        note_growth(self.growth, held_under or {}, nodes, self._key)
 
 
 def _is_optimizer(value: Any) -> bool:

@@ -8,7 +8,8 @@
 * :func:`python_walk`: every node a graph reaches from some roots, over ``next_functions``;
 * :func:`grad_fn_of`: a tensor's ``grad_fn``, or None where PyTorch refuses the read.
 
-Used by :mod:`helpers.evidence`, :mod:`helpers.names`, :mod:`helpers.recorder` and :mod:`helpers.walks`.
+Used by :mod:`helpers.evidence`, :mod:`helpers.held`, :mod:`helpers.names`, :mod:`helpers.recorder` and
+:mod:`helpers.walks`.
 """
 
 from __future__ import annotations

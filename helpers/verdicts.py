@@ -1,16 +1,19 @@
 """Verdicts from what a :class:`helpers.recorder.Recorder` saw run, never from a modified run.
 
-* iterations (:func:`split_iterations`): the learner's ``next_iteration()`` marks if there are any; else the steps of
-  the optimizer that stepped first last (in a GAN the generator's, after the critic's five); else a new iteration
-  at each call of the first backward line. The split says which rule it used;
-* a ``retain_graph=True`` is needed when a later backward walks a node with saved tensors that it kept (the same
-  iteration or a later one); it can go when none does. One verdict per source line, with its counts;
+* iterations (:func:`helpers.iterations.split_iterations`): the passes of the learner's own loop; without one, their
+  ``next_iteration()`` marks, the steps of the optimizer that stepped first last, or a new iteration at each call of
+  the first backward line. The split says which rule it used;
+* a ``retain_graph=True`` is needed when a later backward of the same iteration walks a node with saved tensors
+  that it kept; when only a later iteration's does (through a graph carried into it), it "goes with the carried
+  fix": the forum's band-aid, which the carried tensor's fix makes useless; it can go when no backward walks what
+  it kept. One verdict per source line, with its counts;
 * a graph is carried when a backward walks a node built in an earlier iteration or before the first; the name
-  that held it at an event (:class:`helpers.recorder.NamedGraph`) gives the fix its variable and the assignment
-  that built it (read with ``ast``). A named graph that holds bytes and that no backward walks is a note;
+  that held it at an iteration's start (:class:`helpers.names.NamedGraph`) gives the fix its variable, and
+  :func:`helpers.built.built_line` the line that built it. A graph held into a later iteration that no backward
+  walks is a note, one that grows (a list that gains one every iteration, a running total) a note to show;
 * the error, by kind (:func:`helpers.errors.error_kind`), with the recorder's evidence.
 
-Used by :mod:`helpers.audit`, :mod:`helpers.diagnose`, :mod:`helpers.harness` and :mod:`helpers.watcher`.
+Used by :mod:`helpers.audit`, :mod:`helpers.harness`, :mod:`helpers.report` and :mod:`helpers.watcher`.
 """
 
 from __future__ import annotations
@@ -20,17 +23,29 @@ import linecache
 import re
 from dataclasses import dataclass, field
 
+from helpers.built import built_line
 from helpers.display import format_bytes
 from helpers.errors import error_kind
+from helpers.held import HeldGraph
 from helpers.iterations import Split, split_iterations
-from helpers.learner import place, short
-from helpers.names import NamedGraph
+from helpers.learner import learner_line_at, short
 from helpers.recorder import Recorder
 from helpers.walks import CallRecord
 
-__all__ = ["ERROR_FIXES", "CarriedFinding", "ErrorVerdict", "LineVerdict", "Note", "Verdicts", "judge"]
+__all__ = [
+    "ERROR_FIXES",
+    "GOES_WITH_CARRIED",
+    "CarriedFinding",
+    "ErrorVerdict",
+    "LineVerdict",
+    "Note",
+    "Verdicts",
+    "judge",
+    "plural",
+]
 
 CREATE_GRAPH_NOTE = "create_graph=True: builds a graph of the gradient; not a retain that can go"
+GOES_WITH_CARRIED = "goes with the carried fix"  # a retain only a later iteration's walk into a carried graph needs
 
 
 @dataclass(frozen=True)
@@ -61,20 +76,25 @@ class CarriedFinding:
     times: int
     fix: str
     shape: tuple[int, ...] | None = None
+    container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one
 
 
 @dataclass(frozen=True)
 class Note:
-    """A graph a name keeps alive that no backward walks: the name, the line that built it, its bytes."""
+    """A graph a name keeps alive that no backward walks: the name, the line that built it, its bytes, and whether
+    it grows (the name holds graphs of several iterations, or one graph reaching back over several): a name the
+    next iteration rebinds holds one iteration's graph at a time, and is no note to show."""
 
     name: str
     built_at: str
     held_bytes: int
+    grows: bool = False
 
 
 @dataclass(frozen=True)
 class ErrorVerdict:
-    """The error: kind, first line, the learner's line, iteration, the recorder's evidence and the fix."""
+    """The error: kind, first line, the learner's line, iteration, the recorder's evidence, the fix, and whether a
+    graph carried from an earlier iteration caused it (then the fix is the carried graph's)."""
 
     kind: str
     message: str
@@ -82,11 +102,13 @@ class ErrorVerdict:
     iteration: int
     evidence: str
     fix: str
+    carried: bool = False
+    stale_line: str | None = None  # the learner's line that computed what the step then changed (in place)
 
 
 @dataclass(frozen=True)
 class Verdicts:
-    """Everything judged from one recording."""
+    """Everything judged from one recording (``stopped_watching``: why the recorder switched itself off, if it did)."""
 
     split: Split
     iterations_run: int
@@ -96,6 +118,7 @@ class Verdicts:
     notes: list[Note] = field(default_factory=list)
     error: ErrorVerdict | None = None
     stopped_after: int | None = None  # watch(iterations=N) ended the loop after N iterations
+    stopped_watching: str | None = None
 
 
 ERROR_FIXES = {
@@ -128,18 +151,34 @@ def judge(recorder: Recorder) -> Verdicts:
     split = split_iterations(recorder)
     calls = recorder.calls
     carried = _carried(recorder, split)
-    lines = _lines(calls, split, recorder)
+    lines = _lines(calls, split, recorder, carried)
     carried_names = {c.name for c in carried if c.name}
     notes = [n for n in _notes(recorder, split) if n.name not in carried_names]  # carried already says it
     error = _error(recorder, split, carried)
     partial = len(calls) > (split.ends[-1].calls if split.ends else 0) or recorder.error is not None
     run = split.count + (1 if partial else 0)
-    return Verdicts(
-        split, run, len(calls), lines, carried, notes, error, recorder.iterations if recorder.stopped else None
+    failure = recorder.failure
+    stopped_watching = (
+        None
+        if failure is None
+        else f"backward-twice stopped watching after {plural(failure.calls, 'backward call')}: an error of its own "
+        f"({failure.where}: {failure.error}); the loop went on as written, and what follows covers what ran before"
     )
+    stopped = recorder.iterations if recorder.stopped else None
+    return Verdicts(split, run, len(calls), lines, carried, notes, error, stopped, stopped_watching)
 
 
-def _lines(calls: list[CallRecord], split: Split, recorder: Recorder) -> list[LineVerdict]:
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _same_iteration(split: Split, index: int, later: int) -> bool:
+    return split.iteration_of_call(later) == split.iteration_of_call(index)
+
+
+def _lines(
+    calls: list[CallRecord], split: Split, recorder: Recorder, carried: list[CarriedFinding]
+) -> list[LineVerdict]:
     groups: dict[tuple[str, int], list[CallRecord]] = {}
     for call in calls:
         if call.retain_graph and call.error is None:  # the call that raised did not run
@@ -175,14 +214,23 @@ def _lines(calls: list[CallRecord], split: Split, recorder: Recorder) -> list[Li
                 )
             continue
         needed = [c for c in runs if c.needed_by]
-        if needed:
+        same = [c for c in needed if any(_same_iteration(split, c.index, n) for n in c.needed_by)]
+        if needed and not same:  # the forum's band-aid: only a later iteration's walk into a carried graph needs it
             later = calls[needed[0].needed_by[0]]
-            same = split.iteration_of_call(later.index) == split.iteration_of_call(needed[0].index)
-            when = "in the same iteration" if same else f"in iteration {split.iteration_of_call(later.index)}"
+            carrier = next((f"`{c.name}`" for c in carried if c.name), "the carried tensor")
             why = (
-                f"needed in {len(needed)} of {len(runs)} runs: a later backward, {short(later.line)}, walks the "
-                f'buffers it kept ({when}); without it, that backward raises "Trying to backward through the '
-                f'graph a second time"'
+                f"only a later iteration needs it: {short(later.line)} in iteration "
+                f"{split.iteration_of_call(later.index)} follows {carrier} back into the buffers it kept; once "
+                f"{carrier} is detached, no backward needs them"
+            )
+            fix = f"remove retain_graph=True once {carrier} no longer carries its graph"
+            verdicts.append(LineVerdict(line, GOES_WITH_CARRIED, len(runs), len(needed), held, why, fix))
+        elif needed:
+            later = calls[same[0].needed_by[0]]
+            why = (
+                f"needed in {len(needed)} of {len(runs)} runs: a later backward of the same iteration, "
+                f'{short(later.line)}, walks the buffers it kept; without it, that backward raises "Trying to '
+                f'backward through the graph a second time"'
             )
             verdicts.append(
                 LineVerdict(
@@ -251,6 +299,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             len(e.times),
             carried_fix(e.name, e.built_at, e.iteration is None, e.container),
             e.shape,
+            e.container,
         )
         for e in found.values()
     ]
@@ -280,18 +329,38 @@ def _notes(recorder: Recorder, split: Split) -> list[Note]:
         for sequence in call.old:
             walked[sequence] = max(walked.get(sequence, 0), iteration)
     last = max(1, split.count + (1 if recorder.error is not None else 0))
-    by_name: dict[str, Note] = {}
+    held: list[tuple[str, int, int, HeldGraph]] = []  # (holder, built, held in, what it holds)
     for sequence, held_graph in recorder.held_from.items():
         holder = held_graph.holder
-        held = split.iteration_of_sighting(held_graph.sighting)
+        held_in = split.iteration_of_sighting(held_graph.sighting)
         built = split.iteration_of_node(sequence)
-        if not built < held <= last or walked.get(sequence, 0) >= held:
+        if not built < held_in <= last or walked.get(sequence, 0) >= held_in:
             continue
         if _below_a_submodule(holder):  # a loss module's self.loss: the model's own bookkeeping
             continue
+        held.append((holder, sequence, built, held_graph))
+    iterations_by_root: dict[str, set[int]] = {}
+    for holder, _, built, _ in held:
+        iterations_by_root.setdefault(_root(holder), set()).add(built)
+    by_name: dict[str, Note] = {}
+    for name, grown in recorder.growth.items():  # a list or dict that holds one more graph at every start
+        named = recorder.names.get(grown.newest)
+        if grown.grew and named is not None and not _below_a_submodule(name):
+            built = split.iteration_of_node(grown.newest)
+            by_name[name] = Note(name, built_line(named, built == 0, recorder), grown.newest_bytes, True)
+    for holder, sequence, built, held_graph in held:
+        grows = len(iterations_by_root[_root(holder)]) > 1 or split.iteration_of_node(held_graph.earliest) < built
         named = recorder.names[sequence]
-        by_name.setdefault(holder, Note(holder, built_line(named, built == 0, recorder), held_graph.graph_bytes))
+        line = built_line(named, built == 0, recorder)
+        by_name.setdefault(holder, Note(holder, line, held_graph.graph_bytes, grows))
+        for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
+            by_name.setdefault(alias, Note(alias, line, 0, grows))
     return list(by_name.values())
+
+
+def _root(holder: str) -> str:
+    """``losses`` of ``losses[3]``, ``model`` of ``model.memory``."""
+    return re.split(r"[\[.]", holder, maxsplit=1)[0]
 
 
 def _writes_retain(site: tuple[str, int]) -> bool:
@@ -321,7 +390,10 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
     kind = error_kind(record.message)
     calls = recorder.calls
     iteration = split.iteration_of_call(record.call) if record.call is not None else max(1, split.count + 1)
-    evidence, fix = "", ERROR_FIXES[kind]
+    evidence, fix, stale = "", ERROR_FIXES[kind], None
+    through_carried = record.call is not None and any(
+        split.iteration_of_node(seq) < iteration for seq in calls[record.call].old
+    )
     if record.freed_by is not None:
         freer = calls[record.freed_by]
         through = f" through {record.reached_through.name}" if record.reached_through is not None else ""
@@ -329,13 +401,16 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
             f"the buffers it needs were freed by the backward at {short(freer.line)} in iteration "
             f"{split.iteration_of_call(freer.index)}; this backward reached them{through}"
         )
-        if carried:
-            fix = carried[0].fix
     elif record.changed_by_step is not None:
         evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.changed_by_step)}"
+        site = recorder.creation.line_of(record.stale_node) if record.stale_node is not None else None
+        stale = learner_line_at(*site) if site is not None else None
     elif kind == "in-place version error":
         evidence = "a tensor it saved was changed in place after it was saved"
-    return ErrorVerdict(kind, record.message, record.line, iteration, evidence, fix)
+    caused = bool(carried) and through_carried and kind in ("backward a second time", "in-place version error")
+    if caused:
+        fix = carried[0].fix  # the walk into an earlier iteration's graph is the cause: its fix is the error's
+    return ErrorVerdict(kind, record.message, record.line, iteration, evidence, fix, caused, stale)
 
 
 def _when(iteration: int) -> str:
@@ -343,134 +418,24 @@ def _when(iteration: int) -> str:
 
 
 def carried_fix(name: str | None, built_at: str, before_loop: bool, container: str | None = None) -> str:
-    """The fix for a carried graph, in the learner's own variable."""
+    """The fix for a carried graph, in the learner's own variable, as one imperative line (the report puts "before
+    line 16" for "at the end of each iteration" where it knows the line the graph comes in at)."""
     code = built_at.split(": ", 1)[-1]
     total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)", code)
     if not before_loop and total:
-        return (
-            f"add a number instead ({total.group(1)} += loss.item()) and call backward() on this iteration's loss alone"
-        )
+        return f"add a number instead (`{total.group(1)} += loss.item()`) and call backward() on this iteration's loss"
     if name is None:
         return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
     item = re.match(r"^(.*)\[[^\]]*\]$", name)
     if item and container == "tuple":
         whole = item.group(1)
-        return f"detach it at the end of each iteration ({whole} = tuple(s.detach() for s in {whole})), or rebuild it"
+        return f"add `{whole} = tuple(s.detach() for s in {whole})` at the end of each iteration"
     if item and container == "list":
         whole = item.group(1)
-        return f"keep detached copies in {whole} ({whole}.append(out.detach())), or clear it each iteration"
+        return f"keep detached copies in `{whole}` (`{whole}.append(out.detach())`), or clear it each iteration"
     owner = re.match(r"^(\w+)\.\w+$", name)
     if before_loop and owner:
-        return f"build {owner.group(1)} inside the loop, or from detached tensors if it needs no gradient"
+        return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"
     if before_loop:
-        return f"compute it inside the loop, or detach it ({name} = {name}.detach()) if it needs no gradient"
-    return f"detach it at the end of each iteration ({name} = {name}.detach()), or rebuild it inside the loop"
-
-
-def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
-    """The learner's line that built ``named``'s node (:class:`helpers.lines.CreationLines`), as "file:line: code";
-    for a node built before the recorder started, the assignment to its variable: outside loops (the last one)
-    for one built before the first iteration, in a loop otherwise; else where the name was found."""
-    site = recorder.creation.line_of(named.sequence) if not before_loop else None
-    if site is not None:
-        return f"{place(*site)}: {linecache.getline(*site).strip()}"
-    # Where the name was found, then the code the step was given in (a notebook: another cell, perhaps).
-    places = [where for where in (named.frame, recorder.roots_where) if where is not None]
-    for index, (filename, first_line, code_name) in enumerate(places):
-        if index and filename == places[0][0]:
-            continue
-        try:
-            tree = ast.parse("".join(linecache.getlines(filename)))
-        except SyntaxError:
-            continue
-        line = _assignment(tree, named, first_line, code_name, before_loop)
-        if line is not None:
-            return f"{place(filename, line)}: {linecache.getline(filename, line).strip()}"
-    if not places:
-        return f"(the name {named.name})"
-    filename, first_line, code_name = places[0]
-    return f"{place(filename, first_line)} ({named.name}, {code_name})"
-
-
-def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name: str, before_loop: bool) -> int | None:
-    """The line of the assignment that built ``named``'s value, searched from the function it was found in
-    outward: the functions around it (a step defined inside a test or a cell), the module's top level, then the
-    whole file (``y = model(x)`` in a ``build()`` that returns ``{"y": y}``). Assignments that only alias a value
-    (``y = state["y"]``) or cannot build a graph (``h = h.detach()``) do not count. Built in an iteration: the
-    last one inside a loop; built before the first: the last one outside loops before the function's own line."""
-    spelled = named.name
-    root = re.split(r"\W", spelled, maxsplit=1)[0]  # the leading word: "state" of state['h'], "" of ['h']
-    keys = re.findall(r"\[['\"](\w+)['\"]\]", spelled)
-    attribute = re.findall(r"\.(\w+)", spelled)
-    wanted = {root, *keys[-1:], *attribute[-1:]} - {""}
-    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
-    around = (
-        []
-        if named.is_global or code_name == "<module>"
-        else sorted(
-            (
-                node
-                for node in ast.walk(tree)
-                if isinstance(node, functions) and node.lineno <= first_line <= (node.end_lineno or node.lineno)
-            ),
-            key=lambda node: -node.lineno,
-        )
-    )
-    for scope, nested in [*((f, False) for f in around), (tree, False), (tree, True)]:
-        found = _assignments_to(wanted, scope, nested)
-        if not found:
-            continue
-        if before_loop:
-            outside = [line for line, in_loop in found if not in_loop] or [line for line, _ in found]
-            earlier = [line for line in outside if line < first_line]
-            return earlier[-1] if earlier else outside[0]
-        inside = [line for line, in_loop in found if in_loop]
-        return (inside or [line for line, _ in found])[-1]
-    return None
-
-
-def _assignments_to(wanted: set[str], scope: ast.AST, nested: bool) -> list[tuple[int, bool]]:
-    """(line, inside a loop) of each assignment in ``scope`` that binds one of ``wanted`` with a value that may
-    build a graph; the functions, classes and lambdas inside ``scope`` are searched too only if ``nested``."""
-    found: list[tuple[int, bool]] = []
-    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-
-    def visit(node: ast.AST, in_loop: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, scopes) and child is not scope and not nested:
-                continue  # a scope of its own: searched when it is around the name, or in the last pass
-            loop = in_loop or isinstance(child, (ast.For, ast.While, ast.AsyncFor))
-            if isinstance(child, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and _may_build(child.value):
-                targets = child.targets if isinstance(child, ast.Assign) else [child.target]
-                if any(_binds(t, wanted) for t in targets):
-                    found.append((child.lineno, in_loop))
-            visit(child, loop)
-
-    visit(scope, False)
-    return found
-
-
-def _may_build(value: ast.AST | None) -> bool:
-    """Whether an assignment's value can build a graph: not a constant, not a mere alias (``y = state["y"]``,
-    ``a, b = x, y``), not ``x.detach()`` or ``x.item()``."""
-    if value is None or isinstance(value, (ast.Constant, ast.Name, ast.Subscript, ast.Attribute)):
-        return False
-    if isinstance(value, ast.Tuple):
-        return any(_may_build(item) for item in value.elts)
-    return not (
-        isinstance(value, ast.Call)
-        and isinstance(value.func, ast.Attribute)
-        and value.func.attr in ("detach", "detach_", "item", "tolist", "numpy")
-    )
-
-
-def _binds(target: ast.AST, wanted: set[str]) -> bool:
-    """Whether an assignment target binds one of ``wanted``: a name, an attribute or a string key."""
-    for node in ast.walk(target):
-        if isinstance(node, ast.Name) and node.id in wanted and isinstance(node.ctx, ast.Store):
-            return True
-        if isinstance(node, ast.Attribute) and node.attr in wanted and isinstance(node.ctx, ast.Store):
-            return True
-        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in wanted:
-            return True
-    return False
+        return f"compute `{name}` inside the loop (or `{name} = {name}.detach()`, if it needs no gradient)"
+    return f"add `{name} = {name}.detach()` at the end of each iteration"

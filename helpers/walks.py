@@ -7,7 +7,7 @@ or a tensor between calls. From the stamps, :func:`stamp_walk` tells which earli
 walked (that retain was needed), the first node an earlier call had freed, and the nodes built before the call's
 iteration (and, of those, the frontier: the old nodes a new node points to).
 
-Used by :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
+Used by :mod:`helpers.held`, :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
 """
 
 from __future__ import annotations

@@ -1,50 +1,85 @@
-"""``with bt.watch() as w:`` around the learner's own loop: the loop runs as written, and afterwards ``w`` shows
-what the recorder saw, judged (:mod:`helpers.verdicts`): in a notebook as HTML, printed as text, and as JSON for
-``backward-twice watch --json``.
+"""``with bt.watch() as w:`` around the learner's own loop: the loop runs as written, and afterwards ``w`` shows what
+the recorder saw, judged (:mod:`helpers.verdicts`) and reported (:mod:`helpers.report`): in a notebook as HTML,
+printed as text, and as JSON for ``backward-twice watch --json``.
 
 The loop is not changed: no re-run, no copy of parameters, gradients or optimizer state. An error the loop raises
-goes on up (the diagnosis names it); ``watch(iterations=N)`` ends the block quietly once N iterations ended. A loop
-without an optimizer (a hand-written update) marks its iterations with ``w.next_iteration()``; otherwise the
-report says how it split them.
+goes on up with the diagnosis as a note under its traceback (Python 3.11's ``add_note``; a script and a notebook
+cell both print it), and without the tool's own frames in it: the traceback is the one bare Python prints.
+``SystemExit`` and ``KeyboardInterrupt`` go on up too, as how the loop ended, not as its error.
+``watch(iterations=N)`` ends the block quietly at the top of the loop's pass N+1. A loop of no statement of the
+learner's (a framework's) can mark its iterations with ``w.next_iteration()``; otherwise the report says how it
+split them.
 
-Used by notebook 05_your_training_step, and by :mod:`helpers.cli`. ``backward-twice watch SCRIPT``
-runs it on a script.
+Nothing here raises into the learner's code: if the tool fails, the loop's own outcome stands and the report says
+what went wrong.
+
+Used by notebook 05_your_training_step, and by :mod:`helpers.cli`. ``backward-twice watch SCRIPT`` runs it on a
+script.
 """
 
 from __future__ import annotations
 
-import html
 import json
-from dataclasses import dataclass
+import os
+import re
+import sys
+import types
 from typing import Any
 
-from helpers.display import format_bytes
-from helpers.learner import short
+from helpers.learner import first_line
 from helpers.recorder import Recorder, StopRecording
+from helpers.report import Report, build_report, render_html, render_text, report_json
 from helpers.verdicts import Verdicts, judge
 
-__all__ = ["Watch", "render_text", "verdicts_json", "watch"]
+__all__ = ["Watch", "dump_json", "verdicts_json", "watch"]
+
+_OURS = os.path.dirname(os.path.abspath(__file__))
 
 
 class Watch:
-    """What :func:`watch` returns: the recorder while the block runs, the diagnosis (``.verdicts``) after it."""
+    """What :func:`watch` returns: the recorder while the block runs, the diagnosis (``.verdicts``, ``.report``)
+    after it."""
 
-    def __init__(self, iterations: int | None = None) -> None:
+    def __init__(self, iterations: int | None = None, more: str | None = None) -> None:
         self.recorder = Recorder(iterations)
+        self.ended_by: str | None = None  # "SystemExit: 0", "KeyboardInterrupt": how the loop ended, if so
+        self.more = more or "`w` in a new cell shows the evidence"  # where the evidence is, under the diagnosis
+        self._more_given = more is not None
         self._verdicts: Verdicts | None = None
+        self._report: Report | None = None
+        self._problem: str | None = None  # the tool's own failure to judge, if it had one
 
     def __enter__(self) -> Watch:
-        self._verdicts = None
+        self._verdicts = self._report = None
+        caller = sys._getframe(1)
+        self.recorder.boundary = caller
+        if not self._more_given:
+            self.more = f"`{_with_name(caller) or 'w'}` in a new cell shows the evidence"
         self.recorder.__enter__()
         return self
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
         self.recorder.__exit__(kind, exc, tb)
-        self._verdicts = judge(self.recorder)
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            self.ended_by = first_line(exc) if isinstance(exc, SystemExit) else "KeyboardInterrupt"
+        try:
+            self._verdicts = judge(self.recorder)
+            self._report = build_report(self._verdicts, ended_by=self.ended_by)
+        except Exception as error:  # the loop's own outcome stands; the report says the tool failed
+            self._problem = f"backward-twice could not judge this run (an error of its own: {first_line(error)})"
+        if isinstance(exc, Exception):
+            _without_our_frames(exc)
+            if self._problem is None and not self.verdicts.calls:
+                return False  # raised before any backward call (a missing import): Python's own error, alone
+            note = self._problem or render_text(self.report, more=self.more)
+            if hasattr(exc, "add_note"):
+                exc.add_note(note)
+            else:  # Python 3.10: no notes; the diagnosis goes to stderr just before the traceback
+                print(note, file=sys.stderr)
         return isinstance(exc, StopRecording)
 
     def next_iteration(self) -> None:
-        """End an iteration here (for a loop with no optimizer, or a hand-written update)."""
+        """End an iteration here (for a loop that is no statement of yours, a framework's)."""
         self.recorder.next_iteration()
 
     @property
@@ -52,142 +87,70 @@ class Watch:
         return self._verdicts if self._verdicts is not None else judge(self.recorder)
 
     @property
+    def report(self) -> Report:
+        if self._report is None:
+            self._report = build_report(self.verdicts, ended_by=self.ended_by)
+        return self._report
+
+    @property
     def healthy(self) -> bool:
-        v = self.verdicts
-        return v.error is None and not v.carried and not any(line.verdict == "can go" for line in v.lines)
+        return not self.report.items and self.verdicts.calls > 0
+
+    def evidence(self) -> str:
+        """The report with its evidence: how the iterations were split, each backward's verdicts, bytes."""
+        return self._problem or render_text(self.report, verbose=True)
 
     def to_json(self) -> dict[str, Any]:
-        return verdicts_json(self.verdicts)
+        return {**report_json(self.report), **verdicts_json(self.verdicts)}
 
     def __str__(self) -> str:
-        return render_text(self.verdicts)
+        return self._problem or render_text(self.report)
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return render_html(self.verdicts)
+        return self._problem or render_html(self.report)
 
 
 def watch(iterations: int | None = None) -> Watch:
     """Watch the loop inside ``with watch() as w:`` as it runs, unchanged: every backward and
     ``torch.autograd.grad`` call with the learner's line, what each walks, the bytes the graph still holds, the
-    iterations (optimizer steps, or ``w.next_iteration()``), and the error, if one rises (it is not caught).
-    ``iterations``: end the block quietly after that many iterations. Afterwards ``w`` shows one verdict per
-    line: which ``retain_graph=True`` are needed, which graphs a later iteration walks (carried), what keeps a
-    graph alive that no backward walks, and the error by kind, each with the fix in your own variable names.
+    iterations (the passes of your loop), and the error, if one rises (it goes on up, with the diagnosis as a note).
+    ``iterations``: end the block quietly at the top of pass N+1. Afterwards ``w`` shows what to fix, one item per
+    cause: a graph carried into a later iteration, an error, a ``retain_graph=True`` that can go, a name that keeps
+    more graphs alive every iteration, each with your line and the fix in your own variable names.
 
     Used by notebook 05_your_training_step."""
     return Watch(iterations)
 
 
-def _headline(v: Verdicts) -> str:
-    fixes = (
-        len(v.carried)
-        + sum(1 for line in v.lines if line.verdict == "can go")
-        + (1 if v.error is not None and not v.carried else 0)
-    )
-    iterations = f"{v.iterations_run} iteration{'s' if v.iterations_run != 1 else ''}"
-    calls = f"{v.calls} backward call{'s' if v.calls != 1 else ''}"
-    stopped = ", then stopped as asked" if v.stopped_after is not None else ""
-    watched = f"Watched {iterations} ({v.split.how}){stopped}, {calls}."
-    if not fixes:
-        return f"{watched} Healthy: no graph carried, no error, and no retain_graph=True that can go."
-    return f"{watched} {fixes} thing{'s' if fixes != 1 else ''} to fix."
+def _with_name(frame: types.FrameType) -> str | None:
+    """The ``as`` name of the ``with`` statement on the frame's current line (``with bt.watch() as w:``)."""
+    import linecache
+
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    match = re.search(r"\bwatch\(.*?\)\s+as\s+(\w+)", line) or re.search(r"\bas\s+(\w+)\s*[:,]", line)
+    return match.group(1) if match else None
 
 
-@dataclass(frozen=True)
-class _Item:
-    """One thing to look at: the learner's line (or name and line), why, and the fix (or "Keep: ...")."""
-
-    what: str
-    why: str
-    fix: str
-
-
-@dataclass(frozen=True)
-class _Section:
-    """A titled group of the report's items ("Graphs carried into a later iteration")."""
-
-    title: str
-    items: tuple[_Item, ...]
-
-
-def _sections(v: Verdicts) -> list[_Section]:
-    """The report's sections in the order to fix them."""
-    sections = []
-    if v.error is not None:
-        e = v.error
-        why = e.message + (f" Evidence: {e.evidence}." if e.evidence else "")
-        error = _Item(short(e.line), why, f"Fix: {e.fix}")
-        sections.append(_Section(f"Error ({e.kind}) in iteration {e.iteration}", (error,)))
-    if v.carried:
-        items = []
-        for c in v.carried:
-            built = "before the first iteration" if c.iteration is None else f"in iteration {c.iteration}"
-            name = c.name or "a tensor"
-            times = f" ({c.times} iterations walked it)" if c.times > 1 else ""
-            items.append(
-                _Item(
-                    f"{name}: {short(c.built_at)}",
-                    f"built {built}, walked by the backward of iteration {c.reached_from} at {short(c.used_at)}{times}",
-                    f"Fix: {c.fix}",
-                )
-            )
-        sections.append(_Section("Graphs carried into a later iteration", tuple(items)))
-    if v.lines:
-        items = []
-        for line in v.lines:
-            keep = line.verdict != "can go"
-            fix = f"{line.fix} at {short(line.line)}" if line.fix == "remove retain_graph=True" else line.fix
-            items.append(_Item(short(line.line), line.why, f"{'Keep' if keep else 'Fix'}: {fix}"))
-        sections.append(_Section("retain_graph=True, one verdict per line", tuple(items)))
-    heavy = [n for n in v.notes if n.held_bytes]
-    if heavy:
-        notes = tuple(
-            _Item(
-                f"{n.name}: {short(n.built_at)}",
-                f"keeps {format_bytes(n.held_bytes)} of an earlier iteration's graph alive; no backward walks it",
-                "Note: not an error; keep .detach() or .item() if you only log it",
-            )
-            for n in heavy
-        )
-        sections.append(_Section("Notes", notes))
-    return sections
-
-
-def _light_notes(v: Verdicts) -> str:
-    """The names that hold an earlier iteration's graph whose buffers are already freed, in one line."""
-    light = [n.name for n in v.notes if not n.held_bytes]
-    return (
-        f"Also held into the next iteration, with no saved tensors left (harmless): {', '.join(light)}."
-        if light
-        else ""
-    )
-
-
-def render_text(v: Verdicts) -> str:
-    out = [_headline(v)]
-    for section in _sections(v):
-        out.append(f"{section.title}:")
-        for i, item in enumerate(section.items, 1):
-            out.extend([f"  {i}. {item.what}", f"     {item.why}", f"     {item.fix}"])
-    return "\n".join([*out, _light_notes(v)] if _light_notes(v) else out)
-
-
-def render_html(v: Verdicts) -> str:
-    parts = [f"<div><p><b>{html.escape(_headline(v))}</b></p>"]
-    for section in _sections(v):
-        rows = "".join(
-            f"<li><code>{html.escape(item.what)}</code><br>{html.escape(item.why)}<br><b>{html.escape(item.fix)}</b></li>"
-            for item in section.items
-        )
-        parts.append(f"<p>{html.escape(section.title)}:</p><ol>{rows}</ol>")
-    if _light_notes(v):
-        parts.append(f"<p><small>{html.escape(_light_notes(v))}</small></p>")
-    return "".join(parts) + "</div>"
+def _without_our_frames(exc: BaseException) -> None:
+    """Drop the tool's own frames from the traceback: what is left is the one bare Python would print."""
+    kept: list[types.TracebackType] = []
+    tb = exc.__traceback__
+    while tb is not None:
+        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_OURS):
+            kept.append(tb)
+        tb = tb.tb_next
+    if not kept:
+        return
+    for current, following in zip(kept, [*kept[1:], None]):
+        current.tb_next = following
+    exc.__traceback__ = kept[0]
 
 
 def verdicts_json(v: Verdicts) -> dict[str, Any]:
+    """Everything the verdicts hold, for tools: iterations, the split, the error, carried graphs, per-line retains,
+    and the graphs held into a later iteration that no backward walked."""
     e = v.error
     return {
         "iterations": v.iterations_run,
@@ -227,11 +190,13 @@ def verdicts_json(v: Verdicts) -> dict[str, Any]:
             }
             for line in v.lines
         ],
-        "notes": [{"variable": n.name, "built_at": n.built_at, "held_bytes": n.held_bytes} for n in v.notes],
+        "notes": [
+            {"variable": n.name, "built_at": n.built_at, "held_bytes": n.held_bytes, "grows": n.grows} for n in v.notes
+        ],
     }
 
 
-def dump_json(v: Verdicts, path: str) -> None:
+def dump_json(watched: Watch, path: str) -> None:
     with open(path, "w", encoding="utf-8") as file:
-        json.dump(verdicts_json(v), file, indent=2)
+        json.dump(watched.to_json(), file, indent=2)
         file.write("\n")

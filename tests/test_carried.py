@@ -205,7 +205,7 @@ def test_distribution_built_once_before_the_loop() -> None:
     report = find_carried_graph(step, models=policy)
     finding = the_finding(report, "dist = torch.distributions.Bernoulli(logits=policy(obs))")
     assert (finding.iteration, finding.shape) == (None, (2, 3))
-    assert "build dist inside the loop" in finding.fix
+    assert "build `dist` inside the loop" in finding.fix
     assert SECOND_TIME in report.error
 
 

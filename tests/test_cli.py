@@ -68,15 +68,21 @@ def test_the_command_reports_the_carried_hidden_state_of_an_unmodified_script(pr
     done = _run(project, "watch", "--json", "report.json", "train.py", "3")
     assert done.returncode == 1, done.stderr  # the script's own status: it raised
     assert 'File "' + str(project / "train.py") + '", line 17' in done.stderr and "loss.backward()" in done.stderr
-    assert "helpers/cli.py" not in done.stderr  # the traceback is the script's, as python prints it
-    out = done.stdout
-    assert "Error (backward a second time) in iteration 2" in out
-    assert "hidden: train.py:15: output, hidden = rnn(inputs, hidden)" in out
-    assert "hidden = hidden.detach()" in out
+    assert "helpers/" not in done.stderr  # the traceback is the script's, as python prints it
+    # the diagnosis ends the traceback (a note on the exception), and is not printed twice
+    diagnosis = done.stderr[done.stderr.index("backward-twice: 1 thing to fix") :]
+    assert diagnosis.startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in iteration 2)")
+    assert "1. `hidden` carries iteration 1's graph into iteration 2" in diagnosis
+    assert "train.py:15 | output, hidden = rnn(inputs, hidden)" in diagnosis
+    assert "fix: add `hidden = hidden.detach()` before line 15" in diagnosis
+    assert diagnosis.rstrip().endswith("more: backward-twice watch --verbose train.py") and done.stdout == ""
     report = json.loads((project / "report.json").read_text())
+    assert report["count"] == len(report["items"]) == 1 and report["headline"] in diagnosis
     assert report["error"]["kind"] == "backward a second time"
     assert [(c["variable"], c["iteration"], c["reached_from"]) for c in report["carried"]] == [("hidden", 1, 2)]
     assert report["lines"] == []
+    verbose = _run(project, "watch", "--verbose", "train.py", "3")
+    assert verbose.stdout.startswith("evidence:\n  iterations: one per pass of your loop at train.py:13:")
 
 
 def test_iterations_stop_the_script_and_its_arguments_reach_it(project: Path) -> None:
@@ -86,9 +92,11 @@ def test_iterations_stop_the_script_and_its_arguments_reach_it(project: Path) ->
     done = _run(project, "watch", "--iterations", "2", "train.py", "5")
     assert done.returncode == 0, done.stderr
     assert "finished" not in done.stdout  # stopped after two of the five iterations
-    assert done.stdout.startswith("Watched 2 iterations") and "Healthy" in done.stdout
+    assert done.stdout.startswith("backward-twice: healthy (2 iterations watched, then stopped as asked, ")
     whole = _run(project, "watch", "train.py", "2", "--flag")
-    assert "finished ['2', '--flag']" in whole.stdout and "Watched 2 iterations" in whole.stdout
+    assert (
+        "finished ['2', '--flag']" in whole.stdout and "backward-twice: healthy (2 iterations watched," in whole.stdout
+    )
 
 
 def test_a_learners_own_code_imports_the_tools_as_backward_twice_next_to_its_helpers_py(project: Path) -> None:
@@ -113,7 +121,7 @@ def test_a_learners_own_code_imports_the_tools_as_backward_twice_next_to_its_hel
     )
     done = subprocess.run([sys.executable, "mine.py"], cwd=project, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("Watched 2 iterations") and "Healthy" in done.stdout
+    assert done.stdout.startswith("backward-twice: healthy (2 iterations watched,")
 
 
 def test_in_a_kernel_that_imported_the_course_the_scripts_own_helpers_is_still_its_own(project: Path) -> None:
@@ -127,13 +135,70 @@ def test_in_a_kernel_that_imported_the_course_the_scripts_own_helpers_is_still_i
             status = main(["watch", "--no-traceback", "train.py", "3"])
     finally:
         os.chdir(cwd)
-    assert status == 1 and err.getvalue() == ""  # --no-traceback: the report alone
-    assert "Error (backward a second time) in iteration 2" in out.getvalue()
+    assert status == 1 and err.getvalue() == ""  # --no-traceback: the diagnosis alone
+    assert out.getvalue().startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in")
     assert sys.modules["helpers"] is helpers_package and "helpers.recorder" in sys.modules
 
 
-def test_bad_input_gets_a_clear_message(project: Path) -> None:
+def test_bad_input_gets_a_clear_message_before_the_script_runs(project: Path) -> None:
     missing = _run(project, "watch", "nothing.py")
-    assert missing.returncode == 2 and "no such script: nothing.py" in missing.stderr
+    assert missing.returncode == 2 and missing.stderr == "backward-twice watch: no such script: nothing.py\n"
     zero = _run(project, "watch", "--iterations", "0", "train.py")
-    assert zero.returncode == 2 and "--iterations must be 1 or more" in zero.stderr
+    assert zero.returncode == 2 and zero.stderr == "backward-twice watch: --iterations must be 1 or more\n"
+    (project / "empty").mkdir()
+    folder = _run(project, "watch", "empty")
+    assert folder.returncode == 2 and folder.stderr == "backward-twice watch: no __main__.py in folder: empty\n"
+    for path, words in [("nowhere/report.json", "no such folder"), ("empty", "is a folder")]:
+        done = _run(project, "watch", "--json", path, "train.py", "2")
+        assert done.returncode == 2 and words in done.stderr and done.stdout == "", done.stderr
+        assert "finished" not in done.stdout  # refused before the script ran
+
+
+SCRIPTS = {  # a script's ending -> (its text after the loop's setup, python's exit status, what stderr shows)
+    "sys.exit(0)": ("sys.exit(0)", 0, ""),
+    "sys.exit(3)": ("sys.exit(3)", 3, ""),
+    "sys.exit(message)": ("sys.exit('bad config')", 1, "bad config\n"),
+    "Ctrl-C": ("raise KeyboardInterrupt", 130, "KeyboardInterrupt"),  # python dies of SIGINT: the shell's 130
+}
+LOOP = """
+import sys
+import torch
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    optimizer.zero_grad()
+    model(torch.randn(4, 3)).pow(2).mean().backward()
+    optimizer.step()
+    if step == 1:
+        {ending}
+"""
+
+
+@pytest.mark.parametrize("ending", SCRIPTS)
+def test_the_script_exits_as_python_does_and_the_diagnosis_of_what_ran_is_kept(project: Path, ending: str) -> None:
+    text, status, stderr = SCRIPTS[ending]
+    (project / "ends.py").write_text(LOOP.format(ending=text))
+    python = subprocess.run([sys.executable, "ends.py"], cwd=project, capture_output=True, text=True, timeout=240)
+    done = _run(project, "watch", "ends.py")
+    assert done.returncode == status and python.returncode in (status, -2), done.stderr  # -2: killed by SIGINT
+    assert stderr in python.stderr and stderr in done.stderr
+    assert done.stdout.startswith("backward-twice: healthy (2 iterations watched; the loop ended with "), done.stdout
+    assert "Error" not in done.stdout and "thing to fix" not in done.stdout
+
+
+def test_a_syntax_error_or_a_missing_import_is_reported_as_python_reports_it(project: Path) -> None:
+    (project / "broken.py").write_text("import torch\nfor x in range(3)\n    pass\n")
+    (project / "missing.py").write_text("import torch\nimport not_a_module_anywhere\n")
+    for script in ("broken.py", "missing.py"):
+        python = subprocess.run([sys.executable, script], cwd=project, capture_output=True, text=True, timeout=240)
+        done = _run(project, "watch", script)
+        assert done.returncode == python.returncode == 1
+        assert done.stderr.splitlines()[-1] == python.stderr.splitlines()[-1]  # SyntaxError / ModuleNotFoundError
+        assert "helpers/" not in done.stderr and "backward-twice" not in done.stderr and done.stdout == ""
+
+
+def test_a_folder_runs_its_main_as_python_does(project: Path) -> None:
+    (project / "app").mkdir()
+    (project / "app" / "__main__.py").write_text(LOOP.format(ending="pass"))
+    done = _run(project, "watch", "app")
+    assert done.returncode == 0 and done.stdout.startswith("backward-twice: healthy (3 iterations watched,"), done

@@ -1,5 +1,6 @@
-"""diagnose: one entry point that runs find_carried_graph and audit_retain_graph on a learner's step and gives
-one prescription, ordered by what to fix first; its input checks, its state put back, its renderings."""
+"""diagnose: one entry point that runs find_carried_graph and audit_retain_graph on a learner's step and reports it as
+every way in does (one item per cause, ordered by what to fix first); its input checks, its state put back, its
+renderings."""
 
 from __future__ import annotations
 
@@ -11,16 +12,25 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.diagnose import Diagnosis, Prescription, diagnose
+from helpers.diagnose import Diagnosis, diagnose
+from helpers.report import Item
 
 HERE = os.path.basename(__file__)
 
 
-def at(item: Prescription, code: str) -> bool:
-    """The item's line is ``code`` in this file (checked against the file itself)."""
-    path, line, rest = item.line.split(":", 2)
-    return (
-        os.path.basename(path) == HERE and rest.strip() == code and linecache.getline(path, int(line)).strip() == code
+def line_of(code: str) -> int:
+    """The line number of ``code`` in this file (its first occurrence)."""
+    with open(__file__, encoding="utf-8") as source:
+        return next(number for number, text in enumerate(source, 1) if text.strip() == code)
+
+
+def at(item: Item, code: str) -> bool:
+    """One of the item's lines is ``code`` in this file (checked against the file itself)."""
+    return any(
+        line.place.startswith(f"{HERE}:")
+        and line.code == code
+        and linecache.getline(__file__, int(line.place.rsplit(":", 1)[1])).strip() == code
+        for line in item.lines
     )
 
 
@@ -50,24 +60,27 @@ def test_rnn_hidden_state_carried_raises_the_second_time_error() -> None:
     step, cell, _ = rnn_step(retain=False, with_optimizer=False)
     result = diagnose(step, models=cell)
     assert result.error_kind == "backward a second time" and "second time" in result.error
-    assert at(result.prescription[0], "h = cell(x, h)")
-    assert "h = h.detach()" in result.prescription[0].fix and result.prescription[0].to_fix
-    assert not result.healthy and result.verdict.startswith("1 thing to fix")
+    [item] = result.items
+    assert item.kind == "carried" and at(item, "h = cell(x, h)") and at(item, "loss.backward()")
+    assert item.fix == f"add `h = h.detach()` before line {line_of('h = cell(x, h)')}" and item.to_fix
+    assert not result.healthy and result.verdict.startswith("backward-twice: 1 thing to fix (2 runs of step;")
 
 
-def test_rnn_with_retain_and_an_optimizer_raises_in_place_and_the_retain_can_go() -> None:
+def test_the_forums_band_aid_is_one_item_the_carried_fix_with_its_retain_removed() -> None:
     step, cell, optimizer = rnn_step(retain=True, with_optimizer=True)
     result = diagnose(step, models=cell, optimizers=optimizer)
     assert result.error_kind == "in-place version error" and "inplace operation" in result.error
-    first, *rest = result.prescription
-    assert at(first, "h = cell(x, h)") and first.to_fix
     # As written, run 2's backward walks run 1's h through the buffers the retain kept (then the optimizer's
-    # in-place step trips the version check): the retain is needed, but only by the carried h. One item per line.
-    retain = [p for p in rest if at(p, "loss.backward(retain_graph=True)")]
-    assert len(retain) == 1 and not retain[0].to_fix and retain[0].problem.startswith("retain_graph=True is needed")
-    assert retain[0].fix.startswith("fix the carried tensor first") and "can likely go" in retain[0].fix
-    assert [c.verdict for c in result.audit.calls] == ["needed"]
-    assert not result.healthy and result.verdict.startswith("1 thing to fix and 1 note")
+    # in-place step trips the version check): the retain only serves the carried h. One item, one fix.
+    [item] = result.items
+    assert item.kind == "carried" and item.label.endswith("retain_graph=True only hides it")
+    assert at(item, "h = cell(x, h)") and at(item, "loss.backward(retain_graph=True)")
+    assert item.fix == (
+        f"add `h = h.detach()` before line {line_of('h = cell(x, h)')}, and remove retain_graph=True at line "
+        f"{line_of('loss.backward(retain_graph=True)')}"
+    )
+    assert [c.verdict for c in result.audit.calls] == ["goes with the carried fix"]
+    assert not result.healthy and result.verdict.startswith("backward-twice: 1 thing to fix")
 
 
 def test_two_losses_retained_on_both_keep_the_first_remove_the_second() -> None:
@@ -84,12 +97,11 @@ def test_two_losses_retained_on_both_keep_the_first_remove_the_second() -> None:
 
     result = diagnose(step, models=[trunk, head1, head2])
     assert result.error is None and result.error_kind is None and not result.carried.found
-    remove = [p for p in result.prescription if p.fix.startswith("remove retain_graph=True")]
-    keep = [p for p in result.prescription if p.fix.startswith("keep retain_graph=True")]
-    assert len(remove) == 1 and at(remove[0], "l2.backward(retain_graph=True)") and remove[0].to_fix
-    assert len(keep) == 1 and at(keep[0], "l1.backward(retain_graph=True)") and not keep[0].to_fix
-    assert result.prescription.index(remove[0]) < result.prescription.index(keep[0])
-    assert not result.healthy and result.verdict.startswith("1 thing to fix")
+    [remove] = result.items  # the retain l2's backward needs is evidence, not an item: nothing to change there
+    assert remove.kind == "retain can go" and at(remove, "l2.backward(retain_graph=True)") and remove.to_fix
+    assert remove.fix.startswith("remove retain_graph=True at line ")
+    assert "l1.backward(retain_graph=True): needed" in result.evidence()
+    assert not result.healthy and result.verdict.startswith("backward-twice: 1 thing to fix")
 
 
 def test_a_clean_mlp_step_is_healthy() -> None:
@@ -105,9 +117,8 @@ def test_a_clean_mlp_step_is_healthy() -> None:
         optimizer.step()
 
     result = diagnose(step, models=model, optimizers=optimizer)
-    assert result.healthy and result.verdict.startswith("Healthy")
-    assert result.error is None and not result.carried.found
-    assert all(not p.to_fix for p in result.prescription)
+    assert result.healthy and result.verdict.startswith("backward-twice: healthy (3 runs of step,")
+    assert result.error is None and not result.carried.found and result.items == ()
 
 
 def test_a_loss_without_a_graph() -> None:
@@ -122,7 +133,7 @@ def test_a_loss_without_a_graph() -> None:
     result = diagnose(step, models=model)
     assert result.error_kind == "no graph" and "does not require grad" in result.error
     assert result.error_line is not None and result.error_line.endswith(": loss.backward()")
-    assert at(result.prescription[0], "loss.backward()") and "torch.no_grad()" in result.prescription[0].fix
+    assert at(result.items[0], "loss.backward()") and "torch.no_grad()" in result.items[0].fix
     assert not result.healthy
 
 
@@ -176,13 +187,15 @@ def test_state_is_put_back() -> None:
 def test_text_and_html_show_the_verdict_the_error_and_each_line() -> None:
     step, cell, optimizer = rnn_step(retain=True, with_optimizer=True)
     result = diagnose(step, models=cell, optimizers=optimizer)
-    assert isinstance(result, Diagnosis) and len(result.prescription) >= 2
+    assert isinstance(result, Diagnosis) and len(result.items) == 1
     text, page = repr(result), result._repr_html_()
     assert text.startswith(result.verdict) and html.escape(result.verdict) in page
-    assert result.error in text and html.escape(result.error) in page
-    for item in result.prescription:
-        assert item.line in text and item.fix in text
-        assert html.escape(item.line) in page and html.escape(item.fix) in page
+    assert result.error not in text and result.error in result.evidence()  # torch's message once: in the evidence
+    assert "<details><summary>evidence</summary>" in page and html.escape(result.error) in page
+    for item in result.items:
+        assert item.label in text and item.fix in text and html.escape(item.fix) in page
+        for line in item.lines:
+            assert line.code in text and html.escape(line.code) in page
     assert "<script" not in page
 
 
@@ -217,10 +230,10 @@ def test_models_as_a_dict_and_an_optimizer_nobody_passed() -> None:
         optimizerD.step()
         update_g()
 
-    with pytest.raises(ValueError) as info:
-        diagnose(step_with_a_hidden_optimizer, models={"D": netD, "G": netG}, optimizers=optimizerD)
-    assert str(info.value).startswith("diagnose: the step calls a SGD.step(), an optimizer not in optimizers")
+    # adopted at its first step(), before it changes anything, and put back with the rest
+    assert diagnose(step_with_a_hidden_optimizer, models={"D": netD, "G": netG}, optimizers=optimizerD).healthy
     assert all(torch.equal(b, p) for b, p in zip(before, netG.parameters()))
+    assert optimizerG.state_dict()["state"] == {}
 
 
 def test_a_detached_hidden_state_without_retain_is_healthy_and_state_is_put_back() -> None:
@@ -238,7 +251,7 @@ def test_a_detached_hidden_state_without_retain_is_healthy_and_state_is_put_back
 
     before = [p.detach().clone() for p in cell.parameters()]
     result = diagnose(step, models=cell, optimizers=optimizer)
-    assert result.healthy and result.prescription == [] and result.verdict.startswith("Healthy")
+    assert result.healthy and result.items == () and result.verdict.startswith("backward-twice: healthy")
     assert h is h0 and all(torch.equal(b, p) for b, p in zip(before, cell.parameters()))
     assert optimizer.state_dict()["state"] == {}
 
@@ -258,13 +271,12 @@ def test_a_retain_needed_by_a_step_that_fails_keeps_the_audits_words() -> None:
 
     result = diagnose(step, models=net, optimizers=optimizer)
     assert result.error_kind == "in-place version error"
-    assert at(
-        result.prescription[0], "out.abs().mean().backward()  # through the weights the step just changed in place"
-    )
-    (keep,) = [p for p in result.prescription if p.problem.startswith("retain_graph=True is needed")]
-    assert not keep.to_fix and keep.fix.startswith("keep retain_graph=True at ")
-    (error,) = [p for p in result.prescription if p.to_fix]
-    assert "changed in place by the optimizer step at test_diagnose.py:" in error.problem  # the evidence
+    [error] = result.items  # the retain the same run's second backward needs is evidence, not an item
+    assert error.kind == "error"
+    assert at(error, "out.abs().mean().backward()  # through the weights the step just changed in place")
+    assert at(error, "optimizer.step()") and at(error, "out = net(x)")  # the step, and the forward it made stale
+    assert error.fix.startswith("compute line ") and "again after the step at line " in error.fix
+    assert "changed in place by the optimizer step at test_diagnose.py:" in result.evidence()
 
 
 def test_a_graph_built_before_the_step_stays_usable_and_the_error_comes_at_iteration_2_as_written() -> None:

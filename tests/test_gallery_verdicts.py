@@ -31,6 +31,9 @@ from helpers.watcher import watch
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 MODULES = {name: importlib.import_module(f"gallery.{name}") for name in LOOPS}
 STEP_TOOLS = ("diagnose", "audit_retain_graph", "find_carried_graph")
+VERDICTS = ("needed", "can go", "goes with the carried fix")
+# A framework's loop (FORMAT.md, "Framework loops") has no step of the learner's to hand a step tool: WAYS says so.
+WITH_A_STEP = [name for name in LOOPS if "diagnose" in getattr(MODULES[name], "WAYS", ("diagnose",))]
 
 
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -72,10 +75,13 @@ def marker_of(line: str | None, module: Any) -> str:
 
 def variable_matches(name: str | None, truth: str) -> bool:
     """``state['h_state']`` is the loop's ``h_state``; ``model.hidden[1]`` and ``actions.logits`` name
-    ``model.hidden`` and ``actions``."""
+    ``model.hidden`` and ``actions``; ``self.reg_loss``, in a loop that is a method of the model (DeepFM's ``fit``),
+    names ``model.reg_loss``."""
     if name is None:
         return False
     name = re.sub(r"^state\[['\"](\w+)['\"]\]", r"\1", name)
+    if name.startswith("self.") and "." in truth:
+        name = f"{truth.split('.', 1)[0]}.{name[len('self.') :]}"
     return name == truth or name.startswith((f"{truth}.", f"{truth}["))
 
 
@@ -99,6 +105,17 @@ def build_markers(module: Any) -> set[str]:
     return {marks[n] for n in range(start, start + len(lines)) if n in marks}
 
 
+def by_the_truths_iterations(split: str | None, module: Any) -> bool:
+    """Whether a tool counted iterations as TRUTH does (one per pass of ``run``'s loop, or per call of the step):
+    where the loop the tool found is another (PPO's K epochs inside ``update``, a batch loop inside an epoch's
+    ``iteration``), what is held at an iteration's start is another matter, and iteration numbers differ."""
+    match = re.match(r"one per pass of your loop at .*?:(\d+): ", split or "")
+    if match is None:
+        return True
+    lines, start = inspect.getsourcelines(module.run)
+    return start <= int(match.group(1)) < start + len(lines)
+
+
 def check_verdicts(
     module: Any,
     error: dict | None,
@@ -106,10 +123,13 @@ def check_verdicts(
     carried: list[tuple[str | None, str]],
     notes: list[tuple[str | None, str]] | None,
     watched_build: bool = False,
+    split: str | None = None,
 ) -> None:
     """``watched_build``: the command runs the whole file, ``build()`` included, so it sees a graph the script
-    builds before its loop being built, at the line inside the model that built it, not at ``build()``'s line."""
+    builds before its loop being built, at the line inside the model that built it, not at ``build()``'s line.
+    ``split``: how the tool cut the run into iterations (see :func:`by_the_truths_iterations`)."""
     truth = module.TRUTH
+    same_iterations = by_the_truths_iterations(split, module)
     if watched_build:
         inside = build_markers(module)
         carried = [
@@ -126,26 +146,23 @@ def check_verdicts(
         assert error is None, f"no error in TRUTH, got {error}"
     else:
         assert error is not None, f"TRUTH says {truth['error']}, the tool saw no error"
-        assert (error["kind"], error["iteration"], marker_of(error["line"], module)) == (
-            truth["error"]["kind"],
-            truth["error"]["iteration"],
-            truth["error"]["line"],
-        )
+        assert (error["kind"], marker_of(error["line"], module)) == (truth["error"]["kind"], truth["error"]["line"])
+        assert error["iteration"] == truth["error"]["iteration"] or not same_iterations
     retains = {
         marker_of(line["line"], module): {k: line[k] for k in ("verdict", "runs", "needed_runs")}
         for line in lines
-        if line["verdict"] in ("needed", "can go")
+        if line["verdict"] in VERDICTS
     }
     assert retains == truth["retains"]
     assert_same_findings(carried, truth["carried"], "carried")
-    if notes is not None:
+    if notes is not None and same_iterations:
         assert_same_findings(notes, truth["notes"], "notes")
 
 
 def from_report(report: dict, module: Any) -> tuple:
     carried = [(c["variable"], marker_of(c["built_at"], module)) for c in report["carried"]]
     notes = [(n["variable"], marker_of(n["built_at"], module)) for n in report["notes"]]
-    return report["error"], report["lines"], carried, notes
+    return report["error"], report["lines"], carried, notes, False, report["split"]
 
 
 @pytest.mark.parametrize("name", LOOPS)
@@ -166,9 +183,15 @@ def test_the_command_on_the_module_file(name: str, tmp_path: Path, capsys: pytes
     report_path = tmp_path / "report.json"
     status = command(["watch", "--json", str(report_path), module.__file__])
     assert status == (0 if module.TRUTH["error"] is None else 1)
-    assert capsys.readouterr().out.startswith("Watched ")
+    printed = capsys.readouterr()
+    report = json.loads(report_path.read_text())
+    # the diagnosis ends the script's output (a framework may print first), or its traceback when it raised; an
+    # error before any backward call (wgan_gp_toy's autograd.grad refuses its shapes) is Python's alone
+    shown = "\nbackward-twice: " in "\n" + (printed.out if module.TRUTH["error"] is None else printed.err)
+    assert shown == (report["calls"] > 0 or module.TRUTH["error"] is None)
     module.build()  # the command ran the file as __main__; a loop that reads a global gets its own back here
-    check_verdicts(module, *from_report(json.loads(report_path.read_text()), module), watched_build=True)
+    error, lines, carried, notes, _, split = from_report(report, module)
+    check_verdicts(module, error, lines, carried, notes, watched_build=True, split=split)
 
 
 def learner_state(state: dict) -> list[tuple[str, torch.Tensor | None]]:
@@ -234,7 +257,7 @@ def run_tool(tool: str, module: Any, state: dict) -> tuple:
 
 
 @pytest.mark.parametrize("tool", STEP_TOOLS)
-@pytest.mark.parametrize("name", LOOPS)
+@pytest.mark.parametrize("name", WITH_A_STEP)
 def test_the_step_tools_on_step_function_leave_the_learners_state_as_it_was(name: str, tool: str) -> None:
     module = MODULES[name]
     state = module.build()
@@ -246,7 +269,7 @@ def test_the_step_tools_on_step_function_leave_the_learners_state_as_it_was(name
         retains = {
             marker_of(line["line"], module): {k: line[k] for k in ("verdict", "runs", "needed_runs")}
             for line in lines
-            if line["verdict"] in ("needed", "can go")
+            if line["verdict"] in VERDICTS
         }
         assert retains == module.TRUTH["retains"]
     else:

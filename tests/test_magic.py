@@ -44,7 +44,8 @@ def test_a_carried_hidden_state_is_found_at_the_cells_own_line_and_put_back(shel
     number = result.execution_count
     diagnosis = result.result
     assert isinstance(diagnosis, Diagnosis), result.error_in_exec
-    assert diagnosis.carried.found and f"Cell In[{number}], line 3: h = cell(x, h)" in repr(diagnosis)
+    assert diagnosis.carried.found and f"Cell In[{number}], line 3 | h = cell(x, h)" in repr(diagnosis)
+    assert repr(diagnosis).startswith("backward-twice: 1 thing to fix (2 runs of the cell;")
     assert shell.user_ns["h"] is h_before and torch.equal(shell.user_ns["cell"].weight_hh, weights)
 
 

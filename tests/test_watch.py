@@ -1,12 +1,15 @@
-"""helpers/watcher.py: ``with watch() as w:`` around a loop as the learner wrote it; ``w`` as text, HTML and JSON."""
+"""helpers/watcher.py: ``with watch() as w:`` around a loop as the learner wrote it; ``w`` as text, HTML and JSON; the
+diagnosis on the loop's own exception; and a watch that never breaks the loop it watches."""
 
 from __future__ import annotations
 
 import json
+import traceback
 
 import pytest
 import torch
 
+import helpers.recorder
 from helpers.watcher import watch
 
 
@@ -15,47 +18,147 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
 
-def test_watch_stops_after_n_iterations_quietly_and_says_so() -> None:
-    model = _model()
+def _train(model: torch.nn.Module, passes: int, work_after_the_step: list[str]) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    ran = 0
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
+    torch.manual_seed(1)  # the same batches for the watched and the bare run
+    for _ in range(passes):
+        optimizer.zero_grad()
+        model(torch.randn(3, 4)).pow(2).mean().backward()
+        optimizer.step()
+        scheduler.step()
+        work_after_the_step.append("logged")
+        optimizer.zero_grad()
+
+
+def test_iterations_n_stops_at_the_top_of_pass_n_plus_1_with_the_state_of_n_bare_passes() -> None:
+    watched, bare = _model(), _model()
+    logged_watched: list[str] = []
+    logged_bare: list[str] = []
     with watch(iterations=2) as w:
-        for _ in range(100):
-            optimizer.zero_grad()
-            model(torch.randn(3, 4)).pow(2).mean().backward()
-            optimizer.step()
-            ran += 1
-    assert ran == 2  # the block ended at the top of the third pass: the second ran whole
+        _train(watched, 100, logged_watched)
+    _train(bare, 2, logged_bare)
+    assert logged_watched == logged_bare == ["logged", "logged"]  # the scheduler and the logging after step() ran
+    assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), bare.parameters()))
+    assert all(p.grad is None or not p.grad.any() for p in watched.parameters())  # the pass's own zero_grad() ran
     assert w.verdicts.iterations_run == 2 and w.healthy
     text = str(w)
-    assert (
-        text.startswith("Watched 2 iterations (one per pass of your loop at test_watch.py:")
-        and "then stopped as asked" in text
-    )
-    assert "Healthy" in text and "Healthy" in w._repr_html_()
+    assert text.startswith("backward-twice: healthy (2 iterations watched, then stopped as asked, 2 backward calls")
+    assert "healthy" in w._repr_html_()
+    assert w.verdicts.split.how.startswith("one per pass of your loop at test_watch.py:")
 
 
-def test_the_loops_own_error_goes_on_up_and_w_names_it_with_the_fix() -> None:
+def test_a_bare_except_in_the_body_does_not_swallow_the_stop() -> None:
+    model = _model()
+    ran = 0
+    with watch(iterations=2):
+        for _ in range(10):
+            try:  # noqa: SIM105  # the learner's own code, as written
+                model(torch.randn(2, 4)).sum().backward()
+            except:  # noqa: E722  # the learner's own bare except
+                pass
+            ran += 1
+    assert ran == 2
+
+
+def test_the_loops_own_error_goes_on_up_with_the_diagnosis_as_a_note_and_no_frame_of_the_tool() -> None:
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     hidden = torch.zeros(3, 1)
-    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+    with pytest.raises(RuntimeError, match="second time") as raised, watch() as w:
         for _ in range(3):
             hidden = model(torch.randn(3, 4)) + hidden
             optimizer.zero_grad()
             hidden.pow(2).mean().backward()
             optimizer.step()
-    text = str(w)
-    assert "Error (backward a second time) in iteration 2" in text
-    assert "hidden = hidden.detach()" in text and "Graphs carried into a later iteration" in text
+    printed = "".join(traceback.format_exception(raised.value))
+    assert "helpers/" not in printed  # the traceback is the one bare Python prints
+    [note] = raised.value.__notes__
+    assert note.startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in iteration 2)")
+    assert "`hidden` carries iteration 1's graph into iteration 2" in note and "add `hidden = hidden.detach()`" in note
+    assert note.endswith("more: `w` in a new cell shows the evidence") and note in printed
+    assert note.startswith(str(w).split("\nmore:")[0])  # the same items as w
     report = w.to_json()
     json.dumps(report)
+    assert report["count"] == len(report["items"]) == 1 and report["items"][0]["kind"] == "carried"
     assert report["error"]["kind"] == "backward a second time" and report["error"]["iteration"] == 2
     assert [c["variable"] for c in report["carried"]] == ["hidden"]
-    assert "<ol>" in w._repr_html_() and "hidden" in w._repr_html_()
+    assert "<ol>" in w._repr_html_() and "hidden" in w._repr_html_() and "<details>" in w._repr_html_()
 
 
-def test_a_hand_written_update_marks_its_iterations_and_per_line_verdicts_come_out_as_json() -> None:
+def test_exits_are_how_the_loop_ended_not_its_error() -> None:
+    model = _model()
+    for ending, stop in [(SystemExit, lambda: SystemExit(0)), (KeyboardInterrupt, lambda: KeyboardInterrupt())]:
+        with pytest.raises(ending), watch() as w:
+            for step in range(5):
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+                if step == 1:
+                    raise stop()
+        assert w.verdicts.error is None and w.verdicts.calls == 2
+        assert str(w).startswith("backward-twice: healthy (")
+        assert ("SystemExit: 0" if ending is SystemExit else "KeyboardInterrupt") in str(w)
+
+
+def test_nothing_ran_is_not_healthy() -> None:
+    with watch() as w:
+        for _ in range(3):
+            torch.randn(2).sum()
+    assert not w.healthy and str(w) == "backward-twice: no backward call seen (0 iterations watched): nothing to judge"
+
+
+def test_an_error_before_any_backward_is_pythons_own() -> None:
+    with pytest.raises(ZeroDivisionError) as raised, watch():
+        1 / 0  # noqa: B018
+    assert not getattr(raised.value, "__notes__", None)
+
+
+def test_views_whose_base_changed_in_place_never_break_the_loop() -> None:
+    """``for row in w`` makes unbind views; after a step changes ``w`` in place, reading their ``grad_fn`` raises.
+    The loop never reads them again, so bare Python runs to the end: so must the watched loop."""
+
+    def run(watched: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        weight = torch.randn(3, 4, requires_grad=True)
+        rows = list(weight)  # noqa: F841  # views the loop keeps, as the learner's does
+        optimizer = torch.optim.SGD([weight], lr=0.1)
+        with watch() if watched else torch.enable_grad():
+            for _ in range(3):
+                optimizer.zero_grad()
+                (weight @ torch.randn(4, 2)).pow(2).mean().backward()
+                optimizer.step()
+        return weight.detach().clone()
+
+    assert torch.equal(run(watched=True), run(watched=False))
+
+
+@pytest.mark.parametrize("broken", ["names_holding_graphs", "stamp_walk", "graph_only_bytes", "learner_line"])
+def test_an_error_of_the_tool_switches_it_off_and_the_loop_goes_on_as_bare_python(
+    broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise ValueError("a planted failure")
+
+    def run(watched: bool) -> tuple[torch.Tensor, int]:
+        model = _model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        ran = 0
+        with watch() if watched else torch.enable_grad() as w:
+            for _ in range(3):
+                optimizer.zero_grad()
+                model(torch.randn(3, 4)).pow(2).mean().backward(retain_graph=True)
+                optimizer.step()
+                ran += 1
+        if watched:
+            assert "backward-twice stopped watching after" in str(w) and "a planted failure" in str(w), str(w)
+        return next(model.parameters()).detach().clone(), ran
+
+    bare = run(watched=False)
+    monkeypatch.setattr(helpers.recorder, broken, fail)
+    watched = run(watched=True)
+    assert watched[1] == bare[1] == 3 and torch.equal(watched[0], bare[0])
+
+
+def test_a_hand_written_update_splits_by_its_loop_and_per_line_verdicts_come_out_as_json() -> None:
     torch.manual_seed(0)
     weight = torch.randn(4, 1, requires_grad=True)
     with watch() as w:
@@ -70,7 +173,7 @@ def test_a_hand_written_update_marks_its_iterations_and_per_line_verdicts_come_o
     assert report["iterations"] == 3 and report["split"].endswith("for _ in range(3):")  # the loop, not the marks
     [line] = report["lines"]
     assert (line["verdict"], line["runs"], line["needed_runs"]) == ("can go", 3, 0)
-    assert "remove retain_graph=True" in str(w)
+    assert "fix: remove retain_graph=True at line " in str(w)
 
 
 def test_iterations_must_be_a_positive_whole_number() -> None:

@@ -33,7 +33,7 @@ GALLERY = {
     "SRGAN step": (["needed", "not a retain"], "in-place version error", False, ["not a retain", "not a retain"]),
     "single-forward GAN": (["needed", "not a retain"], None, False, ["needed", "not a retain"]),
     "actor-critic": (["needed", "not a retain"], None, False, ["not a retain"]),
-    "RNN language model": (["needed"], "in-place version error", True, ["not a retain"]),
+    "RNN language model": (["goes with the carried fix"], "in-place version error", True, ["not a retain"]),
     "gradient penalty": (["can go", "not a retain"], None, False, ["can go", "not a retain"]),
 }
 
@@ -184,18 +184,17 @@ def test_the_standard_gan_step_is_alternating_and_the_single_forward_fix_simulta
 def test_the_srgan_diagnosis_names_the_error_line_and_keeps_the_audits_words(page) -> None:
     found = bt.diagnose(page["srgan_step"], **page["gan"])
     assert found.error_line.endswith(": g_loss.backward()")
-    first, second = found.prescription
-    assert first.to_fix and "in place" in first.fix and "optimizer step at " in first.problem
-    assert not second.to_fix and second.problem.startswith("retain_graph=True is needed in 1 of 1 runs")
-    assert "g_loss.backward()" in second.problem
+    [error] = found.items  # the retain g_loss's backward needs in the same run is evidence, not an item
+    assert error.kind == "error" and error.to_fix and "again after the step at line" in error.fix
+    assert [line.code for line in error.lines][-2:] == ["optimizerD.step()", "g_loss.backward()"]
+    assert "needed; needed in 1 of 1 runs" in found.evidence() and "g_loss.backward()" in found.evidence()
 
 
 def test_the_language_model_diagnosis_names_hidden_and_the_retain_that_hides_it(page) -> None:
     found = bt.diagnose(page["lm_step"], **page["language_model"])
-    carried, retain = found.prescription
-    assert "hidden = hidden.detach()" in carried.fix
-    assert retain.problem.startswith("retain_graph=True is needed") and "(in iteration 2)" in retain.problem
-    assert not retain.to_fix and retain.fix.startswith("fix the carried tensor first")
+    [carried] = found.items  # the band-aid retain is part of the carried fix: one item, one fix
+    assert carried.kind == "carried" and carried.label.endswith("retain_graph=True only hides it")
+    assert "hidden = hidden.detach()" in carried.fix and "and remove retain_graph=True at line" in carried.fix
     assert bt.diagnose(page["lm_fixed"], **page["language_model"]).healthy
 
 

@@ -36,7 +36,7 @@ ITERATIONS = 3
 TRUTH = {
     "error": {"kind": "in-place version error", "iteration": 2, "line": "@backward"},
     "retains": {"@backward": {"verdict": "goes with the carried fix", "runs": 1, "needed_runs": 1}},
-    "carried": [{"variable": "model.reg_loss", "line": "@build_model"}],
+    "carried": [{"variable": "model.reg_loss", "line": "@reg_loss"}],
     "notes": [],
     "modifies_in_place": [],
 }

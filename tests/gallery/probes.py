@@ -19,6 +19,7 @@ Everything here watches or varies the published loop from the outside:
 
 from __future__ import annotations
 
+import ast
 import bisect
 import io
 import re
@@ -159,7 +160,7 @@ def tensors_of(value: Any, seen: set[int] | None = None) -> Iterator[torch.Tenso
     seen.add(id(value))
     if isinstance(value, torch.Tensor):
         yield value
-        if value.is_leaf and value.grad is not None:
+        if readable_grad_fn(value) is None and not value._is_view() and value.grad is not None:
             yield value.grad
     elif isinstance(value, torch.nn.Module):
         for tensor in list(value.parameters()) + list(value.buffers()):
@@ -261,6 +262,23 @@ def goes_with_the_carried_fix(
 # ---------------------------------------------------------------- what each backward reaches, and who built it
 
 
+def bound_names(path: str) -> dict[int, set[str]]:
+    """Line -> the names, attributes and string keys its assignments bind (``self.reg_loss += x``: reg_loss)."""
+    found: dict[int, set[str]] = {}
+    for node in ast.walk(ast.parse(Path(path).read_text())):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for part in ast.walk(target):
+                    if isinstance(part, ast.Name) and isinstance(part.ctx, ast.Store):
+                        found.setdefault(node.lineno, set()).add(part.id)
+                    elif isinstance(part, ast.Attribute) and isinstance(part.ctx, ast.Store):
+                        found.setdefault(node.lineno, set()).add(part.attr)
+                    elif isinstance(part, ast.Subscript) and isinstance(part.slice, ast.Constant):
+                        found.setdefault(node.lineno, set()).add(str(part.slice.value))
+    return found
+
+
 class LineTracer:
     """Records, each time a line of one file starts, the autograd sequence number at that moment.
 
@@ -307,6 +325,17 @@ class LineTracer:
         index = bisect.bisect_right(self.numbers, sequence_nr) - 1
         return self.lines[index] if index >= 0 else None
 
+    def binding_line_of(self, sequence_nr: int, variable: str, lookback: int = 5000) -> int | None:
+        """The last line that ran up to node ``sequence_nr``'s building and binds ``variable``'s last part (a name,
+        an attribute or a string key), looking back at most ``lookback`` lines; else :meth:`line_of`."""
+        binds = bound_names(self.path)
+        wanted = re.split(r"[.\[\]'\"]+", variable.strip("]'\""))[-1]
+        index = bisect.bisect_right(self.numbers, sequence_nr) - 1
+        for position in range(index, max(-1, index - lookback), -1):
+            if wanted in binds.get(self.lines[position], ()):
+                return self.lines[position]
+        return self.line_of(sequence_nr)
+
     def outer_line_of(self, sequence_nr: int) -> int | None:
         index = bisect.bisect_right(self.outer_numbers, sequence_nr) - 1
         return self.outer_lines[index] if index >= 0 else None
@@ -322,7 +351,16 @@ class LineTracer:
 
 def grad_fns(value: Any) -> list[Any]:
     """The autograd nodes a variable holds directly (a tensor, a tuple of them, an object's tensors)."""
-    return [t.grad_fn for t in direct_tensors(value) if t.grad_fn is not None]
+    return [fn for t in direct_tensors(value) if (fn := readable_grad_fn(t)) is not None]
+
+
+def readable_grad_fn(tensor: torch.Tensor) -> Any:
+    """``tensor.grad_fn``; None for a view of ``unbind``/``split``/``chunk`` whose base changed in place, whose
+    ``grad_fn`` PyTorch refuses to give (nothing can be walked through it any more)."""
+    try:
+        return tensor.grad_fn
+    except RuntimeError:
+        return None
 
 
 def direct_tensors(value: Any) -> list[torch.Tensor]:
@@ -439,10 +477,10 @@ def observe_reach(module: types.ModuleType, iterations: int) -> Reach:
                 walked |= nodes_below(node)
         for name, nodes in held_at[number].items():
             for node in nodes:
-                # a graph from before the loop is named by the line of build() that made it (where the
-                # learner binds the variable); one from an iteration by the innermost line that ran
-                before_loop = node._sequence_nr() < starts[1]
-                built = (tracer.outer_line_of if before_loop else tracer.line_of)(node._sequence_nr())
+                # named by the line that gave the variable its graph: of the lines of the loop's file that ran
+                # up to the node's building, the last that binds the variable (``self.reg_loss += ...`` inside a
+                # method build() calls; ``h_state`` in the forward that returns it), else the innermost line
+                built = tracer.binding_line_of(node._sequence_nr(), name)
                 marker = by_line.get(built, f"unmarked line {built}")
                 if id(node) in walked:
                     carried.setdefault(name, marker)
