@@ -5,6 +5,9 @@ learner's line running when the node was built); for a node built before the rec
 did not see, it reads the source with ``ast`` for the assignment to the name: outside loops for a graph built before
 the first iteration, in a loop otherwise.
 
+:func:`read_line` finds where a carried graph comes into an iteration: the first line of the loop's body (or of the
+function the name was found in) that reads the name.
+
 Used by :mod:`helpers.verdicts`.
 """
 
@@ -16,12 +19,12 @@ import re
 from typing import TYPE_CHECKING
 
 from helpers.learner import place
-from helpers.names import NamedGraph
+from helpers.names import CodeSite, NamedGraph
 
 if TYPE_CHECKING:
     from helpers.recorder import Recorder
 
-__all__ = ["built_line"]
+__all__ = ["built_line", "function_span", "read_line"]
 
 
 def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
@@ -142,3 +145,42 @@ def _binds(target: ast.AST, wanted: set[str]) -> bool:
         if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in wanted:
             return True
     return False
+
+
+def read_line(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
+    """The first line that reads ``spelled`` (``h``, ``state['h']``, ``self.hidden``) in the first of ``spans``
+    ((file, first line, last line): the loop's body, the function the name was found in) that reads it at all, as
+    "file:line: code": where an earlier iteration's graph comes into this one."""
+    for filename, first, last in spans:
+        try:
+            tree = ast.parse("".join(linecache.getlines(filename)))
+        except SyntaxError:
+            continue
+        lines = sorted(
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript))
+            and isinstance(node.ctx, ast.Load)
+            and first <= node.lineno <= last
+            and ast.unparse(node) == spelled
+        )
+        if lines:
+            return f"{place(filename, lines[0])}: {linecache.getline(filename, lines[0]).strip()}"
+    return None
+
+
+def function_span(where: CodeSite) -> tuple[str, int, int] | None:
+    """(file, first line, last line) of the function ``where`` names (the module's code: the whole file)."""
+    filename, first_line, name = where
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except SyntaxError:
+        return None
+    if name == "<module>":
+        return filename, 1, len(linecache.getlines(filename))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            starts = {node.lineno, *(d.lineno for d in node.decorator_list)}
+            if first_line in starts:
+                return filename, node.lineno, node.end_lineno or node.lineno
+    return None

@@ -115,6 +115,7 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None) -> i
     for name in ours:
         del sys.modules[name]
     watcher, status, raised = Watch(options.iterations, f"backward-twice watch --verbose {options.script}"), 0, False
+    watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
     try:
         with watcher:
             runpy.run_path(target, run_name="__main__")

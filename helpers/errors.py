@@ -78,8 +78,7 @@ def expect_error(
         with expect_error(RuntimeError, match="backward through the graph a second time"):
             loss.backward()
 
-    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state, 05_your_training_step and
-    06_real_stack.
+    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state and 06_real_stack.
     """
     if not (isinstance(error_type, type) and issubclass(error_type, BaseException)):
         raise TypeError(f"expect_error() needs an exception class, not {error_type!r}.")

@@ -9,7 +9,8 @@ write-through view from 3.13: either way it is read item by item and left as it 
 PyTorch refuses to give (an ``unbind`` view whose base changed in place) is skipped. :func:`unstepped_optimizers`
 reads the same frames for the optimizers they name.
 
-Used by :mod:`helpers.built`, :mod:`helpers.evidence`, :mod:`helpers.harness` and :mod:`helpers.recorder`.
+Used by :mod:`helpers.built`, :mod:`helpers.evidence`, :mod:`helpers.harness`, :mod:`helpers.recorder` and
+:mod:`helpers.verdicts`.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def names_holding_graphs(
     if roots is not None:
         sources.append(_Namespace(roots_where, False, dict(roots()), False))
     found: dict[int, _Finding] = {}  # node's sequence number -> what the innermost namespace naming it found
+    claimed: dict[str, _Namespace] = {}  # a top-level name -> the innermost namespace that binds it
     for source in sources:
         items = list(source.names.items())
         best: dict[int, _Spelling] = {}
@@ -137,7 +139,8 @@ def names_holding_graphs(
                 if node is None:
                     continue
                 sequence = node._sequence_nr()
-                if held_under is not None and not source.function:  # a function's own variables are rebound
+                # a function's own variables are rebound each call; an outer namespace's name is shadowed by an inner's
+                if held_under is not None and not source.function and claimed.setdefault(name, source) is source:
                     held_under.setdefault(name, set()).add(sequence)
                 bare = source.function and "[" not in spelled and "." not in spelled
                 if not bare and (sequence not in holders or simpler(spelled, holders[sequence])):

@@ -135,7 +135,10 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
     label = f"{spelled} carries {origin} into {into}" + ("; retain_graph=True only hides it" if band_aid else "")
     place, code = _split(first.built_at)
     lines = []
-    if not code.startswith("(") and first.name:
+    if first.enters_at is not None:  # the loop's first line that reads it: where the old graph comes in
+        place, code = _split(first.enters_at)
+        lines.append(CodeLine(place, code, _span(code, name, load_only=True), f"{origin} comes in here"))
+    elif not code.startswith("(") and first.name:
         comes_in = _span(code, name, load_only=True)
         if comes_in is not None and first.iteration is not None:
             lines.append(CodeLine(place, code, comes_in, f"{origin} comes in here"))
@@ -305,7 +308,9 @@ def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str
     if ended_by is not None:
         watched += f"; the loop ended with {ended_by}"
     elif v.error is not None:
-        watched += f"; the loop raised in iteration {v.error.iteration}"
+        watched += (
+            f"; run {v.error.iteration} raised" if runs_of else f"; the loop raised in iteration {v.error.iteration}"
+        )
     if v.calls == 0 and not items:
         return f"backward-twice: no backward call seen ({watched}): nothing to judge"
     fixes = sum(1 for item in items if item.to_fix)

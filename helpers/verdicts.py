@@ -23,12 +23,13 @@ import linecache
 import re
 from dataclasses import dataclass, field
 
-from helpers.built import built_line
+from helpers.built import built_line, function_span, read_line
 from helpers.display import format_bytes
 from helpers.errors import error_kind
 from helpers.held import HeldGraph
 from helpers.iterations import Split, split_iterations
 from helpers.learner import learner_line_at, short
+from helpers.names import CodeSite
 from helpers.recorder import Recorder
 from helpers.walks import CallRecord
 
@@ -77,6 +78,7 @@ class CarriedFinding:
     fix: str
     shape: tuple[int, ...] | None = None
     container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one
+    enters_at: str | None = None  # the first line of the loop that reads the name: where the old graph comes in
 
 
 @dataclass(frozen=True)
@@ -283,7 +285,17 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             for spelled in (name, *(a for a in node.aliases if carrier is None or carrier == node.name)):
                 add(
                     f"{line}|{spelled}",
-                    _Carried(spelled, line, built or None, call.line, container, node.shape, iteration, {iteration}),
+                    _Carried(
+                        spelled,
+                        line,
+                        built or None,
+                        call.line,
+                        container,
+                        node.shape,
+                        iteration,
+                        {iteration},
+                        node.frame,
+                    ),
                 )
         if not named:
             built = split.iteration_of_node(max(old))
@@ -300,9 +312,27 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             carried_fix(e.name, e.built_at, e.iteration is None, e.container),
             e.shape,
             e.container,
+            _enters_at(recorder, e),
         )
         for e in found.values()
     ]
+
+
+def _enters_at(recorder: Recorder, carried: _Carried) -> str | None:
+    """The first line that reads the carrier in the loop's body, else in the code the name was found in, else in
+    the step the tool ran."""
+    if carried.name is None:
+        return None
+    whole = re.sub(r"\[\d+\]$", "", carried.name) if carried.container in ("tuple", "list") else carried.name
+    spans: list[tuple[str, int, int]] = []
+    link = recorder.loop.innermost
+    if link is not None and recorder.loop.unusable is None:
+        spans.append((link.loop.filename, link.loop.body_first, link.loop.body_last))
+    for where in (carried.frame, recorder.roots_where):
+        span = function_span(where) if where is not None else None
+        if span is not None:
+            spans.append(span)
+    return read_line(whole, spans)
 
 
 @dataclass(slots=True)
@@ -318,6 +348,7 @@ class _Carried:
     shape: tuple[int, ...] | None
     reached_from: int
     times: set[int]
+    frame: CodeSite | None = None  # the code the name was found in
 
 
 def _notes(recorder: Recorder, split: Split) -> list[Note]:

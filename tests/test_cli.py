@@ -202,3 +202,38 @@ def test_a_folder_runs_its_main_as_python_does(project: Path) -> None:
     (project / "app" / "__main__.py").write_text(LOOP.format(ending="pass"))
     done = _run(project, "watch", "app")
     assert done.returncode == 0 and done.stdout.startswith("backward-twice: healthy (3 iterations watched,"), done
+
+
+README_LOOP = """import torch
+import backward_twice as bt
+
+torch.manual_seed(0)
+model = torch.nn.GRU(4, 8)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+hidden = torch.zeros(1, 3, 8)
+batches = [(torch.randn(5, 3, 4), torch.randn(5, 3, 8)) for _ in range(3)]
+criterion = torch.nn.MSELoss()
+
+
+# the README's loop, at the lines its example names
+with bt.watch() as w:
+    for inputs, targets in batches:
+        optimizer.zero_grad()
+        output, hidden = model(inputs, hidden)
+        loss = criterion(output, targets)
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_the_readme_shows_what_a_script_with_the_watch_prints(tmp_path: Path) -> None:
+    """The example under "Bring your own training step" is this loop's own traceback ending, as printed."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    start = readme.index("```\nRuntimeError: Trying to backward through the graph a second time")
+    shown = readme[start + 4 : readme.index("```", start + 4)].splitlines()
+    (tmp_path / "train.py").write_text(README_LOOP)
+    assert README_LOOP.splitlines()[15].strip() == "output, hidden = model(inputs, hidden)"
+    done = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    printed = done.stderr.splitlines()
+    assert done.returncode == 1 and printed[-len(shown) + 1 :] == shown[1:], done.stderr
+    assert printed[-len(shown)].startswith(shown[0].removesuffix("..."))

@@ -43,17 +43,29 @@ def code_cells() -> list[tuple[int, str]]:
     return [(i, "".join(c["source"])) for i, c in enumerate(cells) if c["cell_type"] == "code"]
 
 
+def error_demos() -> set[int]:
+    """The cells that show a real traceback (tagged ``raises-exception``)."""
+    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+    return {i for i, c in enumerate(cells) if "raises-exception" in c.get("metadata", {}).get("tags", [])}
+
+
 @pytest.fixture(scope="module")
 def page():
     """The namespace after running every code cell of the notebook, each compiled from a file name that
     linecache knows, so the tools find the learner's lines as they do in a kernel."""
     threads = torch.get_num_threads()
-    namespace: dict = {}
+    namespace: dict = {"__raised__": {}}
+    demos = error_demos()
     with contextlib.redirect_stdout(io.StringIO()):
         for index, source in code_cells():
             name = f"notebook05_cell{index}.py"
             linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-            exec(compile(source, name, "exec"), namespace)
+            try:
+                exec(compile(source, name, "exec"), namespace)
+            except Exception as error:  # an error demo's own: kept for the tests
+                if index not in demos:
+                    raise
+                namespace["__raised__"][index] = error
     yield namespace
     torch.set_num_threads(threads)
 
@@ -196,6 +208,18 @@ def test_the_language_model_diagnosis_names_hidden_and_the_retain_that_hides_it(
     assert carried.kind == "carried" and carried.label.endswith("retain_graph=True only hides it")
     assert "hidden = hidden.detach()" in carried.fix and "and remove retain_graph=True at line" in carried.fix
     assert bt.diagnose(page["lm_fixed"], **page["language_model"]).healthy
+
+
+def test_the_watched_loop_raises_with_the_diagnosis_under_its_traceback(page) -> None:
+    """Section 3's loop cell: no expect_error around it; the error goes up with the diagnosis as its note."""
+    [error] = page["__raised__"].values()
+    assert "backward through the graph a second time" in str(error)
+    [note] = error.__notes__
+    assert note.startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in iteration 2)")
+    assert "`h` carries iteration 1's graph into iteration 2" in note and "output, h = lm_loop(data, h)" in note
+    assert "fix: add `h = h.detach()` before line " in note and note.endswith(
+        "more: `w` in a new cell shows the evidence"
+    )
 
 
 # -- the exercise --------------------------------------------------------------------------------------------

@@ -231,6 +231,24 @@ def test_cited_figures_are_in_the_notebooks_committed_outputs(page: Path) -> Non
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda path: path.stem)
+def test_varying_figures_are_the_committed_runs(page: Path) -> None:
+    """A fig:varies figure changes from machine to machine, but the page says "this run's": it must be the value the
+    committed notebook prints, so that re-executing a notebook without updating its page fails here."""
+    text = page.read_text(encoding="utf-8")
+    printed_by: dict[Path, dict[str, str]] = {}
+    stale = []
+    for match in MARKER.finditer(text):
+        figure = match.group("text").strip()
+        notebook = ROOT / "notebooks" / f"{match.group('notebook') or page.stem}.ipynb"
+        if KINDS.get(match.group("kind")) != "varies" or not figure or not notebook.exists():
+            continue
+        printed = printed_by.setdefault(notebook, outputs(notebook))
+        if not figure_pattern(figure, "compared").search(printed["varies"]):
+            stale.append(f"line {line_of(text, match.start())}: {figure!r}")
+    assert not stale, f"{page_id(page)} cites figures its notebook's committed run does not print: {stale}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda path: path.stem)
 def test_measured_figures_are_all_marked(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
     seen = prose(text)
