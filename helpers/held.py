@@ -1,19 +1,33 @@
 """What the loop holds into each iteration: a graph a name keeps at an iteration's start, and a name (a list, a
 dict, an object) that holds one more graph at every start.
 
+:func:`note_names` is the recorder's look at the learner's names (:func:`helpers.names.names_holding_graphs`): the
+simplest name of each node, the name that holds a graph into an iteration (a carried graph's fix uses it), and what
+each holds, with its graph-only bytes (at most three graphs per name: a name rebound every iteration holds one
+iteration's graph at a time, and is counted, not kept).
+
 Used by :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
 """
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import torch
 from torch.autograd.graph import Node
 
+from helpers.names import names_holding_graphs, simpler
 from helpers.saved import graph_only_bytes, python_walk
 from helpers.walks import kept
 
-__all__ = ["Growth", "HeldGraph", "held_graph", "note_growth"]
+if TYPE_CHECKING:
+    from helpers.recorder import Recorder
+
+__all__ = ["Growth", "HeldGraph", "held_graph", "note_growth", "note_names"]
+
+_MAX_NAMES, _HELD_PER_NAME = 50_000, 3  # names kept; graphs a name is followed into
 
 
 @dataclass(frozen=True)
@@ -58,3 +72,43 @@ def note_growth(growth: dict[str, Growth], held_under: dict[str, set[int]], node
             reached = python_walk([newest]) if newest is not None else []
             grown.newest_bytes = graph_only_bytes([n for n in reached if kept(n, key)])
         grown.count = len(held)
+
+
+def note_names(recorder: Recorder, frame: types.FrameType | None, built_before: int | None = None) -> None:
+    """Keep the names that hold graphs now (the simplest spelling of each node); at an iteration's start, also
+    which graphs are held into it, with their graph-only bytes (a note, if no later backward walks them).
+    ``built_before``: read inside the first pass, only the graphs built before that sequence number are held
+    into it."""
+    sighting = len(recorder.sightings)
+    recorder.sightings.append(torch._C._autograd._get_sequence_nr())
+    at_start = bool(recorder.starts) and recorder.starts[-1] == sighting
+    held_under: dict[str, set[int]] | None = {} if at_start else None
+    nodes: dict[int, Node] = {}
+    for named, node in names_holding_graphs(
+        frame, recorder._skipped, sighting, recorder.roots, recorder.outermost, recorder.roots_where, held_under
+    ):
+        sequence = named.sequence
+        nodes[sequence] = node
+        known = recorder.names.get(sequence)
+        if known is None:
+            if len(recorder.names) >= _MAX_NAMES:
+                dropped = next(iter(recorder.names))
+                recorder.names.pop(dropped)
+                recorder.held_from.pop(dropped, None)
+            recorder.names[sequence] = named
+        elif simpler(named.name, known.name) or (named.name == known.name and known.event == 0):
+            recorder.names[sequence] = named  # a simpler name, or the loop's own frame over the watch's
+        held_in = at_start and (built_before is None or sequence < built_before)
+        if held_in:  # what holds it into the next iteration: the name a carried graph's fix uses
+            carrier = named.holder if named.local and named.holder else named.name
+            if sequence not in recorder.carriers or simpler(carrier, recorder.carriers[sequence]):
+                recorder.carriers[sequence] = carrier
+        holder = named.holder or named.name
+        followed = recorder.held_per_name.get(holder, 0)
+        if held_in and not named.local and sequence not in recorder.held_from and followed < _HELD_PER_NAME:
+            # A function's own variable is rebound at its next call: what the loop holds is in its dicts, objects,
+            # modules and globals. A node a backward walked without a retain has no buffers left (as written: with
+            # keep_buffers the recorder keeps them, so they are left out here the same way).
+            recorder.held_from[sequence] = held_graph(node, sighting, holder, recorder._key)
+            recorder.held_per_name[holder] = followed + 1
+    note_growth(recorder.growth, held_under or {}, nodes, recorder._key)

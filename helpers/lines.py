@@ -79,7 +79,7 @@ class LineTracer:
         self.counter, self.is_learners, self.on_pass, self.on_failure = counter, is_learners, on_pass, on_failure
         self.at_header = at_header
         self.sequences = array("Q")
-        self.sites: list[tuple[str, int]] = []
+        self.sites: list[tuple[str, int] | None] = []  # None: from here the tracer was off, the lines unknown
         self.active = False
         self.forked = False
         self.latest: dict[tuple[int, int], PassSeen] = {}  # (id(frame), header line) -> its latest pass
@@ -116,6 +116,7 @@ class LineTracer:
     def stop(self) -> None:
         if not self.active:
             return
+        self._log(None)  # the nodes built while it is off have no line
         self.active = False
         _ACTIVE.discard(self)
         if sys.gettrace() == self._global:
@@ -161,7 +162,7 @@ class LineTracer:
         if stop is not None:
             self.stop()
             raise stop  # into the learner's frame, at the top of a pass: the recorder stops here
-        return self._local
+        return self._local if self.active else None
 
     def _line(self, frame: types.FrameType) -> BaseException | None:
         line = frame.f_lineno
@@ -208,7 +209,7 @@ class LineTracer:
         if back is not None:
             self._log((back.f_code.co_filename, back.f_lineno))
 
-    def _log(self, site: tuple[str, int]) -> None:
+    def _log(self, site: tuple[str, int] | None) -> None:
         sequence = self.counter()
         sequences, sites = self.sequences, self.sites
         if sequences and sequences[-1] == sequence:
@@ -224,4 +225,4 @@ class LineTracer:
     def line_of(self, sequence: int) -> tuple[str, int] | None:
         """(file, line) of the learner's line that was running when node ``sequence`` was built; None if unknown."""
         position = bisect.bisect_right(self.sequences, sequence) - 1
-        return self.sites[position] if position >= 0 else None
+        return self.sites[position] if position >= 0 else None  # None too where the tracer was off

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 import linecache
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["Loop", "StepCall", "enclosing", "forget", "loops_of", "step_calls"]
 
@@ -42,6 +42,8 @@ class Loop:
     body_last: int
     kind: str
     starts_with_try: bool = False
+    targets: tuple[str, ...] = ()  # the names a ``for`` binds at each pass (``batch``; ``x, y``)
+    shadowed: bool = False  # a loop inside it binds one of those names too (``for _`` in ``for _``)
 
     def holds(self, line: int) -> bool:
         """Whether ``line`` lies in the loop's body (the header and an ``else:`` clause do not)."""
@@ -139,11 +141,26 @@ def _scope(code: types.CodeType) -> _Scope:
             last = max(getattr(statement, "end_lineno", None) or statement.lineno for statement in child.body)
             kind = "while" if isinstance(child, ast.While) else "for"
             first_try = isinstance(child.body[0], (ast.Try, getattr(ast, "TryStar", ast.Try)))
-            loops.append(Loop(code.co_filename, child.lineno, child.body[0].lineno, last, kind, first_try))
+            targets = (
+                ()
+                if isinstance(child, ast.While)
+                else tuple(n.id for n in ast.walk(child.target) if isinstance(n, ast.Name))
+            )
+            loops.append(Loop(code.co_filename, child.lineno, child.body[0].lineno, last, kind, first_try, targets))
         elif isinstance(child, ast.Call):
             step = _step_call(child)
             if step is not None:
                 steps.append(step)
+    loops = [
+        replace(
+            loop,
+            shadowed=any(
+                other is not loop and loop.holds(other.header) and set(other.targets) & set(loop.targets)
+                for other in loops
+            ),
+        )
+        for loop in loops
+    ]
     scope = _Scope(tuple(sorted(loops, key=lambda loop: loop.header)), tuple(sorted(steps, key=lambda s: s.line)))
     _scopes[key] = scope
     return scope

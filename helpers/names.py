@@ -9,8 +9,8 @@ write-through view from 3.13: either way it is read item by item and left as it 
 PyTorch refuses to give (an ``unbind`` view whose base changed in place) is skipped. :func:`unstepped_optimizers`
 reads the same frames for the optimizers they name.
 
-Used by :mod:`helpers.built`, :mod:`helpers.evidence`, :mod:`helpers.harness`, :mod:`helpers.recorder` and
-:mod:`helpers.verdicts`.
+Used by :mod:`helpers.built`, :mod:`helpers.evidence`, :mod:`helpers.harness`, :mod:`helpers.held`,
+:mod:`helpers.recorder` and :mod:`helpers.verdicts`.
 """
 
 from __future__ import annotations
@@ -263,6 +263,7 @@ def _readable(found: Iterator[tuple[str, torch.Tensor, str | None]]) -> Iterator
         return
 
 
+_OURS = ("helpers.", "backward_twice.")
 _MAX_DEPTH, _MAX_VISITS = 4, 2_000  # how far into a learner's objects a name is followed, and how many objects
 _NOT_STATE = (torch.optim.Optimizer, types.ModuleType, torch.utils.data.Dataset, torch.utils.data.DataLoader)
 
@@ -291,7 +292,10 @@ def _tensors_under(
     elif isinstance(value, torch.nn.Module):
         yield from _module_tensors(name, value, 0)
     elif (
-        isinstance(getattr(value, "__dict__", None), dict) and not callable(value) and not isinstance(value, _NOT_STATE)
+        isinstance(getattr(value, "__dict__", None), dict)
+        and not callable(value)
+        and not isinstance(value, _NOT_STATE)
+        and not type(value).__module__.startswith(_OURS)  # a watch's own records hold no state of the loop
     ):
         for key, item in list(vars(value).items())[:64]:
             if isinstance(item, (torch.Tensor, list, tuple, dict)) or isinstance(getattr(item, "__dict__", None), dict):
@@ -302,9 +306,21 @@ def _tensors_under(
 _tensor_keys: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, tuple[str, ...]]] = weakref.WeakKeyDictionary()
 
 
-def _module_tensors(prefix: str, module: torch.nn.Module, depth: int) -> Iterator[tuple[str, torch.Tensor, str | None]]:
-    """A module's tensor attributes (``self.memory``, ``self.hidden = (h, c)``) and buffers, and its submodules'.
-    Which attributes can hold one is read once per module and again when its ``__dict__`` grows or shrinks."""
+@dataclass(slots=True)
+class _Tree:
+    """A module's submodules worth looking into (a tensor, tuple or None attribute, or a buffer), with their
+    spelling below it: read again when the module's own attributes or children change, or every 64 reads."""
+
+    token: tuple[int, int]
+    reads: int
+    entries: list[tuple[str, torch.nn.Module]]
+
+
+_trees: weakref.WeakKeyDictionary[torch.nn.Module, _Tree] = weakref.WeakKeyDictionary()
+
+
+def _keys(module: torch.nn.Module) -> tuple[str, ...]:
+    """Which of a module's own attributes can hold a tensor with a graph, read once per size of its ``__dict__``."""
     attributes = module.__dict__
     cached = _tensor_keys.get(module)
     if cached is None or cached[0] != len(attributes):
@@ -312,23 +328,47 @@ def _module_tensors(prefix: str, module: torch.nn.Module, depth: int) -> Iterato
             k
             for k, v in attributes.items()
             if (isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter))
-            or (isinstance(v, tuple) and not k.startswith("_"))
-            or v is None
+            or ((isinstance(v, tuple) or v is None) and not k.startswith("_"))  # not torch's own (_compiled_call_impl)
         )
         cached = _tensor_keys[module] = (len(attributes), keys)
-    for key in cached[1]:
-        item = attributes.get(key)
-        if isinstance(item, torch.Tensor):
-            if not isinstance(item, torch.nn.Parameter):
-                yield f"{prefix}.{key}", item, None
-        elif isinstance(item, tuple):  # self.hidden = (h, c)
-            for i, part in enumerate(item[:8]):
-                if isinstance(part, torch.Tensor):
-                    yield f"{prefix}.{key}[{i}]", part, "tuple"
-    for key, item in module._buffers.items():
-        if item is not None:
-            yield f"{prefix}.{key}", item, None
-    if depth < 8:
-        for key, child in module._modules.items():
-            if child is not None:
-                yield from _module_tensors(f"{prefix}.{key}", child, depth + 1)
+    return cached[1]
+
+
+def _tree(root: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    token = (len(root.__dict__), len(root._modules))
+    tree = _trees.get(root)
+    if tree is None or tree.token != token or tree.reads % 64 == 63:
+        entries: list[tuple[str, torch.nn.Module]] = []
+        stack: list[tuple[str, torch.nn.Module, int]] = [("", root, 0)]
+        while stack:
+            suffix, module, depth = stack.pop()
+            if _keys(module) or module._buffers:
+                entries.append((suffix, module))
+            if depth < 8:
+                stack.extend(
+                    (f"{suffix}.{key}", child, depth + 1)
+                    for key, child in reversed(module._modules.items())
+                    if child is not None
+                )
+        tree = _trees[root] = _Tree(token, 0, entries)
+    tree.reads += 1
+    return tree.entries
+
+
+def _module_tensors(prefix: str, root: torch.nn.Module, depth: int) -> Iterator[tuple[str, torch.Tensor, str | None]]:
+    """A module's tensor attributes (``self.memory``, ``self.hidden = (h, c)``) and buffers, and its submodules'
+    (only those that have any: the tree is read once and again when it changes, not at every look)."""
+    for suffix, module in _tree(root):
+        attributes = module.__dict__
+        for key in _keys(module):
+            item = attributes.get(key)
+            if isinstance(item, torch.Tensor):
+                if not isinstance(item, torch.nn.Parameter):
+                    yield f"{prefix}{suffix}.{key}", item, None
+            elif isinstance(item, tuple):  # self.hidden = (h, c)
+                for i, part in enumerate(item[:8]):
+                    if isinstance(part, torch.Tensor):
+                        yield f"{prefix}{suffix}.{key}[{i}]", part, "tuple"
+        for key, item in module._buffers.items():
+            if item is not None:
+                yield f"{prefix}{suffix}.{key}", item, None

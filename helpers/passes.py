@@ -9,9 +9,13 @@ iteration. A loop that holds only some of one pass's events is dropped before th
 (or a frame between it and the next loop out) calls ``backward``, ``autograd.grad`` or an optimizer's ``step``
 outside it (a critic's inner loop, with the generator's step after it).
 
-Passes come from :class:`helpers.lines.LineTracer`: :meth:`IterationLoop.pass_started` is its ``on_pass`` for the
-chain's loops. The first pass had started before the first event named the loop: it is read from the tracer's
-latest pass of that loop in that frame. Nothing here reads a tensor; an optimizer's ``step`` is told from a
+Passes come from :class:`helpers.lines.LineTracer` while it follows the loop (:meth:`IterationLoop.add_pass`, from
+its ``on_pass``): the first pass had started before the first event named the loop, and is read from the tracer's
+latest pass of that loop in that frame. A line tracer slows every Python call of the process, so the recorder
+follows only the first passes that way; after that, :meth:`IterationLoop.saw_event` tells a new pass at its first
+event: the values a ``for`` binds changed (``batch``, ``_``), or, for a ``while``, the event comes back to a line at
+or before the last one. Such a pass is dated at the end of the previous event (what runs between, logging after
+the step, counts with the new pass). Nothing here reads a tensor; an optimizer's ``step`` is told from a
 scheduler's by reading the receiver's value (a name or a plain attribute, never a property).
 
 Used by :mod:`helpers.recorder`.
@@ -21,14 +25,19 @@ from __future__ import annotations
 
 import ast
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from helpers.lines import LineTracer
 from helpers.loops import Loop, enclosing, step_calls
 
-__all__ = ["IterationLoop", "Link", "PassStart"]
+__all__ = ["IterationLoop", "Link", "PassStart", "is_optimizer"]
+
+_SAME = object()  # a value a weak reference cannot hold: compared by identity, kept strongly one pass
 
 _COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
 
@@ -57,6 +66,45 @@ class PassStart:
 
 
 @dataclass
+class _Marker:
+    """Where a loop's frame was at the last event: the frame's id, what its ``for`` bound, the lines from it in."""
+
+    frame: int
+    bound: tuple[Any, ...]
+    position: tuple[int, ...]
+
+
+def _bound(frame: types.FrameType, loop: Loop) -> tuple[Any, ...]:
+    """What the loop's ``for`` names hold now, as comparable tokens: a number or text by value, an object by a weak
+    reference (or the object itself, when it takes none: a list, a tuple, a dict)."""
+    names = frame.f_locals if loop.targets else {}
+    tokens: list[Any] = []
+    for name in loop.targets:
+        value = names.get(name, _SAME)
+        if isinstance(value, (int, float, str, bytes, bool)) or value is None:
+            tokens.append(("value", value))
+        else:
+            try:
+                tokens.append(("ref", weakref.ref(value)))
+            except TypeError:
+                tokens.append(("object", value))
+    return tuple(tokens)
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    for (kind_a, held_a), (kind_b, held_b) in zip(a, b):
+        if kind_a != kind_b:
+            return False
+        if kind_a == "value" and held_a != held_b:
+            return False
+        if kind_a == "ref" and (held_a() is None or held_a() is not held_b()):
+            return False
+        if kind_a == "object" and held_a is not held_b:
+            return False
+    return len(a) == len(b)
+
+
+@dataclass
 class IterationLoop:
     """The chain of loops every event lies in, and the passes of each (see the module's docstring)."""
 
@@ -65,6 +113,7 @@ class IterationLoop:
     chain: list[Link] | None = None
     passes: dict[tuple[types.CodeType, int], list[PassStart]] = field(default_factory=dict)
     unusable: str | None = None  # why no loop can split the run (None: one can, or no event came yet)
+    _markers: dict[tuple[types.CodeType, int], _Marker] = field(default_factory=dict)
 
     @property
     def innermost(self) -> Link | None:
@@ -81,32 +130,85 @@ class IterationLoop:
         boundary_line: int,
         tracer: LineTracer,
         calls: int,
-    ) -> None:
-        """An event (a backward call, an optimizer step) ran in ``frame``: narrow the chain to the loops it lies in."""
+        since: int,
+    ) -> bool:
+        """An event (a backward call, an optimizer step) ran in ``frame``: narrow the chain to the loops it lies in;
+        unless the tracer follows the passes, tell whether a chain loop began a new pass (dated ``since``: the end
+        of the previous event). True when the iteration's loop did: this is the first event of a new iteration."""
         if self.unusable is not None:
-            return
+            return False
         path = self._path(frame, boundary, boundary_line)
+        links = [link for link, _ in path]
         if self.chain is None:
             if not path:
                 self.unusable = "no loop of yours encloses the backward calls"
-                return
-            for link in path:
+                return False
+            for link in links:
                 seen = tracer.latest.get((link.frame, link.loop.header))
                 if seen is None:
                     self.unusable = "the loop's passes were not traced"
-                    return
+                    return False
                 self.passes[link.key] = [PassStart(seen.sequence, calls)]
-            self.chain = path
+            self.chain = links
         else:
-            keys = [link.key for link in path]
+            keys = [link.key for link in links]
             common = 0
             while common < min(len(self.chain), len(keys)) and self.chain[common].key == keys[common]:
                 common += 1
             if common == 0:
                 self.unusable = "the backward calls lie in different loops"
-                return
+                return False
             self._keep(common)
         self._drop_partial_loops(frame)
+        return self._new_passes(path, self._lines_inward(frame, boundary), calls, since, following=tracer.active)
+
+    def _lines_inward(self, frame: types.FrameType | None, boundary: types.FrameType | None) -> list[tuple[int, int]]:
+        """(id of the frame, its line) of the learner's frames from ``boundary`` in to ``frame``."""
+        lines: list[tuple[int, int]] = []
+        while frame is not None:
+            if self.is_learners(frame.f_code):
+                lines.append((id(frame), frame.f_lineno))
+            if frame is boundary:
+                break
+            frame = frame.f_back
+        return lines[::-1]
+
+    def _new_passes(
+        self,
+        path: list[tuple[Link, types.FrameType]],
+        inward: list[tuple[int, int]],
+        calls: int,
+        since: int,
+        following: bool,
+    ) -> bool:
+        """Update each chain loop's marker; unless ``following``, a changed one is a new pass."""
+        inner = self.innermost
+        began = False
+        frames = [frame_id for frame_id, _ in inward]
+        for link, frame in path:
+            if link.key not in self.passes:
+                continue
+            start = frames.index(id(frame)) if id(frame) in frames else 0
+            position = tuple(line for _, line in inward[start:])
+            inner_loops = [loop for loop in enclosing(frame.f_code, frame.f_lineno) if loop.header > link.loop.header]
+            if inner_loops:  # inside a loop nested in this one: at this loop's level, the event is that loop's line
+                position = (inner_loops[0].header,)
+            marker = _Marker(id(frame), _bound(frame, link.loop), position)
+            last = self._markers.get(link.key)
+            self._markers[link.key] = marker
+            if following or last is None:
+                continue
+            if last.frame != marker.frame:
+                new = True  # the loop's function was called again: a new pass of it
+            elif link.loop.targets and not link.loop.shadowed:
+                new = not _same(last.bound, marker.bound)
+            else:  # a while, or a for whose names an inner loop rebinds: back before the last event's line, or at
+                # it again where no inner loop of this one repeats it
+                new = marker.position < last.position or (marker.position == last.position and not inner_loops)
+            if new:
+                self.passes[link.key].append(PassStart(since, calls))
+                began = began or (inner is not None and link.key == inner.key)
+        return began
 
     def _keep(self, count: int) -> None:
         assert self.chain is not None
@@ -114,15 +216,17 @@ class IterationLoop:
             self.passes.pop(link.key, None)
         del self.chain[count:]
 
-    def _path(self, frame: types.FrameType | None, boundary: types.FrameType | None, line: int) -> list[Link]:
-        links: list[Link] = []
+    def _path(
+        self, frame: types.FrameType | None, boundary: types.FrameType | None, line: int
+    ) -> list[tuple[Link, types.FrameType]]:
+        links: list[tuple[Link, types.FrameType]] = []
         while frame is not None:
             code = frame.f_code
             if code.co_name not in _COMPREHENSIONS and self.is_learners(code):
                 loops = enclosing(code, frame.f_lineno)
                 if frame is boundary:
                     loops = [loop for loop in loops if loop.header > line]
-                links[:0] = [Link(code, loop, id(frame)) for loop in loops]
+                links[:0] = [(Link(code, loop, id(frame)), frame) for loop in loops]
             if frame is boundary:
                 break
             frame = frame.f_back
@@ -165,7 +269,9 @@ class IterationLoop:
         return "iteration" if inner is not None and inner.key == (frame.f_code, loop.header) else "outer"
 
     def add_pass(self, frame: types.FrameType, loop: Loop, start: PassStart) -> None:
+        """A pass the tracer saw start: the next event's marker starts afresh (it is this pass's, not a new one's)."""
         self.passes[(frame.f_code, loop.header)].append(start)
+        self._markers.pop((frame.f_code, loop.header), None)
 
 
 def _value(frame: types.FrameType, expression: ast.expr | None) -> Any:
@@ -180,3 +286,11 @@ def _value(frame: types.FrameType, expression: ast.expr | None) -> Any:
         attributes = getattr(owner, "__dict__", None)
         return attributes.get(expression.attr) if isinstance(attributes, dict) else None
     return None
+
+
+def is_optimizer(value: Any) -> bool:
+    """An optimizer, a wrapper of one (Lightning's), or a GradScaler (``scaler.step(optimizer)``)."""
+    if isinstance(value, torch.optim.Optimizer):
+        return True
+    inner = getattr(value, "_optimizer", None) or getattr(value, "optimizer", None)
+    return isinstance(inner, torch.optim.Optimizer) or type(value).__name__ == "GradScaler"

@@ -50,15 +50,15 @@ import torch
 from torch.autograd.graph import Node
 
 from helpers.evidence import ErrorRecord, explain
-from helpers.held import Growth, HeldGraph, held_graph, note_growth
+from helpers.held import Growth, HeldGraph, note_names
 from helpers.iterations import EventKey, IterationEnd, StepEvent, split_iterations
 from helpers.learner import first_line, intercepting, learner_line, learners_code, raised_at, skipped_dirs
 from helpers.lines import LineTracer
 from helpers.loops import Loop, forget
-from helpers.names import CodeSite, NamedGraph, names_holding_graphs, simpler, site_of, unstepped_optimizers
-from helpers.passes import IterationLoop, PassStart
+from helpers.names import CodeSite, NamedGraph, site_of, unstepped_optimizers
+from helpers.passes import IterationLoop, PassStart, is_optimizer
 from helpers.saved import graph_only_bytes, python_walk
-from helpers.walks import CallRecord, stamp_walk, stamped
+from helpers.walks import CallRecord, node_of, stamp_walk, stamped
 
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
 
@@ -69,7 +69,6 @@ SECOND_TIME = (
     "or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time "
     "or if you need to access saved tensors after calling backward."
 )
-_MAX_NAMES = 50_000  # names kept
 
 
 class StopRecording(BaseException):
@@ -122,6 +121,7 @@ class Recorder:
         self.sightings: list[int] = []  # the sequence counter at each time names were read
         self.carriers: dict[int, str] = {}  # node -> the name that held it at an iteration's start
         self.growth: dict[str, Growth] = {}  # a name whose count of graphs held at an iteration's start grew
+        self.held_per_name: dict[str, int] = {}  # how many graphs each name was followed into
         self.event_sightings: dict[EventKey, int] = {}  # an event -> its sighting
         self.starts: list[int] = []  # of those, the ones at an iteration's start
         self.error: ErrorRecord | None = None
@@ -135,20 +135,21 @@ class Recorder:
         self.creation = LineTracer(
             torch._C._autograd._get_sequence_nr, self.is_learners, self._pass_started, self._fail, self._at_header
         )
-        self.loop = IterationLoop(self.is_learners, _is_optimizer)
+        self.loop = IterationLoop(self.is_learners, is_optimizer)
         self._key = f"{STAMP}.{next(_RECORDERS)}"  # another recorder's stamps (an earlier watch) mean nothing here
         self._lines: dict[tuple[str, int], str] = {}
         self._context: Any = None
         self._depth = 0
         self._boundary_line = 0
         self._pid = os.getpid()
+        self._last_event_end = 0  # the node counter at the end of the last event (a pass the tracer missed begins here)
         self._first_steps: dict[int, int] = {}  # optimizer -> the position of its first step
         self._step_counts: dict[int, int] = {}
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
         forget()  # a script may have changed since an earlier watch read its loops
-        self.start = torch._C._autograd._get_sequence_nr()
+        self.start = self._last_event_end = torch._C._autograd._get_sequence_nr()
         caller = sys._getframe(1)
         if self.boundary is None:
             self.boundary = caller
@@ -169,6 +170,11 @@ class Recorder:
         self.finish = torch._C._autograd._get_sequence_nr()
         self.creation.stop()
         self._context.__exit__(None, None, None)
+        frame: types.FrameType | None = sys._getframe(1)
+        while frame is not None:  # up to Python 3.12 a read of f_locals caches the variables on the frame, and the
+            if self.is_learners(frame.f_code):  # cache holds them until the next read: a read now lets go of
+                frame.f_locals  # noqa: B018  # what the loop deleted since, as bare Python would
+            frame = frame.f_back
         self.boundary = None  # a frame holds its variables: none is kept past the watch
         if isinstance(exc, Exception) and self.error is None:
             try:
@@ -236,6 +242,11 @@ class Recorder:
                 start.sighting = len(self.sightings)
                 self.starts.append(start.sighting)
                 self._note_names(frame)
+                count = len(self.loop.iteration_passes())
+                if count >= 2 and (self.iterations is None or count < self.iterations):
+                    # Followed to its second pass (pass 1's lines are logged, and a graph it carries shows here):
+                    # a tracer slows every Python call, so the passes are told at their first events from now on.
+                    self.creation.stop()
         except Exception as error:
             self._fail("the start of a pass of your loop", error)
         return None
@@ -259,15 +270,40 @@ class Recorder:
         self.stopped, self.stop_pass = True, PassStart(sequence, len(self.calls), len(self.sightings))
         return StopRecording(self.iterations)
 
-    def _saw_event(self, frame: types.FrameType) -> None:
+    def _saw_event(self, frame: types.FrameType, may_stop: bool = True) -> None:
+        """An event ran in ``frame``. ``may_stop``: it is a backward call, before it runs (a step is not stopped
+        inside)."""
         if self.by_runs:
             return
         known = self.loop.chain is not None
-        self.loop.saw_event(frame, self.boundary, self._boundary_line, self.creation, len(self.calls))
+        began = self.loop.saw_event(
+            frame, self.boundary, self._boundary_line, self.creation, len(self.calls), self._last_event_end
+        )
         passes = self.loop.iteration_passes()
-        if not known and passes:  # the loop is known now, in its first pass: what it holds from before it (a graph
-            self.starts.append(len(self.sightings))  # built before the loop) is read here
+        if not passes:
+            if self.loop.unusable is not None and not self.iterations:  # a framework's loop: tracing it costs
+                self.creation.stop()  # every iteration and tells nothing; the lines seen so far stay
+            return
+        if not known:  # the loop is known now, in its first pass: what it holds from before it (a graph built
+            self.starts.append(len(self.sightings))  # before the loop) is read here
             self._note_names(frame, built_before=passes[0].sequence)
+        elif began:  # the first event of a new pass the tracer did not follow: what is held into it, from here
+            self._first_event_of(passes[-1], frame, may_stop)
+
+    def _first_event_of(self, start: PassStart, frame: types.FrameType, may_stop: bool) -> None:
+        """A new iteration's first event, when the tracer no longer follows the loop: the names are read here (what
+        an earlier iteration built and is still held), and for ``iterations=N`` the tracer comes back for the last
+        pass, to stop at the top of the next."""
+        passes = self.loop.iteration_passes()
+        if may_stop and self.iterations is not None and len(passes) > self.iterations:  # its top went by unseen:
+            passes.pop()  # stop before anything of it is recorded
+            self.stopped, self.stop_pass = True, start
+            raise StopRecording(self.iterations)
+        start.sighting = len(self.sightings)
+        self.starts.append(start.sighting)
+        self._note_names(frame, built_before=start.sequence)
+        if self.iterations is not None and len(passes) == self.iterations and not self.creation.active:
+            self.creation.start(frame)
 
     def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.off:
@@ -286,11 +322,12 @@ class Recorder:
         try:
             caller = sys._getframe(1)
             line = learner_line(caller, self._lines, self._skipped)
-            self.steps.append(StepEvent(id(optimizer), torch._C._autograd._get_sequence_nr(), len(self.calls), line))
+            self._last_event_end = torch._C._autograd._get_sequence_nr()
+            self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line))
             self._first_steps.setdefault(id(optimizer), len(self.steps) - 1)
             self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
             self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
-            self._saw_event(caller)
+            self._saw_event(caller, may_stop=False)
             self._event_names(caller)
         except Exception as error:
             self._fail("after an optimizer step", error)
@@ -340,7 +377,7 @@ class Recorder:
             self._depth -= 1
             if handle is not None:
                 handle.remove()
-            call.end = torch._C._autograd._get_sequence_nr()
+            call.end = self._last_event_end = torch._C._autograd._get_sequence_nr()
         try:
             if call.retain_graph or call.create_graph:  # without a retain the engine freed every buffer it walked
                 call.held_after_bytes = graph_only_bytes([n for n in walked if stamped(n, self._key)])
@@ -374,7 +411,7 @@ class Recorder:
             event=self.events,
         )
         self.calls.append(call)
-        nodes = [_node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
+        nodes = [node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
         roots = [r for r in nodes if r is not None]
         walked: list[Node] = []
         boundary = self._iteration_start()
@@ -441,52 +478,4 @@ class Recorder:
             self._note_names(frame)
 
     def _note_names(self, frame: types.FrameType | None, built_before: int | None = None) -> None:
-        """Keep the names that hold graphs now (the simplest spelling of each node); at an iteration's start, also
-        which graphs are held into it, with their graph-only bytes (a note, if no later backward walks them).
-        ``built_before``: read inside the first pass, only the graphs built before that sequence number are held
-        into it."""
-        sighting = len(self.sightings)
-        self.sightings.append(torch._C._autograd._get_sequence_nr())
-        at_start = bool(self.starts) and self.starts[-1] == sighting
-        held_under: dict[str, set[int]] | None = {} if at_start else None
-        nodes: dict[int, Node] = {}
-        for named, node in names_holding_graphs(
-            frame, self._skipped, sighting, self.roots, self.outermost, self.roots_where, held_under
-        ):
-            sequence = named.sequence
-            nodes[sequence] = node
-            known = self.names.get(sequence)
-            if known is None:
-                if len(self.names) >= _MAX_NAMES:
-                    dropped = next(iter(self.names))
-                    self.names.pop(dropped)
-                    self.held_from.pop(dropped, None)
-                self.names[sequence] = named
-            elif simpler(named.name, known.name) or (named.name == known.name and known.event == 0):
-                self.names[sequence] = named  # a simpler name, or the loop's own frame over the watch's
-            held_in = at_start and (built_before is None or sequence < built_before)
-            if held_in:  # what holds it into the next iteration: the name a carried graph's fix uses
-                carrier = named.holder if named.local and named.holder else named.name
-                if sequence not in self.carriers or simpler(carrier, self.carriers[sequence]):
-                    self.carriers[sequence] = carrier
-            if held_in and not named.local and sequence not in self.held_from:  # a function's own variable
-                # is rebound at its next call: what the loop holds is in its dicts, objects, modules and globals
-                # A node a backward walked without a retain has no buffers left (as written: with keep_buffers the
-                # recorder keeps them, so they are left out here the same way).
-                self.held_from[sequence] = held_graph(node, sighting, named.holder or named.name, self._key)
-        note_growth(self.growth, held_under or {}, nodes, self._key)
-
-
-def _is_optimizer(value: Any) -> bool:
-    """An optimizer, a wrapper of one (Lightning's), or a GradScaler (``scaler.step(optimizer)``)."""
-    if isinstance(value, torch.optim.Optimizer):
-        return True
-    inner = getattr(value, "_optimizer", None) or getattr(value, "optimizer", None)
-    return isinstance(inner, torch.optim.Optimizer) or type(value).__name__ == "GradScaler"
-
-
-def _node_of(output: Any) -> Node | None:
-    node = getattr(output, "grad_fn", None)
-    if node is None and hasattr(output, "node"):  # a GradientEdge
-        node = output.node
-    return node
+        note_names(self, frame, built_before)

@@ -1,11 +1,12 @@
 """What one backward call walked: its record, and the stamps it leaves on the nodes that hold saved tensors.
 
-Each walked node that holds saved tensors (a ``_raw_saved_*`` attribute with data, read without unpacking, so
-PyTorch's version check stays on) gets a stamp in its ``node.metadata`` under a recorder's own key: the last call
-that walked it and whether that call kept the buffers. The stamp dies with the graph, so nothing here holds a node
-or a tensor between calls. From the stamps, :func:`stamp_walk` tells which earlier call's kept buffers a call
-walked (that retain was needed), the first node an earlier call had freed, and the nodes built before the call's
-iteration (and, of those, the frontier: the old nodes a new node points to).
+Each walked node gets a stamp in its ``node.metadata`` under a recorder's own key: the last call that walked it and
+whether that call kept the buffers. The stamp dies with the graph, so nothing here holds a node or a tensor between
+calls. Whether a node saved tensors (a ``_raw_saved_*`` attribute with data, read without unpacking, so PyTorch's
+version check stays on) is read only when a node is walked again: that is when it matters, and the first walk of
+every node of every iteration stays cheap. From the stamps, :func:`stamp_walk` tells which earlier call's kept
+buffers a call walked (that retain was needed), the first node an earlier call had freed, and the nodes built
+before the call's iteration (and, of those, the frontier: the old nodes a new node points to).
 
 Used by :mod:`helpers.held`, :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
 """
@@ -21,7 +22,7 @@ from torch.autograd.graph import Node
 
 from helpers.saved import has_saved_data
 
-__all__ = ["CallRecord", "FreedEarlier", "kept", "stamp_walk", "stamped"]
+__all__ = ["CallRecord", "FreedEarlier", "kept", "node_of", "stamp_walk", "stamped"]
 
 _LEAF_SEQ = 2**63  # AccumulateGrad nodes carry 2**64 - 1
 _MAX_OLD = 100_000  # nodes of maybe earlier iterations kept per call
@@ -50,7 +51,6 @@ class CallRecord:
     end: int = 0
     event: int = 0  # how many events (optimizer steps, marks) came before it
     walked: int = 0
-    saved_nodes: int = 0
     held_after_bytes: int = 0
     needed_by: list[int] = field(default_factory=list)  # later calls that walked buffers this one kept
     frontier: tuple[int, ...] = ()  # of ``old``, those a new node points to
@@ -81,7 +81,7 @@ def stamp_walk(
     earlier call kept, and the nodes built before ``boundary`` (the call's iteration's start). ``on_leaf`` sees each
     leaf before it accumulates. True where, with ``keep_buffers`` (every call made to retain), the code as written
     would have raised: the walk reaches a node an earlier non-retaining call walked."""
-    walked = saved_nodes = 0
+    walked = 0
     needs: set[int] = set()
     for position, node in enumerate(order):
         sequence = node._sequence_nr()
@@ -95,22 +95,22 @@ def stamp_walk(
             call.old.append(sequence)
         metadata = _metadata(node)
         stamp: _Stamp | None = metadata.get(key)
-        if stamp is None:
-            if not has_saved_data(node):
-                continue
+        if stamp is None:  # a node first walked: stamped whatever it saved (read only if it is walked again)
             metadata[key] = _Stamp(call.index, call.retain_graph or call.create_graph)
-        else:
-            if not stamp.kept and call.first_freed is None:
-                call.first_freed = FreedEarlier(position, stamp.call)
-                if keep_buffers:
-                    call.walked, call.saved_nodes = walked, saved_nodes + 1
-                    call.frontier = _frontier(order, boundary) if call.old else ()
-                    return True
-            if stamp.kept:
-                needs.add(stamp.call)
-            stamp.call, stamp.kept = call.index, call.retain_graph or call.create_graph
-        saved_nodes += 1
-    call.walked, call.saved_nodes = walked, saved_nodes
+            continue
+        # A node walked again: what an earlier call did to it matters only if it holds (or held) saved tensors. As
+        # written, a node an earlier call freed raises in the engine itself when it held some; with keep_buffers
+        # its buffers are still there to tell.
+        if not stamp.kept and call.first_freed is None and (not keep_buffers or has_saved_data(node)):
+            call.first_freed = FreedEarlier(position, stamp.call)
+            if keep_buffers:
+                call.walked = walked
+                call.frontier = _frontier(order, boundary) if call.old else ()
+                return True
+        if stamp.kept and has_saved_data(node):
+            needs.add(stamp.call)
+        stamp.call, stamp.kept = call.index, call.retain_graph or call.create_graph
+    call.walked = walked
     call.frontier = _frontier(order, boundary) if call.old else ()
     for previous in needs:
         calls[previous].needed_by.append(call.index)
@@ -144,3 +144,10 @@ def _metadata(node: Node) -> dict[str, Any]:
     """A node's ``metadata`` dict (an attribute of every C++ node; torch's ``Node`` declares it a method)."""
     metadata: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a dict attribute, not the stub's method
     return metadata
+
+
+def node_of(output: Any) -> Node | None:
+    node = getattr(output, "grad_fn", None)
+    if node is None and hasattr(output, "node"):  # a GradientEdge
+        node = output.node
+    return node

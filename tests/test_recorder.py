@@ -37,7 +37,7 @@ def test_every_entry_point_is_seen_once_with_its_line_and_flags() -> None:
     assert calls[4].inputs == 1 and calls[0].inputs == 0
     assert "x.exp().sum().backward()" in calls[0].line and "test_recorder.py:" in calls[0].line
     assert "imported_grad(x.cos().sum(), [x])" in calls[3].line
-    assert all(c.walked >= 1 and c.saved_nodes == 1 for c in calls if not c.create_graph)
+    assert all(c.walked >= 1 for c in calls)
     # the torch functions are put back
     assert torch.autograd._engine_run_backward is torch.autograd.graph._engine_run_backward
 

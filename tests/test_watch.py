@@ -3,13 +3,13 @@ diagnosis on the loop's own exception; and a watch that never breaks the loop it
 
 from __future__ import annotations
 
+import importlib
 import json
 import traceback
 
 import pytest
 import torch
 
-import helpers.recorder
 from helpers.watcher import watch
 
 
@@ -131,7 +131,17 @@ def test_views_whose_base_changed_in_place_never_break_the_loop() -> None:
     assert torch.equal(run(watched=True), run(watched=False))
 
 
-@pytest.mark.parametrize("broken", ["names_holding_graphs", "stamp_walk", "graph_only_bytes", "learner_line"])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        "held.names_holding_graphs",
+        "recorder.stamp_walk",
+        "recorder.graph_only_bytes",
+        "recorder.learner_line",
+        "passes.enclosing",
+        "lines.loops_of",
+    ],
+)
 def test_an_error_of_the_tool_switches_it_off_and_the_loop_goes_on_as_bare_python(
     broken: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -153,7 +163,8 @@ def test_an_error_of_the_tool_switches_it_off_and_the_loop_goes_on_as_bare_pytho
         return next(model.parameters()).detach().clone(), ran
 
     bare = run(watched=False)
-    monkeypatch.setattr(helpers.recorder, broken, fail)
+    module, name = broken.split(".")
+    monkeypatch.setattr(importlib.import_module(f"helpers.{module}"), name, fail)
     watched = run(watched=True)
     assert watched[1] == bare[1] == 3 and torch.equal(watched[0], bare[0])
 

@@ -1,0 +1,247 @@
+"""What watching costs on code the course did not write, and whether it stays constant over a long run. Prints each
+figure with its target; asserts nothing (``make bench``).
+
+Timed on this thread's CPU clock (``time.thread_time``: torch runs on one thread here), variants interleaved, each
+figure the median of paired ratios, as in bench_recorder.py.
+
+e. The gallery's published loops (tests/gallery/, the framework ones left to g.), each run whole by its own ``run``,
+   bare and under ``watch()``. Target: median watched / bare <= 1.5.
+f. A script whose ``Dataset`` is written in it (Python ``__getitem__`` doing the data work, a ``DataLoader`` with
+   no workers), run by ``backward-twice watch`` against ``python``'s own ``runpy``, in this process. Target: <= 1.1.
+g. A PyTorch Lightning training step (automatic optimization), timed per batch from its callbacks after the first
+   batches, bare and under ``watch()``. Target: <= 1.25.
+h. 5,000 tiny iterations under ``watch(iterations=5000)`` against ``watch()``. Target: within 1.2x. And the time of
+   the last 1,000 iterations against the first 1,000 (constant per iteration: about 1), and the memory the watch
+   kept per iteration (tracemalloc, after the run).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import runpy
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+import tracemalloc
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from helpers.cli import main as command  # noqa: E402
+from helpers.watcher import watch  # noqa: E402
+
+torch.set_num_threads(1)
+warnings.filterwarnings("ignore")
+
+
+def report(label: str, ratio: float, detail: str, target: float) -> None:
+    verdict = "within" if ratio <= target else "OVER"
+    print(f"{label}: {ratio:.2f}x ({detail}) {verdict} the target {target}x", flush=True)
+
+
+def paired(bare: Callable[[], None], watched: Callable[[], None], rounds: int) -> float:
+    bare()
+    watched()
+    ratios = []
+    for index in range(rounds):
+        times = {}
+        for name, run in (("bare", bare), ("watched", watched)) if index % 2 == 0 else (
+            ("watched", watched),
+            ("bare", bare),
+        ):
+            start = time.thread_time()
+            run()
+            times[name] = time.thread_time() - start
+        ratios.append(times["watched"] / times["bare"])
+    return statistics.median(ratios)
+
+
+def gallery() -> None:
+    from gallery import LOOPS
+
+    ratios = {}
+    for name in LOOPS:
+        module = importlib.import_module(f"gallery.{name}")
+        if hasattr(module, "FRAMEWORK"):
+            continue
+
+        def bare(module=module) -> None:
+            try:
+                module.run(module.build())
+            except Exception:
+                pass
+
+        def watched(module=module) -> None:
+            state = module.build()
+            try:
+                with watch():
+                    module.run(state)
+            except Exception:
+                pass
+
+        ratios[name] = paired(bare, watched, rounds=5)
+    worst = sorted(ratios.items(), key=lambda item: -item[1])[:3]
+    detail = f"{len(ratios)} loops, 5 pairs each; the slowest: " + ", ".join(f"{n} {r:.2f}x" for n, r in worst)
+    report("e. published loops, median watched / bare", statistics.median(ratios.values()), detail, 1.5)
+
+
+DATASET_SCRIPT = """
+import math
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Waves(Dataset):
+    def __len__(self):
+        return 512
+
+    def __getitem__(self, index):
+        values = [math.sin(index * 0.01 * k) + math.cos(k * 0.3) for k in range(64)]
+        target = sum(values[::7]) / 10
+        return torch.tensor(values), torch.tensor([target])
+
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for inputs, targets in DataLoader(Waves(), batch_size=16):
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(inputs), targets).backward()
+    optimizer.step()
+"""
+
+
+def dataset_script() -> None:
+    folder = tempfile.mkdtemp()
+    script = os.path.join(folder, "train.py")
+    Path(script).write_text(DATASET_SCRIPT)
+    out = open(os.devnull, "w")  # noqa: SIM115  # the command's report, not measured here
+
+    def bare() -> None:
+        runpy.run_path(script, run_name="__main__")
+
+    def watched() -> None:
+        saved = sys.stdout
+        sys.stdout = out
+        try:
+            command(["watch", script])
+        finally:
+            sys.stdout = saved
+
+    report("f. a script with a Python Dataset, command / python", paired(bare, watched, rounds=7), "7 pairs", 1.1)
+
+
+def lightning_step() -> None:
+    try:
+        import pytorch_lightning as pl
+    except ImportError:
+        print("g. a Lightning step: skipped (pytorch-lightning is not installed)")
+        return
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(8)])
+
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            inputs, targets = batch
+            return torch.nn.functional.mse_loss(self.net(inputs), targets)
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    class Clock(pl.Callback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_train_batch_start(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            self.start = time.thread_time()
+
+        def on_train_batch_end(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            self.times.append(time.thread_time() - self.start)
+
+    data = TensorDataset(torch.randn(64 * 16, 32), torch.randn(64 * 16, 32))
+
+    def per_step(watched: bool) -> float:
+        clock = Clock()
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[clock],
+        )
+        torch.manual_seed(0)
+        model = Model()
+        if watched:
+            with watch():
+                trainer.fit(model, DataLoader(data, batch_size=16))
+        else:
+            trainer.fit(model, DataLoader(data, batch_size=16))
+        return statistics.median(clock.times[8:])
+
+    ratios = [per_step(True) / per_step(False) for _ in range(3)]
+    report("g. a Lightning step, watched / bare", statistics.median(ratios), "median step of 56, 3 pairs", 1.25)
+
+
+def long_run() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 4)
+    marks: list[float] = []
+
+    def loop(iterations: int) -> None:
+        for step in range(iterations):
+            if step % 1000 == 0:
+                marks.append(time.thread_time())
+            optimizer.zero_grad()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+        marks.append(time.thread_time())
+
+    def with_n() -> None:
+        with watch(iterations=5000):
+            loop(6000)
+
+    def without() -> None:
+        with watch():
+            loop(5000)
+
+    ratio = paired(without, with_n, rounds=3)
+    report("h. 5,000 tiny iterations, iterations=5000 / none", ratio, "3 pairs", 1.2)
+    marks.clear()
+    tracemalloc.start()
+    with watch() as held:
+        loop(5000)
+    kept, _ = tracemalloc.get_traced_memory()  # with the watch's report still held
+    tracemalloc.stop()
+    del held
+    blocks = [b - a for a, b in zip(marks, marks[1:])]
+    print(
+        f"   last 1,000 iterations / first 1,000: {blocks[-1] / blocks[0]:.2f} (constant time per iteration: "
+        f"about 1); memory the watch still holds after 5,000 iterations: {kept / 5000:.0f} B per iteration",
+        flush=True,
+    )
+
+
+def main() -> None:
+    gallery()
+    dataset_script()
+    lightning_step()
+    long_run()
+
+
+if __name__ == "__main__":
+    main()
