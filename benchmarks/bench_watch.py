@@ -17,13 +17,14 @@ h. 5,000 tiny iterations under ``watch(iterations=5000)`` against ``watch()``. T
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import itertools
 import os
 import runpy
 import statistics
 import sys
 import tempfile
-import textwrap
 import time
 import tracemalloc
 import warnings
@@ -53,9 +54,13 @@ def paired(bare: Callable[[], None], watched: Callable[[], None], rounds: int) -
     ratios = []
     for index in range(rounds):
         times = {}
-        for name, run in (("bare", bare), ("watched", watched)) if index % 2 == 0 else (
-            ("watched", watched),
-            ("bare", bare),
+        for name, run in (
+            (("bare", bare), ("watched", watched))
+            if index % 2 == 0
+            else (
+                ("watched", watched),
+                ("bare", bare),
+            )
         ):
             start = time.thread_time()
             run()
@@ -74,18 +79,13 @@ def gallery() -> None:
             continue
 
         def bare(module=module) -> None:
-            try:
+            with contextlib.suppress(Exception):  # a loop that raises is timed up to its error
                 module.run(module.build())
-            except Exception:
-                pass
 
         def watched(module=module) -> None:
             state = module.build()
-            try:
-                with watch():
-                    module.run(state)
-            except Exception:
-                pass
+            with contextlib.suppress(Exception), watch():
+                module.run(state)
 
         ratios[name] = paired(bare, watched, rounds=5)
     worst = sorted(ratios.items(), key=lambda item: -item[1])[:3]
@@ -228,7 +228,7 @@ def long_run() -> None:
     kept, _ = tracemalloc.get_traced_memory()  # with the watch's report still held
     tracemalloc.stop()
     del held
-    blocks = [b - a for a, b in zip(marks, marks[1:])]
+    blocks = [b - a for a, b in itertools.pairwise(marks)]
     print(
         f"   last 1,000 iterations / first 1,000: {blocks[-1] / blocks[0]:.2f} (constant time per iteration: "
         f"about 1); memory the watch still holds after 5,000 iterations: {kept / 5000:.0f} B per iteration",
