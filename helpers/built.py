@@ -14,10 +14,12 @@ Used by :mod:`helpers.verdicts`.
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import re
 from typing import TYPE_CHECKING
 
+from helpers import sources
 from helpers.learner import place
 from helpers.names import CodeSite, NamedGraph
 
@@ -39,11 +41,14 @@ def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
     for index, (filename, first_line, code_name) in enumerate(places):
         if index and filename == places[0][0]:
             continue
-        try:
-            tree = ast.parse("".join(linecache.getlines(filename)))
-        except SyntaxError:
+        tree = sources.tree(filename)
+        if tree is None:
             continue
-        line = _assignment(tree, named, first_line, code_name, before_loop)
+        line = sources.memo(
+            filename,
+            ("assignment", named.name, named.is_global, first_line, code_name, before_loop),
+            functools.partial(_assignment, tree, named, first_line, code_name, before_loop),
+        )
         if line is not None:
             return f"{place(filename, line)}: {linecache.getline(filename, line).strip()}"
     if not places:
@@ -152,29 +157,31 @@ def read_line(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
     ((file, first line, last line): the loop's body, the function the name was found in) that reads it at all, as
     "file:line: code": where an earlier iteration's graph comes into this one."""
     for filename, first, last in spans:
-        try:
-            tree = ast.parse("".join(linecache.getlines(filename)))
-        except SyntaxError:
+        tree = sources.tree(filename)
+        if tree is None:
             continue
-        lines = sorted(
-            node.lineno
-            for node in ast.walk(tree)
-            if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript))
-            and isinstance(node.ctx, ast.Load)
-            and first <= node.lineno <= last
-            and ast.unparse(node) == spelled
-        )
+        reads = sources.memo(filename, ("reads",), functools.partial(_reads, tree))
+        lines = sorted(line for line in reads.get(spelled, ()) if first <= line <= last)
         if lines:
             return f"{place(filename, lines[0])}: {linecache.getline(filename, lines[0]).strip()}"
     return None
 
 
+def _reads(tree: ast.Module) -> dict[str, list[int]]:
+    """Each name, attribute chain and subscript the file reads (``h``, ``self.hidden``, ``state['h']``) -> its
+    lines."""
+    found: dict[str, list[int]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Load):
+            found.setdefault(ast.unparse(node), []).append(node.lineno)
+    return found
+
+
 def function_span(where: CodeSite) -> tuple[str, int, int] | None:
     """(file, first line, last line) of the function ``where`` names (the module's code: the whole file)."""
     filename, first_line, name = where
-    try:
-        tree = ast.parse("".join(linecache.getlines(filename)))
-    except SyntaxError:
+    tree = sources.tree(filename)
+    if tree is None:
         return None
     if name == "<module>":
         return filename, 1, len(linecache.getlines(filename))

@@ -41,7 +41,7 @@ class IterationEnd:
     calls: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepEvent:
     """An optimizer step the recorder saw: the optimizer's id, the engine's sequence counter then, how many
     backward calls came before it, and the learner's line that called ``step()``."""

@@ -20,11 +20,12 @@ Used by :mod:`helpers.lines`, :mod:`helpers.passes` and :mod:`helpers.recorder`.
 from __future__ import annotations
 
 import ast
-import linecache
 import types
 from dataclasses import dataclass, replace
 
-__all__ = ["Loop", "StepCall", "enclosing", "forget", "loops_of", "step_calls"]
+from helpers import sources
+
+__all__ = ["Loop", "StepCall", "enclosing", "loops_of", "step_calls"]
 
 _STEP_NAMES = frozenset({"backward", "manual_backward", "step"})
 
@@ -67,18 +68,6 @@ class _Scope:
 
 
 _EMPTY = _Scope((), ())
-_scopes: dict[tuple[str, int, str], _Scope] = {}
-_trees: dict[str, ast.Module | None] = {}
-
-
-def _tree(filename: str) -> ast.Module | None:
-    if filename not in _trees:
-        source = "".join(linecache.getlines(filename))
-        try:
-            _trees[filename] = ast.parse(source) if source else None
-        except (SyntaxError, ValueError):
-            _trees[filename] = None
-    return _trees[filename]
 
 
 def _scope_node(tree: ast.Module, code: types.CodeType) -> ast.AST | None:
@@ -125,15 +114,23 @@ def _step_call(call: ast.Call) -> StepCall | None:
     return StepCall(call.lineno, "grad") if func.attr == "grad" and named else None
 
 
+_by_code: dict[types.CodeType, _Scope] = {}  # a code object is compiled from one source: what it holds stays
+
+
 def _scope(code: types.CodeType) -> _Scope:
-    key = (code.co_filename, code.co_firstlineno, code.co_name)
-    known = _scopes.get(key)
-    if known is not None:
-        return known
-    tree = _tree(code.co_filename)
+    scope = _by_code.get(code)
+    if scope is None:
+        scope = sources.memo(code.co_filename, ("loops", code.co_firstlineno, code.co_name), lambda: _read_scope(code))
+        if len(_by_code) > 4096:
+            _by_code.clear()
+        _by_code[code] = scope
+    return scope
+
+
+def _read_scope(code: types.CodeType) -> _Scope:
+    tree = sources.tree(code.co_filename)
     node = _scope_node(tree, code) if tree is not None else None
     if node is None:
-        _scopes[key] = _EMPTY
         return _EMPTY
     loops, steps = [], []
     for child in _own_nodes(node):
@@ -161,9 +158,7 @@ def _scope(code: types.CodeType) -> _Scope:
         )
         for loop in loops
     ]
-    scope = _Scope(tuple(sorted(loops, key=lambda loop: loop.header)), tuple(sorted(steps, key=lambda s: s.line)))
-    _scopes[key] = scope
-    return scope
+    return _Scope(tuple(sorted(loops, key=lambda loop: loop.header)), tuple(sorted(steps, key=lambda s: s.line)))
 
 
 def loops_of(code: types.CodeType) -> tuple[Loop, ...]:
@@ -180,9 +175,3 @@ def step_calls(code: types.CodeType) -> tuple[StepCall, ...]:
     """The calls of ``code``'s own scope to ``.backward(``, ``.manual_backward(``, ``autograd.grad(`` and
     ``.step(``, by line."""
     return _scope(code).steps
-
-
-def forget() -> None:
-    """Drop what was read (a recorder starts afresh: a script may have been edited since)."""
-    _trees.clear()
-    _scopes.clear()

@@ -264,7 +264,7 @@ def _readable(found: Iterator[tuple[str, torch.Tensor, str | None]]) -> Iterator
 
 
 _OURS = ("helpers.", "backward_twice.")
-_MAX_DEPTH, _MAX_VISITS = 4, 2_000  # how far into a learner's objects a name is followed, and how many objects
+_MAX_DEPTH, _MAX_VISITS = 4, 256  # how far into a learner's objects a name is followed, and how many objects
 _NOT_STATE = (torch.optim.Optimizer, types.ModuleType, torch.utils.data.Dataset, torch.utils.data.DataLoader)
 
 

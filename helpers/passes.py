@@ -137,6 +137,9 @@ class IterationLoop:
         of the previous event). True when the iteration's loop did: this is the first event of a new iteration."""
         if self.unusable is not None:
             return False
+        settled = self._settled(frame, boundary, calls, since, tracer.active)
+        if settled is not None:
+            return settled
         path = self._path(frame, boundary, boundary_line)
         links = [link for link, _ in path]
         if self.chain is None:
@@ -161,6 +164,29 @@ class IterationLoop:
             self._keep(common)
         self._drop_partial_loops(frame)
         return self._new_passes(path, self._lines_inward(frame, boundary), calls, since, following=tracer.active)
+
+    def _settled(
+        self, frame: types.FrameType | None, boundary: types.FrameType | None, calls: int, since: int, following: bool
+    ) -> bool | None:
+        """Once the tracer stopped following the loop (past its second pass), an event in the iteration loop's own
+        frame is read the short way: only that loop's marker (None: the long way, for an event elsewhere)."""
+        inner = self.innermost
+        if following or inner is None or len(self.chain or ()) != 1:
+            return None
+        inward: list[tuple[int, int]] = []
+        found = None
+        while frame is not None:
+            if self.is_learners(frame.f_code):
+                inward.append((id(frame), frame.f_lineno))
+                if id(frame) == inner.frame and frame.f_code is inner.code:
+                    found = frame
+                    break
+            if frame is boundary:
+                break
+            frame = frame.f_back
+        if found is None or not inner.loop.holds(found.f_lineno):
+            return None
+        return self._new_passes([(inner, found)], inward[::-1], calls, since, following)
 
     def _lines_inward(self, frame: types.FrameType | None, boundary: types.FrameType | None) -> list[tuple[int, int]]:
         """(id of the frame, its line) of the learner's frames from ``boundary`` in to ``frame``."""

@@ -54,10 +54,11 @@ from helpers.held import Growth, HeldGraph, note_names
 from helpers.iterations import EventKey, IterationEnd, StepEvent, split_iterations
 from helpers.learner import first_line, intercepting, learner_line, learners_code, raised_at, skipped_dirs
 from helpers.lines import LineTracer
-from helpers.loops import Loop, forget
+from helpers.loops import Loop
 from helpers.names import CodeSite, NamedGraph, site_of, unstepped_optimizers
 from helpers.passes import IterationLoop, PassStart, is_optimizer
 from helpers.saved import graph_only_bytes, python_walk
+from helpers.sources import refresh
 from helpers.walks import CallRecord, node_of, stamp_walk, stamped
 
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
@@ -148,7 +149,7 @@ class Recorder:
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
-        forget()  # a script may have changed since an earlier watch read its loops
+        refresh()  # a script may have changed since an earlier watch read its loops
         self.start = self._last_event_end = torch._C._autograd._get_sequence_nr()
         caller = sys._getframe(1)
         if self.boundary is None:
@@ -299,9 +300,11 @@ class Recorder:
             passes.pop()  # stop before anything of it is recorded
             self.stopped, self.stop_pass = True, start
             raise StopRecording(self.iterations)
-        start.sighting = len(self.sightings)
-        self.starts.append(start.sighting)
-        self._note_names(frame, built_before=start.sequence)
+        start.sighting = len(self.sightings)  # the names read next belong to this pass or a later one
+        count = len(passes)
+        if count <= 16 or count & (count - 1) == 0:  # every pass at first, then the 32nd, 64th, ...: what a name
+            self.starts.append(start.sighting)  # holds into the next pass was seen already, what grows keeps growing
+            self._note_names(frame, built_before=start.sequence)
         if self.iterations is not None and len(passes) == self.iterations and not self.creation.active:
             self.creation.start(frame)
 
@@ -326,8 +329,10 @@ class Recorder:
             self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line))
             self._first_steps.setdefault(id(optimizer), len(self.steps) - 1)
             self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
-            self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
-            self._saw_event(caller, may_stop=False)
+            if not self.loop.iteration_passes():  # split by steps, without a loop: where each one ended
+                self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
+            if self.creation.active or not self.loop.iteration_passes():  # settled: the backward calls tell passes
+                self._saw_event(caller, may_stop=False)
             self._event_names(caller)
         except Exception as error:
             self._fail("after an optimizer step", error)
@@ -473,9 +478,14 @@ class Recorder:
     # -- names ---------------------------------------------------------------------------------------------
     def _event_names(self, frame: types.FrameType) -> None:
         """At an event: with a loop of the learner's, the names are read at its passes' starts instead (what is
-        held there is what can carry a graph into the next iteration); without one, now."""
-        if self.by_runs or not self.loop.iteration_passes():
+        held there is what can carry a graph into the next iteration); without one, now: at the first 16 events,
+        then at the 32nd, 64th, ... (a framework's objects are many, and its loop can be long)."""
+        if self.by_runs:
             self._note_names(frame)
+        elif not self.loop.iteration_passes():
+            count = len(self.calls) + self.events
+            if count <= 16 or count & (count - 1) == 0:
+                self._note_names(frame)
 
     def _note_names(self, frame: types.FrameType | None, built_before: int | None = None) -> None:
         note_names(self, frame, built_before)

@@ -23,6 +23,7 @@ import linecache
 import re
 from dataclasses import dataclass, field
 
+from helpers import sources
 from helpers.built import built_line, function_span, read_line
 from helpers.display import format_bytes
 from helpers.errors import error_kind
@@ -397,9 +398,8 @@ def _root(holder: str) -> str:
 def _writes_retain(site: tuple[str, int]) -> bool:
     """Whether the call at ``site`` (file, line) spells out ``retain_graph=`` (also on a later line of the call)."""
     filename, lineno = site
-    try:
-        tree = ast.parse("".join(linecache.getlines(filename)))
-    except SyntaxError:
+    tree = sources.tree(filename)
+    if tree is None:
         return "retain_graph" in linecache.getline(filename, lineno)
     return any(
         isinstance(node, ast.Call)

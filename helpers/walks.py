@@ -14,7 +14,7 @@ Used by :mod:`helpers.held`, :mod:`helpers.recorder` and :mod:`helpers.verdicts`
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,7 +36,7 @@ class FreedEarlier:
     freed_by: int
 
 
-@dataclass
+@dataclass(slots=True)
 class CallRecord:
     """One backward or ``torch.autograd.grad`` call as it ran."""
 
@@ -52,10 +52,11 @@ class CallRecord:
     event: int = 0  # how many events (optimizer steps, marks) came before it
     walked: int = 0
     held_after_bytes: int = 0
-    needed_by: list[int] = field(default_factory=list)  # later calls that walked buffers this one kept
+    # (empty tuples until there is something: a long run keeps one small record per call)
+    needed_by: list[int] | tuple[int, ...] = ()  # later calls that walked buffers this one kept
     frontier: tuple[int, ...] = ()  # of ``old``, those a new node points to
-    old: list[int] = field(default_factory=list)  # sequence numbers of walked nodes built before the call's
-    # iteration (or its last event): what a later rule may call an earlier iteration
+    old: list[int] | tuple[int, ...] = ()  # sequence numbers of walked nodes built before the call's iteration (or
+    # its last event): what a later rule may call an earlier iteration
     error: str | None = None
     first_freed: FreedEarlier | None = None
 
@@ -92,6 +93,8 @@ def stamp_walk(
             continue
         walked += 1
         if sequence < boundary and len(call.old) < _MAX_OLD:
+            if not isinstance(call.old, list):
+                call.old = []
             call.old.append(sequence)
         metadata = _metadata(node)
         stamp: _Stamp | None = metadata.get(key)
@@ -113,7 +116,10 @@ def stamp_walk(
     call.walked = walked
     call.frontier = _frontier(order, boundary) if call.old else ()
     for previous in needs:
-        calls[previous].needed_by.append(call.index)
+        earlier = calls[previous]
+        if not isinstance(earlier.needed_by, list):
+            earlier.needed_by = []
+        earlier.needed_by.append(call.index)
     return False
 
 
