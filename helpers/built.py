@@ -19,9 +19,9 @@ import linecache
 import re
 from typing import TYPE_CHECKING
 
-from helpers import sources
 from helpers.learner import place
 from helpers.names import CodeSite, NamedGraph
+from helpers.sources import memo, parsed
 
 if TYPE_CHECKING:
     from helpers.recorder import Recorder
@@ -41,10 +41,10 @@ def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
     for index, (filename, first_line, code_name) in enumerate(places):
         if index and filename == places[0][0]:
             continue
-        tree = sources.tree(filename)
+        tree = parsed(filename)
         if tree is None:
             continue
-        line = sources.memo(
+        line = memo(
             filename,
             ("assignment", named.name, named.is_global, first_line, code_name, before_loop),
             functools.partial(_assignment, tree, named, first_line, code_name, before_loop),
@@ -157,10 +157,10 @@ def read_line(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
     ((file, first line, last line): the loop's body, the function the name was found in) that reads it at all, as
     "file:line: code": where an earlier iteration's graph comes into this one."""
     for filename, first, last in spans:
-        tree = sources.tree(filename)
+        tree = parsed(filename)
         if tree is None:
             continue
-        reads = sources.memo(filename, ("reads",), functools.partial(_reads, tree))
+        reads = memo(filename, ("reads",), functools.partial(_reads, tree))
         lines = sorted(line for line in reads.get(spelled, ()) if first <= line <= last)
         if lines:
             return f"{place(filename, lines[0])}: {linecache.getline(filename, lines[0]).strip()}"
@@ -180,7 +180,7 @@ def _reads(tree: ast.Module) -> dict[str, list[int]]:
 def function_span(where: CodeSite) -> tuple[str, int, int] | None:
     """(file, first line, last line) of the function ``where`` names (the module's code: the whole file)."""
     filename, first_line, name = where
-    tree = sources.tree(filename)
+    tree = parsed(filename)
     if tree is None:
         return None
     if name == "<module>":

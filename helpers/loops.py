@@ -23,7 +23,7 @@ import ast
 import types
 from dataclasses import dataclass, replace
 
-from helpers import sources
+from helpers.sources import memo, parsed
 
 __all__ = ["Loop", "StepCall", "enclosing", "loops_of", "step_calls"]
 
@@ -120,7 +120,7 @@ _by_code: dict[types.CodeType, _Scope] = {}  # a code object is compiled from on
 def _scope(code: types.CodeType) -> _Scope:
     scope = _by_code.get(code)
     if scope is None:
-        scope = sources.memo(code.co_filename, ("loops", code.co_firstlineno, code.co_name), lambda: _read_scope(code))
+        scope = memo(code.co_filename, ("loops", code.co_firstlineno, code.co_name), lambda: _read_scope(code))
         if len(_by_code) > 4096:
             _by_code.clear()
         _by_code[code] = scope
@@ -128,7 +128,7 @@ def _scope(code: types.CodeType) -> _Scope:
 
 
 def _read_scope(code: types.CodeType) -> _Scope:
-    tree = sources.tree(code.co_filename)
+    tree = parsed(code.co_filename)
     node = _scope_node(tree, code) if tree is not None else None
     if node is None:
         return _EMPTY

@@ -1,12 +1,12 @@
 """The learner's source files, read and parsed once: every tool that reads their code with ``ast`` asks here.
 
-:func:`tree` gives a file's parsed module (None when it cannot be read or parsed), cached on the very list of lines
+:func:`parsed` gives a file's parsed module (None when it cannot be read or parsed), cached on the very list of lines
 ``linecache`` holds: when linecache reads the file again (an edited script, a notebook cell run anew under the same
 name), the list is a new one and the file is parsed again. :func:`refresh` asks linecache to look at the files on
 disk again (a recorder does so when it starts). :func:`memo` keeps what a caller computed from a tree, for as long
 as that tree is the file's.
 
-Used by :mod:`helpers.built`, :mod:`helpers.loops` and :mod:`helpers.verdicts`.
+Used by :mod:`helpers.built`, :mod:`helpers.loops`, :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-__all__ = ["memo", "refresh", "tree"]
+__all__ = ["memo", "parsed", "refresh"]
 
 _MAX_FILES = 64
 _T = TypeVar("_T")
@@ -47,7 +47,7 @@ def _entry(filename: str) -> tuple[list[str], ast.Module | None, dict[Hashable, 
     return entry
 
 
-def tree(filename: str) -> ast.Module | None:
+def parsed(filename: str) -> ast.Module | None:
     """The parsed module of ``filename`` (its lines as linecache holds them), or None."""
     return _entry(filename)[1]
 

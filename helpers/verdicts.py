@@ -23,7 +23,6 @@ import linecache
 import re
 from dataclasses import dataclass, field
 
-from helpers import sources
 from helpers.built import built_line, function_span, read_line
 from helpers.display import format_bytes
 from helpers.errors import error_kind
@@ -32,6 +31,7 @@ from helpers.iterations import Split, split_iterations
 from helpers.learner import learner_line_at, short
 from helpers.names import CodeSite
 from helpers.recorder import Recorder
+from helpers.sources import parsed
 from helpers.walks import CallRecord
 
 __all__ = [
@@ -398,7 +398,7 @@ def _root(holder: str) -> str:
 def _writes_retain(site: tuple[str, int]) -> bool:
     """Whether the call at ``site`` (file, line) spells out ``retain_graph=`` (also on a later line of the call)."""
     filename, lineno = site
-    tree = sources.tree(filename)
+    tree = parsed(filename)
     if tree is None:
         return "retain_graph" in linecache.getline(filename, lineno)
     return any(
