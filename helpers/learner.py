@@ -44,6 +44,7 @@ __all__ = [
     "as_items",
     "check_step",
     "code_reached",
+    "compilers_call",
     "first_line",
     "held_bindings",
     "intercepting",
@@ -81,6 +82,19 @@ def learners_code(skipped: tuple[str, ...]) -> Callable[[types.CodeType], bool]:
         return own
 
     return is_learners
+
+
+_COMPILERS = tuple(f"{os.sep}torch{os.sep}{part}{os.sep}" for part in ("_functorch", "_dynamo", "_inductor", "fx"))
+
+
+def compilers_call(frame: types.FrameType | None, is_learners: Callable[[types.CodeType], bool]) -> bool:
+    """Whether a backward call comes from a compiler of torch's (aot_autograd tracing a compiled backward with
+    ``autograd.grad``), not from the learner's code: a frame of one lies between the call and their code."""
+    while frame is not None and not is_learners(frame.f_code):
+        if any(part in frame.f_code.co_filename for part in _COMPILERS):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def place(filename: str, lineno: int) -> str:

@@ -9,11 +9,10 @@
   the recorder holds no node and no tensor between calls;
 * the bytes the walked graph still holds after each call, counted as the saved-tensor meter counts them (one
   storage once, and only when the graph alone holds it);
-* iterations: the passes of the learner's own loop (:mod:`helpers.passes`, from the line tracer of
-  :mod:`helpers.lines`); without one, PyTorch's global optimizer step hooks, :meth:`Recorder.next_iteration`, or
-  a new iteration at each call of the first backward line (:mod:`helpers.iterations` decides, afterwards). Which
-  iteration built a node comes from its ``_sequence_nr()`` against the engine's counter
-  (``torch._C._autograd._get_sequence_nr()``) read at each pass start and event;
+* iterations: the passes of the learner's own loop (:mod:`helpers.passes`: the line tracer of :mod:`helpers.lines`
+  for the first passes, then their first events); without one, the evidence (:mod:`helpers.iterations`). Which
+  iteration built a node comes from its ``_sequence_nr()`` against the engine's counter read at each pass start;
+  a backward call torch.compile makes while it traces is none of the loop's;
 * the names that hold tensors with a graph at each iteration's start (the learner's frames, their globals,
   attributes of the modules and objects they hold, items of lists, tuples and dicts), so a verdict names the
   learner's own variable and the line that assigned it;
@@ -25,8 +24,7 @@
 backward call after N iterations ended.
 
 The recorder never breaks the loop it watches: every hook and trace function is guarded, and an error of its own
-switches it off for the rest of the run (:attr:`Recorder.failure` says where and why); the learner's code goes on
-as bare Python would. It writes to no frame.
+switches it off for the rest of the run (:attr:`Recorder.failure` says why); the loop goes on as bare Python would.
 
 With ``keep_buffers=True`` (the step tools' runs) every call keeps its buffers and the recorder raises PyTorch's own
 error where the step as written would (a walk through a node a non-retaining call already walked): the runs
@@ -52,7 +50,15 @@ from torch.autograd.graph import Node
 from helpers.evidence import ErrorRecord, explain
 from helpers.held import Growth, HeldGraph, note_names
 from helpers.iterations import EventKey, IterationEnd, StepEvent, split_iterations
-from helpers.learner import first_line, intercepting, learner_line, learners_code, raised_at, skipped_dirs
+from helpers.learner import (
+    compilers_call,
+    first_line,
+    intercepting,
+    learner_line,
+    learners_code,
+    raised_at,
+    skipped_dirs,
+)
 from helpers.lines import LineTracer
 from helpers.loops import Loop
 from helpers.names import CodeSite, NamedGraph, site_of, unstepped_optimizers
@@ -357,6 +363,8 @@ class Recorder:
         if self._depth or self.off:  # a backward inside a backward (a hook's): the outer call is the learner's
             return engine(outputs, *args, **kwargs)
         caller = sys._getframe(1)
+        if compilers_call(caller, self.is_learners):  # torch.compile tracing its backward: not the loop's
+            return engine(outputs, *args, **kwargs)
         try:
             prepared = self._before_backward(outputs, args, kwargs, caller)
         except StopRecording:

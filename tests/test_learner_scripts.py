@@ -1,0 +1,259 @@
+"""Learner scripts run by ``backward-twice watch`` as a learner runs them (the installed command, in a folder of their
+own), against ``python`` on the same script: the loop ends as Python ends it, the diagnosis is judged from what the
+loop did. The kinds the tool was once wrong on: a loop in a thread, ``torch.compile``, ``DataLoader`` workers,
+autocast with a ``GradScaler`` that skips steps, an optimizer re-created every iteration, optimizers held as a
+trainer's attributes, and a long run stopped by ``--iterations``. (Exits, Ctrl-C, bad paths, ``iterations=N`` with
+work after the step and a bare ``except:`` are in tests/test_cli.py and tests/test_watch.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+COMMAND = Path(sys.executable).parent / "backward-twice"
+
+
+def run(folder: Path, script: str, *args: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """The script run by ``python`` and by ``backward-twice watch``."""
+    (folder / "train.py").write_text(textwrap.dedent(script))
+    python = subprocess.run([sys.executable, "train.py"], cwd=folder, capture_output=True, text=True, timeout=300)
+    watched = subprocess.run(
+        [str(COMMAND), "watch", *args, "train.py"], cwd=folder, capture_output=True, text=True, timeout=300
+    )
+    return python, watched
+
+
+def test_a_loop_in_a_thread_is_judged_and_the_script_ends_as_python_ends_it(tmp_path: Path) -> None:
+    python, watched = run(
+        tmp_path,
+        """
+        import threading
+        import torch
+
+        class Trainer:
+            def __init__(self):
+                torch.manual_seed(0)
+                self.lstm = torch.nn.LSTM(4, 8)
+                self.optimizer = torch.optim.SGD(self.lstm.parameters(), lr=0.1)
+                self.hidden = (torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
+
+            def train(self):
+                for step in range(3):
+                    self.optimizer.zero_grad()
+                    out, self.hidden = self.lstm(torch.randn(5, 2, 4), self.hidden)
+                    out.pow(2).mean().backward()
+                    self.optimizer.step()
+
+        worker = threading.Thread(target=Trainer().train)
+        worker.start()
+        worker.join()
+        print("joined")
+        """,
+    )
+    assert python.returncode == watched.returncode == 0  # a thread's error does not end the script
+    assert "second time" in python.stderr and "second time" in watched.stderr and "joined" in watched.stdout
+    report = watched.stdout[watched.stdout.index("backward-twice:") :]
+    assert report.startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in iteration 2)")
+    assert "`self.hidden` carries iteration 1's graph into iteration 2" in report
+    assert "out, self.hidden = self.lstm(torch.randn(5, 2, 4), self.hidden)" in report
+
+
+def test_a_compiled_model_trains_healthy_and_a_retain_through_it_is_the_donated_buffers_error(tmp_path: Path) -> None:
+    loop = """
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)),
+                              backend="aot_eager")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(4, 8)).sum().backward()  # a first, plain backward: its compiled backward may donate
+        for step in range(3):
+            optimizer.zero_grad()
+            out = model(torch.randn(4, 8))
+            {body}
+            optimizer.step()
+        """
+    two = "out[:, 0].pow(2).mean().backward(retain_graph=True); out[:, 1].abs().mean().backward()"
+    python, watched = run(tmp_path, loop.format(body=two))
+    assert python.returncode == watched.returncode == 1 and "donated buffers" in python.stderr
+    assert "backward-twice: 1 thing to fix" in watched.stderr and "donated buffers" in watched.stderr
+    python, watched = run(tmp_path, loop.format(body="out.pow(2).mean().backward()"))
+    assert python.returncode == watched.returncode == 0
+    # 4 backward calls of the script's own: none of the ones torch.compile makes while it traces the backward
+    assert watched.stdout.startswith("backward-twice: healthy (3 iterations watched, 4 backward calls,")
+
+
+def test_dataloader_workers_load_as_they_do_under_python(tmp_path: Path) -> None:
+    python, watched = run(
+        tmp_path,
+        """
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Squares(Dataset):
+            def __len__(self):
+                return 64
+
+            def __getitem__(self, index):
+                x = torch.full((4,), float(index % 7))
+                return x, (x ** 2).sum(0, keepdim=True)
+
+        if __name__ == "__main__":
+            torch.manual_seed(0)
+            model = torch.nn.Linear(4, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+            for x, y in DataLoader(Squares(), batch_size=8, num_workers=2):
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+            print(f"final loss {loss.item():.6f}")
+        """,
+    )
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    final = [line for line in python.stdout.splitlines() if line.startswith("final loss")]
+    assert final and final[0] in watched.stdout  # the same training, batch for batch
+    assert "backward-twice: healthy (8 iterations watched, 8 backward calls" in watched.stdout
+
+
+def test_autocast_with_a_grad_scaler_that_skips_a_step_counts_every_pass(tmp_path: Path) -> None:
+    python, watched = run(
+        tmp_path,
+        """
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)  # the first steps overflow and are skipped
+        for step in range(4):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.randn(16, 8)).float().pow(2).mean() * 1e10
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        print("scale", scaler.get_scale())
+        """,
+    )
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert "backward-twice: healthy (4 iterations watched, 4 backward calls" in watched.stdout
+
+
+def test_an_optimizer_made_in_every_pass_and_a_carried_state_is_the_carried_fix(tmp_path: Path) -> None:
+    python, watched = run(
+        tmp_path,
+        """
+        import torch
+
+        torch.manual_seed(0)
+        rnn = torch.nn.GRU(4, 8)
+        hidden = torch.zeros(1, 2, 8)
+        for step in range(4):
+            optimizer = torch.optim.Adam(rnn.parameters(), lr=0.01)  # the learner's: a new one every pass
+            optimizer.zero_grad()
+            output, hidden = rnn(torch.randn(5, 2, 4), hidden)
+            output.pow(2).mean().backward(retain_graph=True)
+            optimizer.step()
+        """,
+    )
+    assert python.returncode == watched.returncode == 1 and "inplace operation" in python.stderr
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert diagnosis.startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in iteration 2)")
+    assert "`hidden` carries iteration 1's graph into iteration 2; retain_graph=True only hides it" in diagnosis
+    assert "fix: add `hidden = hidden.detach()` before line 10, and remove retain_graph=True at line 11" in diagnosis
+
+
+def test_optimizers_held_as_attributes_and_a_loop_that_raises_before_one_steps(tmp_path: Path) -> None:
+    python, watched = run(
+        tmp_path,
+        """
+        import torch
+
+        class GAN:
+            def __init__(self):
+                torch.manual_seed(0)
+                self.G = torch.nn.Linear(2, 2)
+                self.D = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+                self.optim_G = torch.optim.Adam(self.G.parameters())
+                self.optim_D = torch.optim.Adam(self.D.parameters())
+
+            def train(self, steps):
+                for step in range(steps):
+                    fake = self.G(torch.randn(8, 2))
+                    fake_out = self.D(fake)
+                    d_loss = fake_out.mean() - self.D(torch.randn(8, 2)).mean()
+                    self.optim_D.zero_grad()
+                    d_loss.backward(retain_graph=True)
+                    self.optim_D.step()
+                    g_loss = -fake_out.mean()
+                    self.optim_G.zero_grad()
+                    g_loss.backward()
+                    self.optim_G.step()
+
+        GAN().train(3)
+        """,
+    )
+    assert python.returncode == watched.returncode == 1 and "inplace operation" in python.stderr
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert diagnosis.startswith("backward-twice: 1 thing to fix (1 iteration watched; the loop raised in iteration 1)")
+    assert "carries" not in diagnosis  # no graph invented as carried
+    assert "fake_out = self.D(fake)" in diagnosis and "self.optim_D.step()" in diagnosis
+
+
+def test_five_thousand_iterations_stop_at_the_top_of_the_next_pass(tmp_path: Path) -> None:
+    python, watched = run(
+        tmp_path,
+        """
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        done = 0
+        for step in range(6000):
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            optimizer.step()
+            done += 1
+        print("done", done)
+        """,
+        "--iterations",
+        "5000",
+    )
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert "done 6000" in python.stdout and "done" not in watched.stdout  # stopped before the loop ended
+    assert watched.stdout.startswith("backward-twice: healthy (5000 iterations watched, then stopped as asked,")
+
+
+WHILE_HEADER = """
+import torch
+
+torch.manual_seed(0)
+cell = torch.nn.RNNCell(4, 8)
+optimizer = torch.optim.SGD(cell.parameters(), lr=0.1)
+h = torch.zeros(2, 8)
+"""
+WHILE_BODY = """
+step = 0
+while step < 3:
+    optimizer.zero_grad()
+    h = cell(torch.randn(2, 4), h)
+    h.pow(2).sum().backward()
+    optimizer.step()
+    step += 1
+"""
+
+
+@pytest.mark.parametrize("where", ["script", "function"])
+def test_a_while_loop_is_the_iteration(tmp_path: Path, where: str) -> None:
+    body = WHILE_BODY if where == "script" else "\ndef train(h):" + textwrap.indent(WHILE_BODY, "    ") + "\ntrain(h)\n"
+    python, watched = run(tmp_path, WHILE_HEADER + body)
+    assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert diagnosis.startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in iteration 2)")
+    assert "`h` carries iteration 1's graph into iteration 2" in diagnosis
