@@ -21,49 +21,56 @@ and lessons never import each other; a helper moves into the core when a second 
 ``tests/test_architecture.py`` keeps these rules, and checks that ``bt`` exports exactly the names the
 notebooks call.
 
-Importing the package has no side effects.
+Importing the package has no side effects. It loads the tool's modules (which need torch only); a name of the
+lessons, the drawings and the panels is imported at its first use, so ``import backward_twice``, the tool, loads
+no matplotlib, IPython, ipywidgets or graphviz.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from helpers.audit import audit_retain_graph
 from helpers.carried import find_carried_graph, stamp_iteration
-from helpers.compare import compare_patterns
 from helpers.diagnose import diagnose
 from helpers.display import Table, format_bytes
 from helpers.environment import describe_environment, seed_everything
 from helpers.errors import expect_error
-from helpers.graph import draw_graph, record_saved_tensors
-from helpers.growth import growth_experiment, reachable_nodes
-from helpers.lab import BackwardLab
-from helpers.lessons.carried_state import (
-    CarriedLab,
-    check_carried_names,
-    check_precomputed_fix,
-    check_truncated_bptt,
-    jabberwocky,
-)
-from helpers.lessons.gan_step import (
-    GanLab,
-    GanStepChecker,
-    check_fixed_srgan_step,
-    check_gradient_penalty,
-    check_single_forward_step,
-    ring_coverage,
-    ring_of_gaussians,
-    sample_distance,
-    samples_figure,
-    training_figure,
-)
-from helpers.lessons.graph_buffers import (
-    check_backward_three_times,
-    check_predictions,
-    check_training_loop,
-    operation_table,
-)
-from helpers.lessons.multi_loss import check_backward_both, check_two_loss_loop
-from helpers.lessons.real_stack import best_milliseconds, check_ppo_update, check_sam_step, run_ddp
-from helpers.lessons.your_training_step import check_audit_predictions, gradient_check
 from helpers.meter import SavedTensorMeter
 from helpers.watcher import watch
+
+if TYPE_CHECKING:  # the rest is read at run time by __getattr__, below: each name is imported when a notebook first
+    # asks for it, with matplotlib, ipywidgets or graphviz only then
+    from helpers.compare import compare_patterns
+    from helpers.graph import draw_graph, record_saved_tensors
+    from helpers.growth import growth_experiment, reachable_nodes
+    from helpers.lab import BackwardLab
+    from helpers.lessons.carried_state import (
+        CarriedLab,
+        check_carried_names,
+        check_precomputed_fix,
+        check_truncated_bptt,
+        jabberwocky,
+    )
+    from helpers.lessons.gan_step import (
+        GanLab,
+        GanStepChecker,
+        check_fixed_srgan_step,
+        check_gradient_penalty,
+        check_single_forward_step,
+        ring_coverage,
+        ring_of_gaussians,
+        sample_distance,
+        samples_figure,
+        training_figure,
+    )
+    from helpers.lessons.graph_buffers import (
+        check_backward_three_times,
+        check_predictions,
+        check_training_loop,
+        operation_table,
+    )
+    from helpers.lessons.multi_loss import check_backward_both, check_two_loss_loop
+    from helpers.lessons.real_stack import best_milliseconds, check_ppo_update, check_sam_step, run_ddp
+    from helpers.lessons.your_training_step import check_audit_predictions, gradient_check
 
 __all__ = [
     "BackwardLab",
@@ -111,3 +118,33 @@ __all__ = [
     "training_figure",
     "watch",
 ]
+
+
+def _origins() -> dict[str, str]:
+    """Each exported name -> the module it comes from, as the imports above say (read from this file's source)."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    return {
+        alias.asname or alias.name: node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("helpers.")
+        for alias in node.names
+    }
+
+
+def __getattr__(name: str) -> Any:
+    """``bt.NAME``: the module that defines it is imported now, not when ``helpers`` is (a light import: the tool's
+    modules never load matplotlib or ipywidgets, the lessons' do)."""
+    if name not in __all__:
+        raise AttributeError(f"module 'helpers' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_origins()[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -29,10 +29,20 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from helpers.graph import ITERATION_KEY
 from helpers.harness import StepRun, run_step
 
-__all__ = ["CarriedGraphReport", "CarriedTensor", "carried_report", "find_carried_graph", "stamp_iteration"]
+__all__ = [
+    "ITERATION_KEY",
+    "CarriedGraphReport",
+    "CarriedTensor",
+    "carried_report",
+    "find_carried_graph",
+    "stamp_iteration",
+]
+
+# :func:`stamp_iteration` stamps each node an iteration builds with ``fn.metadata[ITERATION_KEY] = k`` (k = 1, 2,
+# ...), for ``helpers.graph.draw_graph(..., by_iteration=True)``.
+ITERATION_KEY = "backward_twice.iteration"
 
 
 @dataclass(frozen=True)
@@ -133,7 +143,7 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 
 def stamp_iteration(iteration: int) -> TorchFunctionMode:
     """A context manager that stamps each autograd node built inside it with ``iteration`` (1, 2, ...), in
-    ``grad_fn.metadata[helpers.graph.ITERATION_KEY]``, for ``draw_graph(..., by_iteration=True)``: wrap
+    ``grad_fn.metadata[ITERATION_KEY]``, for ``draw_graph(..., by_iteration=True)``: wrap
     each iteration of a loop in ``with stamp_iteration(k):``. Nodes built before the first one stay
     unstamped; a node already stamped keeps its stamp.
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from matplotlib.figure import Figure
 
-from helpers.display import PngFigure, Table, format_bytes
+from helpers.display import Table, format_bytes
+from helpers.figures import PngFigure
 from helpers.measure import compare_gradients, gradients_of, profiler_peak_bytes, time_round_robin
 from helpers.meter import SavedTensorMeter
 

@@ -7,7 +7,7 @@ as the node), tells freed from alive by trying to read each saved attribute, and
 walk order so the same graph always gives the same drawing. ``draw_graph(by_iteration=True)`` colours
 each node by the loop iteration that stamped it in ``metadata[ITERATION_KEY]``.
 
-Used by notebooks 01_graph_buffers, 02_multi_loss, 04_carried_state, 05_your_training_step and 06_real_stack.
+Used by notebooks 01_graph_buffers, 02_multi_loss and 04_carried_state.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import graphviz
 import torch
 from torch.autograd.graph import Node
 
+from helpers.carried import ITERATION_KEY
 from helpers.display import format_bytes
 
 __all__ = [
@@ -39,8 +40,6 @@ Roots = torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
 Params = torch.nn.Module | Mapping[str, torch.Tensor] | None
 
 _RECORD_KEY = "backward_twice.saved"
-# A loop stamps each node it builds with ``fn.metadata[ITERATION_KEY] = k`` (k = 1, 2, ...).
-ITERATION_KEY = "backward_twice.iteration"
 
 # torchviz's palette, so drawings look like the make_dot ones learners meet elsewhere.
 _OUTPUT_COLOUR = "darkolivegreen1"

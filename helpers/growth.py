@@ -23,7 +23,8 @@ import torch
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
-from helpers.display import PngFigure, Table, format_bytes
+from helpers.display import Table, format_bytes
+from helpers.figures import PngFigure
 from helpers.learner import intercepting
 from helpers.measure import time_round_robin
 from helpers.meter import SavedTensorMeter

@@ -13,7 +13,8 @@ from typing import Any
 import ipywidgets as widgets
 import torch
 
-from helpers.display import PngFigure, exact_bytes, style_count_axes
+from helpers.display import exact_bytes
+from helpers.figures import PngFigure, style_count_axes
 from helpers.meter import SavedTensorMeter
 from helpers.panels import Panel
 

@@ -17,7 +17,7 @@ import ipywidgets as widgets
 from IPython import get_ipython
 from IPython.display import Image, display
 
-from helpers.display import PngFigure
+from helpers.figures import PngFigure
 
 __all__ = ["Panel"]
 

@@ -124,6 +124,27 @@ def test_a_learners_own_code_imports_the_tools_as_backward_twice_next_to_its_hel
     assert done.stdout.startswith("backward-twice: healthy (2 iterations watched,")
 
 
+def test_importing_the_tool_is_light_and_a_lesson_name_loads_when_asked_for(project: Path) -> None:
+    """``import backward_twice`` brings torch and the tool; the lessons' plotting and widget libraries come only
+    with a name that needs them, and the project's own ``helpers`` stays its own throughout."""
+    (project / "light.py").write_text(
+        textwrap.dedent("""
+        import sys
+        import helpers
+        import backward_twice as bt
+
+        heavy = ("matplotlib", "IPython", "ipywidgets", "graphviz")
+        print(sorted(name for name in heavy if name in sys.modules))
+        print(callable(bt.diagnose), callable(bt.watch))
+        bt.growth_experiment  # a lesson name: loaded now, matplotlib with it
+        print("matplotlib" in sys.modules, helpers.NAME, sys.modules["helpers"] is helpers)
+    """)
+    )
+    done = subprocess.run([sys.executable, "light.py"], cwd=project, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "True True", "True the project's own helpers True"]
+
+
 def test_in_a_kernel_that_imported_the_course_the_scripts_own_helpers_is_still_its_own(project: Path) -> None:
     """``main`` is the command, run in this process (as notebook 05 runs it), where ``helpers`` is the course's."""
     assert sys.modules["helpers"].__file__.endswith(os.path.join("helpers", "__init__.py"))

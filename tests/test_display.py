@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.display import PngFigure, Table, format_bytes
+from helpers.display import Table, format_bytes
+from helpers.figures import PngFigure
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import ipywidgets as widgets
 import pytest
 
 import helpers.panels as panels_module
-from helpers.display import PngFigure
+from helpers.figures import PngFigure
 from helpers.panels import Panel
 
 

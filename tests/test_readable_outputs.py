@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers.display import PngFigure
+from helpers.figures import PngFigure
 from helpers.graph import SVG_BACKGROUND, draw_graph
 from helpers.panels import Panel
 

@@ -137,7 +137,9 @@ def bindings(module: str) -> dict[str, Def]:
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update((t.id, (module, t.id)) for t in targets if isinstance(t, ast.Name))
-    for node in runtime_nodes(tree):  # imports anywhere: a function may import lazily
+    # imports anywhere: a function may import lazily; a package's ``if TYPE_CHECKING:`` imports are the names its
+    # ``__getattr__`` exports lazily
+    for node in ast.walk(tree) if is_package(module) else runtime_nodes(tree):
         if isinstance(node, ast.ImportFrom) and node.module in modules():
             for alias in node.names:
                 names.setdefault(alias.asname or alias.name, (node.module, alias.name))

@@ -21,8 +21,9 @@ from typing import TypeVar
 import ipywidgets as widgets
 import torch
 
-from helpers.display import PngFigure, exact_bytes, style_count_axes
+from helpers.display import exact_bytes
 from helpers.errors import error_kind
+from helpers.figures import PngFigure, style_count_axes
 from helpers.growth import reachable_nodes
 from helpers.meter import SavedTensorMeter
 from helpers.panels import Panel

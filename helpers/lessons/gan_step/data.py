@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from helpers.display import PngFigure
+from helpers.figures import PngFigure
 
 __all__ = [
     "RingCoverage",
