@@ -118,6 +118,7 @@ bench: setup-test dot
 	$(PY) benchmarks/bench_meter.py
 	$(PY) benchmarks/bench_notebook.py
 	$(PY) benchmarks/bench_recorder.py
+	$(PY) benchmarks/bench_watch.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache $(SITE_NPM) $(A11Y_NPM) site site.zip

@@ -1,19 +1,20 @@
 """Helpers for the Backward Twice course: ``import helpers as bt`` gives every name a notebook calls.
 
 The core, one module per idea: ``meter`` (the saved-tensor meter), ``graph`` (drawings of autograd graphs),
-``growth`` (loop bodies measured for bytes and nodes in one run and for time in another), ``display`` (byte counts,
-tables, PNG charts), ``measure`` (gradients against a reference, timing, the profiler's peak, training state),
-``compare`` (training-step patterns measured side by side), ``panels`` (what every widget panel shares), ``lab``
-(the retain_graph panel), ``checks`` (what every exercise check shares), ``errors`` (error demos that fail when the
-error stops happening, and the errors' kinds), ``environment`` (the setup line), and the tools for a learner's own
-training step: ``learner`` (what they share: input checks, the learner's line, and the one place that patches torch
-and reads a step's closure), ``recorder`` (watches a loop run as written; with ``loops`` and ``lines`` (the
-learner's loops and where their passes start), ``passes`` (which loop is the iteration), ``walks``, ``saved``,
-``names``, ``evidence`` and ``iterations``), ``verdicts`` (judged from what ran), ``watcher`` (``bt.watch()`` around
-a loop), ``cli`` (``backward-twice watch SCRIPT``), ``harness`` (runs a step for the tools), ``carried`` (what
-carries a graph from one iteration into the next), ``audit`` (which ``retain_graph=True`` can go), ``diagnose``
-(both, as one prescription) and ``magic`` (``%%diagnose``, loaded with ``%load_ext helpers.magic``). ``import
-backward_twice as bt`` is the same package under a name a project's own ``helpers.py`` cannot shadow.
+``growth`` (loop bodies measured for bytes and nodes in one run and for time in another), ``display`` (byte counts
+and tables), ``figures`` (PNG charts), ``measure`` (gradients against a reference, timing, the profiler's peak,
+training state), ``compare`` (training-step patterns measured side by side), ``panels`` (what every widget panel
+shares), ``lab`` (the retain_graph panel), ``checks`` (what every exercise check shares), ``errors`` (error demos
+that fail when the error stops happening, and the errors' kinds), ``environment`` (the setup line), and the tools
+for a learner's own training step: ``learner`` (what they share: input checks, the learner's line, and the one place
+that patches torch and reads a step's closure), ``recorder`` (watches a loop run as written; with ``loops`` and
+``lines`` (the learner's loops and where their passes start), ``passes`` (which loop is the iteration), ``walks``,
+``saved``, ``names``, ``evidence``, ``iterations`` and ``folds``: a long run's older iterations as counts),
+``verdicts`` (judged from what ran), ``watcher`` (``bt.watch()`` around a loop), ``cli`` (``backward-twice watch
+SCRIPT``), ``harness`` (runs a step for the tools), ``carried`` (what carries a graph from one iteration into the
+next), ``audit`` (which ``retain_graph=True`` can go), ``diagnose`` (both, as one prescription) and ``magic``
+(``%%diagnose``, loaded with ``%load_ext helpers.magic``). ``import backward_twice as bt`` is the same package under
+a name a project's own ``helpers.py`` cannot shadow.
 
 ``helpers.lessons`` holds what only one notebook uses: ``graph_buffers`` (01), ``multi_loss`` (02),
 ``gan_step`` (03), ``carried_state`` (04) and ``your_training_step`` (05). The core never imports a lesson

@@ -25,7 +25,7 @@ from helpers.walks import kept
 if TYPE_CHECKING:
     from helpers.recorder import Recorder
 
-__all__ = ["Growth", "HeldGraph", "held_graph", "note_growth", "note_names"]
+__all__ = ["Growth", "HeldGraph", "event_names", "held_graph", "note_growth", "note_names"]
 
 _MAX_NAMES, _HELD_PER_NAME = 50_000, 3  # names kept; graphs a name is followed into
 
@@ -72,6 +72,19 @@ def note_growth(growth: dict[str, Growth], held_under: dict[str, set[int]], node
             reached = python_walk([newest]) if newest is not None else []
             grown.newest_bytes = graph_only_bytes([n for n in reached if kept(n, key)])
         grown.count = len(held)
+
+
+def event_names(recorder: Recorder, frame: types.FrameType) -> None:
+    """At an event (a backward call, an optimizer step, a mark): with a loop of the learner's, the names are read at
+    its passes' starts instead (what is held there is what can carry a graph into the next iteration); without one,
+    now: at the first 16 events, then at the 32nd, 64th, ... (a framework's objects are many, and its loop can be
+    long)."""
+    if recorder.by_runs:
+        note_names(recorder, frame)
+    elif not recorder.loop.iteration_passes():
+        count = len(recorder.calls) + recorder.events
+        if count <= 16 or count & (count - 1) == 0:
+            note_names(recorder, frame)
 
 
 def note_names(recorder: Recorder, frame: types.FrameType | None, built_before: int | None = None) -> None:

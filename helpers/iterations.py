@@ -35,10 +35,12 @@ EventKey = tuple[str, int]  # an event the recorder saw: ("step", "mark" or "cal
 @dataclass(frozen=True)
 class IterationEnd:
     """Where an iteration ends: the engine's sequence counter there (nodes numbered below it were built before),
-    and how many backward calls were made before it."""
+    how many backward calls were made before it, and which iteration it ends (1-based: a long run's folded
+    iterations, :mod:`helpers.folds`, leave gaps between the ends it keeps)."""
 
     sequence: int
     calls: int
+    iteration: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +66,7 @@ class Split:
 
     @property
     def count(self) -> int:
-        return len(self.ends)
+        return self.ends[-1].iteration if self.ends else 0
 
     @functools.cached_property
     def _end_sequences(self) -> list[int]:
@@ -74,24 +76,43 @@ class Split:
     def _end_calls(self) -> list[int]:
         return [end.calls for end in self.ends]
 
+    @functools.cached_property
+    def _end_sightings(self) -> list[int]:
+        return list(self.end_sightings)
+
+    def _iteration_at(self, keys: list[int], value: int, start: int) -> int:
+        """The iteration whose end is the first of ``keys`` above ``value`` (``start``: where iteration 1 began).
+        Between two kept ends with folded iterations between them, the iteration is read in proportion: a steady
+        loop builds as many nodes and calls in each."""
+        position = bisect.bisect_right(keys, value)
+        if position == len(keys):
+            return self.count + 1
+        upper = self.ends[position]
+        below_iteration, below = (self.ends[position - 1].iteration, keys[position - 1]) if position else (0, start)
+        folded = upper.iteration - below_iteration
+        if folded <= 1 or keys[position] <= below:
+            return upper.iteration
+        share = (value - below) * folded // (keys[position] - below)
+        return min(upper.iteration, below_iteration + 1 + share)
+
     def iteration_of_node(self, sequence: int) -> int:
         """1-based iteration that built a node; 0 before the first."""
         if sequence < self.start:
             return 0
-        return 1 + bisect.bisect_right(self._end_sequences, sequence)
+        return self._iteration_at(self._end_sequences, sequence, self.start)
 
     def iteration_of_call(self, index: int) -> int:
-        return 1 + bisect.bisect_right(self._end_calls, index)
+        return self._iteration_at(self._end_calls, index, 0)
 
     def iteration_of_sighting(self, sighting: int) -> int:
         """The iteration a look at the names (by its index) belongs to: one at an end opens the next."""
-        return 1 + bisect.bisect_right(self.end_sightings, sighting)
+        return self._iteration_at(self._end_sightings, sighting, 0)
 
 
 def split_iterations(recorder: Recorder) -> Split:
     """The rule that splits ``recorder``'s recording into iterations (see the module's docstring), and the ends."""
     if recorder.by_runs:
-        marks = [(end, ("mark", i)) for i, end in enumerate(recorder.marks)]
+        marks = [(IterationEnd(end.sequence, end.calls, i + 1), ("mark", i)) for i, end in enumerate(recorder.marks)]
         return _at_events(recorder, "one iteration per run of the step", marks)
     passes = recorder.loop.iteration_passes()
     if passes:
@@ -100,12 +121,12 @@ def split_iterations(recorder: Recorder) -> Split:
         header = short(learner_line_at(loop.filename, loop.header)) if loop is not None else "(a loop)"
         return Split(
             f"one per pass of your loop at {header}",
-            tuple(IterationEnd(p.sequence, p.calls) for p in ends),
+            tuple(IterationEnd(p.sequence, p.calls, p.number - 1) for p in ends),
             passes[0].sequence,
             tuple(p.sighting if p.sighting >= 0 else len(recorder.sightings) for p in ends),
         )
     if recorder.marks:
-        marks = [(end, ("mark", i)) for i, end in enumerate(recorder.marks)]
+        marks = [(IterationEnd(end.sequence, end.calls, i + 1), ("mark", i)) for i, end in enumerate(recorder.marks)]
         return _at_events(recorder, "by next_iteration()", marks)
     if recorder.steps and recorder.pending:
         return Split(f"by {recorder.pending[0]}.step(), which never came before the error", (), recorder.start)
@@ -114,10 +135,10 @@ def split_iterations(recorder: Recorder) -> Split:
         for position, step in enumerate(recorder.steps):
             first.setdefault(step.optimizer, position)
         closing = max(first, key=lambda optimizer: first[optimizer])
+        closing_steps = [(step, i) for i, step in enumerate(recorder.steps) if step.optimizer == closing]
         steps = [
-            (IterationEnd(step.sequence, step.calls), ("step", i))
-            for i, step in enumerate(recorder.steps)
-            if step.optimizer == closing
+            (IterationEnd(step.sequence, step.calls, number), ("step", i))
+            for number, (step, i) in enumerate(closing_steps, 1)
         ]
         kind = recorder.optimizer_kinds.get(closing, "optimizer")
         line = next(step.line for step in recorder.steps if step.optimizer == closing)
@@ -127,9 +148,10 @@ def split_iterations(recorder: Recorder) -> Split:
         return Split("no backward call and no optimizer step", (), recorder.start)
     first_site = calls[0].site
     repeats = [
-        (IterationEnd(c.end, c.index + 1), ("call", c.index))
-        for c, after in itertools.pairwise(calls)
-        if after.site == first_site
+        (IterationEnd(c.end, c.index + 1, number), ("call", c.index))
+        for number, (c, after) in enumerate(
+            ((c, after) for c, after in itertools.pairwise(calls) if after.site == first_site), 1
+        )
     ]
     return _at_events(
         recorder, f"at each call of {short(calls[0].line)} (no optimizer step and no next_iteration())", repeats

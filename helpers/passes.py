@@ -57,12 +57,15 @@ class Link:
 
 @dataclass(slots=True)
 class PassStart:
-    """Where a pass started: the node counter, how many backward calls came before, and the recorder's sighting
-    of the names there (-1: none)."""
+    """Where a pass started: the node counter, how many backward calls came before, the recorder's sighting of the
+    names there (-1: none), which pass of its loop it is (1-based; a long run's folded passes,
+    :mod:`helpers.folds`, leave gaps in the list), and whether the names were read there."""
 
     sequence: int
     calls: int
     sighting: int = -1
+    number: int = 0
+    looked: bool = False  # the recorder read the names here
 
 
 @dataclass
@@ -123,6 +126,16 @@ class IterationLoop:
         inner = self.innermost
         return self.passes.get(inner.key, []) if inner is not None and self.unusable is None else []
 
+    def iterations_started(self) -> int:
+        """How many passes of the iteration's loop have started (folded ones too)."""
+        passes = self.iteration_passes()
+        return passes[-1].number if passes else 0
+
+    def _append(self, key: tuple[types.CodeType, int], start: PassStart) -> None:
+        passes = self.passes.setdefault(key, [])
+        start.number = passes[-1].number + 1 if passes else 1
+        passes.append(start)
+
     def saw_event(
         self,
         frame: types.FrameType | None,
@@ -151,7 +164,7 @@ class IterationLoop:
                 if seen is None:
                     self.unusable = "the loop's passes were not traced"
                     return False
-                self.passes[link.key] = [PassStart(seen.sequence, calls)]
+                self._append(link.key, PassStart(seen.sequence, calls))
             self.chain = links
         else:
             keys = [link.key for link in links]
@@ -232,7 +245,7 @@ class IterationLoop:
                 # it again where no inner loop of this one repeats it
                 new = marker.position < last.position or (marker.position == last.position and not inner_loops)
             if new:
-                self.passes[link.key].append(PassStart(since, calls))
+                self._append(link.key, PassStart(since, calls))
                 began = began or (inner is not None and link.key == inner.key)
         return began
 
@@ -296,7 +309,7 @@ class IterationLoop:
 
     def add_pass(self, frame: types.FrameType, loop: Loop, start: PassStart) -> None:
         """A pass the tracer saw start: the next event's marker starts afresh (it is this pass's, not a new one's)."""
-        self.passes[(frame.f_code, loop.header)].append(start)
+        self._append((frame.f_code, loop.header), start)
         self._markers.pop((frame.f_code, loop.header), None)
 
 

@@ -19,6 +19,9 @@
 * the error a backward raised, with the call that freed the buffers it needed, or the optimizer step that changed
   a saved tensor in place (:mod:`helpers.evidence`).
 
+Over a long run, the records of the older iterations that walked nothing of an earlier one are folded into counts
+(:mod:`helpers.folds`): the memory a watch holds stays bounded, and the verdicts read the counts with the records.
+
 ``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
 :class:`StopRecording` raised there, outside any ``try`` of the body); without a loop of theirs, at the first
 backward call after N iterations ended.
@@ -48,7 +51,8 @@ import torch
 from torch.autograd.graph import Node
 
 from helpers.evidence import ErrorRecord, explain
-from helpers.held import Growth, HeldGraph, note_names
+from helpers.folds import CallLog, Folder, steps_kept
+from helpers.held import Growth, HeldGraph, event_names, note_names
 from helpers.iterations import EventKey, IterationEnd, StepEvent, split_iterations
 from helpers.learner import (
     compilers_call,
@@ -118,7 +122,8 @@ class Recorder:
         self.outermost: types.FrameType | None = None  # a tool's frame: names beyond it are its caller's
         self.boundary: types.FrameType | None = None  # the frame whose `with` started the watch (its caller's)
         self.roots_where: CodeSite | None = None  # the code the roots' names belong to (a step's)
-        self.calls: list[CallRecord] = []
+        self.calls = CallLog()  # a long run's older plain iterations are folded into counts (helpers.folds)
+        self._folder = Folder()
         self.steps: list[StepEvent] = []
         self.optimizer_kinds: dict[int, str] = {}
         self._optimizers: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # to read their parameters later
@@ -152,6 +157,8 @@ class Recorder:
         self._last_event_end = 0  # the node counter at the end of the last event (a pass the tracer missed begins here)
         self._first_steps: dict[int, int] = {}  # optimizer -> the position of its first step
         self._step_counts: dict[int, int] = {}
+        self._events = 0  # optimizer steps and marks so far
+        self._first_line_calls = 0  # backward calls at the line of the first one
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
@@ -165,7 +172,7 @@ class Recorder:
         self._context.__enter__()
         try:
             self.starts.append(0)
-            self._note_names(caller)  # what the loop starts from: a graph built before it
+            note_names(self, caller)  # what the loop starts from: a graph built before it
             self.creation.start(caller)
             if self.by_runs:
                 self.loop.unusable = "a tool's runs of a step"
@@ -215,13 +222,14 @@ class Recorder:
         if self.off:
             return
         try:
-            self.marks.append(IterationEnd(torch._C._autograd._get_sequence_nr(), len(self.calls)))
+            self.marks.append(IterationEnd(torch._C._autograd._get_sequence_nr(), len(self.calls), len(self.marks) + 1))
+            self._events += 1
             self.event_sightings[("mark", len(self.marks) - 1)] = len(self.sightings)
             if between_runs:
                 self.starts.append(len(self.sightings))
-                self._note_names(sys._getframe(1))
+                note_names(self, sys._getframe(1))
             else:
-                self._event_names(sys._getframe(1))
+                event_names(self, sys._getframe(1))
         except Exception as error:
             self._fail("a mark of next_iteration()", error)
             return
@@ -246,10 +254,10 @@ class Recorder:
             start = PassStart(sequence, len(self.calls))
             self.loop.add_pass(frame, loop, start)
             if role == "iteration":
-                start.sighting = len(self.sightings)
+                start.sighting, start.looked = len(self.sightings), True
                 self.starts.append(start.sighting)
-                self._note_names(frame)
-                count = len(self.loop.iteration_passes())
+                note_names(self, frame)
+                count = self.loop.iterations_started()
                 if count >= 2 and (self.iterations is None or count < self.iterations):
                     # Followed to its second pass (pass 1's lines are logged, and a graph it carries shows here):
                     # a tracer slows every Python call, so the passes are told at their first events from now on.
@@ -270,11 +278,12 @@ class Recorder:
         return None
 
     def _stop_due(self) -> bool:
-        return self.iterations is not None and not self.stopped and len(self.loop.iteration_passes()) >= self.iterations
+        return self.iterations is not None and not self.stopped and self.loop.iterations_started() >= self.iterations
 
     def _stop_here(self, sequence: int) -> StopRecording:
         assert self.iterations is not None
-        self.stopped, self.stop_pass = True, PassStart(sequence, len(self.calls), len(self.sightings))
+        number = self.loop.iterations_started() + 1
+        self.stopped, self.stop_pass = True, PassStart(sequence, len(self.calls), len(self.sightings), number)
         return StopRecording(self.iterations)
 
     def _saw_event(self, frame: types.FrameType, may_stop: bool = True) -> None:
@@ -293,7 +302,7 @@ class Recorder:
             return
         if not known:  # the loop is known now, in its first pass: what it holds from before it (a graph built
             self.starts.append(len(self.sightings))  # before the loop) is read here
-            self._note_names(frame, built_before=passes[0].sequence)
+            note_names(self, frame, built_before=passes[0].sequence)
         elif began:  # the first event of a new pass the tracer did not follow: what is held into it, from here
             self._first_event_of(passes[-1], frame, may_stop)
 
@@ -302,17 +311,21 @@ class Recorder:
         an earlier iteration built and is still held), and for ``iterations=N`` the tracer comes back for the last
         pass, to stop at the top of the next."""
         passes = self.loop.iteration_passes()
-        if may_stop and self.iterations is not None and len(passes) > self.iterations:  # its top went by unseen:
+        if may_stop and self.iterations is not None and start.number > self.iterations:  # its top went by unseen:
             passes.pop()  # stop before anything of it is recorded
             self.stopped, self.stop_pass = True, start
             raise StopRecording(self.iterations)
         start.sighting = len(self.sightings)  # the names read next belong to this pass or a later one
-        count = len(passes)
+        count = start.number
         if count <= 16 or count & (count - 1) == 0:  # every pass at first, then the 32nd, 64th, ...: what a name
             self.starts.append(start.sighting)  # holds into the next pass was seen already, what grows keeps growing
-            self._note_names(frame, built_before=start.sequence)
-        if self.iterations is not None and len(passes) == self.iterations and not self.creation.active:
+            start.looked = True
+            note_names(self, frame, built_before=start.sequence)
+        if self.iterations is not None and count == self.iterations and not self.creation.active:
             self.creation.start(frame)
+        if self._folder.due(passes):
+            self._folder.fold(self.calls, passes)
+            self.steps = steps_kept(self.steps, self.calls)
 
     def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.off:
@@ -333,28 +346,21 @@ class Recorder:
             line = learner_line(caller, self._lines, self._skipped)
             self._last_event_end = torch._C._autograd._get_sequence_nr()
             self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line))
-            self._first_steps.setdefault(id(optimizer), len(self.steps) - 1)
+            self._first_steps.setdefault(id(optimizer), self._events)
+            self._events += 1
             self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
             if not self.loop.iteration_passes():  # split by steps, without a loop: where each one ended
                 self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
             if self.creation.active or not self.loop.iteration_passes():  # settled: the backward calls tell passes
                 self._saw_event(caller, may_stop=False)
-            self._event_names(caller)
+            event_names(self, caller)
         except Exception as error:
             self._fail("after an optimizer step", error)
 
-    def _iterations_ended_without_a_loop(self) -> int:
-        """Iterations ended so far by the fallbacks (marks, the closing optimizer's steps), for a stop."""
-        if self.marks:
-            return len(self.marks)
-        if self._first_steps:
-            closing = max(self._first_steps, key=self._first_steps.__getitem__)
-            return self._step_counts[closing]
-        return 0
-
     @property
     def events(self) -> int:
-        return len(self.steps) + len(self.marks)
+        """How many optimizer steps and marks came so far."""
+        return self._events
 
     # -- backward calls ------------------------------------------------------------------------------------
     def _on_backward(
@@ -397,7 +403,7 @@ class Recorder:
             walked.clear()  # the recorder holds no node between calls
             if not self.steps and not self.marks:
                 self.event_sightings[("call", call.index)] = len(self.sightings)
-                self._event_names(caller)
+                event_names(self, caller)
         except Exception as error:
             self._fail("after a backward call", error)
         return result
@@ -424,6 +430,8 @@ class Recorder:
             event=self.events,
         )
         self.calls.append(call)
+        if site == self.calls[0].site:
+            self._first_line_calls += 1
         nodes = [node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
         roots = [r for r in nodes if r is not None]
         walked: list[Node] = []
@@ -459,10 +467,11 @@ class Recorder:
         """Without a loop of the learner's, iteration N+1 is stopped at its first backward call, before it runs."""
         if self.iterations is None or self.stopped or self.by_runs or self.loop.iteration_passes():
             return
-        ended = self._iterations_ended_without_a_loop()
+        ended = len(self.marks)  # iterations ended so far by the fallbacks: marks, the closing optimizer's steps
+        if not ended and self._first_steps:
+            ended = self._step_counts[max(self._first_steps, key=self._first_steps.__getitem__)]
         if not ended and self.calls:  # no step and no mark: a new iteration at each call of the first line
-            first = self.calls[0].site
-            ended = sum(1 for c in self.calls if c.site == first) if site == first else 0
+            ended = self._first_line_calls if site == self.calls[0].site else 0
         if ended >= self.iterations:
             self.stopped = True
             raise StopRecording(self.iterations)
@@ -479,21 +488,7 @@ class Recorder:
             candidates.append(self.steps[-1].sequence)
         if self.marks:
             candidates.append(self.marks[-1].sequence)
-        if self.calls and len(self.calls) > 1:
-            candidates.append(self.calls[-2].end)
+        previous = self.calls.get(len(self.calls) - 2)
+        if previous is not None:
+            candidates.append(previous.end)
         return max(candidates)
-
-    # -- names ---------------------------------------------------------------------------------------------
-    def _event_names(self, frame: types.FrameType) -> None:
-        """At an event: with a loop of the learner's, the names are read at its passes' starts instead (what is
-        held there is what can carry a graph into the next iteration); without one, now: at the first 16 events,
-        then at the 32nd, 64th, ... (a framework's objects are many, and its loop can be long)."""
-        if self.by_runs:
-            self._note_names(frame)
-        elif not self.loop.iteration_passes():
-            count = len(self.calls) + self.events
-            if count <= 16 or count & (count - 1) == 0:
-                self._note_names(frame)
-
-    def _note_names(self, frame: types.FrameType | None, built_before: int | None = None) -> None:
-        note_names(self, frame, built_before)

@@ -19,6 +19,7 @@ Used by :mod:`helpers.audit`, :mod:`helpers.harness`, :mod:`helpers.report` and 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import linecache
 import re
 from dataclasses import dataclass, field
@@ -26,13 +27,13 @@ from dataclasses import dataclass, field
 from helpers.built import built_line, function_span, read_line
 from helpers.display import format_bytes
 from helpers.errors import error_kind
+from helpers.folds import CallLog, count_retains
 from helpers.held import HeldGraph
 from helpers.iterations import Split, split_iterations
 from helpers.learner import learner_line_at, short
 from helpers.names import CodeSite
 from helpers.recorder import Recorder
 from helpers.sources import parsed
-from helpers.walks import CallRecord
 
 __all__ = [
     "ERROR_FIXES",
@@ -179,47 +180,28 @@ def _same_iteration(split: Split, index: int, later: int) -> bool:
     return split.iteration_of_call(later) == split.iteration_of_call(index)
 
 
-def _lines(
-    calls: list[CallRecord], split: Split, recorder: Recorder, carried: list[CarriedFinding]
-) -> list[LineVerdict]:
-    groups: dict[tuple[str, int], list[CallRecord]] = {}
-    for call in calls:
-        if call.retain_graph and call.error is None:  # the call that raised did not run
-            groups.setdefault(call.site, []).append(call)
+def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[CarriedFinding]) -> list[LineVerdict]:
+    """One verdict per line that wrote ``retain_graph=True`` (or ``create_graph=True``), from the counts of its
+    calls: those kept as records, and those a long run folded (:mod:`helpers.folds`)."""
+    tallies = {site: dataclasses.replace(tally) for site, tally in calls.retains.items()}
+    count_retains(calls, lambda index, later: _same_iteration(split, index, later), tallies)
     verdicts = []
-    for runs in groups.values():
-        line = runs[0].line
-        held = max(c.held_after_bytes for c in runs)
-        if any(c.create_graph for c in runs):
-            if _writes_retain(runs[0].site):  # written out, yet create_graph implies it
-                verdicts.append(
-                    LineVerdict(
-                        line,
-                        "can go",
-                        len(runs),
-                        0,
-                        held,
-                        "can go: create_graph=True keeps the graph anyway (retain_graph defaults to create_graph)",
-                        "remove retain_graph=True",
-                    )
-                )
+    for tally in sorted(tallies.values(), key=lambda t: t.first):
+        line, runs, needed, held = tally.line, tally.runs, tally.needed, tally.held
+        if tally.create_graph:
+            if _writes_retain(tally.site):  # written out, yet create_graph implies it
+                why = "can go: create_graph=True keeps the graph anyway (retain_graph defaults to create_graph)"
+                verdicts.append(LineVerdict(line, "can go", runs, 0, held, why, "remove retain_graph=True"))
             else:
                 verdicts.append(
                     LineVerdict(
-                        line,
-                        "not a retain (create_graph)",
-                        len(runs),
-                        0,
-                        held,
-                        CREATE_GRAPH_NOTE,
-                        "nothing to change here",
+                        line, "not a retain (create_graph)", runs, 0, held, CREATE_GRAPH_NOTE, "nothing to change here"
                     )
                 )
             continue
-        needed = [c for c in runs if c.needed_by]
-        same = [c for c in needed if any(_same_iteration(split, c.index, n) for n in c.needed_by)]
-        if needed and not same:  # the forum's band-aid: only a later iteration's walk into a carried graph needs it
-            later = calls[needed[0].needed_by[0]]
+        if needed and not tally.needed_here and tally.needer_later is not None:
+            # the forum's band-aid: only a later iteration's walk into a carried graph needs it
+            later = calls[tally.needer_later]
             carrier = next((f"`{c.name}`" for c in carried if c.name), "the carried tensor")
             why = (
                 f"only a later iteration needs it: {short(later.line)} in iteration "
@@ -227,32 +209,23 @@ def _lines(
                 f"{carrier} is detached, no backward needs them"
             )
             fix = f"remove retain_graph=True once {carrier} no longer carries its graph"
-            verdicts.append(LineVerdict(line, GOES_WITH_CARRIED, len(runs), len(needed), held, why, fix))
-        elif needed:
-            later = calls[same[0].needed_by[0]]
+            verdicts.append(LineVerdict(line, GOES_WITH_CARRIED, runs, needed, held, why, fix))
+        elif needed and tally.needer_here is not None:
+            later = calls[tally.needer_here]
             why = (
-                f"needed in {len(needed)} of {len(runs)} runs: a later backward of the same iteration, "
+                f"needed in {needed} of {runs} runs: a later backward of the same iteration, "
                 f'{short(later.line)}, walks the buffers it kept; without it, that backward raises "Trying to '
                 f'backward through the graph a second time"'
             )
-            verdicts.append(
-                LineVerdict(
-                    line,
-                    "needed",
-                    len(runs),
-                    len(needed),
-                    held,
-                    why,
-                    f"keep it: a later backward needs these buffers ({short(later.line)})",
-                )
-            )
+            fix = f"keep it: a later backward needs these buffers ({short(later.line)})"
+            verdicts.append(LineVerdict(line, "needed", runs, needed, held, why, fix))
         else:
             stopped = " before the error" if recorder.error is not None else ""
             why = (
-                f"can go: in {len(runs)} run{'s' if len(runs) != 1 else ''}{stopped} no later backward walks the "
+                f"can go: in {runs} run{'s' if runs != 1 else ''}{stopped} no later backward walks the "
                 f"buffers it kept, so without it the step runs the same: it only kept {format_bytes(held)} alive"
             )
-            verdicts.append(LineVerdict(line, "can go", len(runs), 0, held, why, "remove retain_graph=True"))
+            verdicts.append(LineVerdict(line, "can go", runs, 0, held, why, "remove retain_graph=True"))
     return verdicts
 
 

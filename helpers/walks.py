@@ -8,19 +8,22 @@ every node of every iteration stays cheap. From the stamps, :func:`stamp_walk` t
 buffers a call walked (that retain was needed), the first node an earlier call had freed, and the nodes built
 before the call's iteration (and, of those, the frontier: the old nodes a new node points to).
 
-Used by :mod:`helpers.held`, :mod:`helpers.recorder` and :mod:`helpers.verdicts`.
+Used by :mod:`helpers.folds`, :mod:`helpers.held` and :mod:`helpers.recorder`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd.graph import Node
 
 from helpers.saved import has_saved_data
+
+if TYPE_CHECKING:
+    from helpers.folds import CallLog
 
 __all__ = ["CallRecord", "FreedEarlier", "kept", "node_of", "stamp_walk", "stamped"]
 
@@ -71,7 +74,7 @@ class _Stamp:
 
 def stamp_walk(
     key: str,
-    calls: list[CallRecord],
+    calls: CallLog,
     call: CallRecord,
     order: list[Node],
     boundary: int,
@@ -116,7 +119,10 @@ def stamp_walk(
     call.walked = walked
     call.frontier = _frontier(order, boundary) if call.old else ()
     for previous in needs:
-        earlier = calls[previous]
+        earlier = calls.record(previous)
+        if earlier is None:  # folded: a long run's older iteration, counted with its line's retains
+            calls.needed_later(previous, call.index)
+            continue
         if not isinstance(earlier.needed_by, list):
             earlier.needed_by = []
         earlier.needed_by.append(call.index)
