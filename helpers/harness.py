@@ -16,7 +16,9 @@
   copied the first time a backward walks to it (before it accumulates), and the optimizers' parameters (an
   LBFGS image) are copied with them. An optimizer nobody passed (one the step builds every call, one kept where
   no name reaches) is adopted at its first ``step()``, before it changes anything: its parameters and state are
-  copied then. Afterwards everything is put back;
+  copied then. Afterwards everything is put back: the values, each tensor's attributes (``p.exp_avg`` a learner's
+  optimizer keeps on a parameter) and its version counter, so a graph built before the runs that saved a parameter
+  still walks as it would have without them;
 * the gradients each optimizer receives are kept (on the CPU) at its first ``step()``; without optimizers, the
   models' ``.grad`` after the first run.
 
@@ -25,6 +27,7 @@ Used by :mod:`helpers.audit`, :mod:`helpers.carried` and :mod:`helpers.diagnose`
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 import types
@@ -58,12 +61,14 @@ def _to_cpu(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class _KeptTensor:
-    """A tensor a step may change and what puts it back: its CPU copy, its ``.grad``'s (None: none), its version."""
+    """A tensor a step may change and what puts it back: its CPU copy, its ``.grad``'s (None: none), its version,
+    and its own attributes (an optimizer of the learner's may keep ``p.exp_avg`` on a parameter)."""
 
     tensor: torch.Tensor
     value: torch.Tensor
     grad: torch.Tensor | None
     version: int
+    attributes: dict[str, Any]
 
 
 class CpuSnapshot:
@@ -114,12 +119,16 @@ class CpuSnapshot:
             self._optimizers.append((optimizer, _to_cpu(optimizer.state_dict())))
 
     def keep(self, tensor: torch.Tensor) -> None:
-        """Copy ``tensor`` (and its ``.grad``) to the CPU, once."""
+        """Copy ``tensor`` (its ``.grad``, its attributes and the tensors among them) to the CPU, once."""
         if id(tensor) not in self._tensors and not tensor.is_meta and tensor.layout == torch.strided:
             grad = tensor.grad if tensor.is_leaf else None
+            attributes = dict(vars(tensor))
             self._tensors[id(tensor)] = _KeptTensor(
-                tensor, _cpu(tensor), None if grad is None else _cpu(grad), tensor._version
+                tensor, _cpu(tensor), None if grad is None else _cpu(grad), tensor._version, attributes
             )
+            for value in attributes.values():
+                if isinstance(value, torch.Tensor):
+                    self.keep(value)
 
     def _walk(self, value: Any, depth: int) -> None:
         """Containers the step holds (their items put back) and the tensors in them (by value: a step may change
@@ -155,8 +164,13 @@ class CpuSnapshot:
                 # statistics do not, so an unbumped tensor is compared
                 if tensor._version != kept.version or not torch.equal(tensor.detach().cpu(), kept.value):
                     tensor.copy_(kept.value)
+                    _set_version(tensor, kept.version)
                 if tensor.is_leaf and (tensor.requires_grad or grad is not None):
                     tensor.grad = None if grad is None else grad.to(tensor.device)
+                now = vars(tensor)
+                if now.keys() != kept.attributes.keys() or any(now[k] is not v for k, v in kept.attributes.items()):
+                    now.clear()
+                    now.update(kept.attributes)
         for module, name, value in self._attributes:
             vars(module)[name] = value
         for optimizer, state in self._optimizers:
@@ -178,6 +192,16 @@ class CpuSnapshot:
             if vars(obj) != attributes:
                 vars(obj).clear()
                 vars(obj).update(attributes)
+
+
+def _set_version(tensor: torch.Tensor, version: int) -> None:
+    """Put back the version a tensor had when it was copied, now that it holds that value again: a graph built
+    before the runs that saved it (a parameter, a buffer) stays usable, as without the runs. Without PyTorch's
+    private setter the version stays bumped, and such a graph raises the in-place error when walked."""
+    setter = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+    if setter is not None:
+        with contextlib.suppress(TypeError, RuntimeError):
+            setter((tensor,), (version,))
 
 
 @dataclass

@@ -331,3 +331,46 @@ def test_leaves_the_step_changes_in_place_are_put_back() -> None:
     assert result.healthy, result
     assert torch.equal(W, before_w) and W.grad is None
     assert torch.equal(image, before_image) and image.grad is None and lbfgs.state_dict()["state"] == {}
+
+
+def test_a_graph_through_the_parameters_built_before_diagnose_is_still_walkable_and_attributes_are_put_back() -> None:
+    """The runs step the optimizer (a version bump on every parameter) and a hand-written optimizer keeps its
+    momentum as an attribute of each parameter; afterwards a graph the learner built before, which saved the
+    parameters, backward()s as it would have without the tool, and the parameters carry the attributes they had."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    x = torch.randn(6, 4, requires_grad=True)  # its gradient needs the weight the graph saved
+    model.weight.note = "the learner's own"  # type: ignore[attr-defined]
+
+    class Momentum(torch.optim.Optimizer):
+        def __init__(self, params) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(params, {"lr": 0.1})
+
+        @torch.no_grad()
+        def step(self, closure=None):  # type: ignore[no-untyped-def]
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if not hasattr(p, "velocity"):
+                        p.velocity = torch.zeros_like(p)
+                    p.velocity.mul_(0.9).add_(p.grad)
+                    p.sub_(group["lr"] * p.velocity)
+
+    optimizer = Momentum(model.parameters())
+    built_before = model(x).pow(2).mean()  # saves the weight at its version now
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(torch.randn(6, 4)).pow(2).mean().backward()
+        optimizer.step()
+
+    weight = model.weight.detach().clone()
+    result = diagnose(step, models=model, optimizers=optimizer)
+    assert result.healthy, result
+    assert torch.equal(model.weight, weight)
+    assert not hasattr(model.weight, "velocity") and not hasattr(model.bias, "velocity")
+    assert model.weight.note == "the learner's own"  # type: ignore[attr-defined]
+    built_before.backward()  # as without the tool: no in-place error from the runs' steps
+    bare = nn.Linear(4, 1)
+    bare.load_state_dict(model.state_dict())
+    bare(x).pow(2).mean().backward()
+    assert torch.allclose(model.weight.grad, bare.weight.grad)
