@@ -374,3 +374,25 @@ def test_a_graph_through_the_parameters_built_before_diagnose_is_still_walkable_
     bare.load_state_dict(model.state_dict())
     bare(x).pow(2).mean().backward()
     assert torch.allclose(model.weight.grad, bare.weight.grad)
+
+
+def test_without_torchs_version_setter_the_values_are_still_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback where PyTorch lacks its private setter: values and attributes come back; the version stays
+    bumped (a graph built before then raises the in-place error when walked, as the docstring says)."""
+    monkeypatch.delattr(torch._C._autograd, "_unsafe_set_version_counter")
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(6, 4, requires_grad=True)
+    built_before = model(x).pow(2).mean()
+    weight = model.weight.detach().clone()
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(torch.randn(6, 4)).pow(2).mean().backward()
+        optimizer.step()
+
+    assert diagnose(step, models=model, optimizers=optimizer).healthy
+    assert torch.equal(model.weight, weight) and model.weight.grad is None
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        built_before.backward()
