@@ -27,6 +27,7 @@ lessons, the drawings and the panels is imported at its first use, so ``import b
 no matplotlib, IPython, ipywidgets or graphviz.
 """
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from helpers.audit import audit_retain_graph
@@ -121,8 +122,10 @@ __all__ = [
 ]
 
 
+@functools.cache
 def _origins() -> dict[str, str]:
-    """Each exported name -> the module it comes from, as the imports above say (read from this file's source)."""
+    """Each exported name -> the module it comes from, as the imports above say (read from this file's source,
+    once)."""
     import ast
     from pathlib import Path
 

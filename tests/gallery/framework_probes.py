@@ -35,7 +35,6 @@ from .probes import (
     markers,
     nodes_below,
     raising_marker,
-    resolve_owner,
     retain_lines,
     run_published,
     source_path,
@@ -192,25 +191,7 @@ def grad_fns(value: Any) -> list[Any]:
 
 def candidates(module: types.ModuleType, state: dict) -> dict[str, Any]:
     """probes.candidates, with a variable's tensors looked for through plain objects (:func:`held_tensors`)."""
-    top: dict[str, Any] = {}
-    for name, value in list(state.items()) + list(vars(module).items()):
-        if name in top or name.startswith("__") or isinstance(value, (types.ModuleType, type)):
-            continue
-        if held_tensors(value):
-            top[name] = value
-    owner_of = {id(t): name for name, value in top.items() for t in held_tensors(value)}
-    found = dict(top)
-    for name, value in state.items():
-        if isinstance(value, (torch.Tensor, torch.optim.Optimizer, type)) or not hasattr(value, "__dict__"):
-            continue
-        for attr, held in vars(value).items():
-            tensors = held_tensors(held)
-            if attr.startswith("_") or not tensors:
-                continue
-            if all(owner_of.get(id(t), name) != name for t in tensors):
-                continue  # an alias of another entry
-            found[f"{name}.{attr}"] = held
-    return found
+    return probes.candidates(module, state, held_tensors)
 
 
 def observe_reach(module: types.ModuleType, iterations: int) -> Reach:
@@ -337,32 +318,10 @@ def detach_value(value: Any, depth: int = DEPTH) -> Any:
 
 
 def detaching(module: types.ModuleType, names: list[str]) -> BoundaryHook:
-    """A boundary hook that replaces each named variable by a detached copy at every iteration start."""
-
-    def hook(number: int, state: dict) -> None:
-        for name in names:
-            owner, attr = resolve_owner(module, state, name)
-            value = owner[attr] if isinstance(owner, dict) else getattr(owner, attr)
-            fresh = detach_value(value)
-            if isinstance(owner, dict):
-                owner[attr] = fresh
-            else:
-                setattr(owner, attr, fresh)
-
-    return hook
+    """probes.detaching, with :func:`detach_value` (which also detaches inside plain objects)."""
+    return probes.detaching(module, names, detach_value)
 
 
 def leaves_changed_in_place(module: types.ModuleType, iterations: int) -> list[str]:
-    """State entries that are leaf tensors requiring grad, outside any model, whose values the loop changed."""
-    state = module.build()
-    leaves = {
-        name: (value, value.detach().clone(), value._version)
-        for name, value in state.items()
-        if isinstance(value, torch.Tensor) and value.is_leaf and value.requires_grad
-    }
-    drive_state(module, state, iterations)
-    return sorted(
-        name
-        for name, (value, before, version) in leaves.items()
-        if value._version != version or not torch.equal(value.detach(), before)
-    )
+    """probes.leaves_changed_in_place, driven by :func:`drive_state`."""
+    return probes.leaves_changed_in_place(module, iterations, drive_state)

@@ -373,24 +373,28 @@ def direct_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def candidates(module: types.ModuleType, state: dict) -> dict[str, Any]:
+def candidates(
+    module: types.ModuleType, state: dict, tensors_of: Callable[[Any], list[torch.Tensor]] | None = None
+) -> dict[str, Any]:
     """Named places a graph can outlive an iteration: state entries and module globals (tensors, tuples
     of them, distributions), then the tensor attributes of objects kept there (`model.hidden`,
     `actions.probs`). An attribute that only aliases another entry's tensor (a data loader's `labels`
-    that is the state's `Y`) is left to that entry."""
+    that is the state's `Y`) is left to that entry. ``tensors_of`` finds a value's tensors (default:
+    :func:`direct_tensors`)."""
+    tensors_of = direct_tensors if tensors_of is None else tensors_of
     top: dict[str, Any] = {}
     for name, value in list(state.items()) + list(vars(module).items()):
         if name in top or name.startswith("__") or isinstance(value, (types.ModuleType, type)):
             continue
-        if direct_tensors(value):
+        if tensors_of(value):
             top[name] = value
-    owner_of = {id(t): name for name, value in top.items() for t in direct_tensors(value)}
+    owner_of = {id(t): name for name, value in top.items() for t in tensors_of(value)}
     found = dict(top)
     for name, value in state.items():
         if isinstance(value, (torch.Tensor, torch.optim.Optimizer, type)) or not hasattr(value, "__dict__"):
             continue
         for attr, held in vars(value).items():
-            tensors = direct_tensors(held)
+            tensors = tensors_of(held)
             if attr.startswith("_") or not tensors:
                 continue
             if all(owner_of.get(id(t), name) != name for t in tensors):
@@ -515,14 +519,18 @@ def nodes_below(node: Any) -> set[int]:
 # ---------------------------------------------------------------- clean references and in-place leaves
 
 
-def detaching(module: types.ModuleType, names: list[str]) -> BoundaryHook:
-    """A boundary hook that replaces each named variable by a detached copy at every iteration start."""
+def detaching(
+    module: types.ModuleType, names: list[str], detach: Callable[[Any], Any] | None = None
+) -> BoundaryHook:
+    """A boundary hook that replaces each named variable by a detached copy at every iteration start (made by
+    ``detach``, default :func:`detach_value`)."""
+    detach = detach_value if detach is None else detach
 
     def hook(number: int, state: dict) -> None:
         for name in names:
             owner, attr = resolve_owner(module, state, name)
             value = owner[attr] if isinstance(owner, dict) else getattr(owner, attr)
-            fresh = detach_value(value)
+            fresh = detach(value)
             if isinstance(owner, dict):
                 owner[attr] = fresh
             else:
@@ -560,20 +568,28 @@ def resolve_owner(module: types.ModuleType, state: dict, name: str) -> tuple[Any
     return owner, rest[-1]
 
 
-def leaves_changed_in_place(module: types.ModuleType, iterations: int) -> list[str]:
-    """State entries that are leaf tensors requiring grad, outside any model, whose values the loop changed."""
-    state = module.build()
-    leaves = {
-        name: (value, value.detach().clone(), value._version)
-        for name, value in state.items()
-        if isinstance(value, torch.Tensor) and value.is_leaf and value.requires_grad
-    }
+def run_steps(module: types.ModuleType, state: dict, iterations: int) -> None:
+    """Call the loop's step ``iterations`` times, up to its first error."""
     step = module.step_function(state)
     for _ in range(iterations):
         try:
             step()
         except Exception:
             break
+
+
+def leaves_changed_in_place(
+    module: types.ModuleType, iterations: int, run: Callable[[types.ModuleType, dict, int], object] = run_steps
+) -> list[str]:
+    """State entries that are leaf tensors requiring grad, outside any model, whose values the loop changed when
+    ``run`` drove it."""
+    state = module.build()
+    leaves = {
+        name: (value, value.detach().clone(), value._version)
+        for name, value in state.items()
+        if isinstance(value, torch.Tensor) and value.is_leaf and value.requires_grad
+    }
+    run(module, state, iterations)
     return sorted(
         name for name, (value, before, version) in leaves.items()
         if value._version != version or not torch.equal(value.detach(), before)
