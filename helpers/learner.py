@@ -61,11 +61,22 @@ __all__ = [
 ]
 
 
+@functools.cache
 def skipped_dirs() -> tuple[str, ...]:
+    """The folders whose code is not the learner's (torch, ``helpers/``, the standard library, site-packages),
+    each a real path ending in a separator: the same for the whole process, so read once."""
     paths = sysconfig.get_paths()
     dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))}  # torch, helpers/
     dirs.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k))
     return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _learners_file(filename: str, skipped: tuple[str, ...]) -> bool:
+    """Whether code of ``filename`` is the learner's: a real file or a notebook cell outside ``skipped``. One
+    ``realpath`` per file for the whole process, not per watch: each watch meets the same files again."""
+    real = not filename.startswith("<") or filename.startswith("<ipython")
+    return real and not os.path.realpath(filename).startswith(skipped)
 
 
 def learners_code(skipped: tuple[str, ...]) -> Callable[[types.CodeType], bool]:
@@ -76,9 +87,7 @@ def learners_code(skipped: tuple[str, ...]) -> Callable[[types.CodeType], bool]:
     def is_learners(code: types.CodeType) -> bool:
         own = known.get(code)
         if own is None:
-            name = code.co_filename
-            real = not name.startswith("<") or name.startswith("<ipython")
-            own = known[code] = real and not os.path.realpath(name).startswith(skipped)
+            own = known[code] = _learners_file(code.co_filename, skipped)
         return own
 
     return is_learners
@@ -87,11 +96,22 @@ def learners_code(skipped: tuple[str, ...]) -> Callable[[types.CodeType], bool]:
 _COMPILERS = tuple(f"{os.sep}torch{os.sep}{part}{os.sep}" for part in ("_functorch", "_dynamo", "_inductor", "fx"))
 
 
+_compilers_code: dict[types.CodeType, bool] = {}  # code -> whether it is one of torch's compilers'
+
+
 def compilers_call(frame: types.FrameType | None, is_learners: Callable[[types.CodeType], bool]) -> bool:
     """Whether a backward call comes from a compiler of torch's (aot_autograd tracing a compiled backward with
     ``autograd.grad``), not from the learner's code: a frame of one lies between the call and their code."""
-    while frame is not None and not is_learners(frame.f_code):
-        if any(part in frame.f_code.co_filename for part in _COMPILERS):
+    while frame is not None:
+        code = frame.f_code
+        if is_learners(code):
+            return False
+        compiler = _compilers_code.get(code)
+        if compiler is None:
+            if len(_compilers_code) > 4096:
+                _compilers_code.clear()
+            compiler = _compilers_code[code] = any(part in code.co_filename for part in _COMPILERS)
+        if compiler:
             return True
         frame = frame.f_back
     return False
@@ -121,9 +141,7 @@ def learner_line(
     while frame is not None:
         key = (frame.f_code.co_filename, frame.f_lineno)
         if key not in lines:
-            path = os.path.realpath(key[0])
-            own = not key[0].startswith("<") or key[0].startswith("<ipython")
-            keep = own and not path.startswith(skipped)
+            keep = _learners_file(key[0], skipped)
             lines[key] = f"{place(*key)}: {linecache.getline(key[0], key[1]).strip()}" if keep else ""
         if lines[key]:
             return lines[key]

@@ -49,6 +49,9 @@ __all__ = ["LineTracer", "PassSeen"]
 _MAX_ENTRIES = 1_000_000  # past it, the older half goes: those nodes' lines become unknown
 _QUIET_CALLS = 3  # a function that returned this often in a row without building a node is not traced again
 _ACTIVE: weakref.WeakSet[LineTracer] = weakref.WeakSet()
+# Up to 3.11 setting the trace function flips a flag; from 3.12 it re-instruments every code object run after it
+# (PEP 669), so a pause would cost more than it saves there.
+_PAUSES_ARE_CHEAP = sys.version_info < (3, 12)
 _FORK_HOOKED = False
 
 
@@ -90,6 +93,7 @@ class LineTracer:
         self._builders: set[types.CodeType] = set()  # code that built a node once: always traced
         self._frames: list[types.FrameType] = []
         self._previous_thread_trace: Any = None
+        self._trace = self._global  # one bound method: what ``sys.gettrace()`` gives back is this very object
 
     # -- on and off ------------------------------------------------------------------------------------------
     def start(self, frame: types.FrameType | None) -> bool:
@@ -109,8 +113,8 @@ class LineTracer:
                 self._frames.append(frame)
             frame = frame.f_back
         self._previous_thread_trace = threading.gettrace() if hasattr(threading, "gettrace") else None
-        threading.settrace(self._global)
-        sys.settrace(self._global)
+        threading.settrace(self._trace)
+        sys.settrace(self._trace)
         return True
 
     def stop(self) -> None:
@@ -119,7 +123,7 @@ class LineTracer:
         self._log(None)  # the nodes built while it is off have no line
         self.active = False
         _ACTIVE.discard(self)
-        if sys.gettrace() == self._global:
+        if sys.gettrace() is self._trace:
             sys.settrace(None)
         threading.settrace(self._previous_thread_trace)
         for frame in self._frames:
@@ -127,6 +131,23 @@ class LineTracer:
         self._frames.clear()  # frames hold their variables: none is kept past the watch
         self._pending.clear()
         self._entered.clear()
+
+    def pause(self) -> bool:
+        """While a recorder's own hook runs on this thread: no call into the trace function for each of the
+        hook's calls (the hook's code is never the learner's). True if paused; give it to :meth:`resume`."""
+        if not (_PAUSES_ARE_CHEAP and self.active and sys.gettrace() is self._trace):
+            return False
+        sys.settrace(None)
+        return True
+
+    def resume(self, paused: bool) -> None:
+        """After :meth:`pause`: trace again, unless the hook stopped the tracer meanwhile."""
+        if paused and self.active and sys.gettrace() is None:
+            sys.settrace(self._trace)
+
+    def paused(self) -> _Paused:
+        """``with tracer.paused():`` around a hook's own work (:meth:`pause`, then :meth:`resume`)."""
+        return _Paused(self)
 
     def _failed(self, where: str, error: BaseException) -> None:
         self.stop()
@@ -226,3 +247,16 @@ class LineTracer:
         """(file, line) of the learner's line that was running when node ``sequence`` was built; None if unknown."""
         position = bisect.bisect_right(self.sequences, sequence) - 1
         return self.sites[position] if position >= 0 else None  # None too where the tracer was off
+
+
+class _Paused:
+    __slots__ = ("paused", "tracer")
+
+    def __init__(self, tracer: LineTracer) -> None:
+        self.tracer, self.paused = tracer, False
+
+    def __enter__(self) -> None:
+        self.paused = self.tracer.pause()
+
+    def __exit__(self, *exc: object) -> None:
+        self.tracer.resume(self.paused)

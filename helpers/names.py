@@ -15,6 +15,8 @@ Used by :mod:`helpers.built`, :mod:`helpers.evidence`, :mod:`helpers.harness`, :
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import os
 import re
@@ -132,12 +134,9 @@ def names_holding_graphs(
         holders: dict[int, str] = {}
         alike: dict[int, dict[str, int]] = {}  # node -> spelling -> the tensor's id (one tensor, several names)
         for name, value in items:
-            if name.startswith("__") or isinstance(value, (types.ModuleType, type, types.FunctionType)):
+            if type(value) in _ATOMS or name.startswith("__") or isinstance(value, _NOT_NAMES):
                 continue
-            for spelled, tensor, kind in _readable(_tensors_under(name, value)):
-                node = grad_fn_of(tensor)
-                if node is None:
-                    continue
+            for spelled, tensor, node, kind in _graphs_under(name, value):
                 sequence = node._sequence_nr()
                 # a function's own variables are rebound each call; an outer namespace's name is shadowed by an inner's
                 if held_under is not None and not source.function and claimed.setdefault(name, source) is source:
@@ -248,49 +247,66 @@ def simpler(a: str, b: str) -> bool:
     return _rank(a) < _rank(b)
 
 
+@functools.lru_cache(maxsize=8192)  # a loop's spellings come back at every read
 def _rank(spelled: str) -> tuple[int, int, int, int, int]:
     private = sum(1 for part in re.split(r"[.\[]", spelled) if part.startswith("_"))
     depth = spelled.count("[") + spelled.count(".")
     return private, depth, spelled.count("["), spelled.count("."), len(spelled)
 
 
-def _readable(found: Iterator[tuple[str, torch.Tensor, str | None]]) -> Iterator[tuple[str, torch.Tensor, str | None]]:
-    """What a walk into a learner's objects found before one of them refused to be read (a property that raises,
-    a ``__getattr__`` of its own): the rest of that name is skipped, never the loop."""
-    try:
-        yield from found
-    except Exception:
-        return
-
-
 _OURS = ("helpers.", "backward_twice.")
 _MAX_DEPTH, _MAX_VISITS = 4, 256  # how far into a learner's objects a name is followed, and how many objects
 _NOT_STATE = (torch.optim.Optimizer, types.ModuleType, torch.utils.data.Dataset, torch.utils.data.DataLoader)
+_NOT_NAMES = (types.ModuleType, type, types.FunctionType)  # what a namespace names that holds no state of the loop
+_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})  # values that hold no tensor, told by type
+
+_Found = list[tuple[str, torch.Tensor, Node, "str | None"]]
 
 
-def _tensors_under(
-    name: str, value: Any, depth: int = 0, kind: str | None = None, visits: list[int] | None = None
-) -> Iterator[tuple[str, torch.Tensor, str | None]]:
-    """(spelling, tensor, the kind of container it is an item of) for a tensor, the items of a list, tuple or dict,
-    a module's tensor attributes and buffers, and a plain object's attributes, down to where a learner's state
-    lives: ``h``, ``state[0]``, ``buffers['h']``, ``model.memory``, ``trainer.hidden[0]``,
-    ``past.layers[0].keys`` (four levels at most, and a budget of objects per name: a dataset is not walked)."""
-    visits = [0] if visits is None else visits
+def _graphs_under(name: str, value: Any) -> _Found:
+    """(spelling, tensor, its node, the kind of container it is an item of) for each tensor with a graph under
+    ``name`` (see :func:`_walk`). What the walk found before one of the learner's objects refused to be read (a
+    property that raises, a ``__getattr__`` of its own) is kept; the rest of that name is skipped, never the loop."""
+    found: _Found = []
+    with contextlib.suppress(Exception):
+        _walk(name, value, 0, None, found, [0])
+    return found
+
+
+def _graph_of(name: str, tensor: torch.Tensor, kind: str | None, found: _Found) -> None:
+    node = grad_fn_of(tensor)
+    if node is not None:
+        found.append((name, tensor, node, kind))
+
+
+def _walk(name: str, value: Any, depth: int, kind: str | None, found: _Found, visits: list[int]) -> None:
+    """Gather into ``found`` a tensor, the items of a list, tuple or dict, a module's tensor attributes and buffers,
+    and a plain object's attributes, down to where a learner's state lives: ``h``, ``state[0]``, ``buffers['h']``,
+    ``model.memory``, ``trainer.hidden[0]``, ``past.layers[0].keys`` (four levels at most, and a budget of objects
+    per name: a dataset is not walked). A number or a string costs one visit and no call."""
     if isinstance(value, torch.Tensor):
-        yield name, value, kind
+        _graph_of(name, value, kind, found)
         return
     visits[0] += 1
     if depth >= _MAX_DEPTH or visits[0] > _MAX_VISITS:
         return
     if isinstance(value, (list, tuple)):
+        container = type(value).__name__
         for i, item in enumerate(value[:64]):
-            yield from _tensors_under(f"{name}[{i}]", item, depth + 1, type(value).__name__, visits)
+            if type(item) in _ATOMS:
+                visits[0] += 1
+            else:
+                _walk(f"{name}[{i}]", item, depth + 1, container, found, visits)
     elif isinstance(value, dict):
         for key, item in list(value.items())[:64]:
-            if isinstance(key, (str, int)):
-                yield from _tensors_under(f"{name}[{key!r}]", item, depth + 1, "dict", visits)
+            if not isinstance(key, (str, int)):
+                continue
+            if type(item) in _ATOMS:
+                visits[0] += 1
+            else:
+                _walk(f"{name}[{key!r}]", item, depth + 1, "dict", found, visits)
     elif isinstance(value, torch.nn.Module):
-        yield from _module_tensors(name, value, 0)
+        _module_tensors(name, value, found)
     elif (
         isinstance(getattr(value, "__dict__", None), dict)
         and not callable(value)
@@ -299,7 +315,7 @@ def _tensors_under(
     ):
         for key, item in list(vars(value).items())[:64]:
             if isinstance(item, (torch.Tensor, list, tuple, dict)) or isinstance(getattr(item, "__dict__", None), dict):
-                yield from _tensors_under(f"{name}.{key}", item, depth + 1, None, visits)
+                _walk(f"{name}.{key}", item, depth + 1, None, found, visits)
 
 
 # module -> (len(__dict__), the keys worth looking at); weak, so a module's id reused later finds nothing stale
@@ -355,20 +371,20 @@ def _tree(root: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return tree.entries
 
 
-def _module_tensors(prefix: str, root: torch.nn.Module, depth: int) -> Iterator[tuple[str, torch.Tensor, str | None]]:
-    """A module's tensor attributes (``self.memory``, ``self.hidden = (h, c)``) and buffers, and its submodules'
-    (only those that have any: the tree is read once and again when it changes, not at every look)."""
+def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
+    """A module's tensor attributes (``self.memory``, ``self.hidden = (h, c)``) and buffers with a graph, and its
+    submodules' (only those that have any: the tree is read once and again when it changes, not at every look)."""
     for suffix, module in _tree(root):
         attributes = module.__dict__
         for key in _keys(module):
             item = attributes.get(key)
             if isinstance(item, torch.Tensor):
                 if not isinstance(item, torch.nn.Parameter):
-                    yield f"{prefix}{suffix}.{key}", item, None
+                    _graph_of(f"{prefix}{suffix}.{key}", item, None, found)
             elif isinstance(item, tuple):  # self.hidden = (h, c)
                 for i, part in enumerate(item[:8]):
                     if isinstance(part, torch.Tensor):
-                        yield f"{prefix}{suffix}.{key}[{i}]", part, "tuple"
+                        _graph_of(f"{prefix}{suffix}.{key}[{i}]", part, "tuple", found)
         for key, item in module._buffers.items():
             if item is not None:
-                yield f"{prefix}{suffix}.{key}", item, None
+                _graph_of(f"{prefix}{suffix}.{key}", item, None, found)

@@ -24,6 +24,7 @@ Used by :mod:`helpers.recorder`.
 from __future__ import annotations
 
 import ast
+import functools
 import types
 import weakref
 from collections.abc import Callable
@@ -50,7 +51,7 @@ class Link:
     loop: Loop
     frame: int
 
-    @property
+    @functools.cached_property  # read at every event: made once
     def key(self) -> tuple[types.CodeType, int]:
         return self.code, self.loop.header
 
@@ -182,24 +183,29 @@ class IterationLoop:
         self, frame: types.FrameType | None, boundary: types.FrameType | None, calls: int, since: int, following: bool
     ) -> bool | None:
         """Once the tracer stopped following the loop (past its second pass), an event in the iteration loop's own
-        frame is read the short way: only that loop's marker (None: the long way, for an event elsewhere)."""
+        frame is read the short way: only that loop's marker (None: the long way, for an event elsewhere). With no
+        loop of the chain outside it, a later call of the loop's function counts as its own frame too (a
+        ``train_epoch()`` called once per epoch): the long way would find that same single loop."""
         inner = self.innermost
-        if following or inner is None or len(self.chain or ()) != 1:
+        if following or inner is None or self.chain is None:
             return None
-        inward: list[tuple[int, int]] = []
+        between: list[types.FrameType] = []  # the frames from the event out to the loop's
         found = None
         while frame is not None:
-            if self.is_learners(frame.f_code):
-                inward.append((id(frame), frame.f_lineno))
-                if id(frame) == inner.frame and frame.f_code is inner.code:
-                    found = frame
-                    break
+            if frame.f_code is inner.code:
+                found = frame
+                break
+            between.append(frame)
             if frame is boundary:
                 break
             frame = frame.f_back
         if found is None or not inner.loop.holds(found.f_lineno):
             return None
-        return self._new_passes([(inner, found)], inward[::-1], calls, since, following)
+        if id(found) != inner.frame and len(self.chain) != 1:
+            return None
+        inward = [(id(found), found.f_lineno)]
+        inward.extend((id(f), f.f_lineno) for f in reversed(between) if self.is_learners(f.f_code))
+        return self._new_passes([(inner, found)], inward, calls, since, following)
 
     def _lines_inward(self, frame: types.FrameType | None, boundary: types.FrameType | None) -> list[tuple[int, int]]:
         """(id of the frame, its line) of the learner's frames from ``boundary`` in to ``frame``."""

@@ -7,8 +7,9 @@
   the engine's own list (``torch._C._current_graph_task_execution_order()``, read in a prehook on the root with
   multithreading off; several roots: a walk over ``next_functions``), stamped by :func:`helpers.walks.stamp_walk`:
   the recorder holds no node and no tensor between calls;
-* the bytes the walked graph still holds after each call, counted as the saved-tensor meter counts them (one
-  storage once, and only when the graph alone holds it);
+* the bytes the walked graph still holds after a retaining call, counted as the saved-tensor meter counts them (one
+  storage once, and only when the graph alone holds it): at a line's first four such calls, then at its 8th, 16th,
+  ... (a line builds a graph of the same size each time, and the count walks it);
 * iterations: the passes of the learner's own loop (:mod:`helpers.passes`: the line tracer of :mod:`helpers.lines`
   for the first passes, then their first events); without one, the evidence (:mod:`helpers.iterations`). Which
   iteration built a node comes from its ``_sequence_nr()`` against the engine's counter read at each pass start;
@@ -159,6 +160,7 @@ class Recorder:
         self._step_counts: dict[int, int] = {}
         self._events = 0  # optimizer steps and marks so far
         self._first_line_calls = 0  # backward calls at the line of the first one
+        self._retains_at: dict[tuple[str, int], int] = {}  # retaining calls per line so far
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
@@ -317,8 +319,8 @@ class Recorder:
             raise StopRecording(self.iterations)
         start.sighting = len(self.sightings)  # the names read next belong to this pass or a later one
         count = start.number
-        if count <= 16 or count & (count - 1) == 0:  # every pass at first, then the 32nd, 64th, ...: what a name
-            self.starts.append(start.sighting)  # holds into the next pass was seen already, what grows keeps growing
+        if count <= 4 or count & (count - 1) == 0:  # the first passes, then the 8th, 16th, ...: a read costs a walk
+            self.starts.append(start.sighting)  # of the loop's objects; what grows keeps growing, what is held stays
             start.looked = True
             note_names(self, frame, built_before=start.sequence)
         if self.iterations is not None and count == self.iterations and not self.creation.active:
@@ -342,18 +344,19 @@ class Recorder:
         if self.off:
             return
         try:
-            caller = sys._getframe(1)
-            line = learner_line(caller, self._lines, self._skipped)
-            self._last_event_end = torch._C._autograd._get_sequence_nr()
-            self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line))
-            self._first_steps.setdefault(id(optimizer), self._events)
-            self._events += 1
-            self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
-            if not self.loop.iteration_passes():  # split by steps, without a loop: where each one ended
-                self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
-            if self.creation.active or not self.loop.iteration_passes():  # settled: the backward calls tell passes
-                self._saw_event(caller, may_stop=False)
-            event_names(self, caller)
+            with self.creation.paused():
+                caller = sys._getframe(1)
+                line = learner_line(caller, self._lines, self._skipped)
+                self._last_event_end = torch._C._autograd._get_sequence_nr()
+                self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line))
+                self._first_steps.setdefault(id(optimizer), self._events)
+                self._events += 1
+                self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
+                if not self.loop.iteration_passes():  # split by steps, without a loop: where each one ended
+                    self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
+                if self.creation.active or not self.loop.iteration_passes():  # settled: the backward calls tell passes
+                    self._saw_event(caller, may_stop=False)
+                event_names(self, caller)
         except Exception as error:
             self._fail("after an optimizer step", error)
 
@@ -372,7 +375,8 @@ class Recorder:
         if compilers_call(caller, self.is_learners):  # torch.compile tracing its backward: not the loop's
             return engine(outputs, *args, **kwargs)
         try:
-            prepared = self._before_backward(outputs, args, kwargs, caller)
+            with self.creation.paused():
+                prepared = self._before_backward(outputs, args, kwargs, caller)
         except StopRecording:
             raise
         except Exception as error:
@@ -398,12 +402,15 @@ class Recorder:
                 handle.remove()
             call.end = self._last_event_end = torch._C._autograd._get_sequence_nr()
         try:
-            if call.retain_graph or call.create_graph:  # without a retain the engine freed every buffer it walked
-                call.held_after_bytes = graph_only_bytes([n for n in walked if stamped(n, self._key)])
-            walked.clear()  # the recorder holds no node between calls
-            if not self.steps and not self.marks:
-                self.event_sightings[("call", call.index)] = len(self.sightings)
-                event_names(self, caller)
+            with self.creation.paused():
+                if call.retain_graph or call.create_graph:  # without a retain the engine freed all it walked
+                    count = self._retains_at[call.site] = self._retains_at.get(call.site, 0) + 1
+                    if count <= 4 or count & (count - 1) == 0:  # a line's graph is the same size each time
+                        call.held_after_bytes = graph_only_bytes([n for n in walked if stamped(n, self._key)])
+                walked.clear()  # the recorder holds no node between calls
+                if not self.steps and not self.marks:
+                    self.event_sightings[("call", call.index)] = len(self.sightings)
+                    event_names(self, caller)
         except Exception as error:
             self._fail("after a backward call", error)
         return result
@@ -442,10 +449,11 @@ class Recorder:
             if self.off:
                 return
             try:
-                walked.extend(order)
-                as_written.append(
-                    stamp_walk(self._key, self.calls, call, order, boundary, self.on_leaf, self.keep_buffers)
-                )
+                with self.creation.paused():
+                    walked.extend(order)
+                    as_written.append(
+                        stamp_walk(self._key, self.calls, call, order, boundary, self.on_leaf, self.keep_buffers)
+                    )
             except Exception as error:
                 self._fail("reading what a backward walks", error)
             if as_written and as_written[-1]:
@@ -483,12 +491,6 @@ class Recorder:
         passes = self.loop.iteration_passes()
         if passes:
             return passes[-1].sequence
-        candidates = [self.start]
-        if self.steps:
-            candidates.append(self.steps[-1].sequence)
-        if self.marks:
-            candidates.append(self.marks[-1].sequence)
         previous = self.calls.get(len(self.calls) - 2)
-        if previous is not None:
-            candidates.append(previous.end)
-        return max(candidates)
+        step, mark = self.steps[-1].sequence if self.steps else 0, self.marks[-1].sequence if self.marks else 0
+        return max(self.start, step, mark, previous.end if previous is not None else 0)

@@ -17,6 +17,7 @@ Used by :mod:`helpers.cli`, :mod:`helpers.diagnose` and :mod:`helpers.watcher`.
 from __future__ import annotations
 
 import ast
+import functools
 import html
 import linecache
 import re
@@ -88,6 +89,7 @@ def _line_number(place: str) -> str:
     return match.group(1) if match else "?"
 
 
+@functools.lru_cache(maxsize=1024)  # a parse per line and name; the same lines come back in every report
 def _span(code: str, wanted: str, load_only: bool = False) -> tuple[int, int] | None:
     """Where ``wanted`` (a name, ``model.hidden``, ``retain_graph=True``) stands in ``code``: where it is read, for a
     name read and assigned on one line (``out, h = rnn(x, h)``: the ``h`` going in), else its first occurrence."""
