@@ -14,7 +14,8 @@ code shares (:mod:`helpers.recorder`, :mod:`helpers.harness` and through them :f
   changes weights or state that nothing could put back;
 * :func:`learners_code` tells the learner's code from torch's, the helpers' and the libraries' (a file outside torch,
   ``helpers/``, the standard library and site-packages), :func:`learner_line` finds the learner's own line in a
-  stack ("file:line: code", the first such frame), :func:`place` names a notebook cell's line as
+  stack ("file:line: code", the first such frame; :meth:`LearnersCode.site` with its file and line, for the
+  recorder's hooks), :func:`place` names a notebook cell's line as
   IPython's tracebacks do ("Cell In[5], line 3": a cell's file lies in a folder named after the kernel's
   process, so its path changes with every kernel), :func:`short` drops the folders, and :func:`first_line` and
   :func:`raised_at` give an error's first line and the learner's line that raised it.
@@ -40,11 +41,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 __all__ = [
     "ENGINE_ENTRY",
+    "LearnersCode",
     "NameBinding",
     "as_items",
     "check_step",
     "code_reached",
-    "compilers_call",
     "first_line",
     "held_bindings",
     "intercepting",
@@ -79,42 +80,59 @@ def _learners_file(filename: str, skipped: tuple[str, ...]) -> bool:
     return real and not os.path.realpath(filename).startswith(skipped)
 
 
-def learners_code(skipped: tuple[str, ...]) -> Callable[[types.CodeType], bool]:
-    """A test of whether code is the learner's: its file lies outside ``skipped`` (torch, ``helpers/``, the standard
-    library, site-packages) and is a real file or a notebook cell, read once per code object."""
-    known: dict[types.CodeType, bool] = {}
+class LearnersCode:
+    """A test of whether code is the learner's (call it with a code object): its file lies outside ``skipped``
+    (torch, ``helpers/``, the standard library, site-packages) and is a real file or a notebook cell, read once per
+    code object. :meth:`site` finds the learner's line from a hook, in one walk."""
 
-    def is_learners(code: types.CodeType) -> bool:
-        own = known.get(code)
-        if own is None:
-            own = known[code] = _learners_file(code.co_filename, skipped)
-        return own
+    def __init__(self, skipped: tuple[str, ...]) -> None:
+        self.skipped = skipped
+        # by id(code), the code kept beside: a code object hashes its whole bytecode at each lookup
+        self._known: dict[int, tuple[types.CodeType, bool, bool]] = {}  # -> (code, the learner's, a compiler's)
 
-    return is_learners
+    def _read(self, code: types.CodeType) -> tuple[types.CodeType, bool, bool]:
+        compiler = any(part in code.co_filename for part in _COMPILERS)
+        known = self._known[id(code)] = (code, _learners_file(code.co_filename, self.skipped), compiler)
+        return known
+
+    def __call__(self, code: types.CodeType) -> bool:
+        known = self._known.get(id(code))
+        if known is None or known[0] is not code:
+            known = self._read(code)
+        return known[1]
+
+    def site(
+        self, frame: types.FrameType | None, lines: dict[tuple[str, int], str]
+    ) -> tuple[tuple[str, int], str, bool]:
+        """(file, line) and "file:line: code" of the first of the learner's frames from ``frame`` out, as
+        :func:`learner_line` gives it (``lines`` the same cache), and whether a frame of torch's compilers lies
+        before it (aot_autograd tracing a compiled backward with ``autograd.grad``: a call that is not the loop's).
+        One walk and one read of the line number (on a module's frame, a read scans its line table); without a frame
+        of the learner's: (("", 0), "(no source line outside torch)", ...)."""
+        known_codes, compiled = self._known, False
+        while frame is not None:
+            code = frame.f_code
+            known = known_codes.get(id(code))
+            if known is None or known[0] is not code:
+                known = self._read(code)
+            if known[1]:
+                site = (code.co_filename, frame.f_lineno)
+                line = lines.get(site)
+                if line is None:
+                    line = lines[site] = learner_line_at(*site)
+                return site, line, compiled
+            compiled = compiled or known[2]
+            frame = frame.f_back
+        return ("", 0), "(no source line outside torch)", compiled
 
 
+def learners_code(skipped: tuple[str, ...]) -> LearnersCode:
+    """A :class:`LearnersCode` for the folders in ``skipped``."""
+    return LearnersCode(skipped)
+
+
+Site = tuple[str, int]  # (file, line)
 _COMPILERS = tuple(f"{os.sep}torch{os.sep}{part}{os.sep}" for part in ("_functorch", "_dynamo", "_inductor", "fx"))
-
-
-_compilers_code: dict[types.CodeType, bool] = {}  # code -> whether it is one of torch's compilers'
-
-
-def compilers_call(frame: types.FrameType | None, is_learners: Callable[[types.CodeType], bool]) -> bool:
-    """Whether a backward call comes from a compiler of torch's (aot_autograd tracing a compiled backward with
-    ``autograd.grad``), not from the learner's code: a frame of one lies between the call and their code."""
-    while frame is not None:
-        code = frame.f_code
-        if is_learners(code):
-            return False
-        compiler = _compilers_code.get(code)
-        if compiler is None:
-            if len(_compilers_code) > 4096:
-                _compilers_code.clear()
-            compiler = _compilers_code[code] = any(part in code.co_filename for part in _COMPILERS)
-        if compiler:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def place(filename: str, lineno: int) -> str:

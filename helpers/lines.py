@@ -86,14 +86,16 @@ class LineTracer:
         self.active = False
         self.forked = False
         self.latest: dict[tuple[int, int], PassSeen] = {}  # (id(frame), header line) -> its latest pass
-        self._headers: dict[types.CodeType, dict[int, Loop]] = {}
+        # by id(code), the code kept beside: a code object hashes its whole bytecode at each lookup
+        self._headers: dict[int, tuple[types.CodeType, dict[int, Loop]]] = {}
         self._pending: dict[int, Loop] = {}  # id(frame) -> the loop whose header it just ran
         self._entered: dict[int, int] = {}  # id(frame) -> the node counter when it was called
-        self._quiet: dict[types.CodeType, int] = {}  # code -> calls in a row that built no node
-        self._builders: set[types.CodeType] = set()  # code that built a node once: always traced
+        self._quiet: dict[int, int] = {}  # id(code) -> calls in a row that built no node (its code in _headers)
+        self._builders: set[int] = set()  # id(code) of code that built a node once: always traced
         self._frames: list[types.FrameType] = []
         self._previous_thread_trace: Any = None
         self._trace = self._global  # one bound method: what ``sys.gettrace()`` gives back is this very object
+        self.untraced = _Untraced(self)  # ``with tracer.untraced:`` around a hook's own work
 
     # -- on and off ------------------------------------------------------------------------------------------
     def start(self, frame: types.FrameType | None) -> bool:
@@ -134,7 +136,8 @@ class LineTracer:
 
     def pause(self) -> bool:
         """While a recorder's own hook runs on this thread: no call into the trace function for each of the
-        hook's calls (the hook's code is never the learner's). True if paused; give it to :meth:`resume`."""
+        hook's calls (the hook's code is never the learner's). True if paused; give it to :meth:`resume`.
+        ``with tracer.untraced:`` does both."""
         if not (_PAUSES_ARE_CHEAP and self.active and sys.gettrace() is self._trace):
             return False
         sys.settrace(None)
@@ -144,10 +147,6 @@ class LineTracer:
         """After :meth:`pause`: trace again, unless the hook stopped the tracer meanwhile."""
         if paused and self.active and sys.gettrace() is None:
             sys.settrace(self._trace)
-
-    def paused(self) -> _Paused:
-        """``with tracer.paused():`` around a hook's own work (:meth:`pause`, then :meth:`resume`)."""
-        return _Paused(self)
 
     def _failed(self, where: str, error: BaseException) -> None:
         self.stop()
@@ -160,8 +159,9 @@ class LineTracer:
             if not self.active:
                 return None
             code = frame.f_code
-            if self._quiet.get(code, 0) >= _QUIET_CALLS or not self.is_learners(code):
+            if self._quiet.get(id(code), 0) >= _QUIET_CALLS or not self.is_learners(code):
                 return None
+            self._headers_of(code)  # keeps the code alive while its id keys _quiet and _builders
             self._entered[id(frame)] = self.counter()
             return self._local
         except Exception as error:
@@ -200,11 +200,7 @@ class LineTracer:
                 seen.sequence, seen.count = sequence, seen.count + 1
             if self.on_pass is not None:
                 stop = self.on_pass(frame, pending, sequence)
-        code = frame.f_code
-        headers = self._headers.get(code)
-        if headers is None:
-            headers = self._headers[code] = {loop.header: loop for loop in loops_of(code)}
-        loop = headers.get(line)
+        loop = self._headers_of(frame.f_code).get(line)
         if loop is not None:
             self._pending[key] = loop
             if stop is None and loop.starts_with_try and self.at_header is not None:
@@ -214,21 +210,28 @@ class LineTracer:
     def _return(self, frame: types.FrameType) -> None:
         key = id(frame)
         self._pending.pop(key, None)
-        for header in self._headers.get(frame.f_code, ()):
+        code = frame.f_code
+        for header in self._headers_of(code):
             self.latest.pop((key, header), None)
         entered = self._entered.pop(key, None)
-        code = frame.f_code
-        if entered is not None and code not in self._builders:
+        if entered is not None and id(code) not in self._builders:
             if self.counter() == entered:
-                self._quiet[code] = self._quiet.get(code, 0) + 1
+                self._quiet[id(code)] = self._quiet.get(id(code), 0) + 1
             else:
-                self._builders.add(code)
-                self._quiet.pop(code, None)
+                self._builders.add(id(code))
+                self._quiet.pop(id(code), None)
         back = frame.f_back
         while back is not None and not self.is_learners(back.f_code):
             back = back.f_back
         if back is not None:
             self._log((back.f_code.co_filename, back.f_lineno))
+
+    def _headers_of(self, code: types.CodeType) -> dict[int, Loop]:
+        """``code``'s loops by header line, read once."""
+        known = self._headers.get(id(code))
+        if known is None or known[0] is not code:
+            known = self._headers[id(code)] = (code, {loop.header: loop for loop in loops_of(code)})
+        return known[1]
 
     def _log(self, site: tuple[str, int] | None) -> None:
         sequence = self.counter()
@@ -249,14 +252,23 @@ class LineTracer:
         return self.sites[position] if position >= 0 else None  # None too where the tracer was off
 
 
-class _Paused:
-    __slots__ = ("paused", "tracer")
+class _Untraced:
+    """:meth:`LineTracer.pause` on entry and :meth:`LineTracer.resume` on exit, nested uses and threads included
+    (a trace function is per thread); next to nothing while the tracer is off, as it is for most of a run."""
+
+    __slots__ = ("local", "tracer")
 
     def __init__(self, tracer: LineTracer) -> None:
-        self.tracer, self.paused = tracer, False
+        self.tracer, self.local = tracer, threading.local()
 
     def __enter__(self) -> None:
-        self.paused = self.tracer.pause()
+        if self.tracer.active:
+            stack = getattr(self.local, "paused", None)
+            if stack is None:
+                stack = self.local.paused = []
+            stack.append(self.tracer.pause())
 
     def __exit__(self, *exc: object) -> None:
-        self.tracer.resume(self.paused)
+        stack = getattr(self.local, "paused", None)
+        if stack and stack.pop():
+            self.tracer.resume(True)

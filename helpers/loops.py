@@ -114,16 +114,19 @@ def _step_call(call: ast.Call) -> StepCall | None:
     return StepCall(call.lineno, "grad") if func.attr == "grad" and named else None
 
 
-_by_code: dict[types.CodeType, _Scope] = {}  # a code object is compiled from one source: what it holds stays
+# id(code) -> (the code, what its scope holds): a code object is compiled from one source, so what it holds stays.
+# By id, the code kept alive beside it: a code object hashes its whole bytecode at each lookup.
+_by_code: dict[int, tuple[types.CodeType, _Scope]] = {}
 
 
 def _scope(code: types.CodeType) -> _Scope:
-    scope = _by_code.get(code)
-    if scope is None:
-        scope = memo(code.co_filename, ("loops", code.co_firstlineno, code.co_name), lambda: _read_scope(code))
-        if len(_by_code) > 4096:
-            _by_code.clear()
-        _by_code[code] = scope
+    known = _by_code.get(id(code))
+    if known is not None and known[0] is code:
+        return known[1]
+    scope = memo(code.co_filename, ("loops", code.co_firstlineno, code.co_name), lambda: _read_scope(code))
+    if len(_by_code) > 4096:
+        _by_code.clear()
+    _by_code[id(code)] = (code, scope)
     return scope
 
 

@@ -51,9 +51,9 @@ class Link:
     loop: Loop
     frame: int
 
-    @functools.cached_property  # read at every event: made once
-    def key(self) -> tuple[types.CodeType, int]:
-        return self.code, self.loop.header
+    @functools.cached_property  # read at every event: made once, and by the code's id (a code object hashes its
+    def key(self) -> tuple[int, int]:  # whole bytecode at every lookup: a script's module, each time)
+        return id(self.code), self.loop.header
 
 
 @dataclass(slots=True)
@@ -115,24 +115,24 @@ class IterationLoop:
     is_learners: Callable[[types.CodeType], bool]
     is_optimizer: Callable[[Any], bool]
     chain: list[Link] | None = None
-    passes: dict[tuple[types.CodeType, int], list[PassStart]] = field(default_factory=dict)
+    passes: dict[tuple[int, int], list[PassStart]] = field(default_factory=dict)  # by Link.key
     unusable: str | None = None  # why no loop can split the run (None: one can, or no event came yet)
-    _markers: dict[tuple[types.CodeType, int], _Marker] = field(default_factory=dict)
+    _markers: dict[tuple[int, int], _Marker] = field(default_factory=dict)
 
     @property
     def innermost(self) -> Link | None:
         return self.chain[-1] if self.chain else None
 
     def iteration_passes(self) -> list[PassStart]:
-        inner = self.innermost
-        return self.passes.get(inner.key, []) if inner is not None and self.unusable is None else []
+        chain = self.chain  # read at every event: no property in between
+        return self.passes.get(chain[-1].key, []) if chain and self.unusable is None else []
 
     def iterations_started(self) -> int:
         """How many passes of the iteration's loop have started (folded ones too)."""
         passes = self.iteration_passes()
         return passes[-1].number if passes else 0
 
-    def _append(self, key: tuple[types.CodeType, int], start: PassStart) -> None:
+    def _append(self, key: tuple[int, int], start: PassStart) -> None:
         passes = self.passes.setdefault(key, [])
         start.number = passes[-1].number + 1 if passes else 1
         passes.append(start)
@@ -199,11 +199,14 @@ class IterationLoop:
             if frame is boundary:
                 break
             frame = frame.f_back
-        if found is None or not inner.loop.holds(found.f_lineno):
+        line = found.f_lineno if found is not None else 0  # read once: on a module's frame it scans its line table
+        if found is None or not inner.loop.holds(line):
             return None
         if id(found) != inner.frame and len(self.chain) != 1:
             return None
-        inward = [(id(found), found.f_lineno)]
+        if inner.loop.targets and not inner.loop.shadowed:  # told by what the ``for`` binds: no lines needed
+            return self._marked(inner, found, (), False, calls, since, following)
+        inward = [(id(found), line)]
         inward.extend((id(f), f.f_lineno) for f in reversed(between) if self.is_learners(f.f_code))
         return self._new_passes([(inner, found)], inward, calls, since, following)
 
@@ -233,27 +236,45 @@ class IterationLoop:
         for link, frame in path:
             if link.key not in self.passes:
                 continue
-            start = frames.index(id(frame)) if id(frame) in frames else 0
-            position = tuple(line for _, line in inward[start:])
-            inner_loops = [loop for loop in enclosing(frame.f_code, frame.f_lineno) if loop.header > link.loop.header]
-            if inner_loops:  # inside a loop nested in this one: at this loop's level, the event is that loop's line
-                position = (inner_loops[0].header,)
-            marker = _Marker(id(frame), _bound(frame, link.loop), position)
-            last = self._markers.get(link.key)
-            self._markers[link.key] = marker
-            if following or last is None:
-                continue
-            if last.frame != marker.frame:
-                new = True  # the loop's function was called again: a new pass of it
-            elif link.loop.targets and not link.loop.shadowed:
-                new = not _same(last.bound, marker.bound)
-            else:  # a while, or a for whose names an inner loop rebinds: back before the last event's line, or at
-                # it again where no inner loop of this one repeats it
-                new = marker.position < last.position or (marker.position == last.position and not inner_loops)
-            if new:
-                self._append(link.key, PassStart(since, calls))
+            nested = False
+            position: tuple[int, ...] = ()  # a ``for`` whose names no inner loop rebinds: told by what it binds
+            if not (link.loop.targets and not link.loop.shadowed):
+                start = frames.index(id(frame)) if id(frame) in frames else 0
+                line = inward[start][1] if id(frame) in frames else frame.f_lineno
+                position = tuple(line for _, line in inward[start:])
+                inner_loops = [loop for loop in enclosing(frame.f_code, line) if loop.header > link.loop.header]
+                if inner_loops:  # inside a loop nested in this one: at this loop's level, the event is that loop's
+                    position, nested = (inner_loops[0].header,), True  # line
+            if self._marked(link, frame, position, nested, calls, since, following):
                 began = began or (inner is not None and link.key == inner.key)
         return began
+
+    def _marked(
+        self,
+        link: Link,
+        frame: types.FrameType,
+        position: tuple[int, ...],
+        nested: bool,
+        calls: int,
+        since: int,
+        following: bool,
+    ) -> bool:
+        """Set ``link``'s marker to this event; True when, not ``following``, this event began a new pass of it."""
+        marker = _Marker(id(frame), _bound(frame, link.loop), position)
+        last = self._markers.get(link.key)
+        self._markers[link.key] = marker
+        if following or last is None:
+            return False
+        if last.frame != marker.frame:
+            new = True  # the loop's function was called again: a new pass of it
+        elif link.loop.targets and not link.loop.shadowed:
+            new = not _same(last.bound, marker.bound)
+        else:  # a while, or a for whose names an inner loop rebinds: back before the last event's line, or at it
+            # again where no inner loop of this one repeats it
+            new = marker.position < last.position or (marker.position == last.position and not nested)
+        if new:
+            self._append(link.key, PassStart(since, calls))
+        return new
 
     def _keep(self, count: int) -> None:
         assert self.chain is not None
@@ -308,15 +329,15 @@ class IterationLoop:
 
     def role(self, frame: types.FrameType, loop: Loop) -> str | None:
         """ "iteration" for the chain's innermost loop, "outer" for another of its loops, None otherwise."""
-        if self.unusable is not None or (frame.f_code, loop.header) not in self.passes:
+        if self.unusable is not None or (id(frame.f_code), loop.header) not in self.passes:
             return None
         inner = self.innermost
-        return "iteration" if inner is not None and inner.key == (frame.f_code, loop.header) else "outer"
+        return "iteration" if inner is not None and inner.key == (id(frame.f_code), loop.header) else "outer"
 
     def add_pass(self, frame: types.FrameType, loop: Loop, start: PassStart) -> None:
         """A pass the tracer saw start: the next event's marker starts afresh (it is this pass's, not a new one's)."""
-        self._append((frame.f_code, loop.header), start)
-        self._markers.pop((frame.f_code, loop.header), None)
+        self._append((id(frame.f_code), loop.header), start)
+        self._markers.pop((id(frame.f_code), loop.header), None)
 
 
 def _value(frame: types.FrameType, expression: ast.expr | None) -> Any:

@@ -2,7 +2,7 @@
 
 :class:`Recorder` enters through :func:`helpers.learner.intercepting` (the one place that patches torch) and keeps:
 
-* every backward and ``torch.autograd.grad`` call: the learner's line (:func:`helpers.learner.learner_line`), its
+* every backward and ``torch.autograd.grad`` call: the learner's line (:meth:`helpers.learner.LearnersCode.site`), its
   ``retain_graph`` (as written), ``create_graph`` and ``inputs``, and what it walked. What a backward walks is
   the engine's own list (``torch._C._current_graph_task_execution_order()``, read in a prehook on the root with
   multithreading off; several roots: a walk over ``next_functions``), stamped by :func:`helpers.walks.stamp_walk`:
@@ -55,18 +55,10 @@ from helpers.evidence import ErrorRecord, explain
 from helpers.folds import CallLog, Folder, steps_kept
 from helpers.held import Growth, HeldGraph, event_names, note_names
 from helpers.iterations import EventKey, IterationEnd, StepEvent, split_iterations
-from helpers.learner import (
-    compilers_call,
-    first_line,
-    intercepting,
-    learner_line,
-    learners_code,
-    raised_at,
-    skipped_dirs,
-)
+from helpers.learner import first_line, intercepting, learners_code, raised_at, skipped_dirs
 from helpers.lines import LineTracer
 from helpers.loops import Loop
-from helpers.names import CodeSite, NamedGraph, site_of, unstepped_optimizers
+from helpers.names import CodeSite, NamedGraph, unstepped_optimizers
 from helpers.passes import IterationLoop, PassStart, is_optimizer
 from helpers.saved import graph_only_bytes, python_walk
 from helpers.sources import refresh
@@ -344,17 +336,18 @@ class Recorder:
         if self.off:
             return
         try:
-            with self.creation.paused():
+            with self.creation.untraced:
                 caller = sys._getframe(1)
-                line = learner_line(caller, self._lines, self._skipped)
+                line = self.is_learners.site(caller, self._lines)[1]
                 self._last_event_end = torch._C._autograd._get_sequence_nr()
                 self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line))
                 self._first_steps.setdefault(id(optimizer), self._events)
                 self._events += 1
                 self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
-                if not self.loop.iteration_passes():  # split by steps, without a loop: where each one ended
+                by_steps = not self.loop.iteration_passes()
+                if by_steps:  # split by steps, without a loop: where each one ended
                     self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
-                if self.creation.active or not self.loop.iteration_passes():  # settled: the backward calls tell passes
+                if self.creation.active or by_steps:  # settled: the backward calls tell passes
                     self._saw_event(caller, may_stop=False)
                 event_names(self, caller)
         except Exception as error:
@@ -372,15 +365,15 @@ class Recorder:
         if self._depth or self.off:  # a backward inside a backward (a hook's): the outer call is the learner's
             return engine(outputs, *args, **kwargs)
         caller = sys._getframe(1)
-        if compilers_call(caller, self.is_learners):  # torch.compile tracing its backward: not the loop's
-            return engine(outputs, *args, **kwargs)
         try:
-            with self.creation.paused():
+            with self.creation.untraced:
                 prepared = self._before_backward(outputs, args, kwargs, caller)
         except StopRecording:
             raise
         except Exception as error:
             self._fail("before a backward call", error)
+            return engine(outputs, *args, **kwargs)
+        if prepared is None:  # torch.compile tracing its backward: not the loop's
             return engine(outputs, *args, **kwargs)
         call, walked, handle, args = prepared
         self._depth += 1
@@ -402,7 +395,7 @@ class Recorder:
                 handle.remove()
             call.end = self._last_event_end = torch._C._autograd._get_sequence_nr()
         try:
-            with self.creation.paused():
+            with self.creation.untraced:
                 if call.retain_graph or call.create_graph:  # without a retain the engine freed all it walked
                     count = self._retains_at[call.site] = self._retains_at.get(call.site, 0) + 1
                     if count <= 4 or count & (count - 1) == 0:  # a line's graph is the same size each time
@@ -417,12 +410,13 @@ class Recorder:
 
     def _before_backward(
         self, outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any], caller: types.FrameType
-    ) -> tuple[CallRecord, list[Node], Any, tuple[Any, ...]]:
+    ) -> tuple[CallRecord, list[Node], Any, tuple[Any, ...]] | None:
+        site, line, compiled = self.is_learners.site(caller, self._lines)
+        if compiled:
+            return None
         keep = bool(args[1]) if len(args) > 1 else bool(kwargs.get("keep_graph", False))
         create = bool(args[2]) if len(args) > 2 else bool(kwargs.get("create_graph", False))
         inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
-        line = learner_line(caller, self._lines, self._skipped)
-        site = site_of(caller, self._skipped)
         self._saw_event(caller)
         self._maybe_stop_without_a_loop(site)
         call = CallRecord(
@@ -449,7 +443,7 @@ class Recorder:
             if self.off:
                 return
             try:
-                with self.creation.paused():
+                with self.creation.untraced:
                     walked.extend(order)
                     as_written.append(
                         stamp_walk(self._key, self.calls, call, order, boundary, self.on_leaf, self.keep_buffers)

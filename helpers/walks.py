@@ -64,12 +64,9 @@ class CallRecord:
     first_freed: FreedEarlier | None = None
 
 
-@dataclass(slots=True)
-class _Stamp:
-    """A walked node's stamp in its ``metadata``: the last call that walked it, and whether it kept the buffers."""
-
-    call: int
-    kept: bool
+# A walked node's stamp in its ``metadata`` (under a recorder's key): (the last call that walked it, whether that call
+# kept the buffers). A tuple, not an object: every node of every backward call gets one.
+_Stamp = tuple[int, bool]
 
 
 def stamp_walk(
@@ -87,45 +84,48 @@ def stamp_walk(
     would have raised: the walk reaches a node an earlier non-retaining call walked."""
     walked = 0
     needs: set[int] = set()
+    mine: _Stamp = (call.index, call.retain_graph or call.create_graph)
     for position, node in enumerate(order):
         sequence = node._sequence_nr()
         if sequence >= _LEAF_SEQ:
-            leaf = getattr(node, "variable", None)  # an AccumulateGrad node's
-            if on_leaf is not None and isinstance(leaf, torch.Tensor):
-                on_leaf(leaf)  # before it accumulates: a leaf the caller could not name
+            if on_leaf is not None:
+                leaf = getattr(node, "variable", None)  # an AccumulateGrad node's
+                if isinstance(leaf, torch.Tensor):
+                    on_leaf(leaf)  # before it accumulates: a leaf the caller could not name
             continue
         walked += 1
         if sequence < boundary and len(call.old) < _MAX_OLD:
             if not isinstance(call.old, list):
                 call.old = []
             call.old.append(sequence)
-        metadata = _metadata(node)
+        metadata: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a dict attribute, not a method
         stamp: _Stamp | None = metadata.get(key)
+        metadata[key] = mine
         if stamp is None:  # a node first walked: stamped whatever it saved (read only if it is walked again)
-            metadata[key] = _Stamp(call.index, call.retain_graph or call.create_graph)
             continue
         # A node walked again: what an earlier call did to it matters only if it holds (or held) saved tensors. As
         # written, a node an earlier call freed raises in the engine itself when it held some; with keep_buffers
         # its buffers are still there to tell.
-        if not stamp.kept and call.first_freed is None and (not keep_buffers or has_saved_data(node)):
-            call.first_freed = FreedEarlier(position, stamp.call)
+        earlier, kept_then = stamp
+        if not kept_then and call.first_freed is None and (not keep_buffers or has_saved_data(node)):
+            call.first_freed = FreedEarlier(position, earlier)
             if keep_buffers:
+                metadata[key] = stamp  # as written the engine stops here: this call walks it no further
                 call.walked = walked
                 call.frontier = _frontier(order, boundary) if call.old else ()
                 return True
-        if stamp.kept and stamp.call not in needs and has_saved_data(node):
-            needs.add(stamp.call)
-        stamp.call, stamp.kept = call.index, call.retain_graph or call.create_graph
+        if kept_then and earlier not in needs and has_saved_data(node):
+            needs.add(earlier)
     call.walked = walked
     call.frontier = _frontier(order, boundary) if call.old else ()
     for previous in needs:
-        earlier = calls.record(previous)
-        if earlier is None:  # folded: a long run's older iteration, counted with its line's retains
+        earlier_call = calls.record(previous)
+        if earlier_call is None:  # folded: a long run's older iteration, counted with its line's retains
             calls.needed_later(previous, call.index)
             continue
-        if not isinstance(earlier.needed_by, list):
-            earlier.needed_by = []
-        earlier.needed_by.append(call.index)
+        if not isinstance(earlier_call.needed_by, list):
+            earlier_call.needed_by = []
+        earlier_call.needed_by.append(call.index)
     return False
 
 
@@ -137,7 +137,7 @@ def stamped(node: Node, key: str) -> bool:
 def kept(node: Node, key: str) -> bool:
     """Whether ``node`` still has its buffers: no call stamping under ``key`` walked it, or the last one kept them."""
     stamp: _Stamp | None = _metadata(node).get(key)
-    return stamp is None or stamp.kept
+    return stamp is None or stamp[1]
 
 
 def _frontier(order: list[Node], boundary: int) -> tuple[int, ...]:

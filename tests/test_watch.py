@@ -137,7 +137,7 @@ def test_views_whose_base_changed_in_place_never_break_the_loop() -> None:
         "held.names_holding_graphs",
         "recorder.stamp_walk",
         "recorder.graph_only_bytes",
-        "recorder.learner_line",
+        "learner.learner_line_at",
         "passes.enclosing",
         "lines.loops_of",
     ],
