@@ -149,6 +149,17 @@ class CallLog:
         """The call's record, if it was kept (not folded)."""
         return self._kept.get(index)
 
+    def plain_records(self, start: int, end: int) -> list[CallRecord] | None:
+        """The records of calls ``start`` .. ``end - 1`` if each was kept and is plain (walked nothing of an earlier
+        iteration, raised nothing, met no freed buffer): what a fold may count; else None."""
+        kept, records = self._kept, []
+        for index in range(start, end):
+            call = kept.get(index)
+            if call is None or call.old or call.error is not None or call.first_freed is not None:
+                return None
+            records.append(call)
+        return records
+
     def get(self, index: int) -> CallRecord | None:
         """The call's record; a folded call's stands in with its line and nothing else (None: no such call)."""
         kept = self._kept.get(index)
@@ -199,10 +210,6 @@ class CallLog:
         return False
 
 
-def _plain(call: CallRecord) -> bool:
-    return not call.old and call.error is None and call.first_freed is None
-
-
 @dataclass(slots=True)
 class Folder:
     """Folds a long run's plain iterations as the run goes (see the module's docstring): pass starts before
@@ -242,10 +249,9 @@ class Folder:
         position = first
         while position < len(passes) - 1 and passes[position].number <= limit:
             start, after = passes[position], passes[position + 1]
-            records = [log.record(i) for i in range(start.calls, after.calls)]
-            calls = [r for r in records if r is not None]
-            if after.number == start.number + 1 and len(calls) == len(records) and all(_plain(c) for c in calls):
-                this = (tuple(c.site for c in calls), after.sequence - start.sequence)
+            calls = log.plain_records(start.calls, after.calls) if after.number == start.number + 1 else None
+            if calls is not None:
+                this = (tuple([c.site for c in calls]), after.sequence - start.sequence)
                 if stretch and (this != kind or start.looked):
                     close()
                 kind = this
