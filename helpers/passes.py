@@ -176,6 +176,7 @@ class IterationLoop:
                 self.unusable = "the backward calls lie in different loops"
                 return False
             self._keep(common)
+            self.chain[:] = links[:common]  # the same loops, in the frames they run in now (the next epoch's call)
         self._drop_partial_loops(frame)
         return self._new_passes(path, self._lines_inward(frame, boundary), calls, since, following=tracer.active)
 
