@@ -23,8 +23,10 @@ worker) the tracer switches itself off.
   each loop in each running frame is kept in :attr:`LineTracer.latest` (sequence counter and count), for the loop
   a recorder picks after its first pass began.
 
-When another trace function is already set (a debugger, coverage), nothing is traced. An error inside the tracer
-switches it off and goes to ``on_failure``: it never reaches the learner's code.
+A recorder's own hooks run inside ``with tracer.untraced:``: up to Python 3.11 the trace function is off on that
+thread meanwhile (each call of the hook's code would otherwise call it; from 3.12 setting it re-instruments code,
+so it stays on). When another trace function is already set (a debugger, coverage), nothing is traced. An error
+inside the tracer switches it off and goes to ``on_failure``: it never reaches the learner's code.
 
 Used by :mod:`helpers.passes` and :mod:`helpers.recorder`.
 """
