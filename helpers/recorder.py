@@ -14,9 +14,9 @@
   for the first passes, then their first events); without one, the evidence (:mod:`helpers.iterations`). Which
   iteration built a node comes from its ``_sequence_nr()`` against the engine's counter read at each pass start;
   a backward call torch.compile makes while it traces is none of the loop's;
-* the names that hold tensors with a graph at each iteration's start (the learner's frames, their globals,
-  attributes of the modules and objects they hold, items of lists, tuples and dicts), so a verdict names the
-  learner's own variable and the line that assigned it;
+* the names that hold tensors with a graph at the start of iterations 1 to 4, then of the 8th, 16th, ... (the
+  learner's frames, their globals, attributes of the modules and objects they hold, items of lists, tuples and
+  dicts), so a verdict names the learner's own variable and the line that assigned it;
 * the error a backward raised, with the call that freed the buffers it needed, or the optimizer step that changed
   a saved tensor in place (:mod:`helpers.evidence`).
 
