@@ -152,6 +152,7 @@ class Recorder:
         self._step_counts: dict[int, int] = {}
         self._events = 0  # optimizer steps and marks so far
         self._first_line_calls = 0  # backward calls at the line of the first one
+        self._first_site: tuple[str, int] | None = None
         self._retains_at: dict[tuple[str, int], int] = {}  # retaining calls per line so far
 
     # -- entering and leaving ------------------------------------------------------------------------------
@@ -337,7 +338,7 @@ class Recorder:
             return
         try:
             with self.creation.untraced:
-                caller = sys._getframe(1)
+                caller = sys._getframe(2)  # past intercepting's lambda, the hook's own frame
                 line = self.is_learners.site(caller, self._lines)[1]
                 self._last_event_end = torch._C._autograd._get_sequence_nr()
                 self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line))
@@ -364,7 +365,7 @@ class Recorder:
     ) -> Any:
         if self._depth or self.off:  # a backward inside a backward (a hook's): the outer call is the learner's
             return engine(outputs, *args, **kwargs)
-        caller = sys._getframe(1)
+        caller = sys._getframe(2)  # past intercepting's wrapper, the engine entry's own frame
         try:
             with self.creation.untraced:
                 prepared = self._before_backward(outputs, args, kwargs, caller)
@@ -418,7 +419,8 @@ class Recorder:
         create = bool(args[2]) if len(args) > 2 else bool(kwargs.get("create_graph", False))
         inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
         self._saw_event(caller)
-        self._maybe_stop_without_a_loop(site)
+        if self.iterations is not None:
+            self._maybe_stop_without_a_loop(site)
         call = CallRecord(
             len(self.calls),
             site,
@@ -428,10 +430,11 @@ class Recorder:
             create,
             0 if inputs is None else len(inputs),
             torch._C._autograd._get_sequence_nr(),
-            event=self.events,
+            event=self._events,
         )
         self.calls.append(call)
-        if site == self.calls[0].site:
+        self._first_site = self._first_site or site
+        if site == self._first_site:
             self._first_line_calls += 1
         nodes = [node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
         roots = [r for r in nodes if r is not None]
@@ -473,7 +476,7 @@ class Recorder:
         if not ended and self._first_steps:
             ended = self._step_counts[max(self._first_steps, key=self._first_steps.__getitem__)]
         if not ended and self.calls:  # no step and no mark: a new iteration at each call of the first line
-            ended = self._first_line_calls if site == self.calls[0].site else 0
+            ended = self._first_line_calls if site == self._first_site else 0
         if ended >= self.iterations:
             self.stopped = True
             raise StopRecording(self.iterations)
