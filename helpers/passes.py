@@ -205,11 +205,35 @@ class IterationLoop:
             return None
         if id(found) != inner.frame and len(self.chain) != 1:
             return None
+        if len(self.chain) > 1:  # a new pass of a loop outside it is a new pass of this one: read those too
+            return self._with_outer_loops(found, boundary, calls, since, following)
         if inner.loop.targets and not inner.loop.shadowed:  # told by what the ``for`` binds: no lines needed
             return self._marked(inner, found, (), False, calls, since, following)
         inward = [(id(found), line)]
         inward.extend((id(f), f.f_lineno) for f in reversed(between) if self.is_learners(f.f_code))
         return self._new_passes([(inner, found)], inward, calls, since, following)
+
+    def _with_outer_loops(
+        self, found: types.FrameType, boundary: types.FrameType | None, calls: int, since: int, following: bool
+    ) -> bool | None:
+        """The short way for a chain of ``for`` loops (an epoch loop, a batch loop): each loop's marker from what it
+        binds, its frame found by id from the iteration loop's out. None (the long way) for a ``while`` among them
+        or a frame not found."""
+        assert self.chain is not None
+        if any(not link.loop.targets or link.loop.shadowed for link in self.chain):
+            return None
+        frames: dict[int, types.FrameType] = {}
+        frame: types.FrameType | None = found
+        wanted = {link.frame for link in self.chain}
+        while frame is not None and len(frames) < len(wanted):
+            if id(frame) in wanted:
+                frames[id(frame)] = frame
+            if frame is boundary:
+                break
+            frame = frame.f_back
+        if len(frames) < len(wanted):
+            return None
+        return self._new_passes([(link, frames[link.frame]) for link in self.chain], [], calls, since, following)
 
     def _lines_inward(self, frame: types.FrameType | None, boundary: types.FrameType | None) -> list[tuple[int, int]]:
         """(id of the frame, its line) of the learner's frames from ``boundary`` in to ``frame``."""
@@ -232,7 +256,7 @@ class IterationLoop:
     ) -> bool:
         """Update each chain loop's marker; unless ``following``, a changed one is a new pass."""
         inner = self.innermost
-        began = False
+        began = outer_began = False  # ``path`` is outermost first
         frames = [frame_id for frame_id, _ in inward]
         for link, frame in path:
             if link.key not in self.passes:
@@ -246,8 +270,12 @@ class IterationLoop:
                 inner_loops = [loop for loop in enclosing(frame.f_code, line) if loop.header > link.loop.header]
                 if inner_loops:  # inside a loop nested in this one: at this loop's level, the event is that loop's
                     position, nested = (inner_loops[0].header,), True  # line
-            if self._marked(link, frame, position, nested, calls, since, following):
-                began = began or (inner is not None and link.key == inner.key)
+            new = self._marked(link, frame, position, nested, calls, since, following)
+            if outer_began and not new and not following:  # its enclosing loop went on: this loop began again
+                self._append(link.key, PassStart(since, calls))
+                new = True
+            outer_began = outer_began or new
+            began = began or (new and inner is not None and link.key == inner.key)
         return began
 
     def _marked(

@@ -191,3 +191,27 @@ def test_iterations_must_be_a_positive_whole_number() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="iterations must be a whole number"):
             watch(iterations=bad)
+
+
+@pytest.mark.parametrize("batches", [[0.5], [0.5, 0.5], [1.0, 2.0, 3.0]])
+def test_an_epoch_function_called_again_begins_a_new_pass_even_with_the_same_batches(batches: list[float]) -> None:
+    """``train_epoch()`` called once per epoch: CPython may give each call's frame the same address, and a loop over
+    ``[batch]`` binds the very same object in every epoch; each epoch's passes are still new passes. The truth is the
+    loop's own count of its passes."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [torch.full((3, 4), value) for value in batches]
+    ran = []
+
+    def train_epoch() -> None:
+        for x in data:
+            optimizer.zero_grad()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+            ran.append(1)
+
+    with watch() as w:
+        for _epoch in range(6):
+            train_epoch()
+    assert w.verdicts.iterations_run == len(ran) == 6 * len(batches), str(w)
+    assert str(w).startswith(f"backward-twice: healthy ({len(ran)} iterations watched"), str(w)
