@@ -152,19 +152,10 @@ def learner_line(
     """The learner's line, "file:line: code" ("Cell In[3], line 5: code" in a notebook), of the first frame from
     ``frame`` outward that lies outside torch, ``helpers/``, the standard library and site-packages (code read with
     ``linecache``), or
-    "(no source line outside torch)". ``lines`` caches each (file, line)'s answer ("" for a skipped frame)
-    across calls; ``skipped`` is the folders to skip, computed when not given."""
-    lines = {} if lines is None else lines
-    skipped = skipped_dirs() if skipped is None else skipped
-    while frame is not None:
-        key = (frame.f_code.co_filename, frame.f_lineno)
-        if key not in lines:
-            keep = _learners_file(key[0], skipped)
-            lines[key] = f"{place(*key)}: {linecache.getline(key[0], key[1]).strip()}" if keep else ""
-        if lines[key]:
-            return lines[key]
-        frame = frame.f_back
-    return "(no source line outside torch)"
+    "(no source line outside torch)". ``lines`` caches each learner's (file, line)'s answer across calls;
+    ``skipped`` is the folders to skip, computed when not given. The walk is :meth:`LearnersCode.site`'s."""
+    tested = LearnersCode(skipped_dirs() if skipped is None else skipped)
+    return tested.site(frame, {} if lines is None else lines)[1]
 
 
 def learner_line_at(filename: str, lineno: int) -> str:
