@@ -95,6 +95,10 @@ class LearnersCode:
         known = self._known[id(code)] = (code, _learners_file(code.co_filename, self.skipped), compiler)
         return known
 
+    def file(self, filename: str) -> bool:
+        """Whether code of ``filename`` is the learner's."""
+        return _learners_file(filename, self.skipped)
+
     def __call__(self, code: types.CodeType) -> bool:
         known = self._known.get(id(code))
         if known is None or known[0] is not code:

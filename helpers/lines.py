@@ -23,7 +23,10 @@ worker) the tracer switches itself off.
   each loop in each running frame is kept in :attr:`LineTracer.latest` (sequence counter and count), for the loop
   a recorder picks after its first pass began.
 
-A recorder's own hooks run inside ``with tracer.untraced:``: up to Python 3.11 the trace function is off on that
+A library's module, the first time it is imported, runs untraced too (:mod:`helpers.imports`; given
+``is_learners_file``): a script's ``import torchvision`` or torch's first import of ``torch._dynamo`` would
+otherwise call the trace function at each of its thousands of calls. A recorder's own hooks run inside
+``with tracer.untraced:``: up to Python 3.11 the trace function is off on that
 thread meanwhile (each call of the hook's code would otherwise call it; from 3.12 setting it re-instruments code,
 so it stays on). When another trace function is already set (a debugger, coverage), nothing is traced. An error
 inside the tracer switches it off and goes to ``on_failure``: it never reaches the learner's code.
@@ -44,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from helpers.imports import LibraryImports
 from helpers.loops import Loop, loops_of
 
 __all__ = ["LineTracer", "PassSeen"]
@@ -80,6 +84,7 @@ class LineTracer:
         on_pass: Callable[[types.FrameType, Loop, int], BaseException | None] | None = None,
         on_failure: Callable[[str, BaseException], None] | None = None,
         at_header: Callable[[types.FrameType, Loop, int], BaseException | None] | None = None,
+        is_learners_file: Callable[[str], bool] | None = None,
     ) -> None:
         self.counter, self.is_learners, self.on_pass, self.on_failure = counter, is_learners, on_pass, on_failure
         self.at_header = at_header
@@ -98,6 +103,7 @@ class LineTracer:
         self._previous_thread_trace: Any = None
         self._trace = self._global  # one bound method: what ``sys.gettrace()`` gives back is this very object
         self.untraced = _Untraced(self)  # ``with tracer.untraced:`` around a hook's own work
+        self._imports = None if is_learners_file is None else LibraryImports(is_learners_file, self.pause, self.resume)
 
     # -- on and off ------------------------------------------------------------------------------------------
     def start(self, frame: types.FrameType | None) -> bool:
@@ -119,6 +125,8 @@ class LineTracer:
         self._previous_thread_trace = threading.gettrace() if hasattr(threading, "gettrace") else None
         threading.settrace(self._trace)
         sys.settrace(self._trace)
+        if self._imports is not None:
+            self._imports.install()
         return True
 
     def stop(self) -> None:
@@ -127,6 +135,8 @@ class LineTracer:
         self._log(None)  # the nodes built while it is off have no line
         self.active = False
         _ACTIVE.discard(self)
+        if self._imports is not None:
+            self._imports.uninstall()
         if sys.gettrace() is self._trace:
             sys.settrace(None)
         threading.settrace(self._previous_thread_trace)

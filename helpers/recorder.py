@@ -138,7 +138,12 @@ class Recorder:
         self._skipped = skipped_dirs()
         self.is_learners = learners_code(self._skipped)
         self.creation = LineTracer(
-            torch._C._autograd._get_sequence_nr, self.is_learners, self._pass_started, self._fail, self._at_header
+            torch._C._autograd._get_sequence_nr,
+            self.is_learners,
+            self._pass_started,
+            self._fail,
+            self._at_header,
+            self.is_learners.file,
         )
         self.loop = IterationLoop(self.is_learners, is_optimizer)
         self._key = f"{STAMP}.{next(_RECORDERS)}"  # another recorder's stamps (an earlier watch) mean nothing here
