@@ -73,6 +73,7 @@ class BackwardLab(Panel):
         self.last_error: str | None = None
         self.actions: list[tuple[str, int]] = [("start", self.meter.graph_only_bytes)]
         self._first_grad: float | None = None
+        self._freed_by: str | None = None  # a loss whose backward ran without retain_graph since the last forward
         self._running = False
         self._build_widgets(title, iterations)
         self._refresh("Press Forward to build a graph.")
@@ -121,14 +122,12 @@ class BackwardLab(Panel):
         loss_rows = []
         for name in self.loss_names:
             css = _css_name(name)
-            checkbox = widgets.Checkbox(
-                value=False,
-                description=f"retain_graph for {name}",
-                indent=False,
-                tooltip=f"Keep the graph's buffers after {name}.backward()",
-                layout=widgets.Layout(width="auto"),
+            checkbox = self._checkbox(
+                f"retain_graph for {name}",
+                f"Keep the graph's buffers after {name}.backward()",
+                f"bt-retain-{css}",
+                on_change=functools.partial(self._retain_changed, name),
             )
-            checkbox.add_class(f"bt-retain-{css}")
             self.retain[name] = checkbox
             button = self._button(
                 f"{name}.backward()",
@@ -142,17 +141,18 @@ class BackwardLab(Panel):
             "zero_grad()", "Set every parameter's .grad to None", "bt-zero-grad", self.zero_grad
         )
         self.reset_button = self._button(
-            "Reset", "Drop every graph and loss, clear .grad and the counters", "bt-reset", self.reset
+            "Reset",
+            "Back to the start: drop every graph and loss, clear .grad and the counters, untick every box",
+            "bt-reset",
+            self.reset,
         )
-        self.keep_history = widgets.Checkbox(
-            value=False,
-            description="keep each loss in a history list",
-            indent=False,
-            tooltip="Like history.append(loss): the list keeps every iteration's graph reachable",
-            layout=widgets.Layout(width="auto"),
+        self.keep_history = self._checkbox(
+            "keep each loss in a history list",
+            "Like history.append(loss): the list keeps every iteration's graph reachable",
+            "bt-keep-history",
         )
-        self.keep_history.add_class("bt-keep-history")
         self.iterations = self._iterations_box(iterations, 1000, "How many forward + backward iterations to run")
+        self._default_iterations = iterations
         self.run_button = self._button(
             "Run iterations",
             "Forward, then every loss's backward, repeated",
@@ -221,6 +221,7 @@ class BackwardLab(Panel):
         if self.keep_history.value:
             self.kept.append(losses)
         self.losses = losses
+        self._freed_by = None
         self._record("forward", "Forward built a new graph.")
 
     def backward(self, name: str) -> None:
@@ -230,7 +231,14 @@ class BackwardLab(Panel):
         if self.losses is None:
             raise RuntimeError("There is no graph yet: press Forward first, then backward.")
         retain = self.retain[name].value
-        self.losses[name].backward(retain_graph=retain)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        try:
+            self.losses[name].backward(retain_graph=retain)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        except RuntimeError as exc:
+            if retain and self._freed_by is not None:
+                raise RuntimeError(f"{exc}\n{self._too_late(name)}") from exc
+            raise
+        if not retain:
+            self._freed_by = name
         self.backward_calls += 1
         grad = self._watched().grad
         if self._first_grad is None and grad is not None:
@@ -246,9 +254,14 @@ class BackwardLab(Panel):
         self._record("zero_grad", "Gradients cleared.")
 
     def reset(self) -> None:
-        """Drop every loss and graph, clear gradients, counters, the chart and the error."""
+        """Back to the panel's defaults: drop every loss and graph, clear gradients, counters, the chart and
+        the error, untick every box and set the iterations back to their first value."""
         self.losses = None
+        self._freed_by = None
         self.kept.clear()
+        for checkbox in (*self.retain.values(), self.keep_history):
+            checkbox.value = False
+        self.iterations.value = self._default_iterations
         self.model.zero_grad(set_to_none=True)
         self._first_grad = None
         self.backward_calls = 0
@@ -256,8 +269,21 @@ class BackwardLab(Panel):
         self.meter.reset_peak()
         self.actions = [("reset", self.meter.graph_only_bytes)]
         self.progress.value = 0
-        self._refresh("Reset: no graph, no gradients.")
+        self._refresh("Reset: no graph, no gradients, every box unticked.")
         self._update_chart()
+
+    def _too_late(self, name: str) -> str:
+        freer = self._freed_by
+        return (
+            f"retain_graph for {name} is ticked, but the flag acts on the backward that frees the buffers: here the "
+            f"earlier {freer}.backward(), which ran without it and freed the buffers it went through. Ticked now, it "
+            f"brings nothing back: press Forward for a new graph, with retain_graph for {freer} ticked before "
+            f"{freer}.backward()."
+        )
+
+    def _retain_changed(self, name: str) -> None:
+        if self.retain[name].value and self.losses is not None and self._freed_by is not None:
+            self._show_status(self._too_late(name))
 
     def run(self, iterations: int) -> None:
         """Forward, then each loss's backward with its checkbox, ``iterations`` times."""
