@@ -20,6 +20,9 @@ from helpers.panels import Panel
 
 __all__ = ["BackwardLab"]
 
+# More labels than this would run into each other under the chart: label one point in every few.
+_MOST_LABELS = 48
+
 ForwardFn = Callable[[], "torch.Tensor | Mapping[str, torch.Tensor]"]
 
 
@@ -373,9 +376,32 @@ class BackwardLab(Panel):
         axes = figure.add_subplot()
         values = [nbytes / 1024 for _, nbytes in self.actions]
         axes.step(range(len(values)), values, where="post", marker="o", markersize=3)
-        style_count_axes(
-            axes, "Bytes only the graph keeps alive, after each action", "action number (forward, backward, ...)"
-        )
+        codes = [self._action_code(action) for action, _ in self.actions]
+        every = -(-len(codes) // _MOST_LABELS)  # one point in `every` gets its label: they stay readable
+        if every > 1 and every % (len(self.loss_names) + 1) == 0:
+            every += 1  # not the same step of every iteration (a forward and its backward calls) each time
+        legend = ", ".join(f"{code} {meaning}" for code, meaning in self._code_meanings() if code in codes)
+        if every > 1:
+            legend += f"; one point in {every} labelled"
+        style_count_axes(axes, "Bytes only the graph keeps alive, after each action", f"action ({legend})")
+        axes.set_xticks(range(0, len(codes), every), codes[::every], fontsize=7)
         axes.set_ylabel("graph-only KiB")
         figure.tight_layout()
         return figure
+
+    def _code_meanings(self) -> list[tuple[str, str]]:
+        """The chart's label for each kind of action, and what it stands for, in the legend's order."""
+        backward = [(self._backward_code(name), f"{name}.backward()") for name in self.loss_names]
+        if len(backward) == 1:
+            backward = [("B", "backward")]
+        return [("S", "start"), ("F", "forward"), *backward, ("E", "error"), ("Z", "zero_grad"), ("R", "reset")]
+
+    def _backward_code(self, name: str) -> str:
+        return "B" if len(self.loss_names) == 1 else f"B{self.loss_names.index(name) + 1}"
+
+    def _action_code(self, action: str) -> str:
+        """'forward' -> 'F', 'loss.backward(free)' -> 'B' (with several losses 'B1', 'B2', ...), ..."""
+        name, dot, _ = action.rpartition(".backward(")
+        if dot:
+            return self._backward_code(name)
+        return {"start": "S", "forward": "F", "error": "E", "zero_grad": "Z", "reset": "R"}[action]
