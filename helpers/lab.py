@@ -22,6 +22,8 @@ __all__ = ["BackwardLab"]
 
 # More labels than this would run into each other under the chart: label one point in every few.
 _MOST_LABELS = 48
+# PyTorch's error for a backward through buffers that an earlier backward freed.
+_FREED = "backward through the graph a second time"
 
 ForwardFn = Callable[[], "torch.Tensor | Mapping[str, torch.Tensor]"]
 
@@ -34,11 +36,13 @@ class BackwardLab(Panel):
     """An ipywidgets panel around a forward function that returns one or more named losses.
 
     Buttons run forward (inside a :class:`SavedTensorMeter`), each loss's backward with its own
-    ``retain_graph`` checkbox, ``zero_grad``, reset, and N iterations (optionally keeping every
-    loss in a history list, the way memory really grows). Live figures show the meter's saved,
-    graph-only and peak bytes, the number of backward calls and the watched parameter's
-    accumulated ``.grad``; errors are shown in the panel, which stays usable. A chart of
-    graph-only bytes over the actions is kept as an image in the saved notebook.
+    ``retain_graph`` checkbox, ``zero_grad``, reset (back to the panel's defaults, every box
+    unticked), and N iterations (optionally keeping every loss in a history list, the way memory
+    really grows). Live figures show the meter's saved, graph-only and peak bytes, the number of
+    backward calls and the watched parameter's accumulated ``.grad``; errors are shown in the panel,
+    which stays usable, and a ``retain_graph`` ticked after the backward that freed the buffers is
+    told that the flag acts on that earlier backward. A chart of graph-only bytes after each action,
+    each point labelled with its action (F, B, R, ...), is kept as an image in the saved notebook.
 
     Drive it by clicking, or from Python: ``lab.forward_button.click()``,
     ``lab.retain[name].value = True``, ``lab.backward_buttons[name].click()``.
@@ -237,7 +241,7 @@ class BackwardLab(Panel):
         try:
             self.losses[name].backward(retain_graph=retain)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         except RuntimeError as exc:
-            if retain and self._freed_by is not None:
+            if retain and self._freed_by is not None and _FREED in str(exc):
                 raise RuntimeError(f"{exc}\n{self._too_late(name)}") from exc
             raise
         if not retain:
