@@ -20,6 +20,11 @@ from helpers.panels import Panel
 
 __all__ = ["BackwardLab"]
 
+# More labels than this would run into each other under the chart: label one point in every few.
+_MOST_LABELS = 48
+# PyTorch's error for a backward through buffers that an earlier backward freed.
+_FREED = "backward through the graph a second time"
+
 ForwardFn = Callable[[], "torch.Tensor | Mapping[str, torch.Tensor]"]
 
 
@@ -31,11 +36,13 @@ class BackwardLab(Panel):
     """An ipywidgets panel around a forward function that returns one or more named losses.
 
     Buttons run forward (inside a :class:`SavedTensorMeter`), each loss's backward with its own
-    ``retain_graph`` checkbox, ``zero_grad``, reset, and N iterations (optionally keeping every
-    loss in a history list, the way memory really grows). Live figures show the meter's saved,
-    graph-only and peak bytes, the number of backward calls and the watched parameter's
-    accumulated ``.grad``; errors are shown in the panel, which stays usable. A chart of
-    graph-only bytes over the actions is kept as an image in the saved notebook.
+    ``retain_graph`` checkbox, ``zero_grad``, reset (back to the panel's defaults, every box
+    unticked), and N iterations (optionally keeping every loss in a history list, the way memory
+    really grows). Live figures show the meter's saved, graph-only and peak bytes, the number of
+    backward calls and the watched parameter's accumulated ``.grad``; errors are shown in the panel,
+    which stays usable, and a ``retain_graph`` ticked after the backward that freed the buffers is
+    told that the flag acts on that earlier backward. A chart of graph-only bytes after each action,
+    each point labelled with its action (F, B, R, ...), is kept as an image in the saved notebook.
 
     Drive it by clicking, or from Python: ``lab.forward_button.click()``,
     ``lab.retain[name].value = True``, ``lab.backward_buttons[name].click()``.
@@ -73,6 +80,7 @@ class BackwardLab(Panel):
         self.last_error: str | None = None
         self.actions: list[tuple[str, int]] = [("start", self.meter.graph_only_bytes)]
         self._first_grad: float | None = None
+        self._freed_by: str | None = None  # a loss whose backward ran without retain_graph since the last forward
         self._running = False
         self._build_widgets(title, iterations)
         self._refresh("Press Forward to build a graph.")
@@ -121,14 +129,12 @@ class BackwardLab(Panel):
         loss_rows = []
         for name in self.loss_names:
             css = _css_name(name)
-            checkbox = widgets.Checkbox(
-                value=False,
-                description=f"retain_graph for {name}",
-                indent=False,
-                tooltip=f"Keep the graph's buffers after {name}.backward()",
-                layout=widgets.Layout(width="auto"),
+            checkbox = self._checkbox(
+                f"retain_graph for {name}",
+                f"Keep the graph's buffers after {name}.backward()",
+                f"bt-retain-{css}",
+                on_change=functools.partial(self._retain_changed, name),
             )
-            checkbox.add_class(f"bt-retain-{css}")
             self.retain[name] = checkbox
             button = self._button(
                 f"{name}.backward()",
@@ -142,17 +148,18 @@ class BackwardLab(Panel):
             "zero_grad()", "Set every parameter's .grad to None", "bt-zero-grad", self.zero_grad
         )
         self.reset_button = self._button(
-            "Reset", "Drop every graph and loss, clear .grad and the counters", "bt-reset", self.reset
+            "Reset",
+            "Back to the start: drop every graph and loss, clear .grad and the counters, untick every box",
+            "bt-reset",
+            self.reset,
         )
-        self.keep_history = widgets.Checkbox(
-            value=False,
-            description="keep each loss in a history list",
-            indent=False,
-            tooltip="Like history.append(loss): the list keeps every iteration's graph reachable",
-            layout=widgets.Layout(width="auto"),
+        self.keep_history = self._checkbox(
+            "keep each loss in a history list",
+            "Like history.append(loss): the list keeps every iteration's graph reachable",
+            "bt-keep-history",
         )
-        self.keep_history.add_class("bt-keep-history")
         self.iterations = self._iterations_box(iterations, 1000, "How many forward + backward iterations to run")
+        self._default_iterations = iterations
         self.run_button = self._button(
             "Run iterations",
             "Forward, then every loss's backward, repeated",
@@ -221,6 +228,7 @@ class BackwardLab(Panel):
         if self.keep_history.value:
             self.kept.append(losses)
         self.losses = losses
+        self._freed_by = None
         self._record("forward", "Forward built a new graph.")
 
     def backward(self, name: str) -> None:
@@ -230,7 +238,14 @@ class BackwardLab(Panel):
         if self.losses is None:
             raise RuntimeError("There is no graph yet: press Forward first, then backward.")
         retain = self.retain[name].value
-        self.losses[name].backward(retain_graph=retain)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        try:
+            self.losses[name].backward(retain_graph=retain)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        except RuntimeError as exc:
+            if retain and self._freed_by is not None and _FREED in str(exc):
+                raise RuntimeError(f"{exc}\n{self._too_late(name)}") from exc
+            raise
+        if not retain:
+            self._freed_by = name
         self.backward_calls += 1
         grad = self._watched().grad
         if self._first_grad is None and grad is not None:
@@ -246,9 +261,14 @@ class BackwardLab(Panel):
         self._record("zero_grad", "Gradients cleared.")
 
     def reset(self) -> None:
-        """Drop every loss and graph, clear gradients, counters, the chart and the error."""
+        """Back to the panel's defaults: drop every loss and graph, clear gradients, counters, the chart and
+        the error, untick every box and set the iterations back to their first value."""
         self.losses = None
+        self._freed_by = None
         self.kept.clear()
+        for checkbox in (*self.retain.values(), self.keep_history):
+            checkbox.value = False
+        self.iterations.value = self._default_iterations
         self.model.zero_grad(set_to_none=True)
         self._first_grad = None
         self.backward_calls = 0
@@ -256,8 +276,21 @@ class BackwardLab(Panel):
         self.meter.reset_peak()
         self.actions = [("reset", self.meter.graph_only_bytes)]
         self.progress.value = 0
-        self._refresh("Reset: no graph, no gradients.")
+        self._refresh("Reset: no graph, no gradients, every box unticked.")
         self._update_chart()
+
+    def _too_late(self, name: str) -> str:
+        freer = self._freed_by
+        return (
+            f"retain_graph for {name} is ticked, but the flag acts on the backward that frees the buffers: here the "
+            f"earlier {freer}.backward(), which ran without it and freed the buffers it went through. Ticked now, it "
+            f"brings nothing back: press Forward for a new graph, with retain_graph for {freer} ticked before "
+            f"{freer}.backward()."
+        )
+
+    def _retain_changed(self, name: str) -> None:
+        if self.retain[name].value and self.losses is not None and self._freed_by is not None:
+            self._show_status(self._too_late(name))
 
     def run(self, iterations: int) -> None:
         """Forward, then each loss's backward with its checkbox, ``iterations`` times."""
@@ -347,9 +380,32 @@ class BackwardLab(Panel):
         axes = figure.add_subplot()
         values = [nbytes / 1024 for _, nbytes in self.actions]
         axes.step(range(len(values)), values, where="post", marker="o", markersize=3)
-        style_count_axes(
-            axes, "Bytes only the graph keeps alive, after each action", "action number (forward, backward, ...)"
-        )
+        codes = [self._action_code(action) for action, _ in self.actions]
+        every = -(-len(codes) // _MOST_LABELS)  # one point in `every` gets its label: they stay readable
+        if every > 1 and every % (len(self.loss_names) + 1) == 0:
+            every += 1  # not the same step of every iteration (a forward and its backward calls) each time
+        legend = ", ".join(f"{code} {meaning}" for code, meaning in self._code_meanings() if code in codes)
+        if every > 1:
+            legend += f"; one point in {every} labelled"
+        style_count_axes(axes, "Bytes only the graph keeps alive, after each action", f"action ({legend})")
+        axes.set_xticks(range(0, len(codes), every), codes[::every], fontsize=7)
         axes.set_ylabel("graph-only KiB")
         figure.tight_layout()
         return figure
+
+    def _code_meanings(self) -> list[tuple[str, str]]:
+        """The chart's label for each kind of action, and what it stands for, in the legend's order."""
+        backward = [(self._backward_code(name), f"{name}.backward()") for name in self.loss_names]
+        if len(backward) == 1:
+            backward = [("B", "backward")]
+        return [("S", "start"), ("F", "forward"), *backward, ("E", "error"), ("Z", "zero_grad"), ("R", "reset")]
+
+    def _backward_code(self, name: str) -> str:
+        return "B" if len(self.loss_names) == 1 else f"B{self.loss_names.index(name) + 1}"
+
+    def _action_code(self, action: str) -> str:
+        """'forward' -> 'F', 'loss.backward(free)' -> 'B' (with several losses 'B1', 'B2', ...), ..."""
+        name, dot, _ = action.rpartition(".backward(")
+        if dot:
+            return self._backward_code(name)
+        return {"start": "S", "forward": "F", "error": "E", "zero_grad": "Z", "reset": "R"}[action]

@@ -248,7 +248,7 @@ def test_chart_png_and_display(single, capsys):
     image = lab._chart_image()
     assert image.data == png and image.metadata == {
         "alt": "Chart. Bytes only the graph keeps alive, after each action: "
-        "graph-only KiB against action number (forward, backward, ...)."
+        "graph-only KiB against action (S start, F forward)."
     }
     lab._ipython_display_()  # outside a kernel this prints reprs; it must not raise
     lab.backward_buttons["loss"].click()  # updates the displayed chart
@@ -272,3 +272,92 @@ def test_a_failed_backward_adds_a_chart_point_matching_the_counter():
     lab.backward_buttons["second"].click()
     assert lab.last_error and "second time" in lab.last_error
     assert len(lab.actions) == before + 1 and lab.actions[-1] == ("error", lab.meter.graph_only_bytes)
+
+
+def _tick_labels(lab):
+    axes = lab.chart_figure().axes[0]
+    return [int(tick) for tick in axes.get_xticks()], [label.get_text() for label in axes.get_xticklabels()]
+
+
+def test_each_chart_point_is_labelled_with_its_action(single, multi):
+    lab, _, _ = single
+    lab.forward_button.click()
+    lab.backward_buttons["loss"].click()
+    lab.backward_buttons["loss"].click()  # fails: retain is off
+    lab.zero_grad_button.click()
+    lab.reset_button.click()
+    assert _tick_labels(lab) == ([0], ["R"])  # Reset starts the chart again
+    lab.forward_button.click()
+    lab.backward_buttons["loss"].click()
+    assert _tick_labels(lab) == ([0, 1, 2], ["R", "F", "B"])
+    assert lab.chart_figure().axes[0].get_xlabel() == "action (F forward, B backward, R reset)"
+
+    multi.forward_button.click()
+    multi.backward_buttons["recon"].click()
+    multi.backward_buttons["reg"].click()  # fails: recon freed the shared hidden layer's buffers
+    multi.zero_grad_button.click()
+    assert _tick_labels(multi)[1] == ["S", "F", "B1", "E", "Z"]
+    assert multi.chart_figure().axes[0].get_xlabel() == (
+        "action (S start, F forward, B1 recon.backward(), E error, Z zero_grad)"
+    )
+
+
+def test_a_long_chart_labels_every_few_points_never_the_same_step_of_each_iteration(single):
+    lab, _, _ = single
+    lab.iterations.value = 40  # 81 points: a forward and a backward each iteration
+    lab.run_button.click()
+    ticks, labels = _tick_labels(lab)
+    assert ticks == list(range(0, 81, 3))
+    assert labels == ["S"] + ["F" if i % 2 else "B" for i in ticks[1:]]  # F, B, F, ...: not all forwards
+    assert "one point in 3 labelled" in lab.chart_figure().axes[0].get_xlabel()
+
+
+def test_reset_restores_the_panels_defaults(single):
+    lab, _, _ = single
+    lab.retain["loss"].value = True
+    lab.keep_history.value = True
+    lab.iterations.value = 7
+    lab.run_button.click()
+    assert lab.meter.graph_only_bytes > 0
+    lab.reset_button.click()
+    assert (lab.retain["loss"].value, lab.keep_history.value, lab.iterations.value) == (False, False, 3)
+    assert lab.meter.graph_only_bytes == 0 and lab.losses_kept == 0
+    assert "every box unticked" in lab.status.value
+    # So the notebook's first step works right after Reset: a plain backward twice fails.
+    lab.forward_button.click()
+    lab.backward_buttons["loss"].click()
+    lab.backward_buttons["loss"].click()
+    assert SECOND_TIME in lab.last_error
+
+
+TOO_LATE = "the flag acts on the backward that frees the buffers: here the earlier {}.backward()"
+
+
+def test_retain_ticked_after_the_freeing_backward_says_the_flag_acts_on_that_one(single):
+    lab, _, _ = single
+    lab.forward_button.click()
+    lab.retain["loss"].value = True  # before any backward: nothing to say
+    assert "flag acts" not in lab.status.value
+    lab.retain["loss"].value = False
+    lab.backward_buttons["loss"].click()
+    lab.retain["loss"].value = True
+    assert TOO_LATE.format("loss") in lab.status.value and "Error" not in lab.status.value
+    lab.backward_buttons["loss"].click()  # still fails: the buffers are gone
+    assert SECOND_TIME in lab.last_error and TOO_LATE.format("loss") in lab.last_error
+    lab.forward_button.click()  # a new graph, the box ticked before its backward: both work
+    lab.backward_buttons["loss"].click()
+    lab.backward_buttons["loss"].click()
+    assert lab.last_error is None and "flag acts" not in lab.status.value
+
+
+def test_with_two_losses_the_freeing_backward_is_the_other_loss(multi):
+    multi.retain["reg"].value = True
+    multi.forward_button.click()
+    multi.backward_buttons["recon"].click()  # frees the hidden layer both losses share
+    multi.backward_buttons["reg"].click()
+    assert SECOND_TIME in multi.last_error and TOO_LATE.format("recon") in multi.last_error
+    multi.reset_button.click()
+    multi.forward_button.click()
+    multi.backward_buttons["recon"].click()
+    multi.backward_buttons["reg"].click()  # retain_graph off on both: the plain error, nothing added
+    assert SECOND_TIME in multi.last_error and "flag acts" not in multi.last_error
