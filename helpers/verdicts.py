@@ -140,8 +140,9 @@ ERROR_FIXES = {
     "grad_outputs=torch.eye(n), is_grads_batched=True); set "
     "torch._functorch.config.donated_buffer = False before compiling only if the code must "
     "retain (notebook 06, section 2)",
-    "DDP ready only once": "DistributedDataParallel all-reduces each parameter once per backward, and a second "
-    "backward through the same parameters marks them ready again: sum the losses and call "
+    "DDP ready only once": "DistributedDataParallel all-reduces gradients by buckets, once per forward: a second "
+    "backward through the same parameters is refused while a bucket still waits for a gradient the first left "
+    "out, and when none waits its gradient is never averaged, without a word: sum the losses and call "
     "backward() once per forward ((l1 + l2).backward()); static_graph=True and "
     "find_unused_parameters=True do not make two backward calls right: they fail one "
     "iteration later or average the wrong gradients (notebook 06, section 3)",
