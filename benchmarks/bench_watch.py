@@ -24,8 +24,10 @@ import contextlib
 import importlib
 import itertools
 import os
+import resource
 import runpy
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -253,11 +255,34 @@ def long_run() -> None:
     )
 
 
+STARTUP_SCRIPT = """
+import torch
+optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+"""
+
+
+def fresh_process() -> None:
+    script = os.path.join(tempfile.mkdtemp(), "start.py")
+    Path(script).write_text(STARTUP_SCRIPT)
+    bindir = Path(sys.executable).parent
+    commands = {"bare": [sys.executable, script], "watched": [str(bindir / "backward-twice"), "watch", script]}
+
+    def cpu_of(name: str) -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(commands[name], check=True, stdout=subprocess.DEVNULL)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+    ratios = [cpu_of("watched") / cpu_of("bare") for _ in range(3)]
+    report("i. a fresh process, command / python (CPU)", statistics.median(ratios), "3 pairs", 1.1)
+
+
 def main() -> None:
     gallery()
     dataset_script()
     lightning_step()
     long_run()
+    fresh_process()
 
 
 if __name__ == "__main__":
