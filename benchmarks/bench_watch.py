@@ -158,7 +158,7 @@ def dataset_script() -> None:
 
     report("f. a script with a Python Dataset, command / python", paired(bare, watched, rounds=7), "7 pairs", 1.1)
     ratio = statistics.median(loading["watched"]) / statistics.median(loading["bare"])
-    print(f"   of which the Dataset's own __getitem__ time, watched / bare: {ratio:.2f}x (untraced: about 1)", flush=True)
+    print(f"   of which the Dataset's own __getitem__, watched / bare: {ratio:.2f}x (untraced: about 1)", flush=True)
 
 
 def lightning_step() -> None:
