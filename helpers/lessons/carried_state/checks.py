@@ -196,7 +196,9 @@ def _judge_loop(
         before = _state(model)
         watch.clear()
         with meter, watch.watching():
-            run_answer(call, model, optimizer, who="your loop", hint=hint_error, where=where)
+            run_answer(
+                call, model, optimizer, who="your loop", hint=hint_error, where=where, trained=list(model.parameters())
+            )
         if len(watch.held) != steps:
             raise Rejected(
                 f"optimizer.step() ran {len(watch.held)} times; one step per {unit[0]} is {steps}.",
