@@ -4,8 +4,9 @@ A step that is right once can be wrong from its second call on (nothing clears .
 on the sum of earlier losses), so each step is judged on three calls in a row at learning rate 0:
 from empty .grad, right after itself, and with .grad pre-filled with other values. Every
 gradient an optimizer receives at any step() call must equal the reference. What each backward
-call did is recorded by :mod:`helpers.lessons.gan_step.watch`. A wrong answer is a verdict with a
-hint, never an exception.
+call did is recorded by :mod:`helpers.lessons.gan_step.watch`. A step whose optimizer finds .grad
+cleared after the backward that filled it is told so (:mod:`helpers.zeroed`) before how its gradients
+differ. A wrong answer is a verdict with a hint, never an exception.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from helpers.lessons.gan_step.data import ring_of_gaussians
 from helpers.lessons.gan_step.steps import STANDARD_SETTINGS, Step, make_step
 from helpers.lessons.gan_step.watch import _BackwardCall, _d_loss, _g_loss, _mlp, _watching_backward
 from helpers.measure import gradients_close, gradients_of
+from helpers.zeroed import ZEROED_HINT, ZeroedSteps
 
 __all__ = ["check_fixed_srgan_step", "check_single_forward_step"]
 
@@ -285,6 +287,25 @@ def _later_call_problem(
     return None
 
 
+def _zeroed_steps(checker: GanStepChecker, step: Step) -> str | None:
+    """What :class:`ZeroedSteps` says of one more call of ``step`` (frozen, from empty .grad): an optimizer step
+    taken on the gradients its network's backward filled and something then cleared. None when there is none."""
+    watch = ZeroedSteps(
+        [*checker.netD.parameters(), *checker.netG.parameters()],
+        {id(checker.optimizerD): "optimizerD", id(checker.optimizerG): "optimizerG"},
+    )
+    with checker.frozen(), watch.watching():
+        checker.netG.zero_grad(set_to_none=True)
+        checker.netD.zero_grad(set_to_none=True)
+        try:
+            step(*checker._args())
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # a step that raises only now is told how its first call's gradients differ
+            return None
+    return watch.problem()
+
+
 def _judge_step(step: Any, single_forward: bool) -> CheckResult:
     if not callable(step):
         return CheckResult(False, "Pass your step function itself (without calling it).")
@@ -313,6 +334,8 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
     if problem:
         return CheckResult(False, problem)
     if result.outcome == "silently wrong":
+        if zeroed := _zeroed_steps(checker, step):
+            return CheckResult(False, zeroed, ZEROED_HINT)
         cross = _cross_reference(checker)
         found = [
             _what_was_received(key, result.gradients[key], checker.reference[key], cross[key])
