@@ -4,7 +4,9 @@ A loop that calls ``optimizer.zero_grad()`` (or ``model.zero_grad()``, or sets `
 that does) after ``loss.backward()`` and before ``optimizer.step()`` hands the step nothing to follow. PyTorch's
 optimizers skip a parameter whose ``.grad`` is None, and a ``.grad`` of zeros moves SGD by nothing and keeps
 momentum and Adam's averages at zero when every step is taken so: the model never trains. Measured without the
-course's code, SGD, SGD with momentum and Adam, from ``.grad`` pre-filled: the parameters did not change at all.
+course's code (tests/test_zeroed.py), SGD, SGD with momentum and Adam, from ``.grad`` pre-filled: the parameters
+did not change at all. Only what an optimizer adds by itself can move them: weight decay, or momentum kept from
+earlier steps that did have a gradient; the message says so when that is the case.
 
 :class:`ZeroedSteps` watches a check's own parameters through the course's one interception point
 (:func:`helpers.learner.intercepting`): after every backward that accumulates into ``.grad``, which of them it left
@@ -40,11 +42,28 @@ class _Zeroed:
     index: int  # from 1, among this optimizer's steps
     cleared: int
     filled: int
-    moved: bool  # a cleared parameter changed in the step (momentum from earlier steps)
+    moved: bool  # a cleared parameter changed in the step, or could have (momentum kept, weight decay)
 
 
 def _zero(p: torch.Tensor) -> bool:
     return p.grad is None or not bool(p.grad.detach().any())
+
+
+def _moves_by_itself(optimizer: torch.optim.Optimizer, cleared: Sequence[torch.Tensor]) -> bool:
+    """A step could move these parameters with their .grad zeros: the optimizer keeps a nonzero state for one
+    (momentum, Adam's averages) or decays weights. A parameter whose .grad is None is skipped by the step."""
+    held = {id(p) for p in cleared if p.grad is not None}
+    decays = any(
+        group.get("weight_decay") for group in optimizer.param_groups if any(id(p) in held for p in group["params"])
+    )
+    kept = [
+        value
+        for p in cleared
+        if id(p) in held
+        for key, value in optimizer.state.get(p, {}).items()
+        if key != "step" and isinstance(value, torch.Tensor)
+    ]
+    return decays or any(bool(value.detach().any()) for value in kept)
 
 
 class ZeroedSteps:
@@ -86,7 +105,8 @@ class ZeroedSteps:
         self._filled -= held  # this step used them
         if cleared:
             self._before[id(optimizer)] = (cleared, [p.detach().clone() for p in cleared])
-            self.zeroed.append(_Zeroed(name, self.steps[name], len(cleared), len(filled), moved=False))
+            moves = _moves_by_itself(optimizer, cleared)
+            self.zeroed.append(_Zeroed(name, self.steps[name], len(cleared), len(filled), moved=moves))
 
     def _after_step(self, optimizer: torch.optim.Optimizer) -> None:
         if id(optimizer) not in self._before:
@@ -124,9 +144,10 @@ class ZeroedSteps:
         how = "with part of the gradients zeroed" if partial else "on zeroed gradients"
         whose = "the weights whose .grad was cleared" if partial else "the weights"
         if any(z.moved for z in self.zeroed):
+            one = len(self.zeroed) == 1
             outcome = (
-                "the weights moved only by the optimizer's momentum from earlier steps, not by the gradient just "
-                "computed"
+                f"{'that step' if one else 'those steps'} followed no gradient of {'its' if one else 'their'} "
+                "backward, only what the optimizer adds by itself (momentum kept from earlier steps, weight decay)"
             )
         elif sum(self.steps.values()) == len(self.zeroed):
             outcome = f"{whose} never changed"

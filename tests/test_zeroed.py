@@ -113,7 +113,10 @@ def test_the_message_says_which_steps_which_weights_and_what_moved_them() -> Non
     with watch.watching():  # a second use forgets the first
         train(model, optimizer, batches, lambda o, m: o.zero_grad(set_to_none=False), steps_cleared={1, 2})
     assert watch.problem().startswith("2 of 3 optimizer.step() calls ran on zeroed gradients"), watch.problem()
-    assert "the weights moved only by the optimizer's momentum from earlier steps" in watch.problem()
+    assert (
+        "so those steps followed no gradient of their backward, only what the optimizer adds by itself"
+        in watch.problem()
+    )
 
 
 def test_optimizers_are_named_as_the_check_names_them() -> None:
@@ -143,3 +146,13 @@ def test_an_optimizer_of_other_parameters_is_not_counted() -> None:
             other_optimizer.step()
     assert watch.steps == {"optimizer": 2}
     assert watch.problem() == "all 2 optimizer.step() calls " + ZEROED
+
+
+def test_weight_decay_moves_weights_whose_grad_is_zeros_and_the_message_says_so() -> None:
+    model, batches = model_and_batches()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.1)
+    watch, start = ZeroedSteps(list(model.parameters())), weights(model)
+    with watch.watching():
+        train(model, optimizer, batches, lambda o, m: o.zero_grad(set_to_none=False))
+    assert not torch.equal(weights(model), start)
+    assert "so those steps followed no gradient of their backward, only what the optimizer adds" in watch.problem()
