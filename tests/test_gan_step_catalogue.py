@@ -335,13 +335,13 @@ def zeroed_steps(with_clear):
     ]
 
 
-def right_only_the_first_time():
-    """A step that keeps state between calls: right on its first call, then D's step moves."""
+def right_only_the_first_time(later=d_step_after_g_backward):
+    """A step that keeps state between calls: right on its first call, then ``later`` (D's step moves)."""
     calls = []
 
     def step(netG, netD, optimizerG, optimizerD, real, z):
         calls.append(None)
-        chosen = fixed_solution if len(calls) == 1 else d_step_after_g_backward
+        chosen = fixed_solution if len(calls) == 1 else later
         return chosen(netG, netD, optimizerG, optimizerD, real, z)
 
     return step
@@ -422,6 +422,11 @@ EXERCISE_1_RIGHT = [
 def test_a_step_that_changes_between_calls_is_caught_on_a_later_call():
     result = check_fixed_srgan_step(right_only_the_first_time())
     assert not result and "Right on a first call, but called again from empty .grad, D's optimizer" in result.message
+    for name, clear in ZEROED_WAYS.items():
+        result = check_fixed_srgan_step(right_only_the_first_time(later=clearing(fixed_solution)(clear)))
+        assert not result, name
+        assert result.message.startswith("Right on a first call, but called again from empty .grad, optimizerD.step()")
+        assert ZEROED in result.message, name
 
 
 # -- exercise 2: one pass of D, with backward(inputs=...) ---------------------------------------------

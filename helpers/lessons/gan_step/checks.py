@@ -45,8 +45,8 @@ def _toy_checker(seed: int = 0) -> GanStepChecker:
 @dataclass
 class _StepCall:
     """What one call of a learner's step did: .grad as it began, what each optimizer received at
-    each of its ``step()`` calls, .grad as the call ended, D's passes, the backward calls, and the
-    exception it raised, if any."""
+    each of its ``step()`` calls, .grad as the call ended, D's passes, the backward calls, the
+    exception it raised, if any, and what :class:`ZeroedSteps` says of its steps (None: nothing)."""
 
     entry: dict[str, dict[str, torch.Tensor | None]]
     received: dict[str, list[dict[str, torch.Tensor | None]]]
@@ -54,6 +54,7 @@ class _StepCall:
     d_passes: int
     backward_calls: list[_BackwardCall]
     error: BaseException | None
+    zeroed: str | None
 
 
 # The three calls each step is judged on, and how each is described in a verdict.
@@ -109,9 +110,13 @@ def _call_once(checker: GanStepChecker, step: Step) -> _StepCall:
     entry = {key: gradients_of(module) for key, module in modules.items()}
     handles = [optimizers[key].register_step_pre_hook(recorder(key)) for key in optimizers]
     handles.append(first_layer.register_forward_hook(count_pass))
+    zeroed = ZeroedSteps(
+        [p for module in modules.values() for p in module.parameters()],
+        {id(optimizer): f"optimizer{key}" for key, optimizer in optimizers.items()},
+    )
     error: BaseException | None = None
     try:
-        with _watching_backward() as backward_calls:
+        with _watching_backward() as backward_calls, zeroed.watching():
             step(*checker._args())
     except KeyboardInterrupt:
         raise
@@ -121,7 +126,7 @@ def _call_once(checker: GanStepChecker, step: Step) -> _StepCall:
         for handle in handles:
             handle.remove()
     final = {key: gradients_of(module) for key, module in modules.items()}
-    return _StepCall(entry, received, final, passes[0], backward_calls, error)
+    return _StepCall(entry, received, final, passes[0], backward_calls, error, zeroed.problem())
 
 
 def _flat(grads: Mapping[str, torch.Tensor | None], like: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -290,20 +295,10 @@ def _later_call_problem(
 def _zeroed_steps(checker: GanStepChecker, step: Step) -> str | None:
     """What :class:`ZeroedSteps` says of one more call of ``step`` (frozen, from empty .grad): an optimizer step
     taken on the gradients its network's backward filled and something then cleared. None when there is none."""
-    watch = ZeroedSteps(
-        [*checker.netD.parameters(), *checker.netG.parameters()],
-        {id(checker.optimizerD): "optimizerD", id(checker.optimizerG): "optimizerG"},
-    )
-    with checker.frozen(), watch.watching():
+    with checker.frozen():
         checker.netG.zero_grad(set_to_none=True)
         checker.netD.zero_grad(set_to_none=True)
-        try:
-            step(*checker._args())
-        except KeyboardInterrupt:
-            raise
-        except BaseException:  # a step that raises only now is told how its first call's gradients differ
-            return None
-    return watch.problem()
+        return _call_once(checker, step).zeroed
 
 
 def _judge_step(step: Any, single_forward: bool) -> CheckResult:
@@ -355,6 +350,8 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
         )
         if problem:
             return CheckResult(False, problem)
+        if call.zeroed:
+            return CheckResult(False, f"Right on a first call, but {when}, {call.zeroed}", ZEROED_HINT)
         later = _later_call_problem(call, index, calls[index - 1] if index else None, checker.reference)
         if later:
             return CheckResult(False, *later)
