@@ -3,7 +3,8 @@
 A check returns a :class:`CheckResult`, truthy when the answer is right and shown as the verdict (a
 tick, or what is wrong plus a hint). It never raises on a wrong answer: :func:`checked` refuses a
 non-function, keeps the caller's random stream, and turns a :class:`Rejected` into the verdict;
-:func:`run_answer` turns an exception of any type from the answer into one, with its own first line.
+:func:`run_answer` turns an exception of any type from the answer into one, with its own first line, and
+a step on gradients the answer cleared after their backward (:mod:`helpers.zeroed`) into another.
 The lessons' checks (``helpers.lessons``) run each answer twice, the second time from the state the
 first call left, against reference runs made in the check; :func:`run_loop` judges a training loop's
 history and the buffers its graphs left, and :func:`reject_peak` the buffers a :class:`SavedTensorMeter`
@@ -14,6 +15,7 @@ when it is a clear multiple (0.50x).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import numbers
@@ -26,6 +28,7 @@ import torch
 from helpers.display import format_bytes
 from helpers.measure import gradients_close
 from helpers.meter import SavedTensorMeter
+from helpers.zeroed import ZEROED_HINT, ZeroedSteps
 
 __all__ = [
     "SECOND_CALL",
@@ -92,10 +95,21 @@ def checked(check: Callable[[Any], CheckResult]) -> Callable[[Any], CheckResult]
     return run
 
 
-def run_answer(answer: Callable[..., Any], *args: Any, who: str, hint: str = "", where: str = "") -> Any:
-    """Call the learner's answer; an exception it raises becomes the verdict, with its own first line."""
+def run_answer(
+    answer: Callable[..., Any],
+    *args: Any,
+    who: str,
+    hint: str = "",
+    where: str = "",
+    trained: Sequence[torch.Tensor] = (),
+) -> Any:
+    """Call the learner's answer; an exception it raises becomes the verdict, with its own first line. Given
+    ``trained``, the parameters it should train, an optimizer step it takes with their ``.grad`` cleared after the
+    backward that filled it (:class:`helpers.zeroed.ZeroedSteps`) is rejected too, before anything else is judged."""
+    zeroed = ZeroedSteps(trained)
     try:
-        return answer(*args)
+        with zeroed.watching() if trained else contextlib.nullcontext():
+            result = answer(*args)
     except Exception as exc:
         lines = str(exc).strip().splitlines()
         text = lines[0][:90] + ("..." if len(lines[0]) > 90 else "") if lines else ""
@@ -103,6 +117,9 @@ def run_answer(answer: Callable[..., Any], *args: Any, who: str, hint: str = "",
         raise Rejected(
             f"{who} raised {type(exc).__name__}" + (f": {text}" if text else "."), hint if second else "", where
         ) from None
+    if problem := zeroed.problem():
+        raise Rejected(problem, ZEROED_HINT, where)
+    return result
 
 
 def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -154,6 +171,7 @@ def run_loop(
     where: str,
     hints: Sequence[str],
     one_graph: int,
+    trained: Sequence[torch.Tensor] = (),
 ) -> tuple[bool, float]:
     """Run a learner's loop under ``meter`` and judge what it returns and what its graphs left.
 
@@ -161,12 +179,13 @@ def run_loop(
     ``loss.detach()``, count as numbers), and no buffers may be left after it returns. ``hints``: on an
     error, on what is stored, on the values, on buffers left. The peak during the loop is the caller's to
     judge with :func:`reject_peak`, after its own checks of the training, so that a loop that does not
-    train is told that first. Returns whether the history held tensors, and the peak in graphs
-    (peak / ``one_graph``), from byte counts, so the same on every CPU.
+    train is told that first; a step on the zeroed gradients of ``trained`` is told before anything else.
+    Returns whether the history held tensors, and the peak in graphs (peak / ``one_graph``), from byte
+    counts, so the same on every CPU.
     """
     meter.reset_peak()
     with meter:
-        history = run_answer(train, *args, who="your loop", where=where, hint=hints[0])
+        history = run_answer(train, *args, who="your loop", where=where, hint=hints[0], trained=trained)
     if not isinstance(history, list) or len(history) != len(expected):
         got = (
             "None"

@@ -12,7 +12,7 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
-from check_catalogue import catalogue_tests, verdict
+from check_catalogue import catalogue_tests, verdict, zeroed_wrong
 
 from helpers.lessons.carried_state import check_carried_names, check_precomputed_fix, check_truncated_bptt
 
@@ -25,7 +25,9 @@ def chunk_loss(model, h, inputs, targets):  # the notebook's own
 # -- exercise 2: truncated BPTT ----------------------------------------------------------------------
 
 
-def bptt(cut=lambda h: h.detach(), retain=False, zero="before backward", carry=True, cut_after=False):
+def bptt(cut=lambda h: h.detach(), retain=False, zero="before backward", carry=True, cut_after=False, between=None):
+    """The solution's loop with one thing changed; ``between(optimizer, model)`` runs between backward and step."""
+
     def train_truncated(model, optimizer, batches, h):
         start = h
         for inputs, targets in batches:
@@ -35,6 +37,8 @@ def bptt(cut=lambda h: h.detach(), retain=False, zero="before backward", carry=T
                 optimizer.zero_grad()
             loss, h = chunk_loss(model, h, inputs, targets)
             loss.backward(retain_graph=retain)
+            if between is not None:
+                between(optimizer, model)
             optimizer.step()
             if zero == "after step":
                 optimizer.zero_grad()
@@ -201,7 +205,9 @@ def as_given(model, optimizer, inputs, labels, steps):  # the exercise cell
         optimizer.step()
 
 
-def classifier(features_inside=True, detach=False, retain=False, whole_model=False):
+def classifier(features_inside=True, detach=False, retain=False, whole_model=False, between=None):
+    """The solution's loop with one thing changed; ``between(optimizer, model)`` runs between backward and step."""
+
     def train_classifier(model, optimizer, inputs, labels, steps):
         if not features_inside:
             features = model.encoder(inputs)
@@ -217,6 +223,8 @@ def classifier(features_inside=True, detach=False, retain=False, whole_model=Fal
                 logits = model.head(features)
             loss = F.cross_entropy(logits, labels)
             loss.backward(retain_graph=retain)
+            if between is not None:
+                between(optimizer, model)
             optimizer.step()
 
     return train_classifier
@@ -399,6 +407,9 @@ WRONG = [
         id="ex3-features-made-a-leaf",
     ),
     pytest.param(check_precomputed_fix, classifier_no_zero_grad, "never zeroes .grad", id="ex3-no-zero-grad"),
+    # A step on gradients cleared after their backward: the weights never change (issue 26), not "you also clip".
+    *zeroed_wrong(check_truncated_bptt, lambda clear: bptt(between=clear), "ex2"),
+    *zeroed_wrong(check_precomputed_fix, lambda clear: classifier(between=clear), "ex3"),
 ]
 
 RIGHT = [

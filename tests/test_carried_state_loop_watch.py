@@ -16,6 +16,8 @@ def test_norm_clipping_is_some_steps_scaled_down_to_one_threshold_and_none_above
     assert not is_norm_clipping([0.45, 0.15], [0.9, 0.3]), "every step halved is a scaled loss"
     assert not is_norm_clipping([0.4, 0.6], [0.9, 0.6]), "a step above the threshold would have been clipped"
     assert not is_norm_clipping([0.5, 0.4], [0.4, 0.9]), "a gradient scaled up is not clipping"
+    assert not is_norm_clipping([0.0, 0.0, 0.0], [0.9, 0.3, 0.7]), "every gradient cleared is not clipping at 0"
+    assert not is_norm_clipping([0.0, 0.3], [0.9, 0.3]), "a gradient cleared is not clipped"
 
 
 def make_watched():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from check_catalogue import ZEROED, ZEROED_WAYS
 from gan_steps import d_loss_fn, g_loss_fn
 from gan_steps import inputs_step as single_forward_inputs  # exercise 2's solution
 from gan_steps import moved_step as d_step_after_g_backward
@@ -298,13 +299,49 @@ def str_fails(*args):
     raise Unprintable()
 
 
-def right_only_the_first_time():
-    """A step that keeps state between calls: right on its first call, then D's step moves."""
+class ClearsThenSteps:
+    """An optimizer as a learner's helper uses it: ``step()`` first clears .grad with ``clear(optimizer, network)``
+    (tests/check_catalogue.py's ZEROED_WAYS), then steps."""
+
+    def __init__(self, optimizer, network, clear):
+        self.optimizer, self.network, self.clear = optimizer, network, clear
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none)
+
+    def step(self):
+        self.clear(self.optimizer, self.network)
+        self.optimizer.step()
+
+
+def clearing(solution):
+    """``solution`` (a step function) whose optimizers clear .grad between its backward and their step."""
+
+    def with_clear(clear):
+        def step(netG, netD, optimizerG, optimizerD, real, z):
+            cleared = ClearsThenSteps(optimizerG, netG, clear), ClearsThenSteps(optimizerD, netD, clear)
+            return solution(netG, netD, *cleared, real, z)
+
+        return step
+
+    return with_clear
+
+
+def zeroed_steps(with_clear):
+    """Each way of clearing .grad between backward and step (tests/check_catalogue.py), in ``with_clear(clear)``."""
+    return [
+        pytest.param(with_clear(clear), ["optimizerD.step() and optimizerG.step() " + ZEROED], id=name)
+        for name, clear in ZEROED_WAYS.items()
+    ]
+
+
+def right_only_the_first_time(later=d_step_after_g_backward):
+    """A step that keeps state between calls: right on its first call, then ``later`` (D's step moves)."""
     calls = []
 
     def step(netG, netD, optimizerG, optimizerD, real, z):
         calls.append(None)
-        chosen = fixed_solution if len(calls) == 1 else d_step_after_g_backward
+        chosen = fixed_solution if len(calls) == 1 else later
         return chosen(netG, netD, optimizerG, optimizerD, real, z)
 
     return step
@@ -318,6 +355,8 @@ SRGAN_START_MESSAGE = (
     "gradient that needs D's current weights before D's step."
 )
 
+# A step on .grad cleared after its backward (issue 26): named so, with where zero_grad() belongs.
+ZEROED_D_ONLY = ["optimizerD.step() ran on zeroed gradients", "so the weights did not change at that step"]
 EXERCISE_1_WRONG = [
     pytest.param(
         never_zeroes,
@@ -349,12 +388,9 @@ EXERCISE_1_WRONG = [
         id="retain-on-last-backward",
     ),
     pytest.param(g_loss_on_detached_fake, ["G's optimizer found no gradient at all"], id="g-loss-on-fake-detach"),
-    pytest.param(zero_grad_after_backward, ["D's optimizer found no gradient at all"], id="zero-grad-after-backward"),
-    pytest.param(
-        zero_grad_to_zeros_after_backward,
-        ["D's optimizer received a zero gradient"],
-        id="zero-grad-to-zeros-after-backward",
-    ),
+    pytest.param(zero_grad_after_backward, ZEROED_D_ONLY, id="zero-grad-after-backward"),
+    pytest.param(zero_grad_to_zeros_after_backward, ZEROED_D_ONLY, id="zero-grad-to-zeros-after-backward"),
+    *zeroed_steps(clearing(fixed_solution)),
     pytest.param(d_step_twice, ["calls optimizerD.step() 2 times"], id="d-step-twice"),
     pytest.param(forgets_g_step, ["never calls optimizerG.step()"], id="forgets-g-step"),
     pytest.param(no_retain_no_detach, ["backward through the graph a second time"], id="second-backward"),
@@ -386,6 +422,11 @@ EXERCISE_1_RIGHT = [
 def test_a_step_that_changes_between_calls_is_caught_on_a_later_call():
     result = check_fixed_srgan_step(right_only_the_first_time())
     assert not result and "Right on a first call, but called again from empty .grad, D's optimizer" in result.message
+    for name, clear in ZEROED_WAYS.items():
+        result = check_fixed_srgan_step(right_only_the_first_time(later=clearing(fixed_solution)(clear)))
+        assert not result, name
+        assert result.message.startswith("Right on a first call, but called again from empty .grad, optimizerD.step()")
+        assert ZEROED in result.message, name
 
 
 # -- exercise 2: one pass of D, with backward(inputs=...) ---------------------------------------------
@@ -657,6 +698,7 @@ EXERCISE_2_WRONG = [
         id="retain-on-last-backward",
     ),
     pytest.param(one_pass_forgets_g_step, ["never calls optimizerG.step()"], id="forgets-g-step"),
+    *zeroed_steps(clearing(single_forward_inputs)),
     pytest.param(name_typo, ["NameError"], id="name-error"),
     pytest.param(raises_own_exception, ["LearnerError: my own error"], id="own-exception"),
     pytest.param(None, ["Pass your step function itself"], id="not-a-function"),

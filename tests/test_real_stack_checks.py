@@ -8,7 +8,7 @@ leaving the random stream alone (tests/check_catalogue.py runs them).
 from __future__ import annotations
 
 import torch
-from check_catalogue import catalogue_tests
+from check_catalogue import catalogue_tests, zeroed_wrong
 
 from helpers.lessons.real_stack import check_ppo_update, check_sam_step
 
@@ -36,7 +36,9 @@ def new_log_probs_of(policy, observations, actions):
 # -- exercise 1: PPO ------------------------------------------------------------------------------------
 
 
-def ppo(detach=True, recompute=True, retain=False, zero=True, steps_less=0, old_from_current=False):
+def ppo(detach=True, recompute=True, retain=False, zero=True, steps_less=0, old_from_current=False, between=None):
+    """The solution with one thing changed; ``between(optimizer, policy)`` runs between backward and step."""
+
     def ppo_update(policy, optimizer, observations, actions, rollout_log_probs, advantages, epochs):
         old = rollout_log_probs.detach() if detach else rollout_log_probs
         new = new_log_probs_of(policy, observations, actions)
@@ -48,6 +50,8 @@ def ppo(detach=True, recompute=True, retain=False, zero=True, steps_less=0, old_
             if zero:
                 optimizer.zero_grad()
             ppo_loss(new, old, advantages).backward(retain_graph=retain)
+            if between is not None:
+                between(optimizer, policy)
             optimizer.step()
 
     return ppo_update
@@ -119,6 +123,8 @@ PPO_WRONG = [
     ),
     (check_ppo_update, ppo(old_from_current=True), "At optimizer step 2, .grad differs from the right update's"),
     (check_ppo_update, 42, "Pass your function itself"),
+    # A step on .grad cleared after its backward (issue 26): named so, not only "left where they started".
+    *zeroed_wrong(check_ppo_update, lambda clear: ppo(between=clear), "ex1"),
 ]
 PPO_RIGHT = [(check_ppo_update, ppo_solution), (check_ppo_update, ppo()), (check_ppo_update, ppo_log_softmax)]
 
@@ -135,7 +141,11 @@ def sam(
     restore_after=False,
     perturb=True,
     steps=1,
+    between=None,
 ):
+    """The solution with one thing changed; ``between(optimizer, model)`` runs between the weights put back and
+    the step."""
+
     def sam_step(model, optimizer, loss_fn, rho):
         if first_zero:
             optimizer.zero_grad()
@@ -149,6 +159,8 @@ def sam(
             with torch.no_grad():
                 for p, e in zip(model.parameters(), shifts):
                     p.sub_(e)
+        if between is not None:
+            between(optimizer, model)
         for _ in range(steps):
             optimizer.step()
         if restore_after:
@@ -213,6 +225,7 @@ SAM_WRONG = [
     (check_sam_step, sam(restore_after=True), "optimizer.step() ran while the weights were still perturbed"),
     (check_sam_step, sam(steps=2), "Your step made 2 optimizer step(s); a SAM step makes one"),
     (check_sam_step, sam(steps=0), "Your step made 0 optimizer step(s)"),
+    *zeroed_wrong(check_sam_step, lambda clear: sam(between=clear), "ex2"),
 ]
 SAM_RIGHT = [(check_sam_step, sam_solution), (check_sam_step, sam()), (check_sam_step, sam_saved_weights)]
 

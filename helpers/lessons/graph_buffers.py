@@ -256,6 +256,7 @@ def check_training_loop(train: Callable[[torch.nn.Module, list[torch.Tensor]], l
             where,
             hints,
             one_graph,
+            trained=list(model.parameters()),
         )
         if not gradients_close(flat(list(model.parameters())), flat(list(reference.parameters()))):
             raise Rejected("after your loop the model's parameters differ from the given loop's.", training, where)

@@ -7,9 +7,10 @@ inside a :class:`SavedTensorMeter` that is read at every ``optimizer.step()``: w
 while it runs is the lesson, so it is measured there, not after the function returned. At every step the
 check also notes whether the graph of an earlier batch's loss is still alive (a list of loss tensors) and
 the gradient's norm; at every ``torch.autograd.backward`` (``loss.backward()`` goes through it) whether it
-retained and what it left alive. The parameters after each call are compared with reference loops run in
+retained and what it left alive. A step on gradients the loop cleared after their backward is rejected first
+(:mod:`helpers.zeroed`). The parameters after each call are compared with reference loops run in
 the check, right and wrong, and with the right loop whose steps are scaled down to the learner's gradient
-norms (accepted when that is norm clipping at one threshold); a wrong answer is named by the mistake whose
+norms (accepted when that is norm clipping at one threshold above zero); a wrong answer is named by the mistake whose
 parameters it reproduces. An accepted loop that retained, ran the model more than once per step or reads
 ``.data`` is told what that did. The names check runs :func:`find_carried_graph` on each snippet, so the
 answer it expects is measured, not written down; it takes ``state[0]`` and ``state(0)`` alike.
@@ -196,7 +197,9 @@ def _judge_loop(
         before = _state(model)
         watch.clear()
         with meter, watch.watching():
-            run_answer(call, model, optimizer, who="your loop", hint=hint_error, where=where)
+            run_answer(
+                call, model, optimizer, who="your loop", hint=hint_error, where=where, trained=list(model.parameters())
+            )
         if len(watch.held) != steps:
             raise Rejected(
                 f"optimizer.step() ran {len(watch.held)} times; one step per {unit[0]} is {steps}.",

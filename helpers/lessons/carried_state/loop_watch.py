@@ -42,12 +42,12 @@ def scale_down_to(model: torch.nn.Module, norm: float) -> None:
 
 
 def is_norm_clipping(learner: Sequence[float], unclipped: Sequence[float]) -> bool:
-    """The learner's gradient norms at each step are the right loop's, some scaled down to one threshold and
-    none above it: norm clipping (``clip_grad_norm_``) at that threshold."""
+    """The learner's gradient norms at each step are the right loop's, some scaled down to one threshold above
+    zero and none above it: norm clipping (``clip_grad_norm_``) at that threshold."""
     if len(learner) != len(unclipped) or any(got > full * (1 + _TOLERANCE) for got, full in zip(learner, unclipped)):
         return False
     scaled = [got for got, full in zip(learner, unclipped) if got < full * (1 - _TOLERANCE)]
-    if not scaled:
+    if not scaled or min(scaled) <= 0:  # a gradient scaled down to nothing was cleared, not clipped
         return False
     threshold = max(scaled)
     kept = [full for got, full in zip(learner, unclipped) if got >= full * (1 - _TOLERANCE)]

@@ -4,8 +4,9 @@ A step that is right once can be wrong from its second call on (nothing clears .
 on the sum of earlier losses), so each step is judged on three calls in a row at learning rate 0:
 from empty .grad, right after itself, and with .grad pre-filled with other values. Every
 gradient an optimizer receives at any step() call must equal the reference. What each backward
-call did is recorded by :mod:`helpers.lessons.gan_step.watch`. A wrong answer is a verdict with a
-hint, never an exception.
+call did is recorded by :mod:`helpers.lessons.gan_step.watch`. A step whose optimizer finds .grad
+cleared after the backward that filled it is told so (:mod:`helpers.zeroed`) before how its gradients
+differ. A wrong answer is a verdict with a hint, never an exception.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from helpers.lessons.gan_step.data import ring_of_gaussians
 from helpers.lessons.gan_step.steps import STANDARD_SETTINGS, Step, make_step
 from helpers.lessons.gan_step.watch import _BackwardCall, _d_loss, _g_loss, _mlp, _watching_backward
 from helpers.measure import gradients_close, gradients_of
+from helpers.zeroed import ZEROED_HINT, ZeroedSteps
 
 __all__ = ["check_fixed_srgan_step", "check_single_forward_step"]
 
@@ -43,8 +45,8 @@ def _toy_checker(seed: int = 0) -> GanStepChecker:
 @dataclass
 class _StepCall:
     """What one call of a learner's step did: .grad as it began, what each optimizer received at
-    each of its ``step()`` calls, .grad as the call ended, D's passes, the backward calls, and the
-    exception it raised, if any."""
+    each of its ``step()`` calls, .grad as the call ended, D's passes, the backward calls, the
+    exception it raised, if any, and what :class:`ZeroedSteps` says of its steps (None: nothing)."""
 
     entry: dict[str, dict[str, torch.Tensor | None]]
     received: dict[str, list[dict[str, torch.Tensor | None]]]
@@ -52,6 +54,7 @@ class _StepCall:
     d_passes: int
     backward_calls: list[_BackwardCall]
     error: BaseException | None
+    zeroed: str | None
 
 
 # The three calls each step is judged on, and how each is described in a verdict.
@@ -107,9 +110,13 @@ def _call_once(checker: GanStepChecker, step: Step) -> _StepCall:
     entry = {key: gradients_of(module) for key, module in modules.items()}
     handles = [optimizers[key].register_step_pre_hook(recorder(key)) for key in optimizers]
     handles.append(first_layer.register_forward_hook(count_pass))
+    zeroed = ZeroedSteps(
+        [p for module in modules.values() for p in module.parameters()],
+        {id(optimizer): f"optimizer{key}" for key, optimizer in optimizers.items()},
+    )
     error: BaseException | None = None
     try:
-        with _watching_backward() as backward_calls:
+        with _watching_backward() as backward_calls, zeroed.watching():
             step(*checker._args())
     except KeyboardInterrupt:
         raise
@@ -119,7 +126,7 @@ def _call_once(checker: GanStepChecker, step: Step) -> _StepCall:
         for handle in handles:
             handle.remove()
     final = {key: gradients_of(module) for key, module in modules.items()}
-    return _StepCall(entry, received, final, passes[0], backward_calls, error)
+    return _StepCall(entry, received, final, passes[0], backward_calls, error, zeroed.problem())
 
 
 def _flat(grads: Mapping[str, torch.Tensor | None], like: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -285,6 +292,15 @@ def _later_call_problem(
     return None
 
 
+def _zeroed_steps(checker: GanStepChecker, step: Step) -> str | None:
+    """What :class:`ZeroedSteps` says of one more call of ``step`` (frozen, from empty .grad): an optimizer step
+    taken on the gradients its network's backward filled and something then cleared. None when there is none."""
+    with checker.frozen():
+        checker.netG.zero_grad(set_to_none=True)
+        checker.netD.zero_grad(set_to_none=True)
+        return _call_once(checker, step).zeroed
+
+
 def _judge_step(step: Any, single_forward: bool) -> CheckResult:
     if not callable(step):
         return CheckResult(False, "Pass your step function itself (without calling it).")
@@ -313,6 +329,8 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
     if problem:
         return CheckResult(False, problem)
     if result.outcome == "silently wrong":
+        if zeroed := _zeroed_steps(checker, step):
+            return CheckResult(False, zeroed, ZEROED_HINT)
         cross = _cross_reference(checker)
         found = [
             _what_was_received(key, result.gradients[key], checker.reference[key], cross[key])
@@ -332,6 +350,8 @@ def _judge_step_calls(step: Step, single_forward: bool) -> CheckResult:
         )
         if problem:
             return CheckResult(False, problem)
+        if call.zeroed:
+            return CheckResult(False, f"Right on a first call, but {when}, {call.zeroed}", ZEROED_HINT)
         later = _later_call_problem(call, index, calls[index - 1] if index else None, checker.reference)
         if later:
             return CheckResult(False, *later)

@@ -3,7 +3,8 @@
 Each check builds its own small model and data, runs the learner's function twice (the second time from
 the parameters the first call left, with ``.grad`` still holding values), records every optimizer step
 through a step hook, and compares each step with a reference computed here. Messages name only what was
-measured: the number of steps, which step first differs, and what that step's gradient equals.
+measured: a step on .grad cleared after its backward (:mod:`helpers.zeroed`) first, then the number of steps,
+which step first differs, and what that step's gradient equals.
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ def check_ppo_update(ppo_update: Callable[..., Any]) -> CheckResult:
                 who="your update",
                 where=where,
                 hint=hint,
+                trained=list(policy.parameters()),
             )
         finally:
             handle.remove()
@@ -234,6 +236,7 @@ def check_sam_step(sam_step: Callable[..., Any]) -> CheckResult:
                 who="your step",
                 where=where,
                 hint=hint,
+                trained=params,
             )
         finally:
             handle.remove()
