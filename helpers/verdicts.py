@@ -278,19 +278,33 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             add(line, _Carried(None, line, built or None, call.line, None, None, iteration, {iteration}))
     return [
         CarriedFinding(
-            e.name,
+            as_the_line_names_it(e.name, e.built_at),
             e.built_at,
             e.iteration,
             e.used_at,
             e.reached_from,
             len(e.times),
-            carried_fix(e.name, e.built_at, e.iteration is None, e.container),
+            carried_fix(as_the_line_names_it(e.name, e.built_at), e.built_at, e.iteration is None, e.container),
             e.shape,
             e.container,
             _enters_at(recorder, e),
         )
         for e in found.values()
     ]
+
+
+def as_the_line_names_it(name: str | None, built_at: str) -> str | None:
+    """A name found only through a framework's private attributes (``trainer._accelerator_connector.strategy._model.h``
+    under PyTorch Lightning), as the learner's own line that built it names it (``self.h``, when that line is
+    ``self.h = self.rnn(x, self.h)``): the attribute the line assigns on ``self`` is the one the name ends in."""
+    if name is None or not any(part.startswith("_") for part in re.split(r"[.\[]", name)):
+        return name
+    code = built_at.split(": ", 1)[-1]
+    targets = re.split(r"(?<![=!<>])(?:\+|-|\*|/)?=(?!=)", code, maxsplit=1)
+    attribute = re.search(r"\.(\w+)((?:\[[^\]]*\])*)$", name)
+    if len(targets) < 2 or attribute is None or attribute.group(1) not in re.findall(r"\bself\.(\w+)", targets[0]):
+        return name
+    return f"self.{attribute.group(1)}{attribute.group(2)}"
 
 
 def _enters_at(recorder: Recorder, carried: _Carried) -> str | None:

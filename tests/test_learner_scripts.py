@@ -257,3 +257,44 @@ def test_a_while_loop_is_the_iteration(tmp_path: Path, where: str) -> None:
     diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
     assert diagnosis.startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in iteration 2)")
     assert "`h` carries iteration 1's graph into iteration 2" in diagnosis
+
+
+def test_a_lightning_module_carrying_its_own_attribute_is_named_as_its_line_names_it(tmp_path: Path) -> None:
+    python, watched = run(
+        tmp_path,
+        """
+        import pytorch_lightning as pl
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Carry(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.rnn = torch.nn.GRUCell(8, 8)
+                self.head = torch.nn.Linear(8, 1)
+                self.h = torch.zeros(4, 8)
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                self.h = self.rnn(x, self.h)
+                return torch.nn.functional.mse_loss(self.head(self.h), y)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(32, 8), torch.randn(32, 1))
+        trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, accelerator="cpu")
+        trainer.fit(Carry(), DataLoader(data, batch_size=4))
+        """,
+    )
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    # reached only through Lightning's private attributes (trainer._accelerator_connector.strategy._model.h): named
+    # as training_step's own line names it
+    assert "1. `self.h` carries iteration 1's graph into iteration 2" in diagnosis
+    assert "fix: add `self.h = self.h.detach()` before line 16" in diagnosis
+    assert "_accelerator_connector" not in diagnosis

@@ -13,7 +13,7 @@ from torch.autograd import grad as imported_grad
 from helpers.meter import SavedTensorMeter
 from helpers.recorder import SECOND_TIME, Recorder, StopRecording
 from helpers.saved import graph_only_bytes, python_walk
-from helpers.verdicts import judge
+from helpers.verdicts import as_the_line_names_it, judge
 
 
 def _mlp(width: int = 8) -> torch.nn.Sequential:
@@ -308,3 +308,23 @@ def test_iterations_stop_the_loop_at_the_top_of_the_next_pass_where_no_except_ca
                 pass
             ran += 1
     assert ran == 2 and recorder.iterations_done() == 2  # both passes ran whole, the third never started
+
+
+@pytest.mark.parametrize(
+    ("found", "built_at", "shown"),
+    [
+        ("trainer._accelerator_connector.strategy._model.h", "m.py:15: self.h = self.rnn(x, self.h)", "self.h"),
+        ("trainer._loop.model.hidden[0]", "m.py:9: self.hidden = (h, c)", "self.hidden[0]"),
+        ("trainer._loop.model.c", "m.py:9: self.h, self.c = self.lstm(x, (self.h, self.c))", "self.c"),
+        ("trainer._loop.model.reg", "m.py:9: self.reg += w.norm()", "self.reg"),
+        # the line does not assign that attribute on self: the name stays as found
+        ("trainer._loop.model.h", "m.py:9: out, h = self.lstm(x, self.h)", "trainer._loop.model.h"),
+        ("trainer._loop.model.h", "m.py:9: if self.h is None:", "trainer._loop.model.h"),
+        ("trainer._loop.model.h", "m.py:9: self.g = self.h * 2", "trainer._loop.model.h"),
+        # a name with no private part is the learner's own already
+        ("model.h", "m.py:9: self.h = self.rnn(x, self.h)", "model.h"),
+        (None, "m.py:9: self.h = self.rnn(x, self.h)", None),
+    ],
+)
+def test_a_name_found_through_a_frameworks_private_attributes_is_the_one_its_line_assigns(found, built_at, shown):
+    assert as_the_line_names_it(found, built_at) == shown
