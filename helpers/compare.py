@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from helpers.display import Table, format_bytes
 from helpers.figures import PngFigure
-from helpers.measure import compare_gradients, gradients_of, profiler_peak_bytes, time_round_robin
+from helpers.measure import compare_gradients, gradients_of, one_thread, profiler_peak_bytes, time_round_robin
 from helpers.meter import SavedTensorMeter
 
 __all__ = ["PatternComparison", "PatternResult", "compare_patterns"]
@@ -136,8 +136,9 @@ def compare_patterns(
     Each pattern runs one complete step (forward and backward, no optimizer step, so every
     pattern sees the same weights). Gradients are compared after one step from zeroed
     ``.grad``; time is the median over ``rounds`` alternating rounds; memory is the meter's peak
-    graph-only bytes and the profiler's peak allocation over one step. Used by notebooks
-    02_multi_loss and 03_gan_step.
+    graph-only bytes and the profiler's peak allocation over one step. All of it runs on one of
+    PyTorch's threads (:func:`helpers.measure.one_thread`). Used by notebooks 02_multi_loss and
+    03_gan_step.
     """
     if not isinstance(patterns, Mapping) or not patterns:
         raise TypeError("compare_patterns() takes a non-empty dict of name -> step function.")
@@ -151,6 +152,13 @@ def compare_patterns(
         if not callable(step):
             raise TypeError(f"Pattern {name!r} is not a function.")
 
+    with one_thread():
+        return _compare(patterns, model, reference, rounds, progress)
+
+
+def _compare(
+    patterns: Mapping[str, Step], model: torch.nn.Module, reference: str, rounds: int, progress: bool
+) -> PatternComparison:
     gradients: dict[str, dict[str, torch.Tensor | None]] = {}
     peaks: dict[str, int] = {}
     profiled: dict[str, int] = {}

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from helpers.display import Table, format_bytes
 from helpers.figures import PngFigure
 from helpers.learner import intercepting
-from helpers.measure import time_round_robin
+from helpers.measure import one_thread, time_round_robin
 from helpers.meter import SavedTensorMeter
 
 __all__ = ["GrowthResult", "growth_experiment", "new_loop_state", "reachable_nodes"]
@@ -186,13 +186,21 @@ def growth_experiment(
     (by default ``state.history == []``, ``state.total == 0.0``); everything a body kept is dropped before the
     next run. The time run calls every body :data:`WARM_UP_ITERATIONS` times untimed first, then
     interleaves them (:func:`helpers.measure.time_round_robin`). ``block`` (default: a tenth of the
-    iterations) is the block size for the per-block figures of :class:`GrowthResult`.
+    iterations) is the block size for the per-block figures of :class:`GrowthResult`. All of it runs on one of
+    PyTorch's threads (:func:`helpers.measure.one_thread`).
 
     Used by notebooks 02_multi_loss and 04_carried_state.
     """
     block = max(1, iterations // 10) if block is None and isinstance(iterations, int) else block
     _check_arguments(bodies, iterations, block)
     assert block is not None
+    with one_thread():
+        return _grow(bodies, iterations, block, progress, new_state)
+
+
+def _grow(
+    bodies: Mapping[str, Body], iterations: int, block: int, progress: bool, new_state: Callable[[], Any]
+) -> GrowthResult:
     result = GrowthResult(iterations, block)
     bar = tqdm(total=iterations * len(bodies), desc="bytes run", disable=not progress, leave=True)
     for name, body in bodies.items():

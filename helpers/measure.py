@@ -6,7 +6,7 @@ One way to do each:
   and :func:`gradients_close` two tensors, both with one tolerance policy (:data:`RTOL`, :data:`ATOL`):
   two correct ways of computing a gradient may add the same terms in another order;
 * :func:`time_round_robin` times several steps in alternating rounds, so a machine's slow drifts hit
-  all of them alike;
+  all of them alike, on one of PyTorch's threads (:func:`one_thread`);
 * :func:`profiler_peak_bytes` takes the peak of all CPU memory a step allocates from torch.profiler;
 * :class:`TrainingState` captures parameters, ``.grad``, optimizer state and the random streams (and, given
   the step, the tensors its closure and globals hold), and puts them back.
@@ -37,6 +37,7 @@ __all__ = [
     "compare_gradients",
     "gradients_close",
     "gradients_of",
+    "one_thread",
     "profiler_peak_bytes",
     "time_round_robin",
 ]
@@ -109,15 +110,29 @@ def time_round_robin(
     so no step always runs first. ``before_each`` (untimed) runs before every call."""
     names = list(steps)
     times: dict[str, list[float]] = {name: [] for name in names}
-    for index in tqdm(range(rounds), desc=desc, disable=not progress, leave=True):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
-            if before_each is not None:
-                before_each()
-            start = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - start)
+    with one_thread():
+        for index in tqdm(range(rounds), desc=desc, disable=not progress, leave=True):
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                if before_each is not None:
+                    before_each()
+                start = time.perf_counter()
+                steps[name]()
+                times[name].append(time.perf_counter() - start)
     return times
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """PyTorch's intra-op threads set to one meanwhile, then put back. A lesson's tensors are small: a second
+    thread buys them little, and when another program holds the second core each parallel operation waits for the
+    thread that core runs (02 with a busy loop on the other core: 65 s on its default threads, 12 to 17 s on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from helpers.measure import (
     compare_gradients,
     gradients_close,
     gradients_of,
+    one_thread,
     profiler_peak_bytes,
     time_round_robin,
 )
@@ -227,3 +228,20 @@ def test_training_state_puts_back_module_attributes_and_buffers() -> None:
     assert model.memory.grad_fn is not None and not torch.equal(model.norm.running_mean, running_mean)
     state.restore()
     assert model.memory is memory and torch.equal(model.norm.running_mean, running_mean)
+
+
+def test_one_thread_runs_on_one_and_puts_the_threads_back_even_after_an_error() -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with one_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError), one_thread():
+            raise ValueError("the step failed")
+        assert torch.get_num_threads() == 2
+        seen = []
+        time_round_robin({"a": lambda: seen.append(torch.get_num_threads())}, rounds=2)
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
