@@ -13,7 +13,7 @@ NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sani
 # JupyterLab refuses to run as root unless told to; containers and CI run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test lint test-portable bench setup setup-test dot browser execute-notebooks html site-for-tests npm a11y-for-tests clean
+.PHONY: lab test lint test-portable bench bench-busy setup setup-test dot browser execute-notebooks html site-for-tests npm a11y-for-tests clean
 
 # Without dot the course's drawings fall back to text (README, "Set-up without make"), so the lab only
 # warns; the targets that depend on `dot` (test, test-portable, execute-notebooks, bench) stop: they
@@ -119,6 +119,10 @@ bench: setup-test dot
 	$(PY) benchmarks/bench_notebook.py
 	$(PY) benchmarks/bench_recorder.py
 	$(PY) benchmarks/bench_watch.py
+
+# The notebooks' run times again with a busy loop on another core (a laptop doing something else, a shared CPU).
+bench-busy: setup-test dot
+	$(PY) benchmarks/bench_notebook.py --busy
 
 clean:
 	rm -rf $(VENV) .pytest_cache $(SITE_NPM) $(A11Y_NPM) site site.zip

@@ -15,6 +15,10 @@ Every notebook run is paired with a floor run just before it, so a drift in the 
 both; each figure is the median over the rounds of the notebook's time divided by its own floor's.
 The target is judged on the wall clock; the CPU figure shows how much of a miss is the machine.
 Notebooks run from a temporary copy.
+
+``--busy`` runs the same with a busy loop (``while True: pass``) in another process all the while, as on a
+laptop doing something else or a shared CPU: the targets are the same (``make bench-busy``). The floor runs
+under the same load.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +61,19 @@ def summary(values: list[float]) -> str:
 
 
 def main() -> None:
-    names = sys.argv[1:] or sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    arguments = sys.argv[1:]
+    busy = "--busy" in arguments
+    names = [a for a in arguments if a != "--busy"] or sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    try:
+        measure(names, busy)
+    finally:
+        if loop is not None:
+            loop.kill()
+            loop.wait()
+
+
+def measure(names: list[str], busy: bool) -> None:
     floor_nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import torch")])
     floors: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
@@ -76,7 +93,8 @@ def main() -> None:
         f"CPU {statistics.median(c for _, c in all_floors):.2f} s "
         f"({min(c for _, c in all_floors):.2f}-{max(c for _, c in all_floors):.2f})"
     )
-    print(f"each notebook over its own floor, median of {ROUNDS} pairs (range):")
+    load = ", a busy loop on another core all the while" if busy else ""
+    print(f"each notebook over its own floor, median of {ROUNDS} pairs (range){load}:")
     for name in names:
         wall = [run[0] / floor[0] for run, floor in zip(runs[name], floors[name])]
         cpu = [run[1] / floor[1] for run, floor in zip(runs[name], floors[name])]
