@@ -6,6 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 COURSE_STAMP := $(VENV)/.course-installed
 TEST_STAMP := $(VENV)/.test-installed
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 # nbval re-runs every notebook and compares its text outputs with the committed ones.
@@ -18,8 +19,11 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # Without dot the course's drawings fall back to text (README, "Set-up without make"), so the lab only
 # warns; the targets that depend on `dot` (test, test-portable, execute-notebooks, bench) stop: they
 # test, save or time the notebooks with their drawings as pictures.
+# The committed notebooks' outputs are the course's own: trusted, JupyterLab draws their saved widget panels before
+# a cell runs (an untrusted notebook shows a panel as its text, "VBox(children=...)").
 lab: setup
 	@bash scripts/ensure-dot.sh --warn-only
+	@$(VENV)/bin/jupyter trust notebooks/*.ipynb >/dev/null
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 # tests/browser/ (JupyterLab in Chromium, marker `browser`) is collected with the rest; skip it with
@@ -44,8 +48,13 @@ PORTABLE_ENV := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 test-portable: setup-test dot
 	$(PORTABLE_ENV) $(PY) -m pytest -p no:cacheprovider $(NBVAL_ARGS) notebooks
 
-setup: $(COURSE_STAMP)
+setup: $(COURSE_STAMP) $(LAB_OVERRIDES)
 setup-test: $(TEST_STAMP)
+
+# JupyterLab's defaults in the course's environment: no news or update toast over the notebook a learner opens.
+$(LAB_OVERRIDES): scripts/lab/overrides.json | $(COURSE_STAMP)
+	mkdir -p $(dir $@)
+	cp $< $@
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

@@ -12,7 +12,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import nbformat
 import pytest
+from nbformat.sign import NotebookNotary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,6 +68,7 @@ def test_make_lab_serves_the_notebooks(tmp_path: Path, dot: bool) -> None:
         env["PATH"] = path_without(tmp_path, "dot", "apt-get")
     for name, sub in [
         ("JUPYTER_CONFIG_DIR", "config"),
+        ("JUPYTER_DATA_DIR", "data"),
         ("JUPYTER_RUNTIME_DIR", "runtime"),
         ("IPYTHONDIR", "ipython"),
         ("JUPYTERLAB_SETTINGS_DIR", "settings"),
@@ -103,6 +106,17 @@ def test_make_lab_serves_the_notebooks(tmp_path: Path, dot: bool) -> None:
         assert "01_graph_buffers.ipynb" in names, names
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token={token}", timeout=10) as response:
             assert response.status == 200
+        # no news or update toast over the notebook a learner opens first
+        settings = f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/apputils-extension:notification?token={token}"
+        with urllib.request.urlopen(settings, timeout=10) as response:
+            defaults = {k: v["default"] for k, v in json.load(response)["schema"]["properties"].items()}
+        assert defaults["fetchNews"] == "false" and defaults["checkForUpdates"] is False, (
+            defaults
+        )  # JupyterLab's: "none", true
+        # the committed notebooks are trusted, so JupyterLab draws their saved widget panels before a cell runs
+        notary = NotebookNotary(data_dir=str(tmp_path / "data"))
+        for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+            assert notary.check_signature(nbformat.read(notebook, as_version=4)), f"{notebook.name} is not trusted"
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:

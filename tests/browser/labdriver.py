@@ -205,6 +205,9 @@ class LabServer:
         shutil.copytree(NOTEBOOK_DIR, self.root_dir, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
         self.write_settings()
         env = self.environment()
+        # as `make lab` does: the committed notebooks trusted, so their saved widget panels draw before a cell runs
+        notebooks = sorted(str(path) for path in self.root_dir.glob("*.ipynb"))
+        subprocess.run([sys.executable, "-m", "jupyter", "trust", *notebooks], env=env, check=True, capture_output=True)
         errors = []
         for _attempt in range(3):  # the free port can be taken between choosing and binding it
             self.port = _free_port()
