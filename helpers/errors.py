@@ -3,7 +3,7 @@
 A notebook cell tagged ``raises-exception`` only *allows* an error; if a new torch release stopped
 raising it, the lesson would go on teaching something false and every test would stay green.
 :func:`expect_error` turns the demo into a check: the real message is shown, and no error is an
-``AssertionError``.
+``AssertionError`` (a lesson that shows an error fails its tests the day PyTorch stops raising it).
 
 :func:`error_kind` names the errors the course is about from their message, for reports and panels.
 
