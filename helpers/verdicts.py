@@ -145,8 +145,8 @@ ERROR_FIXES = {
     "backward through the same parameters is refused while a bucket still waits for a gradient the first left "
     "out, and when none waits its gradient is never averaged, without a word: sum the losses and call "
     "backward() once per forward ((l1 + l2).backward()); static_graph=True and "
-    "find_unused_parameters=True do not make two backward calls right: they fail one "
-    "iteration later or average the wrong gradients (notebook 06, section 3)",
+    "find_unused_parameters=True do not make two backward calls right: they average the wrong "
+    "gradients and fail one iteration later (notebook 06, section 3)",
     "no graph": "the loss was computed without a graph (under torch.no_grad(), from .detach() or .item(), or "
     "from tensors that need no gradient): compute it from the model's output with grad enabled",
     "other": "the loop fails before retain_graph matters: fix this error first",
