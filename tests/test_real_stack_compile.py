@@ -112,5 +112,12 @@ def test_the_notebook_shows_both_dynamic_cases_and_claims_no_unmeasured_saving()
         assert line in printed, line
     assert "compiled lazily, at its first backward call" not in text
     assert "donated_buffer = False` gives the memory saving up" not in text
+    root = notebook.parent.parent
+    assert "or under dynamic shapes (`dynamic=True`, a batch size that changed) even the first" in (
+        root / "README.md"
+    ).read_text(encoding="utf-8")
+    assert "动态形状下（`dynamic=True`，或批大小变了）连第一次保留图的反向也算" in (root / "README.zh-CN.md").read_text(
+        encoding="utf-8"
+    )
     # nothing measures what donation saves with inductor (on this CPU its code for the MLP is the same either way)
     assert "the saving is real memory" not in text and "that is the memory saving" not in text
