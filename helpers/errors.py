@@ -29,7 +29,8 @@ ERROR_KINDS = (
     # the same version check, worded for a saved output of a multi-output view (unbind, split, chunk)
     ("in-place version error", "its base or another view of its base has been modified inplace"),
     ("no graph", "does not require grad and does not have a grad_fn"),
-    # torch.compile's backward, compiled when its first call did not retain (notebook 06, section 2)
+    # torch.compile's backward, compiled for one use: at a first call that did not retain, or ahead of time
+    # under dynamic shapes (notebook 06, section 2)
     ("donated buffers", "compiled with non-empty donated buffers"),
     # DistributedDataParallel with two backward calls per step, and the two "fixes" people try
     # (static_graph=True; find_unused_parameters=True with zero_grad's set_to_none) (notebook 06, section 3)

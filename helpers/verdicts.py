@@ -134,18 +134,19 @@ ERROR_FIXES = {
     "after an optimizer.step(), compute the forward again (a GAN: G's loss on a fresh "
     "netD(fake)). Moving the step after the later backward runs, but takes that "
     "gradient through the old weights (notebook 03, section 3)",
-    "donated buffers": "torch.compile compiled this backward for one use (its first call did not retain), so it "
-    "may reuse the saved buffers: call backward once per forward (sum the losses), or get each "
-    "loss's gradient from one torch.autograd.grad(torch.stack(losses), params, "
-    "grad_outputs=torch.eye(n), is_grads_batched=True); set "
-    "torch._functorch.config.donated_buffer = False before compiling only if the code must "
-    "retain (notebook 06, section 2)",
+    "donated buffers": "torch.compile compiled this backward for one use, free to reuse the saved buffers: at its "
+    "first call when that call did not retain, or ahead of time under dynamic shapes (dynamic=True, or a batch "
+    "size that changed, such as a smaller last batch), when even a first call that retains is refused: call "
+    "backward once per forward (sum the losses), or get each loss's gradient from one "
+    "torch.autograd.grad(torch.stack(losses), params, grad_outputs=torch.eye(n), is_grads_batched=True); only if "
+    "the code must retain, keep torch._functorch.config.donated_buffer = False in force at every backward that "
+    "retains (it is read at each call: setting it only while compiling is not enough) (notebook 06, section 2)",
     "DDP ready only once": "DistributedDataParallel all-reduces gradients by buckets, once per forward: a second "
     "backward through the same parameters is refused while a bucket still waits for a gradient the first left "
     "out, and when none waits its gradient is never averaged, without a word: sum the losses and call "
     "backward() once per forward ((l1 + l2).backward()); static_graph=True and "
-    "find_unused_parameters=True do not make two backward calls right: they fail one "
-    "iteration later or average the wrong gradients (notebook 06, section 3)",
+    "find_unused_parameters=True do not make two backward calls right: they average the wrong "
+    "gradients and fail one iteration later (notebook 06, section 3)",
     "no graph": "the loss was computed without a graph (under torch.no_grad(), from .detach() or .item(), or "
     "from tensors that need no gradient): compute it from the model's output with grad enabled",
     "other": "the loop fails before retain_graph matters: fix this error first",

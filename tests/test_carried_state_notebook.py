@@ -142,6 +142,43 @@ def test_summed_chunks_give_full_bptt_with_its_peak_memory(notebook) -> None:
     assert abs(peaks["summed"] - peaks["window of 64"]) < 0.001 * peaks["window of 64"], peaks
 
 
+def test_checkpointed_chunks_hold_under_a_tenth_of_the_bytes_and_keep_the_exact_gradient(notebook) -> None:
+    """4.3's text: chunking alone saves nothing, and checkpointing each chunk saves memory with the exact
+    gradient. Counted with a saved-tensor hook of its own (not the course's meter): the distinct storages, other
+    than the weights, that the graph still holds after the forward."""
+    import weakref
+
+    from torch.utils.checkpoint import checkpoint
+
+    namespace = notebook["namespace"]
+    torch, model, chunk_loss = namespace["torch"], namespace["tbptt_model"], namespace["chunk_loss"]
+    inputs, targets = namespace["inputs"], namespace["targets"]
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    held = {}
+    for checkpointed in (False, True):
+        saved: dict = {}
+
+        def pack(tensor, saved=saved):
+            saved[tensor.untyped_storage().data_ptr()] = (weakref.ref(tensor), tensor.untyped_storage().nbytes())
+            return tensor
+
+        model.zero_grad()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            h, total = torch.zeros(4, 64), 0.0
+            for start in range(0, 64, 16):
+                chunk = (model, h, inputs[start : start + 16], targets[start : start + 16])
+                loss, h = checkpoint(chunk_loss, *chunk, use_reentrant=False) if checkpointed else chunk_loss(*chunk)
+                total = total + loss / 4
+        held[checkpointed] = sum(n for ptr, (ref, n) in saved.items() if ref() is not None and ptr not in weights)
+        total.backward()
+        gradient = torch.cat([p.grad.flatten() for p in model.parameters()])
+        assert torch.allclose(gradient, namespace["full"], rtol=1e-4, atol=1e-6), checkpointed
+    assert 0.05 * held[False] < held[True] < 0.1 * held[False], held  # less than a tenth
+    said = "".join("".join(c["source"]) for c in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"])
+    assert "only cutting `h` does" not in said
+    assert "checkpointing each chunk (`torch.utils.checkpoint`, notebook 06, section 1) saves it" in said
+
+
 def test_an_lstm_needs_both_h_and_c_cut(notebook) -> None:
     namespace = notebook["namespace"]
     walked = namespace["train_lstm"](lambda state: tuple(s.detach() for s in state))

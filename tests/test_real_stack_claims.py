@@ -158,6 +158,44 @@ def test_ppo_with_retain_never_moves_and_the_right_update_does() -> None:
     assert sum(float((p.detach() - w).norm()) for p, w in zip(policy.parameters(), initial)) > 0.05
 
 
+def test_ppo_with_retain_is_zero_only_for_a_loss_through_the_ratio_and_a_policy_without_saved_weights() -> None:
+    """The notebook's reason for the zero update: an entropy bonus (outside the ratio) moves the linear policy,
+    and an MLP policy saved its weights in the rollout's graph, so the in-place step makes epoch 1 raise."""
+    torch.manual_seed(3)
+    observations, advantages = torch.randn(64, 4), torch.randn(64)
+
+    def ppo_loss(new, old, advantages, clip=0.2):
+        ratio = torch.exp(new - old)
+        return -torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages).mean()
+
+    def epochs_with_retain(policy, entropy):
+        distribution = torch.distributions.Categorical(logits=policy(observations))
+        actions = distribution.sample()
+        old = distribution.log_prob(actions)
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
+        for epoch in range(4):
+            new = torch.distributions.Categorical(logits=policy(observations))
+            optimizer.zero_grad()
+            loss = ppo_loss(new.log_prob(actions), old, advantages) - entropy * new.entropy().mean()
+            try:
+                loss.backward(retain_graph=True)
+            except RuntimeError as error:
+                assert "modified by an inplace operation" in str(error)
+                return epoch
+            optimizer.step()
+        return None
+
+    torch.manual_seed(4)
+    policy = torch.nn.Linear(4, 3)
+    initial = [p.detach().clone() for p in policy.parameters()]
+    assert epochs_with_retain(policy, entropy=0.01) is None
+    assert sum(float((p.detach() - w).norm()) for p, w in zip(policy.parameters(), initial)) > 1e-3
+    for entropy in (0.0, 0.01):
+        torch.manual_seed(4)
+        mlp = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        assert epochs_with_retain(mlp, entropy) == 1
+
+
 def test_best_milliseconds_times_every_step_and_refuses_nothing_to_time() -> None:
     calls = {"a": 0, "b": 0}
 

@@ -73,6 +73,23 @@ def test_two_backwards_raise_ready_only_once_and_one_backward_is_the_single_proc
     assert "iteration 0: RuntimeError: Expected to mark a variable ready only once." in repr(runs)
 
 
+def test_both_flags_average_the_wrong_gradients_and_fail_one_iteration_later() -> None:
+    """The READMEs' DDP row and the diagnosis's fix say "and": after iteration 0 the ranks already disagree, and
+    iteration 1 raises (with zero_grad()'s default, set_to_none)."""
+    from helpers.verdicts import ERROR_FIXES
+
+    torch.manual_seed(0)
+    batch = torch.randn(8, 8)
+    flags = [(name, two_backwards, {name: True}) for name in ("static_graph", "find_unused_parameters")]
+    runs = run_ddp(TwoHeads, batch, flags, iterations=2)
+    for name, _, _ in flags:
+        assert runs[name].raised_at == 1 and not runs[name].ranks_agree, (name, runs[name].message)
+    said = "they average the wrong gradients and fail one iteration later"
+    assert said in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "它们平均出错误的梯度，并且晚一次迭代报错" in (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+    assert "they average the wrong gradients and fail one iteration later" in ERROR_FIXES["DDP ready only once"]
+
+
 def test_bad_input_gets_a_clear_message() -> None:
     with pytest.raises(TypeError, match="the model's class"):
         run_ddp(TwoHeads(), torch.zeros(8, 8), [("one", one_backward, {})])
