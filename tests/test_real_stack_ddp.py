@@ -90,6 +90,27 @@ def test_both_flags_average_the_wrong_gradients_and_fail_one_iteration_later() -
     assert "they average the wrong gradients and fail one iteration later" in ERROR_FIXES["DDP ready only once"]
 
 
+class SharedOutput(torch.nn.Module):  # both losses from one output layer: the first reaches every parameter
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+    def forward(self, x):
+        out = self.layers(x)
+        return out[:, 0].pow(2).mean(), out[:, 1].abs().mean()
+
+
+def test_a_setting_may_name_its_own_model_and_one_start_runs_both() -> None:
+    torch.manual_seed(0)
+    batch = torch.randn(8, 8)
+    runs = run_ddp(
+        TwoHeads, batch, [("two heads", two_backwards, {}), ("one head", two_backwards, {}, SharedOutput)], iterations=2
+    )
+    assert runs["two heads"].raised_at == 0  # a bucket still waits for head_2: refused
+    assert runs["one head"].raised_at is None and not runs["one head"].ranks_agree  # silent, and the ranks drift
+    assert set(runs["one head"].gradients) == {f"layers.{i}.{kind}" for i in (0, 2) for kind in ("weight", "bias")}
+
+
 def test_bad_input_gets_a_clear_message() -> None:
     with pytest.raises(TypeError, match="the model's class"):
         run_ddp(TwoHeads(), torch.zeros(8, 8), [("one", one_backward, {})])
@@ -97,6 +118,8 @@ def test_bad_input_gets_a_clear_message() -> None:
         run_ddp(TwoHeads, torch.zeros(7, 8), [("one", one_backward, {})])
     with pytest.raises(ValueError, match="different label"):
         run_ddp(TwoHeads, torch.zeros(8, 8), [("one", one_backward, {}), ("one", two_backwards, {})])
+    with pytest.raises(TypeError, match="the model's class"):
+        run_ddp(TwoHeads, torch.zeros(8, 8), [("one", one_backward, {}, SharedOutput())])
 
 
 def test_the_source_of_a_class_defined_in_a_cell_is_found(tmp_path: Path) -> None:

@@ -126,7 +126,10 @@ def _start_rank(command: list[str], log: Path, env: Mapping[str, str]) -> subpro
 def run_ddp(
     model: type[torch.nn.Module],
     batch: torch.Tensor,
-    settings: Sequence[tuple[str, Callable[..., Any], Mapping[str, Any]]],
+    settings: Sequence[
+        tuple[str, Callable[..., Any], Mapping[str, Any]]
+        | tuple[str, Callable[..., Any], Mapping[str, Any], type[torch.nn.Module]]
+    ],
     iterations: int = 3,
     lr: float = 0.1,
     seed: int = 0,
@@ -134,7 +137,9 @@ def run_ddp(
 ) -> DDPRuns:
     """Run each ``(label, step, ddp_options)`` on two DDP ranks over gloo on 127.0.0.1, in two new processes.
 
-    ``model`` is a module class (built with no arguments after ``torch.manual_seed(seed)`` on each rank);
+    ``model`` is a module class (built with no arguments after ``torch.manual_seed(seed)`` on each rank); a
+    setting may name another as a fourth item, ``(label, step, ddp_options, model)``: one call, one start of the
+    two processes, for every model compared;
     ``step(model, optimizer, batch)`` is one training iteration, given the DDP-wrapped model, an SGD
     optimizer (``lr``) and this rank's half of ``batch`` (split along its first dimension).
     ``ddp_options`` go to ``DistributedDataParallel``. Each setting runs ``iterations`` times or until it
@@ -145,22 +150,27 @@ def run_ddp(
 
     Used by notebook 06_real_stack.
     """
-    if not (inspect.isclass(model) and issubclass(model, torch.nn.Module)):
-        raise TypeError(f"run_ddp() needs the model's class (a torch.nn.Module subclass), not {model!r}.")
+    models = [model, *(setting[3] for setting in settings if len(setting) > 3)]
+    for each in models:
+        if not (inspect.isclass(each) and issubclass(each, torch.nn.Module)):
+            raise TypeError(f"run_ddp() needs the model's class (a torch.nn.Module subclass), not {each!r}.")
     if not isinstance(batch, torch.Tensor) or batch.shape[0] % WORLD_SIZE:
         raise ValueError(
             f"run_ddp() needs the global batch as one tensor whose first dimension splits into "
             f"{WORLD_SIZE} equal halves."
         )
-    labels = [label for label, _, _ in settings]
+    labels = [setting[0] for setting in settings]
     if len(set(labels)) != len(labels):
         raise ValueError(f"run_ddp() needs a different label for every setting: {labels}")
-    steps = {step.__name__: step for _, step, _ in settings}
+    steps = {setting[1].__name__: setting[1] for setting in settings}
+    classes = {each.__name__: each for each in models}
+    if len(classes) != len(set(models)):
+        raise ValueError(f"run_ddp() needs a different name for every model class: {[m.__name__ for m in models]}")
     with tempfile.TemporaryDirectory(prefix="bt-ddp-") as folder:
         work = Path(folder)
         torch.save(batch.detach().clone(), work / "batch.pt")
         spec = {
-            "sources": [_source(model)] + [_source(step) for step in steps.values()],
+            "sources": [_source(each) for each in classes.values()] + [_source(step) for step in steps.values()],
             "model": model.__name__,
             "seed": seed,
             "lr": lr,
@@ -169,7 +179,13 @@ def run_ddp(
             "world_size": WORLD_SIZE,
             "port": _free_port(),
             "settings": [
-                {"label": label, "step": step.__name__, "options": dict(options)} for label, step, options in settings
+                {
+                    "label": setting[0],
+                    "step": setting[1].__name__,
+                    "options": dict(setting[2]),
+                    "model": (setting[3] if len(setting) > 3 else model).__name__,
+                }
+                for setting in settings
             ],
         }
         (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")

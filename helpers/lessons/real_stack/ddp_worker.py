@@ -1,8 +1,8 @@
 """One rank of :func:`helpers.lessons.real_stack.ddp.run_ddp`: ``python ddp_worker.py FOLDER RANK PARENT_PID``.
 
-It reads ``FOLDER/spec.json`` (the sources of the model class and the steps, the settings, the port) and
+It reads ``FOLDER/spec.json`` (the sources of the model classes and the steps, the settings, the port) and
 ``FOLDER/batch.pt``, joins the gloo process group on 127.0.0.1, runs every setting on a fresh DDP-wrapped
-copy of the model, and writes ``FOLDER/rankRANK.pt``: per setting, the iteration that raised (or None), the
+copy of its model, and writes ``FOLDER/rankRANK.pt``: per setting, the iteration that raised (or None), the
 error, and the gradients after the first iteration that completed. A rank whose parent process dies ends
 itself.
 """
@@ -28,7 +28,7 @@ def run_setting(
     namespace: dict[str, Any], spec: dict[str, Any], setting: dict[str, Any], local_batch: torch.Tensor
 ) -> dict[str, Any]:
     torch.manual_seed(spec["seed"])
-    model = namespace[spec["model"]]()
+    model = namespace[setting.get("model", spec["model"])]()
     wrapped = DistributedDataParallel(model, **setting["options"])
     optimizer = torch.optim.SGD(model.parameters(), lr=spec["lr"])
     step = namespace[setting["step"]]
