@@ -124,6 +124,7 @@ class PatternComparison:
         return figure
 
 
+@one_thread()
 def compare_patterns(
     patterns: Mapping[str, Step],
     model: torch.nn.Module,
@@ -152,13 +153,6 @@ def compare_patterns(
         if not callable(step):
             raise TypeError(f"Pattern {name!r} is not a function.")
 
-    with one_thread():
-        return _compare(patterns, model, reference, rounds, progress)
-
-
-def _compare(
-    patterns: Mapping[str, Step], model: torch.nn.Module, reference: str, rounds: int, progress: bool
-) -> PatternComparison:
     gradients: dict[str, dict[str, torch.Tensor | None]] = {}
     peaks: dict[str, int] = {}
     profiled: dict[str, int] = {}

@@ -173,6 +173,7 @@ def _counting_backward_nodes(walked: list[int]) -> contextlib.AbstractContextMan
     return intercepting(on_backward=counting)
 
 
+@one_thread()
 def growth_experiment(
     bodies: Mapping[str, Body],
     iterations: int = 100,
@@ -194,13 +195,6 @@ def growth_experiment(
     block = max(1, iterations // 10) if block is None and isinstance(iterations, int) else block
     _check_arguments(bodies, iterations, block)
     assert block is not None
-    with one_thread():
-        return _grow(bodies, iterations, block, progress, new_state)
-
-
-def _grow(
-    bodies: Mapping[str, Body], iterations: int, block: int, progress: bool, new_state: Callable[[], Any]
-) -> GrowthResult:
     result = GrowthResult(iterations, block)
     bar = tqdm(total=iterations * len(bodies), desc="bytes run", disable=not progress, leave=True)
     for name, body in bodies.items():

@@ -76,7 +76,7 @@ class LibraryImports:
     ) -> ModuleSpec | None:
         for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
-            if finder is self or isinstance(finder, LibraryImports) or find is None:
+            if isinstance(finder, LibraryImports) or find is None:  # this one, or another tracer's
                 continue
             spec: ModuleSpec | None = find(fullname, path, target)
             if spec is not None:

@@ -279,18 +279,18 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             add(line, _Carried(None, line, built or None, call.line, None, None, iteration, {iteration}))
     return [
         CarriedFinding(
-            as_the_line_names_it(e.name, e.built_at),
+            name,
             e.built_at,
             e.iteration,
             e.used_at,
             e.reached_from,
             len(e.times),
-            carried_fix(as_the_line_names_it(e.name, e.built_at), e.built_at, e.iteration is None, e.container),
+            carried_fix(name, e.built_at, e.iteration is None, e.container),
             e.shape,
             e.container,
             _enters_at(recorder, e),
         )
-        for e in found.values()
+        for e, name in ((e, as_the_line_names_it(e.name, e.built_at)) for e in found.values())
     ]
 
 
