@@ -134,6 +134,21 @@ def test_the_source_of_a_class_defined_in_a_cell_is_found(tmp_path: Path) -> Non
     assert _source(namespace["Cell"]).startswith("class Cell(torch.nn.Module):")
 
 
+def test_the_source_of_a_subclass_that_only_sets_attributes_is_found() -> None:
+    """Such a class has no method of its own to say which cell it is in (06's CheckpointedNonReentrant)."""
+    import linecache
+
+    cell = (
+        "class Base(torch.nn.Module):\n    reentrant = True\n\n    def forward(self, x):\n        return x\n\n\n"
+        "class Child(Base):\n    reentrant = False\n"
+    )
+    filename = "<ipython-input-cell-2>"
+    linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
+    namespace = {"torch": torch}
+    exec(compile(cell, filename, "exec"), namespace)
+    assert _source(namespace["Child"]) == "class Child(Base):\n    reentrant = False"
+
+
 DRIVER = textwrap.dedent("""
     import sys, time, torch
     import helpers.lessons.real_stack.ddp as ddp

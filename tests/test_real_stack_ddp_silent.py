@@ -7,7 +7,9 @@ a variable ready only once". When the first loss reaches every parameter (one he
 each rank, and nothing is raised or warned: the ranks' trunk gradients are off the right one (the notebook
 prints rank 0's relative error in an ignored output; here it is held above 0.3), each rank by as much as the
 other (pytorch/pytorch#47260). ``find_unused_parameters=True`` on the two heads goes the same silent way: the
-bucket is all-reduced by the end of the first backward, and never again."""
+bucket is all-reduced by the end of the first backward, and never again. One backward per step can still
+raise the same message: with the trunk checkpointed (``use_reentrant=True``) and ``find_unused_parameters=True``;
+with ``use_reentrant=False`` it runs and gives one process's gradients."""
 
 from __future__ import annotations
 
@@ -46,6 +48,36 @@ RANK = textwrap.dedent("""
         def forward(self, x):
             features = torch.tanh(self.trunk(x))
             return self.head_1(features).pow(2).mean(), (self.head_2(features) - 1).pow(2).mean()
+
+    class Checkpointed(torch.nn.Module):  # the notebook's: a stem, TwoHeads's trunk checkpointed, its heads
+        def __init__(self, reentrant):
+            super().__init__()
+            self.reentrant = reentrant
+            self.stem, self.trunk = torch.nn.Linear(8, 8), torch.nn.Linear(8, 16)
+            self.head_1, self.head_2 = torch.nn.Linear(16, 1), torch.nn.Linear(16, 1)
+
+        def forward(self, x):
+            features = torch.utils.checkpoint.checkpoint(
+                lambda h: torch.tanh(self.trunk(h)), self.stem(x), use_reentrant=self.reentrant)
+            return self.head_1(features).pow(2).mean(), (self.head_2(features) - 1).pow(2).mean()
+
+    def one_backward_checkpointed(reentrant, rank, batch):
+        torch.manual_seed(0)
+        one_process = Checkpointed(reentrant)
+        sum(one_process(batch)).backward()
+        torch.manual_seed(0)
+        model = Checkpointed(reentrant)
+        wrapped = DistributedDataParallel(model, find_unused_parameters=True)
+        result = {"error": None}
+        try:
+            sum(wrapped(batch.chunk(2)[rank])).backward()
+        except RuntimeError as error:
+            result["error"] = str(error)
+        result["gradients_are_one_process_s"] = all(
+            p.grad is not None and torch.allclose(p.grad, q.grad)
+            for p, q in zip(model.parameters(), one_process.parameters())
+        )
+        return result
 
     def trunk(model):
         return torch.cat([model.trunk.weight.grad.flatten(), model.trunk.bias.grad])
@@ -95,7 +127,11 @@ RANK = textwrap.dedent("""
     dist.barrier()
     results["two heads, find_unused_parameters"] = two_backwards(TwoHeads, rank, batch, find_unused_parameters=True)
     dist.barrier()
-    results["two heads"] = two_backwards(TwoHeads, rank, batch)  # last: it leaves its reducer mid-backward
+    results["checkpointed, use_reentrant=False"] = one_backward_checkpointed(False, rank, batch)
+    dist.barrier()
+    results["two heads"] = two_backwards(TwoHeads, rank, batch)  # it leaves its reducer mid-backward
+    dist.barrier()
+    results["checkpointed, use_reentrant=True"] = one_backward_checkpointed(True, rank, batch)  # the same
     with open(out, "w") as stream:
         json.dump(results, stream)
     dist.barrier()
@@ -160,3 +196,12 @@ def test_when_the_first_loss_leaves_a_parameter_out_nothing_is_all_reduced_and_t
         assert raising["all_reduced"][0] == 0  # the bucket still waits for head_2 after the first backward
         assert "Expected to mark a variable ready only once" in raising["error"]
         assert "trunk.bias has been marked as ready twice" in raising["error"]
+
+
+def test_reentrant_checkpointing_with_find_unused_parameters_raises_with_one_backward_and_non_reentrant_runs(
+    ranks: list[dict],
+) -> None:
+    for rank in ranks:
+        assert "Expected to mark a variable ready only once" in rank["checkpointed, use_reentrant=True"]["error"]
+        runs = rank["checkpointed, use_reentrant=False"]
+        assert runs["error"] is None and runs["gradients_are_one_process_s"]

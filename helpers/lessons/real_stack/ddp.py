@@ -91,17 +91,31 @@ def _source(obj: Any) -> str:
         return textwrap.dedent(inspect.getsource(obj))
     except (OSError, TypeError):
         pass
-    methods = [m for m in vars(obj).values() if inspect.isfunction(m)] if inspect.isclass(obj) else []
-    for method in methods:
-        filename = method.__code__.co_filename
+    for filename in _files_that_may_define(obj):
         text = "".join(linecache.getlines(filename))
-        for node in ast.walk(ast.parse(text)) if text else ():
+        if f"class {obj.__name__}" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ClassDef) and node.name == obj.__name__:
                 return ast.get_source_segment(text, node) or ""
     raise ValueError(
         f"run_ddp() cannot find the source of {getattr(obj, '__name__', obj)!r}: define it in a "
         "notebook cell or a file with `class`/`def`."
     )
+
+
+def _files_that_may_define(obj: Any) -> list[str]:
+    """Where a class's source may be: the files of its own methods, then of its bases' (a subclass that only
+    sets attributes has none), then every cell IPython has kept, the latest first."""
+    if not inspect.isclass(obj):
+        return []
+    files = [
+        method.__code__.co_filename
+        for each in obj.__mro__
+        for method in vars(each).values()
+        if inspect.isfunction(method)
+    ]
+    return list(dict.fromkeys([*files, *reversed(list(linecache.cache))]))
 
 
 def _free_port() -> int:
