@@ -16,7 +16,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: lab test lint test-portable bench bench-busy setup setup-test dot browser execute-notebooks html site-for-tests npm a11y-for-tests clean
 
-# Without dot the course's drawings fall back to text (README, "Set-up without make"), so the lab only
+# Without dot the course's drawings fall back to text (docs/setup.md, "Set-up without make"), so the lab only
 # warns; the targets that depend on `dot` (test, test-portable, execute-notebooks, bench) stop: they
 # test, save or time the notebooks with their drawings as pictures.
 # The committed notebooks' outputs are the course's own: trusted, JupyterLab draws their saved widget panels before
@@ -43,7 +43,7 @@ lint: setup-test
 
 # The notebook suite once more on PyTorch's plainest CPU kernels and one thread: an output that nbval
 # compares must be the same on every CPU (AVX-512, AVX2, none) and thread count, so it fails here on
-# every machine instead of on some. See README, "Changing a notebook".
+# every machine instead of on some. See CONTRIBUTING.md, "Changing a notebook".
 PORTABLE_ENV := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 test-portable: setup-test dot
 	$(PORTABLE_ENV) $(PY) -m pytest -p no:cacheprovider $(NBVAL_ARGS) notebooks

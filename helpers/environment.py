@@ -34,7 +34,7 @@ def seed_everything(seed: int = 0) -> None:
 def _dot_version() -> str:
     dot = shutil.which("dot")
     if dot is None:
-        return "missing (graphs will show as text; see the README to install Graphviz)"
+        return "missing (graphs will show as text; see docs/setup.md to install Graphviz)"
     result = subprocess.run([dot, "-V"], capture_output=True, text=True, timeout=10)
     words = (result.stderr or result.stdout).split()
     return words[words.index("version") + 1] if "version" in words else "installed"

@@ -3,7 +3,8 @@
 One HTML page per notebook, made by nbconvert from the committed, executed notebook (graphs, charts
 and tables inline; the widget panels drawn from their saved widget state), an index page that opens
 with README.md's first section (the answer for a reader with the error on screen), and the Chinese
-layer (README.zh-CN.md, docs/zh/*.md, docs/glossary.md) as HTML pages. No page makes a request to
+layer (README.zh-CN.md, docs/zh/*.md, docs/glossary.md) and the guides (docs/setup*.md, docs/watch*.md) as HTML
+pages. No page makes a request to
 another host: nbconvert's CDN scripts (require.js, MathJax, mermaid, the widget renderer)
 are replaced by the Jupyter widgets html-manager's standalone embed bundle, which ``make html`` installs
 with npm into ``build/site-npm/`` (versions pinned in scripts/site/package-lock.json) and this script
@@ -47,7 +48,14 @@ BUILTIN_WIDGET_MODULES = {"@jupyter-widgets/base", "@jupyter-widgets/controls", 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # What the pages are built from, besides the notebooks: source path -> page path, both relative.
-MARKDOWN_PAGES = {"README.zh-CN.md": "zh/index.html", "docs/glossary.md": "glossary.html"}
+MARKDOWN_PAGES = {
+    "README.zh-CN.md": "zh/index.html",
+    "docs/glossary.md": "glossary.html",
+    "docs/setup.md": "setup.html",
+    "docs/setup.zh-CN.md": "zh/setup.html",
+    "docs/watch.md": "watch.html",
+    "docs/watch.zh-CN.md": "zh/watch.html",
+}
 MAKE_HINT = "Run `make html` (it installs the pinned npm packages into build/site-npm/ first)."
 
 
@@ -354,7 +362,7 @@ def convert_markdown(source: str, page: str, pages: dict[str, str]) -> str:
     text = (ROOT / source).read_text(encoding="utf-8")
     heading = re.search(r"^#\s+(.+)$", text, re.MULTILINE)
     title = re.sub(r"`([^`]*)`", r"\1", heading.group(1).strip()) if heading else source
-    lang = "zh-CN" if source.startswith("docs/zh/") or source == "README.zh-CN.md" else "en"
+    lang = "zh-CN" if source.startswith("docs/zh/") or source.endswith(".zh-CN.md") else "en"
     nav = [
         ("Backward Twice: all notebooks", "index.html"),
         ("中文说明", "zh/index.html"),
@@ -397,6 +405,10 @@ def index_page(facts: list[NotebookPage], pages: dict[str, str]) -> str:
         extra.append('<a href="zh/index.html" lang="zh-CN">中文说明（README.zh-CN）</a>')
     if "glossary.html" in pages.values():
         extra.append('<a href="glossary.html">Glossary / 术语表</a>')
+    if "watch.html" in pages.values():
+        extra.append('<a href="watch.html">Bring your own training step</a>')
+    if "setup.html" in pages.values():
+        extra.append('<a href="setup.html">Set-up</a>')
     body = f"""<h1>Backward Twice: offline copy</h1>
 {first_answer}
 <h2>The course</h2>

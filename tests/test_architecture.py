@@ -1,4 +1,4 @@
-"""The package's layout rules (README, "Where a helper goes"), kept by reading the code and the notebooks.
+"""The package's layout rules (CONTRIBUTING.md, "Where a helper goes"), kept by reading the code and the notebooks.
 
 * The core (``helpers/*.py``) never imports a lesson, and a lesson (``helpers/lessons/NAME``) never imports
   another: import-linter's contracts in pyproject.toml say it (``make test`` runs ``lint-imports``); the test here

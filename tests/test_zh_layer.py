@@ -1,4 +1,5 @@
-"""The Chinese layer (README.zh-CN.md, docs/zh/, docs/glossary.md) stays in step with the notebooks.
+"""The Chinese layer (README.zh-CN.md, docs/zh/, docs/glossary.md, the guides docs/setup.zh-CN.md and
+docs/watch.zh-CN.md) stays in step with the notebooks and the English guides.
 
 Every notebook has its page ``docs/zh/NAME.md`` and every page its notebook. A page cites a figure from its
 notebook's committed outputs by wrapping it in a marker, which GitHub and the offline copy do not show:
@@ -42,7 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 ZH = ROOT / "docs" / "zh"
 PAGES = sorted(ZH.glob("*.md"))
-LAYER = [ROOT / "README.zh-CN.md", ROOT / "docs" / "glossary.md", *PAGES]
+SETUP, SETUP_ZH = ROOT / "docs" / "setup.md", ROOT / "docs" / "setup.zh-CN.md"
+LAYER = [ROOT / "README.zh-CN.md", SETUP_ZH, ROOT / "docs" / "watch.zh-CN.md", ROOT / "docs" / "glossary.md", *PAGES]
 # The H2 headings of every page, in this order.
 PARTS = ["问题", "你会看到什么", "流行说法与实测", "规则"]
 IGNORED = "nbval-ignore-output"
@@ -346,10 +348,14 @@ def test_chinese_readme_covers_what_the_brief_promises() -> None:
     assert "docs/glossary.md" in links, "README.zh-CN.md does not link to the glossary"
     for url in set(re.findall(r"https://mybinder\.org/v2/gh/[^\s)]+", readme)):
         assert url in zh, f"README.zh-CN.md lacks README.md's Binder link {url}"
-    hub = re.search(r"HUB/hub/user-redirect/git-pull\?[^\s`]+", readme)
-    assert hub and hub.group(0) in zh, "README.zh-CN.md lacks README.md's JupyterHub (nbgitpuller) link"
+    for guide in ("docs/setup.zh-CN.md", "docs/watch.zh-CN.md"):
+        assert guide in links, f"README.zh-CN.md does not link to {guide}"
+    assert "make html" in zh, "README.zh-CN.md does not mention make html (the offline copy)"
+    setup, setup_zh = SETUP.read_text(encoding="utf-8"), SETUP_ZH.read_text(encoding="utf-8")
+    hub = re.search(r"HUB/hub/user-redirect/git-pull\?[^\s`]+", setup)
+    assert hub and hub.group(0) in setup_zh, "docs/setup.zh-CN.md lacks docs/setup.md's JupyterHub (nbgitpuller) link"
     for needed in ("--index-url", "download.pytorch.org/whl/cpu", "make html"):
-        assert needed in zh, f"README.zh-CN.md does not mention {needed}"
+        assert needed in setup_zh, f"docs/setup.zh-CN.md does not mention {needed}"
 
 
 # -- the pages' code ----------------------------------------------------------------------------------

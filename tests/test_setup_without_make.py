@@ -1,4 +1,4 @@
-"""The README's set-up without `make` (the Linux block under `<!-- setup:linux -->`), run as a reader runs it.
+"""The set-up without `make` (docs/setup.md: the Linux block under `<!-- setup:linux -->`), run as a reader runs it.
 
 The block runs in bash in a fresh temporary folder, creating a fresh `.venv` there; then the first section
 of notebook 01 runs in that venv's own kernel and must print what the committed notebook prints. Lines
@@ -37,7 +37,8 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+SETUP = ROOT / "docs" / "setup.md"
+SETUP_ZH = ROOT / "docs" / "setup.zh-CN.md"
 NOTEBOOK = ROOT / "notebooks" / "01_graph_buffers.ipynb"
 MARKER = "<!-- setup:linux -->"
 CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
@@ -52,11 +53,11 @@ REPLACED: dict[str, str | None] = {
 }
 
 
-def readme_linux_block() -> list[str]:
-    text = README.read_text(encoding="utf-8")
-    assert MARKER in text, f"README.md has no {MARKER} line above the Linux set-up block"
+def linux_block() -> list[str]:
+    text = SETUP.read_text(encoding="utf-8")
+    assert MARKER in text, f"docs/setup.md has no {MARKER} line above the Linux set-up block"
     block = re.match(r"\s*```bash\n(.*?)^```", text.split(MARKER, 1)[1], re.DOTALL | re.MULTILINE)
-    assert block, f"README.md: no ```bash block right after {MARKER}"
+    assert block, f"docs/setup.md: no ```bash block right after {MARKER}"
     return [line.strip() for line in block.group(1).splitlines() if line.strip()]
 
 
@@ -143,26 +144,26 @@ def script_for(block: list[str], workdir: Path) -> list[str]:
         if clone:
             clones += 1
             folder = clone.group("url").rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
-            assert f"cd {folder}" in block, f"README.md: `{line}` makes {folder}/, but no `cd {folder}` follows"
+            assert f"cd {folder}" in block, f"docs/setup.md: `{line}` makes {folder}/, but no `cd {folder}` follows"
             copy_working_tree(workdir / folder)
             continue
         if line in REPLACED:
             if REPLACED[line] is not None:
                 lines.append(REPLACED[line])
             continue
-        assert "download.pytorch.org" not in line, f"README.md: `{line}` needs an index this test cannot reach"
+        assert "download.pytorch.org" not in line, f"docs/setup.md: `{line}` needs an index this test cannot reach"
         assert not (line.startswith("pip install") and re.search(r"\btorch\b", line)) or "torch==2.13.0" in line, (
-            f"README.md: `{line}` would install an unpinned torch"
+            f"docs/setup.md: `{line}` would install an unpinned torch"
         )
         lines.append(line)
-    assert clones == 1, "README.md: the Linux block should start with one `git clone` of the course"
+    assert clones == 1, "docs/setup.md: the Linux block should start with one `git clone` of the course"
     missing = [line for line in REPLACED if line not in block]
-    assert not missing, f"README.md's Linux block no longer has {missing}: update REPLACED in this test"
+    assert not missing, f"docs/setup.md's Linux block no longer has {missing}: update REPLACED in this test"
     return lines
 
 
 def test_the_linux_block_has_every_step() -> None:
-    block = readme_linux_block()
+    block = linux_block()
     steps = {
         "a venv": "python3 -m venv .venv",
         "its activation": "source .venv/bin/activate",
@@ -173,15 +174,15 @@ def test_the_linux_block_has_every_step() -> None:
         "JupyterLab on the notebooks": "jupyter lab notebooks/",
     }
     missing = [name for name, line in steps.items() if line not in block]
-    assert not missing, f"README.md's Linux set-up lacks {missing}"
+    assert not missing, f"docs/setup.md's Linux set-up lacks {missing}"
     order = [block.index(line) for line in steps.values()]
-    assert order == sorted(order), "README.md's Linux set-up runs its steps out of order: " + str(block)
+    assert order == sorted(order), "docs/setup.md's Linux set-up runs its steps out of order: " + str(block)
 
 
 @pytest.mark.timeout(1500)
-def test_readme_linux_setup_runs_notebook_01s_first_section(tmp_path: Path) -> None:
+def test_the_linux_setup_runs_notebook_01s_first_section(tmp_path: Path) -> None:
     if platform.system() != "Linux":
-        pytest.skip("the README's tested block is the Linux one")
+        pytest.skip("the tested set-up block is the Linux one")
     if not local_cpu_torch_is_available():
         message = (
             f"pip finds no local {TORCH_PIN} wheel (a find-links folder in pip's configuration), and this "
@@ -191,7 +192,7 @@ def test_readme_linux_setup_runs_notebook_01s_first_section(tmp_path: Path) -> N
             pytest.fail(f"CI=true and {message}", pytrace=False)
         pytest.skip(message)
 
-    lines = script_for(readme_linux_block(), tmp_path)
+    lines = script_for(linux_block(), tmp_path)
     course = tmp_path / "backward-twice"
     section = first_section(NOTEBOOK)
     probe = "import sys, torch, helpers\nprint(sys.prefix)\nprint(helpers.__file__)\nprint(torch.__version__)"
@@ -226,13 +227,13 @@ def test_readme_linux_setup_runs_notebook_01s_first_section(tmp_path: Path) -> N
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = cpu_after.ru_utime + cpu_after.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime
     log = (result.stdout + result.stderr)[-6000:]
-    assert result.returncode == 0, f"the README's Linux set-up failed after {seconds:.0f} s:\n{log}"
+    assert result.returncode == 0, f"docs/setup.md's Linux set-up failed after {seconds:.0f} s:\n{log}"
 
     assert re.search(r"^4\.6\.6$", result.stdout, re.MULTILINE), f"jupyter lab --version is not 4.6.6:\n{log}"
     ran = nbformat.read(course / "notebooks" / "first_section_run.ipynb", as_version=4)
     *cells, probe_cell = [cell for cell in ran.cells if cell.cell_type == "code"]
     prefix, helpers_file, torch_version = printed(probe_cell).split()
-    assert Path(prefix) == course / ".venv", f"the kernel ran in {prefix}, not the README's .venv"
+    assert Path(prefix) == course / ".venv", f"the kernel ran in {prefix}, not the set-up's .venv"
     assert Path(helpers_file).is_relative_to(course / "helpers"), f"helpers came from {helpers_file}"
     assert torch_version == "2.13.0+cpu", f"pip replaced the CPU build: torch {torch_version}"
 
@@ -251,18 +252,18 @@ def test_readme_linux_setup_runs_notebook_01s_first_section(tmp_path: Path) -> N
         compared += 1
     assert compared >= 2, "the first section has too few compared outputs to show the set-up works"
     assert "torch 2.13.0+cpu" in printed(cells[0]), f"the setup cell printed {printed(cells[0])!r}"
-    print(f"README set-up and notebook 01's first section: {seconds:.0f} s wall, {cpu:.0f} s CPU")
+    print(f"docs/setup.md's set-up and notebook 01's first section: {seconds:.0f} s wall, {cpu:.0f} s CPU")
 
 
-def test_the_chinese_readme_gives_the_same_commands() -> None:
-    # A reader of README.zh-CN.md runs the same set-up; only the tested copy in README.md is executed.
-    english = README.read_text(encoding="utf-8")
-    chinese = (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+def test_the_chinese_setup_page_gives_the_same_commands() -> None:
+    # A reader of docs/setup.zh-CN.md runs the same set-up; only the tested copy in docs/setup.md is executed.
+    english = SETUP.read_text(encoding="utf-8")
+    chinese = SETUP_ZH.read_text(encoding="utf-8")
     blocks = [
         block
         for block in re.findall(r"^```(?:bash|powershell)\n.*?^```", english, re.DOTALL | re.MULTILINE)
         if re.search(r"^(python3|py) -m venv|pip config --site", block, re.MULTILINE)
     ]
-    assert len(blocks) >= 4, "README.md should give the Linux, macOS, Windows and mainland China set-ups"
+    assert len(blocks) >= 4, "docs/setup.md should give the Linux, macOS, Windows and mainland China set-ups"
     missing = [block.splitlines()[1:4] for block in blocks if block not in chinese]
-    assert not missing, f"README.zh-CN.md lacks the set-up blocks that begin {missing}"
+    assert not missing, f"docs/setup.zh-CN.md lacks the set-up blocks that begin {missing}"
