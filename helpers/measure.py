@@ -156,13 +156,14 @@ def profiler_peak_bytes(step: Callable[[], object]) -> int:
     allocates (activations, gradients, temporaries), not only saved tensors.
     """
     from torch._C._autograd import DeviceType  # where it is defined: torch.autograd re-exports it untyped
-    from torch.profiler import ProfilerActivity, profile
 
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    # torch.autograd.profiler's profile, not torch.profiler's: the latter's first start imports torch._inductor
+    # (to read a CUDA-graphs setting), about 2 s of a lesson's run on a CPU; both give the same events.
+    with _quiet_stderr(), torch.autograd.profiler.profile(use_cpu=True, profile_memory=True) as prof:
         step()
     events = sorted(
         (event.start_ns(), event.nbytes())
-        for event in prof.profiler.kineto_results.events()
+        for event in prof.kineto_results.events()
         if event.name() == "[memory]" and event.device_type() == DeviceType.CPU
     )
     running = peak = 0
