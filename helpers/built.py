@@ -6,7 +6,8 @@ did not see, it reads the source with ``ast`` for the assignment to the name: ou
 the first iteration, in a loop otherwise.
 
 :func:`read_line` finds where a carried graph comes into an iteration: the first line of the loop's body (or of the
-function the name was found in) that reads the name.
+function the name was found in) that reads the name. :func:`reads_whole_list` tells a list the loss is built from
+(``zip(policy.saved_log_probs, returns)``) from one read by index or slice (``bank[-4:]``).
 
 Used by :mod:`helpers.verdicts`.
 """
@@ -26,7 +27,7 @@ from helpers.sources import memo, parsed
 if TYPE_CHECKING:
     from helpers.recorder import Recorder
 
-__all__ = ["built_line", "function_span", "read_line"]
+__all__ = ["built_line", "function_span", "read_line", "reads_whole_list"]
 
 
 def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
@@ -165,6 +166,41 @@ def read_line(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
         if lines:
             return f"{place(filename, lines[0])}: {linecache.getline(filename, lines[0]).strip()}"
     return None
+
+
+_GROWS = frozenset({"append", "extend", "insert"})
+
+
+def reads_whole_list(spelled: str, spans: list[tuple[str, int, int]]) -> bool | None:
+    """Whether the first of ``spans`` that reads the list ``spelled`` reads it only whole (iterated, passed to
+    ``torch.cat``, ``zip`` or ``sum``), never by index or slice; growing it (``.append(x)``) is no read. None when no
+    span reads it."""
+    for filename, first, last in spans:
+        tree = parsed(filename)
+        if tree is None:
+            continue
+        uses = memo(filename, ("list uses",), functools.partial(_list_uses, tree)).get(spelled, ())
+        kinds = {kind for line, kind in uses if first <= line <= last and kind != "grown"}
+        if kinds:
+            return kinds == {"whole"}
+    return None
+
+
+def _list_uses(tree: ast.Module) -> dict[str, list[tuple[int, str]]]:
+    """Each name or attribute chain the file loads -> (line, "indexed" | "grown" | "whole") for each load."""
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found: dict[str, list[tuple[int, str]]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
+            parent = parents.get(id(node))
+            if isinstance(parent, ast.Subscript) and parent.value is node:
+                kind = "indexed"
+            elif isinstance(parent, ast.Attribute) and parent.value is node:
+                kind = "grown" if parent.attr in _GROWS else "indexed"  # a method or attribute of the list
+            else:
+                kind = "whole"
+            found.setdefault(ast.unparse(node), []).append((node.lineno, kind))
+    return found
 
 
 def _reads(tree: ast.Module) -> dict[str, list[int]]:

@@ -344,7 +344,8 @@ def _keys(module: torch.nn.Module) -> tuple[str, ...]:
             k
             for k, v in attributes.items()
             if (isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter))
-            or ((isinstance(v, tuple) or v is None) and not k.startswith("_"))  # not torch's own (_compiled_call_impl)
+            # a tuple, list or None that is not torch's own (_compiled_call_impl)
+            or ((isinstance(v, (tuple, list)) or v is None) and not k.startswith("_"))
         )
         cached = _tensor_keys[module] = (len(attributes), keys)
     return cached[1]
@@ -372,7 +373,8 @@ def _tree(root: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
 
 
 def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
-    """A module's tensor attributes (``self.memory``, ``self.hidden = (h, c)``) and buffers with a graph, and its
+    """A module's tensor attributes (``self.memory``, ``self.hidden = (h, c)``, the first items of a list such as
+    REINFORCE's ``self.saved_log_probs``) and buffers with a graph, and its
     submodules' (only those that have any: the tree is read once and again when it changes, not at every look)."""
     for suffix, module in _tree(root):
         attributes = module.__dict__
@@ -381,10 +383,10 @@ def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
             if isinstance(item, torch.Tensor):
                 if not isinstance(item, torch.nn.Parameter):
                     _graph_of(f"{prefix}{suffix}.{key}", item, None, found)
-            elif isinstance(item, tuple):  # self.hidden = (h, c)
+            elif isinstance(item, (tuple, list)):  # self.hidden = (h, c); self.saved_log_probs = [...]
                 for i, part in enumerate(item[:8]):
                     if isinstance(part, torch.Tensor):
-                        _graph_of(f"{prefix}{suffix}.{key}[{i}]", part, "tuple", found)
+                        _graph_of(f"{prefix}{suffix}.{key}[{i}]", part, type(item).__name__, found)
         for key, item in module._buffers.items():
             if item is not None:
                 _graph_of(f"{prefix}{suffix}.{key}", item, None, found)

@@ -24,7 +24,7 @@ import linecache
 import re
 from dataclasses import dataclass, field
 
-from helpers.built import built_line, function_span, read_line
+from helpers.built import built_line, function_span, read_line, reads_whole_list
 from helpers.display import format_bytes
 from helpers.errors import error_kind
 from helpers.folds import CallLog, count_retains
@@ -285,7 +285,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             e.used_at,
             e.reached_from,
             len(e.times),
-            carried_fix(name, e.built_at, e.iteration is None, e.container),
+            carried_fix(name, e.built_at, e.iteration is None, e.container, _reads_whole(recorder, e)),
             e.shape,
             e.container,
             _enters_at(recorder, e),
@@ -314,6 +314,18 @@ def _enters_at(recorder: Recorder, carried: _Carried) -> str | None:
     if carried.name is None:
         return None
     whole = re.sub(r"\[\d+\]$", "", carried.name) if carried.container in ("tuple", "list") else carried.name
+    return read_line(whole, _spans(recorder, carried))
+
+
+def _reads_whole(recorder: Recorder, carried: _Carried) -> bool | None:
+    """For a carrier that is an item of a list: whether the learner's code reads that list only whole."""
+    if carried.name is None or carried.container != "list":
+        return None
+    return reads_whole_list(re.sub(r"\[\d+\]$", "", carried.name), _spans(recorder, carried))
+
+
+def _spans(recorder: Recorder, carried: _Carried) -> list[tuple[str, int, int]]:
+    """Where the learner's code may read a carrier: the loop's body, the code the name was found in, the step."""
     spans: list[tuple[str, int, int]] = []
     link = recorder.loop.innermost
     if link is not None and recorder.loop.unusable is None:
@@ -322,7 +334,7 @@ def _enters_at(recorder: Recorder, carried: _Carried) -> str | None:
         span = function_span(where) if where is not None else None
         if span is not None:
             spans.append(span)
-    return read_line(whole, spans)
+    return spans
 
 
 @dataclass(slots=True)
@@ -437,9 +449,15 @@ def _when(iteration: int) -> str:
     return "before the first iteration" if iteration == 0 else f"in iteration {iteration}"
 
 
-def carried_fix(name: str | None, built_at: str, before_loop: bool, container: str | None = None) -> str:
+def carried_fix(
+    name: str | None, built_at: str, before_loop: bool, container: str | None = None, read_whole: bool | None = None
+) -> str:
     """The fix for a carried graph, in the learner's own variable, as one imperative line (the report puts "before
-    line 16" for "at the end of each iteration" where it knows the line the graph comes in at)."""
+    line 16" for "at the end of each iteration" where it knows the line the graph comes in at).
+
+    A list that carries it is cleared when the learner's code reads it only whole (``read_whole``: the log-probs
+    REINFORCE collects for one update, which detached would give no gradient); a list read by index or slice (a bank
+    of recent features) keeps detached copies instead."""
     code = built_at.split(": ", 1)[-1]
     total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)", code)
     if not before_loop and total:
@@ -452,7 +470,11 @@ def carried_fix(name: str | None, built_at: str, before_loop: bool, container: s
         return f"add `{whole} = tuple(s.detach() for s in {whole})` at the end of each iteration"
     if item and container == "list":
         whole = item.group(1)
-        return f"keep detached copies in `{whole}` (`{whole}.append(out.detach())`), or clear it each iteration"
+        if read_whole:
+            return f"clear `{whole}` after each update (`{whole}.clear()`): each backward walks this iteration's items"
+        appended = re.search(rf"(?<![\w.]){re.escape(whole)}\.append\((.+)\)\s*$", code)
+        kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"
+        return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"
     owner = re.match(r"^(\w+)\.\w+$", name)
     if before_loop and owner:
         return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"

@@ -187,8 +187,43 @@ def test_list_of_outputs_reused() -> None:
     report = find_carried_graph(step, models=model)
     finding = the_finding(report, "out = model(torch.randn(3, 4))")
     assert (finding.iteration, finding.shape) == (1, (3, 2))
-    assert "outputs.append(out.detach())" in finding.fix
+    # The backward reads the whole list: clearing it is the fix (detached copies would leave it no graph at all).
+    assert "`outputs.clear()`" in finding.fix and "detach" not in finding.fix
     assert SECOND_TIME in report.error
+
+    def cleared() -> None:
+        out = model(torch.randn(3, 4))
+        outputs.append(out)
+        torch.stack(outputs).sum().backward()
+        outputs.clear()
+
+    def detached_copies() -> None:
+        out = model(torch.randn(3, 4))
+        outputs.append(out.detach())
+        torch.stack(outputs).sum().backward()
+
+    outputs.clear()
+    for _ in range(3):
+        cleared()
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        detached_copies()
+
+
+def test_a_list_read_by_slice_keeps_detached_copies() -> None:
+    """A bank of recent features (notebook 04's): the backward reads old items by slice, and the current one
+    through its own name, so detached copies in the bank are the fix."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    bank = []
+
+    def step() -> None:
+        hidden = model(torch.randn(3, 4))
+        bank.append(hidden)
+        recent = torch.cat(bank[-2:])
+        (hidden.sum() + recent.sum()).backward()
+
+    report = find_carried_graph(step, models=model)
+    assert any("keep detached copies in `bank`" in finding.fix for finding in report.findings), report
 
 
 def test_distribution_built_once_before_the_loop() -> None:

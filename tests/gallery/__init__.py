@@ -47,4 +47,5 @@ LOOPS = [
     "gru4rec_session_reset",
     "word_language_model_tbptt",
     "mnist_gradient_accumulation",
+    "reinforce_log_probs_kept",
 ]

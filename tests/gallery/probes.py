@@ -263,9 +263,18 @@ def goes_with_the_carried_fix(
 
 
 def bound_names(path: str) -> dict[int, set[str]]:
-    """Line -> the names, attributes and string keys its assignments bind (``self.reg_loss += x``: reg_loss)."""
+    """Line -> the names, attributes and string keys its assignments bind (``self.reg_loss += x``: reg_loss), and
+    the lists it grows (``policy.saved_log_probs.append(x)``: saved_log_probs, which holds x's graph from there)."""
     found: dict[int, set[str]] = {}
     for node in ast.walk(ast.parse(Path(path).read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("append", "extend", "insert")
+            and isinstance(node.func.value, (ast.Name, ast.Attribute))
+        ):
+            grown = node.func.value
+            found.setdefault(node.lineno, set()).add(grown.id if isinstance(grown, ast.Name) else grown.attr)
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
