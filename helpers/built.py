@@ -6,8 +6,9 @@ did not see, it reads the source with ``ast`` for the assignment to the name: ou
 the first iteration, in a loop otherwise.
 
 :func:`read_line` finds where a carried graph comes into an iteration: the first line of the loop's body (or of the
-function the name was found in) that reads the name. :func:`reads_whole_list` tells a list the loss is built from
-(``zip(policy.saved_log_probs, returns)``) from one read by index or slice (``bank[-4:]``).
+function the name was found in) that reads the name. :func:`list_use` tells a list rebound every iteration
+(``pred, mems = model(x, mems)``) from one the loss is built from whole (``zip(policy.saved_log_probs, returns)``)
+and from one read by index or slice (``bank[-4:]``).
 
 Used by :mod:`helpers.verdicts`.
 """
@@ -27,7 +28,7 @@ from helpers.sources import memo, parsed
 if TYPE_CHECKING:
     from helpers.recorder import Recorder
 
-__all__ = ["built_line", "function_span", "read_line", "reads_whole_list"]
+__all__ = ["built_line", "function_span", "list_use", "read_line"]
 
 
 def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
@@ -171,10 +172,11 @@ def read_line(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
 _GROWS = frozenset({"append", "extend", "insert"})
 
 
-def reads_whole_list(spelled: str, spans: list[tuple[str, int, int]]) -> bool | None:
-    """Whether the first of ``spans`` that reads the list ``spelled`` reads it only whole (iterated, passed to
-    ``torch.cat``, ``zip`` or ``sum``), never by index or slice; growing it (``.append(x)``) is no read. None when no
-    span reads it."""
+def list_use(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
+    """How the first of ``spans`` that uses the list ``spelled`` uses it: ``"rebound"`` (assigned there, a new list
+    every iteration: ``pred, mems = model(x, mems)``), ``"whole"`` (only read whole: iterated, passed to
+    ``torch.cat``, ``zip`` or ``sum``), ``"indexed"`` (read by index or slice: ``bank[-4:]``). Growing it
+    (``.append(x)``) is no use here. None when no span uses it."""
     for filename, first, last in spans:
         tree = parsed(filename)
         if tree is None:
@@ -182,16 +184,22 @@ def reads_whole_list(spelled: str, spans: list[tuple[str, int, int]]) -> bool | 
         uses = memo(filename, ("list uses",), functools.partial(_list_uses, tree)).get(spelled, ())
         kinds = {kind for line, kind in uses if first <= line <= last and kind != "grown"}
         if kinds:
-            return kinds == {"whole"}
+            return "rebound" if "rebound" in kinds else "whole" if kinds == {"whole"} else "indexed"
     return None
 
 
 def _list_uses(tree: ast.Module) -> dict[str, list[tuple[int, str]]]:
-    """Each name or attribute chain the file loads -> (line, "indexed" | "grown" | "whole") for each load."""
+    """Each name or attribute chain the file uses -> (line, "rebound" | "indexed" | "grown" | "whole") for each use."""
     parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     found: dict[str, list[tuple[int, str]]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
+        if not isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):  # mems, self.mems, state['mems']
+            continue
+        if isinstance(node.ctx, ast.Store):
+            kind = "rebound"
+        elif not isinstance(node.ctx, ast.Load):
+            continue
+        else:
             parent = parents.get(id(node))
             if isinstance(parent, ast.Subscript) and parent.value is node:
                 kind = "indexed"
@@ -199,7 +207,7 @@ def _list_uses(tree: ast.Module) -> dict[str, list[tuple[int, str]]]:
                 kind = "grown" if parent.attr in _GROWS else "indexed"  # a method or attribute of the list
             else:
                 kind = "whole"
-            found.setdefault(ast.unparse(node), []).append((node.lineno, kind))
+        found.setdefault(ast.unparse(node), []).append((node.lineno, kind))
     return found
 
 

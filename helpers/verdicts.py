@@ -24,7 +24,7 @@ import linecache
 import re
 from dataclasses import dataclass, field
 
-from helpers.built import built_line, function_span, read_line, reads_whole_list
+from helpers.built import built_line, function_span, list_use, read_line
 from helpers.display import format_bytes
 from helpers.errors import error_kind
 from helpers.folds import CallLog, count_retains
@@ -285,7 +285,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             e.used_at,
             e.reached_from,
             len(e.times),
-            carried_fix(name, e.built_at, e.iteration is None, e.container, _reads_whole(recorder, e)),
+            carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e)),
             e.shape,
             e.container,
             _enters_at(recorder, e),
@@ -317,11 +317,11 @@ def _enters_at(recorder: Recorder, carried: _Carried) -> str | None:
     return read_line(whole, _spans(recorder, carried))
 
 
-def _reads_whole(recorder: Recorder, carried: _Carried) -> bool | None:
-    """For a carrier that is an item of a list: whether the learner's code reads that list only whole."""
+def _list_use(recorder: Recorder, carried: _Carried) -> str | None:
+    """For a carrier that is an item of a list: how the learner's code uses that list (:func:`list_use`)."""
     if carried.name is None or carried.container != "list":
         return None
-    return reads_whole_list(re.sub(r"\[\d+\]$", "", carried.name), _spans(recorder, carried))
+    return list_use(re.sub(r"\[\d+\]$", "", carried.name), _spans(recorder, carried))
 
 
 def _spans(recorder: Recorder, carried: _Carried) -> list[tuple[str, int, int]]:
@@ -450,14 +450,15 @@ def _when(iteration: int) -> str:
 
 
 def carried_fix(
-    name: str | None, built_at: str, before_loop: bool, container: str | None = None, read_whole: bool | None = None
+    name: str | None, built_at: str, before_loop: bool, container: str | None = None, use: str | None = None
 ) -> str:
     """The fix for a carried graph, in the learner's own variable, as one imperative line (the report puts "before
     line 16" for "at the end of each iteration" where it knows the line the graph comes in at).
 
-    A list that carries it is cleared when the learner's code reads it only whole (``read_whole``: the log-probs
-    REINFORCE collects for one update, which detached would give no gradient); a list read by index or slice (a bank
-    of recent features) keeps detached copies instead."""
+    A list that carries it (``use``, :func:`helpers.built.list_use`) is detached item by item when the loop rebinds
+    it every iteration (a Transformer-XL memory), cleared when the code reads it only whole (the log-probs REINFORCE
+    collects for one update, which detached would give no gradient), and keeps detached copies when read by index or
+    slice (a bank of recent features)."""
     code = built_at.split(": ", 1)[-1]
     total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)", code)
     if not before_loop and total:
@@ -470,7 +471,9 @@ def carried_fix(
         return f"add `{whole} = tuple(s.detach() for s in {whole})` at the end of each iteration"
     if item and container == "list":
         whole = item.group(1)
-        if read_whole:
+        if use == "rebound":
+            return f"add `{whole} = [m.detach() for m in {whole}]` at the end of each iteration"
+        if use == "whole":
             return f"clear `{whole}` after each update (`{whole}.clear()`): each backward walks this iteration's items"
         appended = re.search(rf"(?<![\w.]){re.escape(whole)}\.append\((.+)\)\s*$", code)
         kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"

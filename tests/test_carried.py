@@ -209,6 +209,39 @@ def test_list_of_outputs_reused() -> None:
         detached_copies()
 
 
+def test_a_list_rebound_every_iteration_is_detached_item_by_item() -> None:
+    """A Transformer-XL memory: the model returns a new list of layer outputs and the loop feeds it back. Clearing
+    it would leave the next iteration an empty memory; detaching each item is the fix."""
+    torch.manual_seed(0)
+    layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+    mems: list[torch.Tensor] | None = None
+
+    def model(x: torch.Tensor, mems: list[torch.Tensor] | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        new_mems = []
+        for i, layer in enumerate(layers):
+            x = layer(x if mems is None else x + mems[i])
+            new_mems.append(x)
+        return x.sum(), new_mems
+
+    def step() -> None:
+        nonlocal mems
+        loss, mems = model(torch.randn(3, 4), mems)
+        loss.backward()
+
+    report = find_carried_graph(step, models=layers)
+    assert report.findings and all("`mems = [m.detach() for m in mems]`" in f.fix for f in report.findings), report
+
+    def fixed() -> None:
+        nonlocal mems
+        loss, mems = model(torch.randn(3, 4), mems)
+        loss.backward()
+        mems = [m.detach() for m in mems]
+
+    mems = None
+    for _ in range(3):
+        fixed()
+
+
 def test_a_list_read_by_slice_keeps_detached_copies() -> None:
     """A bank of recent features (notebook 04's): the backward reads old items by slice, and the current one
     through its own name, so detached copies in the bank are the fix."""
