@@ -428,11 +428,14 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
     )
     if record.freed_by is not None:
         freer = calls[record.freed_by]
-        through = f" through {record.reached_through.name}" if record.reached_through is not None else ""
+        name = record.reached_through.name if record.reached_through is not None else None
+        through = f" through {name}" if name is not None else ""
         evidence = (
             f"the buffers it needs were freed by the backward at {short(freer.line)} in iteration "
             f"{split.iteration_of_call(freer.index)}; this backward reached them{through}"
         )
+        if name is not None:
+            fix = _second_backward_fix(freer.line, record.line, name)
     elif record.changed_by_step is not None:
         evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.changed_by_step)}"
         site = recorder.creation.line_of(record.stale_node) if record.stale_node is not None else None
@@ -443,6 +446,25 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
     if caused:
         fix = carried[0].fix  # the walk into an earlier iteration's graph is the cause: its fix is the error's
     return ErrorVerdict(kind, record.message, record.line, iteration, evidence, fix, caused, stale)
+
+
+def _second_backward_fix(freed_at: str, raised_at: str, through: str) -> str:
+    """The fix for a backward through buffers an earlier backward of the same iteration freed, reached through the
+    learner's ``through``: the same backward line run twice (an inner loop, a WGAN's critic steps on one ``fake``)
+    wants ``through`` built inside that loop or detached there; two backward lines (a GAN's D loss on ``fake``, then
+    G's) want the earlier loss on ``through.detach()``, unless that loss must train what ``through`` comes from: then
+    retain in the earlier backward only, as for two losses."""
+    number = re.search(r":(\d+)(?::|$)", freed_at.split(": ", 1)[0] if ": " in freed_at else freed_at)
+    line = f"line {number.group(1)}'s backward" if number else "the earlier backward"
+    if freed_at == raised_at:
+        return (
+            f"build `{through}` inside the loop that runs {line}, or use `{through}.detach()` there if this loss "
+            f"needs no gradient through it"
+        )
+    return (
+        f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from (a GAN's "
+        f"D loss); if it must, add retain_graph=True to {line} only"
+    )
 
 
 def _when(iteration: int) -> str:

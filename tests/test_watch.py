@@ -215,3 +215,58 @@ def test_an_epoch_function_called_again_begins_a_new_pass_even_with_the_same_bat
             train_epoch()
     assert w.verdicts.iterations_run == len(ran) == 6 * len(batches), str(w)
     assert str(w).startswith(f"backward-twice: healthy ({len(ran)} iterations watched"), str(w)
+
+
+def _gan(detach: bool) -> None:
+    """A GAN step whose D loss reads `fake` (detached or not), then G's loss on a fresh D(fake)."""
+    torch.manual_seed(0)
+    G, D = torch.nn.Linear(4, 2), torch.nn.Linear(2, 1)
+    opt_G, opt_D = torch.optim.SGD(G.parameters(), lr=0.1), torch.optim.SGD(D.parameters(), lr=0.1)
+    for _ in range(2):
+        fake = G(torch.randn(8, 4))
+        opt_D.zero_grad()
+        d_loss = D(torch.randn(8, 2)).mean() - D(fake.detach() if detach else fake).tanh().mean()
+        d_loss.backward()
+        opt_D.step()
+        opt_G.zero_grad()
+        (-D(fake).tanh().mean()).backward()
+        opt_G.step()
+
+
+def _critic_steps(detach: bool) -> None:
+    """A WGAN's critic steps, all on one `fake` made before them (detached or not), then the generator's step: the
+    loop around both backward lines is the outer one, so the critic's second pass is in the same iteration."""
+    torch.manual_seed(0)
+    G, D = torch.nn.Linear(4, 2), torch.nn.Linear(2, 1)
+    opt_G, opt_D = torch.optim.SGD(G.parameters(), lr=0.1), torch.optim.SGD(D.parameters(), lr=0.1)
+    for _ in range(2):
+        z = torch.randn(8, 4)
+        fake = G(z).tanh()
+        for _ in range(3):
+            opt_D.zero_grad()
+            (D(fake.detach() if detach else fake).mean() - D(torch.randn(8, 2)).mean()).backward()
+            opt_D.step()
+        opt_G.zero_grad()
+        (-D(G(z).tanh()).mean()).backward()
+        opt_G.step()
+
+
+@pytest.mark.parametrize(
+    ("loop", "fix"),
+    [
+        (_gan, "use `fake.detach()` in the loss line "),
+        (_critic_steps, "build `fake` inside the loop that runs line "),
+    ],
+)
+def test_a_second_backward_through_a_named_tensor_gets_its_detach_not_the_retain_band_aid(loop, fix: str) -> None:
+    """The freed graph is reached through `fake`: the fix detaches it where the earlier loss reads it (a GAN's D loss),
+    and offers retain only for a loss that must train what `fake` comes from. Truth without the tool: the loop raises
+    as written and runs with `fake.detach()` there."""
+    with pytest.raises(RuntimeError, match="second time"):
+        loop(detach=False)
+    loop(detach=True)
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        loop(detach=False)
+    item = w.report.items[0]
+    assert item.fix.startswith(fix) and "`fake.detach()`" in item.fix, item.fix
+    assert "retain_graph=True" not in item.fix or "if it must" in item.fix
