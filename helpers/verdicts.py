@@ -463,7 +463,7 @@ def _second_backward_fix(freed_at: str, raised_at: str, through: str) -> str:
         )
     return (
         f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from (a GAN's "
-        f"D loss); if it must, add retain_graph=True to {line} only"
+        f"D loss); if it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
     )
 
 
