@@ -57,7 +57,7 @@ class NamedGraph:
     sequence: int
     local: bool = False
     holder: str | None = None  # the simplest spelling that is not a function's own variable (what keeps it)
-    container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one
+    container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one; "parameter"
     shape: tuple[int, ...] | None = None
     aliases: tuple[str, ...] = ()  # other spellings as simple, of a tensor with the same node (an LSTM cell's h, c)
 
@@ -374,7 +374,8 @@ def _tree(root: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
 
 def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
     """A module's tensor attributes (``self.memory``, ``self.hidden = (h, c)``, the first items of a list such as
-    REINFORCE's ``self.saved_log_probs``) and buffers with a graph, and its
+    REINFORCE's ``self.saved_log_probs``), buffers and parameters (an EMA's weights updated in place outside
+    ``torch.no_grad()``) with a graph, and its
     submodules' (only those that have any: the tree is read once and again when it changes, not at every look)."""
     for suffix, module in _tree(root):
         attributes = module.__dict__
@@ -390,3 +391,6 @@ def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
         for key, item in module._buffers.items():
             if item is not None:
                 _graph_of(f"{prefix}{suffix}.{key}", item, None, found)
+    for key, parameter in root.named_parameters():
+        if parameter.grad_fn is not None:  # an in-place update outside torch.no_grad() (an EMA's weights)
+            _graph_of(f"{prefix}.{key}", parameter, "parameter", found)

@@ -268,6 +268,21 @@ def _note_item(note: Note) -> Item:
     )
 
 
+def _parameters_item(model: str, notes: list[Note]) -> Item:
+    """Parameters of one model that hold a graph: an in-place update (an EMA's) ran outside ``torch.no_grad()``."""
+    place, code = _split(notes[0].built_at)
+    number = _line_number(place)
+    whose = f"`{model}`'s parameters hold" if len(notes) > 1 else f"`{notes[0].name}` holds"
+    return Item(
+        "note",
+        f"{whose} a graph that grows every iteration",
+        (CodeLine(place, code, (0, len(code)), "updates them with autograd recording"),),
+        f"line {number} runs outside torch.no_grad(): each update adds to the parameters' graph and keeps the old one",
+        f"run line {number} under `with torch.no_grad():`",
+        to_fix=True,
+    )
+
+
 def _growing_line(name: str, filename: str) -> tuple[int, str, str | None] | None:
     """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``history += [loss]``,
     ``cache[key] = out``), with what it appends."""
@@ -295,7 +310,12 @@ def build_report(v: Verdicts, runs_of: str | None = None, ended_by: str | None =
     if v.error is not None and not explained:
         items.append(_error_item(v.error))
     items += [_retain_item(line) for line in v.lines if line.verdict == "can go"]
-    items += [_note_item(n) for n in v.notes if n.grows and n.held_bytes]
+    items += [_note_item(n) for n in v.notes if n.grows and n.held_bytes and not n.parameter]
+    by_model: dict[str, list[Note]] = {}
+    for note in v.notes:
+        if note.parameter:
+            by_model.setdefault(re.split(r"[\[.]", note.name, maxsplit=1)[0], []).append(note)
+    items += [_parameters_item(model, notes) for model, notes in by_model.items()]
     return Report(_headline(v, items, runs_of, ended_by), tuple(items), _evidence(v), v.stopped_watching)
 
 

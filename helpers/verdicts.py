@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from helpers.built import built_line, function_span, list_use, read_line
 from helpers.display import format_bytes
 from helpers.errors import error_kind
+from helpers.fixes import ERROR_FIXES, carried_fix, second_backward_fix
 from helpers.folds import CallLog, count_retains
 from helpers.held import HeldGraph
 from helpers.iterations import Split, split_iterations
@@ -93,6 +94,7 @@ class Note:
     built_at: str
     held_bytes: int
     grows: bool = False
+    parameter: bool = False  # a module's parameter that holds a graph: updated in place outside torch.no_grad()
 
 
 @dataclass(frozen=True)
@@ -123,34 +125,6 @@ class Verdicts:
     error: ErrorVerdict | None = None
     stopped_after: int | None = None  # watch(iterations=N) ended the loop after N iterations
     stopped_watching: str | None = None
-
-
-ERROR_FIXES = {
-    "backward a second time": "a backward freed this graph's buffers and a later one goes through them: add "
-    "retain_graph=True to the earlier backward only, or sum the losses and call "
-    "backward() once",
-    "in-place version error": "a tensor the graph saved was changed in place (x += ..., relu_(), "
-    "optimizer.step()) before the backward through it: use the out-of-place form; "
-    "after an optimizer.step(), compute the forward again (a GAN: G's loss on a fresh "
-    "netD(fake)). Moving the step after the later backward runs, but takes that "
-    "gradient through the old weights (notebook 03, section 3)",
-    "donated buffers": "torch.compile compiled this backward for one use, free to reuse the saved buffers: at its "
-    "first call when that call did not retain, or ahead of time under dynamic shapes (dynamic=True, or a batch "
-    "size that changed, such as a smaller last batch), when even a first call that retains is refused: call "
-    "backward once per forward (sum the losses), or get each loss's gradient from one "
-    "torch.autograd.grad(torch.stack(losses), params, grad_outputs=torch.eye(n), is_grads_batched=True); only if "
-    "the code must retain, keep torch._functorch.config.donated_buffer = False in force at every backward that "
-    "retains (it is read at each call: setting it only while compiling is not enough) (notebook 06, section 2)",
-    "DDP ready only once": "DistributedDataParallel all-reduces gradients by buckets, once per forward: a second "
-    "backward through the same parameters is refused while a bucket still waits for a gradient the first left "
-    "out, and when none waits its gradient is never averaged, without a word: sum the losses and call "
-    "backward() once per forward ((l1 + l2).backward()); static_graph=True and "
-    "find_unused_parameters=True do not make two backward calls right: they average the wrong "
-    "gradients and fail one iteration later (notebook 06, section 3)",
-    "no graph": "the loss was computed without a graph (under torch.no_grad(), from .detach() or .item(), or "
-    "from tensors that need no gradient): compute it from the model's output with grad enabled",
-    "other": "the loop fails before retain_graph matters: fix this error first",
-}
 
 
 def judge(recorder: Recorder) -> Verdicts:
@@ -369,8 +343,9 @@ def _notes(recorder: Recorder, split: Split) -> list[Note]:
         built = split.iteration_of_node(sequence)
         if not built < held_in <= last or walked.get(sequence, 0) >= held_in:
             continue
-        if _below_a_submodule(holder):  # a loss module's self.loss: the model's own bookkeeping
-            continue
+        named = recorder.names.get(sequence)
+        if _below_a_submodule(holder) and (named is None or named.container != "parameter"):
+            continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
         held.append((holder, sequence, built, held_graph))
     iterations_by_root: dict[str, set[int]] = {}
     for holder, _, built, _ in held:
@@ -385,7 +360,8 @@ def _notes(recorder: Recorder, split: Split) -> list[Note]:
         grows = len(iterations_by_root[_root(holder)]) > 1 or split.iteration_of_node(held_graph.earliest) < built
         named = recorder.names[sequence]
         line = built_line(named, built == 0, recorder)
-        by_name.setdefault(holder, Note(holder, line, held_graph.graph_bytes, grows))
+        parameter = named.container == "parameter"
+        by_name.setdefault(holder, Note(holder, line, held_graph.graph_bytes, grows, parameter))
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
             by_name.setdefault(alias, Note(alias, line, 0, grows))
     return list(by_name.values())
@@ -435,7 +411,7 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
             f"{split.iteration_of_call(freer.index)}; this backward reached them{through}"
         )
         if name is not None:
-            fix = _second_backward_fix(freer.line, record.line, name)
+            fix = second_backward_fix(freer.line, record.line, name)
     elif record.changed_by_step is not None:
         evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.changed_by_step)}"
         site = recorder.creation.line_of(record.stale_node) if record.stale_node is not None else None
@@ -448,61 +424,5 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
     return ErrorVerdict(kind, record.message, record.line, iteration, evidence, fix, caused, stale)
 
 
-def _second_backward_fix(freed_at: str, raised_at: str, through: str) -> str:
-    """The fix for a backward through buffers an earlier backward of the same iteration freed, reached through the
-    learner's ``through``: the same backward line run twice (an inner loop, a WGAN's critic steps on one ``fake``)
-    wants ``through`` built inside that loop or detached there; two backward lines (a GAN's D loss on ``fake``, then
-    G's) want the earlier loss on ``through.detach()``, unless that loss must train what ``through`` comes from: then
-    retain in the earlier backward only, as for two losses."""
-    number = re.search(r":(\d+)(?::|$)", freed_at.split(": ", 1)[0] if ": " in freed_at else freed_at)
-    line = f"line {number.group(1)}'s backward" if number else "the earlier backward"
-    if freed_at == raised_at:
-        return (
-            f"build `{through}` inside the loop that runs {line}, or use `{through}.detach()` there if this loss "
-            f"needs no gradient through it"
-        )
-    return (
-        f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from (a GAN's "
-        f"D loss); if it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
-    )
-
-
 def _when(iteration: int) -> str:
     return "before the first iteration" if iteration == 0 else f"in iteration {iteration}"
-
-
-def carried_fix(
-    name: str | None, built_at: str, before_loop: bool, container: str | None = None, use: str | None = None
-) -> str:
-    """The fix for a carried graph, in the learner's own variable, as one imperative line (the report puts "before
-    line 16" for "at the end of each iteration" where it knows the line the graph comes in at).
-
-    A list that carries it (``use``, :func:`helpers.built.list_use`) is detached item by item when the loop rebinds
-    it every iteration (a Transformer-XL memory), cleared when the code reads it only whole (the log-probs REINFORCE
-    collects for one update, which detached would give no gradient), and keeps detached copies when read by index or
-    slice (a bank of recent features)."""
-    code = built_at.split(": ", 1)[-1]
-    total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)", code)
-    if not before_loop and total:
-        return f"add a number instead (`{total.group(1)} += loss.item()`) and call backward() on this iteration's loss"
-    if name is None:
-        return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
-    item = re.match(r"^(.*)\[[^\]]*\]$", name)
-    if item and container == "tuple":
-        whole = item.group(1)
-        return f"add `{whole} = tuple(s.detach() for s in {whole})` at the end of each iteration"
-    if item and container == "list":
-        whole = item.group(1)
-        if use == "rebound":
-            return f"add `{whole} = [m.detach() for m in {whole}]` at the end of each iteration"
-        if use == "whole":
-            return f"clear `{whole}` after each update (`{whole}.clear()`): each backward walks this iteration's items"
-        appended = re.search(rf"(?<![\w.]){re.escape(whole)}\.append\((.+)\)\s*$", code)
-        kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"
-        return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"
-    owner = re.match(r"^(\w+)\.\w+$", name)
-    if before_loop and owner:
-        return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"
-    if before_loop:
-        return f"compute `{name}` inside the loop (or `{name} = {name}.detach()`, if it needs no gradient)"
-    return f"add `{name} = {name}.detach()` at the end of each iteration"

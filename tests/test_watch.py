@@ -3,6 +3,8 @@ diagnosis on the loop's own exception; and a watch that never breaks the loop it
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import importlib
 import json
 import traceback
@@ -270,3 +272,49 @@ def test_a_second_backward_through_a_named_tensor_gets_its_detach_not_the_retain
     item = w.report.items[0]
     assert item.fix.startswith(fix) and "`fake.detach()`" in item.fix, item.fix
     assert "retain_graph=True" not in item.fix or "if it must" in item.fix
+
+
+def _ema_training(iterations: int, no_grad: bool) -> torch.nn.Module:
+    """A mean-teacher loop: the student trains, the teacher follows it by an exponential moving average, updated in
+    place (under torch.no_grad(), or, the bug, without it)."""
+    torch.manual_seed(0)
+    student = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    teacher = copy.deepcopy(student).requires_grad_(False)
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+    for _ in range(iterations):
+        x = torch.randn(16, 4)
+        loss = (student(x) - teacher(x).detach()).pow(2).mean() + student(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad() if no_grad else contextlib.nullcontext():
+            for ema, p in zip(teacher.parameters(), student.parameters()):
+                ema.mul_(0.99).add_(p, alpha=0.01)
+    return teacher
+
+
+def _chain(tensor: torch.Tensor) -> int:
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(child for child, _ in node.next_functions)
+    return len(seen)
+
+
+def test_an_ema_updated_outside_no_grad_is_a_parameter_graph_to_fix() -> None:
+    """Truth without the tool: the teacher's weights get a graph that grows with every update (more nodes after 10
+    iterations than after 5), and none under torch.no_grad(). The watch names the update's line and its fix."""
+    assert _chain(_ema_training(10, no_grad=False)[0].weight) > _chain(_ema_training(5, no_grad=False)[0].weight) > 0
+    assert _ema_training(5, no_grad=True)[0].weight.grad_fn is None
+    with watch() as w:
+        _ema_training(5, no_grad=False)
+    assert not w.healthy
+    (item,) = [item for item in w.report.items if "teacher" in item.label]
+    assert item.label == "`teacher`'s parameters hold a graph that grows every iteration"
+    assert item.lines[0].code == "ema.mul_(0.99).add_(p, alpha=0.01)"
+    assert item.fix.startswith("run line ") and item.fix.endswith(" under `with torch.no_grad():`")
+    with watch() as w:
+        _ema_training(5, no_grad=True)
+    assert w.healthy, str(w)
