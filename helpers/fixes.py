@@ -74,6 +74,10 @@ def carried_fix(
         return f"add a number instead (`{total.group(1)} += loss.item()`) and call backward() on this iteration's loss"
     if name is None:
         return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
+    if container == "parameter":  # a parameter is given a graph only by an in-place update autograd recorded
+        number = re.search(r":(\d+)$", built_at.split(": ", 1)[0])
+        line = f"line {number.group(1)}" if number else "the update that built it"
+        return f"run {line} under `with torch.no_grad():`, so updating `{name}` records no graph"
     item = re.match(r"^(.*)\[[^\]]*\]$", name)
     if item and container == "tuple":
         whole = item.group(1)

@@ -62,13 +62,16 @@ def _to_cpu(value: Any) -> Any:
 @dataclass(frozen=True)
 class _KeptTensor:
     """A tensor a step may change and what puts it back: its CPU copy, its ``.grad``'s (None: none), its version,
-    and its own attributes (an optimizer of the learner's may keep ``p.exp_avg`` on a parameter)."""
+    its own attributes (an optimizer of the learner's may keep ``p.exp_avg`` on a parameter), and whether it was a
+    leaf and required a gradient (an EMA updated outside ``torch.no_grad()`` gives a parameter a graph)."""
 
     tensor: torch.Tensor
     value: torch.Tensor
     grad: torch.Tensor | None
     version: int
     attributes: dict[str, Any]
+    leaf: bool = True
+    requires_grad: bool = False
 
 
 class CpuSnapshot:
@@ -124,7 +127,13 @@ class CpuSnapshot:
             grad = tensor.grad if tensor.is_leaf else None
             attributes = dict(vars(tensor))
             self._tensors[id(tensor)] = _KeptTensor(
-                tensor, _cpu(tensor), None if grad is None else _cpu(grad), tensor._version, attributes
+                tensor,
+                _cpu(tensor),
+                None if grad is None else _cpu(grad),
+                tensor._version,
+                attributes,
+                tensor.is_leaf,
+                tensor.requires_grad,
             )
             for value in attributes.values():
                 if isinstance(value, torch.Tensor):
@@ -160,6 +169,9 @@ class CpuSnapshot:
         with torch.no_grad():
             for kept in self._tensors.values():
                 tensor, grad = kept.tensor, kept.grad
+                if kept.leaf and not tensor.is_leaf and tensor._base is None:  # the runs gave it a graph: cut it
+                    tensor.detach_()
+                    tensor.requires_grad_(kept.requires_grad)
                 # changed in place: an optimizer's step bumps the version; p.data.add_() and batch norm's running
                 # statistics do not, so an unbumped tensor is compared
                 if tensor._version != kept.version or not torch.equal(tensor.detach().cpu(), kept.value):

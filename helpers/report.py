@@ -272,13 +272,14 @@ def _parameters_item(model: str, notes: list[Note]) -> Item:
     """Parameters of one model that hold a graph: an in-place update (an EMA's) ran outside ``torch.no_grad()``."""
     place, code = _split(notes[0].built_at)
     number = _line_number(place)
+    line = f"line {number}" if number != "?" else "the update"
     whose = f"`{model}`'s parameters hold" if len(notes) > 1 else f"`{notes[0].name}` holds"
     return Item(
         "note",
         f"{whose} a graph that grows every iteration",
         (CodeLine(place, code, (0, len(code)), "updates them with autograd recording"),),
-        f"line {number} runs outside torch.no_grad(): each update adds to the parameters' graph and keeps the old one",
-        f"run line {number} under `with torch.no_grad():`",
+        f"{line} runs outside torch.no_grad(): each update adds to the parameters' graph and keeps the old one",
+        f"run {line} under `with torch.no_grad():`",
         to_fix=True,
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
+import inspect
 import json
 import traceback
 
@@ -318,3 +319,33 @@ def test_an_ema_updated_outside_no_grad_is_a_parameter_graph_to_fix() -> None:
     with watch() as w:
         _ema_training(5, no_grad=True)
     assert w.healthy, str(w)
+
+
+def test_diagnose_judges_the_ema_as_watch_does_and_leaves_its_weights_leaves() -> None:
+    from helpers.diagnose import diagnose
+
+    torch.manual_seed(0)
+    student = torch.nn.Linear(4, 2)
+    teacher = copy.deepcopy(student).requires_grad_(False)
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+
+    def step() -> None:
+        x = torch.randn(8, 4)
+        loss = (student(x) - teacher(x)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        for ema, p in zip(teacher.parameters(), student.parameters()):
+            ema.mul_(0.99).add_(p, alpha=0.01)
+
+    before = [p.detach().clone() for p in teacher.parameters()]
+    diagnosis = diagnose(step, models=[student, teacher], optimizers=[optimizer])
+    # teacher(x) is not detached here, so every backward also walks the teacher's graph: a carried graph, whose fix
+    # is the same update under torch.no_grad() (assigning `teacher.weight = teacher.weight.detach()` would raise)
+    (item,) = diagnosis.report.items
+    assert item.label == "`teacher.weight` carries iteration 1's graph into iteration 2", item.label
+    source, first = inspect.getsourcelines(step)
+    update = first + next(i for i, text in enumerate(source) if "ema.mul_" in text)
+    assert item.fix == f"run line {update} under `with torch.no_grad():`, so updating `teacher.weight` records no graph"
+    for kept, p in zip(before, teacher.parameters()):
+        assert p.is_leaf and p.grad_fn is None and not p.requires_grad and torch.equal(p, kept)
