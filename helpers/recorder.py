@@ -21,7 +21,8 @@
   a saved tensor in place (:mod:`helpers.evidence`).
 
 Over a long run, the records of the older iterations that walked nothing of an earlier one are folded into counts
-(:mod:`helpers.folds`): the memory a watch holds stays bounded, and the verdicts read the counts with the records.
+(:mod:`helpers.folds`), whether the passes of a loop or, without one, the optimizer steps split the run: the memory
+a watch holds stays bounded, and the verdicts read the counts with the records.
 
 ``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
 :class:`StopRecording` raised there, outside any ``try`` of the body); without a loop of theirs, at the first
@@ -52,7 +53,7 @@ import torch
 from torch.autograd.graph import Node
 
 from helpers.evidence import ErrorRecord, explain
-from helpers.folds import CallLog, Folder, steps_kept
+from helpers.folds import CallLog, Folder, StepFolder, steps_kept
 from helpers.held import Growth, HeldGraph, event_names, note_names
 from helpers.iterations import EventKey, IterationEnd, StepEvent, split_iterations
 from helpers.learner import first_line, intercepting, learners_code, raised_at, skipped_dirs
@@ -60,9 +61,9 @@ from helpers.lines import LineTracer
 from helpers.loops import Loop
 from helpers.names import CodeSite, NamedGraph, unstepped_optimizers
 from helpers.passes import IterationLoop, PassStart, is_optimizer
-from helpers.saved import graph_only_bytes, python_walk
+from helpers.saved import graph_only_bytes
 from helpers.sources import refresh
-from helpers.walks import CallRecord, node_of, stamp_walk, stamped
+from helpers.walks import CallRecord, read_walk, stamp_walk, stamped
 
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
 
@@ -116,7 +117,7 @@ class Recorder:
         self.boundary: types.FrameType | None = None  # the frame whose `with` started the watch (its caller's)
         self.roots_where: CodeSite | None = None  # the code the roots' names belong to (a step's)
         self.calls = CallLog()  # a long run's older plain iterations are folded into counts (helpers.folds)
-        self._folder = Folder()
+        self._folder, self.step_folder = Folder(), StepFolder()  # a loop's passes; the steps, without one
         self.steps: list[StepEvent] = []
         self.optimizer_kinds: dict[int, str] = {}
         self._optimizers: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # to read their parameters later
@@ -346,16 +347,20 @@ class Recorder:
                 caller = sys._getframe(2)  # past intercepting's lambda, the hook's own frame
                 line = self.is_learners.site(caller, self._lines)[1]
                 self._last_event_end = torch._C._autograd._get_sequence_nr()
-                self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line))
+                number = self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
+                by_steps = not self.loop.iteration_passes()  # split by steps, without a loop: where each one ended
+                sighting = len(self.sightings) if by_steps else -1
+                self.steps.append(
+                    StepEvent(id(optimizer), self._last_event_end, len(self.calls), line, number, sighting)
+                )
                 self._first_steps.setdefault(id(optimizer), self._events)
                 self._events += 1
-                self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
-                by_steps = not self.loop.iteration_passes()
-                if by_steps:  # split by steps, without a loop: where each one ended
-                    self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
                 if self.creation.active or by_steps:  # settled: the backward calls tell passes
                     self._saw_event(caller, may_stop=False)
                 event_names(self, caller)
+                if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
+                    read, first = len(self.sightings), self._first_steps
+                    self.steps = self.step_folder.after_step(self.calls, self.steps, first, self.start, read)
         except Exception as error:
             self._fail("after an optimizer step", error)
 
@@ -441,8 +446,6 @@ class Recorder:
         self._first_site = self._first_site or site
         if site == self._first_site:
             self._first_line_calls += 1
-        nodes = [node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
-        roots = [r for r in nodes if r is not None]
         walked: list[Node] = []
         boundary = self._iteration_start()
         as_written: list[bool] = []
@@ -461,14 +464,7 @@ class Recorder:
             if as_written and as_written[-1]:
                 raise RuntimeError(SECOND_TIME)  # keep_buffers: where the step as written raises
 
-        handle = None
-        if len(roots) == 1 and hasattr(roots[0], "register_prehook"):
-            handle = roots[0].register_prehook(
-                # torch's stub lacks this private binding: the engine's own list of the nodes it will run
-                lambda grads: look(torch._C._current_graph_task_execution_order())  # type: ignore[attr-defined]
-            )
-        elif roots:
-            look(python_walk(roots))
+        handle = read_walk(outputs, look)
         if self.keep_buffers:  # torch passes (grad_tensors, keep_graph, create_graph, inputs, ...) by position
             args = (args[0], True, *args[2:]) if len(args) > 1 else args
         return call, walked, handle, args

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.autograd.graph import Node
 
-from helpers.saved import has_saved_data
+from helpers.saved import has_saved_data, python_walk
 
 if TYPE_CHECKING:
     from helpers.folds import CallLog
 
-__all__ = ["CallRecord", "FreedEarlier", "kept", "node_of", "stamp_walk", "stamped"]
+__all__ = ["CallRecord", "FreedEarlier", "kept", "node_of", "read_walk", "stamp_walk", "stamped"]
 
 _LEAF_SEQ = 2**63  # AccumulateGrad nodes carry 2**64 - 1
 _MAX_OLD = 100_000  # nodes of maybe earlier iterations kept per call
@@ -163,3 +163,18 @@ def node_of(output: Any) -> Node | None:
     if node is None and hasattr(output, "node"):  # a GradientEdge
         node = output.node
     return node
+
+
+def read_walk(outputs: Any, look: Callable[[list[Node]], None]) -> Any:
+    """Give ``look`` the nodes a backward from ``outputs`` walks. One root: the engine's own list, read in a prehook
+    on it as the engine starts (which needs multithreading off), and the hook's handle is returned, to remove after
+    the call; several: a walk over ``next_functions`` now (and None)."""
+    roots = [
+        root for root in map(node_of, outputs if isinstance(outputs, (tuple, list)) else (outputs,)) if root is not None
+    ]
+    if len(roots) == 1 and hasattr(roots[0], "register_prehook"):
+        # torch's stub lacks this private binding: the engine's own list of the nodes it will run
+        return roots[0].register_prehook(lambda grads: look(torch._C._current_graph_task_execution_order()))  # type: ignore[attr-defined]
+    if roots:
+        look(python_walk(roots))
+    return None
