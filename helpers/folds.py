@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -52,6 +54,7 @@ __all__ = [
 KEEP_FIRST, KEEP_LAST, _BATCH = 32, 32, 64  # iterations kept whole at the start and the end; folded at a time
 
 Site = tuple[str, int]
+_CALLS, _OPTIMIZER = operator.attrgetter("calls"), operator.attrgetter("optimizer")  # of a StepEvent
 
 
 @dataclass(slots=True)
@@ -284,19 +287,33 @@ def steps_kept(steps: list[StepEvent], log: CallLog, ends: set[int] | None = Non
     """The optimizer steps of the iterations kept whole (a step after a folded iteration's last call is that
     iteration's), and each optimizer's last: with the loop's passes to split the run, the evidence reads only an
     optimizer's last step. ``ends``: when the steps split the run, the closing optimizer's steps that still end a
-    kept iteration (by their positions), kept whatever their calls. One pass over the steps, in call order (the
-    folds are too)."""
-    folded = [(fold.calls, fold.end) for fold in log.folds if fold.pattern]
-    last = {step.optimizer: position for position, step in enumerate(steps)}
-    kept, fold, count = [], 0, len(folded)
-    for position, step in enumerate(steps):
-        calls = step.calls
-        while fold < count and folded[fold][1] < calls:
-            fold += 1
-        inside = fold < count and folded[fold][0] < calls
-        if not inside or last[step.optimizer] == position or (ends is not None and position in ends):
-            kept.append(step)
-    return kept
+    kept iteration (by their positions), kept whatever their calls. The steps are in call order, as the folds are:
+    each fold's steps are found by bisection, and only those are read one by one."""
+    ranges = []
+    for fold in log.folds:
+        if fold.pattern:
+            low, high = (
+                bisect.bisect_right(steps, fold.calls, key=_CALLS),
+                bisect.bisect_right(steps, fold.end, key=_CALLS),
+            )
+            if low < high:
+                ranges.append((low, high))
+    if not ranges:
+        return steps
+    later: set[int] = set()  # the optimizers that step after the position at hand: a step of no other is kept
+    pieces: list[list[StepEvent]] = []  # from the last on
+    end = len(steps)
+    for low, high in reversed(ranges):
+        pieces.append(steps[high:end])
+        later.update(map(_OPTIMIZER, steps[high:end]))
+        for position in range(high - 1, low - 1, -1):
+            step = steps[position]
+            if step.optimizer not in later or (ends is not None and position in ends):
+                pieces.append([step])
+            later.add(step.optimizer)
+        end = low
+    pieces.append(steps[:end])
+    return list(itertools.chain.from_iterable(reversed(pieces)))
 
 
 @dataclass(slots=True)
