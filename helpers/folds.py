@@ -15,6 +15,9 @@ walked an earlier iteration's graph, raised, or reached buffers an earlier call 
 * no pass starts between its first and its last: :class:`helpers.iterations.Split` reads an iteration between two
   kept ends in proportion.
 
+Without a loop of the learner's (a framework's ``fit``), the closing optimizer's steps split the run, and
+:class:`StepFolder` folds the same way, the steps standing for the pass starts.
+
 An iteration that is not plain keeps its records: it is the evidence a verdict cites. A loop whose every iteration
 walks an earlier one's graph (a carried graph) keeps them all, as the graph itself grows with the run.
 
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,11 +39,22 @@ if TYPE_CHECKING:
     from helpers.passes import PassStart
     from helpers.walks import CallRecord
 
-__all__ = ["KEEP_FIRST", "KEEP_LAST", "CallLog", "Fold", "Folder", "RetainTally", "count_retains", "steps_kept"]
+__all__ = [
+    "KEEP_FIRST",
+    "KEEP_LAST",
+    "CallLog",
+    "Fold",
+    "Folder",
+    "RetainTally",
+    "StepFolder",
+    "count_retains",
+    "steps_kept",
+]
 
 KEEP_FIRST, KEEP_LAST, _BATCH = 32, 32, 64  # iterations kept whole at the start and the end; folded at a time
 
 Site = tuple[str, int]
+_CALLS, _OPTIMIZER = operator.attrgetter("calls"), operator.attrgetter("optimizer")  # of a StepEvent
 
 
 @dataclass(slots=True)
@@ -267,14 +283,76 @@ class Folder:
         self.through = passes[self.position].number - 1 if self.position < len(passes) else limit
 
 
-def steps_kept(steps: list[StepEvent], log: CallLog) -> list[StepEvent]:
+def steps_kept(steps: list[StepEvent], log: CallLog, ends: set[int] | None = None) -> list[StepEvent]:
     """The optimizer steps of the iterations kept whole (a step after a folded iteration's last call is that
     iteration's), and each optimizer's last: with the loop's passes to split the run, the evidence reads only an
-    optimizer's last step."""
-    folded = [(fold.calls, fold.end) for fold in log.folds if fold.pattern]
-    last = {step.optimizer: position for position, step in enumerate(steps)}
-    return [
-        step
-        for position, step in enumerate(steps)
-        if last[step.optimizer] == position or not any(lo < step.calls <= hi for lo, hi in folded)
-    ]
+    optimizer's last step. ``ends``: when the steps split the run, the closing optimizer's steps that still end a
+    kept iteration (by their positions), kept whatever their calls. The steps are in call order, as the folds are:
+    each fold's steps are found by bisection, and only those are read one by one."""
+    ranges = []
+    for fold in log.folds:
+        if fold.pattern:
+            low, high = (
+                bisect.bisect_right(steps, fold.calls, key=_CALLS),
+                bisect.bisect_right(steps, fold.end, key=_CALLS),
+            )
+            if low < high:
+                ranges.append((low, high))
+    if not ranges:
+        return steps
+    later: set[int] = set()  # the optimizers that step after the position at hand: a step of no other is kept
+    pieces: list[list[StepEvent]] = []  # from the last on
+    end = len(steps)
+    for low, high in reversed(ranges):
+        pieces.append(steps[high:end])
+        later.update(map(_OPTIMIZER, steps[high:end]))
+        for position in range(high - 1, low - 1, -1):
+            step = steps[position]
+            if step.optimizer not in later or (ends is not None and position in ends):
+                pieces.append([step])
+            later.add(step.optimizer)
+        end = low
+    pieces.append(steps[:end])
+    return list(itertools.chain.from_iterable(reversed(pieces)))
+
+
+@dataclass(slots=True)
+class StepFolder:
+    """Folds a run the optimizer steps split (a framework's loop: no loop of the learner's encloses its backward
+    calls) as :class:`Folder` folds a loop's passes: the closing optimizer's steps stand for the pass starts (step
+    N ends iteration N), and the optimizer is fixed at the first fold (``closing``: the split reads it from here)."""
+
+    folder: Folder = dataclasses.field(default_factory=Folder)
+    closing: int | None = None
+
+    def after_step(
+        self, log: CallLog, steps: list[StepEvent], first: dict[int, int], start: int, read: int
+    ) -> list[StepEvent]:
+        """After the step ``steps[-1]``: the steps to keep, a batch of older iterations folded when one is due.
+        ``first``: each optimizer's first event (the closing optimizer is the split's, the one whose first step came
+        last); ``start``: the sequence counter where the run began; ``read``: the sightings so far."""
+        closing = self.closing if self.closing is not None else max(first, key=first.__getitem__)
+        step = steps[-1]
+        if step.optimizer != closing or step.number + 1 - KEEP_LAST - self.folder.through < _BATCH:
+            return steps
+        return self.fold(log, steps, closing, start, read)
+
+    def fold(self, log: CallLog, steps: list[StepEvent], closing: int, start: int, read: int) -> list[StepEvent]:
+        """Fold the plain iterations ``steps`` split and return the steps to keep. An iteration in which the names
+        were read keeps both its ends, so the sightings keep their iterations exactly."""
+        from helpers.passes import PassStart
+
+        self.closing = closing
+        closers = [position for position, step in enumerate(steps) if step.optimizer == closing]
+        # the sightings bounding each iteration: iteration j's reads are bounds[j - 1] .. bounds[j] - 1
+        bounds = [0, *(read if steps[p].sighting < 0 else steps[p].sighting for p in closers), read]
+        reads = [False, *(bounds[j] > bounds[j - 1] for j in range(1, len(bounds)))]
+        passes = [PassStart(start, 0, 0, 1, reads[1])]
+        for j, position in enumerate(closers, 2):  # step j - 1 opens iteration j: its start, iteration j - 1's end
+            step = steps[position]
+            passes.append(
+                PassStart(step.sequence, step.calls, bounds[j - 1], step.number + 1, reads[j] or reads[j - 1])
+            )
+        self.folder.fold(log, passes)
+        ends = {opened.number - 1 for opened in passes[1:]}  # the closing steps that still end a kept iteration
+        return steps_kept(steps, log, {p for p in closers if steps[p].number in ends})

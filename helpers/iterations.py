@@ -27,9 +27,11 @@ from helpers.learner import learner_line_at, short
 if TYPE_CHECKING:
     from helpers.recorder import Recorder
 
-__all__ = ["EventKey", "IterationEnd", "Split", "StepEvent", "split_iterations"]
+__all__ = ["EventKey", "IterationEnd", "Split", "StepEvent", "closing_optimizer", "split_iterations"]
 
-EventKey = tuple[str, int]  # an event the recorder saw: ("step", "mark" or "call", its index among its kind)
+EventKey = tuple[
+    str, int
+]  # an event the recorder saw: ("mark" or "call", its index among its kind; a step keeps its own)
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,16 @@ class IterationEnd:
 @dataclass(frozen=True, slots=True)
 class StepEvent:
     """An optimizer step the recorder saw: the optimizer's id, the engine's sequence counter then, how many
-    backward calls came before it, and the learner's line that called ``step()``."""
+    backward calls came before it, the learner's line that called ``step()``, which step of its optimizer it is
+    (1-based: a long run's folded steps, :mod:`helpers.folds`, leave gaps), and the recorder's sighting there when
+    the steps split the run (-1: a loop of the learner's did)."""
 
     optimizer: int
     sequence: int
     calls: int
     line: str
+    number: int = 0
+    sighting: int = -1
 
 
 @dataclass(frozen=True)
@@ -131,18 +137,16 @@ def split_iterations(recorder: Recorder) -> Split:
     if recorder.steps and recorder.pending:
         return Split(f"by {recorder.pending[0]}.step(), which never came before the error", (), recorder.start)
     if recorder.steps:
-        first: dict[int, int] = {}
-        for position, step in enumerate(recorder.steps):
-            first.setdefault(step.optimizer, position)
-        closing = max(first, key=lambda optimizer: first[optimizer])
-        closing_steps = [(step, i) for i, step in enumerate(recorder.steps) if step.optimizer == closing]
-        steps = [
-            (IterationEnd(step.sequence, step.calls, number), ("step", i))
-            for number, (step, i) in enumerate(closing_steps, 1)
-        ]
+        closing = closing_optimizer(recorder.steps, recorder.step_folder.closing)
+        closing_steps = [step for step in recorder.steps if step.optimizer == closing]
         kind = recorder.optimizer_kinds.get(closing, "optimizer")
-        line = next(step.line for step in recorder.steps if step.optimizer == closing)
-        return _at_events(recorder, f"by {kind}.step() at {short(line)}", steps)
+        unread = len(recorder.sightings)  # a step taken while a loop of the learner's split the run
+        return Split(
+            f"by {kind}.step() at {short(closing_steps[0].line)}",
+            tuple(IterationEnd(step.sequence, step.calls, step.number) for step in closing_steps),
+            recorder.start,
+            tuple(step.sighting if step.sighting >= 0 else unread for step in closing_steps),
+        )
     calls = recorder.calls
     if not calls:
         return Split("no backward call and no optimizer step", (), recorder.start)
@@ -156,6 +160,17 @@ def split_iterations(recorder: Recorder) -> Split:
     return _at_events(
         recorder, f"at each call of {short(calls[0].line)} (no optimizer step and no next_iteration())", repeats
     )
+
+
+def closing_optimizer(steps: list[StepEvent], folded_by: int | None) -> int:
+    """The optimizer whose steps end iterations: the one whose first step came last (a GAN's generator, after the
+    critic's steps), or the one a long run's older iterations were folded by (``folded_by``)."""
+    if folded_by is not None:
+        return folded_by
+    first: dict[int, int] = {}
+    for position, step in enumerate(steps):
+        first.setdefault(step.optimizer, position)
+    return max(first, key=first.__getitem__)
 
 
 def _at_events(recorder: Recorder, how: str, ends: list[tuple[IterationEnd, EventKey]]) -> Split:

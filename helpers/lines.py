@@ -145,6 +145,7 @@ class LineTracer:
         self._frames.clear()  # frames hold their variables: none is kept past the watch
         self._pending.clear()
         self._entered.clear()
+        self.untraced.local = threading.local()  # each thread's pauses: an exit while it is off resumes none
 
     def pause(self) -> bool:
         """While a recorder's own hook runs on this thread: no call into the trace function for each of the
@@ -281,6 +282,8 @@ class _Untraced:
             stack.append(self.tracer.pause())
 
     def __exit__(self, *exc: object) -> None:
+        if not self.tracer.active:  # nothing to resume (its stop dropped what the entries pushed)
+            return
         stack = getattr(self.local, "paused", None)
         if stack and stack.pop():
             self.tracer.resume(True)

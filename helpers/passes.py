@@ -40,6 +40,8 @@ __all__ = ["IterationLoop", "Link", "PassStart", "is_optimizer"]
 
 _SAME = object()  # a value a weak reference cannot hold: compared by identity, kept strongly one pass
 
+_PLAIN = (int, float, str, bytes, bool)  # a value a ``for`` binds that is compared by value
+
 _COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
 
 
@@ -69,13 +71,9 @@ class PassStart:
     looked: bool = False  # the recorder read the names here
 
 
-@dataclass
-class _Marker:
-    """Where a loop's frame was at the last event: the frame's id, what its ``for`` bound, the lines from it in."""
-
-    frame: int
-    bound: tuple[Any, ...]
-    position: tuple[int, ...]
+# Where a loop's frame was at the last event: the frame's id, what its ``for`` bound, the lines from it in. A tuple,
+# not an object: one is made at every event.
+_Marker = tuple[int, tuple[Any, ...], tuple[int, ...]]
 
 
 def _bound(frame: types.FrameType, loop: Loop) -> tuple[Any, ...]:
@@ -85,7 +83,7 @@ def _bound(frame: types.FrameType, loop: Loop) -> tuple[Any, ...]:
     tokens: list[Any] = []
     for name in loop.targets:
         value = names.get(name, _SAME)
-        if isinstance(value, (int, float, str, bytes, bool)) or value is None:
+        if value is None or isinstance(value, _PLAIN):
             tokens.append(("value", value))
         else:
             try:
@@ -133,7 +131,9 @@ class IterationLoop:
         return passes[-1].number if passes else 0
 
     def _append(self, key: tuple[int, int], start: PassStart) -> None:
-        passes = self.passes.setdefault(key, [])
+        passes = self.passes.get(key)
+        if passes is None:
+            passes = self.passes[key] = []
         start.number = passes[-1].number + 1 if passes else 1
         passes.append(start)
 
@@ -187,30 +187,39 @@ class IterationLoop:
         frame is read the short way: only that loop's marker (None: the long way, for an event elsewhere). With no
         loop of the chain outside it, a later call of the loop's function counts as its own frame too (a
         ``train_epoch()`` called once per epoch): the long way would find that same single loop."""
-        inner = self.innermost
-        if following or inner is None or self.chain is None:
+        chain = self.chain  # read at every event: the short way is kept short
+        if following or not chain:
             return None
-        between: list[types.FrameType] = []  # the frames from the event out to the loop's
-        found = None
-        while frame is not None:
-            if frame.f_code is inner.code:
-                found = frame
-                break
-            between.append(frame)
-            if frame is boundary:
-                break
-            frame = frame.f_back
-        line = found.f_lineno if found is not None else 0  # read once: on a module's frame it scans its line table
-        if found is None or not inner.loop.holds(line):
+        inner = chain[-1]
+        code, found = inner.code, frame
+        while found is not None and found.f_code is not code and found is not boundary:
+            found = found.f_back
+        if found is None or found.f_code is not code:
             return None
-        if id(found) != inner.frame and len(self.chain) != 1:
+        line = found.f_lineno  # read once: on a module's frame it scans its line table
+        loop = inner.loop
+        if not loop.body_first <= line <= loop.body_last:  # loop.holds(line), without a call
             return None
-        if len(self.chain) > 1:  # a new pass of a loop outside it is a new pass of this one: read those too
-            return self._with_outer_loops(found, boundary, calls, since, following)
-        if inner.loop.targets and not inner.loop.shadowed:  # told by what the ``for`` binds: no lines needed
-            return self._marked(inner, found, (), False, calls, since, following)
+        if len(chain) != 1:
+            # a new pass of a loop outside it is a new pass of this one: read those too
+            return (
+                None if id(found) != inner.frame else self._with_outer_loops(found, boundary, calls, since, following)
+            )
+        if loop.targets and not loop.shadowed:  # told by what the ``for`` binds (no lines needed): _marked's
+            key, bound = inner.key, _bound(found, loop)  # work inline, as it runs at every event of a run
+            last = self._markers.get(key)
+            self._markers[key] = (id(found), bound, ())
+            if last is None or (last[0] == id(found) and _same(last[1], bound)):
+                return False
+            self._append(key, PassStart(since, calls))
+            return True
         inward = [(id(found), line)]
-        inward.extend((id(f), f.f_lineno) for f in reversed(between) if self.is_learners(f.f_code))
+        between = []  # the learner's frames from the loop's in to the event's
+        while frame is not found and frame is not None:
+            if self.is_learners(frame.f_code):
+                between.append((id(frame), frame.f_lineno))
+            frame = frame.f_back
+        inward.extend(reversed(between))
         return self._new_passes([(inner, found)], inward, calls, since, following)
 
     def _with_outer_loops(
@@ -289,18 +298,18 @@ class IterationLoop:
         following: bool,
     ) -> bool:
         """Set ``link``'s marker to this event; True when, not ``following``, this event began a new pass of it."""
-        marker = _Marker(id(frame), _bound(frame, link.loop), position)
+        bound = _bound(frame, link.loop)
         last = self._markers.get(link.key)
-        self._markers[link.key] = marker
+        self._markers[link.key] = (id(frame), bound, position)
         if following or last is None:
             return False
-        if last.frame != marker.frame:
+        if last[0] != id(frame):
             new = True  # the loop's function was called again: a new pass of it
         elif link.loop.targets and not link.loop.shadowed:
-            new = not _same(last.bound, marker.bound)
+            new = not _same(last[1], bound)
         else:  # a while, or a for whose names an inner loop rebinds: back before the last event's line, or at it
             # again where no inner loop of this one repeats it
-            new = marker.position < last.position or (marker.position == last.position and not nested)
+            new = position < last[2] or (position == last[2] and not nested)
         if new:
             self._append(link.key, PassStart(since, calls))
         return new

@@ -21,7 +21,8 @@
   a saved tensor in place (:mod:`helpers.evidence`).
 
 Over a long run, the records of the older iterations that walked nothing of an earlier one are folded into counts
-(:mod:`helpers.folds`): the memory a watch holds stays bounded, and the verdicts read the counts with the records.
+(:mod:`helpers.folds`), whether the passes of a loop or, without one, the optimizer steps split the run: the memory
+a watch holds stays bounded, and the verdicts read the counts with the records.
 
 ``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
 :class:`StopRecording` raised there, outside any ``try`` of the body); without a loop of theirs, at the first
@@ -52,7 +53,7 @@ import torch
 from torch.autograd.graph import Node
 
 from helpers.evidence import ErrorRecord, explain
-from helpers.folds import CallLog, Folder, steps_kept
+from helpers.folds import CallLog, Folder, StepFolder, steps_kept
 from helpers.held import Growth, HeldGraph, event_names, note_names
 from helpers.iterations import EventKey, IterationEnd, StepEvent, split_iterations
 from helpers.learner import first_line, intercepting, learners_code, raised_at, skipped_dirs
@@ -60,9 +61,9 @@ from helpers.lines import LineTracer
 from helpers.loops import Loop
 from helpers.names import CodeSite, NamedGraph, unstepped_optimizers
 from helpers.passes import IterationLoop, PassStart, is_optimizer
-from helpers.saved import graph_only_bytes, python_walk
+from helpers.saved import graph_only_bytes
 from helpers.sources import refresh
-from helpers.walks import CallRecord, node_of, stamp_walk, stamped
+from helpers.walks import CallRecord, read_walk, record_of, stamp_walk, stamped
 
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
 
@@ -88,6 +89,19 @@ class Failure:
     where: str
     error: str
     calls: int
+
+
+_LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In a forked child (a ``DataLoader``'s worker), the recorders it inherited watch nothing: the parent does."""
+    for recorder in list(_LIVE):
+        recorder.off = True
+
+
+if hasattr(os, "register_at_fork"):  # no fork on Windows
+    os.register_at_fork(after_in_child=_forked)  # a flag read at each hook, not a getpid() call at each
 
 
 class Recorder:
@@ -116,7 +130,7 @@ class Recorder:
         self.boundary: types.FrameType | None = None  # the frame whose `with` started the watch (its caller's)
         self.roots_where: CodeSite | None = None  # the code the roots' names belong to (a step's)
         self.calls = CallLog()  # a long run's older plain iterations are folded into counts (helpers.folds)
-        self._folder = Folder()
+        self._folder, self.step_folder = Folder(), StepFolder()  # a loop's passes; the steps, without one
         self.steps: list[StepEvent] = []
         self.optimizer_kinds: dict[int, str] = {}
         self._optimizers: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # to read their parameters later
@@ -151,7 +165,8 @@ class Recorder:
         self._context: Any = None
         self._depth = 0
         self._boundary_line = 0
-        self._pid = os.getpid()
+        self.off = False  # switched off by an error of its own (failure) or in a forked child
+        _LIVE.add(self)
         self._last_event_end = 0  # the node counter at the end of the last event (a pass the tracer missed begins here)
         self._first_steps: dict[int, int] = {}  # optimizer -> the position of its first step
         self._step_counts: dict[int, int] = {}
@@ -196,14 +211,11 @@ class Recorder:
             except Exception as error:
                 self._fail("reading the loop's error", error)
 
-    @property
-    def off(self) -> bool:
-        return self.failure is not None or os.getpid() != self._pid
-
     def _fail(self, where: str, error: BaseException) -> None:
         """Switch off for the rest of the run: the learner's code goes on as bare Python would."""
         if self.failure is None:
             self.failure = Failure(where, first_line(error, 200), len(self.calls))
+        self.off = True
         self.creation.stop()
 
     def record_error(self, exc: BaseException) -> None:
@@ -286,11 +298,11 @@ class Recorder:
         self.stopped, self.stop_pass = True, PassStart(sequence, len(self.calls), len(self.sightings), number)
         return StopRecording(self.iterations)
 
-    def _saw_event(self, frame: types.FrameType, may_stop: bool = True) -> None:
+    def _saw_event(self, frame: types.FrameType, may_stop: bool = True) -> list[PassStart]:
         """An event ran in ``frame``. ``may_stop``: it is a backward call, before it runs (a step is not stopped
-        inside)."""
+        inside). Returns the iteration loop's passes (none: no loop splits the run)."""
         if self.by_runs:
-            return
+            return []
         known = self.loop.chain is not None
         began = self.loop.saw_event(
             frame, self.boundary, self._boundary_line, self.creation, len(self.calls), self._last_event_end
@@ -299,18 +311,19 @@ class Recorder:
         if not passes:
             if self.loop.unusable is not None and not self.iterations:  # a framework's loop: tracing it costs
                 self.creation.stop()  # every iteration and tells nothing; the lines seen so far stay
-            return
+            return passes
         if not known:  # the loop is known now, in its first pass: what it holds from before it (a graph built
             self.starts.append(len(self.sightings))  # before the loop) is read here
             note_names(self, frame, built_before=passes[0].sequence)
         elif began:  # the first event of a new pass the tracer did not follow: what is held into it, from here
-            self._first_event_of(passes[-1], frame, may_stop)
+            self._first_event_of(passes, frame, may_stop)
+        return passes
 
-    def _first_event_of(self, start: PassStart, frame: types.FrameType, may_stop: bool) -> None:
-        """A new iteration's first event, when the tracer no longer follows the loop: the names are read here (what
-        an earlier iteration built and is still held), and for ``iterations=N`` the tracer comes back for the last
-        pass, to stop at the top of the next."""
-        passes = self.loop.iteration_passes()
+    def _first_event_of(self, passes: list[PassStart], frame: types.FrameType, may_stop: bool) -> None:
+        """A new iteration's first event (its pass is the last of ``passes``), when the tracer no longer follows the
+        loop: the names are read here (what an earlier iteration built and is still held), and for ``iterations=N``
+        the tracer comes back for the last pass, to stop at the top of the next."""
+        start = passes[-1]
         if may_stop and self.iterations is not None and start.number > self.iterations:  # its top went by unseen:
             passes.pop()  # stop before anything of it is recorded
             self.stopped, self.stop_pass = True, start
@@ -331,8 +344,9 @@ class Recorder:
         if self.off:
             return
         try:
-            self.optimizer_kinds.setdefault(id(optimizer), type(optimizer).__name__)
-            self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
+            if id(optimizer) not in self._optimizers:
+                self.optimizer_kinds.setdefault(id(optimizer), type(optimizer).__name__)
+                self._optimizers[id(optimizer)] = weakref.ref(optimizer)
             if self.before_step is not None:
                 self.before_step(optimizer)
         except Exception as error:
@@ -346,16 +360,21 @@ class Recorder:
                 caller = sys._getframe(2)  # past intercepting's lambda, the hook's own frame
                 line = self.is_learners.site(caller, self._lines)[1]
                 self._last_event_end = torch._C._autograd._get_sequence_nr()
-                self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line))
+                number = self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
+                by_steps = not self.loop.iteration_passes()  # split by steps, without a loop: where each one ended
+                sighting = len(self.sightings) if by_steps else -1
+                self.steps.append(
+                    StepEvent(id(optimizer), self._last_event_end, len(self.calls), line, number, sighting)
+                )
                 self._first_steps.setdefault(id(optimizer), self._events)
                 self._events += 1
-                self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
-                by_steps = not self.loop.iteration_passes()
-                if by_steps:  # split by steps, without a loop: where each one ended
-                    self.event_sightings[("step", len(self.steps) - 1)] = len(self.sightings)
                 if self.creation.active or by_steps:  # settled: the backward calls tell passes
                     self._saw_event(caller, may_stop=False)
-                event_names(self, caller)
+                if by_steps or self.loop.unusable is not None:  # else at the loop's passes' starts instead
+                    event_names(self, caller)
+                if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
+                    read, first = len(self.sightings), self._first_steps
+                    self.steps = self.step_folder.after_step(self.calls, self.steps, first, self.start, read)
         except Exception as error:
             self._fail("after an optimizer step", error)
 
@@ -383,9 +402,10 @@ class Recorder:
             return engine(outputs, *args, **kwargs)
         call, walked, handle, args = prepared
         self._depth += 1
+        threaded = torch._C._is_multithreading_enabled()
+        torch._C._set_multithreading_enabled(False)  # the engine lists what it walks only on the calling thread
         try:
-            with torch.autograd.set_multithreading_enabled(False):
-                result = engine(outputs, *args, **kwargs)
+            result = engine(outputs, *args, **kwargs)
         except Exception as exc:
             try:
                 call.error = first_line(exc, 400)
@@ -396,6 +416,7 @@ class Recorder:
                 self._fail("reading a backward's error", error)
             raise
         finally:
+            torch._C._set_multithreading_enabled(threaded)
             self._depth -= 1
             if handle is not None:
                 handle.remove()
@@ -420,31 +441,17 @@ class Recorder:
         site, line, compiled = self.is_learners.site(caller, self._lines)
         if compiled:
             return None
-        keep = bool(args[1]) if len(args) > 1 else bool(kwargs.get("keep_graph", False))
-        create = bool(args[2]) if len(args) > 2 else bool(kwargs.get("create_graph", False))
-        inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
-        self._saw_event(caller)
+        passes = self._saw_event(caller)
         if self.iterations is not None:
             self._maybe_stop_without_a_loop(site)
-        call = CallRecord(
-            len(self.calls),
-            site,
-            line,
-            "backward" if kwargs.get("accumulate_grad", True) else "grad",
-            keep,
-            create,
-            0 if inputs is None else len(inputs),
-            torch._C._autograd._get_sequence_nr(),
-            event=self._events,
-        )
+        call = record_of(len(self.calls), site, line, args, kwargs, self._events)
         self.calls.append(call)
-        self._first_site = self._first_site or site
+        if self._first_site is None:
+            self._first_site = site
         if site == self._first_site:
             self._first_line_calls += 1
-        nodes = [node_of(o) for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
-        roots = [r for r in nodes if r is not None]
         walked: list[Node] = []
-        boundary = self._iteration_start()
+        boundary = self._iteration_start(passes)
         as_written: list[bool] = []
 
         def look(order: list[Node]) -> None:
@@ -461,14 +468,7 @@ class Recorder:
             if as_written and as_written[-1]:
                 raise RuntimeError(SECOND_TIME)  # keep_buffers: where the step as written raises
 
-        handle = None
-        if len(roots) == 1 and hasattr(roots[0], "register_prehook"):
-            handle = roots[0].register_prehook(
-                # torch's stub lacks this private binding: the engine's own list of the nodes it will run
-                lambda grads: look(torch._C._current_graph_task_execution_order())  # type: ignore[attr-defined]
-            )
-        elif roots:
-            look(python_walk(roots))
+        handle = read_walk(outputs, look)
         if self.keep_buffers:  # torch passes (grad_tensors, keep_graph, create_graph, inputs, ...) by position
             args = (args[0], True, *args[2:]) if len(args) > 1 else args
         return call, walked, handle, args
@@ -486,11 +486,10 @@ class Recorder:
             self.stopped = True
             raise StopRecording(self.iterations)
 
-    def _iteration_start(self) -> int:
-        """The sequence counter where the current iteration started: its loop's pass start; without one, the last
-        event that may end an iteration (an optimizer step, a mark, or, while there is neither, the end of the
-        last call)."""
-        passes = self.loop.iteration_passes()
+    def _iteration_start(self, passes: list[PassStart]) -> int:
+        """The sequence counter where the current iteration started: the last of its loop's ``passes``; without
+        one, the last event that may end an iteration (an optimizer step, a mark, or, while there is neither, the
+        end of the last call)."""
         if passes:
             return passes[-1].sequence
         previous = self.calls.get(len(self.calls) - 2)

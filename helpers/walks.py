@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.autograd.graph import Node
 
-from helpers.saved import has_saved_data
+from helpers.saved import has_saved_data, python_walk
 
 if TYPE_CHECKING:
     from helpers.folds import CallLog
 
-__all__ = ["CallRecord", "FreedEarlier", "kept", "node_of", "stamp_walk", "stamped"]
+__all__ = ["CallRecord", "FreedEarlier", "kept", "node_of", "read_walk", "record_of", "stamp_walk", "stamped"]
 
 _LEAF_SEQ = 2**63  # AccumulateGrad nodes carry 2**64 - 1
 _MAX_OLD = 100_000  # nodes of maybe earlier iterations kept per call
@@ -64,6 +64,22 @@ class CallRecord:
     first_freed: FreedEarlier | None = None
 
 
+def record_of(
+    index: int, site: tuple[str, int], line: str, args: tuple[Any, ...], kwargs: dict[str, Any], event: int
+) -> CallRecord:
+    """The record of call ``index`` at the learner's ``site`` (``line``) from what the engine entry was given:
+    ``args`` (grad_tensors, keep_graph, create_graph, inputs, ...) and ``kwargs`` (``accumulate_grad``: False for
+    ``torch.autograd.grad``), ``event`` the optimizer steps and marks so far; it begins at the node counter now."""
+    keep = bool(args[1]) if len(args) > 1 else bool(kwargs.get("keep_graph", False))
+    create = bool(args[2]) if len(args) > 2 else bool(kwargs.get("create_graph", False))
+    inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
+    function = "backward" if kwargs.get("accumulate_grad", True) else "grad"
+    sequence = torch._C._autograd._get_sequence_nr()
+    return CallRecord(
+        index, site, line, function, keep, create, 0 if inputs is None else len(inputs), sequence, event=event
+    )
+
+
 # A walked node's stamp in its ``metadata`` (under a recorder's key): (the last call that walked it, whether that call
 # kept the buffers). A tuple, not an object: every node of every backward call gets one.
 _Stamp = tuple[int, bool]
@@ -82,18 +98,18 @@ def stamp_walk(
     earlier call kept, and the nodes built before ``boundary`` (the call's iteration's start). ``on_leaf`` sees each
     leaf before it accumulates. True where, with ``keep_buffers`` (every call made to retain), the code as written
     would have raised: the walk reaches a node an earlier non-retaining call walked."""
-    walked = 0
+    leaves = 0
     needs: set[int] = set()
     mine: _Stamp = (call.index, call.retain_graph or call.create_graph)
-    for position, node in enumerate(order):
+    for node in order:  # every node of every call: the position and count are worked out where they are needed
         sequence = node._sequence_nr()
         if sequence >= _LEAF_SEQ:
+            leaves += 1
             if on_leaf is not None:
                 leaf = getattr(node, "variable", None)  # an AccumulateGrad node's
                 if isinstance(leaf, torch.Tensor):
                     on_leaf(leaf)  # before it accumulates: a leaf the caller could not name
             continue
-        walked += 1
         if sequence < boundary and len(call.old) < _MAX_OLD:
             if not isinstance(call.old, list):
                 call.old = []
@@ -108,15 +124,16 @@ def stamp_walk(
         # its buffers are still there to tell.
         earlier, kept_then = stamp
         if not kept_then and call.first_freed is None and (not keep_buffers or has_saved_data(node)):
+            position = next(i for i, walked in enumerate(order) if walked is node)
             call.first_freed = FreedEarlier(position, earlier)
             if keep_buffers:
                 metadata[key] = stamp  # as written the engine stops here: this call walks it no further
-                call.walked = walked
+                call.walked = position + 1 - leaves
                 call.frontier = _frontier(order, boundary) if call.old else ()
                 return True
         if kept_then and earlier not in needs and has_saved_data(node):
             needs.add(earlier)
-    call.walked = walked
+    call.walked = len(order) - leaves
     call.frontier = _frontier(order, boundary) if call.old else ()
     for previous in needs:
         earlier_call = calls.record(previous)
@@ -163,3 +180,17 @@ def node_of(output: Any) -> Node | None:
     if node is None and hasattr(output, "node"):  # a GradientEdge
         node = output.node
     return node
+
+
+def read_walk(outputs: Any, look: Callable[[list[Node]], None]) -> Any:
+    """Give ``look`` the nodes a backward from ``outputs`` walks. One root: the engine's own list, read in a prehook
+    on it as the engine starts (which needs multithreading off), and the hook's handle is returned, to remove after
+    the call; several: a walk over ``next_functions`` now (and None)."""
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    roots = [root for root in map(node_of, outputs) if root is not None]
+    if len(roots) == 1 and hasattr(roots[0], "register_prehook"):
+        # torch's stub lacks this private binding: the engine's own list of the nodes it will run
+        return roots[0].register_prehook(lambda grads: look(torch._C._current_graph_task_execution_order()))  # type: ignore[attr-defined]
+    if roots:
+        look(python_walk(roots))
+    return None

@@ -9,6 +9,7 @@ needed); the watch must say the same with folding as with every record kept, and
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable
 
@@ -121,6 +122,61 @@ def uneven(passes: int) -> None:
         optimizer.step()
 
 
+def _framework(body: Callable[[int], None], passes: int) -> None:
+    """Run ``body(i)`` for each iteration from a loop in no code of the learner's, as a framework's ``fit`` does: no
+    loop of theirs encloses the backward calls, and the optimizer steps split the run."""
+    collections.deque(map(body, range(passes)), maxlen=0)
+
+
+def steady_by_steps(passes: int) -> None:
+    model, optimizer, x = _parts()
+
+    def step(i: int) -> None:
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+
+    _framework(step, passes)
+
+
+def critic_by_steps(passes: int) -> None:
+    """Two critic steps, then the generator's: the generator's optimizer (whose first step came last) closes each
+    iteration."""
+    model, optimizer, x = _parts()
+    critic = torch.nn.Linear(1, 1)
+    critic_optimizer = torch.optim.SGD(critic.parameters(), lr=0.01)
+
+    def step(i: int) -> None:
+        for _ in range(2):
+            critic_optimizer.zero_grad()
+            critic(model(x).detach()).mean().backward()
+            critic_optimizer.step()
+        optimizer.zero_grad()
+        critic(model(x)).mean().backward()
+        optimizer.step()
+
+    _framework(step, passes)
+
+
+def retain_for_451_by_steps(passes: int) -> None:
+    model, optimizer, x = _parts()
+    side = _side()
+    kept: list[torch.Tensor] = []
+
+    def step(i: int) -> None:
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        if i == 200:
+            extra = (x @ side).tanh().sum()
+            extra.backward(retain_graph=True)
+            kept.append(extra)
+        if i == 450:
+            kept[0].backward()
+        optimizer.step()
+
+    _framework(step, passes)
+
+
 def _watched(loop: Loop, passes: int, fold: bool, monkeypatch: pytest.MonkeyPatch, **options: int) -> watch:
     with monkeypatch.context() as patch:
         if not fold:
@@ -131,7 +187,8 @@ def _watched(loop: Loop, passes: int, fold: bool, monkeypatch: pytest.MonkeyPatc
     return w
 
 
-LONG_LOOPS = [steady, two_losses, needless_retain, kept_from_201, freed_in_201, retain_for_451, uneven]
+BY_STEPS = [steady_by_steps, critic_by_steps, retain_for_451_by_steps]
+LONG_LOOPS = [steady, two_losses, needless_retain, kept_from_201, freed_in_201, retain_for_451, uneven, *BY_STEPS]
 
 
 @pytest.mark.parametrize("loop", LONG_LOOPS, ids=lambda f: f.__name__)
@@ -157,6 +214,22 @@ def test_the_records_a_steady_loop_keeps_do_not_grow_with_the_run(loop: Loop, mo
     assert str(long).startswith("backward-twice: ") and "1600 iterations watched" in str(long)
 
 
+@pytest.mark.parametrize("loop", [steady_by_steps, critic_by_steps], ids=lambda f: f.__name__)
+def test_a_run_the_steps_split_keeps_counts_not_records(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A framework's loop (no loop of the learner's encloses the backward): its older iterations are folded too,
+    so the calls and steps kept do not grow with the run."""
+    short, long = (_watched(loop, passes, True, monkeypatch) for passes in (400, 1600))
+    per_iteration = 3 if loop is critic_by_steps else 1
+    budget = (KEEP_FIRST + KEEP_LAST + 64) * per_iteration + 20
+    for w in (short, long):
+        assert w.recorder.loop.unusable is not None  # split by the steps, not by a loop
+        assert w.recorder.calls.kept <= budget and len(w.recorder.steps) <= budget
+        assert len(w.recorder.event_sightings) <= 2
+    assert long.recorder.calls.kept <= short.recorder.calls.kept
+    assert len(long.recorder.calls) == 1600 * per_iteration and long.recorder.iterations_done() == 1600
+    assert "1600 iterations watched" in str(long)
+
+
 def test_the_truths_of_the_middle_events_are_the_bare_runs() -> None:
     """What the loops do, without the tool: a retain only iteration 451 needs (without it, iteration 451 raises);
     a graph freed in iteration 201 raises when iteration 451 walks it; two losses need their retain."""
@@ -173,6 +246,10 @@ def test_the_middle_events_are_named_with_their_iterations(monkeypatch: pytest.M
     [line] = late.lines
     assert line.verdict == "goes with the carried fix" and (line.runs, line.needed_runs) == (1, 1)
     assert "in iteration 451" in line.why and "kept.backward()" in line.why
+    framework = _watched(retain_for_451_by_steps, 600, True, monkeypatch)  # the steps split it: folded all the same
+    [line] = framework.verdicts.lines
+    assert line.verdict == "goes with the carried fix" and (line.runs, line.needed_runs) == (1, 1)
+    assert "in iteration 451" in line.why and framework.recorder.calls.kept < 200
     freed = _watched(freed_in_201, 600, True, monkeypatch).verdicts
     assert freed.error is not None and freed.error.iteration == 451
     assert "freed by the backward at " in freed.error.evidence and "in iteration 201" in freed.error.evidence
