@@ -154,16 +154,21 @@ def _binds(target: ast.AST, wanted: set[str]) -> bool:
     return False
 
 
-def read_line(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
+def read_line(spelled: str, spans: list[tuple[str, int, int]], a_list: bool = False) -> str | None:
     """The first line that reads ``spelled`` (``h``, ``state['h']``, ``self.hidden``) in the first of ``spans``
     ((file, first line, last line): the loop's body, the function the name was found in) that reads it at all, as
-    "file:line: code": where an earlier iteration's graph comes into this one."""
+    "file:line: code": where an earlier iteration's graph comes into this one. For a list (``a_list``), a line that
+    only grows it (``bank.append(hidden)``) brings nothing in and is passed over."""
     for filename, first, last in spans:
         tree = parsed(filename)
         if tree is None:
             continue
         reads = memo(filename, ("reads",), functools.partial(_reads, tree))
         lines = sorted(line for line in reads.get(spelled, ()) if first <= line <= last)
+        if a_list:
+            uses = memo(filename, ("list uses",), functools.partial(_list_uses, tree)).get(spelled, ())
+            reading = {line for line, kind in uses if kind != "grown"}
+            lines = [line for line in lines if line in reading]
         if lines:
             return f"{place(filename, lines[0])}: {linecache.getline(filename, lines[0]).strip()}"
     return None
@@ -176,12 +181,18 @@ def list_use(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
     """How the first of ``spans`` that uses the list ``spelled`` uses it: ``"rebound"`` (assigned there, a new list
     every iteration: ``pred, mems = model(x, mems)``), ``"whole"`` (only read whole: iterated, passed to
     ``torch.cat``, ``zip`` or ``sum``), ``"indexed"`` (read by index or slice: ``bank[-4:]``). Growing it
-    (``.append(x)``) is no use here. None when no span uses it."""
+    (``.append(x)``) is no use here. None when no span uses it. A list found as ``state['policy'].saved_log_probs``
+    and read through a function's own ``policy`` is matched by its last attribute."""
+    tail = re.search(r"\.(\w+)$", spelled)
     for filename, first, last in spans:
         tree = parsed(filename)
         if tree is None:
             continue
-        uses = memo(filename, ("list uses",), functools.partial(_list_uses, tree)).get(spelled, ())
+        by_spelling = memo(filename, ("list uses",), functools.partial(_list_uses, tree))
+        uses = list(by_spelling.get(spelled, ()))
+        if not uses and tail is not None:
+            ending = f".{tail.group(1)}"
+            uses = [use for key, found in by_spelling.items() if key.endswith(ending) for use in found]
         kinds = {kind for line, kind in uses if first <= line <= last and kind != "grown"}
         if kinds:
             return "rebound" if "rebound" in kinds else "whole" if kinds == {"whole"} else "indexed"

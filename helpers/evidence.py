@@ -57,14 +57,15 @@ def explain(
 
 
 def _through(recorder: Recorder, walked: list[Node], position: int, caller: types.FrameType) -> NamedGraph | None:
-    """The name closest above the freed node in the walk: kept at an event, or held by a frame now."""
+    """The name closest above the freed node in the walk: held by a frame now (``bank[0]`` after the loop rebound
+    ``hidden``, which held it at the iteration's start), else kept at an event."""
     live = {
         n.sequence: n
         for n, _ in names_holding_graphs(caller, recorder._skipped, recorder.events, recorder.roots, recorder.outermost)
     }
     for node in reversed(walked[: position + 1]):
         sequence = node._sequence_nr()
-        named = recorder.names.get(sequence) or live.get(sequence)
+        named = live.get(sequence) or recorder.names.get(sequence)
         if named is not None:
             return named
     return None

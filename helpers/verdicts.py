@@ -217,6 +217,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         else:
             known.times.add(sighting.reached_from)
 
+    through = recorder.error.reached_through if recorder.error is not None else None
     for call in recorder.calls:
         iteration = split.iteration_of_call(call.index)
         old = [seq for seq in call.old if split.iteration_of_node(seq) < iteration]
@@ -229,7 +230,16 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             line = built_line(node, built == 0, recorder)
             name, container = node.name, node.container
             carrier = recorder.carriers.get(node.sequence)
-            if carrier is not None and carrier != name:  # out = model(x); outputs.append(out): outputs[0] carries
+            if (
+                through is not None
+                and through.sequence == node.sequence
+                and through.container in ("list", "tuple", "dict")
+                and through.name != carrier
+            ):
+                # the container that still held it when the failing backward walked it: the loop rebound the name
+                # that held it at the iteration's start (hidden, rebound before bank[0] is read)
+                name, container, carrier = through.name, through.container, None
+            elif carrier is not None and carrier != name:  # out = model(x); outputs.append(out): outputs[0] carries
                 name = carrier
                 container = "list" if re.search(r"\[\d+\]$", carrier) and container is None else container
             for spelled in (name, *(a for a in node.aliases if carrier is None or carrier == node.name)):
@@ -288,7 +298,7 @@ def _enters_at(recorder: Recorder, carried: _Carried) -> str | None:
     if carried.name is None:
         return None
     whole = re.sub(r"\[\d+\]$", "", carried.name) if carried.container in ("tuple", "list") else carried.name
-    return read_line(whole, _spans(recorder, carried))
+    return read_line(whole, _spans(recorder, carried), a_list=carried.container == "list")
 
 
 def _list_use(recorder: Recorder, carried: _Carried) -> str | None:

@@ -298,3 +298,34 @@ def test_a_lightning_module_carrying_its_own_attribute_is_named_as_its_line_name
     assert "1. `self.h` carries iteration 1's graph into iteration 2" in diagnosis
     assert "fix: add `self.h = self.h.detach()` before line 16" in diagnosis
     assert "_accelerator_connector" not in diagnosis
+
+
+def test_a_bank_of_features_in_a_script_is_the_carrier_not_the_name_the_loop_rebinds(tmp_path: Path) -> None:
+    """At the top of pass 2 the script's global `hidden` still holds pass 1's features, as `bank[0]` does; the loop
+    rebinds `hidden` before the backward reads `bank[-4:]`. Detaching `hidden` there would cut this pass's features
+    off the loss (a harmful fix); the carrier is `bank`, read by slice: keep detached copies in it."""
+    python, watched = run(
+        tmp_path,
+        """
+        import torch
+
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        x, y = torch.randn(32, 8), torch.randn(32, 1)
+        bank = []
+        for step in range(3):
+            hidden = net[1](net[0](x))
+            bank.append(hidden)
+            recent = torch.cat(bank[-4:])
+            loss = torch.nn.functional.mse_loss(net[2](hidden), y) + 0.1 * (hidden @ recent.T).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        """,
+    )
+    assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert "1. `bank` carries iteration 1's graph into iteration 2" in diagnosis, diagnosis
+    assert "recent = torch.cat(bank[-4:])" in diagnosis  # where the old features come in, not bank.append(hidden)
+    assert "fix: keep detached copies in `bank`" in diagnosis and "hidden.detach()" not in diagnosis
