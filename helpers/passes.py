@@ -18,7 +18,7 @@ or before the last one. Such a pass is dated at the end of the previous event (w
 the step, counts with the new pass). Nothing here reads a tensor; an optimizer's ``step`` is told from a
 scheduler's by reading the receiver's value (a name or a plain attribute, never a property).
 
-Used by :mod:`helpers.recorder`.
+Used by :mod:`helpers.folds` and :mod:`helpers.recorder`.
 """
 
 from __future__ import annotations
