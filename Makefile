@@ -60,11 +60,13 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-# --no-deps for the helpers: the pinned requirements already hold everything, and an unpinned
-# `torch` dependency must never reach the resolver (it would fetch a multi-GB CUDA build).
-$(COURSE_STAMP): requirements.txt pyproject.toml | $(VENV)/bin/python
+# The tool (backward_twice, pyproject.toml) and the course's helpers (course/pyproject.toml), both editable and
+# --no-deps: the pinned requirements already hold everything, and an unpinned `torch` dependency must never reach
+# the resolver (it would fetch a multi-GB CUDA build). backward-twice-helpers is what an older checkout installed.
+$(COURSE_STAMP): requirements.txt pyproject.toml course/pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip uninstall --quiet --yes backward-twice-helpers 2>/dev/null || true
+	$(PY) -m pip install --quiet --no-deps -e . -e course/
 	touch $@
 
 $(TEST_STAMP): requirements-test.txt $(COURSE_STAMP)

@@ -1,108 +1,68 @@
-"""``import backward_twice as bt``: the course's helpers under a name that no project shadows.
+"""``import backward_twice as bt``: the tool a learner runs on their own training code.
 
-A learner's own project often has a ``helpers.py``; run from its folder, ``import helpers`` returns theirs. This
-package loads the course's ``helpers`` package (the folder next to this one) with ``sys.modules["helpers"]``
-pointing at it only while it loads, so the helpers' own ``from helpers.x import ...`` lines find the course's
-modules, then puts back whatever ``helpers`` was before (the learner's module, or nothing): their
-``import helpers`` keeps returning theirs. The loaded modules are also registered as ``backward_twice.<name>``
-(``backward_twice.cli`` is the console script ``backward-twice``; ``%load_ext backward_twice.magic`` works).
+* ``bt.watch()`` around a loop as written (``with bt.watch() as w:``), ``backward-twice watch SCRIPT`` for a script
+  and ``%%diagnose`` for a notebook cell (``%load_ext backward_twice``) say which ``retain_graph=True`` can go, which
+  tensor carries a graph into the next iteration, and why a backward raised;
+* ``bt.diagnose(step)``, ``bt.audit_retain_graph(step)`` and ``bt.find_carried_graph(step)`` run one step of it a
+  few times as written, and put back what it changed;
+* the instruments a learner wraps around their code: ``bt.SavedTensorMeter`` (the bytes autograd saves) and
+  ``bt.draw_graph`` (the graph, drawn with graphviz).
 
-The import is light: the tool (``watch``, the command, ``%%diagnose``) and torch; every other name (``draw_graph``,
-the lessons' panels) is loaded the same way when it is first asked for, with matplotlib, IPython, ipywidgets or
-graphviz only then.
+The import is light: torch and the tool. ``draw_graph`` and ``record_saved_tensors`` load graphviz when first asked
+for, and ``%load_ext backward_twice`` loads the IPython magic; nothing here imports matplotlib or ipywidgets.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
-from collections.abc import Callable
-from types import ModuleType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-_SUBMODULES = ("cli", "magic", "watcher")  # loaded here: nothing may import a helpers module later by name
-_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
-_T = TypeVar("_T")
+from backward_twice.common.error_kinds import error_kind
+from backward_twice.common.units import format_bytes
+from backward_twice.instruments.meter import SavedTensorMeter
+from backward_twice.steps.audit import audit_retain_graph
+from backward_twice.steps.carried import find_carried_graph, stamp_iteration
+from backward_twice.steps.diagnose import diagnose
+from backward_twice.watcher import watch
 
+if TYPE_CHECKING:  # read at run time by __getattr__ below, so that graphviz loads only with the first drawing
+    from backward_twice.instruments.graph import draw_graph, record_saved_tensors
 
-def _is_helpers(name: str) -> bool:
-    return name == "helpers" or name.startswith("helpers.")
+_LAZY = {
+    "draw_graph": "backward_twice.instruments.graph",
+    "record_saved_tensors": "backward_twice.instruments.graph",
+}
 
-
-def _ours(module: ModuleType | None) -> bool:
-    return module is not None and os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or "")) == _FOLDER
-
-
-def _with_course(package: ModuleType | None, load: Callable[[], _T]) -> _T:
-    """``load()`` with the course's ``helpers`` (``package``, or a fresh one) in ``sys.modules`` meanwhile; what was
-    there before is put back, and the course's modules loaded meanwhile are registered as ``backward_twice.<name>``."""
-    current = sys.modules.get("helpers")
-    if _ours(current):  # the course's own helpers are loaded already (a notebook): the same modules
-        try:
-            return load()
-        finally:
-            _register({name: module for name, module in sys.modules.items() if _is_helpers(name)})
-    before = {name: module for name, module in sys.modules.items() if _is_helpers(name)}
-    for name in before:
-        del sys.modules[name]
-    sys.modules.update(_course)
-    if package is not None:
-        sys.modules["helpers"] = package
-    try:
-        return load()
-    finally:
-        loaded = {name: module for name, module in sys.modules.items() if _is_helpers(name)}
-        for name in loaded:
-            del sys.modules[name]
-        sys.modules.update(before)
-        _course.update(loaded)
-        _register(loaded)
-
-
-def _load() -> ModuleType:
-    current = sys.modules.get("helpers")
-
-    def load_the_tool() -> None:
-        for name in _SUBMODULES:
-            importlib.import_module(f"helpers.{name}")
-
-    if _ours(current):
-        assert current is not None
-        _with_course(current, load_the_tool)
-        return current
-
-    def load() -> ModuleType:
-        spec = importlib.util.spec_from_file_location(
-            "helpers", os.path.join(_FOLDER, "__init__.py"), submodule_search_locations=[_FOLDER]
-        )
-        assert spec is not None and spec.loader is not None
-        package = importlib.util.module_from_spec(spec)
-        sys.modules["helpers"] = package
-        spec.loader.exec_module(package)
-        load_the_tool()
-        return package
-
-    return _with_course(None, load)
-
-
-def _register(modules: dict[str, ModuleType]) -> None:
-    for name, module in modules.items():
-        if name != "helpers":
-            sys.modules.setdefault("backward_twice" + name[len("helpers") :], module)
-
-
-_course: dict[str, ModuleType] = {}  # the course's modules, by their names under helpers
-_helpers = _load()
-watch = sys.modules["backward_twice.watcher"].watch  # for a learner's own loop, also before a notebook calls it
-__all__ = sorted({*_helpers.__all__, "watch"})
+__all__ = [
+    "SavedTensorMeter",
+    "audit_retain_graph",
+    "diagnose",
+    "draw_graph",
+    "error_kind",
+    "find_carried_graph",
+    "format_bytes",
+    "load_ipython_extension",
+    "record_saved_tensors",
+    "stamp_iteration",
+    "watch",
+]
 
 
 def __getattr__(name: str) -> Any:
-    """Any other name of the course's, loaded when first asked for (with the course's ``helpers`` in place)."""
-    if name not in __all__:
+    """``bt.draw_graph``: its module (which needs graphviz) is imported at the first use, then kept."""
+    if name not in _LAZY:
         raise AttributeError(f"module 'backward_twice' has no attribute {name!r}")
-    value = _with_course(_helpers, lambda: getattr(_helpers, name))
+    value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext backward_twice``: registers ``%%diagnose`` (IPython is imported only now)."""
+    from backward_twice.magic import load_ipython_extension as load
+
+    load(ipython)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from helpers import SavedTensorMeter
+from backward_twice import SavedTensorMeter
 
 GROWTH_ITERATIONS, BLOCK, GROWTH_REPEATS = 300, 50, 3
 MLP_PAIRS = 300

@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 import torch
 
-from helpers.diagnose import diagnose
+from backward_twice.steps.diagnose import diagnose
+from backward_twice.watcher import watch
 from helpers.measure import profiler_peak_bytes
-from helpers.watcher import watch
 
 torch.set_num_threads(1)
 

@@ -48,8 +48,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from helpers.cli import main as command  # noqa: E402
-from helpers.watcher import watch  # noqa: E402
+from backward_twice.cli import main as command  # noqa: E402
+from backward_twice.watcher import watch  # noqa: E402
 
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore")

@@ -1,48 +1,48 @@
-"""Helpers for the Backward Twice course: ``import helpers as bt`` gives every name a notebook calls.
+"""The Backward Twice course: ``import helpers as bt`` gives every name a notebook calls.
 
-The core, one module per idea: ``meter`` (the saved-tensor meter), ``graph`` (drawings of autograd graphs),
-``growth`` (loop bodies measured for bytes and nodes in one run and for time in another), ``display`` (byte counts
-and tables), ``figures`` (PNG charts), ``measure`` (gradients against a reference, timing, the profiler's peak,
-training state), ``compare`` (training-step patterns measured side by side), ``panels`` (what every widget panel
-shares), ``lab`` (the retain_graph panel), ``checks`` (what every exercise check shares), ``errors`` (error demos
-that fail when the error stops happening, and the errors' kinds), ``environment`` (the setup line), and the tools
-for a learner's own training step: ``learner`` (what they share: input checks, the learner's line, and the one place
-that patches torch and reads a step's closure), ``recorder`` (watches a loop run as written; with ``loops`` and
-``lines`` (the learner's loops and where their passes start), ``passes`` (which loop is the iteration), ``walks``,
-``saved``, ``names``, ``evidence``, ``iterations`` and ``folds``: a long run's older iterations as counts),
-``verdicts`` (judged from what ran), ``watcher`` (``bt.watch()`` around a loop), ``cli`` (``backward-twice watch
-SCRIPT``), ``harness`` (runs a step for the tools), ``carried`` (what carries a graph from one iteration into the
-next), ``audit`` (which ``retain_graph=True`` can go), ``diagnose`` (both, as one prescription) and ``magic``
-(``%%diagnose``, loaded with ``%load_ext helpers.magic``). ``import backward_twice as bt`` is the same package under
-a name a project's own ``helpers.py`` cannot shadow.
+The tool a learner runs on their own code is the package :mod:`backward_twice` (``bt.watch``, ``bt.diagnose``, the
+saved-tensor meter, the graph drawing); the course builds on it and re-exports the names its notebooks call. The
+course's own modules, one per idea: ``display`` (exact byte counts and tables), ``figures`` (PNG charts),
+``measure`` (gradients against a reference, timing, the profiler's peak, training state), ``compare``
+(training-step patterns measured side by side), ``growth`` (loop bodies measured for bytes and nodes in one run and
+for time in another), ``panels`` (what every widget panel shares), ``lab`` (the retain_graph panel), ``checks``
+(what every exercise check shares), ``zeroed`` (a step taken on zeroed gradients), ``errors`` (error demos that fail
+when the error stops happening) and ``environment`` (the setup line).
 
 ``helpers.lessons`` holds what only one notebook uses: ``graph_buffers`` (01), ``multi_loss`` (02),
-``gan_step`` (03), ``carried_state`` (04) and ``your_training_step`` (05). The core never imports a lesson
-and lessons never import each other; a helper moves into the core when a second notebook needs it.
-``tests/test_architecture.py`` keeps these rules, and checks that ``bt`` exports exactly the names the
-notebooks call.
+``gan_step`` (03), ``carried_state`` (04), ``your_training_step`` (05) and ``real_stack`` (06). The course's core
+never imports a lesson and lessons never import each other; a helper moves into the core when a second notebook
+needs it, and into the tool when a learner uses it on their own code. The tool never imports the course.
+``tests/test_architecture.py`` and import-linter keep these rules, and check that ``bt`` exports exactly the names
+the notebooks call.
 
-Importing the package has no side effects. It loads the tool's modules (which need torch only); a name of the
-lessons, the drawings and the panels is imported at its first use, so ``import backward_twice``, the tool, loads
-no matplotlib, IPython, ipywidgets or graphviz.
+Importing the package loads the tool (which needs torch only) and registers the course's folder with the recorder
+as code that is not the learner's; a name of the lessons, the drawings and the panels is imported at its first
+use, with matplotlib, ipywidgets or graphviz only then.
 """
 
 import functools
+import os
 from typing import TYPE_CHECKING, Any
 
-from helpers.audit import audit_retain_graph
-from helpers.carried import find_carried_graph, stamp_iteration
-from helpers.diagnose import diagnose
-from helpers.display import Table, format_bytes
+from backward_twice.common.units import format_bytes
+from backward_twice.instruments.meter import SavedTensorMeter
+from backward_twice.record.learner import skip_folder
+from backward_twice.steps.audit import audit_retain_graph
+from backward_twice.steps.carried import find_carried_graph, stamp_iteration
+from backward_twice.steps.diagnose import diagnose
+from backward_twice.watcher import watch
+from helpers.display import Table
 from helpers.environment import describe_environment, seed_everything
 from helpers.errors import expect_error
-from helpers.meter import SavedTensorMeter
-from helpers.watcher import watch
+
+# The course's lessons and checks call backward too: under a watch, their lines are not the learner's.
+skip_folder(os.path.dirname(os.path.abspath(__file__)))
 
 if TYPE_CHECKING:  # the rest is read at run time by __getattr__, below: each name is imported when a notebook first
     # asks for it, with matplotlib, ipywidgets or graphviz only then
+    from backward_twice.instruments.graph import draw_graph, record_saved_tensors
     from helpers.compare import compare_patterns
-    from helpers.graph import draw_graph, record_saved_tensors
     from helpers.growth import growth_experiment, reachable_nodes
     from helpers.lab import BackwardLab
     from helpers.lessons.carried_state import (
@@ -133,7 +133,7 @@ def _origins() -> dict[str, str]:
     return {
         alias.asname or alias.name: node.module
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("helpers.")
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(("helpers.", "backward_twice."))
         for alias in node.names
     }
 

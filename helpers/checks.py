@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from helpers.display import format_bytes
+from backward_twice.common.units import format_bytes
+from backward_twice.instruments.meter import SavedTensorMeter
 from helpers.measure import gradients_close
-from helpers.meter import SavedTensorMeter
 from helpers.zeroed import ZEROED_HINT, ZeroedSteps
 
 __all__ = [

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import torch
 from matplotlib.figure import Figure
 
-from helpers.display import Table, format_bytes
+from backward_twice.common.units import format_bytes
+from backward_twice.instruments.meter import SavedTensorMeter
+from helpers.display import Table
 from helpers.figures import PngFigure
 from helpers.measure import compare_gradients, gradients_of, one_thread, profiler_peak_bytes, time_round_robin
-from helpers.meter import SavedTensorMeter
 
 __all__ = ["PatternComparison", "PatternResult", "compare_patterns"]
 

@@ -11,22 +11,9 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Table", "exact_bytes", "format_bytes"]
+from backward_twice.common.units import format_bytes
 
-
-def format_bytes(n: int) -> str:
-    """``1536`` -> ``'1.5 KiB'``; exact bytes below 1 KiB.
-
-    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state and 06_real_stack.
-    """
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
+__all__ = ["Table", "exact_bytes"]
 
 
 def exact_bytes(n: int) -> str:

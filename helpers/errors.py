@@ -5,10 +5,7 @@ raising it, the lesson would go on teaching something false and every test would
 :func:`expect_error` turns the demo into a check: the real message is shown, and no error is an
 ``AssertionError`` (a lesson that shows an error fails its tests the day PyTorch stops raising it).
 
-:func:`error_kind` names the errors the course is about from their message, for reports and panels.
-
-Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state, 05_your_training_step and
-06_real_stack.
+Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state and 06_real_stack.
 """
 
 from __future__ import annotations
@@ -20,29 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["ERROR_KINDS", "ExpectedError", "error_kind", "expect_error"]
-
-# (kind, the text of PyTorch's message that identifies it)
-ERROR_KINDS = (
-    ("backward a second time", "backward through the graph a second time"),
-    ("in-place version error", "modified by an inplace operation"),
-    # the same version check, worded for a saved output of a multi-output view (unbind, split, chunk)
-    ("in-place version error", "its base or another view of its base has been modified inplace"),
-    ("no graph", "does not require grad and does not have a grad_fn"),
-    # torch.compile's backward, compiled for one use: at a first call that did not retain, or ahead of time
-    # under dynamic shapes (notebook 06, section 2)
-    ("donated buffers", "compiled with non-empty donated buffers"),
-    # DistributedDataParallel with two backward calls per step, and the two "fixes" people try
-    # (static_graph=True; find_unused_parameters=True with zero_grad's set_to_none) (notebook 06, section 3)
-    ("DDP ready only once", "Expected to mark a variable ready only once"),
-    ("DDP ready only once", "Your training graph has changed in this iteration"),
-    ("DDP ready only once", "Encountered gradient which is undefined, but still allreduced"),
-)
-
-
-def error_kind(message: str) -> str:
-    """The kind of error a message reports: one of :data:`ERROR_KINDS`' kinds, or "other"."""
-    return next((kind for kind, text in ERROR_KINDS if text in message), "other")
+__all__ = ["ExpectedError", "expect_error"]
 
 
 @dataclass

@@ -23,11 +23,12 @@ import torch
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
-from helpers.display import Table, format_bytes
+from backward_twice.common.units import format_bytes
+from backward_twice.instruments.meter import SavedTensorMeter
+from backward_twice.record.learner import intercepting
+from helpers.display import Table
 from helpers.figures import PngFigure
-from helpers.learner import intercepting
 from helpers.measure import one_thread, time_round_robin
-from helpers.meter import SavedTensorMeter
 
 __all__ = ["GrowthResult", "growth_experiment", "new_loop_state", "reachable_nodes"]
 
@@ -163,7 +164,8 @@ def reachable_nodes(roots: torch.Tensor | Sequence[torch.Tensor]) -> int:
 
 def _counting_backward_nodes(walked: list[int]) -> contextlib.AbstractContextManager[None]:
     """Inside: each ``backward()`` first appends to ``walked`` the number of nodes it is about to walk (through
-    the one interception point, :func:`helpers.learner.intercepting`; ``torch.autograd.grad`` is not counted)."""
+    the one interception point, :func:`backward_twice.record.learner.intercepting`; ``torch.autograd.grad`` is not
+    counted)."""
 
     def counting(engine: Callable[..., Any], outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if kwargs.get("accumulate_grad", True):

@@ -13,9 +13,9 @@ from typing import Any
 import ipywidgets as widgets
 import torch
 
+from backward_twice.instruments.meter import SavedTensorMeter
 from helpers.display import exact_bytes
 from helpers.figures import PngFigure, style_count_axes
-from helpers.meter import SavedTensorMeter
 from helpers.panels import Panel
 
 __all__ = ["BackwardLab"]

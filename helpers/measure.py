@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from helpers.learner import name_bindings
+from backward_twice.record.learner import name_bindings
 
 __all__ = [
     "ATOL",
@@ -178,10 +178,10 @@ class TrainingState:
     (``self.memory = out``, as the very objects), optimizers' state (learning rates included) and the random
     streams (Python's, torch's CPU and CUDA generators), captured now; :meth:`restore` puts them back.
 
-    Given ``step`` (a function), also the names it reaches (:func:`helpers.learner.name_bindings`: its closure's
-    variables and the globals it reads, functions left out). :meth:`restore` binds a name to the very object it held
-    (not a copy) when that object or the name's value now holds tensors (a tensor, or a list or tuple with one in it: a
-    hidden state ``h`` the step rebinds, a total that starts as ``0.0`` and becomes a tensor), and gives a
+    Given ``step`` (a function), also the names it reaches (:func:`backward_twice.record.learner.name_bindings`: its
+    closure's variables and the globals it reads, functions left out). :meth:`restore` binds a name to the very object
+    it held (not a copy) when that object or the name's value now holds tensors (a tensor, or a list or tuple with one
+    in it: a hidden state ``h`` the step rebinds, a total that starts as ``0.0`` and becomes a tensor), and gives a
     list back the items it had (in place, the same list) when they or its items now hold tensors (a list of
     outputs the step appends to). Other names (a counter, a function) are left alone."""
 

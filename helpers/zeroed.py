@@ -9,9 +9,9 @@ did not change at all. Only what an optimizer adds by itself can move them: weig
 earlier steps that did have a gradient; the message says so when that is the case.
 
 :class:`ZeroedSteps` watches a check's own parameters through the course's one interception point
-(:func:`helpers.learner.intercepting`): after every backward that accumulates into ``.grad``, which of them it left
-nonzero; at every optimizer step, which of those the optimizer holds and finds zero or None (and, after the step,
-whether they moved). A parameter counts as filled only by the last backward before the step, so a ``zero_grad``
+(:func:`backward_twice.record.learner.intercepting`): after every backward that accumulates into ``.grad``, which of
+them it left nonzero; at every optimizer step, which of those the optimizer holds and finds zero or None (and, after the
+step, whether they moved). A parameter counts as filled only by the last backward before the step, so a ``zero_grad``
 before a backward that does not reach a parameter is not blamed. :meth:`ZeroedSteps.problem` says what it saw,
 in one sentence with the fix; the checks that judge a training loop reject the answer with it.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from helpers.learner import intercepting
+from backward_twice.record.learner import intercepting
 
 __all__ = ["ZEROED_HINT", "ZeroedSteps"]
 

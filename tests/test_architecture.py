@@ -1,8 +1,13 @@
 """The package's layout rules (CONTRIBUTING.md, "Where a helper goes"), kept by reading the code and the notebooks.
 
-* The core (``helpers/*.py``) never imports a lesson, and a lesson (``helpers/lessons/NAME``) never imports
-  another: import-linter's contracts in pyproject.toml say it (``make test`` runs ``lint-imports``); the test here
-  makes sure they break when a copy of the package breaks them.
+* The tool (``backward_twice/``) never imports the course (``helpers/``); the tool's layers import downward only
+  (ways in and instruments > ``watcher`` and ``steps`` > ``report`` > ``judge`` > ``record`` > ``common``); no two
+  modules or subpackages of one package import each other; the course's core (``helpers/*.py``) never imports a
+  lesson, and a lesson (``helpers/lessons/NAME``) never imports another: import-linter's contracts in
+  pyproject.toml say it (``make test`` runs ``lint-imports``); the test here makes sure each breaks when a copy of
+  the packages breaks it.
+* No code swaps ``sys.modules``, a subpackage's ``__init__`` is a docstring, and no module of the tool imports its
+  own front door.
 * Each lesson belongs to the notebook named after it (``gan_step`` -> ``03_gan_step.ipynb``), and its
   notebook calls every public name it exports.
 * ``bt`` (``import helpers as bt``) exports exactly the names the notebooks call (tests/test_used_by.py checks
@@ -25,7 +30,13 @@ import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = ROOT / "helpers"
+TOOL = ROOT / "backward_twice"
 LESSONS = HELPERS / "lessons"
+
+
+def package_files() -> list[Path]:
+    """Every module of the tool and of the course."""
+    return sorted([*TOOL.rglob("*.py"), *HELPERS.rglob("*.py")])
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
@@ -63,20 +74,55 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_import_contracts_catch_a_core_module_or_a_lesson_that_breaks_them(tmp_path: Path) -> None:
-    """`make test` runs lint-imports on pyproject.toml's contracts; here they must break on a copy that breaks them."""
-    shutil.copytree(HELPERS, tmp_path / "helpers", ignore=shutil.ignore_patterns("__pycache__"))
+def test_the_import_contracts_catch_a_module_that_breaks_them(tmp_path: Path) -> None:
+    """`make test` runs lint-imports on pyproject.toml's contracts; here each must break on a copy that breaks it."""
+    for tree in (HELPERS, TOOL):
+        shutil.copytree(tree, tmp_path / tree.name, ignore=shutil.ignore_patterns("__pycache__"))
     assert _lint_imports(tmp_path).returncode == 0, "the contracts fail on an unchanged copy"
     lessons = lesson_names()
-    for path, line in [
-        (tmp_path / "helpers" / "display.py", f"import helpers.lessons.{lessons[0]}"),
-        (lesson_files_in(tmp_path, lessons[1])[0], f"import helpers.lessons.{lessons[0]}"),
+    tool = tmp_path / "backward_twice"
+    for path, line, contract in [
+        (tmp_path / "helpers" / "display.py", f"import helpers.lessons.{lessons[0]}", "never imports a lesson"),
+        (lesson_files_in(tmp_path, lessons[1])[0], f"import helpers.lessons.{lessons[0]}", "another lesson"),
+        (tool / "common" / "units.py", "import helpers.display", "the tool never imports the course"),
+        (tool / "record" / "saved.py", "import backward_twice.judge.verdicts", "The tool's layers"),
+        (tool / "instruments" / "meter.py", "import backward_twice.instruments.graph", "never imports the drawing"),
+        (tool / "record" / "saved.py", "import backward_twice.record.names", "import each other"),
     ]:
         original = path.read_text(encoding="utf-8")
         path.write_text(original + f"\n{line}\n", encoding="utf-8")
         result = _lint_imports(tmp_path)
         path.write_text(original, encoding="utf-8")
-        assert result.returncode != 0 and "BROKEN" in result.stdout, f"{line} in {path.name} went unnoticed"
+        broken = [row for row in result.stdout.splitlines() if "BROKEN" in row]
+        assert result.returncode != 0, f"{line} in {path.name} went unnoticed"
+        assert any(contract in row for row in broken) or contract in result.stdout.split("Broken contracts")[-1], (
+            f"{line} in {path.name} did not break the contract saying {contract!r}: {broken}"
+        )
+
+
+def test_no_code_swaps_sys_modules() -> None:
+    """One module, one name: nothing puts a module into ``sys.modules`` under another name or takes one out."""
+    swaps = re.compile(r"sys\.modules\[[^\]]+\]\s*=[^=]|sys\.modules\.(?:update|pop|setdefault)\(|del sys\.modules")
+    offenders = [str(p.relative_to(ROOT)) for p in package_files() if swaps.search(p.read_text(encoding="utf-8"))]
+    assert not offenders, f"{offenders} change sys.modules"
+
+
+def test_subpackages_of_the_tool_are_docstrings_and_its_modules_never_import_its_front_door() -> None:
+    for init in sorted(TOOL.glob("*/__init__.py")):
+        body = ast.parse(init.read_text(encoding="utf-8")).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr), f"{init.relative_to(ROOT)} does more than document"
+    for path in sorted(TOOL.rglob("*.py")):
+        if path == TOOL / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert "backward_twice" not in names, f"{path.relative_to(ROOT)} imports the front door, backward_twice"
 
 
 @pytest.mark.parametrize("lesson", lesson_names())
@@ -100,7 +146,7 @@ def test_bt_exports_exactly_what_the_notebooks_call() -> None:
 
 def test_no_module_is_too_long_to_read() -> None:
     # 500 lines as ruff format lays them out (it spreads a long call over one line per argument).
-    for path in sorted(HELPERS.rglob("*.py")):
+    for path in package_files():
         lines = len(path.read_text(encoding="utf-8").splitlines())
         assert lines <= 500, f"{path.relative_to(ROOT)} has {lines} lines; split it by responsibility"
 
@@ -136,18 +182,19 @@ def test_the_gan_tests_run_the_notebooks_own_code(name: str) -> None:
 
 
 # What running a learner's step takes: patching torch (the engine's entry, optimizer step hooks) and reading a
-# step's closure and globals. helpers/learner.py is the one place that does either; every tool and check goes
-# through it (helpers/harness.py runs a step on it, helpers/recorder.py watches through it).
+# step's closure and globals. backward_twice/record/learner.py is the one place that does either; every tool and check
+# goes through it (backward_twice/steps/harness.py runs a step on it, backward_twice/record/recorder.py watches through
+# it).
 _PATCHES_OR_READS_A_STEP = re.compile(
     r"_engine_run_backward|register_optimizer_step_(?:pre|post)_hook|__closure__|__globals__|setattr\(torch\b"
     r"|torch\.autograd\.\w+\s*=[^=]|torch\.Tensor\.\w+\s*=[^=]|optimizer\.step\s*=[^=]"
 )
-_THE_ONE_PLACE = "helpers/learner.py"
+_THE_ONE_PLACE = "backward_twice/record/learner.py"
 
 
 def test_only_one_module_patches_torch_or_reads_a_steps_closure_and_globals() -> None:
     offenders = set()
-    for path in sorted(HELPERS.rglob("*.py")):
+    for path in package_files():
         code = "\n".join(
             line for line in path.read_text(encoding="utf-8").splitlines() if not line.lstrip().startswith("#")
         )
@@ -156,5 +203,6 @@ def test_only_one_module_patches_torch_or_reads_a_steps_closure_and_globals() ->
     assert _THE_ONE_PLACE in offenders
     assert offenders == {_THE_ONE_PLACE}, (
         f"{sorted(offenders - {_THE_ONE_PLACE})} patch torch or read a step's closure/globals: "
-        f"use helpers.learner (intercepting, known_names, held_bindings) or helpers.harness.run_step"
+        "use backward_twice.record.learner (intercepting, known_names, held_bindings) or "
+        "backward_twice.steps.harness.run_step"
     )

@@ -21,7 +21,7 @@ from gan_steps import inputs_step, single_forward_step, small_mlp, srgan_step, s
 from torch import nn
 from torch.autograd import grad as autograd_grad
 
-from helpers.audit import CREATE_GRAPH_NOTE, BackwardCall, RetainAudit, audit_retain_graph
+from backward_twice.steps.audit import CREATE_GRAPH_NOTE, BackwardCall, RetainAudit, audit_retain_graph
 
 SECOND_TIME = "backward through the graph a second time"
 IN_PLACE = "modified by an inplace operation"

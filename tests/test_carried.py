@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.carried import CarriedGraphReport, CarriedTensor, find_carried_graph
+from backward_twice.steps.carried import CarriedGraphReport, CarriedTensor, find_carried_graph
 
 SECOND_TIME = "backward through the graph a second time"
 IN_PLACE = "modified by an inplace operation"
@@ -582,8 +582,8 @@ def test_each_finding_names_what_held_it_preferring_the_steps_own_names() -> Non
 
 
 def test_stamp_iteration_marks_the_nodes_each_iteration_builds_down_to_its_inputs() -> None:
-    from helpers.carried import stamp_iteration
-    from helpers.graph import ITERATION_KEY, draw_graph
+    from backward_twice.instruments.graph import ITERATION_KEY, draw_graph
+    from backward_twice.steps.carried import stamp_iteration
 
     cell = nn.RNNCell(3, 4)
     x = torch.ones(2, 3, requires_grad=True) * 2  # built before the loop: stays unstamped

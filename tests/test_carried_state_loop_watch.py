@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from backward_twice.instruments.meter import SavedTensorMeter
 from helpers.lessons.carried_state.loop_watch import LoopWatch, is_norm_clipping, reads_data
-from helpers.meter import SavedTensorMeter
 
 
 def test_norm_clipping_is_some_steps_scaled_down_to_one_threshold_and_none_above_it() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.display import format_bytes
+from backward_twice.common.units import format_bytes
 from helpers.lessons.graph_buffers import (
     SECOND_BACKWARD_QUESTIONS,
     check_backward_three_times,

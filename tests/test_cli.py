@@ -1,21 +1,15 @@
 """``backward-twice watch``: an unmodified training script run under the recorder, from a folder that has its own
-``helpers.py`` (which must keep shadowing nothing of ours, and stay theirs)."""
+``helpers.py`` (which stays theirs: nothing of the tool is named ``helpers``)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-
-import helpers as helpers_package
-from helpers.cli import main
 
 COMMAND = Path(sys.executable).parent / "backward-twice"
 
@@ -124,9 +118,9 @@ def test_a_learners_own_code_imports_the_tools_as_backward_twice_next_to_its_hel
     assert done.stdout.startswith("backward-twice: healthy (2 iterations watched,")
 
 
-def test_importing_the_tool_is_light_and_a_lesson_name_loads_when_asked_for(project: Path) -> None:
-    """``import backward_twice`` brings torch and the tool; the lessons' plotting and widget libraries come only
-    with a name that needs them, and the project's own ``helpers`` stays its own throughout."""
+def test_importing_the_tool_is_light_and_the_drawing_loads_graphviz_when_asked_for(project: Path) -> None:
+    """``import backward_twice`` brings torch and the tool, none of the course; graphviz comes with the first
+    ``bt.draw_graph``, and the project's own ``helpers`` stays its own throughout."""
     (project / "light.py").write_text(
         textwrap.dedent("""
         import sys
@@ -135,30 +129,32 @@ def test_importing_the_tool_is_light_and_a_lesson_name_loads_when_asked_for(proj
 
         heavy = ("matplotlib", "IPython", "ipywidgets", "graphviz")
         print(sorted(name for name in heavy if name in sys.modules))
-        print(callable(bt.diagnose), callable(bt.watch))
-        bt.growth_experiment  # a lesson name: loaded now, matplotlib with it
-        print("matplotlib" in sys.modules, helpers.NAME, sys.modules["helpers"] is helpers)
+        print(callable(bt.diagnose), callable(bt.watch), sorted(n for n in sys.modules if n.startswith("helpers")))
+        bt.draw_graph
+        print("graphviz" in sys.modules, "matplotlib" in sys.modules, helpers.NAME, sys.modules["helpers"] is helpers)
     """)
     )
     done = subprocess.run([sys.executable, "light.py"], cwd=project, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["[]", "True True", "True the project's own helpers True"]
+    assert done.stdout.splitlines() == [
+        "[]",
+        "True True ['helpers']",
+        "True False the project's own helpers True",
+    ]
 
 
-def test_in_a_kernel_that_imported_the_course_the_scripts_own_helpers_is_still_its_own(project: Path) -> None:
-    """``main`` is the command, run in this process (as notebook 05 runs it), where ``helpers`` is the course's."""
-    assert sys.modules["helpers"].__file__.endswith(os.path.join("helpers", "__init__.py"))
-    err, out = io.StringIO(), io.StringIO()
-    cwd = os.getcwd()
-    try:
-        os.chdir(project)
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            status = main(["watch", "--no-traceback", "train.py", "3"])
-    finally:
-        os.chdir(cwd)
-    assert status == 1 and err.getvalue() == ""  # --no-traceback: the diagnosis alone
-    assert out.getvalue().startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in")
-    assert sys.modules["helpers"] is helpers_package and "helpers.recorder" in sys.modules
+def test_python_dash_m_backward_twice_is_the_command(project: Path) -> None:
+    """``python -m backward_twice`` (how notebook 05 runs it, in a process of its own): the same command."""
+    done = subprocess.run(
+        [sys.executable, "-m", "backward_twice", "watch", "--no-traceback", "train.py", "3"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 1 and done.stderr == ""  # --no-traceback: the diagnosis alone
+    assert done.stdout.startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in")
+    assert "add `hidden = hidden.detach()` before line 15" in done.stdout
 
 
 def test_bad_input_gets_a_clear_message_before_the_script_runs(project: Path) -> None:
@@ -215,7 +211,7 @@ def test_a_syntax_error_or_a_missing_import_is_reported_as_python_reports_it(pro
         done = _run(project, "watch", script)
         assert done.returncode == python.returncode == 1
         assert done.stderr.splitlines()[-1] == python.stderr.splitlines()[-1]  # SyntaxError / ModuleNotFoundError
-        assert "helpers/" not in done.stderr and "backward-twice" not in done.stderr and done.stdout == ""
+        assert "backward_twice" not in done.stderr and "backward-twice" not in done.stderr and done.stdout == ""
 
 
 def test_a_folder_runs_its_main_as_python_does(project: Path) -> None:

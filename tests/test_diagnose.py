@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.diagnose import Diagnosis, diagnose
-from helpers.report import Item
+from backward_twice.report.rendering import Item
+from backward_twice.steps.diagnose import Diagnosis, diagnose
 
 HERE = os.path.basename(__file__)
 

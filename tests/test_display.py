@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.display import Table, format_bytes
+from backward_twice.common.units import format_bytes
+from helpers.display import Table
 from helpers.figures import PngFigure
 
 

@@ -101,7 +101,7 @@ def test_match_must_be_a_string():
     ],
 )
 def test_error_kind_names_the_errors_the_course_is_about(message, kind):
-    from helpers.errors import error_kind
+    from backward_twice.common.error_kinds import error_kind
 
     assert error_kind(message) == kind
 
@@ -111,8 +111,8 @@ def test_every_kind_has_a_fix_and_a_real_donated_buffer_error_is_named():
     no C++ compiler) is the donated-buffers kind, so a change in torch's wording fails here."""
     import torch
 
-    from helpers.errors import ERROR_KINDS, error_kind
-    from helpers.verdicts import ERROR_FIXES
+    from backward_twice.common.error_kinds import ERROR_KINDS, error_kind
+    from backward_twice.judge.verdicts import ERROR_FIXES
 
     assert {kind for kind, _ in ERROR_KINDS} | {"other"} == set(ERROR_FIXES)
     torch._dynamo.reset()
@@ -129,7 +129,7 @@ def test_every_kind_has_a_fix_and_a_real_donated_buffer_error_is_named():
 
 def test_the_in_place_fix_never_advises_moving_the_step():
     """Notebook 03 measures the moved optimizer step as silently wrong: the fix says so instead of advising it."""
-    from helpers.verdicts import ERROR_FIXES
+    from backward_twice.judge.verdicts import ERROR_FIXES
 
     fix = ERROR_FIXES["in-place version error"]
     assert "compute the forward again" in fix and "old weights" in fix
@@ -140,7 +140,7 @@ def test_both_wordings_of_the_version_check_are_the_in_place_kind():
     ``unbind``'s) has no "modified by an inplace operation". Both real messages are the in-place kind."""
     import torch
 
-    from helpers.errors import error_kind
+    from backward_twice.common.error_kinds import error_kind
 
     messages = []
     w = torch.randn(2, 3, requires_grad=True)

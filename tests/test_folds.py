@@ -1,5 +1,5 @@
-"""helpers/folds.py: a long run's older plain iterations are folded into counts, so a watch's memory stays bounded,
-and the verdicts read from the counts are the verdicts read from every record.
+"""backward_twice/record/folds.py: a long run's older plain iterations are folded into counts, so a watch's memory stays
+bounded, and the verdicts read from the counts are the verdicts read from every record.
 
 Each loop below runs a few hundred iterations (folding starts past 128) with something happening in the middle: a
 graph kept from iteration 201 and walked in iteration 451, a retain only iteration 451 needs. Its truth is
@@ -16,11 +16,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-import helpers.folds
-from helpers.folds import KEEP_FIRST, KEEP_LAST, CallLog, Folder
-from helpers.passes import PassStart
-from helpers.walks import CallRecord
-from helpers.watcher import watch
+import backward_twice.record.folds
+from backward_twice.record.folds import KEEP_FIRST, KEEP_LAST, CallLog, Folder
+from backward_twice.record.passes import PassStart
+from backward_twice.record.walks import CallRecord
+from backward_twice.watcher import watch
 
 Loop = Callable[[int], None]
 
@@ -180,7 +180,7 @@ def retain_for_451_by_steps(passes: int) -> None:
 def _watched(loop: Loop, passes: int, fold: bool, monkeypatch: pytest.MonkeyPatch, **options: int) -> watch:
     with monkeypatch.context() as patch:
         if not fold:
-            patch.setattr(helpers.folds, "_BATCH", 10**9)
+            patch.setattr(backward_twice.record.folds, "_BATCH", 10**9)
         with watch(**options) as w, contextlib.suppress(RuntimeError):  # the loop's own error: the verdict says it
             loop(passes)
         w.report  # noqa: B018  # judged here, with the patch still in place

@@ -21,12 +21,12 @@ import pytest
 import torch
 from gallery import LOOPS
 
-from helpers.audit import audit_retain_graph
-from helpers.carried import find_carried_graph
-from helpers.cli import main as command
-from helpers.diagnose import diagnose
-from helpers.saved import python_walk, saved_data
-from helpers.watcher import watch
+from backward_twice.cli import main as command
+from backward_twice.record.saved import python_walk, saved_data
+from backward_twice.steps.audit import audit_retain_graph
+from backward_twice.steps.carried import find_carried_graph
+from backward_twice.steps.diagnose import diagnose
+from backward_twice.watcher import watch
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 MODULES = {name: importlib.import_module(f"gallery.{name}") for name in LOOPS}

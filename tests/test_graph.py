@@ -10,7 +10,7 @@ import pytest
 import torch
 from torchviz import make_dot
 
-from helpers.graph import (
+from backward_twice.instruments.graph import (
     DOT_INSTALL_COMMANDS,
     ITERATION_KEY,
     AutogradGraph,
@@ -383,7 +383,8 @@ def test_by_iteration_renders_to_svg_after_backward_too():
     assert "iteration 1" in svg and "FREED" in svg
 
 
-# draw_graph(_rnn_loop(steps=1)) as drawn by helpers/graph.py before by_iteration existed (commit bc79062).
+# draw_graph(_rnn_loop(steps=1)) as drawn by backward_twice/instruments/graph.py before by_iteration existed (commit
+# bc79062).
 OLD_RNN_SOURCE = """digraph {
 \tgraph [size="8.5,14"]
 \tnode [align=left fontname=monospace fontsize=10 height=0.2 ranksep=0.1 shape=box style=filled]

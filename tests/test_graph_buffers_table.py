@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.display import Table, format_bytes
+from backward_twice.common.units import format_bytes
+from helpers.display import Table
 from helpers.lessons.graph_buffers import operation_table
 
 OPERATIONS = {

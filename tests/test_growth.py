@@ -8,8 +8,8 @@ from itertools import pairwise
 import pytest
 import torch
 
+from backward_twice.instruments.meter import SavedTensorMeter
 from helpers.growth import GrowthResult, growth_experiment
-from helpers.meter import SavedTensorMeter
 
 WIDTH, BATCH = 32, 16
 PER_GRAPH = BATCH * WIDTH * 4  # the tanh output; the input batch and the weights stay alive anyway
@@ -73,7 +73,7 @@ def test_every_body_gets_a_fresh_state_in_each_run_and_nothing_survives() -> Non
 
 
 def test_the_time_run_happens_without_a_meter() -> None:
-    import helpers.meter as meter_module
+    import backward_twice.instruments.meter as meter_module
 
     active_during_calls: list[bool] = []
 

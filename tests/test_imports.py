@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from helpers.lines import LineTracer
+from backward_twice.record.lines import LineTracer
 
 pytestmark = pytest.mark.skipif(sys.version_info >= (3, 12), reason="from 3.12 imports stay traced (PEP 669)")
 

@@ -1,9 +1,9 @@
 """The line tracer on every Python the README promises (3.10 on), where the interpreter's tracing differs.
 
-``helpers/lines.py`` and ``helpers/loops.py`` (the passes of the learner's loops, and the stop at the top of pass
-N+1) depend on how an interpreter reports line events: which lines a ``for`` and a ``while`` header report at
-each pass, and where an exception a trace function raises can be caught (from 3.11 on, one raised at a ``try:``
-line escapes its frame's handlers: the tracer then stops at the loop's header). They need no torch, so each
+``backward_twice/record/lines.py`` and ``backward_twice/record/loops.py`` (the passes of the learner's loops, and the
+stop at the top of pass N+1) depend on how an interpreter reports line events: which lines a ``for`` and a ``while``
+header report at each pass, and where an exception a trace function raises can be caught (from 3.11 on, one raised at a
+``try:`` line escapes its frame's handlers: the tracer then stops at the loop's header). They need no torch, so each
 interpreter installed here (pyenv's, or ``pythonX.Y`` on the PATH) runs them on one script with no package but
 the standard library: the passes seen and where each stop lands must be the same on every one. An interpreter
 that is not installed is skipped, and this file's own interpreter always runs.
@@ -25,10 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBE = r"""
 import json, sys, types
 sys.path.insert(0, ROOT)
-package = types.ModuleType("helpers")  # the tracer's modules alone: helpers/__init__ would import torch
-package.__path__ = [ROOT + "/helpers"]
-sys.modules["helpers"] = package
-from helpers.lines import LineTracer
+for name in ("backward_twice", "backward_twice.record"):  # the tracer's modules alone: the __init__s import torch
+    package = types.ModuleType(name)
+    package.__path__ = [ROOT + "/" + name.replace(".", "/")]
+    sys.modules[name] = package
+from backward_twice.record.lines import LineTracer
 
 SCRIPT = __file__
 passes = []

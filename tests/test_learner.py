@@ -1,5 +1,5 @@
-"""helpers/learner.py: what the tools that run a learner's step share (input checks, the optimizer guard, the
-names a step knows, notebook cells named as tracebacks name them)."""
+"""backward_twice/record/learner.py: what the tools that run a learner's step share (input checks, the optimizer guard,
+the names a step knows, notebook cells named as tracebacks name them)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from helpers.learner import as_items, check_step, known_names, learner_line, passed_optimizers_only, place
+from backward_twice.record.learner import as_items, check_step, known_names, learner_line, passed_optimizers_only, place
 
 
 class FakeCompiler:

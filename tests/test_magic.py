@@ -1,4 +1,4 @@
-"""helpers/magic.py: %%diagnose runs a pasted loop body as the step, in the notebook's namespace, names its
+"""backward_twice/magic.py: %%diagnose runs a pasted loop body as the step, in the notebook's namespace, names its
 lines as the cell's own, puts everything back, and refuses bad input with a clear message."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
 
-from helpers.diagnose import Diagnosis
+from backward_twice.steps.diagnose import Diagnosis
 
 SETUP = """
 import torch
@@ -26,10 +26,10 @@ optimizer.step()"""
 @pytest.fixture()
 def shell():
     shell = InteractiveShell.instance()
-    shell.run_cell("%load_ext helpers.magic", store_history=True)
+    shell.run_cell("%load_ext backward_twice", store_history=True)
     shell.run_cell(SETUP, store_history=True)
     yield shell
-    shell.run_cell("%unload_ext helpers.magic")
+    shell.run_cell("%unload_ext backward_twice")
     InteractiveShell.clear_instance()
 
 

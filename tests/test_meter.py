@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from helpers.meter import MeterReading, SavedTensorMeter
+from backward_twice.instruments.meter import MeterReading, SavedTensorMeter
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -245,7 +245,7 @@ def test_peak_sees_a_rise_after_a_release_without_a_read(saved_storages):
 
 
 def test_without_the_private_use_count_the_meter_refuses_to_guess(monkeypatch):
-    import helpers.meter as meter_module
+    import backward_twice.instruments.meter as meter_module
 
     monkeypatch.setattr(meter_module, "_storage_use_count", None)
     with pytest.raises(RuntimeError, match=r"_storage_Use_Count.*torch==2\.13\.0"):
@@ -373,7 +373,7 @@ class _Queries:
 
 @pytest.fixture
 def use_count_queries(monkeypatch) -> _Queries:
-    import helpers.meter as meter_module
+    import backward_twice.instruments.meter as meter_module
 
     real = meter_module._storage_use_count
     queries = _Queries()

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import helpers as bt
-from helpers.graph import ITERATION_KEY
+from backward_twice.instruments.graph import ITERATION_KEY
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TWIN_TAG = "twin"

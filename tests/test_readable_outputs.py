@@ -13,8 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
+from backward_twice.instruments.graph import SVG_BACKGROUND, draw_graph
 from helpers.figures import PngFigure
-from helpers.graph import SVG_BACKGROUND, draw_graph
 from helpers.panels import Panel
 
 

@@ -68,7 +68,7 @@ def test_the_fix_text_holds_under_dynamic_shapes() -> None:
     """The diagnosis of a dynamic-shape step whose first backward retains: its fix must not say the first call
     did not retain, and must not send the learner to set the switch only before compiling."""
     import helpers as bt
-    from helpers.verdicts import ERROR_FIXES
+    from backward_twice.judge.verdicts import ERROR_FIXES
 
     fix = ERROR_FIXES["donated buffers"]
     assert "before compiling" not in fix and "(its first call did not retain)" not in fix

@@ -76,7 +76,7 @@ def test_two_backwards_raise_ready_only_once_and_one_backward_is_the_single_proc
 def test_both_flags_average_the_wrong_gradients_and_fail_one_iteration_later() -> None:
     """The READMEs' DDP row and the diagnosis's fix say "and": after iteration 0 the ranks already disagree, and
     iteration 1 raises (with zero_grad()'s default, set_to_none)."""
-    from helpers.verdicts import ERROR_FIXES
+    from backward_twice.judge.verdicts import ERROR_FIXES
 
     torch.manual_seed(0)
     batch = torch.randn(8, 8)

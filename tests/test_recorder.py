@@ -1,5 +1,5 @@
-"""helpers/recorder.py and helpers/verdicts.py: what the recorder sees while a loop runs as written, and the
-verdicts judged from it (retains per line, carried graphs, notes, errors with their evidence)."""
+"""backward_twice/record/recorder.py and backward_twice/judge/verdicts.py: what the recorder sees while a loop runs as
+written, and the verdicts judged from it (retains per line, carried graphs, notes, errors with their evidence)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch.autograd import grad as imported_grad
 
-from helpers.meter import SavedTensorMeter
-from helpers.recorder import SECOND_TIME, Recorder, StopRecording
-from helpers.saved import graph_only_bytes, python_walk
-from helpers.verdicts import as_the_line_names_it, judge
+from backward_twice.instruments.meter import SavedTensorMeter
+from backward_twice.judge.verdicts import as_the_line_names_it, judge
+from backward_twice.record.recorder import SECOND_TIME, Recorder, StopRecording
+from backward_twice.record.saved import graph_only_bytes, python_walk
 
 
 def _mlp(width: int = 8) -> torch.nn.Sequential:

@@ -169,7 +169,7 @@ def test_the_linux_block_has_every_step() -> None:
         "its activation": "source .venv/bin/activate",
         "the CPU torch": f"pip install {TORCH_PIN} {CPU_INDEX}",
         "the pinned requirements": "pip install -r requirements.txt",
-        "the helpers, without dependencies": "pip install --no-deps -e .",
+        "the tool and the course's helpers, without dependencies": "pip install --no-deps -e . -e course/",
         "Graphviz": "sudo apt-get install -y graphviz",
         "JupyterLab on the notebooks": "jupyter lab notebooks/",
     }
@@ -195,7 +195,10 @@ def test_the_linux_setup_runs_notebook_01s_first_section(tmp_path: Path) -> None
     lines = script_for(linux_block(), tmp_path)
     course = tmp_path / "backward-twice"
     section = first_section(NOTEBOOK)
-    probe = "import sys, torch, helpers\nprint(sys.prefix)\nprint(helpers.__file__)\nprint(torch.__version__)"
+    probe = (
+        "import sys, torch, helpers, backward_twice\n"
+        "print(sys.prefix)\nprint(helpers.__file__)\nprint(backward_twice.__file__)\nprint(torch.__version__)"
+    )
     section.cells.append(nbformat.v4.new_code_cell(probe))
     nbformat.write(section, course / "notebooks" / "first_section.ipynb")
     lines.append("jupyter execute --output=first_section_run.ipynb notebooks/first_section.ipynb")
@@ -232,9 +235,10 @@ def test_the_linux_setup_runs_notebook_01s_first_section(tmp_path: Path) -> None
     assert re.search(r"^4\.6\.6$", result.stdout, re.MULTILINE), f"jupyter lab --version is not 4.6.6:\n{log}"
     ran = nbformat.read(course / "notebooks" / "first_section_run.ipynb", as_version=4)
     *cells, probe_cell = [cell for cell in ran.cells if cell.cell_type == "code"]
-    prefix, helpers_file, torch_version = printed(probe_cell).split()
+    prefix, helpers_file, tool_file, torch_version = printed(probe_cell).split()
     assert Path(prefix) == course / ".venv", f"the kernel ran in {prefix}, not the set-up's .venv"
     assert Path(helpers_file).is_relative_to(course / "helpers"), f"helpers came from {helpers_file}"
+    assert Path(tool_file).is_relative_to(course / "backward_twice"), f"backward_twice came from {tool_file}"
     assert torch_version == "2.13.0+cpu", f"pip replaced the CPU build: torch {torch_version}"
 
     committed = [cell for cell in section.cells[:-1] if cell.cell_type == "code"]

@@ -18,7 +18,8 @@ A claim is one sentence (whitespace collapsed), in one or more groups joined by 
 
     Used by notebook 04_carried_state.
     Used by notebooks 01_graph_buffers, 02_multi_loss and 04_carried_state.
-    Used by :mod:`helpers.harness` and :mod:`helpers.watcher`.                 (a module's importers)
+    Used by :mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.                 (a module's
+    importers)
     Used by :func:`ring_coverage`, :class:`GanLab` and :meth:`GanStepChecker.compare`.   (a def's code users)
     Used by notebook 05_your_training_step, and by learners on their own scripts (README, "SECTION").
 
@@ -46,6 +47,8 @@ import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = ROOT / "helpers"
+TOOL = ROOT / "backward_twice"
+PACKAGES = ("backward_twice", "helpers")
 NOTEBOOKS = ROOT / "notebooks"
 README = ROOT / "README.md"
 PYPROJECT = ROOT / "pyproject.toml"
@@ -59,8 +62,9 @@ def module_name(path: Path) -> str:
 
 @cache
 def modules() -> dict[str, ast.Module]:
-    """Every helpers module by dotted name -> its AST."""
-    return {module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in sorted(HELPERS.rglob("*.py"))}
+    """Every module of the tool and of the course by dotted name -> its AST."""
+    paths = sorted([*TOOL.rglob("*.py"), *HELPERS.rglob("*.py")])
+    return {module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in paths}
 
 
 @cache
@@ -222,12 +226,15 @@ def notebook_imports() -> dict[Def, set[str]]:
     """(module, name) a notebook imports from helpers directly (``from backward_twice.cli import main``) -> the
     notebooks (stems) that do."""
     found: dict[Def, set[str]] = {}
-    pattern = re.compile(r"^\s*from (?:helpers|backward_twice)((?:\.\w+)+) import (\w+)", re.MULTILINE)
+    pattern = re.compile(r"^\s*from (helpers|backward_twice)((?:\.\w+)+) import (\w+)", re.MULTILINE)
+    command = re.compile(r"-m backward_twice\b")  # `python -m backward_twice`: the console script's main
     for path in sorted(NOTEBOOKS.glob("*.ipynb")):
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-        for module, name in pattern.findall(code):
-            found.setdefault(resolve((f"helpers{module}", name)), set()).add(path.stem)
+        for package, module, name in pattern.findall(code):
+            found.setdefault(resolve((f"{package}{module}", name)), set()).add(path.stem)
+        if command.search(code):
+            found.setdefault(("backward_twice.cli", "main"), set()).add(path.stem)
     return found
 
 
@@ -258,7 +265,7 @@ def notebooks_of_module(module: str) -> set[str]:
     others), or re-exported by a package's ``__init__`` on its way to ``bt``."""
     found = set()
     for (defined_in, name), stems in entries().items():
-        through = {m for m in modules() if is_package(m) and m != "helpers" and name in bindings(m)}
+        through = {m for m in modules() if is_package(m) and m not in PACKAGES and name in bindings(m)}
         if module in reached_modules(defined_in) | through:
             found |= stems
     return found

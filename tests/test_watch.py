@@ -1,5 +1,5 @@
-"""helpers/watcher.py: ``with watch() as w:`` around a loop as the learner wrote it; ``w`` as text, HTML and JSON; the
-diagnosis on the loop's own exception; and a watch that never breaks the loop it watches."""
+"""backward_twice/watcher.py: ``with watch() as w:`` around a loop as the learner wrote it; ``w`` as text, HTML and
+JSON; the diagnosis on the loop's own exception; and a watch that never breaks the loop it watches."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import traceback
 import pytest
 import torch
 
-from helpers.watcher import watch
+from backward_twice.watcher import watch
 
 
 def _model() -> torch.nn.Module:
@@ -322,7 +322,7 @@ def test_an_ema_updated_outside_no_grad_is_a_parameter_graph_to_fix() -> None:
 
 
 def test_diagnose_judges_the_ema_as_watch_does_and_leaves_its_weights_leaves() -> None:
-    from helpers.diagnose import diagnose
+    from backward_twice.steps.diagnose import diagnose
 
     torch.manual_seed(0)
     student = torch.nn.Linear(4, 2)

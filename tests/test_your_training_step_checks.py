@@ -15,7 +15,7 @@ import pytest
 import torch
 from check_catalogue import catalogue_tests
 
-from helpers.audit import audit_retain_graph
+from backward_twice.steps.audit import audit_retain_graph
 from helpers.lessons.your_training_step import _exercise_steps, check_audit_predictions
 
 SOLUTION = {"adversarial_step": "needed", "head_grad_step": "can go", "regularised_step": ("needed", "can go")}

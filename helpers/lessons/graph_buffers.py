@@ -13,6 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from backward_twice.common.units import format_bytes
+from backward_twice.instruments.graph import saved_tensors_of
+from backward_twice.instruments.meter import SavedTensorMeter
 from helpers.checks import (
     CheckResult,
     Rejected,
@@ -25,10 +28,8 @@ from helpers.checks import (
     run_answer,
     run_loop,
 )
-from helpers.display import Table, format_bytes
-from helpers.graph import saved_tensors_of
+from helpers.display import Table
 from helpers.measure import gradients_close
-from helpers.meter import SavedTensorMeter
 
 __all__ = ["check_backward_three_times", "check_predictions", "check_training_loop", "operation_table"]
 

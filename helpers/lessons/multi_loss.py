@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from backward_twice.common.units import format_bytes
+from backward_twice.instruments.meter import SavedTensorMeter
 from helpers.checks import (
     SECOND_CALL,
     CheckResult,
@@ -24,9 +26,7 @@ from helpers.checks import (
     run_answer,
     run_loop,
 )
-from helpers.display import format_bytes
 from helpers.measure import profiler_peak_bytes
-from helpers.meter import SavedTensorMeter
 
 __all__ = ["check_backward_both", "check_two_loss_loop"]
 

@@ -20,7 +20,7 @@ reference, the losses each network should minimise, written by the learner. How:
 * everything (parameters, ``.grad``, buffers, optimizer state, random streams, the tensors the
   step's closure and globals hold) is put back afterwards.
 
-:func:`check_audit_predictions` runs :func:`helpers.audit.audit_retain_graph` on its own copies of the
+:func:`check_audit_predictions` runs :func:`backward_twice.steps.audit.audit_retain_graph` on its own copies of the
 exercise's three steps (the notebook shows the same code; ``tests/test_your_training_step.py`` keeps them equal)
 and compares each verdict with the learner's prediction. The answers are measured on every call, never stored.
 """
@@ -34,9 +34,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from helpers.audit import audit_retain_graph
+from backward_twice.record.learner import (
+    as_items,
+    check_step,
+    first_line,
+    intercepting,
+    known_names,
+    passed_optimizers_only,
+)
+from backward_twice.steps.audit import audit_retain_graph
 from helpers.checks import CheckResult, clear_multiple, flat
-from helpers.learner import as_items, check_step, first_line, intercepting, known_names, passed_optimizers_only
 from helpers.measure import TrainingState, gradients_close
 
 __all__ = ["check_audit_predictions", "gradient_check"]

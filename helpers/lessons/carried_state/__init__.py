@@ -1,6 +1,6 @@
 """What only notebook 04_carried_state uses: the text its character model reads, the carried-state lab and
-the exercise checks. The tools it teaches live in the core: :func:`helpers.carried.find_carried_graph`
-and :func:`helpers.carried.stamp_iteration` (with ``draw_graph(by_iteration=True)``), and
+the exercise checks. The tools it teaches live in the core: :func:`backward_twice.steps.carried.find_carried_graph`
+and :func:`backward_twice.steps.carried.stamp_iteration` (with ``draw_graph(by_iteration=True)``), and
 :func:`helpers.growth.growth_experiment`.
 """
 

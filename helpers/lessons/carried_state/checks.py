@@ -25,10 +25,11 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
-from helpers.carried import find_carried_graph
+from backward_twice.common.units import format_bytes
+from backward_twice.instruments.meter import SavedTensorMeter
+from backward_twice.record.learner import known_names
+from backward_twice.steps.carried import find_carried_graph
 from helpers.checks import CheckResult, Rejected, checked, flat, run_answer
-from helpers.display import format_bytes
-from helpers.learner import known_names
 from helpers.lessons.carried_state.loop_watch import (
     LoopWatch,
     gradient_norm,
@@ -37,7 +38,6 @@ from helpers.lessons.carried_state.loop_watch import (
     scale_down_to,
 )
 from helpers.measure import gradients_close
-from helpers.meter import SavedTensorMeter
 
 __all__ = ["check_carried_names", "check_precomputed_fix", "check_truncated_bptt"]
 

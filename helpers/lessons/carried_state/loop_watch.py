@@ -1,9 +1,9 @@
 """What notebook 04's loop checks read while a learner's loop runs, and the patterns they recognise in it.
 
 While :meth:`LoopWatch.watching`, :class:`LoopWatch` reads the check's own optimizer's steps and every backward
-call through the course's one interception point (:func:`helpers.learner.intercepting`), and counts a module's
-runs with a forward pre-hook. It keeps plain numbers and weak references only, so it never keeps alive the graphs
-it reports on.
+call through the course's one interception point (:func:`backward_twice.record.learner.intercepting`), and counts a
+module's runs with a forward pre-hook. It keeps plain numbers and weak references only, so it never keeps alive the
+graphs it reports on.
 :func:`is_norm_clipping` tells norm clipping at one threshold from other ways of shrinking a gradient, and
 :func:`reads_data` whether an answer's code uses ``.data``.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from helpers.learner import code_reached, intercepting
-from helpers.meter import SavedTensorMeter
+from backward_twice.instruments.meter import SavedTensorMeter
+from backward_twice.record.learner import code_reached, intercepting
 
 __all__ = ["LoopWatch", "gradient_norm", "is_norm_clipping", "reads_data", "scale_down_to"]
 

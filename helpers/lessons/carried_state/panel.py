@@ -21,11 +21,11 @@ from typing import TypeVar
 import ipywidgets as widgets
 import torch
 
+from backward_twice.common.error_kinds import error_kind
+from backward_twice.instruments.meter import SavedTensorMeter
 from helpers.display import exact_bytes
-from helpers.errors import error_kind
 from helpers.figures import PngFigure, style_count_axes
 from helpers.growth import reachable_nodes
-from helpers.meter import SavedTensorMeter
 from helpers.panels import Panel
 
 __all__ = ["CarriedLab"]

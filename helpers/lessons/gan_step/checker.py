@@ -22,11 +22,12 @@ from typing import Any, Literal
 
 import torch
 
-from helpers.display import Table, format_bytes
+from backward_twice.common.units import format_bytes
+from backward_twice.instruments.meter import SavedTensorMeter
+from helpers.display import Table
 from helpers.lessons.gan_step.data import _positive_int
 from helpers.lessons.gan_step.steps import LossD, LossG, Step
 from helpers.measure import TrainingState, compare_gradients, gradients_of, profiler_peak_bytes, time_round_robin
-from helpers.meter import SavedTensorMeter
 
 __all__ = ["GanStepChecker", "NetworkCheck", "StepCheck", "StepComparison"]
 

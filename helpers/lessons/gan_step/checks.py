@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from backward_twice.record.learner import first_line
 from helpers.checks import CheckResult
-from helpers.learner import first_line
 from helpers.lessons.gan_step.checker import NETWORK_NAMES, GanStepChecker, _by_name, _bytes_or_dash
 from helpers.lessons.gan_step.data import ring_of_gaussians
 from helpers.lessons.gan_step.steps import STANDARD_SETTINGS, Step, make_step

@@ -6,7 +6,8 @@ import html
 
 import ipywidgets as widgets
 
-from helpers.display import Table, format_bytes
+from backward_twice.common.units import format_bytes
+from helpers.display import Table
 from helpers.lessons.gan_step.checker import GanStepChecker, StepCheck, _bytes_or_dash
 from helpers.lessons.gan_step.steps import SRGAN_SETTINGS, StepSettings, make_step
 from helpers.panels import Panel

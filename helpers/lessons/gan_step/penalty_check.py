@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from backward_twice.record.learner import first_line
 from helpers.checks import CheckResult
-from helpers.learner import first_line
 from helpers.lessons.gan_step.data import ring_of_gaussians
 from helpers.lessons.gan_step.watch import _BackwardCall, _mlp, _watching_backward
 

@@ -1,9 +1,9 @@
 """What the exercise checks run a learner's code with, and how they watch it.
 
 The checks' own small networks and the notebook's losses, the first line of a learner's
-exception (:func:`helpers.learner.first_line`), and a list of every backward call
+exception (:func:`backward_twice.record.learner.first_line`), and a list of every backward call
 (``torch.autograd.grad`` or ``.backward()``, with its ``retain_graph`` and ``create_graph``), taken
-through the course's one interception point (:func:`helpers.learner.intercepting`, where PyTorch's
+through the course's one interception point (:func:`backward_twice.record.learner.intercepting`, where PyTorch's
 engine is entered), so a name imported before the check is seen too. Used by
 :mod:`helpers.lessons.gan_step.checks` and :mod:`helpers.lessons.gan_step.penalty_check`.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from helpers.learner import ENGINE_ENTRY, intercepting
+from backward_twice.record.learner import ENGINE_ENTRY, intercepting
 
 
 def _mlp(inputs: int, outputs: int, hidden: int = 32) -> torch.nn.Sequential:
@@ -56,7 +56,7 @@ _ENGINE_ENTRY = ENGINE_ENTRY
 @contextmanager
 def _watching_backward() -> Iterator[list[_BackwardCall]]:
     """Record every backward and ``torch.autograd.grad`` call made inside (through the course's one interception
-    point, :func:`helpers.learner.intercepting`); restored on the way out."""
+    point, :func:`backward_twice.record.learner.intercepting`); restored on the way out."""
     calls: list[_BackwardCall] = []
 
     def entered(engine: Callable[..., Any], outputs: Any, args: tuple, kwargs: dict) -> Any:

@@ -1,0 +1,161 @@
+"""``backward-twice watch [--iterations N] [--json PATH] [--verbose] SCRIPT [ARGS...]``: run an unmodified training
+script under the recorder (:func:`backward_twice.watcher.watch`) and say what it found.
+
+The script runs as ``python SCRIPT ARGS...`` would run it: as ``__main__`` (:func:`runpy.run_path`; a folder runs
+its ``__main__.py``), with ``sys.argv`` set and its folder first on ``sys.path``, so its own imports (a
+``helpers.py`` of its own included) resolve as they always do: the tool is the package ``backward_twice``, and
+nothing of it is named ``helpers``. It ends as Python would:
+
+* the script ran to its end, or to the top of pass N+1 of its loop (``--iterations N``): the diagnosis on stdout,
+  status 0;
+* it raised: its traceback on stderr as ``python`` prints it (no frame of this command's), the diagnosis as the
+  traceback's last lines (a note on the exception), status 1; ``--no-traceback`` prints the diagnosis alone;
+* ``sys.exit(code)``, argparse's ``--help``: the diagnosis of what ran, then Python's status (0, the code, or 1 with
+  the message on stderr); Ctrl-C: Python's ``KeyboardInterrupt`` traceback and status 130;
+* a ``SyntaxError`` in the script: Python's message and status 1, before anything runs.
+
+Bad input (no such script, ``--iterations 0``, a ``--json`` folder that does not exist or cannot be written) is
+refused with one line on stderr and status 2, before the script runs. ``--json PATH`` (resolved against the folder
+the command was run from) writes the diagnosis as JSON; ``--verbose`` adds the evidence.
+
+Used by notebook 05_your_training_step, and by learners on their own scripts (README, "Bring your own training
+step"). The notebook runs it as ``python -m backward_twice``, in a process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Sequence
+
+from backward_twice.report.rendering import render_text
+from backward_twice.watcher import Watch, dump_json
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="backward-twice", description="Backward Twice's tools from the shell.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    watch = commands.add_parser(
+        "watch", help="run a training script unmodified under the recorder and print what it found"
+    )
+    watch.add_argument(
+        "--iterations", type=int, default=None, metavar="N", help="stop at the top of pass N+1 of the script's loop"
+    )
+    watch.add_argument("--json", default=None, metavar="PATH", help="also write the diagnosis as JSON to PATH")
+    watch.add_argument("--verbose", action="store_true", help="show the evidence under the diagnosis")
+    watch.add_argument(
+        "--no-traceback",
+        action="store_true",
+        help="leave out the script's own traceback when it raises (the diagnosis names the error)",
+    )
+    watch.add_argument(
+        "script", help="the training script (or a folder with __main__.py), as you would pass it to python"
+    )
+    watch.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    return parser
+
+
+def _refuse(message: str) -> int:
+    print(f"backward-twice watch: {message}", file=sys.stderr)
+    return 2
+
+
+def _script_file(given: str) -> str | None:
+    """The file ``python given`` runs: the script itself, or a folder's ``__main__.py``; None if there is none."""
+    path = os.path.abspath(given)
+    if os.path.isdir(path):
+        path = os.path.join(path, "__main__.py")
+    return path if os.path.isfile(path) else None
+
+
+def _json_problem(path: str) -> str | None:
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        return f"--json {path}: is a folder; give a file name"
+    if not os.path.isdir(folder):
+        return f"--json {path}: no such folder: {folder}"
+    if not os.access(folder, os.W_OK):
+        return f"--json {path}: cannot write in {folder}"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = _parser().parse_args(argv)
+    if options.iterations is not None and options.iterations < 1:
+        return _refuse("--iterations must be 1 or more")
+    script = _script_file(options.script)
+    if script is None:
+        what = "no __main__.py in folder" if os.path.isdir(options.script) else "no such script"
+        return _refuse(f"{what}: {options.script}")
+    report_path = os.path.abspath(options.json) if options.json else None  # before the script can chdir
+    problem = _json_problem(report_path) if report_path else None
+    if problem:
+        return _refuse(problem)
+    try:
+        with open(script, "rb") as file:
+            compile(file.read(), script, "exec")
+    except SyntaxError as error:  # as python reports it, before anything runs
+        print("".join(traceback.format_exception_only(type(error), error)), end="", file=sys.stderr)
+        return 1
+    return _run(options, os.path.abspath(options.script), report_path)
+
+
+def _run(options: argparse.Namespace, target: str, report_path: str | None) -> int:
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [target, *options.args]
+    sys.path[0:1] = [target if os.path.isdir(target) else os.path.dirname(target)]  # what `python SCRIPT` puts first
+    watcher, status, raised = Watch(options.iterations, f"backward-twice watch --verbose {options.script}"), 0, False
+    watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
+    try:
+        with watcher:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exit_:
+        code = exit_.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)  # sys.exit("message"): python prints it and exits 1
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+    except KeyboardInterrupt as interrupt:
+        _print_traceback(interrupt)  # as python prints it; the diagnosis of what ran follows
+        status = 130
+    except BaseException as error:
+        raised, status = True, 1
+        if not options.no_traceback:
+            _print_traceback(error)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    # When it raised, the traceback ends with the diagnosis (a note): printed again only without the traceback. An
+    # error before any backward call (a missing import) is Python's alone.
+    if not raised or (options.no_traceback and watcher.verdicts.calls):
+        print(render_text(watcher.report, verbose=options.verbose, more=watcher.more), flush=True)
+    elif options.verbose and watcher.verdicts.calls:
+        print("\n".join(["evidence:", *(f"  {line}" for line in watcher.report.evidence)]), flush=True)
+    if report_path:
+        try:
+            dump_json(watcher, report_path)
+        except OSError as error:
+            print(f"backward-twice watch: could not write --json {report_path}: {error}", file=sys.stderr)
+    return status
+
+
+def _print_traceback(error: BaseException) -> None:
+    """The script's traceback as ``python SCRIPT`` prints it: without this command's and runpy's frames."""
+    ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(runpy.__file__))
+    shown = traceback.TracebackException.from_exception(error)
+    shown.stack = traceback.StackSummary.from_list(
+        [
+            frame
+            for frame in shown.stack
+            if not os.path.dirname(os.path.abspath(frame.filename)).startswith(ours)
+            and not frame.filename.startswith("<frozen")
+        ]
+    )
+    print("".join(shown.format()), end="", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""Byte counts as every report and notebook prints them."""
+
+from __future__ import annotations
+
+__all__ = ["format_bytes"]
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``'1.5 KiB'``; exact bytes below 1 KiB.
+
+    Used by notebooks 01_graph_buffers, 02_multi_loss, 03_gan_step, 04_carried_state and 06_real_stack.
+    """
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")

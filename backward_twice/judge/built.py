@@ -1,0 +1,248 @@
+"""Which of the learner's lines built a graph a name holds: "built at" in a carried graph's or a note's verdict.
+
+:func:`built_line` asks the recorder's line tracer first (:meth:`backward_twice.record.lines.LineTracer.line_of`: the
+innermost learner's line running when the node was built); for a node built before the recorder started, or one the
+tracer did not see, it reads the source with ``ast`` for the assignment to the name: outside loops for a graph built
+before the first iteration, in a loop otherwise.
+
+:func:`read_line` finds where a carried graph comes into an iteration: the first line of the loop's body (or of the
+function the name was found in) that reads the name. :func:`list_use` tells a list rebound every iteration
+(``pred, mems = model(x, mems)``) from one the loss is built from whole (``zip(policy.saved_log_probs, returns)``)
+and from one read by index or slice (``bank[-4:]``).
+
+Used by :mod:`backward_twice.judge.verdicts`.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import linecache
+import re
+from typing import TYPE_CHECKING
+
+from backward_twice.record.learner import place
+from backward_twice.record.names import CodeSite, NamedGraph
+from backward_twice.record.sources import memo, parsed
+
+if TYPE_CHECKING:
+    from backward_twice.record.recorder import Recorder
+
+__all__ = ["built_line", "function_span", "list_use", "read_line"]
+
+
+def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
+    """The learner's line that built ``named``'s node (:class:`backward_twice.record.lines.CreationLines`), as
+    "file:line: code"; for a node built before the recorder started, the assignment to its variable: outside loops (the
+    last one) for one built before the first iteration, in a loop otherwise; else where the name was found."""
+    site = recorder.creation.line_of(named.sequence) if not before_loop else None
+    if site is not None:
+        return f"{place(*site)}: {linecache.getline(*site).strip()}"
+    # Where the name was found, then the code the step was given in (a notebook: another cell, perhaps).
+    places = [where for where in (named.frame, recorder.roots_where) if where is not None]
+    for index, (filename, first_line, code_name) in enumerate(places):
+        if index and filename == places[0][0]:
+            continue
+        tree = parsed(filename)
+        if tree is None:
+            continue
+        line = memo(
+            filename,
+            ("assignment", named.name, named.is_global, first_line, code_name, before_loop),
+            functools.partial(_assignment, tree, named, first_line, code_name, before_loop),
+        )
+        if line is not None:
+            return f"{place(filename, line)}: {linecache.getline(filename, line).strip()}"
+    if not places:
+        return f"(the name {named.name})"
+    filename, first_line, code_name = places[0]
+    return f"{place(filename, first_line)} ({named.name}, {code_name})"
+
+
+def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name: str, before_loop: bool) -> int | None:
+    """The line of the assignment that built ``named``'s value, searched from the function it was found in
+    outward: the functions around it (a step defined inside a test or a cell), the module's top level, then the
+    whole file (``y = model(x)`` in a ``build()`` that returns ``{"y": y}``). Assignments that only alias a value
+    (``y = state["y"]``) or cannot build a graph (``h = h.detach()``) do not count. Built in an iteration: the
+    last one inside a loop; built before the first: the last one outside loops before the function's own line."""
+    spelled = named.name
+    root = re.split(r"\W", spelled, maxsplit=1)[0]  # the leading word: "state" of state['h'], "" of ['h']
+    parts = [key or attribute for key, attribute in re.findall(r"\[['\"](\w+)['\"]\]|\.(\w+)", spelled)]
+    names = [name for name in [*reversed(parts), root] if name]  # the last part first: what the graph was given to
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    around = (
+        []
+        if named.is_global or code_name == "<module>"
+        else sorted(
+            (
+                node
+                for node in ast.walk(tree)
+                if isinstance(node, functions) and node.lineno <= first_line <= (node.end_lineno or node.lineno)
+            ),
+            key=lambda node: -node.lineno,
+        )
+    )
+    scopes = [*((f, False, False) for f in around), (tree, False, False), (tree, True, False), (tree, True, True)]
+    # last of all, an index of a tensor (``b1 = b[0]``), which may build a view's graph
+    for scope, nested, indexing in scopes:
+        # in each scope, the last part first (``state['model'].reg_loss``: an assignment to ``.reg_loss``), then the
+        # parts before it (``state['actions'].logits``, set inside torch: ``actions = ...``)
+        found = next((f for name in names if (f := _assignments_to({name}, scope, nested, indexing))), [])
+        if not found:
+            continue
+        if before_loop:
+            outside = [line for line, in_loop in found if not in_loop] or [line for line, _ in found]
+            earlier = [line for line in outside if line < first_line]
+            return earlier[-1] if earlier else outside[0]
+        inside = [line for line, in_loop in found if in_loop]
+        return (inside or [line for line, _ in found])[-1]
+    return None
+
+
+def _assignments_to(wanted: set[str], scope: ast.AST, nested: bool, indexing: bool = False) -> list[tuple[int, bool]]:
+    """(line, inside a loop) of each assignment in ``scope`` that binds one of ``wanted`` with a value that may
+    build a graph (``indexing``: an index counts too); the functions, classes and lambdas inside ``scope`` are
+    searched too only if ``nested``. An augmented assignment (``self.reg_loss += reg``) builds by itself."""
+    found: list[tuple[int, bool]] = []
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+    def visit(node: ast.AST, in_loop: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, scopes) and child is not scope and not nested:
+                continue  # a scope of its own: searched when it is around the name, or in the last pass
+            loop = in_loop or isinstance(child, (ast.For, ast.While, ast.AsyncFor))
+            if isinstance(child, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and _builds(child, indexing):
+                targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                if any(_binds(t, wanted) for t in targets):
+                    found.append((child.lineno, in_loop))
+            visit(child, loop)
+
+    visit(scope, False)
+    return found
+
+
+def _builds(assignment: ast.Assign | ast.AugAssign | ast.AnnAssign, indexing: bool) -> bool:
+    """Whether an assignment may give its target a graph (see :func:`_assignments_to`)."""
+    if isinstance(assignment, ast.AugAssign) or _may_build(assignment.value):
+        return True
+    return indexing and isinstance(assignment, ast.Assign) and isinstance(assignment.value, ast.Subscript)
+
+
+def _may_build(value: ast.AST | None) -> bool:
+    """Whether an assignment's value can build a graph: not a constant, not a mere alias (``y = state["y"]``,
+    ``a, b = x, y``), not ``x.detach()`` or ``x.item()``."""
+    if value is None or isinstance(value, (ast.Constant, ast.Name, ast.Subscript, ast.Attribute)):
+        return False
+    if isinstance(value, ast.Tuple):
+        return any(_may_build(item) for item in value.elts)
+    return not (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr in ("detach", "detach_", "item", "tolist", "numpy")
+    )
+
+
+def _binds(target: ast.AST, wanted: set[str]) -> bool:
+    """Whether an assignment target binds one of ``wanted``: a name, an attribute or a string key."""
+    for node in ast.walk(target):
+        if isinstance(node, ast.Name) and node.id in wanted and isinstance(node.ctx, ast.Store):
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in wanted and isinstance(node.ctx, ast.Store):
+            return True
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in wanted:
+            return True
+    return False
+
+
+def read_line(spelled: str, spans: list[tuple[str, int, int]], a_list: bool = False) -> str | None:
+    """The first line that reads ``spelled`` (``h``, ``state['h']``, ``self.hidden``) in the first of ``spans``
+    ((file, first line, last line): the loop's body, the function the name was found in) that reads it at all, as
+    "file:line: code": where an earlier iteration's graph comes into this one. For a list (``a_list``), a line that
+    only grows it (``bank.append(hidden)``) brings nothing in and is passed over."""
+    for filename, first, last in spans:
+        tree = parsed(filename)
+        if tree is None:
+            continue
+        reads = memo(filename, ("reads",), functools.partial(_reads, tree))
+        lines = sorted(line for line in reads.get(spelled, ()) if first <= line <= last)
+        if a_list:
+            uses = memo(filename, ("list uses",), functools.partial(_list_uses, tree)).get(spelled, ())
+            reading = {line for line, kind in uses if kind != "grown"}
+            lines = [line for line in lines if line in reading]
+        if lines:
+            return f"{place(filename, lines[0])}: {linecache.getline(filename, lines[0]).strip()}"
+    return None
+
+
+_GROWS = frozenset({"append", "extend", "insert"})
+
+
+def list_use(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
+    """How the first of ``spans`` that uses the list ``spelled`` uses it: ``"rebound"`` (assigned there, a new list
+    every iteration: ``pred, mems = model(x, mems)``), ``"whole"`` (only read whole: iterated, passed to
+    ``torch.cat``, ``zip`` or ``sum``), ``"indexed"`` (read by index or slice: ``bank[-4:]``). Growing it
+    (``.append(x)``) is no use here. None when no span uses it. A list found as ``state['policy'].saved_log_probs``
+    and read through a function's own ``policy`` is matched by its last attribute."""
+    tail = re.search(r"\.(\w+)$", spelled)
+    for filename, first, last in spans:
+        tree = parsed(filename)
+        if tree is None:
+            continue
+        by_spelling = memo(filename, ("list uses",), functools.partial(_list_uses, tree))
+        uses = list(by_spelling.get(spelled, ()))
+        if not uses and tail is not None:
+            ending = f".{tail.group(1)}"
+            uses = [use for key, found in by_spelling.items() if key.endswith(ending) for use in found]
+        kinds = {kind for line, kind in uses if first <= line <= last and kind != "grown"}
+        if kinds:
+            return "rebound" if "rebound" in kinds else "whole" if kinds == {"whole"} else "indexed"
+    return None
+
+
+def _list_uses(tree: ast.Module) -> dict[str, list[tuple[int, str]]]:
+    """Each name or attribute chain the file uses -> (line, "rebound" | "indexed" | "grown" | "whole") for each use."""
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found: dict[str, list[tuple[int, str]]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):  # mems, self.mems, state['mems']
+            continue
+        if isinstance(node.ctx, ast.Store):
+            kind = "rebound"
+        elif not isinstance(node.ctx, ast.Load):
+            continue
+        else:
+            parent = parents.get(id(node))
+            if isinstance(parent, ast.Subscript) and parent.value is node:
+                kind = "indexed"
+            elif isinstance(parent, ast.Attribute) and parent.value is node:
+                kind = "grown" if parent.attr in _GROWS else "indexed"  # a method or attribute of the list
+            else:
+                kind = "whole"
+        found.setdefault(ast.unparse(node), []).append((node.lineno, kind))
+    return found
+
+
+def _reads(tree: ast.Module) -> dict[str, list[int]]:
+    """Each name, attribute chain and subscript the file reads (``h``, ``self.hidden``, ``state['h']``) -> its
+    lines."""
+    found: dict[str, list[int]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Load):
+            found.setdefault(ast.unparse(node), []).append(node.lineno)
+    return found
+
+
+def function_span(where: CodeSite) -> tuple[str, int, int] | None:
+    """(file, first line, last line) of the function ``where`` names (the module's code: the whole file)."""
+    filename, first_line, name = where
+    tree = parsed(filename)
+    if tree is None:
+        return None
+    if name == "<module>":
+        return filename, 1, len(linecache.getlines(filename))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            starts = {node.lineno, *(d.lineno for d in node.decorator_list)}
+            if first_line in starts:
+                return filename, node.lineno, node.end_lineno or node.lineno
+    return None

@@ -1,0 +1,99 @@
+"""The fix a verdict gives, in the learner's own names: for each kind of PyTorch error, for a graph carried into a
+later iteration (by the carrier's kind: a tensor, a tuple of states, a list rebound, built from whole or read by
+slice), and for a second backward through buffers an earlier backward of the same iteration freed.
+
+Used by :mod:`backward_twice.judge.verdicts`.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["ERROR_FIXES", "carried_fix", "second_backward_fix"]
+
+ERROR_FIXES = {
+    "backward a second time": "a backward freed this graph's buffers and a later one goes through them: add "
+    "retain_graph=True to the earlier backward only, or sum the losses and call "
+    "backward() once",
+    "in-place version error": "a tensor the graph saved was changed in place (x += ..., relu_(), "
+    "optimizer.step()) before the backward through it: use the out-of-place form; "
+    "after an optimizer.step(), compute the forward again (a GAN: G's loss on a fresh "
+    "netD(fake)). Moving the step after the later backward runs, but takes that "
+    "gradient through the old weights (notebook 03, section 3)",
+    "donated buffers": "torch.compile compiled this backward for one use, free to reuse the saved buffers: at its "
+    "first call when that call did not retain, or ahead of time under dynamic shapes (dynamic=True, or a batch "
+    "size that changed, such as a smaller last batch), when even a first call that retains is refused: call "
+    "backward once per forward (sum the losses), or get each loss's gradient from one "
+    "torch.autograd.grad(torch.stack(losses), params, grad_outputs=torch.eye(n), is_grads_batched=True); only if "
+    "the code must retain, keep torch._functorch.config.donated_buffer = False in force at every backward that "
+    "retains (it is read at each call: setting it only while compiling is not enough) (notebook 06, section 2)",
+    "DDP ready only once": "DistributedDataParallel all-reduces gradients by buckets, once per forward: a second "
+    "backward through the same parameters is refused while a bucket still waits for a gradient the first left "
+    "out, and when none waits its gradient is never averaged, without a word: sum the losses and call "
+    "backward() once per forward ((l1 + l2).backward()); static_graph=True and "
+    "find_unused_parameters=True do not make two backward calls right: they average the wrong "
+    "gradients and fail one iteration later (notebook 06, section 3)",
+    "no graph": "the loss was computed without a graph (under torch.no_grad(), from .detach() or .item(), or "
+    "from tensors that need no gradient): compute it from the model's output with grad enabled",
+    "other": "the loop fails before retain_graph matters: fix this error first",
+}
+
+
+def second_backward_fix(freed_at: str, raised_at: str, through: str) -> str:
+    """The fix for a backward through buffers an earlier backward of the same iteration freed, reached through the
+    learner's ``through``: the same backward line run twice (an inner loop, a WGAN's critic steps on one ``fake``)
+    wants ``through`` built inside that loop or detached there; two backward lines (a GAN's D loss on ``fake``, then
+    G's) want the earlier loss on ``through.detach()``, unless that loss must train what ``through`` comes from: then
+    retain in the earlier backward only, as for two losses."""
+    number = re.search(r":(\d+)(?::|$)", freed_at.split(": ", 1)[0] if ": " in freed_at else freed_at)
+    line = f"line {number.group(1)}'s backward" if number else "the earlier backward"
+    if freed_at == raised_at:
+        return (
+            f"build `{through}` inside the loop that runs {line}, or use `{through}.detach()` there if this loss "
+            f"needs no gradient through it"
+        )
+    return (
+        f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from (a GAN's "
+        f"D loss); if it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
+    )
+
+
+def carried_fix(
+    name: str | None, built_at: str, before_loop: bool, container: str | None = None, use: str | None = None
+) -> str:
+    """The fix for a carried graph, in the learner's own variable, as one imperative line (the report puts "before
+    line 16" for "at the end of each iteration" where it knows the line the graph comes in at).
+
+    A list that carries it (``use``, :func:`backward_twice.judge.built.list_use`) is detached item by item when the loop
+    rebinds it every iteration (a Transformer-XL memory), cleared when the code reads it only whole (the log-probs
+    REINFORCE collects for one update, which detached would give no gradient), and keeps detached copies when read by
+    index or slice (a bank of recent features)."""
+    code = built_at.split(": ", 1)[-1]
+    total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)", code)
+    if not before_loop and total:
+        return f"add a number instead (`{total.group(1)} += loss.item()`) and call backward() on this iteration's loss"
+    if name is None:
+        return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
+    if container == "parameter":  # a parameter is given a graph only by an in-place update autograd recorded
+        number = re.search(r":(\d+)$", built_at.split(": ", 1)[0])
+        line = f"line {number.group(1)}" if number else "the update that built it"
+        return f"run {line} under `with torch.no_grad():`, so updating `{name}` records no graph"
+    item = re.match(r"^(.*)\[[^\]]*\]$", name)
+    if item and container == "tuple":
+        whole = item.group(1)
+        return f"add `{whole} = tuple(s.detach() for s in {whole})` at the end of each iteration"
+    if item and container == "list":
+        whole = item.group(1)
+        if use == "rebound":
+            return f"add `{whole} = [m.detach() for m in {whole}]` at the end of each iteration"
+        if use == "whole":
+            return f"clear `{whole}` after each update (`{whole}.clear()`): each backward walks this iteration's items"
+        appended = re.search(rf"(?<![\w.]){re.escape(whole)}\.append\((.+)\)\s*$", code)
+        kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"
+        return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"
+    owner = re.match(r"^(\w+)\.\w+$", name)
+    if before_loop and owner:
+        return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"
+    if before_loop:
+        return f"compute `{name}` inside the loop (or `{name} = {name}.detach()`, if it needs no gradient)"
+    return f"add `{name} = {name}.detach()` at the end of each iteration"

@@ -1,0 +1,440 @@
+"""Verdicts from what a :class:`backward_twice.record.recorder.Recorder` saw run, never from a modified run.
+
+* iterations (:func:`backward_twice.record.iterations.split_iterations`): the passes of the learner's own loop; without
+  one, their
+  ``next_iteration()`` marks, the steps of the optimizer that stepped first last, or a new iteration at each call of
+  the first backward line. The split says which rule it used;
+* a ``retain_graph=True`` is needed when a later backward of the same iteration walks a node with saved tensors
+  that it kept; when only a later iteration's does (through a graph carried into it), it "goes with the carried
+  fix": the forum's band-aid, which the carried tensor's fix makes useless; it can go when no backward walks what
+  it kept. One verdict per source line, with its counts;
+* a graph is carried when a backward walks a node built in an earlier iteration or before the first; the name
+  that held it at an iteration's start (:class:`backward_twice.record.names.NamedGraph`) gives the fix its variable, and
+  :func:`backward_twice.judge.built.built_line` the line that built it. A graph held into a later iteration that no
+  backward walks is a note, one that grows (a list that gains one every iteration, a running total) a note to show;
+* the error, by kind (:func:`backward_twice.common.error_kinds.error_kind`), with the recorder's evidence.
+
+Used by :mod:`backward_twice.steps.audit`, :mod:`backward_twice.steps.harness`, :mod:`backward_twice.report.rendering`
+and :mod:`backward_twice.watcher`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import linecache
+import re
+from dataclasses import dataclass, field
+
+from backward_twice.common.error_kinds import error_kind
+from backward_twice.common.units import format_bytes
+from backward_twice.judge.built import built_line, function_span, list_use, read_line
+from backward_twice.judge.fixes import ERROR_FIXES, carried_fix, second_backward_fix
+from backward_twice.record.folds import CallLog, count_retains
+from backward_twice.record.held import HeldGraph
+from backward_twice.record.iterations import Split, split_iterations
+from backward_twice.record.learner import learner_line_at, short
+from backward_twice.record.names import CodeSite
+from backward_twice.record.recorder import Recorder
+from backward_twice.record.sources import parsed
+
+__all__ = [
+    "ERROR_FIXES",
+    "GOES_WITH_CARRIED",
+    "CarriedFinding",
+    "ErrorVerdict",
+    "LineVerdict",
+    "Note",
+    "Verdicts",
+    "judge",
+    "plural",
+]
+
+CREATE_GRAPH_NOTE = "create_graph=True: builds a graph of the gradient; not a retain that can go"
+GOES_WITH_CARRIED = "goes with the carried fix"  # a retain only a later iteration's walk into a carried graph needs
+
+
+@dataclass(frozen=True)
+class LineVerdict:
+    """One source line's verdict over all its runs: the line, "needed", "can go" or a note ("create_graph"), how
+    many runs (calls of the line) and how many a later backward needed, the most bytes it kept, why and the fix."""
+
+    line: str
+    verdict: str
+    runs: int
+    needed_runs: int
+    held_bytes: int
+    why: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class CarriedFinding:
+    """A graph a later backward walks: the name that held it (None: no name the loop holds), the line that built it,
+    the iteration that built it (None: before the first), the line and iteration of the backward that walked it,
+    how many iterations walked such a graph, and the fix."""
+
+    name: str | None
+    built_at: str
+    iteration: int | None
+    used_at: str
+    reached_from: int
+    times: int
+    fix: str
+    shape: tuple[int, ...] | None = None
+    container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one
+    enters_at: str | None = None  # the first line of the loop that reads the name: where the old graph comes in
+
+
+@dataclass(frozen=True)
+class Note:
+    """A graph a name keeps alive that no backward walks: the name, the line that built it, its bytes, and whether
+    it grows (the name holds graphs of several iterations, or one graph reaching back over several): a name the
+    next iteration rebinds holds one iteration's graph at a time, and is no note to show."""
+
+    name: str
+    built_at: str
+    held_bytes: int
+    grows: bool = False
+    parameter: bool = False  # a module's parameter that holds a graph: updated in place outside torch.no_grad()
+
+
+@dataclass(frozen=True)
+class ErrorVerdict:
+    """The error: kind, first line, the learner's line, iteration, the recorder's evidence, the fix, and whether a
+    graph carried from an earlier iteration caused it (then the fix is the carried graph's)."""
+
+    kind: str
+    message: str
+    line: str
+    iteration: int
+    evidence: str
+    fix: str
+    carried: bool = False
+    stale_line: str | None = None  # the learner's line that computed what the step then changed (in place)
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """Everything judged from one recording (``stopped_watching``: why the recorder switched itself off, if it did)."""
+
+    split: Split
+    iterations_run: int
+    calls: int
+    lines: list[LineVerdict] = field(default_factory=list)
+    carried: list[CarriedFinding] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+    error: ErrorVerdict | None = None
+    stopped_after: int | None = None  # watch(iterations=N) ended the loop after N iterations
+    stopped_watching: str | None = None
+
+
+def judge(recorder: Recorder) -> Verdicts:
+    split = split_iterations(recorder)
+    calls = recorder.calls
+    carried = _carried(recorder, split)
+    lines = _lines(calls, split, recorder, carried)
+    carried_names = {c.name for c in carried if c.name}
+    notes = [n for n in _notes(recorder, split) if n.name not in carried_names]  # carried already says it
+    error = _error(recorder, split, carried)
+    partial = len(calls) > (split.ends[-1].calls if split.ends else 0) or recorder.error is not None
+    run = split.count + (1 if partial else 0)
+    failure = recorder.failure
+    stopped_watching = (
+        None
+        if failure is None
+        else f"backward-twice stopped watching after {plural(failure.calls, 'backward call')}: an error of its own "
+        f"({failure.where}: {failure.error}); the loop went on as written, and what follows covers what ran before"
+    )
+    stopped = recorder.iterations if recorder.stopped else None
+    return Verdicts(split, run, len(calls), lines, carried, notes, error, stopped, stopped_watching)
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _same_iteration(split: Split, index: int, later: int) -> bool:
+    return split.iteration_of_call(later) == split.iteration_of_call(index)
+
+
+def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[CarriedFinding]) -> list[LineVerdict]:
+    """One verdict per line that wrote ``retain_graph=True`` (or ``create_graph=True``), from the counts of its
+    calls: those kept as records, and those a long run folded (:mod:`backward_twice.record.folds`)."""
+    tallies = {site: dataclasses.replace(tally) for site, tally in calls.retains.items()}
+    count_retains(calls, lambda index, later: _same_iteration(split, index, later), tallies)
+    verdicts = []
+    for tally in sorted(tallies.values(), key=lambda t: t.first):
+        line, runs, needed, held = tally.line, tally.runs, tally.needed, tally.held
+        if tally.create_graph:
+            if _writes_retain(tally.site):  # written out, yet create_graph implies it
+                why = "can go: create_graph=True keeps the graph anyway (retain_graph defaults to create_graph)"
+                verdicts.append(LineVerdict(line, "can go", runs, 0, held, why, "remove retain_graph=True"))
+            else:
+                verdicts.append(
+                    LineVerdict(
+                        line, "not a retain (create_graph)", runs, 0, held, CREATE_GRAPH_NOTE, "nothing to change here"
+                    )
+                )
+            continue
+        if needed and not tally.needed_here and tally.needer_later is not None:
+            # the forum's band-aid: only a later iteration's walk into a carried graph needs it
+            later = calls[tally.needer_later]
+            carrier = next((f"`{c.name}`" for c in carried if c.name), "the carried tensor")
+            why = (
+                f"only a later iteration needs it: {short(later.line)} in iteration "
+                f"{split.iteration_of_call(later.index)} follows {carrier} back into the buffers it kept; once "
+                f"{carrier} is detached, no backward needs them"
+            )
+            fix = f"remove retain_graph=True once {carrier} no longer carries its graph"
+            verdicts.append(LineVerdict(line, GOES_WITH_CARRIED, runs, needed, held, why, fix))
+        elif needed and tally.needer_here is not None:
+            later = calls[tally.needer_here]
+            why = (
+                f"needed in {needed} of {runs} runs: a later backward of the same iteration, "
+                f'{short(later.line)}, walks the buffers it kept; without it, that backward raises "Trying to '
+                f'backward through the graph a second time"'
+            )
+            fix = f"keep it: a later backward needs these buffers ({short(later.line)})"
+            verdicts.append(LineVerdict(line, "needed", runs, needed, held, why, fix))
+        else:
+            stopped = " before the error" if recorder.error is not None else ""
+            why = (
+                f"can go: in {runs} run{'s' if runs != 1 else ''}{stopped} no later backward walks the "
+                f"buffers it kept, so without it the step runs the same: it only kept {format_bytes(held)} alive"
+            )
+            verdicts.append(LineVerdict(line, "can go", runs, 0, held, why, "remove retain_graph=True"))
+    return verdicts
+
+
+def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
+    """One finding per name and line that built it: each named node a backward walks that an earlier iteration
+    built (or that was built before the first); a walk through old nodes no name holds is one finding too."""
+    found: dict[str, _Carried] = {}
+
+    def add(key: str, sighting: _Carried) -> None:
+        known = found.get(key)
+        if known is None:
+            found[key] = sighting
+        else:
+            known.times.add(sighting.reached_from)
+
+    through = recorder.error.reached_through if recorder.error is not None else None
+    for call in recorder.calls:
+        iteration = split.iteration_of_call(call.index)
+        old = [seq for seq in call.old if split.iteration_of_node(seq) < iteration]
+        if not old:
+            continue
+        top = [seq for seq in call.frontier if split.iteration_of_node(seq) < iteration]
+        named = [recorder.names[seq] for seq in top if seq in recorder.names]
+        for node in named:
+            built = split.iteration_of_node(node.sequence)
+            line = built_line(node, built == 0, recorder)
+            name, container = node.name, node.container
+            carrier = recorder.carriers.get(node.sequence)
+            if (
+                through is not None
+                and through.sequence == node.sequence
+                and through.container in ("list", "tuple", "dict")
+                and through.name != carrier
+            ):
+                # the container that still held it when the failing backward walked it: the loop rebound the name
+                # that held it at the iteration's start (hidden, rebound before bank[0] is read)
+                name, container, carrier = through.name, through.container, None
+            elif carrier is not None and carrier != name:  # out = model(x); outputs.append(out): outputs[0] carries
+                name = carrier
+                container = "list" if re.search(r"\[\d+\]$", carrier) and container is None else container
+            for spelled in (name, *(a for a in node.aliases if carrier is None or carrier == node.name)):
+                add(
+                    f"{line}|{spelled}",
+                    _Carried(
+                        spelled,
+                        line,
+                        built or None,
+                        call.line,
+                        container,
+                        node.shape,
+                        iteration,
+                        {iteration},
+                        node.frame,
+                    ),
+                )
+        if not named:
+            built = split.iteration_of_node(max(old))
+            line = f"(no name the loop holds; built {_when(built)})"
+            add(line, _Carried(None, line, built or None, call.line, None, None, iteration, {iteration}))
+    return [
+        CarriedFinding(
+            name,
+            e.built_at,
+            e.iteration,
+            e.used_at,
+            e.reached_from,
+            len(e.times),
+            carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e)),
+            e.shape,
+            e.container,
+            _enters_at(recorder, e),
+        )
+        for e, name in ((e, as_the_line_names_it(e.name, e.built_at)) for e in found.values())
+    ]
+
+
+def as_the_line_names_it(name: str | None, built_at: str) -> str | None:
+    """A name found only through a framework's private attributes (``trainer._accelerator_connector.strategy._model.h``
+    under PyTorch Lightning), as the learner's own line that built it names it (``self.h``, when that line is
+    ``self.h = self.rnn(x, self.h)``): the attribute the line assigns on ``self`` is the one the name ends in."""
+    if name is None or not any(part.startswith("_") for part in re.split(r"[.\[]", name)):
+        return name
+    code = built_at.split(": ", 1)[-1]
+    targets = re.split(r"(?<![=!<>])(?:\+|-|\*|/)?=(?!=)", code, maxsplit=1)
+    attribute = re.search(r"\.(\w+)((?:\[[^\]]*\])*)$", name)
+    if len(targets) < 2 or attribute is None or attribute.group(1) not in re.findall(r"\bself\.(\w+)", targets[0]):
+        return name
+    return f"self.{attribute.group(1)}{attribute.group(2)}"
+
+
+def _enters_at(recorder: Recorder, carried: _Carried) -> str | None:
+    """The first line that reads the carrier in the loop's body, else in the code the name was found in, else in
+    the step the tool ran."""
+    if carried.name is None:
+        return None
+    whole = re.sub(r"\[\d+\]$", "", carried.name) if carried.container in ("tuple", "list") else carried.name
+    return read_line(whole, _spans(recorder, carried), a_list=carried.container == "list")
+
+
+def _list_use(recorder: Recorder, carried: _Carried) -> str | None:
+    """For a carrier that is an item of a list: how the learner's code uses that list (:func:`list_use`)."""
+    if carried.name is None or carried.container != "list":
+        return None
+    return list_use(re.sub(r"\[\d+\]$", "", carried.name), _spans(recorder, carried))
+
+
+def _spans(recorder: Recorder, carried: _Carried) -> list[tuple[str, int, int]]:
+    """Where the learner's code may read a carrier: the loop's body, the code the name was found in, the step."""
+    spans: list[tuple[str, int, int]] = []
+    link = recorder.loop.innermost
+    if link is not None and recorder.loop.unusable is None:
+        spans.append((link.loop.filename, link.loop.body_first, link.loop.body_last))
+    for where in (carried.frame, recorder.roots_where):
+        span = function_span(where) if where is not None else None
+        if span is not None:
+            spans.append(span)
+    return spans
+
+
+@dataclass(slots=True)
+class _Carried:
+    """A carried graph as the first backward that walked it saw it (the fields of :class:`CarriedFinding`, and
+    the container its name is an item of); ``times`` gathers every iteration whose backward walked it."""
+
+    name: str | None
+    built_at: str
+    iteration: int | None
+    used_at: str
+    container: str | None
+    shape: tuple[int, ...] | None
+    reached_from: int
+    times: set[int]
+    frame: CodeSite | None = None  # the code the name was found in
+
+
+def _notes(recorder: Recorder, split: Split) -> list[Note]:
+    """Graphs a name still held in a later iteration than the one that built them (or, built before the loop, in
+    the first), that no backward of that iteration or a later one walked."""
+    walked: dict[int, int] = {}  # node -> the last iteration whose backward walked it
+    for call in recorder.calls:
+        iteration = split.iteration_of_call(call.index)
+        for sequence in call.old:
+            walked[sequence] = max(walked.get(sequence, 0), iteration)
+    last = max(1, split.count + (1 if recorder.error is not None else 0))
+    held: list[tuple[str, int, int, HeldGraph]] = []  # (holder, built, held in, what it holds)
+    for sequence, held_graph in recorder.held_from.items():
+        holder = held_graph.holder
+        held_in = split.iteration_of_sighting(held_graph.sighting)
+        built = split.iteration_of_node(sequence)
+        if not built < held_in <= last or walked.get(sequence, 0) >= held_in:
+            continue
+        named = recorder.names.get(sequence)
+        if _below_a_submodule(holder) and (named is None or named.container != "parameter"):
+            continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
+        held.append((holder, sequence, built, held_graph))
+    iterations_by_root: dict[str, set[int]] = {}
+    for holder, _, built, _ in held:
+        iterations_by_root.setdefault(_root(holder), set()).add(built)
+    by_name: dict[str, Note] = {}
+    for name, grown in recorder.growth.items():  # a list or dict that holds one more graph at every start
+        named = recorder.names.get(grown.newest)
+        if grown.grew and named is not None and not _below_a_submodule(name):
+            built = split.iteration_of_node(grown.newest)
+            by_name[name] = Note(name, built_line(named, built == 0, recorder), grown.newest_bytes, True)
+    for holder, sequence, built, held_graph in held:
+        grows = len(iterations_by_root[_root(holder)]) > 1 or split.iteration_of_node(held_graph.earliest) < built
+        named = recorder.names[sequence]
+        line = built_line(named, built == 0, recorder)
+        parameter = named.container == "parameter"
+        by_name.setdefault(holder, Note(holder, line, held_graph.graph_bytes, grows, parameter))
+        for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
+            by_name.setdefault(alias, Note(alias, line, 0, grows))
+    return list(by_name.values())
+
+
+def _root(holder: str) -> str:
+    """``losses`` of ``losses[3]``, ``model`` of ``model.memory``."""
+    return re.split(r"[\[.]", holder, maxsplit=1)[0]
+
+
+def _writes_retain(site: tuple[str, int]) -> bool:
+    """Whether the call at ``site`` (file, line) spells out ``retain_graph=`` (also on a later line of the call)."""
+    filename, lineno = site
+    tree = parsed(filename)
+    if tree is None:
+        return "retain_graph" in linecache.getline(filename, lineno)
+    return any(
+        isinstance(node, ast.Call)
+        and node.lineno <= lineno <= (node.end_lineno or node.lineno)
+        and any(k.arg == "retain_graph" for k in node.keywords)
+        for node in ast.walk(tree)
+    )
+
+
+def _below_a_submodule(name: str) -> bool:
+    """``model.block.loss`` (an attribute two levels below what the loop holds), not ``model.hidden``."""
+    return re.sub(r"^\w+(\[[^\]]*\])*", "", name).count(".") > 1
+
+
+def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> ErrorVerdict | None:
+    record = recorder.error
+    if record is None:
+        return None
+    kind = error_kind(record.message)
+    calls = recorder.calls
+    iteration = split.iteration_of_call(record.call) if record.call is not None else max(1, split.count + 1)
+    evidence, fix, stale = "", ERROR_FIXES[kind], None
+    through_carried = record.call is not None and any(
+        split.iteration_of_node(seq) < iteration for seq in calls[record.call].old
+    )
+    if record.freed_by is not None:
+        freer = calls[record.freed_by]
+        name = record.reached_through.name if record.reached_through is not None else None
+        through = f" through {name}" if name is not None else ""
+        evidence = (
+            f"the buffers it needs were freed by the backward at {short(freer.line)} in iteration "
+            f"{split.iteration_of_call(freer.index)}; this backward reached them{through}"
+        )
+        if name is not None:
+            fix = second_backward_fix(freer.line, record.line, name)
+    elif record.changed_by_step is not None:
+        evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.changed_by_step)}"
+        site = recorder.creation.line_of(record.stale_node) if record.stale_node is not None else None
+        stale = learner_line_at(*site) if site is not None else None
+    elif kind == "in-place version error":
+        evidence = "a tensor it saved was changed in place after it was saved"
+    caused = bool(carried) and through_carried and kind in ("backward a second time", "in-place version error")
+    if caused:
+        fix = carried[0].fix  # the walk into an earlier iteration's graph is the cause: its fix is the error's
+    return ErrorVerdict(kind, record.message, record.line, iteration, evidence, fix, caused, stale)
+
+
+def _when(iteration: int) -> str:
+    return "before the first iteration" if iteration == 0 else f"in iteration {iteration}"

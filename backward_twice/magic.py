@@ -1,0 +1,125 @@
+"""``%%diagnose``: :func:`backward_twice.steps.diagnose.diagnose` on a loop body pasted into a notebook cell.
+
+Load it once per kernel with ``%load_ext backward_twice`` (importing the package registers nothing). Then a
+cell that starts with ``%%diagnose`` and the names of the models and optimizers the body trains::
+
+    %%diagnose model optimizer
+    optimizer.zero_grad()
+    loss, h = chunk_loss(model, h, inputs, targets)
+    loss.backward()
+    optimizer.step()
+
+runs the body as one iteration of a loop, in the notebook's namespace (a name the body assigns, like ``h``,
+is the notebook's variable, as it would be in the loop), and shows the diagnosis. The body's lines are
+named as the cell's own ("Cell In[7], line 4"), and everything the diagnosis changes is put back.
+
+Used by learners on their own training step (README, "Bring your own training step").
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import sys
+import types
+from typing import Any
+
+import torch
+
+from backward_twice.steps.diagnose import Diagnosis, diagnose
+
+__all__ = ["diagnose_cell", "load_ipython_extension"]
+
+_STEP_NAME = "_diagnosed_step"
+
+
+def _assigned_names(body: list[ast.stmt]) -> list[str]:
+    """The names the body binds at its top level (``h = ...``, ``total += ...``, ``for x in ...``)."""
+    names: set[str] = set()
+    for statement in body:
+        for node in ast.walk(statement):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return sorted(names)
+
+
+def _objects(line: str, namespace: dict[str, Any]) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
+    models, optimizers = [], []
+    for name in line.split():
+        if name not in namespace:
+            raise ValueError(
+                f"%%diagnose: no variable named {name!r} in the notebook; name the models and "
+                f"optimizers the cell trains, e.g. %%diagnose model optimizer"
+            )
+        value = namespace[name]
+        if isinstance(value, torch.nn.Module):
+            models.append(value)
+        elif isinstance(value, torch.optim.Optimizer):
+            optimizers.append(value)
+        else:
+            raise TypeError(
+                f"%%diagnose: {name} is a {type(value).__name__}; the names after %%diagnose are the "
+                f"models (torch.nn.Module) and optimizers the cell trains"
+            )
+    return models, optimizers
+
+
+def _cell_file(shell: Any) -> str | None:
+    """The file name IPython compiled the running cell under (the first frame out whose file its compiler
+    names as a cell), or None outside a cell."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if shell.compile.format_code_name(frame.f_code.co_filename):
+            return frame.f_code.co_filename
+        frame = frame.f_back
+    return None
+
+
+def diagnose_cell(line: str, cell: str, shell: Any) -> Diagnosis:
+    """Diagnose the loop body ``cell`` run in ``shell``'s namespace, with the models and optimizers ``line``
+    names. The body is compiled under the running cell's own file name, whose cached lines become the cell as
+    the learner wrote it, so each line reads "Cell In[n], line k" (k counting the ``%%diagnose`` line)."""
+    if not cell.strip():
+        raise ValueError("%%diagnose: the cell is empty; paste one iteration of your loop below the first line")
+    namespace = shell.user_ns
+    models, optimizers = _objects(line, namespace)
+    source = f"%%diagnose {line}\n{cell}"
+    try:
+        tree = ast.parse(cell)
+    except SyntaxError as exc:
+        raise SyntaxError(
+            f"%%diagnose: the cell is not Python: {exc.msg} (cell line {(exc.lineno or 0) + 1})"
+        ) from None
+    ast.increment_lineno(tree, 1)  # the %%diagnose line comes first in the cell
+    body: list[ast.stmt] = list(tree.body)
+    names = _assigned_names(body)
+    if names:
+        body.insert(0, ast.Global(names=names, lineno=2, col_offset=0))
+    module = ast.parse(f"def {_STEP_NAME}():\n    pass\n")  # a function node as this Python builds one
+    function = module.body[0]
+    assert isinstance(function, ast.FunctionDef)  # the one statement parsed above
+    function.body = body
+    ast.fix_missing_locations(module)
+    filename = _cell_file(shell) or shell.compile.cache(source, shell.execution_count)
+    # The cell's own code is one call of the magic; its lines, as the learner sees them, are the source.
+    linecache.cache[filename] = (len(source), None, [f"{text}\n" for text in source.splitlines()], filename)
+    scope: dict[str, Any] = {}
+    exec(compile(module, filename, "exec"), namespace, scope)
+    step = scope[_STEP_NAME]
+    step.__name__ = "<cell>"  # the report says "runs of the cell"
+    return diagnose(step, models=models, optimizers=optimizers)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the ``%%diagnose`` cell magic (``%load_ext backward_twice``)."""
+    from IPython.core.error import UsageError
+
+    def magic(line: str, cell: str) -> Diagnosis:
+        try:
+            return diagnose_cell(line, cell, ipython)
+        except (TypeError, ValueError, SyntaxError) as exc:  # a clear message, not a traceback from in here
+            raise UsageError(str(exc)) from None
+
+    ipython.register_magic_function(magic, magic_kind="cell", magic_name="diagnose")

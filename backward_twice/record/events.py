@@ -1,0 +1,41 @@
+"""The events a recording cuts iterations at, as plain records: an optimizer step, the end of an iteration, and the
+key of an event the recorder read the learner's names at.
+
+Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.folds`,
+:mod:`backward_twice.record.iterations` and :mod:`backward_twice.record.recorder`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["EventKey", "IterationEnd", "StepEvent"]
+
+# an event the recorder saw: ("mark" or "call", its index among its kind; a step keeps its own)
+EventKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class IterationEnd:
+    """Where an iteration ends: the engine's sequence counter there (nodes numbered below it were built before),
+    how many backward calls were made before it, and which iteration it ends (1-based: a long run's folded
+    iterations, :mod:`backward_twice.record.folds`, leave gaps between the ends it keeps)."""
+
+    sequence: int
+    calls: int
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepEvent:
+    """An optimizer step the recorder saw: the optimizer's id, the engine's sequence counter then, how many
+    backward calls came before it, the learner's line that called ``step()``, which step of its optimizer it is
+    (1-based: a long run's folded steps, :mod:`backward_twice.record.folds`, leave gaps), and the recorder's sighting
+    there when the steps split the run (-1: a loop of the learner's did)."""
+
+    optimizer: int
+    sequence: int
+    calls: int
+    line: str
+    number: int = 0
+    sighting: int = -1

@@ -1,0 +1,113 @@
+"""What the recorder can say about an error a backward raised, from what it saw: for "backward through the graph a
+second time", the earlier call that freed the buffers and the name the walk reached them through; for the version
+check, the optimizer step that changed a saved tensor in place.
+
+Used by :mod:`backward_twice.record.recorder`.
+"""
+
+from __future__ import annotations
+
+import types
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch.autograd.graph import Node
+
+from backward_twice.common.error_kinds import error_kind
+from backward_twice.record.events import StepEvent
+from backward_twice.record.learner import first_line
+from backward_twice.record.names import NamedGraph, names_holding_graphs
+from backward_twice.record.saved import saved_data
+from backward_twice.record.walks import CallRecord
+
+__all__ = ["ErrorRecord", "Seen", "explain"]
+
+
+class Seen(Protocol):
+    """What :func:`explain` reads of the recorder (:class:`backward_twice.record.recorder.Recorder`): where the
+    learner's frames end, the names it saw holding graphs, and the optimizers and steps it saw."""
+
+    @property
+    def skipped(self) -> tuple[str, ...]: ...
+    @property
+    def events(self) -> int: ...
+    @property
+    def roots(self) -> Callable[[], list[tuple[str, Any]]] | None: ...
+    @property
+    def outermost(self) -> types.FrameType | None: ...
+    @property
+    def optimizers_seen(self) -> dict[int, weakref.ref[torch.optim.Optimizer]]: ...
+    @property
+    def names(self) -> dict[int, NamedGraph]: ...
+    @property
+    def steps(self) -> list[StepEvent]: ...
+
+
+@dataclass
+class ErrorRecord:
+    """The error a call (or the loop) raised: its first line, the learner's line, the call (None: not a backward),
+    and the recorder's evidence: the call that freed the buffers needed, the name it was reached through, the
+    optimizer step that changed a saved tensor in place."""
+
+    message: str
+    line: str
+    call: int | None = None
+    freed_by: int | None = None
+    reached_through: NamedGraph | None = None
+    changed_by_step: str | None = None
+    stale_node: int | None = None  # the sequence number of the node whose saved weights the step changed
+
+
+def explain(
+    recorder: Seen, exc: BaseException, call: CallRecord, walked: list[Node], caller: types.FrameType
+) -> ErrorRecord:
+    """The error a backward call raised, with the recorder's evidence."""
+    record = ErrorRecord(first_line(exc, 400), call.line, call.index)
+    kind = error_kind(str(exc))
+    if kind == "backward a second time" and call.first_freed is not None:
+        record.freed_by = call.first_freed.freed_by
+        record.reached_through = _through(recorder, walked, call.first_freed.position, caller)
+    elif kind == "in-place version error":
+        changed = _step_that_changed(recorder, walked)
+        if changed is not None:
+            record.changed_by_step, record.stale_node = changed
+    return record
+
+
+def _through(recorder: Seen, walked: list[Node], position: int, caller: types.FrameType) -> NamedGraph | None:
+    """The name closest above the freed node in the walk: held by a frame now (``bank[0]`` after the loop rebound
+    ``hidden``, which held it at the iteration's start), else kept at an event."""
+    live = {
+        n.sequence: n
+        for n, _ in names_holding_graphs(caller, recorder.skipped, recorder.events, recorder.roots, recorder.outermost)
+    }
+    for node in reversed(walked[: position + 1]):
+        sequence = node._sequence_nr()
+        named = live.get(sequence) or recorder.names.get(sequence)
+        if named is not None:
+            return named
+    return None
+
+
+def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | None:
+    """The learner's line of the last optimizer step whose parameters a walked node saved, if one stepped after
+    that node was built, and that node's sequence number."""
+    stepped = {step.optimizer: step for step in recorder.steps}  # each optimizer's last step
+    if not stepped:
+        return None
+    params: dict[int, int] = {}  # a parameter's storage -> the optimizer that steps it
+    for optimizer_id in stepped:
+        reference = recorder.optimizers_seen.get(optimizer_id)
+        optimizer = reference() if reference is not None else None
+        for group in optimizer.param_groups if optimizer is not None else ():
+            for p in group["params"]:
+                params[p.untyped_storage().data_ptr()] = optimizer_id
+    for node in walked:
+        for tensor in saved_data(node) or ():
+            owner = params.get(tensor.untyped_storage().data_ptr())
+            if owner is not None and stepped[owner].sequence > node._sequence_nr():
+                return stepped[owner].line, node._sequence_nr()
+    return None

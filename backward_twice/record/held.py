@@ -1,0 +1,165 @@
+"""What the loop holds into each iteration: a graph a name keeps at an iteration's start, and a name (a list, a
+dict, an object) that holds one more graph at every start.
+
+:func:`note_names` is the recorder's look at the learner's names
+(:func:`backward_twice.record.names.names_holding_graphs`): the simplest name of each node, the name that holds a graph
+into an iteration (a carried graph's fix uses it), and what each holds, with its graph-only bytes (at most three graphs
+per name: a name rebound every iteration holds one iteration's graph at a time, and is counted, not kept).
+
+Used by :mod:`backward_twice.record.recorder` and :mod:`backward_twice.judge.verdicts`.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Sized
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch.autograd.graph import Node
+
+from backward_twice.record.names import CodeSite, NamedGraph, names_holding_graphs, simpler
+from backward_twice.record.passes import IterationLoop
+from backward_twice.record.saved import graph_only_bytes, python_walk
+from backward_twice.record.walks import kept
+
+__all__ = ["Growth", "HeldGraph", "Holding", "event_names", "held_graph", "note_growth", "note_names"]
+
+_MAX_NAMES, _HELD_PER_NAME = 50_000, 3  # names kept; graphs a name is followed into
+
+
+@dataclass(frozen=True)
+class HeldGraph:
+    """A graph the loop held into an iteration: when it first did (a sighting), its graph-only bytes, its holder,
+    and the sequence number of the earliest node it reaches (a running total reaches back to the first iteration)."""
+
+    sighting: int
+    graph_bytes: int
+    holder: str
+    earliest: int
+
+
+@dataclass(slots=True)
+class Growth:
+    """How many graphs a name (a list, a dict, an object's attributes) held at the last iteration's start, how often
+    that count grew from one start to the next, and its newest node's sequence number."""
+
+    count: int = 0
+    grew: int = 0
+    newest: int = 0
+    newest_bytes: int = 0  # the graph-only bytes of the newest graph when the count last grew
+
+
+def held_graph(node: Node, sighting: int, holder: str, key: str) -> HeldGraph:
+    """The graph under ``node`` as held at a sighting: its graph-only bytes (the buffers a recorder stamping under
+    ``key`` saw kept) and the earliest node it reaches."""
+    reached = python_walk([node])
+    alive = [n for n in reached if kept(n, key)]
+    earliest = min((n._sequence_nr() for n in reached), default=node._sequence_nr())
+    return HeldGraph(sighting, graph_only_bytes(alive), holder, earliest)
+
+
+def note_growth(growth: dict[str, Growth], held_under: dict[str, set[int]], nodes: dict[int, Node], key: str) -> None:
+    """At an iteration's start: each name's count of graphs held (``held_under``), and how often it grew."""
+    for name, held in held_under.items():
+        grown = growth.setdefault(name, Growth())
+        if len(held) > grown.count and grown.count:
+            grown.grew += 1
+            grown.newest = max(held)
+            newest = nodes.get(grown.newest)
+            reached = python_walk([newest]) if newest is not None else []
+            grown.newest_bytes = graph_only_bytes([n for n in reached if kept(n, key)])
+        grown.count = len(held)
+
+
+class Holding(Protocol):
+    """What :func:`note_names` and :func:`event_names` read and keep on the recorder
+    (:class:`backward_twice.record.recorder.Recorder`): where the learner's frames end, the names seen and the
+    graphs they hold, and the counts that say when to look."""
+
+    @property
+    def by_runs(self) -> bool: ...
+    @property
+    def loop(self) -> IterationLoop: ...
+    @property
+    def calls(self) -> Sized: ...
+    @property
+    def events(self) -> int: ...
+    @property
+    def sightings(self) -> list[int]: ...
+    @property
+    def starts(self) -> list[int]: ...
+    @property
+    def skipped(self) -> tuple[str, ...]: ...
+    @property
+    def roots(self) -> Callable[[], list[tuple[str, Any]]] | None: ...
+    @property
+    def outermost(self) -> types.FrameType | None: ...
+    @property
+    def roots_where(self) -> CodeSite | None: ...
+    @property
+    def names(self) -> dict[int, NamedGraph]: ...
+    @property
+    def held_from(self) -> dict[int, HeldGraph]: ...
+    @property
+    def carriers(self) -> dict[int, str]: ...
+    @property
+    def held_per_name(self) -> dict[str, int]: ...
+    @property
+    def growth(self) -> dict[str, Growth]: ...
+    @property
+    def key(self) -> str: ...
+
+
+def event_names(recorder: Holding, frame: types.FrameType) -> None:
+    """At an event (a backward call, an optimizer step, a mark): with a loop of the learner's, the names are read at
+    its passes' starts instead (what is held there is what can carry a graph into the next iteration); without one,
+    now: at the first 16 events, then at the 32nd, 64th, ... (a framework's objects are many, and its loop can be
+    long)."""
+    if recorder.by_runs:
+        note_names(recorder, frame)
+    elif not recorder.loop.iteration_passes():
+        count = len(recorder.calls) + recorder.events
+        if count <= 16 or count & (count - 1) == 0:
+            note_names(recorder, frame)
+
+
+def note_names(recorder: Holding, frame: types.FrameType | None, built_before: int | None = None) -> None:
+    """Keep the names that hold graphs now (the simplest spelling of each node); at an iteration's start, also
+    which graphs are held into it, with their graph-only bytes (a note, if no later backward walks them).
+    ``built_before``: read inside the first pass, only the graphs built before that sequence number are held
+    into it."""
+    sighting = len(recorder.sightings)
+    recorder.sightings.append(torch._C._autograd._get_sequence_nr())
+    at_start = bool(recorder.starts) and recorder.starts[-1] == sighting
+    held_under: dict[str, set[int]] | None = {} if at_start else None
+    nodes: dict[int, Node] = {}
+    for named, node in names_holding_graphs(
+        frame, recorder.skipped, sighting, recorder.roots, recorder.outermost, recorder.roots_where, held_under
+    ):
+        sequence = named.sequence
+        nodes[sequence] = node
+        known = recorder.names.get(sequence)
+        if known is None:
+            if len(recorder.names) >= _MAX_NAMES:
+                dropped = next(iter(recorder.names))
+                recorder.names.pop(dropped)
+                recorder.held_from.pop(dropped, None)
+            recorder.names[sequence] = named
+        elif simpler(named.name, known.name) or (named.name == known.name and known.event == 0):
+            recorder.names[sequence] = named  # a simpler name, or the loop's own frame over the watch's
+        held_in = at_start and (built_before is None or sequence < built_before)
+        if held_in:  # what holds it into the next iteration: the name a carried graph's fix uses
+            carrier = named.holder if named.local and named.holder else named.name
+            if sequence not in recorder.carriers or simpler(carrier, recorder.carriers[sequence]):
+                recorder.carriers[sequence] = carrier
+        holder = named.holder or named.name
+        followed = recorder.held_per_name.get(holder, 0)
+        if held_in and not named.local and sequence not in recorder.held_from and followed < _HELD_PER_NAME:
+            # A function's own variable is rebound at its next call: what the loop holds is in its dicts, objects,
+            # modules and globals. A node a backward walked without a retain has no buffers left (as written: with
+            # keep_buffers the recorder keeps them, so they are left out here the same way).
+            recorder.held_from[sequence] = held_graph(node, sighting, holder, recorder.key)
+            recorder.held_per_name[holder] = followed + 1
+    note_growth(recorder.growth, held_under or {}, nodes, recorder.key)

@@ -1,0 +1,435 @@
+"""The one place that runs into torch and into a learner's step: what every tool that watches or runs a learner's
+code shares (:mod:`backward_twice.record.recorder`, :mod:`backward_twice.steps.harness` and through them
+:func:`backward_twice.watcher.watch`, ``backward-twice watch``, :func:`backward_twice.steps.diagnose.diagnose`,
+:func:`backward_twice.steps.audit.audit_retain_graph`, :func:`backward_twice.steps.carried.find_carried_graph`,
+``%%diagnose`` and the lessons' checks).
+
+* :func:`intercepting` is the only code that patches torch: autograd's engine entry (bound twice, in
+  ``torch.autograd.graph`` and ``torch.autograd``: ``loss.backward()``, ``torch.autograd.backward`` and ``grad``
+  all pass through it) and PyTorch's global optimizer step hooks;
+* :func:`known_names`, :func:`name_bindings` and :func:`held_bindings` are the only code that reads a step's
+  closure and globals: the names it knows objects by, and a way to bind each name to its object again;
+* :func:`check_step` and :func:`as_items` refuse bad input with a message naming the tool and what is wrong: a
+  step that needs arguments, models that are not modules, optimizers that are not optimizers;
+* :func:`passed_optimizers_only` stops a run when an optimizer the caller did not pass calls ``step()``, before it
+  changes weights or state that nothing could put back;
+* :func:`learners_code` tells the learner's code from torch's, the helpers' and the libraries' (a file outside torch,
+  the tool (and the course), the standard library and site-packages), :func:`learner_line` finds the learner's own line
+  in a stack ("file:line: code", the first such frame; :meth:`LearnersCode.site` with its file and line, for the
+  recorder's hooks), :func:`place` names a notebook cell's line as
+  IPython's tracebacks do ("Cell In[5], line 3": a cell's file lies in a folder named after the kernel's
+  process, so its path changes with every kernel), :func:`short` drops the folders, and :func:`first_line` and
+  :func:`raised_at` give an error's first line and the learner's line that raised it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import linecache
+import os
+import re
+import sys
+import sysconfig
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+__all__ = [
+    "ENGINE_ENTRY",
+    "LearnersCode",
+    "NameBinding",
+    "as_items",
+    "check_step",
+    "code_reached",
+    "first_line",
+    "held_bindings",
+    "intercepting",
+    "known_names",
+    "learner_line",
+    "learner_line_at",
+    "learners_code",
+    "name_bindings",
+    "passed_optimizers_only",
+    "place",
+    "raised_at",
+    "short",
+    "skip_folder",
+    "skipped_dirs",
+]
+
+
+_TOOL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # backward_twice/
+_ALSO_SKIPPED: list[str] = []
+
+
+def skip_folder(path: str) -> None:
+    """Treat code under ``path`` as not the learner's, like the tool's own: a course or a framework built on the
+    tool, whose own backward calls a watch must not take for the learner's lines."""
+    if path not in _ALSO_SKIPPED:
+        _ALSO_SKIPPED.append(path)
+        skipped_dirs.cache_clear()
+
+
+@functools.cache
+def skipped_dirs() -> tuple[str, ...]:
+    """The folders whose code is not the learner's (torch, the tool's package, the standard library,
+    site-packages, and each folder given to :func:`skip_folder`), each a real path ending in a separator: the same
+    until :func:`skip_folder` adds one, so read once."""
+    paths = sysconfig.get_paths()
+    dirs = {os.path.dirname(torch.__file__), _TOOL, *_ALSO_SKIPPED}
+    dirs.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k))
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _learners_file(filename: str, skipped: tuple[str, ...]) -> bool:
+    """Whether code of ``filename`` is the learner's: a real file or a notebook cell outside ``skipped``. One
+    ``realpath`` per file for the whole process, not per watch: each watch meets the same files again."""
+    real = not filename.startswith("<") or filename.startswith("<ipython")
+    return real and not os.path.realpath(filename).startswith(skipped)
+
+
+class LearnersCode:
+    """A test of whether code is the learner's (call it with a code object): its file lies outside ``skipped``
+    (torch, the tool (and the course), the standard library, site-packages) and is a real file or a notebook cell, read
+    once per code object. :meth:`site` finds the learner's line from a hook, in one walk."""
+
+    def __init__(self, skipped: tuple[str, ...]) -> None:
+        self.skipped = skipped
+        # by id(code), the code kept beside: a code object hashes its whole bytecode at each lookup
+        self._known: dict[int, tuple[types.CodeType, bool, bool]] = {}  # -> (code, the learner's, a compiler's)
+
+    def _read(self, code: types.CodeType) -> tuple[types.CodeType, bool, bool]:
+        compiler = any(part in code.co_filename for part in _COMPILERS)
+        known = self._known[id(code)] = (code, _learners_file(code.co_filename, self.skipped), compiler)
+        return known
+
+    def file(self, filename: str) -> bool:
+        """Whether code of ``filename`` is the learner's."""
+        return _learners_file(filename, self.skipped)
+
+    def __call__(self, code: types.CodeType) -> bool:
+        known = self._known.get(id(code))
+        if known is None or known[0] is not code:
+            known = self._read(code)
+        return known[1]
+
+    def site(
+        self, frame: types.FrameType | None, lines: dict[tuple[str, int], str]
+    ) -> tuple[tuple[str, int], str, bool]:
+        """(file, line) and "file:line: code" of the first of the learner's frames from ``frame`` out, as
+        :func:`learner_line` gives it (``lines`` the same cache), and whether a frame of torch's compilers lies
+        before it (aot_autograd tracing a compiled backward with ``autograd.grad``: a call that is not the loop's).
+        One walk and one read of the line number (on a module's frame, a read scans its line table); without a frame
+        of the learner's: (("", 0), "(no source line outside torch)", ...)."""
+        known_codes, compiled = self._known, False
+        while frame is not None:
+            code = frame.f_code
+            known = known_codes.get(id(code))
+            if known is None or known[0] is not code:
+                known = self._read(code)
+            if known[1]:
+                site = (code.co_filename, frame.f_lineno)
+                line = lines.get(site)
+                if line is None:
+                    line = lines[site] = learner_line_at(*site)
+                return site, line, compiled
+            compiled = compiled or known[2]
+            frame = frame.f_back
+        return ("", 0), "(no source line outside torch)", compiled
+
+
+def learners_code(skipped: tuple[str, ...]) -> LearnersCode:
+    """A :class:`LearnersCode` for the folders in ``skipped``."""
+    return LearnersCode(skipped)
+
+
+Site = tuple[str, int]  # (file, line)
+_COMPILERS = tuple(f"{os.sep}torch{os.sep}{part}{os.sep}" for part in ("_functorch", "_dynamo", "_inductor", "fx"))
+
+
+def place(filename: str, lineno: int) -> str:
+    """ "file:line", or for a notebook cell "Cell In[3], line 5" as IPython's tracebacks name it: a kernel's
+    cell files are temporary names that change with every kernel."""
+    ipython = sys.modules.get("IPython")  # never imported here: only a running shell has cells
+    shell = ipython.get_ipython() if ipython is not None else None
+    named = shell.compile.format_code_name(filename) if shell is not None else None
+    return f"{named[0]} {named[1]}, line {lineno}" if named else f"{filename}:{lineno}"
+
+
+def learner_line(
+    frame: types.FrameType | None,
+    lines: dict[tuple[str, int], str] | None = None,
+    skipped: tuple[str, ...] | None = None,
+) -> str:
+    """The learner's line, "file:line: code" ("Cell In[3], line 5: code" in a notebook), of the first frame from
+    ``frame`` outward that lies outside torch, the tool (and the course), the standard library and site-packages (code
+    read with ``linecache``), or
+    "(no source line outside torch)". ``lines`` caches each learner's (file, line)'s answer across calls;
+    ``skipped`` is the folders to skip, computed when not given. The walk is :meth:`LearnersCode.site`'s."""
+    tested = LearnersCode(skipped_dirs() if skipped is None else skipped)
+    return tested.site(frame, {} if lines is None else lines)[1]
+
+
+def learner_line_at(filename: str, lineno: int) -> str:
+    """ "file:line: code" (a cell's "Cell In[3], line 5: code") of one line of the learner's code."""
+    return f"{place(filename, lineno)}: {linecache.getline(filename, lineno).strip()}"
+
+
+@dataclass(frozen=True)
+class NameBinding:
+    """A name a step holds (a variable of its closure, or a global it reads): ``read()`` gives what the name holds
+    now, ``put(value)`` binds the name to that very object again, and ``value`` is what it held when read."""
+
+    read: Callable[[], Any]
+    put: Callable[[Any], None]
+    value: Any
+
+
+def _cell_binding(cell: types.CellType, value: Any) -> NameBinding:
+    def put(new: Any) -> None:
+        cell.cell_contents = new
+
+    return NameBinding(lambda: cell.cell_contents, put, value)
+
+
+def _global_binding(namespace: dict[str, Any], name: str, value: Any) -> NameBinding:
+    return NameBinding(lambda: namespace.get(name), functools.partial(namespace.__setitem__, name), value)
+
+
+def name_bindings(step: Callable[[], Any]) -> list[NameBinding]:
+    """A :class:`NameBinding` for each name the step holds in its closure and each global it reads (not
+    functions)."""
+    bindings: list[NameBinding] = []
+    code = getattr(step, "__code__", None)
+    for _, cell in zip(code.co_freevars if code is not None else (), getattr(step, "__closure__", None) or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        bindings.append(_cell_binding(cell, value))
+    namespace = getattr(step, "__globals__", {})
+    closure = set(code.co_freevars) if code is not None else set()
+    for name, value in known_names(step).items():
+        if name not in closure and namespace.get(name) is value and not callable(value):
+            bindings.append(_global_binding(namespace, name, value))
+    return bindings
+
+
+def held_bindings(step: Callable[[], Any]) -> list[tuple[Callable[[Any], None], Any]]:
+    """(put it back, value) for each of :func:`name_bindings`: calling ``put(value)`` binds the name to that very
+    object again."""
+    return [(binding.put, binding.value) for binding in name_bindings(step)]
+
+
+def code_reached(function: Callable[..., Any]) -> list[types.CodeType]:
+    """The code of ``function``, of the functions nested in it, and, through its closure, of the functions it was
+    made with (a factory's arguments, a wrapper's target)."""
+    functions, seen, codes = [function], set(), []
+    while functions:
+        current = functions.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for cell in getattr(current, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                if isinstance(cell.cell_contents, types.FunctionType):
+                    functions.append(cell.cell_contents)
+        stack = [getattr(current, "__code__", None)]
+        while stack:
+            code = stack.pop()
+            if isinstance(code, types.CodeType):
+                codes.append(code)
+                stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return codes
+
+
+def known_names(step: Callable[[], Any]) -> dict[str, Any]:
+    """The names the step knows objects by: its closure's variables, then the globals its code reads."""
+    code = getattr(step, "__code__", None)
+    if code is None:
+        return {}
+    known: dict[str, Any] = {}
+    for name, cell in zip(code.co_freevars, getattr(step, "__closure__", None) or ()):
+        try:
+            known[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    names = [n for c in (code, *(c for c in code.co_consts if inspect.iscode(c))) for n in c.co_names]
+    known.update((n, step.__globals__[n]) for n in names if n in step.__globals__ and n not in known)
+    return known
+
+
+class _UnknownOptimizer(BaseException):  # not an Exception: a step's own ``except Exception`` must not catch it
+    """An optimizer the caller did not pass called ``step()``: raised before it changes anything."""
+
+
+@contextlib.contextmanager
+def passed_optimizers_only(
+    step: Callable[[], Any], optimizers: tuple[torch.optim.Optimizer, ...], who: str
+) -> Iterator[None]:
+    """While inside, an optimizer not in ``optimizers`` that calls ``step()`` stops the run before it changes its
+    weights or its state (which nothing could put back), and leaves as a ValueError naming it."""
+    known = {id(o) for o in optimizers}
+
+    def guard(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if id(optimizer) not in known:
+            raise _UnknownOptimizer(optimizer)
+
+    handle = register_optimizer_step_pre_hook(guard)
+    try:
+        yield
+    except _UnknownOptimizer as unknown:
+        optimizer = unknown.args[0]
+        name = next((n for n, v in known_names(step).items() if v is optimizer), None)
+        what = f"{name} ({type(optimizer).__name__})" if name else f"a {type(optimizer).__name__}"
+        raise ValueError(
+            f"{who}: the step calls {what}.step(), an optimizer not in optimizers: pass every "
+            f"optimizer the step uses, so that its state can be put back"
+        ) from None
+    finally:
+        handle.remove()
+
+
+def check_step(step: object, who: str = "audit_retain_graph") -> None:
+    """Refuse anything but a function of no arguments (``who`` names the tool in the message)."""
+    if not callable(step):
+        raise TypeError(
+            f"{who} takes a step: a function of no arguments that runs one training "
+            f"iteration; got {type(step).__name__}"
+        )
+    try:
+        parameters = inspect.signature(step).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: let the run tell
+        return
+    needs = [p for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if needs:
+        name = getattr(step, "__name__", "step")
+        name = "step" if name.startswith("<") else name
+        call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in needs)
+        raise TypeError(
+            f"{who} takes a step with no arguments; yours needs "
+            f"({', '.join(p.name for p in needs)}): wrap it, e.g. lambda: {name}({call})"
+        )
+
+
+def as_items(value: object, kind: type, what: str, label: str, who: str = "audit_retain_graph") -> tuple[Any, ...]:
+    """One ``kind``, an iterable of them or a dict whose values they are, as a tuple; anything else refused,
+    naming ``what`` and ``who``."""
+    single = not isinstance(value, Iterable) or isinstance(value, (torch.nn.Module, torch.Tensor, str, bytes))
+    items = (value,) if single else tuple(value.values() if isinstance(value, Mapping) else value)  # type: ignore
+    wrong = [item for item in items if not isinstance(item, kind)]
+    if wrong:
+        raise TypeError(f"{who}: {what} must be a {label} or a list of them; got {type(wrong[0]).__name__}")
+    return items
+
+
+# -- the one place that intercepts torch: backward calls at the engine's entry, optimizer steps ------------------
+
+# ``torch/autograd/__init__.py`` imports the engine's entry by name, so both bindings are replaced: patching
+# only ``torch.autograd.graph`` would see no call. ``loss.backward()``, ``torch.autograd.backward`` and
+# ``torch.autograd.grad`` all pass through it.
+_ENGINE_OWNERS = (torch.autograd.graph, torch.autograd)
+ENGINE_ENTRY = "_engine_run_backward"
+
+EngineHandler = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+@contextlib.contextmanager
+def intercepting(
+    on_backward: EngineHandler | None = None,
+    on_step: Callable[[torch.optim.Optimizer], None] | None = None,
+    before_step: Callable[[torch.optim.Optimizer], None] | None = None,
+    entry: str = ENGINE_ENTRY,
+) -> Iterator[None]:
+    """While inside, every entry into autograd's engine calls ``on_backward(engine, outputs, args, kwargs)``
+    (which calls ``engine(outputs, *args, **kwargs)`` itself: ``args`` are grad_tensors, keep_graph,
+    create_graph, inputs, ...; ``kwargs`` holds ``accumulate_grad``, False for ``torch.autograd.grad``), and every
+    optimizer's ``step()`` calls ``before_step(optimizer)`` and ``on_step(optimizer)`` after it (PyTorch's global
+    step hooks: optimizers created inside count too). Everything is put back on the way out, even on error;
+    nested uses stack. A torch without the engine entry ``entry``: ``torch.autograd.backward`` and ``.grad`` are
+    wrapped instead (the handler's changes to the arguments are then not passed on)."""
+    undo: list[Callable[[], None]] = []
+    try:
+        if on_backward is not None and callable(getattr(torch.autograd, entry, None)):
+            engine = getattr(torch.autograd.graph, entry)
+            current = [getattr(owner, entry) for owner in _ENGINE_OWNERS]
+
+            def entered(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+                return on_backward(engine, outputs, args, kwargs)
+
+            for owner, original in zip(_ENGINE_OWNERS, current):
+                setattr(owner, entry, entered)
+                undo.append(functools.partial(setattr, owner, entry, original))
+        elif on_backward is not None:
+            for name in ("backward", "grad"):
+                original = getattr(torch.autograd, name)
+                setattr(torch.autograd, name, _public_entry(name, original, on_backward))
+                undo.append(functools.partial(setattr, torch.autograd, name, original))
+        if before_step is not None:
+            undo.append(register_optimizer_step_pre_hook(lambda o, args, kwargs: before_step(o)).remove)
+        if on_step is not None:
+            undo.append(register_optimizer_step_post_hook(lambda o, args, kwargs: on_step(o)).remove)
+        yield
+    finally:
+        while undo:
+            undo.pop()()
+
+
+def _public_entry(name: str, original: Callable[..., Any], on_backward: EngineHandler) -> Callable[..., Any]:
+    """``torch.autograd.backward`` or ``.grad`` calling ``on_backward`` with the engine's arguments."""
+    signature = inspect.signature(original)
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+        except TypeError:  # let PyTorch itself say what is wrong with the call
+            return original(*args, **kwargs)
+        create = bool(bound.get("create_graph", False))
+        retain = bound.get("retain_graph")
+        inputs = bound.get("inputs")
+        inputs = () if inputs is None else (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        engine_args = (None, create if retain is None else bool(retain), create, inputs)
+        return on_backward(
+            lambda *_, **__: original(*args, **kwargs),
+            bound.get("tensors", bound.get("outputs")),
+            engine_args,
+            {"accumulate_grad": name == "backward"},
+        )
+
+    return watched
+
+
+def first_line(exc: BaseException, width: int = 110) -> str:
+    """``'NameError: name ...'``: the exception's type and the first line of its message (cut to ``width``),
+    also for an exception whose ``str()`` itself fails."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    lines = text.split(" Hint:")[0].strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:width]}" if lines else type(exc).__name__
+
+
+def raised_at(exc: BaseException, lines: dict[tuple[str, int], str] | None = None) -> str:
+    """The learner's line where ``exc`` was raised: from its traceback's innermost frame outward."""
+    tb = exc.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return learner_line(frames[-1] if frames else None, lines)
+
+
+def short(line: str) -> str:
+    """ "/a/b/train.py:12: code" -> "train.py:12: code" (a cell's "Cell In[5], line 3: code" stays)."""
+    match = re.match(r"(.*?):(\d+): (.*)$", line)
+    if not match or match.group(1).startswith("Cell "):
+        return line
+    return f"{match.group(1).rsplit('/', 1)[-1]}:{match.group(2)}: {match.group(3)}"

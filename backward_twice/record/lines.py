@@ -1,0 +1,289 @@
+"""A line tracer over the learner's own code: which line built each autograd node, and where each pass of their
+loops starts.
+
+While a :class:`LineTracer` is on, a trace function (``sys.settrace``, and ``threading.settrace`` for the threads
+started meanwhile) gets events from the learner's code only: a frame whose file lies outside torch, the tool,
+the standard library and site-packages. For any other frame it returns None, so torch's own Python code runs
+untraced. A function of the learner's that returned three times without ever building a node (a ``Dataset``'s
+``__getitem__``, a collate function, a logging helper) is not traced again. In a forked child (a ``DataLoader``
+worker) the tracer switches itself off.
+
+* **Creation lines.** At each line, and when a learner's frame returns to another, it logs the engine's node
+  counter (``torch._C._autograd._get_sequence_nr()``, passed in as ``counter``) with the line; consecutive entries
+  at the same counter collapse into the last, since no node was built between them. A node built with sequence
+  number ``s`` was built while the last entry at or below ``s`` ran (:meth:`LineTracer.line_of`). The log is
+  bounded: past its size the older half goes, and those nodes' lines become unknown.
+* **Passes.** A loop's pass starts where its header line runs and the next line of the same frame lies in its
+  body (at the loop's end the header runs once more, and the next line lies after it: no pass).
+  ``on_pass(frame, loop, sequence)`` is called there, before the pass's first statement runs; if it returns an
+  exception, that exception is raised into the learner's frame at that point, outside any ``try`` of the body: how
+  a recorder stops between iterations. A loop whose body starts with ``try:`` is asked at its header instead
+  (``at_header``, the same contract): from Python 3.11 on, an exception raised by a trace function at a ``try:``
+  line escapes every handler of its frame, the ``with`` that started the watch included. The last pass seen of
+  each loop in each running frame is kept in :attr:`LineTracer.latest` (sequence counter and count), for the loop
+  a recorder picks after its first pass began.
+
+A library's module, the first time it is imported, runs untraced too (:mod:`backward_twice.record.imports`; given
+``is_learners_file``): a script's ``import torchvision`` or torch's first import of ``torch._dynamo`` would
+otherwise call the trace function at each of its thousands of calls. A recorder's own hooks run inside
+``with tracer.untraced:``: up to Python 3.11 the trace function is off on that
+thread meanwhile (each call of the hook's code would otherwise call it; from 3.12 setting it re-instruments code,
+so it stays on). When another trace function is already set (a debugger, coverage), nothing is traced. An error
+inside the tracer switches it off and goes to ``on_failure``: it never reaches the learner's code.
+
+Used by :mod:`backward_twice.record.passes` and :mod:`backward_twice.record.recorder`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import sys
+import threading
+import types
+import weakref
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from backward_twice.record.imports import LibraryImports
+from backward_twice.record.loops import Loop, loops_of
+
+__all__ = ["LineTracer", "PassSeen"]
+
+_MAX_ENTRIES = 1_000_000  # past it, the older half goes: those nodes' lines become unknown
+_QUIET_CALLS = 3  # a function that returned this often in a row without building a node is not traced again
+_ACTIVE: weakref.WeakSet[LineTracer] = weakref.WeakSet()
+# Up to 3.11 setting the trace function flips a flag; from 3.12 it re-instruments every code object run after it
+# (PEP 669), so a pause would cost more than it saves there.
+_PAUSES_ARE_CHEAP = sys.version_info < (3, 12)
+_FORK_HOOKED = False
+
+
+@dataclass(slots=True)
+class PassSeen:
+    """The latest pass of one loop in one frame: the node counter when it started, and how many passes so far."""
+
+    sequence: int
+    count: int
+
+
+def _in_forked_child() -> None:
+    """A forked child (a DataLoader worker) inherits the parent's trace function: nothing is traced there."""
+    for tracer in list(_ACTIVE):
+        tracer.forked = True
+        tracer.stop()
+
+
+class LineTracer:
+    def __init__(
+        self,
+        counter: Callable[[], int],
+        is_learners: Callable[[types.CodeType], bool],
+        on_pass: Callable[[types.FrameType, Loop, int], BaseException | None] | None = None,
+        on_failure: Callable[[str, BaseException], None] | None = None,
+        at_header: Callable[[types.FrameType, Loop, int], BaseException | None] | None = None,
+        is_learners_file: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.counter, self.is_learners, self.on_pass, self.on_failure = counter, is_learners, on_pass, on_failure
+        self.at_header = at_header
+        self.sequences = array("Q")
+        self.sites: list[tuple[str, int] | None] = []  # None: from here the tracer was off, the lines unknown
+        self.active = False
+        self.forked = False
+        self.latest: dict[tuple[int, int], PassSeen] = {}  # (id(frame), header line) -> its latest pass
+        # by id(code), the code kept beside: a code object hashes its whole bytecode at each lookup
+        self._headers: dict[int, tuple[types.CodeType, dict[int, Loop]]] = {}
+        self._pending: dict[int, Loop] = {}  # id(frame) -> the loop whose header it just ran
+        self._entered: dict[int, int] = {}  # id(frame) -> the node counter when it was called
+        self._quiet: dict[int, int] = {}  # id(code) -> calls in a row that built no node (its code in _headers)
+        self._builders: set[int] = set()  # id(code) of code that built a node once: always traced
+        self._frames: list[types.FrameType] = []
+        self._previous_thread_trace: Any = None
+        self._trace = self._global  # one bound method: what ``sys.gettrace()`` gives back is this very object
+        self.untraced = _Untraced(self)  # ``with tracer.untraced:`` around a hook's own work
+        self._imports = None if is_learners_file is None else LibraryImports(is_learners_file, self.pause, self.resume)
+
+    # -- on and off ------------------------------------------------------------------------------------------
+    def start(self, frame: types.FrameType | None) -> bool:
+        """Trace from now on, the learner's frames already running from ``frame`` out included; False (and no
+        tracing) when another trace function is set."""
+        global _FORK_HOOKED
+        if sys.gettrace() is not None:
+            return False
+        if not _FORK_HOOKED and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_in_forked_child)
+            _FORK_HOOKED = True
+        self.active = True
+        _ACTIVE.add(self)
+        while frame is not None:
+            if self.is_learners(frame.f_code):
+                frame.f_trace = self._local
+                self._frames.append(frame)
+            frame = frame.f_back
+        self._previous_thread_trace = threading.gettrace() if hasattr(threading, "gettrace") else None
+        threading.settrace(self._trace)
+        sys.settrace(self._trace)
+        if self._imports is not None:
+            self._imports.install()
+        return True
+
+    def stop(self) -> None:
+        if not self.active:
+            return
+        self._log(None)  # the nodes built while it is off have no line
+        self.active = False
+        _ACTIVE.discard(self)
+        if self._imports is not None:
+            self._imports.uninstall()
+        if sys.gettrace() is self._trace:
+            sys.settrace(None)
+        threading.settrace(self._previous_thread_trace)
+        for frame in self._frames:
+            frame.f_trace = None
+        self._frames.clear()  # frames hold their variables: none is kept past the watch
+        self._pending.clear()
+        self._entered.clear()
+        self.untraced.local = threading.local()  # each thread's pauses: an exit while it is off resumes none
+
+    def pause(self) -> bool:
+        """While a recorder's own hook runs on this thread: no call into the trace function for each of the
+        hook's calls (the hook's code is never the learner's). True if paused; give it to :meth:`resume`.
+        ``with tracer.untraced:`` does both."""
+        if not (_PAUSES_ARE_CHEAP and self.active and sys.gettrace() is self._trace):
+            return False
+        sys.settrace(None)
+        return True
+
+    def resume(self, paused: bool) -> None:
+        """After :meth:`pause`: trace again, unless the hook stopped the tracer meanwhile."""
+        if paused and self.active and sys.gettrace() is None:
+            sys.settrace(self._trace)
+
+    def _failed(self, where: str, error: BaseException) -> None:
+        self.stop()
+        if self.on_failure is not None:
+            self.on_failure(where, error)
+
+    # -- the trace functions ---------------------------------------------------------------------------------
+    def _global(self, frame: types.FrameType, event: str, arg: Any) -> Any:
+        try:
+            if not self.active:
+                return None
+            code = frame.f_code
+            if self._quiet.get(id(code), 0) >= _QUIET_CALLS or not self.is_learners(code):
+                return None
+            self._headers_of(code)  # keeps the code alive while its id keys _quiet and _builders
+            self._entered[id(frame)] = self.counter()
+            return self._local
+        except Exception as error:
+            self._failed("the line tracer", error)
+            return None
+
+    def _local(self, frame: types.FrameType, event: str, arg: Any) -> Any:
+        stop = None
+        try:
+            if not self.active:
+                return None
+            if event == "line":
+                stop = self._line(frame)
+            elif event == "return":
+                self._return(frame)
+        except Exception as error:
+            self._failed("the line tracer", error)
+            return None
+        if stop is not None:
+            self.stop()
+            raise stop  # into the learner's frame, at the top of a pass: the recorder stops here
+        return self._local if self.active else None
+
+    def _line(self, frame: types.FrameType) -> BaseException | None:
+        line = frame.f_lineno
+        self._log((frame.f_code.co_filename, line))
+        key = id(frame)
+        stop = None
+        pending = self._pending.pop(key, None)
+        if pending is not None and pending.holds(line):
+            seen = self.latest.get((key, pending.header))
+            sequence = self.counter()
+            if seen is None:
+                self.latest[(key, pending.header)] = PassSeen(sequence, 1)
+            else:
+                seen.sequence, seen.count = sequence, seen.count + 1
+            if self.on_pass is not None:
+                stop = self.on_pass(frame, pending, sequence)
+        loop = self._headers_of(frame.f_code).get(line)
+        if loop is not None:
+            self._pending[key] = loop
+            if stop is None and loop.starts_with_try and self.at_header is not None:
+                stop = self.at_header(frame, loop, self.counter())
+        return stop
+
+    def _return(self, frame: types.FrameType) -> None:
+        key = id(frame)
+        self._pending.pop(key, None)
+        code = frame.f_code
+        for header in self._headers_of(code):
+            self.latest.pop((key, header), None)
+        entered = self._entered.pop(key, None)
+        if entered is not None and id(code) not in self._builders:
+            if self.counter() == entered:
+                self._quiet[id(code)] = self._quiet.get(id(code), 0) + 1
+            else:
+                self._builders.add(id(code))
+                self._quiet.pop(id(code), None)
+        back = frame.f_back
+        while back is not None and not self.is_learners(back.f_code):
+            back = back.f_back
+        if back is not None:
+            self._log((back.f_code.co_filename, back.f_lineno))
+
+    def _headers_of(self, code: types.CodeType) -> dict[int, Loop]:
+        """``code``'s loops by header line, read once."""
+        known = self._headers.get(id(code))
+        if known is None or known[0] is not code:
+            known = self._headers[id(code)] = (code, {loop.header: loop for loop in loops_of(code)})
+        return known[1]
+
+    def _log(self, site: tuple[str, int] | None) -> None:
+        sequence = self.counter()
+        sequences, sites = self.sequences, self.sites
+        if sequences and sequences[-1] == sequence:
+            sites[-1] = site
+            return
+        if len(sequences) >= _MAX_ENTRIES:
+            del sequences[: _MAX_ENTRIES // 2]
+            del sites[: _MAX_ENTRIES // 2]
+        sequences.append(sequence)
+        sites.append(site)
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def line_of(self, sequence: int) -> tuple[str, int] | None:
+        """(file, line) of the learner's line that was running when node ``sequence`` was built; None if unknown."""
+        position = bisect.bisect_right(self.sequences, sequence) - 1
+        return self.sites[position] if position >= 0 else None  # None too where the tracer was off
+
+
+class _Untraced:
+    """:meth:`LineTracer.pause` on entry and :meth:`LineTracer.resume` on exit, nested uses and threads included
+    (a trace function is per thread); next to nothing while the tracer is off, as it is for most of a run."""
+
+    __slots__ = ("local", "tracer")
+
+    def __init__(self, tracer: LineTracer) -> None:
+        self.tracer, self.local = tracer, threading.local()
+
+    def __enter__(self) -> None:
+        if self.tracer.active:
+            stack = getattr(self.local, "paused", None)
+            if stack is None:
+                stack = self.local.paused = []
+            stack.append(self.tracer.pause())
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.tracer.active:  # nothing to resume (its stop dropped what the entries pushed)
+            return
+        stack = getattr(self.local, "paused", None)
+        if stack and stack.pop():
+            self.tracer.resume(True)

@@ -1,0 +1,181 @@
+"""The loops a learner wrote, read from their source: which statement loops enclose a line of a function.
+
+An iteration of the learner's training is one pass of their own loop: the innermost ``for`` or ``while`` of
+their code that encloses the backward calls and the optimizer steps. This module gives the recorder the static
+half of that, per code object (a function, a method, a script's or a notebook cell's top level), read once with
+``ast`` from the lines ``linecache`` holds:
+
+* :func:`loops_of`: the statement loops of the code's own scope (not of the functions, classes and lambdas
+  nested in it; comprehensions are not statements), each a :class:`Loop` with its header line and body lines;
+* :func:`enclosing`: the loops whose body holds a line, outermost first;
+* :func:`step_calls`: the calls of the code's own scope to ``backward``, ``autograd.grad``, ``manual_backward`` or a
+  ``step`` (with its receiver, for the caller to tell an optimizer's from a scheduler's), so a loop that holds only
+  some of them (a critic's inner loop) is known not to be the iteration before the others run.
+
+Nothing here imports torch, reads a frame's variables or writes to a frame.
+
+Used by :mod:`backward_twice.record.lines`, :mod:`backward_twice.record.passes` and
+:mod:`backward_twice.record.recorder`.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from dataclasses import dataclass, replace
+
+from backward_twice.record.sources import memo, parsed
+
+__all__ = ["Loop", "StepCall", "enclosing", "loops_of", "step_calls"]
+
+_STEP_NAMES = frozenset({"backward", "manual_backward", "step"})
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A statement loop: its file, header line (where each pass starts), the first and last lines of its body,
+    its kind ("for" or "while"), and whether its body starts with a ``try`` (from Python 3.11 on, an exception
+    raised by a trace function at a ``try:`` line escapes the handlers of its own frame: a recorder stops such a
+    loop at its header instead)."""
+
+    filename: str
+    header: int
+    body_first: int
+    body_last: int
+    kind: str
+    starts_with_try: bool = False
+    targets: tuple[str, ...] = ()  # the names a ``for`` binds at each pass (``batch``; ``x, y``)
+    shadowed: bool = False  # a loop inside it binds one of those names too (``for _`` in ``for _``)
+
+    def holds(self, line: int) -> bool:
+        """Whether ``line`` lies in the loop's body (the header and an ``else:`` clause do not)."""
+        return self.body_first <= line <= self.body_last
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """A call that may be a training event: its line, the method (``backward``, ``manual_backward``, ``grad``,
+    ``step``) and, for ``step``, the expression it is called on (``optimizer``, ``self.opt_g``, ``scheduler``)."""
+
+    line: int
+    method: str
+    receiver: ast.expr | None = None
+
+
+@dataclass(frozen=True)
+class _Scope:
+    loops: tuple[Loop, ...]
+    steps: tuple[StepCall, ...]
+
+
+_EMPTY = _Scope((), ())
+
+
+def _scope_node(tree: ast.Module, code: types.CodeType) -> ast.AST | None:
+    """The AST node whose body is ``code``'s own: the module for top-level code, else the def or lambda that starts
+    on the code's first line (a decorated function's first line is its first decorator's)."""
+    if code.co_name == "<module>":
+        return tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+            starts = {node.lineno, *(d.lineno for d in node.decorator_list)}
+            if code.co_firstlineno in starts:
+                return node
+        elif isinstance(node, ast.Lambda) and code.co_name == "<lambda>" and node.lineno == code.co_firstlineno:
+            return node
+    return None
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of ``scope`` outside the functions, classes and lambdas nested in it."""
+    found: list[ast.AST] = []
+    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, nested):
+            continue
+        found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _step_call(call: ast.Call) -> StepCall | None:
+    func = call.func
+    if not isinstance(func, ast.Attribute):
+        return None
+    if func.attr == "step":
+        return StepCall(call.lineno, "step", func.value)
+    if func.attr in _STEP_NAMES:
+        return StepCall(call.lineno, func.attr)
+    owner = func.value  # torch.autograd.grad(...), autograd.grad(...)
+    named = (isinstance(owner, ast.Name) and owner.id == "autograd") or (
+        isinstance(owner, ast.Attribute) and owner.attr == "autograd"
+    )
+    return StepCall(call.lineno, "grad") if func.attr == "grad" and named else None
+
+
+# id(code) -> (the code, what its scope holds): a code object is compiled from one source, so what it holds stays.
+# By id, the code kept alive beside it: a code object hashes its whole bytecode at each lookup.
+_by_code: dict[int, tuple[types.CodeType, _Scope]] = {}
+
+
+def _scope(code: types.CodeType) -> _Scope:
+    known = _by_code.get(id(code))
+    if known is not None and known[0] is code:
+        return known[1]
+    scope = memo(code.co_filename, ("loops", code.co_firstlineno, code.co_name), lambda: _read_scope(code))
+    if len(_by_code) > 4096:
+        _by_code.clear()
+    _by_code[id(code)] = (code, scope)
+    return scope
+
+
+def _read_scope(code: types.CodeType) -> _Scope:
+    tree = parsed(code.co_filename)
+    node = _scope_node(tree, code) if tree is not None else None
+    if node is None:
+        return _EMPTY
+    loops, steps = [], []
+    for child in _own_nodes(node):
+        if isinstance(child, (ast.For, ast.AsyncFor, ast.While)) and child.body:
+            last = max(getattr(statement, "end_lineno", None) or statement.lineno for statement in child.body)
+            kind = "while" if isinstance(child, ast.While) else "for"
+            first_try = isinstance(child.body[0], (ast.Try, getattr(ast, "TryStar", ast.Try)))
+            targets = (
+                ()
+                if isinstance(child, ast.While)
+                else tuple(n.id for n in ast.walk(child.target) if isinstance(n, ast.Name))
+            )
+            loops.append(Loop(code.co_filename, child.lineno, child.body[0].lineno, last, kind, first_try, targets))
+        elif isinstance(child, ast.Call):
+            step = _step_call(child)
+            if step is not None:
+                steps.append(step)
+    loops = [
+        replace(
+            loop,
+            shadowed=any(
+                other is not loop and loop.holds(other.header) and set(other.targets) & set(loop.targets)
+                for other in loops
+            ),
+        )
+        for loop in loops
+    ]
+    return _Scope(tuple(sorted(loops, key=lambda loop: loop.header)), tuple(sorted(steps, key=lambda s: s.line)))
+
+
+def loops_of(code: types.CodeType) -> tuple[Loop, ...]:
+    """The statement loops of ``code``'s own scope, by header line (empty when its source cannot be read)."""
+    return _scope(code).loops
+
+
+def enclosing(code: types.CodeType, line: int) -> list[Loop]:
+    """The loops of ``code`` whose body holds ``line``, outermost first."""
+    return [loop for loop in loops_of(code) if loop.holds(line)]
+
+
+def step_calls(code: types.CodeType) -> tuple[StepCall, ...]:
+    """The calls of ``code``'s own scope to ``.backward(``, ``.manual_backward(``, ``autograd.grad(`` and
+    ``.step(``, by line."""
+    return _scope(code).steps

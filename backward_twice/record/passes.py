@@ -1,0 +1,401 @@
+"""Which of the learner's loops is the iteration, and where each of its passes started.
+
+An iteration is one pass of the learner's own loop: the innermost ``for`` or ``while`` of their code that encloses
+every backward call and optimizer step (a script's loop, a cell's loop, a ``train()`` method's loop). At each such
+event, :meth:`IterationLoop.saw_event` reads the loops enclosing it, frame by frame
+(:func:`backward_twice.record.loops.enclosing`, the frames from the event out to the one that entered the watch, only
+the loops that start inside the ``with`` block there), and keeps the loops every event so far lies in: the chain,
+outermost first. The innermost link is the iteration. A loop that holds only some of one pass's events is dropped before
+the others run: where its frame (or a frame between it and the next loop out) calls ``backward``, ``autograd.grad`` or
+an optimizer's ``step`` outside it (a critic's inner loop, with the generator's step after it).
+
+Passes come from :class:`backward_twice.record.lines.LineTracer` while it follows the loop
+(:meth:`IterationLoop.add_pass`, from its ``on_pass``): the first pass had started before the first event named the
+loop, and is read from the tracer's latest pass of that loop in that frame. A line tracer slows every Python call of the
+process, so the recorder follows only the first passes that way; after that, :meth:`IterationLoop.saw_event` tells a new
+pass at its first event: the values a ``for`` binds changed (``batch``, ``_``), or, for a ``while``, the event comes
+back to a line at or before the last one. Such a pass is dated at the end of the previous event (what runs between,
+logging after the step, counts with the new pass). Nothing here reads a tensor; an optimizer's ``step`` is told from a
+scheduler's by reading the receiver's value (a name or a plain attribute, never a property).
+
+Used by :mod:`backward_twice.record.folds`, :mod:`backward_twice.record.held` and
+:mod:`backward_twice.record.recorder`.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import types
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from backward_twice.record.lines import LineTracer
+from backward_twice.record.loops import Loop, enclosing, step_calls
+
+__all__ = ["IterationLoop", "Link", "PassStart", "is_optimizer"]
+
+_SAME = object()  # a value a weak reference cannot hold: compared by identity, kept strongly one pass
+
+_PLAIN = (int, float, str, bytes, bool)  # a value a ``for`` binds that is compared by value
+
+_COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
+
+
+@dataclass(frozen=True)
+class Link:
+    """A loop of the chain: its code, the loop, and the frame it runs in (its id: the frame is not kept)."""
+
+    code: types.CodeType
+    loop: Loop
+    frame: int
+
+    @functools.cached_property  # read at every event: made once, and by the code's id (a code object hashes its
+    def key(self) -> tuple[int, int]:  # whole bytecode at every lookup: a script's module, each time)
+        return id(self.code), self.loop.header
+
+
+@dataclass(slots=True)
+class PassStart:
+    """Where a pass started: the node counter, how many backward calls came before, the recorder's sighting of the
+    names there (-1: none), which pass of its loop it is (1-based; a long run's folded passes,
+    :mod:`backward_twice.record.folds`, leave gaps in the list), and whether the names were read there."""
+
+    sequence: int
+    calls: int
+    sighting: int = -1
+    number: int = 0
+    looked: bool = False  # the recorder read the names here
+
+
+# Where a loop's frame was at the last event: the frame's id, what its ``for`` bound, the lines from it in. A tuple,
+# not an object: one is made at every event.
+_Marker = tuple[int, tuple[Any, ...], tuple[int, ...]]
+
+
+def _bound(frame: types.FrameType, loop: Loop) -> tuple[Any, ...]:
+    """What the loop's ``for`` names hold now, as comparable tokens: a number or text by value, an object by a weak
+    reference (or the object itself, when it takes none: a list, a tuple, a dict)."""
+    names = frame.f_locals if loop.targets else {}
+    tokens: list[Any] = []
+    for name in loop.targets:
+        value = names.get(name, _SAME)
+        if value is None or isinstance(value, _PLAIN):
+            tokens.append(("value", value))
+        else:
+            try:
+                tokens.append(("ref", weakref.ref(value)))
+            except TypeError:
+                tokens.append(("object", value))
+    return tuple(tokens)
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    for (kind_a, held_a), (kind_b, held_b) in zip(a, b):
+        if kind_a != kind_b:
+            return False
+        if kind_a == "value" and held_a != held_b:
+            return False
+        if kind_a == "ref" and (held_a() is None or held_a() is not held_b()):
+            return False
+        if kind_a == "object" and held_a is not held_b:
+            return False
+    return len(a) == len(b)
+
+
+@dataclass
+class IterationLoop:
+    """The chain of loops every event lies in, and the passes of each (see the module's docstring)."""
+
+    is_learners: Callable[[types.CodeType], bool]
+    is_optimizer: Callable[[Any], bool]
+    chain: list[Link] | None = None
+    passes: dict[tuple[int, int], list[PassStart]] = field(default_factory=dict)  # by Link.key
+    unusable: str | None = None  # why no loop can split the run (None: one can, or no event came yet)
+    _markers: dict[tuple[int, int], _Marker] = field(default_factory=dict)
+
+    @property
+    def innermost(self) -> Link | None:
+        return self.chain[-1] if self.chain else None
+
+    def iteration_passes(self) -> list[PassStart]:
+        chain = self.chain  # read at every event: no property in between
+        return self.passes.get(chain[-1].key, []) if chain and self.unusable is None else []
+
+    def iterations_started(self) -> int:
+        """How many passes of the iteration's loop have started (folded ones too)."""
+        passes = self.iteration_passes()
+        return passes[-1].number if passes else 0
+
+    def _append(self, key: tuple[int, int], start: PassStart) -> None:
+        passes = self.passes.get(key)
+        if passes is None:
+            passes = self.passes[key] = []
+        start.number = passes[-1].number + 1 if passes else 1
+        passes.append(start)
+
+    def saw_event(
+        self,
+        frame: types.FrameType | None,
+        boundary: types.FrameType | None,
+        boundary_line: int,
+        tracer: LineTracer,
+        calls: int,
+        since: int,
+    ) -> bool:
+        """An event (a backward call, an optimizer step) ran in ``frame``: narrow the chain to the loops it lies in;
+        unless the tracer follows the passes, tell whether a chain loop began a new pass (dated ``since``: the end
+        of the previous event). True when the iteration's loop did: this is the first event of a new iteration."""
+        if self.unusable is not None:
+            return False
+        settled = self._settled(frame, boundary, calls, since, tracer.active)
+        if settled is not None:
+            return settled
+        path = self._path(frame, boundary, boundary_line)
+        links = [link for link, _ in path]
+        if self.chain is None:
+            if not path:
+                self.unusable = "no loop of yours encloses the backward calls"
+                return False
+            for link in links:
+                seen = tracer.latest.get((link.frame, link.loop.header))
+                if seen is None:
+                    self.unusable = "the loop's passes were not traced"
+                    return False
+                self._append(link.key, PassStart(seen.sequence, calls))
+            self.chain = links
+        else:
+            keys = [link.key for link in links]
+            common = 0
+            while common < min(len(self.chain), len(keys)) and self.chain[common].key == keys[common]:
+                common += 1
+            if common == 0:
+                self.unusable = "the backward calls lie in different loops"
+                return False
+            self._keep(common)
+            self.chain[:] = links[:common]  # the same loops, in the frames they run in now (the next epoch's call)
+        self._drop_partial_loops(frame)
+        return self._new_passes(path, self._lines_inward(frame, boundary), calls, since, following=tracer.active)
+
+    def _settled(
+        self, frame: types.FrameType | None, boundary: types.FrameType | None, calls: int, since: int, following: bool
+    ) -> bool | None:
+        """Once the tracer stopped following the loop (past its second pass), an event in the iteration loop's own
+        frame is read the short way: only that loop's marker (None: the long way, for an event elsewhere). With no
+        loop of the chain outside it, a later call of the loop's function counts as its own frame too (a
+        ``train_epoch()`` called once per epoch): the long way would find that same single loop."""
+        chain = self.chain  # read at every event: the short way is kept short
+        if following or not chain:
+            return None
+        inner = chain[-1]
+        code, found = inner.code, frame
+        while found is not None and found.f_code is not code and found is not boundary:
+            found = found.f_back
+        if found is None or found.f_code is not code:
+            return None
+        line = found.f_lineno  # read once: on a module's frame it scans its line table
+        loop = inner.loop
+        if not loop.body_first <= line <= loop.body_last:  # loop.holds(line), without a call
+            return None
+        if len(chain) != 1:
+            # a new pass of a loop outside it is a new pass of this one: read those too
+            return (
+                None if id(found) != inner.frame else self._with_outer_loops(found, boundary, calls, since, following)
+            )
+        if loop.targets and not loop.shadowed:  # told by what the ``for`` binds (no lines needed): _marked's
+            key, bound = inner.key, _bound(found, loop)  # work inline, as it runs at every event of a run
+            last = self._markers.get(key)
+            self._markers[key] = (id(found), bound, ())
+            if last is None or (last[0] == id(found) and _same(last[1], bound)):
+                return False
+            self._append(key, PassStart(since, calls))
+            return True
+        inward = [(id(found), line)]
+        between = []  # the learner's frames from the loop's in to the event's
+        while frame is not found and frame is not None:
+            if self.is_learners(frame.f_code):
+                between.append((id(frame), frame.f_lineno))
+            frame = frame.f_back
+        inward.extend(reversed(between))
+        return self._new_passes([(inner, found)], inward, calls, since, following)
+
+    def _with_outer_loops(
+        self, found: types.FrameType, boundary: types.FrameType | None, calls: int, since: int, following: bool
+    ) -> bool | None:
+        """The short way for a chain of ``for`` loops (an epoch loop, a batch loop): each loop's marker from what it
+        binds, its frame found by id from the iteration loop's out. None (the long way) for a ``while`` among them
+        or a frame not found."""
+        assert self.chain is not None
+        if any(not link.loop.targets or link.loop.shadowed for link in self.chain):
+            return None
+        frames: dict[int, types.FrameType] = {}
+        frame: types.FrameType | None = found
+        wanted = {link.frame for link in self.chain}
+        while frame is not None and len(frames) < len(wanted):
+            if id(frame) in wanted:
+                frames[id(frame)] = frame
+            if frame is boundary:
+                break
+            frame = frame.f_back
+        if len(frames) < len(wanted):
+            return None
+        return self._new_passes([(link, frames[link.frame]) for link in self.chain], [], calls, since, following)
+
+    def _lines_inward(self, frame: types.FrameType | None, boundary: types.FrameType | None) -> list[tuple[int, int]]:
+        """(id of the frame, its line) of the learner's frames from ``boundary`` in to ``frame``."""
+        lines: list[tuple[int, int]] = []
+        while frame is not None:
+            if self.is_learners(frame.f_code):
+                lines.append((id(frame), frame.f_lineno))
+            if frame is boundary:
+                break
+            frame = frame.f_back
+        return lines[::-1]
+
+    def _new_passes(
+        self,
+        path: list[tuple[Link, types.FrameType]],
+        inward: list[tuple[int, int]],
+        calls: int,
+        since: int,
+        following: bool,
+    ) -> bool:
+        """Update each chain loop's marker; unless ``following``, a changed one is a new pass."""
+        inner = self.innermost
+        began = outer_began = False  # ``path`` is outermost first
+        frames = [frame_id for frame_id, _ in inward]
+        for link, frame in path:
+            if link.key not in self.passes:
+                continue
+            nested = False
+            position: tuple[int, ...] = ()  # a ``for`` whose names no inner loop rebinds: told by what it binds
+            if not (link.loop.targets and not link.loop.shadowed):
+                start = frames.index(id(frame)) if id(frame) in frames else 0
+                line = inward[start][1] if id(frame) in frames else frame.f_lineno
+                position = tuple(line for _, line in inward[start:])
+                inner_loops = [loop for loop in enclosing(frame.f_code, line) if loop.header > link.loop.header]
+                if inner_loops:  # inside a loop nested in this one: at this loop's level, the event is that loop's
+                    position, nested = (inner_loops[0].header,), True  # line
+            new = self._marked(link, frame, position, nested, calls, since, following)
+            if outer_began and not new and not following:  # its enclosing loop went on: this loop began again
+                self._append(link.key, PassStart(since, calls))
+                new = True
+            outer_began = outer_began or new
+            began = began or (new and inner is not None and link.key == inner.key)
+        return began
+
+    def _marked(
+        self,
+        link: Link,
+        frame: types.FrameType,
+        position: tuple[int, ...],
+        nested: bool,
+        calls: int,
+        since: int,
+        following: bool,
+    ) -> bool:
+        """Set ``link``'s marker to this event; True when, not ``following``, this event began a new pass of it."""
+        bound = _bound(frame, link.loop)
+        last = self._markers.get(link.key)
+        self._markers[link.key] = (id(frame), bound, position)
+        if following or last is None:
+            return False
+        if last[0] != id(frame):
+            new = True  # the loop's function was called again: a new pass of it
+        elif link.loop.targets and not link.loop.shadowed:
+            new = not _same(last[1], bound)
+        else:  # a while, or a for whose names an inner loop rebinds: back before the last event's line, or at it
+            # again where no inner loop of this one repeats it
+            new = position < last[2] or (position == last[2] and not nested)
+        if new:
+            self._append(link.key, PassStart(since, calls))
+        return new
+
+    def _keep(self, count: int) -> None:
+        assert self.chain is not None
+        for link in self.chain[count:]:
+            self.passes.pop(link.key, None)
+        del self.chain[count:]
+
+    def _path(
+        self, frame: types.FrameType | None, boundary: types.FrameType | None, line: int
+    ) -> list[tuple[Link, types.FrameType]]:
+        links: list[tuple[Link, types.FrameType]] = []
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name not in _COMPREHENSIONS and self.is_learners(code):
+                loops = enclosing(code, frame.f_lineno)
+                if frame is boundary:
+                    loops = [loop for loop in loops if loop.header > line]
+                links[:0] = [(Link(code, loop, id(frame)), frame) for loop in loops]
+            if frame is boundary:
+                break
+            frame = frame.f_back
+        return links
+
+    def _drop_partial_loops(self, frame: types.FrameType | None) -> None:
+        """Drop the innermost link while its frame, or a frame between it and the next link out, has a
+        training call outside it within that link's pass."""
+        while self.chain is not None and len(self.chain) >= 2:
+            inner, outer = self.chain[-1], self.chain[-2]
+            if not self._calls_outside(frame, inner, outer):
+                return
+            self._keep(len(self.chain) - 1)
+
+    def _calls_outside(self, frame: types.FrameType | None, inner: Link, outer: Link) -> bool:
+        seen_inner = False
+        while frame is not None:
+            if id(frame) == inner.frame:
+                seen_inner = True
+            if seen_inner and self.is_learners(frame.f_code):
+                for call in step_calls(frame.f_code):
+                    if call.line == frame.f_lineno:
+                        continue  # the line that leads to this event
+                    if id(frame) == inner.frame and inner.loop.holds(call.line):
+                        continue
+                    if id(frame) == outer.frame and not outer.loop.holds(call.line):
+                        continue
+                    if call.method != "step" or self.is_optimizer(_value(frame, call.receiver)):
+                        return True
+            if id(frame) == outer.frame:
+                return False
+            frame = frame.f_back
+        return False
+
+    def role(self, frame: types.FrameType, loop: Loop) -> str | None:
+        """ "iteration" for the chain's innermost loop, "outer" for another of its loops, None otherwise."""
+        if self.unusable is not None or (id(frame.f_code), loop.header) not in self.passes:
+            return None
+        inner = self.innermost
+        return "iteration" if inner is not None and inner.key == (id(frame.f_code), loop.header) else "outer"
+
+    def add_pass(self, frame: types.FrameType, loop: Loop, start: PassStart) -> None:
+        """A pass the tracer saw start: the next event's marker starts afresh (it is this pass's, not a new one's)."""
+        self._append((id(frame.f_code), loop.header), start)
+        self._markers.pop((id(frame.f_code), loop.header), None)
+
+
+def _value(frame: types.FrameType, expression: ast.expr | None) -> Any:
+    """What a name or a chain of plain attributes (``self.opt_g``) holds in ``frame``, without calling anything."""
+    if isinstance(expression, ast.Name):
+        names = frame.f_locals
+        if expression.id in names:
+            return names[expression.id]
+        return frame.f_globals.get(expression.id)
+    if isinstance(expression, ast.Attribute):
+        owner = _value(frame, expression.value)
+        attributes = getattr(owner, "__dict__", None)
+        return attributes.get(expression.attr) if isinstance(attributes, dict) else None
+    return None
+
+
+def is_optimizer(value: Any) -> bool:
+    """An optimizer, a wrapper of one (Lightning's), or a GradScaler (``scaler.step(optimizer)``)."""
+    if isinstance(value, torch.optim.Optimizer):
+        return True
+    inner = getattr(value, "_optimizer", None) or getattr(value, "optimizer", None)
+    return isinstance(inner, torch.optim.Optimizer) or type(value).__name__ == "GradScaler"

@@ -1,0 +1,499 @@
+"""The recorder: watch a learner's loop run as written and keep what the verdicts need, with nothing re-run.
+
+:class:`Recorder` enters through :func:`.learner.intercepting` (the one place that patches torch) and keeps:
+
+* every backward and ``torch.autograd.grad`` call: the learner's line (:meth:`.learner.LearnersCode.site`), its
+  ``retain_graph`` (as written), ``create_graph`` and ``inputs``, and what it walked. What a backward walks is
+  the engine's own list (``torch._C._current_graph_task_execution_order()``, read in a prehook on the root with
+  multithreading off; several roots: a walk over ``next_functions``), stamped by :func:`.walks.stamp_walk`: the
+  recorder holds no node and no tensor between calls;
+* the bytes the walked graph still holds after a retaining call, counted as the saved-tensor meter counts them (one
+  storage once, and only when the graph alone holds it): at a line's first four such calls, then at its 8th, 16th,
+  ... (a line builds a graph of the same size each time, and the count walks it);
+* iterations: the passes of the learner's own loop (:mod:`.passes`: the line tracer of :mod:`.lines` for the first
+  passes, then their first events); without one, the evidence (:mod:`.iterations`). Which iteration built a node
+  comes from its ``_sequence_nr()`` against the engine's counter read at each pass start;
+  a backward call torch.compile makes while it traces is none of the loop's;
+* the names that hold tensors with a graph at the start of iterations 1 to 4, then of the 8th, 16th, ... (the
+  learner's frames, their globals, attributes of the modules and objects they hold, items of lists, tuples and
+  dicts), so a verdict names the learner's own variable and the line that assigned it;
+* the error a backward raised, with the call that freed the buffers it needed, or the optimizer step that changed
+  a saved tensor in place (:mod:`.evidence`).
+
+Over a long run, the records of the older iterations that walked nothing of an earlier one are folded into counts
+(:mod:`.folds`), whether the passes of a loop or, without one, the optimizer steps split the run: the memory a watch
+holds stays bounded, and the verdicts read the counts with the records.
+
+``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
+:class:`StopRecording` raised there, outside any ``try`` of the body); without a loop of theirs, at the first
+backward call after N iterations ended.
+
+The recorder never breaks the loop it watches: every hook and trace function is guarded, and an error of its own
+switches it off for the rest of the run (:attr:`Recorder.failure` says why); the loop goes on as bare Python would.
+
+With ``keep_buffers=True`` (the step tools' runs) every call keeps its buffers and the recorder raises PyTorch's own
+error where the step as written would (a walk through a node a non-retaining call already walked): the runs
+behave as written, and a graph built before the step is still usable afterwards.
+
+Used by :mod:`backward_twice.steps.harness`, :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.watcher`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import types
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.autograd.graph import Node
+
+from backward_twice.record.events import EventKey, IterationEnd, StepEvent
+from backward_twice.record.evidence import ErrorRecord, explain
+from backward_twice.record.folds import CallLog, Folder, StepFolder, steps_kept
+from backward_twice.record.held import Growth, HeldGraph, event_names, note_names
+from backward_twice.record.iterations import split_iterations
+from backward_twice.record.learner import first_line, intercepting, learners_code, raised_at, skipped_dirs
+from backward_twice.record.lines import LineTracer
+from backward_twice.record.loops import Loop
+from backward_twice.record.names import CodeSite, NamedGraph, unstepped_optimizers
+from backward_twice.record.passes import IterationLoop, PassStart, is_optimizer
+from backward_twice.record.saved import graph_only_bytes
+from backward_twice.record.sources import refresh
+from backward_twice.record.walks import CallRecord, read_walk, record_of, stamp_walk, stamped
+
+__all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
+
+STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
+SECOND_TIME = (
+    "Trying to backward through the graph a second time (or directly access saved tensors after they "
+    "have already been freed). Saved intermediate values of the graph are freed when you call .backward() "
+    "or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time "
+    "or if you need to access saved tensors after calling backward."
+)
+
+
+class StopRecording(BaseException):
+    """Raised at the top of the pass after the N iterations a recorder was told to watch; the watch swallows it.
+    Not an Exception: the learner's own ``except Exception`` must not catch it."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Where the recorder failed and switched itself off: what it was doing, the error, and how many backward calls
+    it had seen by then."""
+
+    where: str
+    error: str
+    calls: int
+
+
+_LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In a forked child (a ``DataLoader``'s worker), the recorders it inherited watch nothing: the parent does."""
+    for recorder in list(_LIVE):
+        recorder.off = True
+
+
+if hasattr(os, "register_at_fork"):  # no fork on Windows
+    os.register_at_fork(after_in_child=_forked)  # a flag read at each hook, not a getpid() call at each
+
+
+class Recorder:
+    """Watches backward calls, optimizer steps and the learner's loop while inside ``with recorder:`` (see the
+    module's docstring).
+
+    ``iterations``: stop after that many. ``keep_buffers``: keep every graph's buffers and raise PyTorch's error
+    where the code as written would. ``roots``: extra (name, object) pairs to look for named tensors in (a step's
+    closure and globals), as a function called at each event."""
+
+    def __init__(
+        self,
+        iterations: int | None = None,
+        keep_buffers: bool = False,
+        roots: Callable[[], list[tuple[str, Any]]] | None = None,
+        on_leaf: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        if iterations is not None and (
+            isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1
+        ):
+            raise ValueError(f"watch: iterations must be a whole number from 1 up (or None), got {iterations!r}")
+        self.iterations, self.keep_buffers, self.roots, self.on_leaf = iterations, keep_buffers, roots, on_leaf
+        self.before_step: Callable[[torch.optim.Optimizer], None] | None = None  # called before each step()
+        self.by_runs = False  # a harness's runs of a step: each run is one iteration, whatever steps inside
+        self.outermost: types.FrameType | None = None  # a tool's frame: names beyond it are its caller's
+        self.boundary: types.FrameType | None = None  # the frame whose `with` started the watch (its caller's)
+        self.roots_where: CodeSite | None = None  # the code the roots' names belong to (a step's)
+        self.calls = CallLog()  # a long run's older plain iterations are folded into counts (.folds)
+        self._folder, self.step_folder = Folder(), StepFolder()  # a loop's passes; the steps, without one
+        self.steps: list[StepEvent] = []
+        self.optimizer_kinds: dict[int, str] = {}
+        self.optimizers_seen: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # to read their parameters later
+        self.marks: list[IterationEnd] = []  # where next_iteration() was called
+        self.names: dict[int, NamedGraph] = {}  # node sequence number -> the name that held it
+        self.held_from: dict[int, HeldGraph] = {}  # node sequence number -> when and how the loop first held it
+        self.sightings: list[int] = []  # the sequence counter at each time names were read
+        self.carriers: dict[int, str] = {}  # node -> the name that held it at an iteration's start
+        self.growth: dict[str, Growth] = {}  # a name whose count of graphs held at an iteration's start grew
+        self.held_per_name: dict[str, int] = {}  # how many graphs each name was followed into
+        self.event_sightings: dict[EventKey, int] = {}  # an event -> its sighting
+        self.starts: list[int] = []  # of those, the ones at an iteration's start
+        self.error: ErrorRecord | None = None
+        self.failure: Failure | None = None  # set when the recorder failed and switched itself off
+        self.pending: list[str] = []  # optimizers the code names that never stepped before the error
+        self.start = self.finish = 0
+        self.stopped = False
+        self.stop_pass: PassStart | None = None  # the pass that never ran: where the last watched one ended
+        self.skipped = skipped_dirs()
+        self.is_learners = learners_code(self.skipped)
+        self.creation = LineTracer(
+            torch._C._autograd._get_sequence_nr,
+            self.is_learners,
+            self._pass_started,
+            self._fail,
+            self._at_header,
+            self.is_learners.file,
+        )
+        self.loop = IterationLoop(self.is_learners, is_optimizer)
+        self.key = f"{STAMP}.{next(_RECORDERS)}"  # another recorder's stamps (an earlier watch) mean nothing here
+        self._lines: dict[tuple[str, int], str] = {}
+        self._context: Any = None
+        self._depth = 0
+        self._boundary_line = 0
+        self.off = False  # switched off by an error of its own (failure) or in a forked child
+        _LIVE.add(self)
+        self._last_event_end = 0  # the node counter at the end of the last event (a pass the tracer missed begins here)
+        self._first_steps: dict[int, int] = {}  # optimizer -> the position of its first step
+        self._step_counts: dict[int, int] = {}
+        self._events = 0  # optimizer steps and marks so far
+        self._first_line_calls = 0  # backward calls at the line of the first one
+        self._first_site: tuple[str, int] | None = None
+        self._retains_at: dict[tuple[str, int], int] = {}  # retaining calls per line so far
+
+    # -- entering and leaving ------------------------------------------------------------------------------
+    def __enter__(self) -> Recorder:
+        refresh()  # a script may have changed since an earlier watch read its loops
+        self.start = self._last_event_end = torch._C._autograd._get_sequence_nr()
+        caller = sys._getframe(1)
+        if self.boundary is None:
+            self.boundary = caller
+        self._boundary_line = self.boundary.f_lineno
+        self._context = intercepting(self._on_backward, self._on_step, self._before_step)
+        self._context.__enter__()
+        try:
+            self.starts.append(0)
+            note_names(self, caller)  # what the loop starts from: a graph built before it
+            self.creation.start(caller)
+            if self.by_runs:
+                self.loop.unusable = "a tool's runs of a step"
+        except Exception as error:
+            self._fail("starting", error)
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        self.finish = torch._C._autograd._get_sequence_nr()
+        self.creation.stop()
+        self._context.__exit__(None, None, None)
+        frame: types.FrameType | None = sys._getframe(1)
+        while frame is not None:  # up to Python 3.12 a read of f_locals caches the variables on the frame, and the
+            if self.is_learners(frame.f_code):  # cache holds them until the next read: a read now lets go of
+                frame.f_locals  # noqa: B018  # what the loop deleted since, as bare Python would
+            frame = frame.f_back
+        self.boundary = None  # a frame holds its variables: none is kept past the watch
+        if isinstance(exc, Exception) and self.error is None:
+            try:
+                self.record_error(exc)
+            except Exception as error:
+                self._fail("reading the loop's error", error)
+
+    def _fail(self, where: str, error: BaseException) -> None:
+        """Switch off for the rest of the run: the learner's code goes on as bare Python would."""
+        if self.failure is None:
+            self.failure = Failure(where, first_line(error, 200), len(self.calls))
+        self.off = True
+        self.creation.stop()
+
+    def record_error(self, exc: BaseException) -> None:
+        """Keep an error the loop raised outside a backward call (a backward's own is kept where it rose)."""
+        self.error = ErrorRecord(first_line(exc, 400), raised_at(exc, self._lines))
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        self.pending = unstepped_optimizers(None if tb is None else tb.tb_frame, self.skipped, self.optimizer_kinds)
+
+    # -- iterations ----------------------------------------------------------------------------------------
+    def next_iteration(self, between_runs: bool = False) -> None:
+        """Mark the end of an iteration (a loop of no statement of yours, or none this watch can read).
+        ``between_runs``: called between two calls of a step (the step's frame is gone), so this is also where
+        the next iteration starts."""
+        if self.off:
+            return
+        try:
+            self.marks.append(IterationEnd(torch._C._autograd._get_sequence_nr(), len(self.calls), len(self.marks) + 1))
+            self._events += 1
+            self.event_sightings[("mark", len(self.marks) - 1)] = len(self.sightings)
+            if between_runs:
+                self.starts.append(len(self.sightings))
+                note_names(self, sys._getframe(1))
+            else:
+                event_names(self, sys._getframe(1))
+        except Exception as error:
+            self._fail("a mark of next_iteration()", error)
+            return
+        without_a_loop = self.loop.innermost is None and not self.by_runs
+        if self.iterations is not None and not self.stopped and without_a_loop and len(self.marks) >= self.iterations:
+            self.stopped = True
+            raise StopRecording(self.iterations)
+
+    def iterations_done(self) -> int:
+        return split_iterations(self).count
+
+    def _pass_started(self, frame: types.FrameType, loop: Loop, sequence: int) -> BaseException | None:
+        """The line tracer's ``on_pass``: a pass of one of the learner's loops starts (see
+        :mod:`backward_twice.record.passes`)."""
+        if self.off:
+            return None
+        try:
+            role = self.loop.role(frame, loop)
+            if role is None:
+                return None
+            if role == "iteration" and self._stop_due():
+                return self._stop_here(sequence)
+            start = PassStart(sequence, len(self.calls))
+            self.loop.add_pass(frame, loop, start)
+            if role == "iteration":
+                start.sighting, start.looked = len(self.sightings), True
+                self.starts.append(start.sighting)
+                note_names(self, frame)
+                count = self.loop.iterations_started()
+                if count >= 2 and (self.iterations is None or count < self.iterations):
+                    # Followed to its second pass (pass 1's lines are logged, and a graph it carries shows here):
+                    # a tracer slows every Python call, so the passes are told at their first events from now on.
+                    self.creation.stop()
+        except Exception as error:
+            self._fail("the start of a pass of your loop", error)
+        return None
+
+    def _at_header(self, frame: types.FrameType, loop: Loop, sequence: int) -> BaseException | None:
+        """The line tracer's ``at_header``, for a loop whose body starts with ``try:``: stop there, if due."""
+        if self.off:
+            return None
+        try:
+            if self.loop.role(frame, loop) == "iteration" and self._stop_due():
+                return self._stop_here(sequence)
+        except Exception as error:
+            self._fail("the header of your loop", error)
+        return None
+
+    def _stop_due(self) -> bool:
+        return self.iterations is not None and not self.stopped and self.loop.iterations_started() >= self.iterations
+
+    def _stop_here(self, sequence: int) -> StopRecording:
+        assert self.iterations is not None
+        number = self.loop.iterations_started() + 1
+        self.stopped, self.stop_pass = True, PassStart(sequence, len(self.calls), len(self.sightings), number)
+        return StopRecording(self.iterations)
+
+    def _saw_event(self, frame: types.FrameType, may_stop: bool = True) -> list[PassStart]:
+        """An event ran in ``frame``. ``may_stop``: it is a backward call, before it runs (a step is not stopped
+        inside). Returns the iteration loop's passes (none: no loop splits the run)."""
+        if self.by_runs:
+            return []
+        known = self.loop.chain is not None
+        began = self.loop.saw_event(
+            frame, self.boundary, self._boundary_line, self.creation, len(self.calls), self._last_event_end
+        )
+        passes = self.loop.iteration_passes()
+        if not passes:
+            if self.loop.unusable is not None and not self.iterations:  # a framework's loop: tracing it costs
+                self.creation.stop()  # every iteration and tells nothing; the lines seen so far stay
+            return passes
+        if not known:  # the loop is known now, in its first pass: what it holds from before it (a graph built
+            self.starts.append(len(self.sightings))  # before the loop) is read here
+            note_names(self, frame, built_before=passes[0].sequence)
+        elif began:  # the first event of a new pass the tracer did not follow: what is held into it, from here
+            self._first_event_of(passes, frame, may_stop)
+        return passes
+
+    def _first_event_of(self, passes: list[PassStart], frame: types.FrameType, may_stop: bool) -> None:
+        """A new iteration's first event (its pass is the last of ``passes``), when the tracer no longer follows the
+        loop: the names are read here (what an earlier iteration built and is still held), and for ``iterations=N``
+        the tracer comes back for the last pass, to stop at the top of the next."""
+        start = passes[-1]
+        if may_stop and self.iterations is not None and start.number > self.iterations:  # its top went by unseen:
+            passes.pop()  # stop before anything of it is recorded
+            self.stopped, self.stop_pass = True, start
+            raise StopRecording(self.iterations)
+        start.sighting = len(self.sightings)  # the names read next belong to this pass or a later one
+        count = start.number
+        if count <= 4 or count & (count - 1) == 0:  # the first passes, then the 8th, 16th, ...: a read costs a walk
+            self.starts.append(start.sighting)  # of the loop's objects; what grows keeps growing, what is held stays
+            start.looked = True
+            note_names(self, frame, built_before=start.sequence)
+        if self.iterations is not None and count == self.iterations and not self.creation.active:
+            self.creation.start(frame)
+        if self._folder.due(passes):
+            self._folder.fold(self.calls, passes)
+            self.steps = steps_kept(self.steps, self.calls)
+
+    def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.off:
+            return
+        try:
+            if id(optimizer) not in self.optimizers_seen:
+                self.optimizer_kinds.setdefault(id(optimizer), type(optimizer).__name__)
+                self.optimizers_seen[id(optimizer)] = weakref.ref(optimizer)
+            if self.before_step is not None:
+                self.before_step(optimizer)
+        except Exception as error:
+            self._fail("before an optimizer step", error)
+
+    def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.off:
+            return
+        try:
+            with self.creation.untraced:
+                caller = sys._getframe(2)  # past intercepting's lambda, the hook's own frame
+                line = self.is_learners.site(caller, self._lines)[1]
+                self._last_event_end = torch._C._autograd._get_sequence_nr()
+                number = self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
+                by_steps = not self.loop.iteration_passes()  # split by steps, without a loop: where each one ended
+                sighting = len(self.sightings) if by_steps else -1
+                self.steps.append(
+                    StepEvent(id(optimizer), self._last_event_end, len(self.calls), line, number, sighting)
+                )
+                self._first_steps.setdefault(id(optimizer), self._events)
+                self._events += 1
+                if self.creation.active or by_steps:  # settled: the backward calls tell passes
+                    self._saw_event(caller, may_stop=False)
+                if by_steps or self.loop.unusable is not None:  # else at the loop's passes' starts instead
+                    event_names(self, caller)
+                if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
+                    read, first = len(self.sightings), self._first_steps
+                    self.steps = self.step_folder.after_step(self.calls, self.steps, first, self.start, read)
+        except Exception as error:
+            self._fail("after an optimizer step", error)
+
+    @property
+    def events(self) -> int:
+        """How many optimizer steps and marks came so far."""
+        return self._events
+
+    # -- backward calls ------------------------------------------------------------------------------------
+    def _on_backward(
+        self, engine: Callable[..., Any], outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if self._depth or self.off:  # a backward inside a backward (a hook's): the outer call is the learner's
+            return engine(outputs, *args, **kwargs)
+        caller = sys._getframe(2)  # past intercepting's wrapper, the engine entry's own frame
+        try:
+            with self.creation.untraced:
+                prepared = self._before_backward(outputs, args, kwargs, caller)
+        except StopRecording:
+            raise
+        except Exception as error:
+            self._fail("before a backward call", error)
+            return engine(outputs, *args, **kwargs)
+        if prepared is None:  # torch.compile tracing its backward: not the loop's
+            return engine(outputs, *args, **kwargs)
+        call, walked, handle, args = prepared
+        self._depth += 1
+        threaded = torch._C._is_multithreading_enabled()
+        torch._C._set_multithreading_enabled(False)  # the engine lists what it walks only on the calling thread
+        try:
+            result = engine(outputs, *args, **kwargs)
+        except Exception as exc:
+            try:
+                call.error = first_line(exc, 400)
+                if self.error is None:
+                    self.error = explain(self, exc, call, walked, caller)
+                    self.pending = unstepped_optimizers(caller, self.skipped, self.optimizer_kinds)
+            except Exception as error:
+                self._fail("reading a backward's error", error)
+            raise
+        finally:
+            torch._C._set_multithreading_enabled(threaded)
+            self._depth -= 1
+            if handle is not None:
+                handle.remove()
+            call.end = self._last_event_end = torch._C._autograd._get_sequence_nr()
+        try:
+            with self.creation.untraced:
+                if call.retain_graph or call.create_graph:  # without a retain the engine freed all it walked
+                    count = self._retains_at[call.site] = self._retains_at.get(call.site, 0) + 1
+                    if count <= 4 or count & (count - 1) == 0:  # a line's graph is the same size each time
+                        call.held_after_bytes = graph_only_bytes([n for n in walked if stamped(n, self.key)])
+                walked.clear()  # the recorder holds no node between calls
+                if not self.steps and not self.marks:
+                    self.event_sightings[("call", call.index)] = len(self.sightings)
+                    event_names(self, caller)
+        except Exception as error:
+            self._fail("after a backward call", error)
+        return result
+
+    def _before_backward(
+        self, outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any], caller: types.FrameType
+    ) -> tuple[CallRecord, list[Node], Any, tuple[Any, ...]] | None:
+        site, line, compiled = self.is_learners.site(caller, self._lines)
+        if compiled:
+            return None
+        passes = self._saw_event(caller)
+        if self.iterations is not None:
+            self._maybe_stop_without_a_loop(site)
+        call = record_of(len(self.calls), site, line, args, kwargs, self._events)
+        self.calls.append(call)
+        if self._first_site is None:
+            self._first_site = site
+        if site == self._first_site:
+            self._first_line_calls += 1
+        walked: list[Node] = []
+        boundary = self._iteration_start(passes)
+        as_written: list[bool] = []
+
+        def look(order: list[Node]) -> None:
+            if self.off:
+                return
+            try:
+                with self.creation.untraced:
+                    walked.extend(order)
+                    as_written.append(
+                        stamp_walk(self.key, self.calls, call, order, boundary, self.on_leaf, self.keep_buffers)
+                    )
+            except Exception as error:
+                self._fail("reading what a backward walks", error)
+            if as_written and as_written[-1]:
+                raise RuntimeError(SECOND_TIME)  # keep_buffers: where the step as written raises
+
+        handle = read_walk(outputs, look)
+        if self.keep_buffers:  # torch passes (grad_tensors, keep_graph, create_graph, inputs, ...) by position
+            args = (args[0], True, *args[2:]) if len(args) > 1 else args
+        return call, walked, handle, args
+
+    def _maybe_stop_without_a_loop(self, site: tuple[str, int]) -> None:
+        """Without a loop of the learner's, iteration N+1 is stopped at its first backward call, before it runs."""
+        if self.iterations is None or self.stopped or self.by_runs or self.loop.iteration_passes():
+            return
+        ended = len(self.marks)  # iterations ended so far by the fallbacks: marks, the closing optimizer's steps
+        if not ended and self._first_steps:
+            ended = self._step_counts[max(self._first_steps, key=self._first_steps.__getitem__)]
+        if not ended and self.calls:  # no step and no mark: a new iteration at each call of the first line
+            ended = self._first_line_calls if site == self._first_site else 0
+        if ended >= self.iterations:
+            self.stopped = True
+            raise StopRecording(self.iterations)
+
+    def _iteration_start(self, passes: list[PassStart]) -> int:
+        """The sequence counter where the current iteration started: the last of its loop's ``passes``; without
+        one, the last event that may end an iteration (an optimizer step, a mark, or, while there is neither, the
+        end of the last call)."""
+        if passes:
+            return passes[-1].sequence
+        previous = self.calls.get(len(self.calls) - 2)
+        step, mark = self.steps[-1].sequence if self.steps else 0, self.marks[-1].sequence if self.marks else 0
+        return max(self.start, step, mark, previous.end if previous is not None else 0)

@@ -1,0 +1,124 @@
+"""What an autograd node saved for its backward, read without unpacking, and the bytes only the graph holds.
+
+* :func:`saved_data`: the tensors behind a node's ``_raw_saved_*`` attributes (``.data`` of each
+  ``SavedTensor``: no unpack, so nothing trips or switches off PyTorch's version check), or None once freed;
+* :func:`graph_only_bytes`: the storages those tensors hold, each once, counted only when the graph alone holds
+  them, as the course's saved-tensor meter counts (a parameter, or an input or activation a Python name still
+  holds, is alive anyway); a saved 0-dim scalar counts too;
+* :func:`python_walk`: every node a graph reaches from some roots, over ``next_functions``;
+* :func:`grad_fn_of`: a tensor's ``grad_fn``, or None where PyTorch refuses the read.
+
+Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.names`,
+:mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.walks`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.autograd.graph import Node
+
+__all__ = ["grad_fn_of", "graph_only_bytes", "has_saved_data", "python_walk", "saved_data"]
+
+_storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
+_saved_attributes: dict[type, tuple[str, ...]] = {}
+
+
+def grad_fn_of(tensor: torch.Tensor) -> Node | None:
+    """``tensor.grad_fn``, or None where PyTorch refuses to give it: a view of a function that returns several
+    (``unbind``, ``split``, ``chunk``, ``for row in w``) whose base was changed in place raises on the read."""
+    try:
+        return tensor.grad_fn
+    except RuntimeError:
+        return None
+
+
+class _Freed(Exception):
+    """A custom Function's saved tensors, once freed: reading them raises."""
+
+
+def _saved_items(node: Node) -> Iterator[Any]:
+    """What each of ``node``'s saved slots holds (``.data`` of its ``SavedTensor``: None when it holds nothing)."""
+    for name in _raw_names(type(node)):
+        try:
+            raw = getattr(node, name)
+        except RuntimeError:
+            raise _Freed from None
+        for item in raw if isinstance(raw, (tuple, list)) else (raw,):
+            yield getattr(item, "data", None)
+
+
+def saved_data(node: Node) -> list[torch.Tensor] | None:
+    """The tensors ``node`` holds for its backward (read without unpacking), or None once they are freed."""
+    try:
+        return [data for data in _saved_items(node) if isinstance(data, torch.Tensor)]
+    except _Freed:
+        return None
+
+
+def has_saved_data(node: Node) -> bool:
+    """Whether ``node`` still holds a tensor for its backward (stops at the first: cheaper than
+    :func:`saved_data`)."""
+    try:
+        return any(data is not None for data in _saved_items(node))
+    except _Freed:
+        return False
+
+
+def _raw_names(kind: type) -> tuple[str, ...]:
+    """A node type's ``_raw_saved_<name>`` attributes (custom Functions: ``_raw_saved_tensors``), read once."""
+    names = _saved_attributes.get(kind)
+    if names is None:
+        names = _saved_attributes[kind] = tuple(n for n in dir(kind) if n.startswith("_raw_saved_"))
+    return names
+
+
+@dataclass(slots=True)
+class _Storage:
+    """A storage saved tensors share: the storage, the tensors (their ``_cdata``) that hold it in the graph, and
+    whether one of them is held outside the graph too."""
+
+    storage: torch.UntypedStorage
+    impls: set[int] = field(default_factory=set)
+    outside: bool = False
+
+
+def graph_only_bytes(nodes: Sequence[Node]) -> int:
+    """The bytes of the storages the saved tensors of ``nodes`` hold and nothing else does: one storage once; a
+    leaf that requires grad (a parameter) or a tensor a Python name still holds is not the graph's alone."""
+    if _storage_use_count is None:
+        return 0
+    storages: dict[int, _Storage] = {}
+    for node in nodes:
+        for tensor in saved_data(node) or ():
+            # getrefcount: the list, this name, the argument and the graph's own hold; more: someone else holds it.
+            outside = (tensor.requires_grad and not tensor._is_view() and grad_fn_of(tensor) is None) or (
+                sys.getrefcount(tensor) > 4
+            )
+            storage = tensor.untyped_storage()
+            entry = storages.get(storage.data_ptr())
+            if entry is None:
+                entry = storages[storage.data_ptr()] = _Storage(storage)
+            entry.impls.add(tensor._cdata)
+            entry.outside = entry.outside or outside
+    total = 0
+    for entry in storages.values():
+        # -1: the wrapper held here
+        if not entry.outside and _storage_use_count(entry.storage._cdata) - 1 == len(entry.impls):
+            total += entry.storage.nbytes()
+    return total
+
+
+def python_walk(roots: Sequence[Node | None]) -> list[Node]:
+    """Every node reachable from ``roots`` over ``next_functions``, each once, a layer at a time."""
+    seen: dict[int, Node] = {}
+    layer = [root for root in roots if root is not None]
+    while layer:
+        fresh = {id(node): node for node in layer if id(node) not in seen}
+        seen.update(fresh)
+        layer = [child for node in fresh.values() for child, _ in node.next_functions if child is not None]
+    return list(seen.values())

@@ -1,0 +1,191 @@
+"""Audit a training step's ``retain_graph=True``: which ones can go, which are needed, and what each keeps alive.
+
+:func:`audit_retain_graph` takes one training iteration as the learner wrote it (a function of no arguments),
+runs it as written a few times (:func:`backward_twice.steps.harness.run_step`: under the recorder, everything put back
+afterwards, on CPU copies) and judges each backward call from what ran (:mod:`backward_twice.judge.verdicts`): a
+``retain_graph=True`` is needed when a later backward (in the same run, or a later one: a graph built before the
+step) walks a node with saved tensors that it kept; it can go when none does. No run is changed: no retain is
+switched off to see what happens.
+
+The report lists the calls of the first run (``.calls``, each with its learner's line, flags, bytes the graph
+still held after it, and the verdict of its line) and one verdict per source line over all runs (``.lines``, with
+counts: "needed in 1 of 5 runs"), so a line gets one prescription. It holds plain data only: no tensor and no
+graph outlives the call. A line in a notebook cell is named as IPython's tracebacks name it ("Cell In[5], line 3:
+code", :func:`backward_twice.record.learner.learner_line`).
+
+Used by notebooks 05_your_training_step and 06_real_stack.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from backward_twice.common.units import format_bytes
+from backward_twice.judge.verdicts import CREATE_GRAPH_NOTE, GOES_WITH_CARRIED, LineVerdict
+from backward_twice.record.learner import short
+from backward_twice.steps.harness import StepRun, run_step
+
+__all__ = ["BackwardCall", "RetainAudit", "audit_report", "audit_retain_graph"]
+
+
+@dataclass(frozen=True)
+class BackwardCall:
+    """One backward call of the step: its place in the run (0-based), the learner's line ("file:line: code"),
+    which function it was, its effective ``retain_graph`` and ``create_graph``, the verdict (``needed``: True,
+    False = can go, None = not a retain; ``band_aid``: needed only by a later iteration, through a carried graph),
+    the graph-only bytes still held right after it, why, and the fix."""
+
+    index: int
+    line: str
+    function: str
+    retain_graph: bool
+    create_graph: bool
+    needed: bool | None
+    held_after_bytes: int
+    why: str
+    fix: str
+    band_aid: bool = False
+
+    @property
+    def verdict(self) -> str:
+        if self.band_aid:
+            return GOES_WITH_CARRIED
+        if self.needed is not None:
+            return "needed" if self.needed else "can go"
+        if self.retain_graph and not self.create_graph:
+            return "cannot tell"
+        return "not a retain (create_graph)" if self.create_graph else "not a retain"
+
+
+@dataclass(frozen=True)
+class RetainAudit:
+    """What :func:`audit_retain_graph` found: the step's error as written (its type and the message's first line;
+    None if it ran), the first run's backward calls in order, the learner's line where the error was raised, and
+    one verdict per source line over all runs (:class:`backward_twice.judge.verdicts.LineVerdict`)."""
+
+    error: str | None
+    calls: list[BackwardCall] = field(default_factory=list)
+    error_line: str | None = None
+    lines: list[LineVerdict] = field(default_factory=list)
+
+    def summary(self) -> str:
+        retains = [c for c in self.calls if c.needed is not None]
+        needed = sum(1 for c in retains if c.needed)
+        failed = (
+            ""
+            if self.error is None
+            else (f" As written the step raises {self.error.rstrip('.')} at {_short(self.error_line or '?')}")
+        )
+        return (
+            f"{len(self.calls)} backward call(s); {len(retains)} retain_graph=True judged: {needed} needed, "
+            f"{len(retains) - needed} can go.{failed}"
+        )
+
+    def __repr__(self) -> str:
+        rows = [
+            f"  {c.index + 1}. {_short(c.line)} | retain_graph={c.retain_graph} | {c.verdict} | "
+            f"{format_bytes(c.held_after_bytes)} held after | {c.fix} ({c.why})"
+            for c in self.calls
+        ]
+        lines = [
+            f"  {_short(v.line)}: {v.verdict} ({v.runs} run{'s' if v.runs != 1 else ''}, needed in "
+            f"{v.needed_runs}). {v.fix}"
+            for v in self.lines
+        ]
+        return "\n".join([f"retain_graph audit: {self.summary()}", *rows, *(["Per line:", *lines] if lines else [])])
+
+    def _repr_html_(self) -> str:
+        # Left-aligned and wrapped, the why under the fix: the table fits a notebook's column.
+        cell = "style='text-align:left;vertical-align:top;padding:2px 10px 2px 0'"
+        head = "".join(
+            f"<th {cell}>{h}</th>" for h in ("#", "line", "retain_graph", "verdict", "held after", "fix (why)")
+        )
+        rows = "".join(
+            f"<tr><td {cell}>{c.index + 1}</td><td {cell} title='{html.escape(c.line, quote=True)}'>"
+            f"<code style='white-space:pre-wrap'>{html.escape(_short(c.line))}</code></td><td {cell}>"
+            f"{c.retain_graph}</td><td {cell}><b>{c.verdict}</b></td><td {cell}>{format_bytes(c.held_after_bytes)}"
+            f"</td><td {cell}>{html.escape(c.fix)}<br><small>{html.escape(c.why)}</small></td></tr>"
+            for c in self.calls
+        )
+        return (
+            f"<div><p><b>retain_graph audit:</b> {html.escape(self.summary())}</p>"
+            f"<table style='border-collapse:collapse'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>"
+            f"</table></div>"
+        )
+
+
+def _short(line: str) -> str:
+    return short(line)
+
+
+def audit_report(run: StepRun) -> RetainAudit:
+    """The retain verdicts :func:`backward_twice.steps.harness.run_step` saw, as :func:`audit_retain_graph` reports
+    them."""
+    recorder, v = run.recorder, run.verdicts
+    by_line = {line.line: line for line in v.lines}
+    first = [c for c in recorder.calls if v.split.iteration_of_call(c.index) == 1]
+    calls = []
+    for c in first:
+        line = by_line.get(c.line)
+        code = c.line.split(": ", 1)[-1]
+        function = (
+            "torch.autograd.grad"
+            if c.function == "grad"
+            else "loss.backward"
+            if ".backward(" in code and "autograd.backward" not in code
+            else "torch.autograd.backward"
+        )
+        if c.error is not None:  # no verdict for a call that raised: it never finished
+            why, fix, needed = f"it raised {c.error}", "fix the step's error first", None
+        elif line is None or line.verdict.startswith("not a retain"):
+            why, fix = (
+                (CREATE_GRAPH_NOTE, "nothing to change here")
+                if c.create_graph
+                else ("it does not retain the graph (retain_graph is off)", "nothing to change")
+            )
+            needed = None
+        else:
+            needed = bool(c.needed_by) and not c.create_graph
+            why, fix = line.why, line.fix
+        band_aid = line is not None and line.verdict == GOES_WITH_CARRIED and bool(c.needed_by)
+        calls.append(
+            BackwardCall(
+                c.index,
+                c.line,
+                function,
+                c.retain_graph,
+                c.create_graph,
+                needed,
+                c.held_after_bytes,
+                why,
+                fix,
+                band_aid,
+            )
+        )
+    error = None if v.error is None else v.error.message
+    return RetainAudit(error, calls, None if v.error is None else v.error.line, list(v.lines))
+
+
+def audit_retain_graph(
+    step: Callable[[], Any],
+    models: torch.nn.Module | Iterable[torch.nn.Module] = (),
+    optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
+    iterations: int = 2,
+) -> RetainAudit:
+    """Run ``step`` (one training iteration, no arguments) as written ``iterations`` times and say, for every
+    ``retain_graph=True``, whether a later backward walks the buffers it kept (needed) or none does (can go), per
+    call of the first run and once per source line with counts; with the bytes only the graph still held right
+    after each call, why and the fix. Pass the ``models`` and ``optimizers`` the step trains: their state, the
+    random streams and what the step's closure and globals hold are put back afterwards.
+
+    Used by notebook 05_your_training_step."""
+    try:
+        run = run_step(step, models, optimizers, iterations, who="audit_retain_graph")
+    except (TypeError, ValueError) as exc:  # the input checks: raised here, not deep in the harness
+        raise type(exc)(str(exc)) from None
+    return audit_report(run)

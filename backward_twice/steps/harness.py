@@ -1,0 +1,346 @@
+"""Running a learner's step for a tool: as written, a few times, under the recorder, with everything put back.
+
+:func:`run_step` is what :func:`backward_twice.steps.diagnose.diagnose`,
+:func:`backward_twice.steps.audit.audit_retain_graph`,
+:func:`backward_twice.steps.carried.find_carried_graph` and ``%%diagnose`` share (and the lessons' checks of a learner's
+step):
+
+* the input is checked (:func:`backward_twice.record.learner.check_step`,
+  :func:`backward_twice.record.learner.as_items`), and the step's
+  lines are named as the learner's (:func:`backward_twice.record.learner.learner_line`);
+* the step runs as written, ``iterations`` times, under a :class:`backward_twice.record.recorder.Recorder` with
+  ``keep_buffers=True``: no ``retain_graph`` is switched off or on as far as the step can tell (the recorder
+  raises PyTorch's own error where the step as written would), and a graph built before the step keeps its
+  buffers, so it is still usable afterwards. Each run is one iteration (``next_iteration()`` after it);
+* before the first run, :class:`CpuSnapshot` copies to the CPU (never on the model's device) the models'
+  parameters, ``.grad`` and buffers, the tensors kept as their attributes, the optimizers' state, the random
+  streams, and what the step's closure and globals hold (tensors, lists, dicts, tuples, and the leaves that
+  require grad among them: a hand-written ``W``); a leaf that requires grad the step reaches some other way is
+  copied the first time a backward walks to it (before it accumulates), and the optimizers' parameters (an
+  LBFGS image) are copied with them. An optimizer nobody passed (one the step builds every call, one kept where
+  no name reaches) is adopted at its first ``step()``, before it changes anything: its parameters and state are
+  copied then. Afterwards everything is put back: the values, each tensor's attributes (``p.exp_avg`` a learner's
+  optimizer keeps on a parameter) and its version counter, so a graph built before the runs that saved a parameter
+  still walks as it would have without them;
+* the gradients each optimizer receives are kept (on the CPU) at its first ``step()``; without optimizers, the
+  models' ``.grad`` after the first run.
+
+Used by :mod:`backward_twice.steps.audit`, :mod:`backward_twice.steps.carried` and :mod:`backward_twice.steps.diagnose`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from backward_twice.judge.verdicts import Verdicts, judge
+from backward_twice.record.learner import as_items, check_step, held_bindings, known_names
+from backward_twice.record.names import CodeSite
+from backward_twice.record.recorder import Recorder
+
+__all__ = ["CpuSnapshot", "StepRun", "run_step"]
+
+
+def _cpu(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _cpu(value)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class _KeptTensor:
+    """A tensor a step may change and what puts it back: its CPU copy, its ``.grad``'s (None: none), its version,
+    its own attributes (an optimizer of the learner's may keep ``p.exp_avg`` on a parameter), and whether it was a
+    leaf and required a gradient (an EMA updated outside ``torch.no_grad()`` gives a parameter a graph)."""
+
+    tensor: torch.Tensor
+    value: torch.Tensor
+    grad: torch.Tensor | None
+    version: int
+    attributes: dict[str, Any]
+    leaf: bool = True
+    requires_grad: bool = False
+
+
+class CpuSnapshot:
+    """What a tool's runs of a step may change, copied to the CPU now; :meth:`restore` puts it back."""
+
+    def __init__(
+        self,
+        step: Callable[[], Any],
+        models: tuple[torch.nn.Module, ...],
+        optimizers: tuple[torch.optim.Optimizer, ...],
+    ) -> None:
+        self._tensors: dict[int, _KeptTensor] = {}
+        for model in models:
+            for p in model.parameters():
+                self.keep(p)
+            for b in model.buffers():
+                self.keep(b)
+        self._attributes = [
+            (module, name, value)
+            for model in models
+            for module in model.modules()
+            for name, value in vars(module).items()
+            if isinstance(value, (torch.Tensor, tuple))
+        ]
+        self._optimizers = [(o, _to_cpu(o.state_dict())) for o in optimizers]
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    self.keep(p)
+        self._random = (
+            random.getstate(),
+            torch.get_rng_state(),
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        )
+        self._bindings = held_bindings(step)
+        self._containers: list[tuple[Any, Any]] = []
+        self._objects: list[tuple[Any, dict[str, Any]]] = []
+        for _, value in self._bindings:
+            self._walk(value, 0)
+
+    def adopt(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer nobody passed, about to step (one the step builds itself, or reaches some other way): its
+        parameters and its state are copied now, before it changes them, and put back with the rest."""
+        if all(kept is not optimizer for kept, _ in self._optimizers):
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    self.keep(p)
+            self._optimizers.append((optimizer, _to_cpu(optimizer.state_dict())))
+
+    def keep(self, tensor: torch.Tensor) -> None:
+        """Copy ``tensor`` (its ``.grad``, its attributes and the tensors among them) to the CPU, once."""
+        if id(tensor) not in self._tensors and not tensor.is_meta and tensor.layout == torch.strided:
+            grad = tensor.grad if tensor.is_leaf else None
+            attributes = dict(vars(tensor))
+            self._tensors[id(tensor)] = _KeptTensor(
+                tensor,
+                _cpu(tensor),
+                None if grad is None else _cpu(grad),
+                tensor._version,
+                attributes,
+                tensor.is_leaf,
+                tensor.requires_grad,
+            )
+            for value in attributes.values():
+                if isinstance(value, torch.Tensor):
+                    self.keep(value)
+
+    def _walk(self, value: Any, depth: int) -> None:
+        """Containers the step holds (their items put back) and the tensors in them (by value: a step may change
+        a hand-written ``W`` or an input buffer in place, ``input_A.copy_(batch)``)."""
+        if isinstance(value, torch.Tensor):
+            self.keep(value)
+            return
+        if depth >= 3 or isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+            return
+        if isinstance(value, dict):
+            self._containers.append((value, dict(value)))
+            items: Iterable[Any] = list(value.values())
+        elif isinstance(value, list):
+            self._containers.append((value, list(value)))
+            items = list(value)
+        elif isinstance(value, tuple):
+            items = value
+        elif hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)) and not callable(value):
+            # an object's attributes, put back as they were: a distribution's lazily computed .probs is a graph
+            # that the runs would otherwise leave behind
+            self._objects.append((value, dict(vars(value))))
+            items = list(vars(value).values())
+        else:
+            return
+        for item in items:
+            self._walk(item, depth + 1)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for kept in self._tensors.values():
+                tensor, grad = kept.tensor, kept.grad
+                if kept.leaf and not tensor.is_leaf and tensor._base is None:  # the runs gave it a graph: cut it
+                    tensor.detach_()
+                    tensor.requires_grad_(kept.requires_grad)
+                # changed in place: an optimizer's step bumps the version; p.data.add_() and batch norm's running
+                # statistics do not, so an unbumped tensor is compared
+                if tensor._version != kept.version or not torch.equal(tensor.detach().cpu(), kept.value):
+                    tensor.copy_(kept.value)
+                    _set_version(tensor, kept.version)
+                if tensor.is_leaf and (tensor.requires_grad or grad is not None):
+                    tensor.grad = None if grad is None else grad.to(tensor.device)
+                now = vars(tensor)
+                if now.keys() != kept.attributes.keys() or any(now[k] is not v for k, v in kept.attributes.items()):
+                    now.clear()
+                    now.update(kept.attributes)
+        for module, name, value in self._attributes:
+            vars(module)[name] = value
+        for optimizer, state in self._optimizers:
+            optimizer.load_state_dict(state)  # copies the state back onto each parameter's device
+        python, cpu, cuda = self._random
+        random.setstate(python)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        for put, value in self._bindings:
+            put(value)
+        for container, items in self._containers:
+            if isinstance(container, dict):
+                container.clear()
+                container.update(items)
+            else:
+                container[:] = items
+        for obj, attributes in self._objects:
+            if vars(obj) != attributes:
+                vars(obj).clear()
+                vars(obj).update(attributes)
+
+
+def _set_version(tensor: torch.Tensor, version: int) -> None:
+    """Put back the version a tensor had when it was copied, now that it holds that value again: a graph built
+    before the runs that saved it (a parameter, a buffer) stays usable, as without the runs. Without PyTorch's
+    private setter the version stays bumped, and such a graph raises the in-place error when walked."""
+    setter = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+    if setter is not None:
+        with contextlib.suppress(TypeError, RuntimeError):
+            setter((tensor,), (version,))
+
+
+@dataclass
+class StepRun:
+    """What :func:`run_step` saw: the recorder, the verdicts, how many runs started, and the gradients kept."""
+
+    recorder: Recorder
+    verdicts: Verdicts
+    runs: int
+    gradients: dict[str, torch.Tensor | None] = field(default_factory=dict)
+
+
+def run_step(
+    step: Callable[[], Any],
+    models: Any = (),
+    optimizers: Any = (),
+    iterations: int = 3,
+    who: str = "diagnose",
+    gradients: bool = False,
+) -> StepRun:
+    """Run ``step`` as written ``iterations`` times under the recorder (see the module's docstring) and put back
+    everything it changed; the step's own error ends the runs and goes in the verdicts. ``gradients``: also keep
+    (on the CPU) the gradients each optimizer gets at its first ``step()`` (the models' after the first run when
+    there is no optimizer), in ``StepRun.gradients``."""
+    check_step(step, who)
+    if isinstance(models, Mapping):  # {"D": netD, "G": netG}
+        models = list(models.values())
+    if isinstance(optimizers, Mapping):
+        optimizers = list(optimizers.values())
+    models = as_items(models, torch.nn.Module, "models", "torch.nn.Module", who)
+    optimizers = as_items(optimizers, torch.optim.Optimizer, "optimizers", "torch.optim.Optimizer", who)
+    names = known_names(step)
+    found_models, found_optimizers = _reachable(names.values())  # a wrapper's self._optim, a PPO's policy
+    models = tuple({id(m): m for m in (*models, *found_models)}.values())
+    optimizers = tuple({id(o): o for o in (*optimizers, *found_optimizers)}.values())
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"{who}: iterations must be a whole number from 1 up, got {iterations!r}")
+    snapshot = CpuSnapshot(step, models, optimizers)
+    recorder = Recorder(keep_buffers=True, roots=lambda: list(known_names(step).items()), on_leaf=snapshot.keep)
+    kept: dict[str, torch.Tensor | None] = {}
+    labels = _parameter_labels(names, models, optimizers)
+    stepped: set[int] = set()
+
+    def capture(optimizer: torch.optim.Optimizer) -> None:
+        snapshot.adopt(optimizer)  # before it changes anything
+        if id(optimizer) in stepped or not gradients:
+            return
+        stepped.add(id(optimizer))
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                kept.setdefault(labels.get(id(p), f"parameter {len(kept)}"), None if p.grad is None else _cpu(p.grad))
+
+    recorder.before_step = capture
+    recorder.by_runs = True
+    recorder.outermost = sys._getframe()  # the step's names are inside it; the caller's, outside
+    code = getattr(step, "__code__", None)
+    if code is not None:
+        recorder.roots_where = CodeSite(code.co_filename, code.co_firstlineno, code.co_name)
+    runs = 0
+    try:
+        with recorder:
+            for runs in range(1, iterations + 1):
+                try:
+                    step()
+                except Exception as exc:  # the step's own error is what the tools report
+                    if recorder.error is None:
+                        recorder.record_error(exc)
+                    break
+                if gradients and runs == 1 and not optimizers:
+                    for model in models:
+                        for name, p in model.named_parameters():
+                            kept[labels.get(id(p), name)] = None if p.grad is None else _cpu(p.grad)
+                recorder.next_iteration(between_runs=True)
+    finally:
+        recorder.outermost = None  # a frame holds its variables: not kept past the run
+        snapshot.restore()
+    return StepRun(recorder, judge(recorder), runs, kept)
+
+
+def _reachable(values: Iterable[Any], depth: int = 0) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
+    """The modules and optimizers among ``values``, in their lists, tuples and dicts, and in the attributes of the
+    objects they hold, two levels deep (``state["model"]``, ``ppo.policy``, ``pc_adam._optim``), and the optimizers
+    a module keeps as an attribute (``self.meta_optim``)."""
+    models: list[torch.nn.Module] = []
+    optimizers: list[torch.optim.Optimizer] = []
+    for value in values:
+        if isinstance(value, torch.nn.Module):
+            models.append(value)
+            optimizers += [v for v in vars(value).values() if isinstance(v, torch.optim.Optimizer)]  # MAML's
+        elif isinstance(value, torch.optim.Optimizer):
+            optimizers.append(value)
+        elif depth < 2 and isinstance(value, (list, tuple)):
+            inner = _reachable(value[:64], depth + 1)
+            models += inner[0]
+            optimizers += inner[1]
+        elif depth < 2 and isinstance(value, dict):
+            inner = _reachable(list(value.values())[:64], depth + 1)
+            models += inner[0]
+            optimizers += inner[1]
+        elif (
+            depth < 2
+            and hasattr(value, "__dict__")
+            and not isinstance(value, (type, types.ModuleType))
+            and not callable(value)
+        ):
+            inner = _reachable(list(vars(value).values())[:64], depth + 1)
+            models += inner[0]
+            optimizers += inner[1]
+    return models, optimizers
+
+
+def _parameter_labels(
+    names: dict[str, Any], models: tuple[torch.nn.Module, ...], optimizers: tuple[torch.optim.Optimizer, ...]
+) -> dict[int, str]:
+    """Each parameter's label in a gradient snapshot: its model's name in the step and its own name."""
+    by_id = {id(value): name for name, value in reversed(list(names.items()))}
+    labels: dict[int, str] = {}
+    for i, model in enumerate(models):
+        prefix = by_id.get(id(model), f"models[{i}]" if len(models) > 1 else "model")
+        for pname, p in model.named_parameters():
+            labels.setdefault(id(p), f"{prefix}.{pname}")
+    for i, optimizer in enumerate(optimizers):
+        prefix = by_id.get(id(optimizer), f"optimizers[{i}]" if len(optimizers) > 1 else "optimizer")
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for j, p in enumerate(params):
+            labels.setdefault(id(p), f"{prefix}[{j}]")
+    return labels

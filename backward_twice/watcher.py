@@ -1,0 +1,202 @@
+"""``with bt.watch() as w:`` around the learner's own loop: the loop runs as written, and afterwards ``w`` shows what
+the recorder saw, judged (:mod:`backward_twice.judge.verdicts`) and reported (:mod:`backward_twice.report.rendering`):
+in a notebook as HTML, printed as text, and as JSON for ``backward-twice watch --json``.
+
+The loop is not changed: no re-run, no copy of parameters, gradients or optimizer state. An error the loop raises
+goes on up with the diagnosis as a note under its traceback (Python 3.11's ``add_note``; a script and a notebook
+cell both print it), and without the tool's own frames in it: the traceback is the one bare Python prints.
+``SystemExit`` and ``KeyboardInterrupt`` go on up too, as how the loop ended, not as its error.
+``watch(iterations=N)`` ends the block quietly at the top of the loop's pass N+1. A loop of no statement of the
+learner's (a framework's) can mark its iterations with ``w.next_iteration()``; otherwise the report says how it
+split them.
+
+Nothing here raises into the learner's code: if the tool fails, the loop's own outcome stands and the report says
+what went wrong.
+
+Used by notebook 05_your_training_step, and by :mod:`backward_twice.cli`. ``backward-twice watch SCRIPT`` runs it on a
+script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import types
+from typing import Any
+
+from backward_twice.judge.verdicts import Verdicts, judge
+from backward_twice.record.learner import first_line
+from backward_twice.record.recorder import Recorder, StopRecording
+from backward_twice.report.rendering import Report, build_report, render_html, render_text, report_json
+
+__all__ = ["Watch", "dump_json", "verdicts_json", "watch"]
+
+_OURS = os.path.dirname(os.path.abspath(__file__))
+
+
+class Watch:
+    """What :func:`watch` returns: the recorder while the block runs, the diagnosis (``.verdicts``, ``.report``)
+    after it."""
+
+    def __init__(self, iterations: int | None = None, more: str | None = None) -> None:
+        self.recorder = Recorder(iterations)
+        self.ended_by: str | None = None  # "SystemExit: 0", "KeyboardInterrupt": how the loop ended, if so
+        self.more = more or "`w` in a new cell shows the evidence"  # where the evidence is, under the diagnosis
+        self._more_given = more is not None
+        self._verdicts: Verdicts | None = None
+        self._report: Report | None = None
+        self._problem: str | None = None  # the tool's own failure to judge, if it had one
+
+    def __enter__(self) -> Watch:
+        self._verdicts = self._report = None
+        caller = sys._getframe(1)
+        self.recorder.boundary = caller
+        if not self._more_given:
+            self.more = f"`{_with_name(caller) or 'w'}` in a new cell shows the evidence"
+        self.recorder.__enter__()
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        self.recorder.__exit__(kind, exc, tb)
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            self.ended_by = first_line(exc) if isinstance(exc, SystemExit) else "KeyboardInterrupt"
+        try:
+            self._verdicts = judge(self.recorder)
+            self._report = build_report(self._verdicts, ended_by=self.ended_by)
+        except Exception as error:  # the loop's own outcome stands; the report says the tool failed
+            self._problem = f"backward-twice could not judge this run (an error of its own: {first_line(error)})"
+        if isinstance(exc, Exception):
+            _without_our_frames(exc)
+            if self._problem is None and not self.verdicts.calls:
+                return False  # raised before any backward call (a missing import): Python's own error, alone
+            note = self._problem or render_text(self.report, more=self.more)
+            if hasattr(exc, "add_note"):
+                exc.add_note(note)
+            else:  # Python 3.10: no notes; the diagnosis goes to stderr just before the traceback
+                print(note, file=sys.stderr)
+        return isinstance(exc, StopRecording)
+
+    def next_iteration(self) -> None:
+        """End an iteration here (for a loop that is no statement of yours, a framework's)."""
+        self.recorder.next_iteration()
+
+    @property
+    def verdicts(self) -> Verdicts:
+        return self._verdicts if self._verdicts is not None else judge(self.recorder)
+
+    @property
+    def report(self) -> Report:
+        if self._report is None:
+            self._report = build_report(self.verdicts, ended_by=self.ended_by)
+        return self._report
+
+    @property
+    def healthy(self) -> bool:
+        return not self.report.items and self.verdicts.calls > 0
+
+    def evidence(self) -> str:
+        """The report with its evidence: how the iterations were split, each backward's verdicts, bytes."""
+        return self._problem or render_text(self.report, verbose=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**report_json(self.report), **verdicts_json(self.verdicts)}
+
+    def __str__(self) -> str:
+        return self._problem or render_text(self.report)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return self._problem or render_html(self.report)
+
+
+def watch(iterations: int | None = None) -> Watch:
+    """Watch the loop inside ``with watch() as w:`` as it runs, unchanged: every backward and
+    ``torch.autograd.grad`` call with the learner's line, what each walks, the bytes the graph still holds, the
+    iterations (the passes of your loop), and the error, if one rises (it goes on up, with the diagnosis as a note).
+    ``iterations``: end the block quietly at the top of pass N+1. Afterwards ``w`` shows what to fix, one item per
+    cause: a graph carried into a later iteration, an error, a ``retain_graph=True`` that can go, a name that keeps
+    more graphs alive every iteration, each with your line and the fix in your own variable names.
+
+    Used by notebook 05_your_training_step."""
+    return Watch(iterations)
+
+
+def _with_name(frame: types.FrameType) -> str | None:
+    """The ``as`` name of the ``with`` statement on the frame's current line (``with bt.watch() as w:``)."""
+    import linecache
+
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    match = re.search(r"\bwatch\(.*?\)\s+as\s+(\w+)", line) or re.search(r"\bas\s+(\w+)\s*[:,]", line)
+    return match.group(1) if match else None
+
+
+def _without_our_frames(exc: BaseException) -> None:
+    """Drop the tool's own frames from the traceback: what is left is the one bare Python would print."""
+    kept: list[types.TracebackType] = []
+    tb = exc.__traceback__
+    while tb is not None:
+        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_OURS):
+            kept.append(tb)
+        tb = tb.tb_next
+    if not kept:
+        return
+    for current, following in zip(kept, [*kept[1:], None]):
+        current.tb_next = following
+    exc.__traceback__ = kept[0]
+
+
+def verdicts_json(v: Verdicts) -> dict[str, Any]:
+    """Everything the verdicts hold, for tools: iterations, the split, the error, carried graphs, per-line retains,
+    and the graphs held into a later iteration that no backward walked."""
+    e = v.error
+    return {
+        "iterations": v.iterations_run,
+        "split": v.split.how,
+        "calls": v.calls,
+        "error": None
+        if e is None
+        else {
+            "kind": e.kind,
+            "message": e.message,
+            "line": e.line,
+            "iteration": e.iteration,
+            "evidence": e.evidence,
+            "fix": e.fix,
+        },
+        "carried": [
+            {
+                "variable": c.name,
+                "built_at": c.built_at,
+                "iteration": c.iteration,
+                "used_at": c.used_at,
+                "reached_from": c.reached_from,
+                "iterations_walked": c.times,
+                "fix": c.fix,
+            }
+            for c in v.carried
+        ],
+        "lines": [
+            {
+                "line": line.line,
+                "verdict": line.verdict,
+                "runs": line.runs,
+                "needed_runs": line.needed_runs,
+                "held_bytes": line.held_bytes,
+                "why": line.why,
+                "fix": line.fix,
+            }
+            for line in v.lines
+        ],
+        "notes": [
+            {"variable": n.name, "built_at": n.built_at, "held_bytes": n.held_bytes, "grows": n.grows} for n in v.notes
+        ],
+    }
+
+
+def dump_json(watched: Watch, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(watched.to_json(), file, indent=2)
+        file.write("\n")
