@@ -37,6 +37,8 @@ LESSONS = HELPERS / "lessons"
 def package_files() -> list[Path]:
     """Every module of the tool and of the course."""
     return sorted([*TOOL.rglob("*.py"), *HELPERS.rglob("*.py")])
+
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 

@@ -254,3 +254,25 @@ def test_the_readme_shows_what_a_script_with_the_watch_prints(tmp_path: Path) ->
     printed = done.stderr.splitlines()
     assert done.returncode == 1 and printed[-len(shown) + 1 :] == shown[1:], done.stderr
     assert printed[-len(shown)].startswith(shown[0].removesuffix("..."))
+
+
+def test_state_kept_on_an_object_of_a_learners_own_helpers_package_is_named(tmp_path: Path) -> None:
+    """A learner's package may be named ``helpers`` too: its objects hold the loop's state like any other."""
+    (tmp_path / "helpers").mkdir()
+    (tmp_path / "helpers" / "__init__.py").write_text("")
+    (tmp_path / "helpers" / "state.py").write_text("class State:\n    def __init__(self, h):\n        self.h = h\n")
+    (tmp_path / "train.py").write_text(
+        textwrap.dedent("""
+        import torch
+        from helpers.state import State
+
+        rnn = torch.nn.RNN(4, 8)
+        state = State(torch.zeros(1, 1, 8))
+        for _ in range(3):
+            output, state.h = rnn(torch.randn(5, 1, 4), state.h)
+            output.pow(2).mean().backward()
+    """)
+    )
+    done = _run(tmp_path, "watch", "--no-traceback", "train.py")
+    assert done.returncode == 1, done.stderr
+    assert "1. `state.h` carries iteration 1's graph into iteration 2" in done.stdout, done.stdout

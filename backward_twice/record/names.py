@@ -254,7 +254,7 @@ def _rank(spelled: str) -> tuple[int, int, int, int, int]:
     return private, depth, spelled.count("["), spelled.count("."), len(spelled)
 
 
-_OURS = ("helpers.", "backward_twice.")
+_OURS = "backward_twice."  # the tool's own modules (a learner's package may well be named helpers)
 _MAX_DEPTH, _MAX_VISITS = 4, 256  # how far into a learner's objects a name is followed, and how many objects
 _NOT_STATE = (torch.optim.Optimizer, types.ModuleType, torch.utils.data.Dataset, torch.utils.data.DataLoader)
 _NOT_NAMES = (types.ModuleType, type, types.FunctionType)  # what a namespace names that holds no state of the loop
