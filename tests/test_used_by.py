@@ -227,7 +227,7 @@ def notebook_imports() -> dict[Def, set[str]]:
     notebooks (stems) that do."""
     found: dict[Def, set[str]] = {}
     pattern = re.compile(r"^\s*from (helpers|backward_twice)((?:\.\w+)+) import (\w+)", re.MULTILINE)
-    command = re.compile(r"-m backward_twice\b")  # `python -m backward_twice`: the console script's main
+    command = re.compile(r"""-m[\s"',]+backward_twice\b""")  # `python -m backward_twice`: the command's main
     for path in sorted(NOTEBOOKS.glob("*.ipynb")):
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")

@@ -167,7 +167,7 @@ def test_an_error_of_the_tool_switches_it_off_and_the_loop_goes_on_as_bare_pytho
 
     bare = run(watched=False)
     module, name = broken.split(".")
-    monkeypatch.setattr(importlib.import_module(f"helpers.{module}"), name, fail)
+    monkeypatch.setattr(importlib.import_module(f"backward_twice.record.{module}"), name, fail)
     watched = run(watched=True)
     assert watched[1] == bare[1] == 3 and torch.equal(watched[0], bare[0])
 
