@@ -1,4 +1,4 @@
-"""Probes that establish each gallery loop's truth without the course's helpers.
+"""Probes that establish each gallery loop's truth without the tool (backward_twice) or the course (helpers).
 
 Everything here watches or varies the published loop from the outside:
 

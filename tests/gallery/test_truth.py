@@ -1,4 +1,4 @@
-"""Each gallery loop's TRUTH, checked against probes that never import the course's helpers."""
+"""Each gallery loop's TRUTH, checked against probes that never import the tool (backward_twice) or the course."""
 
 from __future__ import annotations
 
