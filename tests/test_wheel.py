@@ -123,6 +123,9 @@ def test_the_installed_wheel_watches_a_project_with_its_own_helpers_py(wheel: Pa
     report = json.loads((project / "r.json").read_text())
     assert "`hidden`" in json.dumps(report)
 
+    site = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+    installed_names = {p.name for p in site.iterdir()} - {"course-site-packages.pth", "_virtualenv.py", "__pycache__"}
+    assert {n.split("-")[0] for n in installed_names} == {"backward_twice"}, sorted(installed_names)
     where = _run(python, "-c", "import backward_twice; print(backward_twice.__file__)", cwd=tmp_path)
     assert where.stdout.startswith(str(tmp_path / "venv")), where.stdout + where.stderr
     course = _run(python, "-c", "import helpers", cwd=tmp_path)
