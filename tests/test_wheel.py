@@ -87,7 +87,11 @@ def test_the_wheel_holds_the_tool_and_its_command_only(wheel: Path) -> None:
     assert "backward_twice/py.typed" in names and "backward_twice/record/recorder.py" in names
     assert "backward-twice = backward_twice.cli:main" in entry_points
     requires = sorted(line for line in metadata.splitlines() if line.startswith("Requires-Dist:"))
-    assert requires == ['Requires-Dist: graphviz>=0.21; extra == "draw"', "Requires-Dist: torch>=2.13"]
+    assert requires == [
+        'Requires-Dist: graphviz>=0.21; extra == "draw"',
+        'Requires-Dist: ipython>=8; extra == "notebook"',
+        "Requires-Dist: torch>=2.13",
+    ]
 
 
 def _fresh_venv(where: Path) -> Path:
