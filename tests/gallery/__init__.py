@@ -48,4 +48,5 @@ LOOPS = [
     "word_language_model_tbptt",
     "mnist_gradient_accumulation",
     "reinforce_log_probs_kept",
+    "knowledge_distillation_logits",
 ]
