@@ -49,4 +49,5 @@ LOOPS = [
     "mnist_gradient_accumulation",
     "reinforce_log_probs_kept",
     "knowledge_distillation_logits",
+    "dqn_target_net",
 ]
