@@ -50,4 +50,5 @@ LOOPS = [
     "reinforce_log_probs_kept",
     "knowledge_distillation_logits",
     "dqn_target_net",
+    "mean_teacher_ema",
 ]
