@@ -51,4 +51,5 @@ LOOPS = [
     "knowledge_distillation_logits",
     "dqn_target_net",
     "mean_teacher_ema",
+    "transformer_xl_mems",
 ]
