@@ -48,4 +48,8 @@ LOOPS = [
     "word_language_model_tbptt",
     "mnist_gradient_accumulation",
     "reinforce_log_probs_kept",
+    "knowledge_distillation_logits",
+    "dqn_target_net",
+    "mean_teacher_ema",
+    "transformer_xl_mems",
 ]
