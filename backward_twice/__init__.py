@@ -58,7 +58,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    """The public names (for tab completion), the lazy ones included, and the module's own dunders."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})
 
 
 def load_ipython_extension(ipython: Any) -> None:
