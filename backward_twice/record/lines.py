@@ -99,6 +99,9 @@ class LineTracer:
         self._entered: dict[int, int] = {}  # id(frame) -> the node counter when it was called
         self._quiet: dict[int, int] = {}  # id(code) -> calls in a row that built no node (its code in _headers)
         self._builders: set[int] = set()  # id(code) of code that built a node once: always traced
+        # id(code) -> code never traced (not the learner's, or quiet): told apart without a call, as the global trace
+        # function runs at every Python call of the thread, torch's and the libraries' included
+        self._untraced_codes: dict[int, types.CodeType] = {}
         self._frames: list[types.FrameType] = []
         self._previous_thread_trace: Any = None
         self._trace = self._global  # one bound method: what ``sys.gettrace()`` gives back is this very object
@@ -143,6 +146,7 @@ class LineTracer:
         for frame in self._frames:
             frame.f_trace = None
         self._frames.clear()  # frames hold their variables: none is kept past the watch
+        self._untraced_codes.clear()  # told again (from the same tests) if it starts again
         self._pending.clear()
         self._entered.clear()
         self.untraced.local = threading.local()  # each thread's pauses: an exit while it is off resumes none
@@ -172,7 +176,10 @@ class LineTracer:
             if not self.active:
                 return None
             code = frame.f_code
+            if self._untraced_codes.get(id(code)) is code:
+                return None
             if self._quiet.get(id(code), 0) >= _QUIET_CALLS or not self.is_learners(code):
+                self._untraced_codes[id(code)] = code
                 return None
             self._headers_of(code)  # keeps the code alive while its id keys _quiet and _builders
             self._entered[id(frame)] = self.counter()

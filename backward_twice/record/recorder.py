@@ -106,8 +106,7 @@ if hasattr(os, "register_at_fork"):  # no fork on Windows
 
 
 class Recorder:
-    """Watches backward calls, optimizer steps and the learner's loop while inside ``with recorder:`` (see the
-    module's docstring).
+    """Watches backward calls, optimizer steps and the learner's loop in ``with recorder:`` (the module's docstring).
 
     ``iterations``: stop after that many. ``keep_buffers``: keep every graph's buffers and raise PyTorch's error
     where the code as written would. ``roots``: extra (name, object) pairs to look for named tensors in (a step's
@@ -147,25 +146,17 @@ class Recorder:
         self.error: ErrorRecord | None = None
         self.failure: Failure | None = None  # set when the recorder failed and switched itself off
         self.pending: list[str] = []  # optimizers the code names that never stepped before the error
-        self.start = self.finish = 0
-        self.stopped = False
+        self.start, self.finish, self.stopped = 0, 0, False
         self.stop_pass: PassStart | None = None  # the pass that never ran: where the last watched one ended
         self.skipped = skipped_dirs()
-        self.is_learners = learners_code(self.skipped)
-        self.creation = LineTracer(
-            torch._C._autograd._get_sequence_nr,
-            self.is_learners,
-            self._pass_started,
-            self._fail,
-            self._at_header,
-            self.is_learners.file,
-        )
+        learners = self.is_learners = learners_code(self.skipped)
+        counter = torch._C._autograd._get_sequence_nr
+        self.creation = LineTracer(counter, learners, self._pass_started, self._fail, self._at_header, learners.file)
         self.loop = IterationLoop(self.is_learners, is_optimizer)
         self.key = f"{STAMP}.{next(_RECORDERS)}"  # another recorder's stamps (an earlier watch) mean nothing here
         self._lines: dict[tuple[str, int], str] = {}
         self._context: Any = None
-        self._depth = 0
-        self._boundary_line = 0
+        self._depth = self._boundary_line = 0
         self.off = False  # switched off by an error of its own (failure) or in a forked child
         _LIVE.add(self)
         self._last_event_end = 0  # the node counter at the end of the last event (a pass the tracer missed begins here)
@@ -357,28 +348,32 @@ class Recorder:
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.off:
             return
+        caller = sys._getframe(2)  # past intercepting's lambda, the hook's own frame
         try:
-            with self.creation.untraced:
-                caller = sys._getframe(2)  # past intercepting's lambda, the hook's own frame
-                line = self.is_learners.site(caller, self._lines)[1]
-                self._last_event_end = torch._C._autograd._get_sequence_nr()
-                number = self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
-                by_steps = not self.loop.iteration_passes()  # split by steps, without a loop: where each one ended
-                sighting = len(self.sightings) if by_steps else -1
-                self.steps.append(
-                    StepEvent(id(optimizer), self._last_event_end, len(self.calls), line, number, sighting)
-                )
-                self._first_steps.setdefault(id(optimizer), self._events)
-                self._events += 1
-                if self.creation.active or by_steps:  # settled: the backward calls tell passes
-                    self._saw_event(caller, may_stop=False)
-                if by_steps or self.loop.unusable is not None:  # else at the loop's passes' starts instead
-                    event_names(self, caller)
-                if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
-                    read, first = len(self.sightings), self._first_steps
-                    self.steps = self.step_folder.after_step(self.calls, self.steps, first, self.start, read)
+            if self.creation.active:  # a pause costs two calls: only while the tracer is on (the first passes)
+                with self.creation.untraced:
+                    self._after_step(optimizer, caller)
+            else:
+                self._after_step(optimizer, caller)
         except Exception as error:
             self._fail("after an optimizer step", error)
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, caller: types.FrameType) -> None:
+        line = self.is_learners.site(caller, self._lines)[1]
+        self._last_event_end = torch._C._autograd._get_sequence_nr()
+        number = self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
+        by_steps = not self.loop.iteration_passes()  # split by steps, without a loop: where each one ended
+        sighting = len(self.sightings) if by_steps else -1
+        self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line, number, sighting))
+        self._first_steps.setdefault(id(optimizer), self._events)
+        self._events += 1
+        if self.creation.active or by_steps:  # settled: the backward calls tell passes
+            self._saw_event(caller, may_stop=False)
+        if by_steps or self.loop.unusable is not None:  # else at the loop's passes' starts instead
+            event_names(self, caller)
+        if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
+            read, first = len(self.sightings), self._first_steps
+            self.steps = self.step_folder.after_step(self.calls, self.steps, first, self.start, read)
 
     @property
     def events(self) -> int:
@@ -393,7 +388,10 @@ class Recorder:
             return engine(outputs, *args, **kwargs)
         caller = sys._getframe(2)  # past intercepting's wrapper, the engine entry's own frame
         try:
-            with self.creation.untraced:
+            if self.creation.active:  # a pause costs two calls: only while the tracer is on (the first passes)
+                with self.creation.untraced:
+                    prepared = self._before_backward(outputs, args, kwargs, caller)
+            else:
                 prepared = self._before_backward(outputs, args, kwargs, caller)
         except StopRecording:
             raise
@@ -424,14 +422,15 @@ class Recorder:
                 handle.remove()
             call.end = self._last_event_end = torch._C._autograd._get_sequence_nr()
         try:
-            with self.creation.untraced:
-                if call.retain_graph or call.create_graph:  # without a retain the engine freed all it walked
-                    count = self._retains_at[call.site] = self._retains_at.get(call.site, 0) + 1
-                    if count <= 4 or count & (count - 1) == 0:  # a line's graph is the same size each time
+            if call.retain_graph or call.create_graph:  # without a retain the engine freed all it walked
+                count = self._retains_at[call.site] = self._retains_at.get(call.site, 0) + 1
+                if count <= 4 or count & (count - 1) == 0:  # a line's graph is the same size each time
+                    with self.creation.untraced:  # only around the calls: a pause costs two
                         call.held_after_bytes = graph_only_bytes([n for n in walked if stamped(n, self.key)])
-                walked.clear()  # the recorder holds no node between calls
-                if not self.steps and not self.marks:
-                    self.event_sightings[("call", call.index)] = len(self.sightings)
+            walked.clear()  # the recorder holds no node between calls
+            if not self.steps and not self.marks:
+                self.event_sightings[("call", call.index)] = len(self.sightings)
+                with self.creation.untraced:
                     event_names(self, caller)
         except Exception as error:
             self._fail("after a backward call", error)
@@ -460,11 +459,13 @@ class Recorder:
             if self.off:
                 return
             try:
-                with self.creation.untraced:
-                    walked.extend(order)
-                    as_written.append(
-                        stamp_walk(self.key, self.calls, call, order, boundary, self.on_leaf, self.keep_buffers)
-                    )
+                walked.extend(order)
+                stamp = (self.key, self.calls, call, order, boundary, self.on_leaf, self.keep_buffers)
+                if self.creation.active:  # a pause costs two calls: only while the tracer is on (the first passes)
+                    with self.creation.untraced:
+                        as_written.append(stamp_walk(*stamp))
+                else:
+                    as_written.append(stamp_walk(*stamp))
             except Exception as error:
                 self._fail("reading what a backward walks", error)
             if as_written and as_written[-1]:
