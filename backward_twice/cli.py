@@ -19,7 +19,7 @@ refused with one line on stderr and status 2, before the script runs. ``--json P
 the command was run from) writes the diagnosis as JSON; ``--verbose`` adds the evidence.
 
 Used by notebook 05_your_training_step, and by learners on their own scripts (README, "Bring your own training
-step"). The notebook runs it as ``python -m backward_twice``, in a process of its own.
+step"). In the notebook's kernel ``main([...])`` is the command.
 """
 
 from __future__ import annotations
