@@ -220,9 +220,9 @@ def lightning_step() -> None:
 
     ratios = []
     for index in range(7):  # which goes first alternates: a run is slower or faster by where it falls
-        first = per_step(index % 2 == 0)
-        second = per_step(index % 2 == 1)
-        ratios.append(first / second if index % 2 == 0 else second / first)
+        order = (True, False) if index % 2 == 0 else (False, True)
+        step = {watched: per_step(watched) for watched in order}
+        ratios.append(step[True] / step[False])
     report("g. a Lightning step, watched / bare", statistics.median(ratios), "median step of 56, 7 pairs", 1.25)
 
 
