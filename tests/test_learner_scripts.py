@@ -2,8 +2,9 @@
 own), against ``python`` on the same script: the loop ends as Python ends it, the diagnosis is judged from what the
 loop did. The kinds the tool was once wrong on: a loop in a thread, ``torch.compile``, ``DataLoader`` workers,
 autocast with a ``GradScaler`` that skips steps, an optimizer re-created every iteration, optimizers held as a
-trainer's attributes, and a long run stopped by ``--iterations``. (Exits, Ctrl-C, bad paths, ``iterations=N`` with
-work after the step and a bare ``except:`` are in tests/test_cli.py and tests/test_watch.py.)"""
+trainer's attributes, a long run stopped by ``--iterations``, a scheduler stepped once an epoch, a ``while`` loop
+whose inner loop accumulates gradients, and names each iteration rebinds (no note). (Exits, Ctrl-C, bad paths,
+``iterations=N`` with work after the step and a bare ``except:`` are in tests/test_cli.py and tests/test_watch.py.)"""
 
 from __future__ import annotations
 
@@ -329,3 +330,102 @@ def test_a_bank_of_features_in_a_script_is_the_carrier_not_the_name_the_loop_reb
     assert "1. `bank` carries iteration 1's graph into iteration 2" in diagnosis, diagnosis
     assert "recent = torch.cat(bank[-4:])" in diagnosis  # where the old features come in, not bank.append(hidden)
     assert "fix: keep detached copies in `bank`" in diagnosis and "hidden.detach()" not in diagnosis
+
+
+def test_a_scheduler_stepped_once_an_epoch_leaves_the_batch_loop_the_iteration(tmp_path: Path) -> None:
+    # pytorch/examples mnist/main.py's shape: train() loops over batches, main() over epochs with scheduler.step()
+    script = """
+        import torch
+
+        def train(model, optimizer, batches, epoch):
+            for batch, (x, y) in enumerate(batches):
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+                print(f"end of epoch {epoch} batch {batch}")
+
+        def main():
+            torch.manual_seed(0)
+            model = torch.nn.Linear(4, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
+            batches = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(3)]
+            for epoch in range(1, 4):
+                train(model, optimizer, batches, epoch)
+                scheduler.step()
+
+        if __name__ == "__main__":
+            main()
+        """
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert "healthy (9 iterations watched, 9 backward calls" in watched.stdout, watched.stdout
+    python, watched = run(tmp_path, script, "--iterations", "2")
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout.split("backward-twice:")[0].splitlines() == [
+        "end of epoch 1 batch 0",
+        "end of epoch 1 batch 1",
+    ]
+    assert "healthy (2 iterations watched, then stopped as asked, 2 backward calls" in watched.stdout
+
+
+def test_a_while_loop_whose_inner_loop_accumulates_gradients_counts_every_pass(tmp_path: Path) -> None:
+    # nanoGPT's train.py shape: `while True`, micro-steps in a `for`, the step after it, a counter and a break
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        iter_num = 0
+        while True:
+            for micro_step in range(2):
+                loss = model(torch.randn(8, 4)).pow(2).mean() / 2
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            iter_num += 1
+            print(f"end of pass {iter_num}")
+            if iter_num >= 6:
+                break
+        """
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert "healthy (6 iterations watched, 12 backward calls" in watched.stdout, watched.stdout
+    python, watched = run(tmp_path, script, "--iterations", "4")
+    assert watched.stdout.split("backward-twice:")[0].splitlines() == [f"end of pass {n}" for n in range(1, 5)]
+    assert "healthy (4 iterations watched, then stopped as asked, 8 backward calls" in watched.stdout
+
+
+def test_names_each_iteration_rebinds_get_no_note(tmp_path: Path) -> None:
+    # hamiltonian-nn's train.py shape: an evaluation gradient built with create_graph=True each step, and a dict
+    # entry overwritten each step; each holds one step's graph into the next and lets it go when rebound
+    python, watched = run(
+        tmp_path,
+        """
+        import gc
+        import weakref
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, test_x = torch.randn(4, 3), torch.randn(4, 3, requires_grad=True)
+        state = {"test_loss": None}
+        graphs = []
+        for step in range(4):
+            state["loss"] = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            state["loss"].backward()
+            optimizer.step()
+            test_dx = torch.autograd.grad(model(test_x).sum(), test_x, create_graph=True)[0]
+            state["test_loss"] = model(x).pow(2).mean()
+            graphs.append(weakref.ref(test_dx))  # the tensor that holds the graph
+            gc.collect()
+            print("graphs alive:", sum(graph() is not None for graph in graphs))
+        """,
+    )
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert python.stdout.splitlines() == ["graphs alive: 1"] * 4  # one held at a time
+    assert "healthy (4 iterations watched, 8 backward calls" in watched.stdout, watched.stdout
+    assert "note" not in watched.stdout

@@ -63,10 +63,12 @@ _FORK_HOOKED = False
 
 @dataclass(slots=True)
 class PassSeen:
-    """The latest pass of one loop in one frame: the node counter when it started, and how many passes so far."""
+    """The latest pass of one loop in one frame: the node counter when it started, how many passes so far, and the
+    node counter when the first of them started."""
 
     sequence: int
     count: int
+    first: int = 0
 
 
 def _in_forked_child() -> None:
@@ -215,7 +217,7 @@ class LineTracer:
             seen = self.latest.get((key, pending.header))
             sequence = self.counter()
             if seen is None:
-                self.latest[(key, pending.header)] = PassSeen(sequence, 1)
+                self.latest[(key, pending.header)] = PassSeen(sequence, 1, sequence)
             else:
                 seen.sequence, seen.count = sequence, seen.count + 1
             if self.on_pass is not None:

@@ -46,6 +46,7 @@ class Loop:
     starts_with_try: bool = False
     targets: tuple[str, ...] = ()  # the names a ``for`` binds at each pass (``batch``; ``x, y``)
     shadowed: bool = False  # a loop inside it binds one of those names too (``for _`` in ``for _``)
+    counter: int = -1  # which of ``targets`` counts the passes by one (``for i in range(n)``, ``enumerate``)
 
     def holds(self, line: int) -> bool:
         """Whether ``line`` lies in the loop's body (the header and an ``else:`` clause do not)."""
@@ -147,7 +148,19 @@ def _read_scope(code: types.CodeType) -> _Scope:
                 if isinstance(child, ast.While)
                 else tuple(n.id for n in ast.walk(child.target) if isinstance(n, ast.Name))
             )
-            loops.append(Loop(code.co_filename, child.lineno, child.body[0].lineno, last, kind, first_try, targets))
+            counter = _counter(child) if isinstance(child, (ast.For, ast.AsyncFor)) else None
+            loops.append(
+                Loop(
+                    code.co_filename,
+                    child.lineno,
+                    child.body[0].lineno,
+                    last,
+                    kind,
+                    first_try,
+                    targets,
+                    counter=targets.index(counter) if counter in targets else -1,
+                )
+            )
         elif isinstance(child, ast.Call):
             step = _step_call(child)
             if step is not None:
@@ -163,6 +176,20 @@ def _read_scope(code: types.CodeType) -> _Scope:
         for loop in loops
     ]
     return _Scope(tuple(sorted(loops, key=lambda loop: loop.header)), tuple(sorted(steps, key=lambda s: s.line)))
+
+
+def _counter(loop: ast.For | ast.AsyncFor) -> str | None:
+    """The name that counts the loop's passes by one: ``i`` of ``for i in range(n)`` (or ``range(a, b)``) and of
+    ``for i, batch in enumerate(...)``."""
+    call = loop.iter
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        return None
+    target = loop.target
+    if call.func.id == "range" and 1 <= len(call.args) <= 2 and not call.keywords and isinstance(target, ast.Name):
+        return target.id
+    if call.func.id == "enumerate" and isinstance(target, ast.Tuple) and isinstance(target.elts[0], ast.Name):
+        return target.elts[0].id
+    return None
 
 
 def loops_of(code: types.CodeType) -> tuple[Loop, ...]:

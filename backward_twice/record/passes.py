@@ -7,16 +7,20 @@ event, :meth:`IterationLoop.saw_event` reads the loops enclosing it, frame by fr
 the loops that start inside the ``with`` block there), and keeps the loops every event so far lies in: the chain,
 outermost first. The innermost link is the iteration. A loop that holds only some of one pass's events is dropped before
 the others run: where its frame (or a frame between it and the next loop out) calls ``backward``, ``autograd.grad`` or
-an optimizer's ``step`` outside it (a critic's inner loop, with the generator's step after it).
+an optimizer's ``step`` outside it (a critic's inner loop, with the generator's step after it). A loop in a closure an
+optimizer's ``step`` calls is never the iteration: its passes hold no step.
 
 Passes come from :class:`backward_twice.record.lines.LineTracer` while it follows the loop
 (:meth:`IterationLoop.add_pass`, from its ``on_pass``): the first pass had started before the first event named the
 loop, and is read from the tracer's latest pass of that loop in that frame. A line tracer slows every Python call of the
 process, so the recorder follows only the first passes that way; after that, :meth:`IterationLoop.saw_event` tells a new
-pass at its first event: the values a ``for`` binds changed (``batch``, ``_``), or, for a ``while``, the event comes
-back to a line at or before the last one. Such a pass is dated at the end of the previous event (what runs between,
-logging after the step, counts with the new pass). Nothing here reads a tensor; an optimizer's ``step`` is told from a
-scheduler's by reading the receiver's value (a name or a plain attribute, never a property).
+pass at its first event: the values a ``for`` binds changed (``batch``, ``_``), or, for a ``while`` (whose optimizer
+steps are events too), the event comes back to a line at or before the last one. Such a pass is dated at the end of
+the previous event (what runs between, logging after the step, counts with the new pass). Passes with no event count
+too where they can be told: those before the loop's first event (the tracer counted them), and, for a loop that
+counts its passes by one (``for i in range(n)``, ``enumerate``), those its counter skipped between two events.
+Nothing here reads a tensor; an optimizer's ``step`` is told from a scheduler's by reading the receiver's value (a
+name or a plain attribute, never a property).
 
 Used by :mod:`backward_twice.record.folds`, :mod:`backward_twice.record.held` and
 :mod:`backward_twice.record.recorder`.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import types
 import weakref
 from collections.abc import Callable
@@ -44,6 +49,7 @@ _SAME = object()  # a value a weak reference cannot hold: compared by identity, 
 _PLAIN = (int, float, str, bytes, bool)  # a value a ``for`` binds that is compared by value
 
 _COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
+_OPTIMIZERS = os.path.join(os.path.dirname(torch.optim.__file__), "")  # torch/optim/: every step() runs through it
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,19 @@ def _bound(frame: types.FrameType, loop: Loop) -> tuple[Any, ...]:
     return tuple(tokens)
 
 
+def _skipped(loop: Loop, before: tuple[Any, ...], now: tuple[Any, ...]) -> int:
+    """How many passes with no event ran between two events of a loop that counts its passes by one
+    (``for i in range(n)``: ``i`` went from 3 to 6, so passes 4 and 5 ran without one, a ``continue`` or a step every
+    other pass), from what its counter held at each."""
+    index = loop.counter
+    if index < 0 or index >= min(len(before), len(now)):
+        return 0
+    (kind_before, count_before), (kind_now, count_now) = before[index], now[index]
+    if kind_before != "value" or kind_now != "value" or type(count_before) is not int or type(count_now) is not int:
+        return 0
+    return max(0, count_now - count_before - 1)
+
+
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     for (kind_a, held_a), (kind_b, held_b) in zip(a, b):
         if kind_a != kind_b:
@@ -121,6 +140,16 @@ class IterationLoop:
     @property
     def innermost(self) -> Link | None:
         return self.chain[-1] if self.chain else None
+
+    def told_by_lines(self) -> bool:
+        """Whether the iteration's loop tells a new pass by the lines its events come back to (a ``while``, or a
+        ``for`` whose names an inner loop rebinds), not by what its ``for`` binds: then every event, an optimizer
+        step too, moves its marker (a ``while`` whose inner loop runs the backward calls and whose step follows)."""
+        chain = self.chain
+        if not chain or self.unusable is not None:
+            return False
+        loop = chain[-1].loop
+        return not loop.targets or loop.shadowed
 
     def iteration_passes(self) -> list[PassStart]:
         chain = self.chain  # read at every event: no property in between
@@ -166,7 +195,10 @@ class IterationLoop:
                 if seen is None:
                     self.unusable = "the loop's passes were not traced"
                     return False
-                self._append(link.key, PassStart(seen.sequence, calls))
+                if seen.count > 1:  # passes with no event came first (a replay buffer filling up): pass 1 began
+                    self._append(link.key, PassStart(seen.first, calls))  # there, and the ones between are
+                self._append(link.key, PassStart(seen.sequence, calls))  # read as a long run's folded passes
+                self.passes[link.key][-1].number = seen.count
             self.chain = links
         else:
             keys = [link.key for link in links]
@@ -213,6 +245,8 @@ class IterationLoop:
             if last is None or (last[0] == id(found) and _same(last[1], bound)):
                 return False
             self._append(key, PassStart(since, calls))
+            if last[0] == id(found):
+                self.passes[key][-1].number += _skipped(loop, last[1], bound)
             return True
         inward = [(id(found), line)]
         between = []  # the learner's frames from the loop's in to the event's
@@ -313,6 +347,8 @@ class IterationLoop:
             new = position < last[2] or (position == last[2] and not nested)
         if new:
             self._append(link.key, PassStart(since, calls))
+            if last[0] == id(frame):
+                self.passes[link.key][-1].number += _skipped(link.loop, last[1], bound)
         return new
 
     def _keep(self, count: int) -> None:
@@ -327,7 +363,9 @@ class IterationLoop:
         links: list[tuple[Link, types.FrameType]] = []
         while frame is not None:
             code = frame.f_code
-            if code.co_name not in _COMPREHENSIONS and self.is_learners(code):
+            if _OPTIMIZERS in code.co_filename:  # inside an optimizer's step (a closure it calls): a pass of a
+                links.clear()  # loop there holds no step, so the iteration is a loop further out
+            elif code.co_name not in _COMPREHENSIONS and self.is_learners(code):
                 loops = enclosing(code, frame.f_lineno)
                 if frame is boundary:
                     loops = [loop for loop in loops if loop.header > line]
@@ -374,9 +412,15 @@ class IterationLoop:
         return "iteration" if inner is not None and inner.key == (id(frame.f_code), loop.header) else "outer"
 
     def add_pass(self, frame: types.FrameType, loop: Loop, start: PassStart) -> None:
-        """A pass the tracer saw start: the next event's marker starts afresh (it is this pass's, not a new one's)."""
-        self._append((id(frame.f_code), loop.header), start)
-        self._markers.pop((id(frame.f_code), loop.header), None)
+        """A pass the tracer saw start: the next event's marker starts afresh (it is this pass's, not a new one's),
+        or, for a loop told by what its ``for`` binds, from what it binds now (a later pass's event is new, even when
+        this pass has none)."""
+        key = (id(frame.f_code), loop.header)
+        self._append(key, start)
+        if loop.targets and not loop.shadowed:
+            self._markers[key] = (id(frame), _bound(frame, loop), ())
+        else:
+            self._markers.pop(key, None)
 
 
 def _value(frame: types.FrameType, expression: ast.expr | None) -> Any:
@@ -394,8 +438,12 @@ def _value(frame: types.FrameType, expression: ast.expr | None) -> Any:
 
 
 def is_optimizer(value: Any) -> bool:
-    """An optimizer, a wrapper of one (Lightning's), or a GradScaler (``scaler.step(optimizer)``)."""
+    """An optimizer, a wrapper of one (Lightning's), or a GradScaler (``scaler.step(optimizer)``); never a
+    learning-rate scheduler, which holds its optimizer as ``.optimizer`` too (``scheduler.step()`` once per epoch,
+    outside the batch loop, must not make the epoch loop the iteration)."""
     if isinstance(value, torch.optim.Optimizer):
         return True
+    if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
+        return False
     inner = getattr(value, "_optimizer", None) or getattr(value, "optimizer", None)
     return isinstance(inner, torch.optim.Optimizer) or type(value).__name__ == "GradScaler"

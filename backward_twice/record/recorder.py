@@ -138,7 +138,7 @@ class Recorder:
         self.names: dict[int, NamedGraph] = {}  # node sequence number -> the name that held it
         self.held_from: dict[int, HeldGraph] = {}  # node sequence number -> when and how the loop first held it
         self.sightings: list[int] = []  # the sequence counter at each time names were read
-        self.carriers: dict[int, str] = {}  # node -> the name that held it at an iteration's start
+        self.carriers: dict[int, list[str]] = {}  # node -> the names that held it at an iteration's start
         self.growth: dict[str, Growth] = {}  # a name whose count of graphs held at an iteration's start grew
         self.held_per_name: dict[str, int] = {}  # how many graphs each name was followed into
         self.event_sightings: dict[EventKey, int] = {}  # an event -> its sighting
@@ -367,8 +367,8 @@ class Recorder:
         self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line, number, sighting))
         self._first_steps.setdefault(id(optimizer), self._events)
         self._events += 1
-        if self.creation.active or by_steps:  # settled: the backward calls tell passes
-            self._saw_event(caller, may_stop=False)
+        if self.creation.active or by_steps or self.loop.told_by_lines():  # else settled: the backward calls tell
+            self._saw_event(caller, may_stop=False)  # passes by what the loop's ``for`` binds
         if by_steps or self.loop.unusable is not None:  # else at the loop's passes' starts instead
             event_names(self, caller)
         if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
