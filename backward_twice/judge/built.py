@@ -6,9 +6,10 @@ tracer did not see, it reads the source with ``ast`` for the assignment to the n
 before the first iteration, in a loop otherwise.
 
 :func:`read_line` finds where a carried graph comes into an iteration: the first line of the loop's body (or of the
-function the name was found in) that reads the name. :func:`list_use` tells a list rebound every iteration
-(``pred, mems = model(x, mems)``) from one the loss is built from whole (``zip(policy.saved_log_probs, returns)``)
-and from one read by index or slice (``bank[-4:]``).
+function the name was found in) that reads the name; :func:`read_first` tells whether the body reads a name before
+it assigns it (a name assigned first, ``loss = ...``, brings nothing of an earlier iteration in). :func:`list_use`
+tells a list rebound every iteration (``pred, mems = model(x, mems)``) from one the loss is built from whole
+(``zip(policy.saved_log_probs, returns)``) and from one read by index or slice (``bank[-4:]``).
 
 Used by :mod:`backward_twice.judge.verdicts`.
 """
@@ -28,7 +29,7 @@ from backward_twice.record.sources import memo, parsed
 if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
 
-__all__ = ["built_line", "function_span", "list_use", "read_line"]
+__all__ = ["built_line", "function_span", "list_use", "read_first", "read_line"]
 
 
 def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
@@ -172,6 +173,56 @@ def read_line(spelled: str, spans: list[tuple[str, int, int]], a_list: bool = Fa
         if lines:
             return f"{place(filename, lines[0])}: {linecache.getline(filename, lines[0]).strip()}"
     return None
+
+
+def read_first(spelled: str, span: tuple[str, int, int]) -> bool | None:
+    """Whether the code in ``span`` (file, first line, last line: a loop's body) reads ``spelled`` before it assigns
+    it, statement by statement in the order they are written (a statement's right side before its targets, a
+    ``+=`` a read): True for ``smooth = 0.9 * smooth + 0.1 * loss`` or ``h = cell(x, h)``, False for ``loss`` when
+    ``loss = criterion(...)`` comes first; None when the code does neither."""
+    filename, first, last = span
+    tree = parsed(filename)
+    if tree is None:
+        return None
+    for line, reads, writes in memo(filename, ("reads and writes",), functools.partial(_statements, tree)):
+        if first <= line <= last:
+            if spelled in reads:
+                return True
+            if spelled in writes:
+                return False
+    return None
+
+
+def _statements(tree: ast.Module) -> list[tuple[int, frozenset[str], frozenset[str]]]:
+    """(line, what it reads, what it assigns) of every statement, and of every loop's and branch's header, in the
+    order they are written. A compound statement's body is its own statements."""
+    found: list[tuple[int, frozenset[str], frozenset[str]]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt):
+            continue
+        parts: list[ast.AST]
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            parts = [node.iter, node.target]
+        elif isinstance(node, (ast.While, ast.If)):
+            parts = [node.test]
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            parts = list(node.items)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Try)):
+            continue
+        else:
+            parts = [node]
+        reads: set[str] = set()
+        writes: set[str] = set()
+        for part in parts:
+            for inner in ast.walk(part):
+                if isinstance(inner, (ast.Name, ast.Attribute, ast.Subscript)):
+                    spelled = ast.unparse(inner)
+                    (writes if isinstance(inner.ctx, ast.Store) else reads).add(spelled)
+        if isinstance(node, ast.AugAssign):  # ``x += y`` reads x first
+            reads.add(ast.unparse(node.target))
+        found.append((node.lineno, frozenset(reads), frozenset(writes)))
+    found.sort(key=lambda entry: entry[0])
+    return found
 
 
 _GROWS = frozenset({"append", "extend", "insert"})

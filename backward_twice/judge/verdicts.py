@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 
 from backward_twice.common.error_kinds import error_kind
 from backward_twice.common.units import format_bytes
-from backward_twice.judge.built import built_line, function_span, list_use, read_line
+from backward_twice.judge.built import built_line, function_span, list_use, read_first, read_line
 from backward_twice.judge.fixes import ERROR_FIXES, carried_fix, second_backward_fix
 from backward_twice.record.folds import CallLog, count_retains
 from backward_twice.record.held import HeldGraph
 from backward_twice.record.iterations import Split, split_iterations
 from backward_twice.record.learner import learner_line_at, short
-from backward_twice.record.names import CodeSite
+from backward_twice.record.names import CodeSite, NamedGraph
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.sources import parsed
 
@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 CREATE_GRAPH_NOTE = "create_graph=True: builds a graph of the gradient; not a retain that can go"
+CREATE_GRAPH_KEEPS = "can go: create_graph=True keeps the graph anyway (retain_graph defaults to create_graph)"
 GOES_WITH_CARRIED = "goes with the carried fix"  # a retain only a later iteration's walk into a carried graph needs
 
 
@@ -168,8 +169,9 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
         line, runs, needed, held = tally.line, tally.runs, tally.needed, tally.held
         if tally.create_graph:
             if _writes_retain(tally.site):  # written out, yet create_graph implies it
-                why = "can go: create_graph=True keeps the graph anyway (retain_graph defaults to create_graph)"
-                verdicts.append(LineVerdict(line, "can go", runs, 0, held, why, "remove retain_graph=True"))
+                verdicts.append(
+                    LineVerdict(line, "can go", runs, 0, held, CREATE_GRAPH_KEEPS, "remove retain_graph=True")
+                )
             else:
                 verdicts.append(
                     LineVerdict(
@@ -220,18 +222,30 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             known.times.add(sighting.reached_from)
 
     through = recorder.error.reached_through if recorder.error is not None else None
+    twins: dict[tuple[str, int], NamedGraph] = {}
+    passes = recorder.loop.iteration_passes()
+    first = passes[0].sequence if passes and passes[0].number == 1 else None  # where iteration 1 began
     for call in recorder.calls:
         iteration = split.iteration_of_call(call.index)
         old = [seq for seq in call.old if split.iteration_of_node(seq) < iteration]
         if not old:
             continue
         top = [seq for seq in call.frontier if split.iteration_of_node(seq) < iteration]
-        named = [recorder.names[seq] for seq in top if seq in recorder.names]
+        candidates = (
+            recorder.names.get(seq) or next(filter(None, map(twins.get, _places(split, seq, first))), None)
+            for seq in top
+        )
+        named = [node for node in candidates if node is not None]
+        if not named:  # no new node points to them: the backward starts in the old graph (``states[-2][1]``)
+            named = [recorder.names[seq] for seq in sorted(old, reverse=True)[:1] if seq in recorder.names]
+        for node in named:  # a later iteration's node at the same place is this one's twin (read after the loop
+            for place in _places(split, node.sequence, first):  # rebound the name that held it)
+                twins.setdefault(place, node)
         for node in named:
             built = split.iteration_of_node(node.sequence)
             line = built_line(node, built == 0, recorder)
             name, container = node.name, node.container
-            carrier = recorder.carriers.get(node.sequence)
+            carrier = _carrier(recorder, recorder.carriers.get(node.sequence))
             if (
                 through is not None
                 and through.sequence == node.sequence
@@ -278,6 +292,33 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         )
         for e, name in ((e, as_the_line_names_it(e.name, e.built_at)) for e in found.values())
     ]
+
+
+def _places(split: Split, sequence: int, first: int | None) -> list[tuple[str, int]]:
+    """Where a node sits in the iteration that built it: how many nodes that iteration built before it, and after it
+    (``first``: where iteration 1 began, when a loop's pass tells). A steady loop builds the same nodes in the same
+    order each iteration, so the node a carrier holds sits at the same place in each; iteration 1 may build fewer
+    before it (``0.9 * running_mean`` of a tensor with no graph yet builds no node), or fewer after it. None of
+    either for a node built before the loop, or where the iteration's ends were folded."""
+    built = split.iteration_of_node(sequence)
+    ends = {end.iteration: end.sequence for end in split.ends if built - 1 <= end.iteration <= built}
+    start = first if built == 1 else ends.get(built - 1) if built else None
+    places = [] if start is None else [("from its start", sequence - start)]
+    return places + ([("to its end", ends[built] - sequence)] if built and built in ends else [])
+
+
+def _carrier(recorder: Recorder, spellings: list[str] | None) -> str | None:
+    """Of the names that held a graph at an iteration's start (simplest first), the first one the loop's body does
+    not assign before it reads it: ``smooth`` of ``loss = ...; smooth = 0.9 * smooth + 0.1 * loss`` (in iteration
+    1 both held one tensor, but ``loss`` is rebound before anything reads it)."""
+    if not spellings:
+        return None
+    link = recorder.loop.innermost
+    if len(spellings) == 1 or link is None or recorder.loop.unusable is not None:
+        return spellings[0]
+    span = (link.loop.filename, link.loop.body_first, link.loop.body_last)
+    live = (s for s in spellings if read_first(re.sub(r"\[\d+\]$", "", s), span) is not False)
+    return next(live, spellings[0])
 
 
 def as_the_line_names_it(name: str | None, built_at: str) -> str | None:
@@ -359,9 +400,10 @@ def _notes(recorder: Recorder, split: Split) -> list[Note]:
         if _below_a_submodule(holder) and (named is None or named.container != "parameter"):
             continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
         held.append((holder, sequence, built, held_graph))
-    iterations_by_root: dict[str, set[int]] = {}
-    for holder, _, built, _ in held:
-        iterations_by_root.setdefault(_root(holder), set()).add(built)
+    together: dict[tuple[str, int], set[int]] = {}  # (a name's root, a sighting) -> the iterations whose graphs it
+    for holder, _, built, held_graph in held:  # held there: a name rebound each iteration holds one at a time
+        together.setdefault((_root(holder), held_graph.sighting), set()).add(built)
+    growing = {root for (root, _), built in together.items() if len(built) > 1}
     by_name: dict[str, Note] = {}
     for name, grown in recorder.growth.items():  # a list or dict that holds one more graph at every start
         named = recorder.names.get(grown.newest)
@@ -369,7 +411,7 @@ def _notes(recorder: Recorder, split: Split) -> list[Note]:
             built = split.iteration_of_node(grown.newest)
             by_name[name] = Note(name, built_line(named, built == 0, recorder), grown.newest_bytes, True)
     for holder, sequence, built, held_graph in held:
-        grows = len(iterations_by_root[_root(holder)]) > 1 or split.iteration_of_node(held_graph.earliest) < built
+        grows = _root(holder) in growing or split.iteration_of_node(held_graph.earliest) < built
         named = recorder.names[sequence]
         line = built_line(named, built == 0, recorder)
         parameter = named.container == "parameter"

@@ -27,6 +27,7 @@ from backward_twice.record.walks import kept
 __all__ = ["Growth", "HeldGraph", "Holding", "event_names", "held_graph", "note_growth", "note_names"]
 
 _MAX_NAMES, _HELD_PER_NAME = 50_000, 3  # names kept; graphs a name is followed into
+_CARRIER_SPELLINGS = 8  # names kept per graph held into an iteration
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class Holding(Protocol):
     @property
     def held_from(self) -> dict[int, HeldGraph]: ...
     @property
-    def carriers(self) -> dict[int, str]: ...
+    def carriers(self) -> dict[int, list[str]]: ...
     @property
     def held_per_name(self) -> dict[str, int]: ...
     @property
@@ -152,8 +153,11 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
         held_in = at_start and (built_before is None or sequence < built_before)
         if held_in:  # what holds it into the next iteration: the name a carried graph's fix uses
             carrier = named.holder if named.local and named.holder else named.name
-            if sequence not in recorder.carriers or simpler(carrier, recorder.carriers[sequence]):
-                recorder.carriers[sequence] = carrier
+            spellings = recorder.carriers.setdefault(sequence, [])  # each name that held it, simplest first: the
+            for spelled in (carrier, *named.same):  # judge keeps one the loop reads before it assigns it
+                if spelled not in spellings and len(spellings) < _CARRIER_SPELLINGS:  # (``smooth``, not ``loss``)
+                    at = next((i for i, known in enumerate(spellings) if simpler(spelled, known)), len(spellings))
+                    spellings.insert(at, spelled)
         holder = named.holder or named.name
         followed = recorder.held_per_name.get(holder, 0)
         if held_in and not named.local and sequence not in recorder.held_from and followed < _HELD_PER_NAME:
@@ -162,4 +166,6 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
             # keep_buffers the recorder keeps them, so they are left out here the same way).
             recorder.held_from[sequence] = held_graph(node, sighting, holder, recorder.key)
             recorder.held_per_name[holder] = followed + 1
+    if held_under and built_before is not None:  # read inside the pass: what it built is not held into it
+        held_under = {name: {s for s in held if s < built_before} for name, held in held_under.items()}
     note_growth(recorder.growth, held_under or {}, nodes, recorder.key)

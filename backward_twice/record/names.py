@@ -60,6 +60,7 @@ class NamedGraph:
     container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one; "parameter"
     shape: tuple[int, ...] | None = None
     aliases: tuple[str, ...] = ()  # other spellings as simple, of a tensor with the same node (an LSTM cell's h, c)
+    same: tuple[str, ...] = ()  # other names of this very tensor in that namespace (``smooth = loss``: ``smooth``)
 
 
 _own_files: dict[str, bool] = {}
@@ -168,6 +169,7 @@ def names_holding_graphs(
                     ):
                         others[held] = a
                 aliases = tuple(sorted(others.values()))
+                same = tuple(sorted(a for a, held in alike[sequence].items() if held == tensor_id and a != spelled))
                 found[sequence] = _Finding(
                     spelled,
                     source.frame,
@@ -178,6 +180,7 @@ def names_holding_graphs(
                     spelling.container,
                     spelling.shape,
                     aliases,
+                    same[:_SAME_NAMES],
                 )
             elif not spelling.local:
                 entry.local = False
@@ -195,6 +198,7 @@ def names_holding_graphs(
                 finding.container,
                 finding.shape,
                 finding.aliases,
+                finding.same,
             ),
             finding.node,
         )
@@ -238,6 +242,7 @@ class _Finding:
     container: str | None
     shape: tuple[int, ...]
     aliases: tuple[str, ...]
+    same: tuple[str, ...]
 
 
 def simpler(a: str, b: str) -> bool:
@@ -255,6 +260,7 @@ def _rank(spelled: str) -> tuple[int, int, int, int, int]:
 
 
 _OURS = "backward_twice."  # the tool's own modules (a learner's package may well be named helpers)
+_SAME_NAMES = 8  # other names of one tensor kept
 _MAX_DEPTH, _MAX_VISITS = 4, 256  # how far into a learner's objects a name is followed, and how many objects
 _NOT_STATE = (torch.optim.Optimizer, types.ModuleType, torch.utils.data.Dataset, torch.utils.data.DataLoader)
 _NOT_NAMES = (types.ModuleType, type, types.FunctionType)  # what a namespace names that holds no state of the loop

@@ -26,6 +26,7 @@ from typing import Any
 
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.verdicts import (
+    CREATE_GRAPH_KEEPS,
     GOES_WITH_CARRIED,
     CarriedFinding,
     ErrorVerdict,
@@ -245,6 +246,15 @@ def _retain_item(line: LineVerdict) -> Item:
     place, code = _split(line.line)
     kept = f"kept {format_bytes(line.held_bytes)} no backward used" if line.held_bytes else "no backward uses it"
     runs = f"{line.runs} run{'s' if line.runs != 1 else ''}"
+    if line.why == CREATE_GRAPH_KEEPS:  # a later backward may well walk what it kept: create_graph kept it anyway
+        return Item(
+            "retain can go",
+            f"retain_graph=True at line {_line_number(place)} adds nothing: create_graph=True keeps the graph anyway",
+            (CodeLine(place, code, _span(code, "retain_graph=True"), "create_graph=True already keeps it"),),
+            "retain_graph defaults to create_graph: with create_graph=True the buffers are kept whether or not "
+            "retain_graph=True is written",
+            f"remove retain_graph=True at line {_line_number(place)}",
+        )
     return Item(
         "retain can go",
         f"retain_graph=True at line {_line_number(place)} keeps buffers no backward uses",
@@ -337,7 +347,7 @@ def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str
     if v.stopped_after is not None:
         watched += ", then stopped as asked"
     if ended_by is not None:
-        watched += f"; the loop ended with {ended_by}"
+        watched += f"; {ended_by} ended the run"  # in the loop, or after it: a script's sys.exit(main())
     elif v.error is not None:
         watched += (
             f"; run {v.error.iteration} raised" if runs_of else f"; the loop raised in iteration {v.error.iteration}"

@@ -1,0 +1,190 @@
+"""Verdicts of ``with watch():`` on loop shapes the tool was once wrong on, each with its truth first established
+without the tool (run the loop; apply a fix and run; count the passes): the name that carries a graph when two names
+held one tensor, one finding per carried tensor, a retain that ``create_graph=True`` makes redundant, passes with no
+backward call, and a loop inside the closure an optimizer's ``step`` calls. (No note for names each iteration
+rebinds: tests/test_learner_scripts.py, where they are a script's.)"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from backward_twice.watcher import watch
+
+
+def _smoothed(fix: Callable[[dict[str, torch.Tensor | None]], None] | None = None) -> None:
+    """A smoothed loss (the knowledge-distillation tutorial's train(), plus a moving average of the loss): ``smooth``
+    starts as iteration 1's ``loss`` itself, and carries its graph on."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    names: dict[str, torch.Tensor | None] = {"smooth": None}
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(torch.randn(4, 10)), torch.randint(0, 3, (4,)))
+        names["loss"] = loss
+        if fix is not None:
+            fix(names)
+        loss = names["loss"]
+        smooth = loss if names["smooth"] is None else 0.9 * names["smooth"] + 0.1 * loss
+        names["smooth"] = smooth
+        smooth.backward()
+        optimizer.step()
+
+
+def _carried_smooth() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    smooth = None
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(torch.randn(4, 10)), torch.randint(0, 3, (4,)))
+        smooth = loss if smooth is None else 0.9 * smooth + 0.1 * loss
+        smooth.backward()
+        optimizer.step()
+
+
+def _detach(name: str) -> Callable[[dict[str, torch.Tensor | None]], None]:
+    def fix(names: dict[str, torch.Tensor | None]) -> None:
+        value = names[name]
+        names[name] = None if value is None else value.detach()
+
+    return fix
+
+
+def test_the_carrier_is_the_name_the_loop_reads_before_it_rebinds_it_not_one_it_rebinds_first() -> None:
+    with pytest.raises(RuntimeError, match="second time"):  # as written
+        _smoothed()
+    _smoothed(_detach("smooth"))  # detaching smooth at the top of each pass runs
+    with pytest.raises(RuntimeError, match="does not require grad"):  # detaching loss breaks the step
+        _smoothed(_detach("loss"))
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        _carried_smooth()
+    [item] = w.report.items
+    assert item.label.startswith("`smooth` carries iteration 1's graph into iteration 2"), item.label
+    assert item.fix.startswith("add `smooth = smooth.detach()` before line "), item.fix
+
+
+def _running_mean(retain: bool, detach: bool) -> list[float]:
+    """A running mean of features carried across iterations, with the forum's band-aid on the backward."""
+    torch.manual_seed(0)
+    encoder = torch.nn.Linear(6, 4)
+    optimizer = torch.optim.SGD(encoder.parameters(), lr=0.05)
+    running_mean = torch.zeros(4)
+    grads = []
+    for _ in range(5):
+        feats = encoder(torch.randn(8, 6))
+        if detach:
+            running_mean = running_mean.detach()
+        running_mean = 0.9 * running_mean + 0.1 * feats.mean(0)
+        loss = ((feats - running_mean) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward(retain_graph=retain)
+        optimizer.step()
+        grads.append(encoder.weight.grad.abs().sum().item())
+    return grads
+
+
+def test_a_carrier_rebound_every_iteration_is_one_finding_not_one_per_iteration() -> None:
+    with pytest.raises(RuntimeError):  # without the band-aid the carried graph breaks iteration 2
+        _running_mean(retain=False, detach=False)
+    assert _running_mean(retain=True, detach=False) != _running_mean(retain=False, detach=True)  # it trains wrong
+    torch.manual_seed(0)
+    encoder = torch.nn.Linear(6, 4)
+    optimizer = torch.optim.SGD(encoder.parameters(), lr=0.05)
+    running_mean = torch.zeros(4)
+    with watch() as w:
+        for _ in range(5):
+            feats = encoder(torch.randn(8, 6))
+            running_mean = 0.9 * running_mean + 0.1 * feats.mean(0)
+            loss = ((feats - running_mean) ** 2).mean()
+            optimizer.zero_grad()
+            loss.backward(retain_graph=True)
+            optimizer.step()
+    assert str(w).startswith("backward-twice: 1 thing to fix (5 iterations watched)"), str(w)
+    [item] = w.report.items
+    assert item.label.startswith("`running_mean` carries iteration 1's graph"), item.label
+    assert "no name of yours" not in str(w)
+
+
+def test_a_retain_beside_create_graph_can_go_because_create_graph_keeps_the_graph() -> None:
+    """WGAN-GP's gradient penalty (eriklindernoren/PyTorch-GAN): the later ``d_loss.backward()`` does walk what the
+    ``autograd.grad`` call kept, yet removing ``retain_graph=True`` changes nothing: ``create_graph`` keeps it."""
+
+    def critic_step(retain: bool | None) -> float:
+        torch.manual_seed(0)
+        critic = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        points = torch.randn(6, 4, requires_grad=True)
+        keywords = {} if retain is None else {"retain_graph": retain}
+        (gradients,) = torch.autograd.grad(critic(points).sum(), points, create_graph=True, **keywords)
+        d_loss = critic(torch.randn(6, 4)).mean() + ((gradients.norm(2, dim=1) - 1) ** 2).mean()
+        d_loss.backward()
+        return critic[0].weight.grad.sum().item()
+
+    assert critic_step(True) == critic_step(None)  # without it: the same
+    with pytest.raises(RuntimeError, match="second time"):  # d_loss.backward() walks what the grad call kept
+        critic_step(False)
+    torch.manual_seed(0)
+    critic = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    with watch() as w:
+        for _ in range(3):
+            points = torch.randn(6, 4, requires_grad=True)
+            (gradients,) = torch.autograd.grad(critic(points).sum(), points, create_graph=True, retain_graph=True)
+            d_loss = critic(torch.randn(6, 4)).mean() + ((gradients.norm(2, dim=1) - 1) ** 2).mean()
+            d_loss.backward()
+    [item] = w.report.items
+    assert "create_graph=True keeps the graph anyway" in item.label, item.label
+    assert "no later backward walked" not in item.why, item.why
+    assert item.fix.startswith("remove retain_graph=True at line ")
+
+
+def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def test_passes_without_a_backward_still_count_as_iterations() -> None:
+    """A replay buffer that trains once it holds 4 items (passes 1-4 have no backward), then a step every other
+    pass (``if step % 2``): 7 passes of the loop ran, 2 with a backward. (A pass after the last backward is not
+    seen: nothing of the watch runs there.)"""
+    model, optimizer = _model_and_optimizer()
+    buffer: list[torch.Tensor] = []
+    ran = []
+    with watch() as w:
+        for step in range(7):
+            ran.append(step)
+            buffer.append(torch.randn(1, 3))
+            if len(buffer) <= 3 or step % 2:
+                continue
+            loss = model(torch.cat(buffer[-3:])).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    assert len(ran) == 7
+    assert str(w).startswith("backward-twice: healthy (7 iterations watched, 2 backward calls"), str(w)
+
+
+def test_a_loop_inside_the_closure_an_optimizer_step_calls_is_not_the_iteration() -> None:
+    """Lightning's test_step_with_optimizer_closure, in plain PyTorch: the closure runs two losses in a loop, and the
+    optimizer's ``step`` calls it; an iteration is a pass of the loop that calls ``step``."""
+    model, optimizer = _model_and_optimizer()
+    with watch() as w:
+        for _ in range(3):
+
+            def closure() -> torch.Tensor:
+                losses = []
+                for backward_idx in range(2):
+                    loss = model(torch.randn(4, 3)).pow(2).mean()
+                    losses.append(loss)
+                    loss.backward(retain_graph=backward_idx == 0)
+                return torch.stack(losses).mean()
+
+            optimizer.step(closure)
+            optimizer.zero_grad()
+    text = str(w)
+    assert text.startswith("backward-twice: 1 thing to fix (3 iterations watched)"), text
+    assert "retain_graph=True at line" in text and "note" not in text
