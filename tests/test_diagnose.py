@@ -396,3 +396,69 @@ def test_without_torchs_version_setter_the_values_are_still_put_back(monkeypatch
     assert torch.equal(model.weight, weight) and model.weight.grad is None
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         built_before.backward()
+
+
+class _EmaCodebook(nn.Module):
+    """zalandoresearch/pytorch-vq-vae's VectorQuantizerEMA, its update as written: in training, each forward
+    replaces its registered ``_ema_w`` parameter and its ``_ema_cluster_size`` buffer with new tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._embedding = nn.Embedding(4, 3)
+        self.register_buffer("_ema_cluster_size", torch.zeros(4))
+        self._ema_w = nn.Parameter(torch.randn(4, 3))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        nearest = torch.cdist(inputs, self._embedding.weight).argmin(1)
+        encodings = nn.functional.one_hot(nearest, 4).float()
+        self._ema_cluster_size = self._ema_cluster_size * 0.99 + 0.01 * encodings.sum(0)
+        self._ema_w = nn.Parameter(self._ema_w * 0.99 + 0.01 * (encodings.t() @ inputs.detach()))
+        return self._embedding(nearest)
+
+
+def test_parameters_and_buffers_the_step_replaces_are_put_back() -> None:
+    torch.manual_seed(0)
+    codebook = _EmaCodebook()
+    optimizer = torch.optim.SGD(codebook.parameters(), lr=0.1)
+    inputs = torch.randn(8, 3)
+    ema_w, cluster_size = codebook._ema_w, codebook._ema_cluster_size
+    before = ema_w.detach().clone()
+
+    def step() -> None:
+        optimizer.zero_grad()
+        (codebook(inputs) - inputs).pow(2).mean().backward()
+        optimizer.step()
+
+    step()
+    assert codebook._ema_w is not ema_w  # truth: a bare step replaces them
+    codebook._ema_w, codebook._ema_cluster_size = ema_w, cluster_size
+    codebook._embedding.weight.grad = None
+    diagnose(step, models=codebook, optimizers=optimizer)
+    assert codebook._ema_w is ema_w and codebook._ema_cluster_size is cluster_size
+    assert torch.equal(codebook._ema_w.detach(), before)
+
+
+def test_requires_grad_a_step_turns_off_and_the_grads_it_leaves_are_put_back() -> None:
+    """rosinality/stylegan2-pytorch's train(): ``requires_grad(discriminator, False)`` before G's step, with
+    D's gradients of its own step left on it."""
+    torch.manual_seed(0)
+    generator, discriminator = nn.Linear(2, 3), nn.Linear(3, 1)
+    g_optim = torch.optim.Adam(generator.parameters(), lr=1e-3)
+    d_optim = torch.optim.Adam(discriminator.parameters(), lr=1e-3)
+
+    def step() -> None:
+        discriminator.requires_grad_(True)
+        fake = generator(torch.randn(4, 2))
+        d_loss = nn.functional.softplus(discriminator(fake.detach())).mean()
+        discriminator.zero_grad()
+        d_loss.backward()
+        d_optim.step()
+        discriminator.requires_grad_(False)
+        g_loss = nn.functional.softplus(-discriminator(generator(torch.randn(4, 2)))).mean()
+        generator.zero_grad()
+        g_loss.backward()
+        g_optim.step()
+
+    diagnose(step, models={"G": generator, "D": discriminator}, optimizers={"G": g_optim, "D": d_optim})
+    for parameter in (*generator.parameters(), *discriminator.parameters()):
+        assert parameter.requires_grad and parameter.grad is None

@@ -99,6 +99,12 @@ class CpuSnapshot:
             for name, value in vars(module).items()
             if isinstance(value, (torch.Tensor, tuple))
         ]
+        self._registered: list[tuple[dict[str, Any], dict[str, Any]]] = [  # a step may replace a registered
+            (entries, dict(entries))  # parameter or buffer (VQ-VAE's EMA codebook)
+            for model in models
+            for module in model.modules()
+            for entries in (module._parameters, module._buffers)
+        ]
         self._optimizers = [(o, _to_cpu(o.state_dict())) for o in optimizers]
         for optimizer in optimizers:
             for group in optimizer.param_groups:
@@ -180,7 +186,9 @@ class CpuSnapshot:
                 if tensor._version != kept.version or not torch.equal(tensor.detach().cpu(), kept.value):
                     tensor.copy_(kept.value)
                     _set_version(tensor, kept.version)
-                if tensor.is_leaf and (tensor.requires_grad or grad is not None):
+                if tensor.is_leaf and tensor.requires_grad != kept.requires_grad:  # ``p.requires_grad = False``
+                    tensor.requires_grad_(kept.requires_grad)  # for D's parameters during G's step (StyleGAN2)
+                if tensor.is_leaf and (tensor.requires_grad or grad is not None or tensor.grad is not None):
                     tensor.grad = None if grad is None else grad.to(tensor.device)
                 now = vars(tensor)
                 if now.keys() != kept.attributes.keys() or any(now[k] is not v for k, v in kept.attributes.items()):
@@ -188,6 +196,10 @@ class CpuSnapshot:
                     now.update(kept.attributes)
         for module, name, value in self._attributes:
             vars(module)[name] = value
+        for entries, registered in self._registered:
+            if entries.keys() != registered.keys() or any(entries[k] is not v for k, v in registered.items()):
+                entries.clear()
+                entries.update(registered)
         for optimizer, state in self._optimizers:
             optimizer.load_state_dict(state)  # copies the state back onto each parameter's device
         python, cpu, cuda = self._random
