@@ -81,6 +81,14 @@ def _json_problem(path: str) -> str | None:
         return f"--json {path}: no such folder: {folder}"
     if not os.access(folder, os.W_OK):
         return f"--json {path}: cannot write in {folder}"
+    if os.path.exists(path):
+        return None if os.access(path, os.W_OK) else f"--json {path}: cannot write this file"
+    try:  # what os.access cannot tell: a folder no file can be made in (/proc, even as root), a full disk
+        with open(path, "x"):
+            pass
+        os.remove(path)
+    except OSError as error:
+        return f"--json {path}: cannot write it: {error.strerror or error}"
     return None
 
 
