@@ -188,3 +188,22 @@ def test_a_loop_inside_the_closure_an_optimizer_step_calls_is_not_the_iteration(
     text = str(w)
     assert text.startswith("backward-twice: 1 thing to fix (3 iterations watched)"), text
     assert "retain_graph=True at line" in text and "note" not in text
+
+
+def test_a_loop_whose_body_rebinds_its_own_variable_counts_its_passes_and_stops_where_asked() -> None:
+    """yunjey/pytorch-tutorial's feedforward network: ``images = images.reshape(-1, 64)`` in the body."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(4, 8, 8), torch.randint(0, 10, (4,))) for _ in range(5)]
+    ran = []
+    with watch(iterations=3) as w:
+        for images, labels in batches:
+            images = images.reshape(-1, 64)
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            ran.append(labels)
+    assert len(ran) == 3
+    assert str(w).startswith("backward-twice: healthy (3 iterations watched, then stopped as asked, 3 backward"), str(w)

@@ -47,6 +47,7 @@ class Loop:
     targets: tuple[str, ...] = ()  # the names a ``for`` binds at each pass (``batch``; ``x, y``)
     shadowed: bool = False  # a loop inside it binds one of those names too (``for _`` in ``for _``)
     counter: int = -1  # which of ``targets`` counts the passes by one (``for i in range(n)``, ``enumerate``)
+    rebound: frozenset[str] = frozenset()  # of ``targets``, those its body assigns (``images = images.reshape(...)``)
 
     def holds(self, line: int) -> bool:
         """Whether ``line`` lies in the loop's body (the header and an ``else:`` clause do not)."""
@@ -159,6 +160,7 @@ def _read_scope(code: types.CodeType) -> _Scope:
                     first_try,
                     targets,
                     counter=targets.index(counter) if counter in targets else -1,
+                    rebound=_assigned(child.body, set(targets)),
                 )
             )
         elif isinstance(child, ast.Call):
@@ -176,6 +178,20 @@ def _read_scope(code: types.CodeType) -> _Scope:
         for loop in loops
     ]
     return _Scope(tuple(sorted(loops, key=lambda loop: loop.header)), tuple(sorted(steps, key=lambda s: s.line)))
+
+
+def _assigned(body: list[ast.stmt], names: set[str]) -> frozenset[str]:
+    """Those of ``names`` that a statement of ``body`` (nested blocks too, not nested functions) assigns."""
+    found: set[str] = set()
+    stack: list[ast.AST] = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in names:
+            found.add(node.id)
+        stack.extend(ast.iter_child_nodes(node))
+    return frozenset(found)
 
 
 def _counter(loop: ast.For | ast.AsyncFor) -> str | None:

@@ -105,7 +105,7 @@ def _skipped(loop: Loop, before: tuple[Any, ...], now: tuple[Any, ...]) -> int:
     (``for i in range(n)``: ``i`` went from 3 to 6, so passes 4 and 5 ran without one, a ``continue`` or a step every
     other pass), from what its counter held at each."""
     index = loop.counter
-    if index < 0 or index >= min(len(before), len(now)):
+    if index < 0 or index >= min(len(before), len(now)) or loop.targets[index] in loop.rebound:
         return 0
     (kind_before, count_before), (kind_now, count_now) = before[index], now[index]
     if kind_before != "value" or kind_now != "value" or type(count_before) is not int or type(count_now) is not int:
@@ -417,7 +417,7 @@ class IterationLoop:
         this pass has none)."""
         key = (id(frame.f_code), loop.header)
         self._append(key, start)
-        if loop.targets and not loop.shadowed:
+        if loop.targets and not loop.shadowed and not loop.rebound:  # else the next event's value is the body's
             self._markers[key] = (id(frame), _bound(frame, loop), ())
         else:
             self._markers.pop(key, None)
