@@ -65,7 +65,8 @@ def test_the_carrier_is_the_name_the_loop_reads_before_it_rebinds_it_not_one_it_
         _carried_smooth()
     [item] = w.report.items
     assert item.label.startswith("`smooth` carries iteration 1's graph into iteration 2"), item.label
-    assert item.fix.startswith("add `smooth = smooth.detach()` before line "), item.fix
+    # smooth starts as None: a detach where it comes in would fail in iteration 1
+    assert item.fix == "add `smooth = smooth.detach()` at the end of each iteration", item.fix
 
 
 def _running_mean(retain: bool, detach: bool) -> list[float]:
@@ -207,3 +208,49 @@ def test_a_loop_whose_body_rebinds_its_own_variable_counts_its_passes_and_stops_
             ran.append(labels)
     assert len(ran) == 3
     assert str(w).startswith("backward-twice: healthy (3 iterations watched, then stopped as asked, 3 backward"), str(w)
+
+
+def _encoder(fix: str | None) -> float:
+    """The PyTorch seq2seq tutorial's encoder, its hidden state carried from one sentence to the next: detached at the
+    end of each iteration, or (wrongly) where it comes in, inside the loop over the sentence's words."""
+    torch.manual_seed(0)
+    embedding, gru = torch.nn.Embedding(10, 4), torch.nn.GRU(4, 4)
+    optimizer = torch.optim.SGD([*embedding.parameters(), *gru.parameters()], lr=0.1)
+    encoder_hidden = torch.zeros(1, 1, 4)
+    for _ in range(3):
+        words = torch.randint(0, 10, (5,))
+        optimizer.zero_grad()
+        outputs = []
+        for word in words:
+            if fix == "where it comes in":
+                encoder_hidden = encoder_hidden.detach()
+            output, encoder_hidden = gru(embedding(word).view(1, 1, -1), encoder_hidden)
+            outputs.append(output)
+        torch.cat(outputs).pow(2).mean().backward()
+        optimizer.step()
+        if fix == "at the end":
+            encoder_hidden = encoder_hidden.detach()
+    return gru.weight_ih_l0.grad.norm().item()
+
+
+def test_a_carrier_read_in_a_loop_over_time_steps_is_detached_at_the_end_of_each_iteration() -> None:
+    with pytest.raises(RuntimeError, match="second time"):
+        _encoder(None)
+    assert _encoder("where it comes in") != _encoder("at the end")  # inside the word loop it cuts each sentence too
+    torch.manual_seed(0)
+    embedding, gru = torch.nn.Embedding(10, 4), torch.nn.GRU(4, 4)
+    optimizer = torch.optim.SGD([*embedding.parameters(), *gru.parameters()], lr=0.1)
+    encoder_hidden = torch.randn(1, 1, 4)
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        for _ in range(3):
+            words = torch.randint(0, 10, (5,))
+            optimizer.zero_grad()
+            outputs = []
+            for word in words:
+                output, encoder_hidden = gru(embedding(word).view(1, 1, -1), encoder_hidden)
+                outputs.append(output)
+            torch.cat(outputs).pow(2).mean().backward()
+            optimizer.step()
+    [item] = w.report.items
+    assert item.label.startswith("`encoder_hidden` carries iteration 1's graph"), item.label
+    assert item.fix == "add `encoder_hidden = encoder_hidden.detach()` at the end of each iteration", item.fix

@@ -29,7 +29,15 @@ from backward_twice.record.sources import memo, parsed
 if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
 
-__all__ = ["built_line", "function_span", "list_use", "read_first", "read_line"]
+__all__ = [
+    "built_line",
+    "first_read",
+    "function_span",
+    "list_use",
+    "read_first",
+    "read_line",
+    "starts_without_a_tensor",
+]
 
 
 def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
@@ -160,6 +168,37 @@ def read_line(spelled: str, spans: list[tuple[str, int, int]], a_list: bool = Fa
     ((file, first line, last line): the loop's body, the function the name was found in) that reads it at all, as
     "file:line: code": where an earlier iteration's graph comes into this one. For a list (``a_list``), a line that
     only grows it (``bank.append(hidden)``) brings nothing in and is passed over."""
+    found = first_read(spelled, spans, a_list)
+    if found is None:
+        return None
+    filename, line = found
+    return f"{place(filename, line)}: {linecache.getline(filename, line).strip()}"
+
+
+def starts_without_a_tensor(spelled: str, filename: str) -> bool:
+    """Whether the file assigns ``spelled`` (``beta``, ``self.hidden``) a constant somewhere (``beta = 0``,
+    ``self.hidden = None``): then it may hold no tensor in the first iteration, and a ``.detach()`` there fails."""
+    tree = parsed(filename)
+    if tree is None:
+        return False
+    constants = memo(filename, ("constants",), functools.partial(_assigned_constants, tree))
+    return spelled in constants
+
+
+def _assigned_constants(tree: ast.Module) -> frozenset[str]:
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for part in ast.walk(target):
+                    if isinstance(part, (ast.Name, ast.Attribute, ast.Subscript)):
+                        found.add(ast.unparse(part))
+    return frozenset(found)
+
+
+def first_read(spelled: str, spans: list[tuple[str, int, int]], a_list: bool = False) -> tuple[str, int] | None:
+    """(file, line) of :func:`read_line`'s line."""
     for filename, first, last in spans:
         tree = parsed(filename)
         if tree is None:
@@ -171,7 +210,7 @@ def read_line(spelled: str, spans: list[tuple[str, int, int]], a_list: bool = Fa
             reading = {line for line, kind in uses if kind != "grown"}
             lines = [line for line in lines if line in reading]
         if lines:
-            return f"{place(filename, lines[0])}: {linecache.getline(filename, lines[0]).strip()}"
+            return filename, lines[0]
     return None
 
 

@@ -28,12 +28,21 @@ from dataclasses import dataclass, field
 
 from backward_twice.common.error_kinds import error_kind
 from backward_twice.common.units import format_bytes
-from backward_twice.judge.built import built_line, function_span, list_use, read_first, read_line
+from backward_twice.judge.built import (
+    built_line,
+    first_read,
+    function_span,
+    list_use,
+    read_first,
+    read_line,
+    starts_without_a_tensor,
+)
 from backward_twice.judge.fixes import ERROR_FIXES, carried_fix, second_backward_fix
 from backward_twice.record.folds import CallLog, count_retains
 from backward_twice.record.held import HeldGraph
 from backward_twice.record.iterations import Split, split_iterations
 from backward_twice.record.learner import learner_line_at, short
+from backward_twice.record.loops import enclosing
 from backward_twice.record.names import CodeSite, NamedGraph
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.sources import parsed
@@ -85,6 +94,7 @@ class CarriedFinding:
     shape: tuple[int, ...] | None = None
     container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one
     enters_at: str | None = None  # the first line of the loop that reads the name: where the old graph comes in
+    fix_at_entry: bool = False  # a detach right before ``enters_at`` runs (else: at the end of each iteration)
 
 
 @dataclass(frozen=True)
@@ -289,6 +299,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             e.shape,
             e.container,
             _enters_at(recorder, e),
+            _fix_at_entry(recorder, e, name),
         )
         for e, name in ((e, as_the_line_names_it(e.name, e.built_at)) for e in found.values())
     ]
@@ -342,6 +353,29 @@ def _enters_at(recorder: Recorder, carried: _Carried) -> str | None:
         return None
     whole = re.sub(r"\[\d+\]$", "", carried.name) if carried.container in ("tuple", "list") else carried.name
     return read_line(whole, _spans(recorder, carried), a_list=carried.container == "list")
+
+
+def _fix_at_entry(recorder: Recorder, carried: _Carried, name: str | None) -> bool:
+    """Whether a detach right before the line where the old graph comes in is a fix that runs: the name starts as a
+    tensor (not ``beta = 0``, ``self.hidden = None`` or a function's parameter: no ``.detach()`` in iteration 1), and
+    that line is not in a loop nested in the iteration's (an encoder's loop over time steps: a detach there cuts each
+    sequence too)."""
+    if carried.name is None or name is None:
+        return False
+    whole = re.sub(r"\[\d+\]$", "", name) if carried.container in ("tuple", "list") else name
+    entry = first_read(whole, _spans(recorder, carried), a_list=carried.container == "list")
+    filename = entry[0] if entry is not None else carried.built_at.split(":", 1)[0]
+    if starts_without_a_tensor(whole, filename):
+        return False
+    if entry is None:  # comes in where it is built (``self.h = self.rnn(x, self.h)`` in a framework's step)
+        return True
+    link = recorder.loop.innermost
+    if link is None or recorder.loop.unusable is not None or entry[0] != link.loop.filename:
+        return True
+    code = link.code  # a parameter of the loop's function (``beta`` of ``train(..., beta)``) may come in as a number
+    if whole in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
+        return False
+    return not any(loop.header > link.loop.header for loop in enclosing(code, entry[1]))
 
 
 def _list_use(recorder: Recorder, carried: _Carried) -> str | None:

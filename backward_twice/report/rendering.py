@@ -181,7 +181,7 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
         why = f"this backward follows {spelled} into {origin}, which that iteration's backward already freed"
     else:
         why = f"every backward follows {spelled} back into {origin}: memory and time grow with each iteration"
-    fix = _carried_fix(first, place if lines and lines[0].label.endswith("comes in here") else None)
+    fix = _carried_fix(first, place if first.fix_at_entry and lines[0].label.endswith("comes in here") else None)
     if band_aid is not None:
         fix += f", and remove retain_graph=True at line {_line_number(_split(band_aid.line)[0])}"
     return Item("carried", label, tuple(lines), why, fix)
