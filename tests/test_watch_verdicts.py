@@ -1,8 +1,9 @@
 """Verdicts of ``with watch():`` on loop shapes the tool was once wrong on, each with its truth first established
 without the tool (run the loop; apply a fix and run; count the passes): the name that carries a graph when two names
 held one tensor, one finding per carried tensor, a retain that ``create_graph=True`` makes redundant, passes with no
-backward call, and a loop inside the closure an optimizer's ``step`` calls. (No note for names each iteration
-rebinds: tests/test_learner_scripts.py, where they are a script's.)"""
+backward call, a loop inside the closure an optimizer's ``step`` calls, a running total kept as a tensor (a note that
+grows), and an actor-critic's in-place error (no GAN advice). (No note for names each iteration rebinds:
+tests/test_learner_scripts.py, where they are a script's.)"""
 
 from __future__ import annotations
 
@@ -254,3 +255,72 @@ def test_a_carrier_read_in_a_loop_over_time_steps_is_detached_at_the_end_of_each
     [item] = w.report.items
     assert item.label.startswith("`encoder_hidden` carries iteration 1's graph"), item.label
     assert item.fix == "add `encoder_hidden = encoder_hidden.detach()` at the end of each iteration", item.fix
+
+
+def _running_loss(iterations: int) -> torch.Tensor:
+    """The CIFAR-10 tutorial's loop with ``running_loss += loss`` (no ``.item()``), after the step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    running_loss = torch.zeros(())
+    for _ in range(iterations):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 3, (8,)))
+        loss.backward()
+        optimizer.step()
+        running_loss += loss
+    return running_loss
+
+
+def _nodes(tensor: torch.Tensor) -> int:
+    seen, todo = set(), [tensor.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo.extend(child for child, _ in node.next_functions)
+    return len(seen)
+
+
+def test_a_running_total_kept_as_a_tensor_after_the_step_is_a_note_that_grows() -> None:
+    assert _nodes(_running_loss(8)) > _nodes(_running_loss(4)) > _nodes(_running_loss(2))  # one graph more each pass
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    running_loss = torch.zeros(())
+    with watch() as w:
+        for _ in range(6):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 3, (8,)))
+            loss.backward()
+            optimizer.step()
+            running_loss += loss
+    text = str(w)
+    assert text.startswith("backward-twice: 1 note (6 iterations watched)"), text
+    assert "1. `running_loss` keeps one more iteration's graph alive every iteration" in text
+    assert "running_loss += loss" in text and "grows here" in text
+
+
+def test_an_actor_critic_in_place_error_gets_no_gan_advice() -> None:
+    """An A2C step whose actor loss reuses the critic's value after the critic's step: the in-place error names the
+    stale forward and the step, and says nothing of a GAN."""
+    torch.manual_seed(0)
+    actor = torch.nn.Linear(4, 2)
+    critic = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=1e-3)
+    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        for _ in range(2):
+            state = torch.randn(6, 4)
+            value = critic(state)
+            advantage = torch.randn(6, 1) - value
+            critic_optimizer.zero_grad()
+            advantage.pow(2).mean().backward(retain_graph=True)
+            critic_optimizer.step()
+            log_probs = torch.log_softmax(actor(state), -1)[:, :1]
+            actor_optimizer.zero_grad()
+            (-(log_probs * advantage)).mean().backward()
+            actor_optimizer.step()
+    fix = w.report.items[0].fix
+    assert fix.startswith("compute line ") and "after the step at line " in fix, fix
+    assert "GAN" not in str(w), str(w)

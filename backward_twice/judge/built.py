@@ -11,7 +11,7 @@ it assigns it (a name assigned first, ``loss = ...``, brings nothing of an earli
 tells a list rebound every iteration (``pred, mems = model(x, mems)``) from one the loss is built from whole
 (``zip(policy.saved_log_probs, returns)``) and from one read by index or slice (``bank[-4:]``).
 
-Used by :mod:`backward_twice.judge.verdicts`.
+Used by :mod:`backward_twice.judge.notes` and :mod:`backward_twice.judge.verdicts`.
 """
 
 from __future__ import annotations

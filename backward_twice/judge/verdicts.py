@@ -11,7 +11,8 @@
 * a graph is carried when a backward walks a node built in an earlier iteration or before the first; the name
   that held it at an iteration's start (:class:`backward_twice.record.names.NamedGraph`) gives the fix its variable, and
   :func:`backward_twice.judge.built.built_line` the line that built it. A graph held into a later iteration that no
-  backward walks is a note, one that grows (a list that gains one every iteration, a running total) a note to show;
+  backward walks is a note (:mod:`backward_twice.judge.notes`), one that grows (a list that gains one every
+  iteration, a running total) a note to show;
 * the error, by kind (:func:`backward_twice.common.error_kinds.error_kind`), with the recorder's evidence.
 
 Used by :mod:`backward_twice.steps.audit`, :mod:`backward_twice.steps.harness`, :mod:`backward_twice.report.rendering`
@@ -38,8 +39,8 @@ from backward_twice.judge.built import (
     starts_without_a_tensor,
 )
 from backward_twice.judge.fixes import ERROR_FIXES, carried_fix, second_backward_fix
+from backward_twice.judge.notes import Note, notes
 from backward_twice.record.folds import CallLog, count_retains
-from backward_twice.record.held import HeldGraph
 from backward_twice.record.iterations import Split, split_iterations
 from backward_twice.record.learner import learner_line_at, short
 from backward_twice.record.loops import enclosing
@@ -98,19 +99,6 @@ class CarriedFinding:
 
 
 @dataclass(frozen=True)
-class Note:
-    """A graph a name keeps alive that no backward walks: the name, the line that built it, its bytes, and whether
-    it grows (the name holds graphs of several iterations, or one graph reaching back over several): a name the
-    next iteration rebinds holds one iteration's graph at a time, and is no note to show."""
-
-    name: str
-    built_at: str
-    held_bytes: int
-    grows: bool = False
-    parameter: bool = False  # a module's parameter that holds a graph: updated in place outside torch.no_grad()
-
-
-@dataclass(frozen=True)
 class ErrorVerdict:
     """The error: kind, first line, the learner's line, iteration, the recorder's evidence, the fix, and whether a
     graph carried from an earlier iteration caused it (then the fix is the carried graph's)."""
@@ -146,7 +134,7 @@ def judge(recorder: Recorder) -> Verdicts:
     carried = _carried(recorder, split)
     lines = _lines(calls, split, recorder, carried)
     carried_names = {c.name for c in carried if c.name}
-    notes = [n for n in _notes(recorder, split) if n.name not in carried_names]  # carried already says it
+    kept = [n for n in notes(recorder, split) if n.name not in carried_names]  # carried already says it
     error = _error(recorder, split, carried)
     partial = len(calls) > (split.ends[-1].calls if split.ends else 0) or recorder.error is not None
     run = split.count + (1 if partial else 0)
@@ -158,7 +146,7 @@ def judge(recorder: Recorder) -> Verdicts:
         f"({failure.where}: {failure.error}); the loop went on as written, and what follows covers what ran before"
     )
     stopped = recorder.iterations if recorder.stopped else None
-    return Verdicts(split, run, len(calls), lines, carried, notes, error, stopped, stopped_watching)
+    return Verdicts(split, run, len(calls), lines, carried, kept, error, stopped, stopped_watching)
 
 
 def plural(count: int, word: str) -> str:
@@ -414,52 +402,6 @@ class _Carried:
     frame: CodeSite | None = None  # the code the name was found in
 
 
-def _notes(recorder: Recorder, split: Split) -> list[Note]:
-    """Graphs a name still held in a later iteration than the one that built them (or, built before the loop, in
-    the first), that no backward of that iteration or a later one walked."""
-    walked: dict[int, int] = {}  # node -> the last iteration whose backward walked it
-    for call in recorder.calls:
-        iteration = split.iteration_of_call(call.index)
-        for sequence in call.old:
-            walked[sequence] = max(walked.get(sequence, 0), iteration)
-    last = max(1, split.count + (1 if recorder.error is not None else 0))
-    held: list[tuple[str, int, int, HeldGraph]] = []  # (holder, built, held in, what it holds)
-    for sequence, held_graph in recorder.held_from.items():
-        holder = held_graph.holder
-        held_in = split.iteration_of_sighting(held_graph.sighting)
-        built = split.iteration_of_node(sequence)
-        if not built < held_in <= last or walked.get(sequence, 0) >= held_in:
-            continue
-        named = recorder.names.get(sequence)
-        if _below_a_submodule(holder) and (named is None or named.container != "parameter"):
-            continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
-        held.append((holder, sequence, built, held_graph))
-    together: dict[tuple[str, int], set[int]] = {}  # (a name's root, a sighting) -> the iterations whose graphs it
-    for holder, _, built, held_graph in held:  # held there: a name rebound each iteration holds one at a time
-        together.setdefault((_root(holder), held_graph.sighting), set()).add(built)
-    growing = {root for (root, _), built in together.items() if len(built) > 1}
-    by_name: dict[str, Note] = {}
-    for name, grown in recorder.growth.items():  # a list or dict that holds one more graph at every start
-        named = recorder.names.get(grown.newest)
-        if grown.grew and named is not None and not _below_a_submodule(name):
-            built = split.iteration_of_node(grown.newest)
-            by_name[name] = Note(name, built_line(named, built == 0, recorder), grown.newest_bytes, True)
-    for holder, sequence, built, held_graph in held:
-        grows = _root(holder) in growing or split.iteration_of_node(held_graph.earliest) < built
-        named = recorder.names[sequence]
-        line = built_line(named, built == 0, recorder)
-        parameter = named.container == "parameter"
-        by_name.setdefault(holder, Note(holder, line, held_graph.graph_bytes, grows, parameter))
-        for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
-            by_name.setdefault(alias, Note(alias, line, 0, grows))
-    return list(by_name.values())
-
-
-def _root(holder: str) -> str:
-    """``losses`` of ``losses[3]``, ``model`` of ``model.memory``."""
-    return re.split(r"[\[.]", holder, maxsplit=1)[0]
-
-
 def _writes_retain(site: tuple[str, int]) -> bool:
     """Whether the call at ``site`` (file, line) spells out ``retain_graph=`` (also on a later line of the call)."""
     filename, lineno = site
@@ -472,11 +414,6 @@ def _writes_retain(site: tuple[str, int]) -> bool:
         and any(k.arg == "retain_graph" for k in node.keywords)
         for node in ast.walk(tree)
     )
-
-
-def _below_a_submodule(name: str) -> bool:
-    """``model.block.loss`` (an attribute two levels below what the loop holds), not ``model.hidden``."""
-    return re.sub(r"^\w+(\[[^\]]*\])*", "", name).count(".") > 1
 
 
 def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> ErrorVerdict | None:

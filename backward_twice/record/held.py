@@ -6,7 +6,7 @@ dict, an object) that holds one more graph at every start.
 into an iteration (a carried graph's fix uses it), and what each holds, with its graph-only bytes (at most three graphs
 per name: a name rebound every iteration holds one iteration's graph at a time, and is counted, not kept).
 
-Used by :mod:`backward_twice.record.recorder` and :mod:`backward_twice.judge.verdicts`.
+Used by :mod:`backward_twice.record.recorder` and :mod:`backward_twice.judge.notes`.
 """
 
 from __future__ import annotations
@@ -126,6 +126,15 @@ def event_names(recorder: Holding, frame: types.FrameType) -> None:
             note_names(recorder, frame)
 
 
+def _in_the_loops_frame(recorder: Holding, named: NamedGraph) -> bool:
+    """Whether ``named`` is a variable of the frame the iteration's loop runs in: it lives from pass to pass."""
+    link = recorder.loop.innermost
+    if link is None or named.frame is None:
+        return False
+    code = link.code
+    return named.frame == CodeSite(code.co_filename, code.co_firstlineno, code.co_name)
+
+
 def note_names(recorder: Holding, frame: types.FrameType | None, built_before: int | None = None) -> None:
     """Keep the names that hold graphs now (the simplest spelling of each node); at an iteration's start, also
     which graphs are held into it, with their graph-only bytes (a note, if no later backward walks them).
@@ -160,12 +169,21 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
                     spellings.insert(at, spelled)
         holder = named.holder or named.name
         followed = recorder.held_per_name.get(holder, 0)
-        if held_in and not named.local and sequence not in recorder.held_from and followed < _HELD_PER_NAME:
-            # A function's own variable is rebound at its next call: what the loop holds is in its dicts, objects,
-            # modules and globals. A node a backward walked without a retain has no buffers left (as written: with
-            # keep_buffers the recorder keeps them, so they are left out here the same way).
-            recorder.held_from[sequence] = held_graph(node, sighting, holder, recorder.key)
-            recorder.held_per_name[holder] = followed + 1
+        # A function's own variable is rebound at its next call: what the loop holds is in its dicts, objects,
+        # modules and globals. A node a backward walked without a retain has no buffers left (as written: with
+        # keep_buffers the recorder keeps them, so they are left out here the same way). Read at a pass's first
+        # event, what ran after the last pass's last event (``running_loss += loss`` after the step, a global or
+        # the loop's own variable) dates from this pass: held too if its graph reaches back before the pass.
+        late = at_start and not held_in and built_before is not None and recorder.loop.iterations_started() >= 2
+        if (
+            ((held_in and not named.local) or (late and (not named.local or _in_the_loops_frame(recorder, named))))
+            and sequence not in recorder.held_from
+            and followed < _HELD_PER_NAME
+        ):
+            graph = held_graph(node, sighting, holder, recorder.key)
+            if held_in or (built_before is not None and graph.earliest < built_before):
+                recorder.held_from[sequence] = graph
+                recorder.held_per_name[holder] = followed + 1
     if held_under and built_before is not None:  # read inside the pass: what it built is not held into it
         held_under = {name: {s for s in held if s < built_before} for name, held in held_under.items()}
     note_growth(recorder.growth, held_under or {}, nodes, recorder.key)

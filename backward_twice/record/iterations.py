@@ -11,7 +11,8 @@ rule can use what came later: in a GAN, which optimizer steps last in a cycle).
 
 Without a loop, an iteration ends at its event.
 
-Used by :mod:`backward_twice.record.recorder` and :mod:`backward_twice.judge.verdicts`.
+Used by :mod:`backward_twice.record.recorder`, :mod:`backward_twice.judge.notes` and
+:mod:`backward_twice.judge.verdicts`.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from backward_twice.judge.verdicts import (
 __all__ = ["CodeLine", "Item", "Report", "build_report", "render_html", "render_text", "report_json"]
 
 _GAN_HINT = "a GAN: G's loss on a fresh D(fake)"
+_DISCRIMINATOR = re.compile(r"\bfake|[Dd]iscriminator|net_?D\b|_D\b|\bD\(|\bD_|\bd_loss|\berrD")
 _SEARCHED = (  # the words of PyTorch's messages that people search for, as a raising line's label
     "Trying to backward through the graph a second time",
     "modified by an inplace operation",
@@ -194,6 +195,12 @@ def _carried_fix(finding: CarriedFinding, place: str | None) -> str:
     return finding.fix.replace(" at the end of each iteration", f" before line {_line_number(place)}")
 
 
+def _gan_hint(*code: str) -> str:
+    """`` (a GAN: G's loss on a fresh D(fake))`` where the lines speak of a discriminator (``fake``, ``netD``,
+    ``opt_D``, ``discriminator``); nothing for an actor and a critic, or a generator's own stale forward."""
+    return f" ({_GAN_HINT})" if any(_DISCRIMINATOR.search(line) for line in code) else ""
+
+
 def _error_item(error: ErrorVerdict) -> Item:
     raising = _raising_line(error)
     lines = [raising]
@@ -209,7 +216,8 @@ def _error_item(error: ErrorVerdict) -> Item:
             lines.insert(0, CodeLine(step_place, step_code, (0, len(step_code)), "changed the weights it saved"))
             label = f"this backward needs weights that the optimizer step at line {step_number} changed"
             why = f"this backward goes through a forward computed before line {step_number}'s step changed its weights"
-            fix = f"compute the forward again after line {step_number}'s step ({_GAN_HINT})"
+            gan = _gan_hint(step_code, raising.code)
+            fix = f"compute the forward again after line {step_number}'s step{gan}"
             if error.stale_line is not None:
                 stale_place, stale_code = _split(error.stale_line)
                 stale_number = _line_number(stale_place)
@@ -219,7 +227,8 @@ def _error_item(error: ErrorVerdict) -> Item:
                 label = (
                     f"this backward goes through line {stale_number}, computed before the step at line {step_number}"
                 )
-                fix = f"compute line {stale_number} again after the step at line {step_number} ({_GAN_HINT})"
+                gan = _gan_hint(step_code, raising.code, stale_code)
+                fix = f"compute line {stale_number} again after the step at line {step_number}{gan}"
     elif error.kind == "backward a second time":
         if freed is not None:
             freed_place, freed_code = _split(freed.group(1))
@@ -307,7 +316,7 @@ def _growing_line(name: str, filename: str) -> tuple[int, str, str | None] | Non
     ``cache[key] = out``), with what it appends."""
     pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\s*(\.append\((\w+)\)|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=)")
     for number, text in enumerate(linecache.getlines(filename), 1):
-        match = pattern.search(text)
+        match = pattern.search(text.split("#", 1)[0])  # a comment that quotes the line is not it
         if match:
             return number, text.strip(), match.group(2)
     return None
@@ -329,7 +338,7 @@ def build_report(v: Verdicts, runs_of: str | None = None, ended_by: str | None =
     if v.error is not None and not explained:
         items.append(_error_item(v.error))
     items += [_retain_item(line) for line in v.lines if line.verdict == "can go"]
-    items += [_note_item(n) for n in v.notes if n.grows and n.held_bytes and not n.parameter]
+    items += [_note_item(n) for n in v.notes if n.grows and not n.parameter]  # freed buffers too: the nodes pile up
     by_model: dict[str, list[Note]] = {}
     for note in v.notes:
         if note.parameter:
