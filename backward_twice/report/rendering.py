@@ -289,7 +289,7 @@ def _note_item(note: Note) -> Item:
         "note",
         f"`{note.name}` keeps one more iteration's graph alive every iteration",
         lines,
-        f"no backward walks them again, but `{note.name}` holds them all{each}",
+        f"no later backward walks them, but `{note.name}` holds them all{each}",
         fix,
         to_fix=False,
     )
