@@ -300,6 +300,7 @@ def test_a_retain_on_a_carried_hidden_state_is_needed_by_the_next_runs_backward(
 
     audit = audit_retain_graph(step, models=cell)  # run 2's backward walks h from run 1, through the retain
     assert audit.error is None and [c.verdict for c in audit.calls] == ["goes with the carried fix"]  # the band-aid
+    assert audit.summary().endswith("1 retain_graph=True judged: 0 needed, 1 goes with the carried fix, 0 can go.")
     [line] = audit.lines
     assert (line.runs, line.needed_runs) == (2, 1) and "in iteration 2" in line.why
     assert h is h0, "the step's h is the learner's object again afterwards"

@@ -75,15 +75,17 @@ class RetainAudit:
 
     def summary(self) -> str:
         retains = [c for c in self.calls if c.needed is not None]
-        needed = sum(1 for c in retains if c.needed)
+        band_aids = sum(1 for c in retains if c.band_aid)  # needed only through a carried graph: not "needed"
+        needed = sum(1 for c in retains if c.needed and not c.band_aid)
+        goes = f"{band_aids} go{'es' if band_aids == 1 else ''} with the carried fix, " if band_aids else ""
         failed = (
             ""
             if self.error is None
             else (f" As written the step raises {self.error.rstrip('.')} at {_short(self.error_line or '?')}")
         )
         return (
-            f"{len(self.calls)} backward call(s); {len(retains)} retain_graph=True judged: {needed} needed, "
-            f"{len(retains) - needed} can go.{failed}"
+            f"{len(self.calls)} backward call(s); {len(retains)} retain_graph=True judged: {needed} needed, {goes}"
+            f"{len(retains) - needed - band_aids} can go.{failed}"
         )
 
     def __repr__(self) -> str:
