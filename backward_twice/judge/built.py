@@ -5,7 +5,7 @@ innermost learner's line running when the node was built); for a node built befo
 tracer did not see, it reads the source with ``ast`` for the assignment to the name: outside loops for a graph built
 before the first iteration, in a loop otherwise.
 
-:func:`read_line` finds where a carried graph comes into an iteration: the first line of the loop's body (or of the
+:func:`first_read` finds where a carried graph comes into an iteration: the first line of the loop's body (or of the
 function the name was found in) that reads the name; :func:`read_first` tells whether the body reads a name before
 it assigns it (a name assigned first, ``loss = ...``, brings nothing of an earlier iteration in). :func:`list_use`
 tells a list rebound every iteration (``pred, mems = model(x, mems)``) from one the loss is built from whole
@@ -35,7 +35,6 @@ __all__ = [
     "function_span",
     "list_use",
     "read_first",
-    "read_line",
     "starts_without_a_tensor",
 ]
 
@@ -163,18 +162,6 @@ def _binds(target: ast.AST, wanted: set[str]) -> bool:
     return False
 
 
-def read_line(spelled: str, spans: list[tuple[str, int, int]], a_list: bool = False) -> str | None:
-    """The first line that reads ``spelled`` (``h``, ``state['h']``, ``self.hidden``) in the first of ``spans``
-    ((file, first line, last line): the loop's body, the function the name was found in) that reads it at all, as
-    "file:line: code": where an earlier iteration's graph comes into this one. For a list (``a_list``), a line that
-    only grows it (``bank.append(hidden)``) brings nothing in and is passed over."""
-    found = first_read(spelled, spans, a_list)
-    if found is None:
-        return None
-    filename, line = found
-    return f"{place(filename, line)}: {linecache.getline(filename, line).strip()}"
-
-
 def starts_without_a_tensor(spelled: str, filename: str) -> bool:
     """Whether the file assigns ``spelled`` (``beta``, ``self.hidden``) a constant somewhere (``beta = 0``,
     ``self.hidden = None``): then it may hold no tensor in the first iteration, and a ``.detach()`` there fails."""
@@ -198,7 +185,10 @@ def _assigned_constants(tree: ast.Module) -> frozenset[str]:
 
 
 def first_read(spelled: str, spans: list[tuple[str, int, int]], a_list: bool = False) -> tuple[str, int] | None:
-    """(file, line) of :func:`read_line`'s line."""
+    """(file, line) of the first line that reads ``spelled`` (``h``, ``state['h']``, ``self.hidden``) in the first of
+    ``spans`` ((file, first line, last line): the loop's body, the function the name was found in) that reads it at
+    all: where an earlier iteration's graph comes into this one. For a list (``a_list``), a line that only grows it
+    (``bank.append(hidden)``) brings nothing in and is passed over."""
     for filename, first, last in spans:
         tree = parsed(filename)
         if tree is None:

@@ -35,7 +35,6 @@ from backward_twice.judge.built import (
     function_span,
     list_use,
     read_first,
-    read_line,
     starts_without_a_tensor,
 )
 from backward_twice.judge.fixes import ERROR_FIXES, carried_fix, second_backward_fix
@@ -286,10 +285,11 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e)),
             e.shape,
             e.container,
-            _enters_at(recorder, e),
-            _fix_at_entry(recorder, e, name),
+            None if entry is None else learner_line_at(*entry),
+            _fix_at_entry(recorder, entry, e, name),
         )
         for e, name in ((e, as_the_line_names_it(e.name, e.built_at)) for e in found.values())
+        for entry in (_entry(recorder, e),)
     ]
 
 
@@ -334,26 +334,29 @@ def as_the_line_names_it(name: str | None, built_at: str) -> str | None:
     return f"self.{attribute.group(1)}{attribute.group(2)}"
 
 
-def _enters_at(recorder: Recorder, carried: _Carried) -> str | None:
-    """The first line that reads the carrier in the loop's body, else in the code the name was found in, else in
-    the step the tool ran."""
+def _whole(name: str, container: str | None) -> str:
+    """``state`` of ``state[0]`` when the name is an item of a tuple or a list: what the loop reads and rebinds."""
+    return re.sub(r"\[\d+\]$", "", name) if container in ("tuple", "list") else name
+
+
+def _entry(recorder: Recorder, carried: _Carried) -> tuple[str, int] | None:
+    """(file, line) of the first line that reads the carrier in the loop's body, else in the code the name was found
+    in, else in the step the tool ran: where the old graph comes in."""
     if carried.name is None:
         return None
-    whole = re.sub(r"\[\d+\]$", "", carried.name) if carried.container in ("tuple", "list") else carried.name
-    return read_line(whole, _spans(recorder, carried), a_list=carried.container == "list")
+    whole = _whole(carried.name, carried.container)
+    return first_read(whole, _spans(recorder, carried), a_list=carried.container == "list")
 
 
-def _fix_at_entry(recorder: Recorder, carried: _Carried, name: str | None) -> bool:
-    """Whether a detach right before the line where the old graph comes in is a fix that runs: the name starts as a
-    tensor (not ``beta = 0``, ``self.hidden = None`` or a function's parameter: no ``.detach()`` in iteration 1), and
-    that line is not in a loop nested in the iteration's (an encoder's loop over time steps: a detach there cuts each
-    sequence too)."""
+def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _Carried, name: str | None) -> bool:
+    """Whether a detach right before ``entry``, the line where the old graph comes in, is a fix that runs: the name
+    starts as a tensor (not ``beta = 0``, ``self.hidden = None`` or a function's parameter: no ``.detach()`` in
+    iteration 1), and that line is not in a loop nested in the iteration's (an encoder's loop over time steps: a
+    detach there cuts each sequence too)."""
     if carried.name is None or name is None:
         return False
-    whole = re.sub(r"\[\d+\]$", "", name) if carried.container in ("tuple", "list") else name
-    entry = first_read(whole, _spans(recorder, carried), a_list=carried.container == "list")
-    filename = entry[0] if entry is not None else carried.built_at.split(":", 1)[0]
-    if starts_without_a_tensor(whole, filename):
+    whole = _whole(name, carried.container)
+    if starts_without_a_tensor(whole, entry[0] if entry is not None else carried.built_at.split(":", 1)[0]):
         return False
     if entry is None:  # comes in where it is built (``self.h = self.rnn(x, self.h)`` in a framework's step)
         return True

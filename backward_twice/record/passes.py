@@ -160,6 +160,15 @@ class IterationLoop:
         passes = self.iteration_passes()
         return passes[-1].number if passes else 0
 
+    def _append_after(
+        self, key: tuple[int, int], loop: Loop, last: _Marker, now: tuple[int, tuple[Any, ...]], start: PassStart
+    ) -> None:
+        """Append a pass told at its first event, numbered after those with no event its counter skipped since the
+        ``last`` marker (``now``: the frame's id and what the loop binds now)."""
+        self._append(key, start)
+        if last[0] == now[0]:
+            start.number += _skipped(loop, last[1], now[1])
+
     def _append(self, key: tuple[int, int], start: PassStart) -> None:
         passes = self.passes.get(key)
         if passes is None:
@@ -244,9 +253,7 @@ class IterationLoop:
             self._markers[key] = (id(found), bound, ())
             if last is None or (last[0] == id(found) and _same(last[1], bound)):
                 return False
-            self._append(key, PassStart(since, calls))
-            if last[0] == id(found):
-                self.passes[key][-1].number += _skipped(loop, last[1], bound)
+            self._append_after(key, loop, last, (id(found), bound), PassStart(since, calls))
             return True
         inward = [(id(found), line)]
         between = []  # the learner's frames from the loop's in to the event's
@@ -346,9 +353,7 @@ class IterationLoop:
             # again where no inner loop of this one repeats it
             new = position < last[2] or (position == last[2] and not nested)
         if new:
-            self._append(link.key, PassStart(since, calls))
-            if last[0] == id(frame):
-                self.passes[link.key][-1].number += _skipped(link.loop, last[1], bound)
+            self._append_after(link.key, link.loop, last, (id(frame), bound), PassStart(since, calls))
         return new
 
     def _keep(self, count: int) -> None:
