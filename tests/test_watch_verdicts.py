@@ -7,7 +7,9 @@ tests/test_learner_scripts.py, where they are a script's.)"""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -324,3 +326,47 @@ def test_an_actor_critic_in_place_error_gets_no_gan_advice() -> None:
     fix = w.report.items[0].fix
     assert fix.startswith("compute line ") and "after the step at line " in fix, fix
     assert "GAN" not in str(w), str(w)
+
+
+class _Critic(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = torch.nn.Linear(4, 8)
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, state: torch.Tensor) -> torch.Tensor:
+        features = torch.tanh(self.hidden(state))
+        return self.out(features)
+
+
+def _two_critic_calls() -> tuple[Any, str]:
+    """DDPG's shape: one critic module, two calls in the loop (the value of the batch and of the next state), the
+    first reused after the critic's step. Returns the watch and the line of the stale call."""
+    torch.manual_seed(0)
+    actor, critic = torch.nn.Linear(4, 4), _Critic()
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=1e-3)
+    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        for _ in range(2):
+            state, next_state = torch.randn(6, 4), torch.randn(6, 4)
+            value = critic(state)
+            target = critic(next_state).detach()
+            critic_optimizer.zero_grad()
+            (value - target).pow(2).mean().backward(retain_graph=True)
+            critic_optimizer.step()
+            actor_optimizer.zero_grad()
+            (-(value * actor(state).mean(-1, keepdim=True))).mean().backward()
+            actor_optimizer.step()
+    return w, "value = critic(state)"
+
+
+def test_the_stale_line_of_an_in_place_error_is_the_loops_call_not_the_models_return() -> None:
+    """The graph the step made stale was built in the model's ``forward`` (``return self.out(features)``), which runs
+    for both critic calls: the report names the loop's call that built it, the line to compute again."""
+    w, stale = _two_critic_calls()
+    item = w.report.items[0]
+    number = next(i for i, line in enumerate(inspect.getsource(_two_critic_calls).splitlines()) if stale in line)
+    first = inspect.getsourcelines(_two_critic_calls)[1]
+    assert item.fix.startswith(f"compute line {first + number} again after the step at line "), item.fix
+    assert any(stale in line.code for line in item.lines), [line.code for line in item.lines]
+    assert not any("return self.out(features)" in line.code for line in item.lines), item.lines

@@ -442,7 +442,10 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
             fix = second_backward_fix(freer.line, record.line, name)
     elif record.changed_by_step is not None:
         evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.changed_by_step)}"
-        site = recorder.creation.line_of(record.stale_node) if record.stale_node is not None else None
+        site = None
+        if record.stale_node is not None:
+            raised = calls[record.call].site if record.call is not None else ("", 0)
+            site = recorder.creation.call_line_of(record.stale_node, raised)
         stale = learner_line_at(*site) if site is not None else None
     elif kind == "in-place version error":
         evidence = "a tensor it saved was changed in place after it was saved"

@@ -13,6 +13,10 @@ worker) the tracer switches itself off.
   at the same counter collapse into the last, since no node was built between them. A node built with sequence
   number ``s`` was built while the last entry at or below ``s`` ran (:meth:`LineTracer.line_of`). The log is
   bounded: past its size the older half goes, and those nodes' lines become unknown.
+* **Calls that built nodes.** When a learner's function that built nodes returns, the counter span it ran in and the
+  learner's line that called it are kept: :meth:`LineTracer.call_line_of` reads a node back to the line of the code
+  the learner is looking at (the loop's ``value = critic(state)``, not the ``return self.out(x)`` of the model's
+  ``forward``, which runs for every call of the critic). Bounded as the log is.
 * **Passes.** A loop's pass starts where its header line runs and the next line of the same frame lies in its
   body (at the loop's end the header runs once more, and the next line lies after it: no pass).
   ``on_pass(frame, loop, sequence)`` is called there, before the pass's first statement runs; if it returns an
@@ -53,6 +57,7 @@ from backward_twice.record.loops import Loop, loops_of
 __all__ = ["LineTracer", "PassSeen"]
 
 _MAX_ENTRIES = 1_000_000  # past it, the older half goes: those nodes' lines become unknown
+_MAX_CALLS = 100_000  # calls that built nodes, kept the same way
 _QUIET_CALLS = 3  # a function that returned this often in a row without building a node is not traced again
 _ACTIVE: weakref.WeakSet[LineTracer] = weakref.WeakSet()
 # Up to 3.11 setting the trace function flips a flag; from 3.12 it re-instruments every code object run after it
@@ -92,6 +97,9 @@ class LineTracer:
         self.at_header = at_header
         self.sequences = array("Q")
         self.sites: list[tuple[str, int] | None] = []  # None: from here the tracer was off, the lines unknown
+        # (counter when called, counter at its return, the caller's code, its line): calls of the learner's functions
+        # that built nodes
+        self.built_in_calls: list[tuple[int, int, types.CodeType, int]] = []
         self.active = False
         self.forked = False
         self.latest: dict[tuple[int, int], PassSeen] = {}  # (id(frame), header line) -> its latest pass
@@ -236,8 +244,9 @@ class LineTracer:
         for header in self._headers_of(code):
             self.latest.pop((key, header), None)
         entered = self._entered.pop(key, None)
+        now = self.counter()
         if entered is not None and id(code) not in self._builders:
-            if self.counter() == entered:
+            if now == entered:
                 self._quiet[id(code)] = self._quiet.get(id(code), 0) + 1
             else:
                 self._builders.add(id(code))
@@ -246,7 +255,12 @@ class LineTracer:
         while back is not None and not self.is_learners(back.f_code):
             back = back.f_back
         if back is not None:
-            self._log((back.f_code.co_filename, back.f_lineno))
+            line = back.f_lineno
+            self._log((back.f_code.co_filename, line))
+            if entered is not None and now != entered:
+                if len(self.built_in_calls) >= _MAX_CALLS:
+                    del self.built_in_calls[: _MAX_CALLS // 2]
+                self.built_in_calls.append((entered, now, back.f_code, line))
 
     def _headers_of(self, code: types.CodeType) -> dict[int, Loop]:
         """``code``'s loops by header line, read once."""
@@ -272,6 +286,24 @@ class LineTracer:
         """(file, line) of the learner's line that was running when node ``sequence`` was built; None if unknown."""
         position = bisect.bisect_right(self.sequences, sequence) - 1
         return self.sites[position] if position >= 0 else None  # None too where the tracer was off
+
+    def call_line_of(self, sequence: int, site: tuple[str, int]) -> tuple[str, int] | None:
+        """(file, line) of the call, in the code whose statement ``site`` is (a backward's line), that node
+        ``sequence`` was built under: the loop's ``value = critic(state)`` for a node of the critic's ``forward``;
+        :meth:`line_of` when it was built in that code itself, or no traced call of it leads there."""
+        own = self.line_of(sequence)
+        if own is None:
+            return None
+        # innermost first: a call returns before its caller
+        for entered, returned, code, line in reversed(self.built_in_calls):
+            if entered <= sequence < returned and code.co_filename == site[0] and _runs_line(code, site[1]):
+                return code.co_filename, line
+        return own
+
+
+def _runs_line(code: types.CodeType, line: int) -> bool:
+    """Whether ``line`` is one of ``code``'s own statements (not one of a function defined in it)."""
+    return any(number == line for _, _, number in code.co_lines())
 
 
 class _Untraced:
