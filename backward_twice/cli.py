@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import shlex
 import sys
 import traceback
 from collections.abc import Sequence
@@ -117,7 +118,7 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None) -> i
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [target, *options.args]
     sys.path[0:1] = [target if os.path.isdir(target) else os.path.dirname(target)]  # what `python SCRIPT` puts first
-    watcher, status, raised = Watch(options.iterations, f"backward-twice watch --verbose {options.script}"), 0, False
+    watcher, status, raised = Watch(options.iterations, _again_verbose(options)), 0, False
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
     try:
         with watcher:
@@ -148,6 +149,13 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None) -> i
         except OSError as error:
             print(f"backward-twice watch: could not write --json {report_path}: {error}", file=sys.stderr)
     return status
+
+
+def _again_verbose(options: argparse.Namespace) -> str:
+    """The command that runs the same script the same way, with the evidence shown: its own arguments kept, which
+    may choose the very code path the diagnosis is about."""
+    iterations = ["--iterations", str(options.iterations)] if options.iterations is not None else []
+    return shlex.join(["backward-twice", "watch", "--verbose", *iterations, options.script, *options.args])
 
 
 def _print_traceback(error: BaseException) -> None:

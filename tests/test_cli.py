@@ -70,7 +70,7 @@ def test_the_command_reports_the_carried_hidden_state_of_an_unmodified_script(pr
     assert "1. `hidden` carries iteration 1's graph into iteration 2" in diagnosis
     assert "train.py:15 | output, hidden = rnn(inputs, hidden)" in diagnosis
     assert "fix: add `hidden = hidden.detach()` before line 15" in diagnosis
-    assert diagnosis.rstrip().endswith("more: backward-twice watch --verbose train.py") and done.stdout == ""
+    assert diagnosis.rstrip().endswith("more: backward-twice watch --verbose train.py 3") and done.stdout == ""
     report = json.loads((project / "report.json").read_text())
     assert report["count"] == len(report["items"]) == 1 and report["headline"] in diagnosis
     assert report["error"]["kind"] == "backward a second time"
