@@ -20,6 +20,7 @@ import ast
 import functools
 import linecache
 import re
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from backward_twice.record.learner import place
@@ -184,11 +185,17 @@ def _assigned_constants(tree: ast.Module) -> frozenset[str]:
     return frozenset(found)
 
 
-def first_read(spelled: str, spans: list[tuple[str, int, int]], a_list: bool = False) -> tuple[str, int] | None:
+def first_read(
+    spelled: str,
+    spans: list[tuple[str, int, int]],
+    a_list: bool = False,
+    ran: Collection[tuple[str, int]] = (),
+) -> tuple[str, int] | None:
     """(file, line) of the first line that reads ``spelled`` (``h``, ``state['h']``, ``self.hidden``) in the first of
     ``spans`` ((file, first line, last line): the loop's body, the function the name was found in) that reads it at
     all: where an earlier iteration's graph comes into this one. For a list (``a_list``), a line that only grows it
-    (``bank.append(hidden)``) brings nothing in and is passed over."""
+    (``bank.append(hidden)``) brings nothing in and is passed over. ``ran``: the lines the tracer saw run, when it
+    saw any of a span's: a line that never ran (behind an ``if`` that was off) is passed over too."""
     for filename, first, last in spans:
         tree = parsed(filename)
         if tree is None:
@@ -199,6 +206,8 @@ def first_read(spelled: str, spans: list[tuple[str, int, int]], a_list: bool = F
             uses = memo(filename, ("list uses",), functools.partial(_list_uses, tree)).get(spelled, ())
             reading = {line for line, kind in uses if kind != "grown"}
             lines = [line for line in lines if line in reading]
+        if any((filename, line) in ran for line in range(first, last + 1)):
+            lines = [line for line in lines if (filename, line) in ran]
         if lines:
             return filename, lines[0]
     return None

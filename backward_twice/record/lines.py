@@ -13,6 +13,8 @@ worker) the tracer switches itself off.
   at the same counter collapse into the last, since no node was built between them. A node built with sequence
   number ``s`` was built while the last entry at or below ``s`` ran (:meth:`LineTracer.line_of`). The log is
   bounded: past its size the older half goes, and those nodes' lines become unknown.
+* **Lines that ran**, each once (:attr:`LineTracer.ran`): a line the learner wrote behind an ``if`` that was off
+  (``if args.repackage: hidden = hidden.detach()``) is not where anything came in.
 * **Calls that built nodes.** When a learner's function that built nodes returns, the counter span it ran in and the
   learner's line that called it are kept: :meth:`LineTracer.call_line_of` reads a node back to the line of the code
   the learner is looking at (the loop's ``value = critic(state)``, not the ``return self.out(x)`` of the model's
@@ -100,6 +102,7 @@ class LineTracer:
         # (counter when called, counter at its return, the caller's code, its line): calls of the learner's functions
         # that built nodes
         self.built_in_calls: list[tuple[int, int, types.CodeType, int]] = []
+        self.ran: set[tuple[str, int]] = set()  # (file, line) of each of the learner's lines that ran while traced
         self.active = False
         self.forked = False
         self.latest: dict[tuple[int, int], PassSeen] = {}  # (id(frame), header line) -> its latest pass
@@ -217,7 +220,10 @@ class LineTracer:
 
     def _line(self, frame: types.FrameType) -> BaseException | None:
         line = frame.f_lineno
-        self._log((frame.f_code.co_filename, line))
+        site = (frame.f_code.co_filename, line)
+        self._log(site)
+        if len(self.ran) < _MAX_CALLS:
+            self.ran.add(site)
         key = id(frame)
         stop = None
         pending = self._pending.pop(key, None)
