@@ -207,8 +207,10 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
 
 
 def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
-    """One finding per name and line that built it: each named node a backward walks that an earlier iteration
-    built (or that was built before the first); a walk through old nodes no name holds is one finding too."""
+    """One finding per name: each named node a backward walks that an earlier iteration built (or that was built
+    before the first), found first where it was first walked (a later iteration's sighting of the same name is the
+    same cause, though its line may read otherwise once the line tracer is off); a walk through old nodes no name
+    holds is one finding too."""
     found: dict[str, _Carried] = {}
 
     def add(key: str, sighting: _Carried) -> None:
@@ -257,7 +259,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                 container = "list" if re.search(r"\[\d+\]$", carrier) and container is None else container
             for spelled in (name, *(a for a in node.aliases if carrier is None or carrier == node.name)):
                 add(
-                    f"{line}|{spelled}",
+                    spelled,
                     _Carried(
                         spelled,
                         line,
@@ -345,7 +347,7 @@ def _entry(recorder: Recorder, carried: _Carried) -> tuple[str, int] | None:
     if carried.name is None:
         return None
     whole = _whole(carried.name, carried.container)
-    return first_read(whole, _spans(recorder, carried), a_list=carried.container == "list")
+    return first_read(whole, _spans(recorder, carried), carried.container == "list", recorder.creation.ran)
 
 
 def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _Carried, name: str | None) -> bool:
