@@ -370,3 +370,80 @@ def test_the_stale_line_of_an_in_place_error_is_the_loops_call_not_the_models_re
     assert item.fix.startswith(f"compute line {first + number} again after the step at line "), item.fix
     assert any(stale in line.code for line in item.lines), [line.code for line in item.lines]
     assert not any("return self.out(features)" in line.code for line in item.lines), item.lines
+
+
+def test_where_the_old_graph_comes_in_is_a_line_that_ran() -> None:
+    """word_language_model's ``repackage_hidden`` behind a flag that is off: the line that reads ``hidden`` first in
+    the body never runs, so the graph comes in at the RNN's call, and the detach goes before that line."""
+    torch.manual_seed(0)
+    rnn = torch.nn.RNN(3, 4)
+    optimizer = torch.optim.SGD(rnn.parameters(), lr=0.01)
+    repackage = False
+    hidden = torch.zeros(1, 2, 4)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        for _ in range(3):
+            inputs = torch.randn(5, 2, 3)
+            if repackage:
+                hidden = hidden.detach()
+            output, hidden = rnn(inputs, hidden)
+            optimizer.zero_grad()
+            output.pow(2).mean().backward()
+            optimizer.step()
+    item = w.report.items[0]
+    assert "output, hidden = rnn(inputs, hidden)" in item.lines[0].code, item.lines
+    call = next(
+        n
+        for n, line in enumerate(inspect.getsource(test_where_the_old_graph_comes_in_is_a_line_that_ran).splitlines())
+        if "= rnn(inputs" in line
+    )
+    number = inspect.getsourcelines(test_where_the_old_graph_comes_in_is_a_line_that_ran)[1] + call
+    assert item.fix == f"add `hidden = hidden.detach()` before line {number}", item.fix
+
+
+class _LanguageModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.decoder = torch.nn.LSTM(4, 4), torch.nn.Linear(4, 1)
+
+    def forward(self, inputs: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        output, hidden = self.rnn(inputs, hidden)
+        return self.decoder(output), hidden
+
+
+def test_one_carrier_is_one_item_however_many_iterations_show_it() -> None:
+    """word_language_model without ``repackage_hidden``, with the forum's band-aid and its manual update: the
+    carried ``hidden`` is seen in iteration 1's graph (built in ``forward``, while lines are traced) and again in
+    later ones (built at the loop's line, once they are not): one cause, one item."""
+    torch.manual_seed(0)
+    model = _LanguageModel()
+    hidden = (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4))
+    with watch() as w:
+        for _ in range(6):
+            model.zero_grad()
+            output, hidden = model(torch.randn(3, 2, 4), hidden)
+            output.pow(2).mean().backward(retain_graph=True)
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+    assert str(w).startswith("backward-twice: 1 thing to fix (6 iterations watched)"), str(w)
+    assert w.report.items[0].label.startswith("`hidden` carries iteration 1's graph into iteration 2"), str(w)
+
+
+def test_both_outputs_of_an_lstm_cell_are_detached_by_the_fix() -> None:
+    """ikostrikov/pytorch-a3c's rollout without ``cx = cx.detach(); hx = hx.detach()``: ``hx`` and ``cx`` hold one
+    node's outputs, and the fix that detaches only one still raises through the other."""
+    torch.manual_seed(0)
+    cell, head = torch.nn.LSTMCell(4, 8), torch.nn.Linear(8, 1)
+    optimizer = torch.optim.Adam([*cell.parameters(), *head.parameters()], lr=1e-3)
+    hx, cx = torch.zeros(1, 8), torch.zeros(1, 8)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        for _ in range(3):
+            loss = torch.zeros(())
+            for _ in range(3):
+                hx, cx = cell(torch.randn(1, 4), (hx, cx))
+                loss = loss + head(hx).pow(2).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    item = w.report.items[0]
+    assert "`hx = hx.detach()`" in item.fix and "`cx = cx.detach()`" in item.fix, item.fix
+    assert " carry iteration 1's graph into iteration 2" in item.label, item.label

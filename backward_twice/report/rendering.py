@@ -141,10 +141,13 @@ def _holder(finding: CarriedFinding) -> str:
 def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, band_aid: LineVerdict | None) -> Item:
     first = findings[0]
     name = _holder(first)
-    spelled = f"`{name}`" if first.name else "a tensor no name of yours holds"
+    # the other names of the same graph (an LSTM cell's hx beside cx): each one left holding it still carries it
+    others = list(dict.fromkeys(_holder(f) for f in findings[1:] if f.name and _holder(f) != name))
+    spelled = " and ".join(f"`{n}`" for n in (name, *others)) if first.name else "a tensor no name of yours holds"
     origin = "the graph built before the loop" if first.iteration is None else f"iteration {first.iteration}'s graph"
     into = f"iteration {first.reached_from}"
-    label = f"{spelled} carries {origin} into {into}" + ("; retain_graph=True only hides it" if band_aid else "")
+    carries = "carry" if others else "carries"
+    label = f"{spelled} {carries} {origin} into {into}" + ("; retain_graph=True only hides it" if band_aid else "")
     place, code = _split(first.built_at)
     lines = []
     if first.enters_at is not None:  # the loop's first line that reads it: where the old graph comes in
@@ -183,6 +186,12 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
     else:
         why = f"every backward follows {spelled} back into {origin}: memory and time grow with each iteration"
     fix = _carried_fix(first, place if first.fix_at_entry and lines[0].label.endswith("comes in here") else None)
+    added = re.match(r"add `[^`]+`", fix)
+    for other in (f for f in findings[1:] if f.name and _holder(f) in others):
+        more = re.match(r"add (`[^`]+`)", other.fix)
+        if added is not None and more is not None and more.group(1) not in fix:
+            fix = fix.replace(added.group(0), f"{added.group(0)} and {more.group(1)}", 1)
+            added = re.match(r"add `[^`]+`(?: and `[^`]+`)*", fix)
     if band_aid is not None:
         fix += f", and remove retain_graph=True at line {_line_number(_split(band_aid.line)[0])}"
     return Item("carried", label, tuple(lines), why, fix)
