@@ -341,9 +341,10 @@ def test_diagnose_judges_the_ema_as_watch_does_and_leaves_its_weights_leaves() -
     before = [p.detach().clone() for p in teacher.parameters()]
     diagnosis = diagnose(step, models=[student, teacher], optimizers=[optimizer])
     # teacher(x) is not detached here, so every backward also walks the teacher's graph: a carried graph, whose fix
-    # is the same update under torch.no_grad() (assigning `teacher.weight = teacher.weight.detach()` would raise)
+    # is the same update under torch.no_grad() (assigning `teacher.weight = teacher.weight.detach()` would raise); the
+    # update line gives both parameters a graph, and the item names both
     (item,) = diagnosis.report.items
-    assert item.label == "`teacher.weight` carries iteration 1's graph into iteration 2", item.label
+    assert item.label == "`teacher.weight` and `teacher.bias` carry iteration 1's graph into iteration 2", item.label
     source, first = inspect.getsourcelines(step)
     update = first + next(i for i, text in enumerate(source) if "ema.mul_" in text)
     assert item.fix == f"run line {update} under `with torch.no_grad():`, so updating `teacher.weight` records no graph"
