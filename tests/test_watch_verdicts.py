@@ -447,3 +447,25 @@ def test_both_outputs_of_an_lstm_cell_are_detached_by_the_fix() -> None:
     item = w.report.items[0]
     assert "`hx = hx.detach()`" in item.fix and "`cx = cx.detach()`" in item.fix, item.fix
     assert " carry iteration 1's graph into iteration 2" in item.label, item.label
+
+
+def test_a_growing_list_is_one_note_not_one_per_item() -> None:
+    """Bjarten/early-stopping-pytorch's shape, keeping each batch's ``loss`` in ``losses``: the list is the cause;
+    ``losses[1]``, ``losses[2]``, ... each hold one graph and are not notes of their own."""
+    torch.manual_seed(0)
+    model, criterion = torch.nn.Linear(4, 1), torch.nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(3, 4), torch.randn(3, 1)) for _ in range(3)]
+    losses: list[torch.Tensor] = []
+    with watch() as w:
+        for _ in range(3):
+            for inputs, targets in batches:
+                optimizer.zero_grad()
+                loss = criterion(model(inputs), targets)
+                loss.backward()
+                optimizer.step()
+                losses.append(loss)
+            with torch.no_grad():
+                criterion(model(batches[0][0]), batches[0][1])
+    assert str(w).startswith("backward-twice: 1 note (9 iterations watched)"), str(w)
+    assert w.report.items[0].label.startswith("`losses` keeps one more iteration's graph alive"), str(w)

@@ -83,7 +83,31 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             by_name[holder] = dataclasses.replace(known, grows=True)
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
             by_name.setdefault(alias, Note(alias, line, 0, grows))
-    return list(by_name.values())
+    return _one_per_container(list(by_name.values()))
+
+
+def _one_per_container(found: list[Note]) -> list[Note]:
+    """The notes of several items of one list (``losses[1]``, ``losses[2]``, ...) as one note of the list,
+    which is the cause: it holds one more graph each iteration (a dict's named entries stay notes of their own)."""
+    items: dict[str, list[Note]] = {}
+    for note in found:
+        container = re.match(r"^(.+?)\[\d+\]$", note.name)
+        if container is not None and not note.parameter:
+            items.setdefault(container.group(1), []).append(note)
+    merged = {whole: parts for whole, parts in items.items() if len(parts) > 1}
+    kept: list[Note] = []
+    for note in found:
+        container = re.match(r"^(.+?)\[\d+\]$", note.name)
+        whole = container.group(1) if container is not None else None
+        if whole in merged:
+            parts = merged.pop(whole)
+            if not any(other.name == whole for other in found):
+                grows = any(p.grows for p in parts)
+                kept.append(Note(whole, parts[-1].built_at, sum(p.held_bytes for p in parts), grows))
+            continue
+        if whole is None or whole not in items or len(items[whole]) == 1:
+            kept.append(note)
+    return kept
 
 
 def _root(holder: str) -> str:
