@@ -469,3 +469,29 @@ def test_a_growing_list_is_one_note_not_one_per_item() -> None:
                 criterion(model(batches[0][0]), batches[0][1])
     assert str(w).startswith("backward-twice: 1 note (9 iterations watched)"), str(w)
     assert w.report.items[0].label.startswith("`losses` keeps one more iteration's graph alive"), str(w)
+
+
+def test_an_in_place_error_in_iteration_2_names_the_stale_line_too() -> None:
+    """TD3's delayed actor update (sfujim/TD3): the actor's Q is computed before the critic's step, and used only every
+    second iteration, so the error comes in iteration 2, past the passes whose lines are traced; the node at the same
+    place in iteration 1 gives the line."""
+    torch.manual_seed(0)
+    actor = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    critic = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=1e-3)
+    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        for iteration in range(3):
+            state, action, target = torch.randn(4, 3), torch.randn(4, 2), torch.randn(4, 1)
+            q = critic(torch.cat([state, action], 1))
+            actor_q = critic(torch.cat([state, actor(state)], 1))
+            critic_optimizer.zero_grad()
+            ((q - target) ** 2).mean().backward()
+            critic_optimizer.step()
+            if iteration % 2 == 1:
+                actor_optimizer.zero_grad()
+                (-actor_q.mean()).backward()
+                actor_optimizer.step()
+    item = w.report.items[0]
+    assert any("actor_q = critic(torch.cat([state, actor(state)], 1))" in line.code for line in item.lines), item
+    assert item.fix.startswith("compute line ") and "again after the step at line " in item.fix, item.fix

@@ -308,6 +308,19 @@ def _places(split: Split, sequence: int, first: int | None) -> list[tuple[str, i
     return places + ([("to its end", ends[built] - sequence)] if built and built in ends else [])
 
 
+def _twin_in_iteration_1(recorder: Recorder, split: Split, sequence: int) -> int | None:
+    """The node at the same place in iteration 1 as node ``sequence`` in its own, later iteration: a steady loop
+    builds the same nodes in the same order each iteration, and iteration 1's lines are the ones the tracer logged
+    (TD3's actor update every second iteration raises in iteration 2, past the traced pass)."""
+    passes = recorder.loop.iteration_passes()
+    first = passes[0].sequence if passes and passes[0].number == 1 else None
+    end = next((end.sequence for end in split.ends if end.iteration == 1), None)
+    if first is None or end is None or split.iteration_of_node(sequence) < 2:
+        return None
+    offset = dict(_places(split, sequence, first)).get("from its start")
+    return first + offset if offset is not None and first + offset < end else None
+
+
 def _carrier(recorder: Recorder, spellings: list[str] | None) -> str | None:
     """Of the names that held a graph at an iteration's start (simplest first), the first one the loop's body does
     not assign before it reads it: ``smooth`` of ``loss = ...; smooth = 0.9 * smooth + 0.1 * loss`` (in iteration
@@ -448,6 +461,8 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
         if record.stale_node is not None:
             raised = calls[record.call].site if record.call is not None else ("", 0)
             site = recorder.creation.call_line_of(record.stale_node, raised)
+            twin = _twin_in_iteration_1(recorder, split, record.stale_node) if site is None else None
+            site = recorder.creation.call_line_of(twin, raised) if twin is not None else site
         stale = learner_line_at(*site) if site is not None else None
     elif kind == "in-place version error":
         evidence = "a tensor it saved was changed in place after it was saved"
