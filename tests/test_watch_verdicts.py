@@ -495,3 +495,34 @@ def test_an_in_place_error_in_iteration_2_names_the_stale_line_too() -> None:
     item = w.report.items[0]
     assert any("actor_q = critic(torch.cat([state, actor(state)], 1))" in line.code for line in item.lines), item
     assert item.fix.startswith("compute line ") and "again after the step at line " in item.fix, item.fix
+
+
+def test_a_graph_rebuilt_each_iteration_is_carried_without_piling_up() -> None:
+    """SAC's automatic entropy tuning (pranz24/pytorch-soft-actor-critic): ``alpha = log_alpha.exp()`` at the end
+    of an update is used by the next update's target under ``torch.no_grad()`` and by its policy loss. Each backward
+    walks the previous update's one-node graph: carried, but it does not grow, and nothing comes in under no_grad."""
+    torch.manual_seed(0)
+    policy = torch.nn.Linear(3, 1)
+    policy_optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    log_alpha = torch.zeros(1, requires_grad=True)
+    alpha_optimizer = torch.optim.Adam([log_alpha], lr=1e-3)
+    alpha: Any = 0.2
+    with watch() as w:
+        for _ in range(6):
+            states = torch.randn(8, 3)
+            with torch.no_grad():
+                target = states.sum(1, keepdim=True) - alpha * 0.5
+            log_pi = policy(states)
+            policy_loss = (alpha * log_pi - target).pow(2).mean()
+            policy_optimizer.zero_grad()
+            policy_loss.backward()
+            policy_optimizer.step()
+            alpha_loss = -(log_alpha * (log_pi + 1.0).detach()).mean()
+            alpha_optimizer.zero_grad()
+            alpha_loss.backward()
+            alpha_optimizer.step()
+            alpha = log_alpha.exp()
+    item = w.report.items[0]
+    assert item.label.startswith("`alpha` carries iteration 1's graph into iteration 2"), str(w)
+    assert "policy_loss = (alpha * log_pi - target)" in item.lines[0].code, item.lines
+    assert "does not pile up" in item.why and "grow" not in item.why.replace("does not pile up", ""), item.why

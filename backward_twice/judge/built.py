@@ -195,7 +195,8 @@ def first_read(
     ``spans`` ((file, first line, last line): the loop's body, the function the name was found in) that reads it at
     all: where an earlier iteration's graph comes into this one. For a list (``a_list``), a line that only grows it
     (``bank.append(hidden)``) brings nothing in and is passed over. ``ran``: the lines the tracer saw run, when it
-    saw any of a span's: a line that never ran (behind an ``if`` that was off) is passed over too."""
+    saw any of a span's: a line that never ran (behind an ``if`` that was off) is passed over too, and so is a read
+    under ``torch.no_grad()`` (SAC's target uses ``alpha`` there, and no graph comes in)."""
     for filename, first, last in spans:
         tree = parsed(filename)
         if tree is None:
@@ -208,6 +209,8 @@ def first_read(
             lines = [line for line in lines if line in reading]
         if any((filename, line) in ran for line in range(first, last + 1)):
             lines = [line for line in lines if (filename, line) in ran]
+        without_grad = memo(filename, ("without grad",), functools.partial(_without_grad, tree))
+        lines = [line for line in lines if line not in without_grad] or lines
         if lines:
             return filename, lines[0]
     return None
@@ -309,6 +312,22 @@ def _list_uses(tree: ast.Module) -> dict[str, list[tuple[int, str]]]:
                 kind = "whole"
         found.setdefault(ast.unparse(node), []).append((node.lineno, kind))
     return found
+
+
+def _without_grad(tree: ast.Module) -> frozenset[int]:
+    """The lines of the bodies of ``with torch.no_grad():`` and ``with torch.inference_mode():``."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.With, ast.AsyncWith)) and any(_no_grad(item.context_expr) for item in node.items):
+            for statement in node.body:
+                lines.update(range(statement.lineno, (statement.end_lineno or statement.lineno) + 1))
+    return frozenset(lines)
+
+
+def _no_grad(expression: ast.expr) -> bool:
+    called = expression.func if isinstance(expression, ast.Call) else expression
+    name = called.attr if isinstance(called, ast.Attribute) else called.id if isinstance(called, ast.Name) else ""
+    return name in ("no_grad", "inference_mode")
 
 
 def _reads(tree: ast.Module) -> dict[str, list[int]]:

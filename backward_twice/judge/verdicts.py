@@ -95,6 +95,7 @@ class CarriedFinding:
     container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one
     enters_at: str | None = None  # the first line of the loop that reads the name: where the old graph comes in
     fix_at_entry: bool = False  # a detach right before ``enters_at`` runs (else: at the end of each iteration)
+    chained: bool = True  # a backward walked graphs of several earlier iterations at once (False: one at a time)
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             found[key] = sighting
         else:
             known.times.add(sighting.reached_from)
+            known.chained = known.chained or sighting.chained
 
     through = recorder.error.reached_through if recorder.error is not None else None
     twins: dict[tuple[str, int], NamedGraph] = {}
@@ -229,6 +231,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         old = [seq for seq in call.old if split.iteration_of_node(seq) < iteration]
         if not old:
             continue
+        chained = len({split.iteration_of_node(seq) for seq in old}) > 1
         top = [seq for seq in call.frontier if split.iteration_of_node(seq) < iteration]
         candidates = (
             recorder.names.get(seq) or next(filter(None, map(twins.get, _places(split, seq, first))), None)
@@ -270,12 +273,13 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                         iteration,
                         {iteration},
                         node.frame,
+                        chained,
                     ),
                 )
         if not named:
             built = split.iteration_of_node(max(old))
             line = f"(no name the loop holds; built {_when(built)})"
-            add(line, _Carried(None, line, built or None, call.line, None, None, iteration, {iteration}))
+            add(line, _Carried(None, line, built or None, call.line, None, None, iteration, {iteration}, None, chained))
     return [
         CarriedFinding(
             name,
@@ -289,6 +293,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             e.container,
             None if entry is None else learner_line_at(*entry),
             _fix_at_entry(recorder, entry, e, name),
+            e.chained,
         )
         for e, name in ((e, as_the_line_names_it(e.name, e.built_at)) for e in found.values())
         for entry in (_entry(recorder, e),)
@@ -418,6 +423,7 @@ class _Carried:
     reached_from: int
     times: set[int]
     frame: CodeSite | None = None  # the code the name was found in
+    chained: bool = False  # a backward walked graphs of two or more earlier iterations at once: they pile up
 
 
 def _writes_retain(site: tuple[str, int]) -> bool:

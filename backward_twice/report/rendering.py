@@ -183,8 +183,14 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
         why = f"this backward follows {spelled} into {origin}, and {changed}"
     elif error is not None:
         why = f"this backward follows {spelled} into {origin}, which that iteration's backward already freed"
-    else:
+    elif first.chained:
         why = f"every backward follows {spelled} back into {origin}: memory and time grow with each iteration"
+    else:  # SAC's alpha = log_alpha.exp(): one old graph at a time, rebuilt each iteration
+        older = "the graph built before the loop" if first.iteration is None else "the previous iteration's graph"
+        why = (
+            f"every backward follows {spelled} back into {older}, one graph at a time (it does not pile up), and "
+            "sends gradient into what that graph was built from"
+        )
     fix = _carried_fix(first, place if first.fix_at_entry and lines[0].label.endswith("comes in here") else None)
     added = re.match(r"add `[^`]+`", fix)
     for other in (f for f in findings[1:] if f.name and _holder(f) in others):
