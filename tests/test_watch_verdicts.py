@@ -526,3 +526,24 @@ def test_a_graph_rebuilt_each_iteration_is_carried_without_piling_up() -> None:
     assert item.label.startswith("`alpha` carries iteration 1's graph into iteration 2"), str(w)
     assert "policy_loss = (alpha * log_pi - target)" in item.lines[0].code, item.lines
     assert "does not pile up" in item.why and "grow" not in item.why.replace("does not pile up", ""), item.why
+
+
+def _train_returning_a_tensor(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    optimizer.zero_grad()
+    loss = model(torch.randn(2, 4)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    return loss / 3  # after the step: the pass's last event is behind it
+
+
+def test_a_name_rebound_each_pass_to_a_tensor_built_after_the_step_is_no_note() -> None:
+    """A ``train()`` that returns ``loss / 3`` instead of ``loss.item() / 3``, its caller rebinding ``loss`` each
+    pass: ``loss`` holds one pass's graph at a time, and is no note."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch() as w:
+        for _ in range(12):
+            loss = _train_returning_a_tensor(model, optimizer)
+    assert w.healthy, str(w)
+    assert loss.grad_fn is not None

@@ -48,7 +48,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         for sequence in call.old:
             walked[sequence] = max(walked.get(sequence, 0), iteration)
     last = max(1, split.count + (1 if recorder.error is not None else 0))
-    held: list[tuple[str, int, int, HeldGraph]] = []  # (holder, built, held in, what it holds)
+    held: list[tuple[str, int, int, HeldGraph, bool]] = []  # (holder, node, built, what it holds, late)
     for sequence, held_graph in recorder.held_from.items():
         holder = held_graph.holder
         held_in = split.iteration_of_sighting(held_graph.sighting)
@@ -62,9 +62,9 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         named = recorder.names.get(sequence)
         if _below_a_submodule(holder) and (named is None or named.container != "parameter"):
             continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
-        held.append((holder, sequence, built, held_graph))
+        held.append((holder, sequence, built, held_graph, late))
     together: dict[tuple[str, int], set[int]] = {}  # (a name's root, a sighting) -> the iterations whose graphs it
-    for holder, _, built, held_graph in held:  # held there: a name rebound each iteration holds one at a time
+    for holder, _, built, held_graph, _ in held:  # held there: a name rebound each iteration holds one at a time
         together.setdefault((_root(holder), held_graph.sighting), set()).add(built)
     growing = {root for (root, _), built in together.items() if len(built) > 1}
     by_name: dict[str, Note] = {}
@@ -73,8 +73,11 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         if grown.grew and named is not None and not _below_a_submodule(name):
             built = split.iteration_of_node(grown.newest)
             by_name[name] = Note(name, built_line(named, built == 0, recorder), grown.newest_bytes, True)
-    for holder, sequence, built, held_graph in held:
-        grows = _root(holder) in growing or split.iteration_of_node(held_graph.earliest) < built
+    for holder, sequence, built, held_graph, late in held:
+        # a late graph (built after the last event of its pass: ``return loss / 3`` after the step) counts as the
+        # next pass's, so reaching back one pass is its own pass's loss: only further back does it pile up
+        reach = split.iteration_of_node(held_graph.earliest)
+        grows = _root(holder) in growing or reach < built - (1 if late else 0)
         named = recorder.names[sequence]
         line = built_line(named, built == 0, recorder)
         parameter = named.container == "parameter"
