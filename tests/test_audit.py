@@ -591,3 +591,30 @@ def test_text_and_html_show_each_line_verdict_and_fix(two_heads) -> None:
         assert short.replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;") in page
         assert f"<b>{call.verdict}</b>" in page
     assert "(l1 + l2).backward()  # &lt;fine&gt;" in page and "<fine>" not in page
+
+
+def test_a_call_whose_retain_no_backward_needs_says_so_though_its_line_is_needed() -> None:
+    """WGAN with weight clipping and five critic passes (martinarjovsky/WassersteinGAN's shape), ``fake`` drawn again
+    each pass: only the last pass's retain keeps what the generator's backward walks. The rows of passes 1-4 say their
+    call can go, and do not tell the learner to keep it for a later backward."""
+    torch.manual_seed(0)
+    generator, critic = torch.nn.Linear(2, 4), torch.nn.Linear(4, 1)
+    critic_optimizer = torch.optim.RMSprop(critic.parameters(), lr=5e-5)
+    generator_optimizer = torch.optim.RMSprop(generator.parameters(), lr=5e-5)
+
+    def step() -> None:
+        for _ in range(5):
+            fake = generator(torch.randn(8, 2))
+            critic_optimizer.zero_grad()
+            loss_critic = -(critic(torch.randn(8, 4)).mean() - critic(fake).mean())
+            loss_critic.backward(retain_graph=True)
+            critic_optimizer.step()
+        generator_optimizer.zero_grad()
+        (-critic(fake).mean()).backward()
+        generator_optimizer.step()
+
+    audit = audit_retain_graph(step, [generator, critic], [critic_optimizer, generator_optimizer])
+    retains = [c for c in audit.calls if c.retain_graph]
+    assert [c.verdict for c in retains] == ["can go"] * 4 + ["needed"], repr(audit)
+    assert all(not c.fix.startswith("keep it") for c in retains[:4]), repr(audit)
+    assert "no later backward walked" in retains[0].why, retains[0].why

@@ -154,6 +154,9 @@ def audit_report(run: StepRun) -> RetainAudit:
         else:
             needed = bool(c.needed_by) and not c.create_graph
             why, fix = line.why, line.fix
+            if not needed and line.verdict == "needed":  # another call of the line needs its retain, not this one
+                why = "no later backward walked the buffers this call kept"
+                fix = "the line keeps retain_graph=True for its other call that a later backward needs"
         band_aid = line is not None and line.verdict == GOES_WITH_CARRIED and bool(c.needed_by)
         calls.append(
             BackwardCall(
