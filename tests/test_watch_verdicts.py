@@ -547,3 +547,24 @@ def test_a_name_rebound_each_pass_to_a_tensor_built_after_the_step_is_no_note() 
             loss = _train_returning_a_tensor(model, optimizer)
     assert w.healthy, str(w)
     assert loss.grad_fn is not None
+
+
+def test_a_running_total_reset_every_few_passes_is_not_said_to_hold_them_all() -> None:
+    """The CIFAR-10 tutorial's ``running_loss += loss`` (without ``.item()``), printed and reset every 3 passes: it
+    holds a few iterations' graphs at a time, not every iteration's."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    running_loss: Any = 0
+    with watch() as w:
+        for iteration in range(1, 13):
+            optimizer.zero_grad()
+            loss = model(torch.randn(2, 4)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            running_loss += loss
+            if iteration % 3 == 0:
+                running_loss = 0
+    (item,) = w.report.items
+    assert item.label == "`running_loss` keeps several iterations' graphs alive at once", str(w)
+    assert "until the loop resets it" in item.why and "holds them all" not in item.why, item.why

@@ -12,6 +12,7 @@ Used by :mod:`backward_twice.judge.verdicts`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ class Note:
     held_bytes: int
     grows: bool = False
     parameter: bool = False  # a module's parameter that holds a graph: updated in place outside torch.no_grad()
+    reset: bool = False  # it grows, but a later start saw it hold fewer iterations' graphs: the loop resets it
 
 
 def notes(recorder: Recorder, split: Split) -> list[Note]:
@@ -67,6 +69,11 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
     for holder, _, built, held_graph, _ in held:  # held there: a name rebound each iteration holds one at a time
         together.setdefault((_root(holder), held_graph.sighting), set()).add(built)
     growing = {root for (root, _), built in together.items() if len(built) > 1}
+    reach_back: dict[str, list[tuple[int, int]]] = {}  # holder -> (sighting, how many iterations its graph spans)
+    for holder, _, built, held_graph, late in held:
+        spans = built - (1 if late else 0) - split.iteration_of_node(held_graph.earliest) + 1
+        reach_back.setdefault(holder, []).append((held_graph.sighting, spans))
+    reset = {holder for holder, seen in reach_back.items() if _dropped([spans for _, spans in sorted(seen)])}
     by_name: dict[str, Note] = {}
     for name, grown in recorder.growth.items():  # a list or dict that holds one more graph at every start
         named = recorder.names.get(grown.newest)
@@ -81,9 +88,11 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         named = recorder.names[sequence]
         line = built_line(named, built == 0, recorder)
         parameter = named.container == "parameter"
-        known = by_name.setdefault(holder, Note(holder, line, held_graph.graph_bytes, grows, parameter))
+        known = by_name.setdefault(
+            holder, Note(holder, line, held_graph.graph_bytes, grows, parameter, grows and holder in reset)
+        )
         if grows and not known.grows:  # a later start showed it growing (running_loss += loss: from pass 3 on)
-            by_name[holder] = dataclasses.replace(known, grows=True)
+            by_name[holder] = dataclasses.replace(known, grows=True, reset=holder in reset)
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
             by_name.setdefault(alias, Note(alias, line, 0, grows))
     return _one_per_container(list(by_name.values()))
@@ -111,6 +120,11 @@ def _one_per_container(found: list[Note]) -> list[Note]:
         if whole is None or whole not in items or len(items[whole]) == 1:
             kept.append(note)
     return kept
+
+
+def _dropped(spans: list[int]) -> bool:
+    """Whether a later start saw fewer iterations' graphs than an earlier one (``total = 0`` every few passes)."""
+    return any(later < earlier for earlier, later in itertools.pairwise(spans))
 
 
 def _root(holder: str) -> str:

@@ -300,14 +300,13 @@ def _note_item(note: Note) -> Item:
         if appended:
             fix = f"`{note.name}.append({appended}.item())`, or `{appended}.detach()` if you need the tensor"
     each = f" (about {format_bytes(note.held_bytes)} each)" if note.held_bytes else ""
-    return Item(
-        "note",
-        f"`{note.name}` keeps one more iteration's graph alive every iteration",
-        lines,
-        f"no later backward walks them, but `{note.name}` holds them all{each}",
-        fix,
-        to_fix=False,
-    )
+    if note.reset:  # total = 0 every few passes: it holds several, not all
+        label = f"`{note.name}` keeps several iterations' graphs alive at once"
+        why = f"no later backward walks them, but `{note.name}` holds them until the loop resets it{each}"
+    else:
+        label = f"`{note.name}` keeps one more iteration's graph alive every iteration"
+        why = f"no later backward walks them, but `{note.name}` holds them all{each}"
+    return Item("note", label, lines, why, fix, to_fix=False)
 
 
 def _parameters_item(model: str, notes: list[Note]) -> Item:
@@ -327,9 +326,11 @@ def _parameters_item(model: str, notes: list[Note]) -> Item:
 
 
 def _growing_line(name: str, filename: str) -> tuple[int, str, str | None] | None:
-    """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``history += [loss]``,
-    ``cache[key] = out``), with what it appends."""
-    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\s*(\.append\((\w+)\)|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=)")
+    """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``losses.append(outputs.loss)``,
+    ``history += [loss]``, ``cache[key] = out``), with what it appends when that is a name or an attribute."""
+    pattern = re.compile(
+        rf"(?<![\w.]){re.escape(name)}\s*(\.append\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=)"
+    )
     for number, text in enumerate(linecache.getlines(filename), 1):
         match = pattern.search(text.split("#", 1)[0])  # a comment that quotes the line is not it
         if match:
