@@ -618,3 +618,25 @@ def test_a_call_whose_retain_no_backward_needs_says_so_though_its_line_is_needed
     assert [c.verdict for c in retains] == ["can go"] * 4 + ["needed"], repr(audit)
     assert all(not c.fix.startswith("keep it") for c in retains[:4]), repr(audit)
     assert "no later backward walked" in retains[0].why, retains[0].why
+
+
+def test_the_band_aid_on_an_lstm_state_goes_once_the_whole_state_is_detached() -> None:
+    """A word-language-model step carrying ``hidden = (h, c)`` with the forum's ``retain_graph=True``: the retain
+    goes once ``hidden`` is detached, both tensors of it; detaching ``hidden[0]`` alone still raises through
+    ``hidden[1]``."""
+    torch.manual_seed(0)
+    lstm, head = nn.LSTM(3, 5), nn.Linear(5, 1)
+    optimizer = torch.optim.SGD([*lstm.parameters(), *head.parameters()], lr=0.1)
+    hidden = (torch.zeros(1, 2, 5), torch.zeros(1, 2, 5))
+
+    def step() -> None:
+        nonlocal hidden
+        output, hidden = lstm(torch.randn(4, 2, 3), hidden)
+        optimizer.zero_grad()
+        head(output).pow(2).mean().backward(retain_graph=True)
+
+    audit = audit_retain_graph(step, [lstm, head], optimizer)
+    [line] = audit.lines
+    assert line.verdict == "goes with the carried fix", repr(audit)
+    assert line.fix == "remove retain_graph=True once `hidden` no longer carries its graph", line.fix
+    assert "once `hidden` is detached" in line.why, line.why

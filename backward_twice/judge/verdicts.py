@@ -180,7 +180,8 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
         if needed and not tally.needed_here and tally.needer_later is not None:
             # the forum's band-aid: only a later iteration's walk into a carried graph needs it
             later = calls[tally.needer_later]
-            carrier = next((f"`{c.name}`" for c in carried if c.name), "the carried tensor")
+            # the whole state (``hidden``, not ``hidden[0]``): detaching one of its tensors leaves the other carrying it
+            carrier = next((f"`{_whole(c.name, c.container)}`" for c in carried if c.name), "the carried tensor")
             why = (
                 f"only a later iteration needs it: {short(later.line)} in iteration "
                 f"{split.iteration_of_call(later.index)} follows {carrier} back into the buffers it kept; once "
