@@ -9,6 +9,7 @@ import importlib
 import inspect
 import json
 import traceback
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -350,3 +351,36 @@ def test_diagnose_judges_the_ema_as_watch_does_and_leaves_its_weights_leaves() -
     assert item.fix == f"run line {update} under `with torch.no_grad():`, so updating `teacher.weight` records no graph"
     for kept, p in zip(before, teacher.parameters()):
         assert p.is_leaf and p.grad_fn is None and not p.requires_grad and torch.equal(p, kept)
+
+
+def _lbfgs_problem() -> tuple[torch.nn.Linear, torch.optim.LBFGS, Callable[[], torch.Tensor]]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4)
+    inputs, targets = torch.randn(16, 3), torch.randn(16, 1)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = (model(inputs) - targets).pow(2).mean()
+        loss.backward()
+        return loss
+
+    return model, optimizer, closure
+
+
+def test_iterations_never_stop_an_optimizer_step_half_way() -> None:
+    """LBFGS whose loop is written on one line (``for _ in range(8): optimizer.step(closure)``), so no pass of it is
+    seen: every backward runs inside a step. The watch may not stop between its passes there, and must not stop inside
+    one (the step would be left half done, its state matching no number of bare passes): it watches them all."""
+    states = []
+    model, optimizer, closure = _lbfgs_problem()
+    for _ in range(8):
+        states.append([p.detach().clone() for p in model.parameters()])
+        optimizer.step(closure)
+    states.append([p.detach().clone() for p in model.parameters()])
+    model, optimizer, closure = _lbfgs_problem()
+    with watch(iterations=3):
+        for _ in range(8): optimizer.step(closure)  # noqa: E701  # fmt: skip
+    after = [p.detach() for p in model.parameters()]
+    matches = [k for k, state in enumerate(states) if all(torch.equal(a, b) for a, b in zip(after, state))]
+    assert matches == [8], matches

@@ -42,7 +42,7 @@ import torch
 from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop, enclosing, step_calls
 
-__all__ = ["IterationLoop", "Link", "PassStart", "is_optimizer"]
+__all__ = ["IterationLoop", "Link", "PassStart", "inside_a_step", "is_optimizer"]
 
 _SAME = object()  # a value a weak reference cannot hold: compared by identity, kept strongly one pass
 
@@ -440,6 +440,16 @@ def _value(frame: types.FrameType, expression: ast.expr | None) -> Any:
         attributes = getattr(owner, "__dict__", None)
         return attributes.get(expression.attr) if isinstance(attributes, dict) else None
     return None
+
+
+def inside_a_step(frame: types.FrameType | None) -> bool:
+    """Whether an optimizer's ``step()`` runs further out than ``frame`` (LBFGS calling its closure): a stop raised
+    there would leave the step half done."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_OPTIMIZERS):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def is_optimizer(value: Any) -> bool:

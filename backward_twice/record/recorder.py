@@ -61,7 +61,7 @@ from backward_twice.record.learner import first_line, intercepting, learners_cod
 from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop
 from backward_twice.record.names import CodeSite, NamedGraph, unstepped_optimizers
-from backward_twice.record.passes import IterationLoop, PassStart, is_optimizer
+from backward_twice.record.passes import IterationLoop, PassStart, inside_a_step, is_optimizer
 from backward_twice.record.saved import graph_only_bytes
 from backward_twice.record.sources import refresh
 from backward_twice.record.walks import CallRecord, read_walk, record_of, stamp_walk, stamped
@@ -443,7 +443,7 @@ class Recorder:
         if compiled:
             return None
         passes = self._saw_event(caller)
-        if self.iterations is not None:
+        if self.iterations is not None and not inside_a_step(caller):  # never stopped half-way through a step
             self._maybe_stop_without_a_loop(site)
         call = record_of(len(self.calls), site, line, args, kwargs, self._events)
         self.calls.append(call)
