@@ -568,3 +568,15 @@ def test_a_running_total_reset_every_few_passes_is_not_said_to_hold_them_all() -
     (item,) = w.report.items
     assert item.label == "`running_loss` keeps several iterations' graphs alive at once", str(w)
     assert "until the loop resets it" in item.why and "holds them all" not in item.why, item.why
+
+
+def test_a_list_grown_with_an_attribute_is_found_at_its_append(tmp_path: Any) -> None:
+    """The transformers tutorial's loop keeping ``outputs.loss`` for logging: the line where ``losses`` grows is the
+    ``append`` (not ``losses = []``, which builds nothing), and what it appends is ``outputs.loss``."""
+    from backward_twice.report.rendering import _growing_line
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "losses = []\nfor batch in loader:\n    outputs = model(**batch)\n    losses.append(outputs.loss)\n"
+    )
+    assert _growing_line("losses", str(script)) == (4, "losses.append(outputs.loss)", "outputs.loss")
