@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,7 +51,9 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         for sequence in call.old:
             walked[sequence] = max(walked.get(sequence, 0), iteration)
     last = max(1, split.count + (1 if recorder.error is not None else 0))
-    held: list[tuple[str, int, int, HeldGraph, bool]] = []  # (holder, node, built, what it holds, late)
+    # (holder, node, built, what it holds, how many iterations its graph spans): a late graph (built after the last
+    # event of its pass: ``return loss / 3`` after the step) counts as the next pass's, so its span starts a pass later
+    held: list[tuple[str, int, int, HeldGraph, int]] = []
     for sequence, held_graph in recorder.held_from.items():
         holder = held_graph.holder
         held_in = split.iteration_of_sighting(held_graph.sighting)
@@ -64,14 +67,13 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         named = recorder.names.get(sequence)
         if _below_a_submodule(holder) and (named is None or named.container != "parameter"):
             continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
-        held.append((holder, sequence, built, held_graph, late))
+        held.append((holder, sequence, built, held_graph, built - int(late) - earliest + 1))
     together: dict[tuple[str, int], set[int]] = {}  # (a name's root, a sighting) -> the iterations whose graphs it
     for holder, _, built, held_graph, _ in held:  # held there: a name rebound each iteration holds one at a time
         together.setdefault((_root(holder), held_graph.sighting), set()).add(built)
     growing = {root for (root, _), built in together.items() if len(built) > 1}
     reach_back: dict[str, list[tuple[int, int]]] = {}  # holder -> (sighting, how many iterations its graph spans)
-    for holder, _, built, held_graph, late in held:
-        spans = built - (1 if late else 0) - split.iteration_of_node(held_graph.earliest) + 1
+    for holder, _, _, held_graph, spans in held:
         reach_back.setdefault(holder, []).append((held_graph.sighting, spans))
     reset = {holder for holder, seen in reach_back.items() if _dropped([spans for _, spans in sorted(seen)])}
     by_name: dict[str, Note] = {}
@@ -80,11 +82,8 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         if grown.grew and named is not None and not _below_a_submodule(name):
             built = split.iteration_of_node(grown.newest)
             by_name[name] = Note(name, built_line(named, built == 0, recorder), grown.newest_bytes, True)
-    for holder, sequence, built, held_graph, late in held:
-        # a late graph (built after the last event of its pass: ``return loss / 3`` after the step) counts as the
-        # next pass's, so reaching back one pass is its own pass's loss: only further back does it pile up
-        reach = split.iteration_of_node(held_graph.earliest)
-        grows = _root(holder) in growing or reach < built - (1 if late else 0)
+    for holder, sequence, built, held_graph, spans in held:
+        grows = _root(holder) in growing or spans > 1
         named = recorder.names[sequence]
         line = built_line(named, built == 0, recorder)
         parameter = named.container == "parameter"
@@ -101,25 +100,28 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
 def _one_per_container(found: list[Note]) -> list[Note]:
     """The notes of several items of one list (``losses[1]``, ``losses[2]``, ...) as one note of the list,
     which is the cause: it holds one more graph each iteration (a dict's named entries stay notes of their own)."""
-    items: dict[str, list[Note]] = {}
-    for note in found:
-        container = re.match(r"^(.+?)\[\d+\]$", note.name)
-        if container is not None and not note.parameter:
-            items.setdefault(container.group(1), []).append(note)
-    merged = {whole: parts for whole, parts in items.items() if len(parts) > 1}
+    lists = {note.name: _list_of(note) for note in found}
+    items = Counter(whole for whole in lists.values() if whole is not None)
+    names = {note.name for note in found}
     kept: list[Note] = []
+    merged: set[str] = set()
     for note in found:
-        container = re.match(r"^(.+?)\[\d+\]$", note.name)
-        whole = container.group(1) if container is not None else None
-        if whole in merged:
-            parts = merged.pop(whole)
-            if not any(other.name == whole for other in found):
-                grows = any(p.grows for p in parts)
-                kept.append(Note(whole, parts[-1].built_at, sum(p.held_bytes for p in parts), grows))
-            continue
-        if whole is None or whole not in items or len(items[whole]) == 1:
+        whole = lists[note.name]
+        if whole is None or items[whole] == 1:
             kept.append(note)
+        elif whole not in merged:
+            merged.add(whole)
+            if whole not in names:  # else the list's own note stands for them
+                parts = [part for part in found if lists[part.name] == whole]
+                grows = any(part.grows for part in parts)
+                kept.append(Note(whole, parts[-1].built_at, sum(part.held_bytes for part in parts), grows))
     return kept
+
+
+def _list_of(note: Note) -> str | None:
+    """``losses`` of the note of ``losses[3]``; None for anything else."""
+    item = re.match(r"^(.+?)\[\d+\]$", note.name)
+    return item.group(1) if item is not None and not note.parameter else None
 
 
 def _dropped(spans: list[int]) -> bool:

@@ -225,8 +225,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
 
     through = recorder.error.reached_through if recorder.error is not None else None
     twins: dict[tuple[str, int], NamedGraph] = {}
-    passes = recorder.loop.iteration_passes()
-    first = passes[0].sequence if passes and passes[0].number == 1 else None  # where iteration 1 began
+    first = _iteration_1_start(recorder)
     for call in recorder.calls:
         iteration = split.iteration_of_call(call.index)
         old = [seq for seq in call.old if split.iteration_of_node(seq) < iteration]
@@ -314,12 +313,17 @@ def _places(split: Split, sequence: int, first: int | None) -> list[tuple[str, i
     return places + ([("to its end", ends[built] - sequence)] if built and built in ends else [])
 
 
+def _iteration_1_start(recorder: Recorder) -> int | None:
+    """The node counter where iteration 1 began, when a loop's pass tells it (a long run's folds keep pass 1)."""
+    passes = recorder.loop.iteration_passes()
+    return passes[0].sequence if passes and passes[0].number == 1 else None
+
+
 def _twin_in_iteration_1(recorder: Recorder, split: Split, sequence: int) -> int | None:
     """The node at the same place in iteration 1 as node ``sequence`` in its own, later iteration: a steady loop
     builds the same nodes in the same order each iteration, and iteration 1's lines are the ones the tracer logged
     (TD3's actor update every second iteration raises in iteration 2, past the traced pass)."""
-    passes = recorder.loop.iteration_passes()
-    first = passes[0].sequence if passes and passes[0].number == 1 else None
+    first = _iteration_1_start(recorder)
     end = next((end.sequence for end in split.ends if end.iteration == 1), None)
     if first is None or end is None or split.iteration_of_node(sequence) < 2:
         return None

@@ -59,7 +59,7 @@ from backward_twice.record.loops import Loop, loops_of
 __all__ = ["LineTracer", "PassSeen"]
 
 _MAX_ENTRIES = 1_000_000  # past it, the older half goes: those nodes' lines become unknown
-_MAX_CALLS = 100_000  # calls that built nodes, kept the same way
+_MAX_KEPT = 100_000  # calls that built nodes, and lines that ran: past it, the older half of the calls goes
 _QUIET_CALLS = 3  # a function that returned this often in a row without building a node is not traced again
 _ACTIVE: weakref.WeakSet[LineTracer] = weakref.WeakSet()
 # Up to 3.11 setting the trace function flips a flag; from 3.12 it re-instruments every code object run after it
@@ -222,7 +222,7 @@ class LineTracer:
         line = frame.f_lineno
         site = (frame.f_code.co_filename, line)
         self._log(site)
-        if len(self.ran) < _MAX_CALLS:
+        if len(self.ran) < _MAX_KEPT:
             self.ran.add(site)
         key = id(frame)
         stop = None
@@ -264,8 +264,8 @@ class LineTracer:
             line = back.f_lineno
             self._log((back.f_code.co_filename, line))
             if entered is not None and now != entered:
-                if len(self.built_in_calls) >= _MAX_CALLS:
-                    del self.built_in_calls[: _MAX_CALLS // 2]
+                if len(self.built_in_calls) >= _MAX_KEPT:
+                    del self.built_in_calls[: _MAX_KEPT // 2]
                 self.built_in_calls.append((entered, now, back.f_code, line))
 
     def _headers_of(self, code: types.CodeType) -> dict[int, Loop]:

@@ -193,11 +193,10 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
         )
     fix = _carried_fix(first, place if first.fix_at_entry and lines[0].label.endswith("comes in here") else None)
     added = re.match(r"add `[^`]+`", fix)
-    for other in (f for f in findings[1:] if f.name and _holder(f) in others):
-        more = re.match(r"add (`[^`]+`)", other.fix)
-        if added is not None and more is not None and more.group(1) not in fix:
-            fix = fix.replace(added.group(0), f"{added.group(0)} and {more.group(1)}", 1)
-            added = re.match(r"add `[^`]+`(?: and `[^`]+`)*", fix)
+    detaches = (re.match(r"add (`[^`]+`)", f.fix) for f in findings[1:] if f.name and _holder(f) in others)
+    also = [detach for detach in dict.fromkeys(m.group(1) for m in detaches if m) if detach not in fix]
+    if added is not None and also:
+        fix = fix.replace(added.group(0), " and ".join([added.group(0), *also]), 1)
     if band_aid is not None:
         fix += f", and remove retain_graph=True at line {_line_number(_split(band_aid.line)[0])}"
     return Item("carried", label, tuple(lines), why, fix)
