@@ -25,6 +25,7 @@ step"). In the notebook's kernel ``main([...])`` is the command.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import runpy
 import shlex
@@ -38,6 +39,7 @@ from backward_twice.watcher import Watch, dump_json
 __all__ = ["main"]
 
 
+@functools.cache  # made once: argparse looks up its messages' translations on disk, a millisecond per parser
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="backward-twice", description="Backward Twice's tools from the shell.")
     commands = parser.add_subparsers(dest="command", required=True)
