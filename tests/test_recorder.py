@@ -3,8 +3,10 @@ written, and the verdicts judged from it (retains per line, carried graphs, note
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -148,22 +150,28 @@ def test_without_the_retain_the_generator_backward_raises_and_the_evidence_names
     assert error.evidence.endswith("through fake")
 
 
-def _rnn_loop(detach: bool, iterations: int = 3) -> Recorder:
+def rnn_steps(watch: contextlib.AbstractContextManager[Any], iterations: int, detached: int) -> None:
+    """An RNN cell's loop under ``watch`` (a Recorder, or nothing), detaching its hidden state in its first
+    ``detached`` passes only; it raises as the loop does."""
     torch.manual_seed(0)
     cell = torch.nn.RNNCell(4, 8)
     optimizer = torch.optim.SGD(cell.parameters(), lr=0.1)
     hidden = torch.zeros(1, 8)
+    with watch:
+        for step in range(iterations):
+            hidden = cell(torch.randn(1, 4), hidden)
+            loss = hidden.pow(2).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if step < detached:
+                hidden = hidden.detach()
+
+
+def _rnn_loop(detach: bool, iterations: int = 3) -> Recorder:
     recorder = Recorder()
     try:
-        with recorder:
-            for _ in range(iterations):
-                hidden = cell(torch.randn(1, 4), hidden)
-                loss = hidden.pow(2).sum()
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                if detach:
-                    hidden = hidden.detach()
+        rnn_steps(recorder, iterations, iterations if detach else 0)
     except RuntimeError as error:
         assert SECOND_TIME.split(" (")[0] in str(error)
     return recorder

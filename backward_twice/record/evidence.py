@@ -21,14 +21,14 @@ from backward_twice.record.events import StepEvent
 from backward_twice.record.learner import first_line
 from backward_twice.record.names import NamedGraph, names_holding_graphs
 from backward_twice.record.saved import saved_data
-from backward_twice.record.walks import CallRecord
+from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
 
 __all__ = ["ErrorRecord", "Seen", "explain"]
 
 
 class Seen(Protocol):
     """What :func:`explain` reads of the recorder (:class:`backward_twice.record.recorder.Recorder`): where the
-    learner's frames end, the names it saw holding graphs, and the optimizers and steps it saw."""
+    learner's frames end, the names it saw holding graphs, the optimizers and steps it saw, and its calls."""
 
     @property
     def skipped(self) -> tuple[str, ...]: ...
@@ -44,6 +44,8 @@ class Seen(Protocol):
     def names(self) -> dict[int, NamedGraph]: ...
     @property
     def steps(self) -> list[StepEvent]: ...
+    @property
+    def calls(self) -> CallsSoFar: ...
 
 
 @dataclass
@@ -67,14 +69,34 @@ def explain(
     """The error a backward call raised, with the recorder's evidence."""
     record = ErrorRecord(first_line(exc, 400), call.line, call.index)
     kind = error_kind(str(exc))
-    if kind == "backward a second time" and call.first_freed is not None:
-        record.freed_by = call.first_freed.freed_by
-        record.reached_through = _through(recorder, walked, call.first_freed.position, caller)
+    freed = call.first_freed or _freed_unread(recorder, call, walked) if kind == "backward a second time" else None
+    if freed is not None:
+        record.freed_by = freed.freed_by
+        record.reached_through = _through(recorder, walked, freed.position, caller)
     elif kind == "in-place version error":
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
             record.changed_by_step, record.stale_node = changed
     return record
+
+
+def _freed_unread(recorder: Seen, call: CallRecord, walked: list[Node]) -> FreedEarlier | None:
+    """The call that freed what ``call`` reached of an earlier iteration, when that call's walk was not read (no
+    stamp tells it): a call not read walks its own iteration's graph only, so it is the first such call after the
+    newest node of an earlier iteration that ``call`` reached was built."""
+    newest = max(call.old, default=None)
+    freer, index = None, call.index - 1
+    while newest is not None and index >= 0:
+        earlier = recorder.calls.record(index)
+        if earlier is None:  # a long run's folded call: which one it was is not known
+            return None
+        if earlier.start <= newest:
+            break
+        if not earlier.read:
+            freer = index
+        index -= 1
+    position = next((i for i, node in enumerate(walked) if node._sequence_nr() == newest), None)
+    return None if freer is None or position is None else FreedEarlier(position, freer)
 
 
 def _through(recorder: Seen, walked: list[Node], position: int, caller: types.FrameType) -> NamedGraph | None:

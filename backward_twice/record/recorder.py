@@ -3,10 +3,10 @@
 :class:`Recorder` enters through :func:`.learner.intercepting` (the one place that patches torch) and keeps:
 
 * every backward and ``torch.autograd.grad`` call: the learner's line (:meth:`.learner.LearnersCode.site`), its
-  ``retain_graph`` (as written), ``create_graph`` and ``inputs``, and what it walked. What a backward walks is
-  the engine's own list (``torch._C._current_graph_task_execution_order()``, read in a prehook on the root with
-  multithreading off; several roots: a walk over ``next_functions``), stamped by :func:`.walks.stamp_walk`: the
-  recorder holds no node and no tensor between calls;
+  ``retain_graph`` (as written), ``create_graph`` and ``inputs``, and what it walked: the engine's own list
+  (``torch._C._current_graph_task_execution_order()``, read in a prehook on the root with multithreading off;
+  several roots: a walk over ``next_functions``), stamped by :func:`.walks.stamp_walk` (the recorder holds no node
+  and no tensor between calls), at every call but a plain line's past its first (:class:`.walks.WalkSampling`);
 * the bytes the walked graph still holds after a retaining call, counted as the saved-tensor meter counts them (one
   storage once, and only when the graph alone holds it): at a line's first four such calls, then at its 8th, 16th,
   ... (a line builds a graph of the same size each time, and the count walks it);
@@ -64,17 +64,11 @@ from backward_twice.record.names import CodeSite, NamedGraph, unstepped_optimize
 from backward_twice.record.passes import IterationLoop, PassStart, inside_a_step, is_optimizer
 from backward_twice.record.saved import graph_only_bytes
 from backward_twice.record.sources import refresh
-from backward_twice.record.walks import CallRecord, read_walk, record_of, stamp_walk, stamped
+from backward_twice.record.walks import SECOND_TIME, CallRecord, WalkSampling, record_of, stamp_walk, stamped
 
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
 
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
-SECOND_TIME = (
-    "Trying to backward through the graph a second time (or directly access saved tensors after they "
-    "have already been freed). Saved intermediate values of the graph are freed when you call .backward() "
-    "or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time "
-    "or if you need to access saved tensors after calling backward."
-)
 
 
 class StopRecording(BaseException):
@@ -166,6 +160,7 @@ class Recorder:
         self._first_line_calls = 0  # backward calls at the line of the first one
         self._first_site: tuple[str, int] | None = None
         self._retains_at: dict[tuple[str, int], int] = {}  # retaining calls per line so far
+        self.sampling = WalkSampling()  # which calls' walks are read: all with keep_buffers or on_leaf
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
@@ -400,7 +395,7 @@ class Recorder:
             return engine(outputs, *args, **kwargs)
         if prepared is None:  # torch.compile tracing its backward: not the loop's
             return engine(outputs, *args, **kwargs)
-        call, walked, handle, args = prepared
+        call, walked, handle, args, unread = prepared
         self._depth += 1
         threaded = torch._C._is_multithreading_enabled()
         torch._C._set_multithreading_enabled(False)  # the engine lists what it walks only on the calling thread
@@ -408,6 +403,8 @@ class Recorder:
             result = engine(outputs, *args, **kwargs)
         except Exception as exc:
             try:
+                if unread is not None:  # a call whose walk was not read: the error's evidence reads it now
+                    unread()
                 call.error = first_line(exc, 400)
                 if self.error is None:
                     self.error = explain(self, exc, call, walked, caller)
@@ -428,6 +425,8 @@ class Recorder:
                     with self.creation.untraced:  # only around the calls: a pause costs two
                         call.held_after_bytes = graph_only_bytes([n for n in walked if stamped(n, self.key)])
             walked.clear()  # the recorder holds no node between calls
+            if unread is None:
+                self.sampling.walked(call)
             if not self.steps and not self.marks:
                 self.event_sightings[("call", call.index)] = len(self.sightings)
                 with self.creation.untraced:
@@ -438,7 +437,7 @@ class Recorder:
 
     def _before_backward(
         self, outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any], caller: types.FrameType
-    ) -> tuple[CallRecord, list[Node], Any, tuple[Any, ...]] | None:
+    ) -> tuple[CallRecord, list[Node], Any, tuple[Any, ...], Callable[[], None] | None] | None:
         site, line, compiled = self.is_learners.site(caller, self._lines)
         if compiled:
             return None
@@ -471,10 +470,11 @@ class Recorder:
             if as_written and as_written[-1]:
                 raise RuntimeError(SECOND_TIME)  # keep_buffers: where the step as written raises
 
-        handle = read_walk(outputs, look)
+        every = self.keep_buffers or self.on_leaf is not None or self.creation.active
+        handle, unread = self.sampling.read(call, outputs, look, every, boundary)
         if self.keep_buffers:  # torch passes (grad_tensors, keep_graph, create_graph, inputs, ...) by position
             args = (args[0], True, *args[2:]) if len(args) > 1 else args
-        return call, walked, handle, args
+        return call, walked, handle, args, unread
 
     def _maybe_stop_without_a_loop(self, site: tuple[str, int]) -> None:
         """Without a loop of the learner's, iteration N+1 is stopped at its first backward call, before it runs."""

@@ -24,17 +24,26 @@ from torch.autograd.graph import Node
 from backward_twice.record.saved import has_saved_data, python_walk
 
 __all__ = [
+    "SECOND_TIME",
     "CallRecord",
     "CallsSoFar",
     "FreedEarlier",
+    "WalkSampling",
     "kept",
     "node_of",
     "read_walk",
     "record_of",
     "stamp_walk",
     "stamped",
+    "walk_now",
 ]
 
+SECOND_TIME = (  # PyTorch's own message, raised with keep_buffers where the code as written raises it
+    "Trying to backward through the graph a second time (or directly access saved tensors after they "
+    "have already been freed). Saved intermediate values of the graph are freed when you call .backward() "
+    "or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time "
+    "or if you need to access saved tensors after calling backward."
+)
 _LEAF_SEQ = 2**63  # AccumulateGrad nodes carry 2**64 - 1
 
 
@@ -81,6 +90,7 @@ class CallRecord:
     # its last event): what a later rule may call an earlier iteration
     error: str | None = None
     first_freed: FreedEarlier | None = None
+    read: bool = True  # its walk was read and stamped (:class:`WalkSampling`)
 
 
 def record_of(
@@ -205,11 +215,71 @@ def read_walk(outputs: Any, look: Callable[[list[Node]], None]) -> Any:
     """Give ``look`` the nodes a backward from ``outputs`` walks. One root: the engine's own list, read in a prehook
     on it as the engine starts (which needs multithreading off), and the hook's handle is returned, to remove after
     the call; several: a walk over ``next_functions`` now (and None)."""
-    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-    roots = [root for root in map(node_of, outputs) if root is not None]
+    roots = _roots(outputs)
     if len(roots) == 1 and hasattr(roots[0], "register_prehook"):
         # torch's stub lacks this private binding: the engine's own list of the nodes it will run
         return roots[0].register_prehook(lambda grads: look(torch._C._current_graph_task_execution_order()))  # type: ignore[attr-defined]
     if roots:
         look(python_walk(roots))
     return None
+
+
+def walk_now(outputs: Any, look: Callable[[list[Node]], None]) -> None:
+    """Give ``look`` the nodes a graph reaches from ``outputs``, over ``next_functions``: after a backward that was
+    not walked raised (its error's evidence reads the walk)."""
+    roots = _roots(outputs)
+    if roots:
+        look(python_walk(roots))
+
+
+def _roots(outputs: Any) -> list[Node]:
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    return [root for root in map(node_of, outputs) if root is not None]
+
+
+class WalkSampling:
+    """Which backward calls' walks are read. Reading one costs a Python object per node: on a small model, a third
+    of the backward itself. A line builds the same graph at each call, so past the first calls a plain line is read
+    at some calls only, as the names are read at some passes only:
+
+    * every call while the line tracer follows the loop's first passes, every call of a run that called a retaining
+      backward (a later call may walk what it kept: that is when its retain was needed), and every call of a line
+      once a walk of it reached a node of an earlier iteration or call;
+    * else a line's first 4 calls, its 8th, 16th, ..., and each call after its iteration built a different number of
+      nodes than at the line's last call read (a graph of another shape: a branch taken, something kept aside).
+
+    A call not read walks no node of an earlier call (its line's walks did not, and nothing was kept); if it raises,
+    the graph is walked then (:func:`walk_now`), for the error's evidence."""
+
+    def __init__(self) -> None:
+        self._calls: dict[tuple[str, int], int] = {}  # a line -> its calls so far (-1: read at every call)
+        self._built: dict[tuple[str, int], int] = {}  # a line -> the nodes built in the iteration before its last read
+        self.retained = False
+
+    def read(
+        self, call: CallRecord, outputs: Any, look: Callable[[list[Node]], None], every: bool, boundary: int
+    ) -> tuple[Any, Callable[[], None] | None]:
+        """Give ``look`` the walk of ``call`` from ``outputs`` if it is read (``every``: read every call, as while
+        the line tracer follows the loop's passes; ``boundary``: the node counter where its iteration started):
+        :func:`read_walk`'s handle, and None. A call not read: None, and a function that walks its graph after it
+        raised."""
+        built = call.start - boundary
+        if self._due(call, built) or every:
+            self._built[call.site] = built
+            return read_walk(outputs, look), None
+        call.read = False
+        return None, lambda: walk_now(outputs, look)
+
+    def _due(self, call: CallRecord, built: int) -> bool:
+        if call.retain_graph or call.create_graph:
+            self.retained = True
+        count = self._calls.get(call.site, 0)
+        if count < 0:
+            return True
+        count = self._calls[call.site] = count + 1
+        return self.retained or count <= 4 or count & (count - 1) == 0 or self._built.get(call.site) != built
+
+    def walked(self, call: CallRecord) -> None:
+        """After a call whose walk was read: a line whose walk reached back is read at every call from now on."""
+        if call.old or call.first_freed is not None:
+            self._calls[call.site] = -1
