@@ -281,7 +281,6 @@ class Recorder:
         return self.iterations is not None and not self.stopped and self.loop.iterations_started() >= self.iterations
 
     def _stop_here(self, sequence: int) -> StopRecording:
-        assert self.iterations is not None
         number = self.loop.iterations_started() + 1
         self.stopped, self.stop_pass = True, PassStart(sequence, len(self.calls), len(self.sightings), number)
         return StopRecording(self.iterations)
@@ -397,8 +396,9 @@ class Recorder:
             return engine(outputs, *args, **kwargs)
         call, walked, handle, args, unread = prepared
         self._depth += 1
-        threaded = torch._C._is_multithreading_enabled()
-        torch._C._set_multithreading_enabled(False)  # the engine lists what it walks only on the calling thread
+        threaded = handle is not None and torch._C._is_multithreading_enabled()
+        if handle is not None:  # the engine lists what it walks only on the calling thread
+            torch._C._set_multithreading_enabled(False)
         try:
             result = engine(outputs, *args, **kwargs)
         except Exception as exc:
@@ -413,9 +413,9 @@ class Recorder:
                 self._fail("reading a backward's error", error)
             raise
         finally:
-            torch._C._set_multithreading_enabled(threaded)
             self._depth -= 1
             if handle is not None:
+                torch._C._set_multithreading_enabled(threaded)
                 handle.remove()
             call.end = self._last_event_end = torch._C._autograd._get_sequence_nr()
         try:
