@@ -82,6 +82,7 @@ class Report:
     items: tuple[Item, ...]
     evidence: tuple[str, ...]
     stopped_watching: str | None = None
+    not_put_back: tuple[str, ...] = ()  # a step tool's runs: what they changed that nothing can put back
 
 
 def _split(line: str) -> tuple[str, str]:
@@ -420,6 +421,7 @@ def render_text(report: Report, verbose: bool = False, more: str | None = None) 
     out = [report.headline]
     if report.stopped_watching:
         out.append(report.stopped_watching)
+    out += [f"note: {sentence}" for sentence in report.not_put_back]
     for number, item in enumerate(report.items, 1):
         out.append(f"{number}. {item.label}")
         width = max((len(line.place) for line in item.lines), default=0)
@@ -438,6 +440,7 @@ def render_html(report: Report) -> str:
     parts = [f"<div><p><b>{html.escape(report.headline)}</b></p>"]
     if report.stopped_watching:
         parts.append(f"<p>{html.escape(report.stopped_watching)}</p>")
+    parts += [f"<p>note: {html.escape(sentence)}</p>" for sentence in report.not_put_back]
     if report.items:
         rows = []
         for item in report.items:
@@ -459,5 +462,6 @@ def report_json(report: Report) -> dict[str, Any]:
         "count": len(report.items),
         "items": [asdict(item) for item in report.items],
         "stopped_watching": report.stopped_watching,
+        "not_put_back": list(report.not_put_back),
         "evidence": list(report.evidence),
     }

@@ -72,6 +72,7 @@ class RetainAudit:
     calls: list[BackwardCall] = field(default_factory=list)
     error_line: str | None = None
     lines: list[LineVerdict] = field(default_factory=list)
+    not_put_back: tuple[str, ...] = ()  # what the runs changed that nothing can put back (an iterator moved on)
 
     def summary(self) -> str:
         retains = [c for c in self.calls if c.needed is not None]
@@ -99,7 +100,9 @@ class RetainAudit:
             f"{v.needed_runs}). {v.fix}"
             for v in self.lines
         ]
-        return "\n".join([f"retain_graph audit: {self.summary()}", *rows, *(["Per line:", *lines] if lines else [])])
+        notes = [f"note: {sentence}" for sentence in self.not_put_back]
+        per_line = ["Per line:", *lines] if lines else []
+        return "\n".join([f"retain_graph audit: {self.summary()}", *notes, *rows, *per_line])
 
     def _repr_html_(self) -> str:
         # Left-aligned and wrapped, the why under the fix: the table fits a notebook's column.
@@ -116,7 +119,8 @@ class RetainAudit:
         )
         return (
             f"<div><p><b>retain_graph audit:</b> {html.escape(self.summary())}</p>"
-            f"<table style='border-collapse:collapse'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>"
+            + "".join(f"<p>note: {html.escape(sentence)}</p>" for sentence in self.not_put_back)
+            + f"<table style='border-collapse:collapse'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>"
             f"</table></div>"
         )
 
@@ -173,7 +177,7 @@ def audit_report(run: StepRun) -> RetainAudit:
             )
         )
     error = None if v.error is None else v.error.message
-    return RetainAudit(error, calls, None if v.error is None else v.error.line, list(v.lines))
+    return RetainAudit(error, calls, None if v.error is None else v.error.line, list(v.lines), run.not_put_back)
 
 
 def audit_retain_graph(

@@ -79,6 +79,7 @@ class CarriedGraphReport:
     findings: tuple[CarriedTensor, ...]
     iterations_run: int
     error: str | None
+    not_put_back: tuple[str, ...] = ()  # what the runs changed that nothing can put back (an iterator moved on)
 
     @property
     def found(self) -> bool:
@@ -96,13 +97,15 @@ class CarriedGraphReport:
         return f"{text} Iteration {self.iterations_run} raised: {self.error.split('. ')[0].rstrip('.')}."
 
     def __str__(self) -> str:
-        return "\n".join([self.verdict(), *(f"- {f.describe()}" for f in self.findings)])
+        notes = [f"note: {sentence}" for sentence in self.not_put_back]
+        return "\n".join([self.verdict(), *notes, *(f"- {f.describe()}" for f in self.findings)])
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
         items = "".join(f"<li>{html.escape(f.describe())}</li>" for f in self.findings)
-        return f"<div><b>{html.escape(self.verdict())}</b>{f'<ul>{items}</ul>' if items else ''}</div>"
+        notes = "".join(f"<p>note: {html.escape(sentence)}</p>" for sentence in self.not_put_back)
+        return f"<div><b>{html.escape(self.verdict())}</b>{notes}{f'<ul>{items}</ul>' if items else ''}</div>"
 
 
 class _IterationStamps(TorchFunctionMode):
@@ -171,7 +174,8 @@ def carried_report(run: StepRun) -> CarriedGraphReport:
         )
         for f in v.carried
     )
-    return CarriedGraphReport(findings, run.runs, None if v.error is None else v.error.message)
+    error = None if v.error is None else v.error.message
+    return CarriedGraphReport(findings, run.runs, error, run.not_put_back)
 
 
 def find_carried_graph(

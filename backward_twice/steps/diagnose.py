@@ -23,7 +23,7 @@ Used by notebooks 05_your_training_step and 06_real_stack, and by learners on th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -84,7 +84,8 @@ def diagnose(
     error a run raised by kind, and give one prescription ordered by what to fix first, each item with the
     learner's line and the fix (``iterations=1`` judges one run's retains; a carried graph shows from 2 on). The
     ``models`` and ``optimizers`` the step trains are found from its names (pass any it cannot reach): they, the
-    random streams and what the step's closure and globals hold are put back afterwards (on CPU copies).
+    random streams and what the step's closure and globals hold are put back afterwards (on CPU copies), but an
+    iterator the step reads from: nothing can put it back, and the report says how far it moved.
 
     Used by notebooks 05_your_training_step and 06_real_stack, and by learners on their own training step (README,
     "Bring your own training step")."""
@@ -96,7 +97,7 @@ def diagnose(
     e = run.verdicts.error
     name = getattr(step, "__name__", "step")
     runs_of = "the cell" if name == "<cell>" else "the step" if name.startswith("<") else name
-    report = build_report(run.verdicts, runs_of=runs_of)
+    report = replace(build_report(run.verdicts, runs_of=runs_of), not_put_back=run.not_put_back)
     return Diagnosis(
         None if e is None else e.kind,
         None if e is None else e.message,

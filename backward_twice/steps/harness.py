@@ -21,7 +21,9 @@ step):
   no name reaches) is adopted at its first ``step()``, before it changes anything: its parameters and state are
   copied then. Afterwards everything is put back: the values, each tensor's attributes (``p.exp_avg`` a learner's
   optimizer keeps on a parameter) and its version counter, so a graph built before the runs that saved a parameter
-  still walks as it would have without them;
+  still walks as it would have without them. An iterator the step reads from (a DataLoader's, a generator) is left
+  where the runs leave it: its place lives beyond its attributes (worker processes, a frame), so putting those back
+  would break it; :attr:`StepRun.not_put_back` says how far it moved;
 * the gradients each optimizer receives are kept (on the CPU) at its first ``step()``; without optimizers, the
   models' ``.grad`` after the first run.
 
@@ -34,7 +36,7 @@ import contextlib
 import random
 import sys
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,8 +120,10 @@ class CpuSnapshot:
         self._bindings = held_bindings(step)
         self._containers: list[tuple[Any, Any]] = []
         self._objects: list[tuple[Any, dict[str, Any]]] = []
+        self._iterators: list[tuple[str, Any, Any]] = []  # (its name, the iterator, where it was)
+        names = {id(value): name for name, value in reversed(list(known_names(step).items()))}
         for _, value in self._bindings:
-            self._walk(value, 0)
+            self._walk(value, 0, names.get(id(value), "an iterator"))
 
     def adopt(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer nobody passed, about to step (one the step builds itself, or reaches some other way): its
@@ -148,31 +152,51 @@ class CpuSnapshot:
                 if isinstance(value, torch.Tensor):
                     self.keep(value)
 
-    def _walk(self, value: Any, depth: int) -> None:
+    def _walk(self, value: Any, depth: int, name: str) -> None:
         """Containers the step holds (their items put back) and the tensors in them (by value: a step may change
-        a hand-written ``W`` or an input buffer in place, ``input_A.copy_(batch)``)."""
+        a hand-written ``W`` or an input buffer in place, ``input_A.copy_(batch)``); ``name`` is how the step
+        reaches ``value``. An iterator is left as the runs leave it: its place lives beyond its attributes (a
+        DataLoader's workers, a generator's frame), and putting back its attributes alone breaks it."""
         if isinstance(value, torch.Tensor):
             self.keep(value)
             return
         if depth >= 3 or isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
             return
+        if isinstance(value, Iterator):
+            self._iterators.append((name, value, _place(value)))
+            return
         if isinstance(value, dict):
             self._containers.append((value, dict(value)))
-            items: Iterable[Any] = list(value.values())
+            named: Iterable[tuple[str, Any]] = [(f"{name}[{k!r}]", v) for k, v in value.items()]
         elif isinstance(value, list):
             self._containers.append((value, list(value)))
-            items = list(value)
+            named = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
         elif isinstance(value, tuple):
-            items = value
+            named = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
         elif hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)) and not callable(value):
             # an object's attributes, put back as they were: a distribution's lazily computed .probs is a graph
             # that the runs would otherwise leave behind
             self._objects.append((value, dict(vars(value))))
-            items = list(vars(value).values())
+            named = [(f"{name}.{k}", v) for k, v in vars(value).items()]
         else:
             return
-        for item in items:
-            self._walk(item, depth + 1)
+        for item_name, item in named:
+            self._walk(item, depth + 1, item_name)
+
+    def moved(self, runs: int) -> tuple[str, ...]:
+        """A sentence for each iterator the step reads that ``runs`` runs moved on: nothing puts it back."""
+        sentences = []
+        for name, iterator, before in self._iterators:
+            after = _place(iterator)
+            if before is None or not _moved(before, after):
+                continue
+            batches = _yielded(after) - _yielded(before)
+            where = f"is {batches} batch{'es' if batches != 1 else ''} further on" if batches > 0 else "moved on"
+            sentences.append(
+                f"`{name}` {where}: the {runs} run{'s' if runs != 1 else ''} read from it, and an iterator cannot"
+                " be put back"
+            )
+        return tuple(sentences)
 
     def restore(self) -> None:
         with torch.no_grad():
@@ -221,6 +245,26 @@ class CpuSnapshot:
                 vars(obj).update(attributes)
 
 
+def _place(iterator: Any) -> Any:
+    """Where an iterator is, as far as can be told without moving it: its attributes (a DataLoader's iterator counts
+    what it yielded), a generator's place in its frame; None when nothing tells."""
+    if isinstance(iterator, types.GeneratorType):
+        frame = iterator.gi_frame
+        return ("generator", -1 if frame is None else frame.f_lasti)
+    return dict(vars(iterator)) if hasattr(iterator, "__dict__") else None
+
+
+def _moved(before: Any, after: Any) -> bool:
+    if isinstance(before, dict):  # by identity: an attribute may hold a tensor, whose == is elementwise
+        return before.keys() != after.keys() or any(after[k] is not v for k, v in before.items())
+    return bool(before != after)
+
+
+def _yielded(place: Any) -> int:
+    count = place.get("_num_yielded") if isinstance(place, dict) else None
+    return count if isinstance(count, int) else 0
+
+
 def _set_version(tensor: torch.Tensor, version: int) -> None:
     """Put back the version a tensor had when it was copied, now that it holds that value again: a graph built
     before the runs that saved it (a parameter, a buffer) stays usable, as without the runs. Without PyTorch's
@@ -233,12 +277,14 @@ def _set_version(tensor: torch.Tensor, version: int) -> None:
 
 @dataclass
 class StepRun:
-    """What :func:`run_step` saw: the recorder, the verdicts, how many runs started, and the gradients kept."""
+    """What :func:`run_step` saw: the recorder, the verdicts, how many runs started, the gradients kept, and what
+    the runs changed that nothing can put back."""
 
     recorder: Recorder
     verdicts: Verdicts
     runs: int
     gradients: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    not_put_back: tuple[str, ...] = ()  # what the runs changed that nothing can put back (an iterator moved on)
 
 
 def run_step(
@@ -305,7 +351,7 @@ def run_step(
     finally:
         recorder.outermost = None  # a frame holds its variables: not kept past the run
         snapshot.restore()
-    return StepRun(recorder, judge(recorder), runs, kept)
+    return StepRun(recorder, judge(recorder), runs, kept, snapshot.moved(runs))
 
 
 def _reachable(values: Iterable[Any], depth: int = 0) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
