@@ -7,6 +7,7 @@ tests/test_learner_scripts.py, where they are a script's.)"""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -580,3 +581,40 @@ def test_a_list_grown_with_an_attribute_is_found_at_its_append(tmp_path: Any) ->
         "losses = []\nfor batch in loader:\n    outputs = model(**batch)\n    losses.append(outputs.loss)\n"
     )
     assert _growing_line("losses", str(script)) == (4, "losses.append(outputs.loss)", "outputs.loss")
+
+
+def _maml_second_order(meta_steps: int, watched: int | None = None) -> tuple[list[torch.Tensor], Any]:
+    """MAML with second-order inner steps (``create_graph=True`` through ``torch.func.functional_call``): the inner
+    ``for k`` loop sits two loops in from the meta step's backward. Returns the weights after the run, and the
+    watch (None: run bare)."""
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    meta_optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    params = dict(model.named_parameters())
+    context = watch(iterations=watched) if watched is not None else contextlib.nullcontext()
+    with context as w:
+        for _ in range(meta_steps):
+            meta_optimizer.zero_grad()
+            meta_loss: Any = 0.0
+            for _ in range(2):
+                x_s, y_s, x_q, y_q = torch.randn(5, 4), torch.randn(5, 1), torch.randn(5, 4), torch.randn(5, 1)
+                fast = dict(params)
+                for _ in range(3):
+                    loss = torch.nn.functional.mse_loss(functional_call(model, fast, (x_s,)), y_s)
+                    grads = torch.autograd.grad(loss, list(fast.values()), create_graph=True)
+                    fast = {n: p - 0.1 * g for (n, p), g in zip(fast.items(), grads)}
+                meta_loss = meta_loss + torch.nn.functional.mse_loss(functional_call(model, fast, (x_q,)), y_q)
+            meta_loss.backward()
+            meta_optimizer.step()
+    return [p.detach().clone() for p in model.parameters()], w
+
+
+def test_maml_stopped_after_n_iterations_stops_after_n_meta_steps_not_inside_the_inner_loop() -> None:
+    """The watch is told the iterations before the meta backward ever ran: the inner loop is not the iteration,
+    since its meta step's pass has a backward outside the loops inside it."""
+    two_bare, _ = _maml_second_order(2)
+    weights, w = _maml_second_order(6, watched=2)
+    assert all(torch.equal(a, b) for a, b in zip(weights, two_bare))  # as after 2 bare meta steps
+    assert w.healthy and "2 iterations watched, then stopped as asked, 14 backward calls" in str(w), str(w)

@@ -381,13 +381,14 @@ class IterationLoop:
         return links
 
     def _drop_partial_loops(self, frame: types.FrameType | None) -> None:
-        """Drop the innermost link while its frame, or a frame between it and the next link out, has a
-        training call outside it within that link's pass."""
-        while self.chain is not None and len(self.chain) >= 2:
-            inner, outer = self.chain[-1], self.chain[-2]
-            if not self._calls_outside(frame, inner, outer):
+        """Drop the links inside the outermost link whose pass has a training call outside the next link in (in
+        that link's frame, or a frame between them): a pass of a loop inside it is part of an iteration, not one (a
+        critic's inner loop; MAML's inner steps, two loops in from the meta step's backward)."""
+        chain = self.chain or []
+        for index in range(len(chain) - 1):
+            if self._calls_outside(frame, chain[index + 1], chain[index]):
+                self._keep(index + 1)
                 return
-            self._keep(len(self.chain) - 1)
 
     def _calls_outside(self, frame: types.FrameType | None, inner: Link, outer: Link) -> bool:
         seen_inner = False
