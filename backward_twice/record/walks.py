@@ -6,7 +6,8 @@ calls. Whether a node saved tensors (a ``_raw_saved_*`` attribute with data, rea
 version check stays on) is read only when a node is walked again: that is when it matters, and the first walk of
 every node of every iteration stays cheap. From the stamps, :func:`stamp_walk` tells which earlier call's kept
 buffers a call walked (that retain was needed), the first node an earlier call had freed, and the nodes built
-before the call's iteration (and, of those, the frontier: the old nodes a new node points to).
+before the call's iteration (and, of those, the frontier: the old nodes a new node points to). Which calls' walks
+are read at all is :class:`WalkSampling`'s: past the first calls, a plain line's at some calls only.
 
 Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.folds`, :mod:`backward_twice.record.held`
 and :mod:`backward_twice.record.recorder`.
