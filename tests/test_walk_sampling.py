@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from typing import Any
 
 import pytest
 import torch
@@ -85,6 +86,9 @@ def test_an_error_at_a_call_not_read_names_the_call_that_freed_its_buffers_and_t
     assert error.evidence.endswith("through hidden")
     [carried] = verdicts.carried
     assert (carried.iteration, carried.reached_from) == (10, 11) and error.carried  # the carried fix is the error's
+    # the names were not read at pass 11: the failing call's own read names the carrier
+    assert carried.name == "hidden" and "hidden = cell(torch.randn(1, 4), hidden)" in carried.built_at
+    assert "hidden = hidden.detach()" in carried.fix
 
 
 def test_a_line_whose_read_walk_reached_back_is_read_at_every_call_after() -> None:
@@ -164,3 +168,25 @@ def test_every_gallery_loop_is_judged_the_same_with_walks_read_at_some_calls(
             module.run(state, iterations)
         reports.append((str(w), w.to_json()))
     assert reports[0] == reports[1]
+
+
+def test_a_name_rebound_from_itself_is_told_from_one_each_pass_builds_afresh(tmp_path: Any) -> None:
+    from backward_twice.judge.built import rebinds_from_itself
+    from backward_twice.record.names import CodeSite, NamedGraph
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "for x, y in data:\n"
+        "    hidden = cell(x, hidden)\n"
+        "    h, c = lstm(x, (h, c))\n"
+        "    total += loss\n"
+        "    loss = criterion(out, y)\n"
+        "    out = model(x)\n"
+    )
+    site = CodeSite(str(script), 1, "<module>")
+
+    def rebinds(name: str) -> bool:
+        return rebinds_from_itself(NamedGraph(name, site, True, 0, 0))
+
+    assert [rebinds(n) for n in ("hidden", "h", "c", "total")] == [True] * 4
+    assert [rebinds(n) for n in ("loss", "out", "model.hidden")] == [False] * 3

@@ -10,6 +10,7 @@ function the name was found in) that reads the name; :func:`read_first` tells wh
 it assigns it (a name assigned first, ``loss = ...``, brings nothing of an earlier iteration in). :func:`list_use`
 tells a list rebound every iteration (``pred, mems = model(x, mems)``) from one the loss is built from whole
 (``zip(policy.saved_log_probs, returns)``) and from one read by index or slice (``bank[-4:]``).
+:func:`rebinds_from_itself` tells a name each pass assigns from its own earlier value (``hidden = cell(x, hidden)``).
 
 Used by :mod:`backward_twice.judge.notes` and :mod:`backward_twice.judge.verdicts`.
 """
@@ -36,6 +37,7 @@ __all__ = [
     "function_span",
     "list_use",
     "read_first",
+    "rebinds_from_itself",
     "starts_without_a_tensor",
 ]
 
@@ -354,3 +356,26 @@ def function_span(where: CodeSite) -> tuple[str, int, int] | None:
             if first_line in starts:
                 return filename, node.lineno, node.end_lineno or node.lineno
     return None
+
+
+def rebinds_from_itself(named: NamedGraph) -> bool:
+    """Whether the code ``named`` was found in assigns that plain name from an expression that reads it
+    (``hidden = cell(x, hidden)``, ``h, c = lstm(x, (h, c))``, ``total += loss``): a name that carries its own
+    earlier value on, where ``loss = criterion(out, y)`` does not."""
+    span = function_span(named.frame) if named.frame is not None and named.name.isidentifier() else None
+    tree = parsed(span[0]) if span is not None else None
+    if span is None or tree is None:
+        return False
+    first, last = span[1], span[2]
+    for node in ast.walk(tree):
+        if not first <= getattr(node, "lineno", 0) <= last:
+            continue
+        if isinstance(node, ast.AugAssign) and _binds(node.target, {named.name}):
+            return True
+        if (
+            isinstance(node, ast.Assign)
+            and any(_binds(target, {named.name}) for target in node.targets)
+            and any(isinstance(n, ast.Name) and n.id == named.name for n in ast.walk(node.value))
+        ):
+            return True
+    return False

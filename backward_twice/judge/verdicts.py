@@ -25,7 +25,7 @@ import ast
 import dataclasses
 import linecache
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from backward_twice.common.error_kinds import error_kind
 from backward_twice.common.units import format_bytes
@@ -35,6 +35,7 @@ from backward_twice.judge.built import (
     function_span,
     list_use,
     read_first,
+    rebinds_from_itself,
     starts_without_a_tensor,
 )
 from backward_twice.judge.fixes import ERROR_FIXES, carried_fix, second_backward_fix
@@ -240,6 +241,10 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         named = [node for node in candidates if node is not None]
         if not named:  # no new node points to them: the backward starts in the old graph (``states[-2][1]``)
             named = [recorder.names[seq] for seq in sorted(old, reverse=True)[:1] if seq in recorder.names]
+        if not named and through is not None and recorder.error is not None and recorder.error.call == call.index:
+            # the names were not read at this pass (only at some): the failing call's own read found the name it
+            # reached them through, one each pass assigns from itself (``hidden = cell(x, hidden)``)
+            named = [replace(through, sequence=max(top or old))] if rebinds_from_itself(through) else []
         for node in named:  # a later iteration's node at the same place is this one's twin (read after the loop
             for place in _places(split, node.sequence, first):  # rebound the name that held it)
                 twins.setdefault(place, node)
