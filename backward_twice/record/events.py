@@ -8,6 +8,7 @@ Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.folds
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["EventKey", "IterationEnd", "StepEvent"]
 
@@ -26,12 +27,12 @@ class IterationEnd:
     iteration: int
 
 
-@dataclass(frozen=True, slots=True)
-class StepEvent:
+class StepEvent(NamedTuple):
     """An optimizer step the recorder saw: the optimizer's id, the engine's sequence counter then, how many
     backward calls came before it, the learner's line that called ``step()``, which step of its optimizer it is
     (1-based: a long run's folded steps, :mod:`backward_twice.record.folds`, leave gaps), and the recorder's sighting
-    there when the steps split the run (-1: a loop of the learner's did)."""
+    there when the steps split the run (-1: a loop of the learner's did). A named tuple: one is made at every step,
+    and a tuple is made faster than a frozen dataclass."""
 
     optimizer: int
     sequence: int

@@ -135,19 +135,19 @@ class CallLog:
 
     def __init__(self) -> None:
         self._kept: dict[int, CallRecord] = {}
-        self._count = 0
+        self.count = 0  # every call so far, kept or folded: what ``len`` gives
         self.folds: list[Fold] = []
         self.retains: dict[Site, RetainTally] = {}  # the folded calls' retains, by line
         self._needed_late: set[int] = set()  # folded calls a later call needed
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def __iter__(self) -> Iterator[CallRecord]:
         return iter(self._kept.values())
 
     def __getitem__(self, index: int) -> CallRecord:
-        found = self.get(index + self._count if index < 0 else index)
+        found = self.get(index + self.count if index < 0 else index)
         if found is None:
             raise IndexError(index)
         return found
@@ -158,7 +158,7 @@ class CallLog:
 
     def append(self, call: CallRecord) -> None:
         self._kept[call.index] = call
-        self._count = call.index + 1
+        self.count = call.index + 1
 
     def record(self, index: int) -> CallRecord | None:
         """The call's record, if it was kept (not folded)."""

@@ -52,13 +52,17 @@ class Growth:
     newest_bytes: int = 0  # the graph-only bytes of the newest graph when the count last grew
 
 
-def held_graph(node: Node, sighting: int, holder: str, key: str) -> HeldGraph:
+def held_graph(node: Node, sighting: int, holder: str, key: str, reached: list[Node] | None = None) -> HeldGraph:
     """The graph under ``node`` as held at a sighting: its graph-only bytes (the buffers a recorder stamping under
-    ``key`` saw kept) and the earliest node it reaches."""
-    reached = python_walk([node])
+    ``key`` saw kept) and the earliest node it reaches (``reached``: its nodes, if walked already)."""
+    reached = python_walk([node]) if reached is None else reached
     alive = [n for n in reached if kept(n, key)]
-    earliest = min((n._sequence_nr() for n in reached), default=node._sequence_nr())
-    return HeldGraph(sighting, graph_only_bytes(alive), holder, earliest)
+    return HeldGraph(sighting, graph_only_bytes(alive), holder, earliest(node, reached))
+
+
+def earliest(node: Node, reached: list[Node]) -> int:
+    """The sequence number of the earliest node of ``reached``, the graph under ``node``."""
+    return min((n._sequence_nr() for n in reached), default=node._sequence_nr())
 
 
 def note_growth(growth: dict[str, Growth], held_under: dict[str, set[int]], nodes: dict[int, Node], key: str) -> None:
@@ -180,9 +184,9 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
             and sequence not in recorder.held_from
             and followed < _HELD_PER_NAME
         ):
-            graph = held_graph(node, sighting, holder, recorder.key)
-            if held_in or (built_before is not None and graph.earliest < built_before):
-                recorder.held_from[sequence] = graph
+            reached = python_walk([node])  # its bytes are counted only for a graph held into the pass
+            if held_in or (built_before is not None and earliest(node, reached) < built_before):
+                recorder.held_from[sequence] = held_graph(node, sighting, holder, recorder.key, reached)
                 recorder.held_per_name[holder] = followed + 1
     if held_under and built_before is not None:  # read inside the pass: what it built is not held into it
         held_under = {name: {s for s in held if s < built_before} for name, held in held_under.items()}

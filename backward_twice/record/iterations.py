@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from backward_twice.record.folds import CallLog, StepFolder
     from backward_twice.record.passes import IterationLoop, PassStart
 
-__all__ = ["Recording", "Split", "closing_optimizer", "split_iterations"]
+__all__ = ["Recording", "Split", "closing_optimizer", "iteration_start", "split_iterations"]
 
 
 class Recording(Protocol):
@@ -179,3 +179,13 @@ def _at_events(recorder: Recording, how: str, ends: list[tuple[IterationEnd, Eve
     """The split by rule ``how`` with these ends, each with the event that made it (and the names read there)."""
     sightings = tuple(recorder.event_sightings.get(event, len(recorder.sightings)) for _, event in ends)
     return Split(how, tuple(end for end, _ in ends), recorder.start, sightings)
+
+
+def iteration_start(recording: Recording) -> int:
+    """The sequence counter where the current iteration started, without a loop's passes: the last event that may
+    end an iteration (an optimizer step, a mark, or, while there is neither, the end of the last call)."""
+    calls = recording.calls
+    previous = calls.get(len(calls) - 2)
+    step = recording.steps[-1].sequence if recording.steps else 0
+    mark = recording.marks[-1].sequence if recording.marks else 0
+    return max(recording.start, step, mark, previous.end if previous is not None else 0)

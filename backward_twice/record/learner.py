@@ -65,6 +65,10 @@ __all__ = [
 
 
 _TOOL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # backward_twice/
+_SITES_PER_CODE = 4096  # a code's sites kept by instruction: its events' lines, bounded
+# what LearnersCode knows of one code: the code, whether it is the learner's, whether it is a compiler's, and the
+# learner's (file, line) and "file:line: code" at each instruction an event was seen at
+_Known = tuple[types.CodeType, bool, bool, dict[int, tuple[tuple[str, int], str]]]
 _ALSO_SKIPPED: list[str] = []
 
 
@@ -103,11 +107,11 @@ class LearnersCode:
     def __init__(self, skipped: tuple[str, ...]) -> None:
         self.skipped = skipped
         # by id(code), the code kept beside: a code object hashes its whole bytecode at each lookup
-        self._known: dict[int, tuple[types.CodeType, bool, bool]] = {}  # -> (code, the learner's, a compiler's)
+        self._known: dict[int, _Known] = {}  # -> (code, the learner's, a compiler's, its sites by f_lasti)
 
-    def _read(self, code: types.CodeType) -> tuple[types.CodeType, bool, bool]:
+    def _read(self, code: types.CodeType) -> _Known:
         compiler = any(part in code.co_filename for part in _COMPILERS)
-        known = self._known[id(code)] = (code, _learners_file(code.co_filename, self.skipped), compiler)
+        known = self._known[id(code)] = (code, _learners_file(code.co_filename, self.skipped), compiler, {})
         return known
 
     def file(self, filename: str) -> bool:
@@ -122,12 +126,13 @@ class LearnersCode:
 
     def site(
         self, frame: types.FrameType | None, lines: dict[tuple[str, int], str]
-    ) -> tuple[tuple[str, int], str, bool]:
+    ) -> tuple[tuple[str, int], str, bool, types.FrameType | None]:
         """(file, line) and "file:line: code" of the first of the learner's frames from ``frame`` out, as
-        :func:`learner_line` gives it (``lines`` the same cache), and whether a frame of torch's compilers lies
-        before it (aot_autograd tracing a compiled backward with ``autograd.grad``: a call that is not the loop's).
-        One walk and one read of the line number (on a module's frame, a read scans its line table); without a frame
-        of the learner's: (("", 0), "(no source line outside torch)", ...)."""
+        :func:`learner_line` gives it (``lines`` the same cache), whether a frame of torch's compilers lies before it
+        (aot_autograd tracing a compiled backward with ``autograd.grad``: a call that is not the loop's), and that
+        frame. One walk; the line is read once per instruction of each code (on a module's frame a read of
+        ``f_lineno`` scans its line table: a long script's loop would pay for its length at every event). Without a
+        frame of the learner's: (("", 0), "(no source line outside torch)", ..., None)."""
         known_codes, compiled = self._known, False
         while frame is not None:
             code = frame.f_code
@@ -135,14 +140,20 @@ class LearnersCode:
             if known is None or known[0] is not code:
                 known = self._read(code)
             if known[1]:
-                site = (code.co_filename, frame.f_lineno)
-                line = lines.get(site)
-                if line is None:
-                    line = lines[site] = learner_line_at(*site)
-                return site, line, compiled
+                sites, lasti = known[3], frame.f_lasti
+                found = sites.get(lasti)
+                if found is None:
+                    site = (code.co_filename, frame.f_lineno)
+                    line = lines.get(site)
+                    if line is None:
+                        line = lines[site] = learner_line_at(*site)
+                    if len(sites) < _SITES_PER_CODE:
+                        sites[lasti] = found = (site, line)
+                    return site, line, compiled, frame
+                return found[0], found[1], compiled, frame
             compiled = compiled or known[2]
             frame = frame.f_back
-        return ("", 0), "(no source line outside torch)", compiled
+        return ("", 0), "(no source line outside torch)", compiled, None
 
 
 def learners_code(skipped: tuple[str, ...]) -> LearnersCode:

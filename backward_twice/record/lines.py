@@ -60,6 +60,7 @@ __all__ = ["LineTracer", "PassSeen"]
 
 _MAX_ENTRIES = 1_000_000  # past it, the older half goes: those nodes' lines become unknown
 _MAX_KEPT = 100_000  # calls that built nodes, and lines that ran: past it, the older half of the calls goes
+_COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
 _QUIET_CALLS = 3  # a function that returned this often in a row without building a node is not traced again
 _ACTIVE: weakref.WeakSet[LineTracer] = weakref.WeakSet()
 # Up to 3.11 setting the trace function flips a flag; from 3.12 it re-instruments every code object run after it
@@ -196,6 +197,8 @@ class LineTracer:
                 return None
             self._headers_of(code)  # keeps the code alive while its id keys _quiet and _builders
             self._entered[id(frame)] = self.counter()
+            if code.co_name in _COMPREHENSIONS:  # its lines are its statement's, logged as that ran: a line event
+                frame.f_trace_lines = False  # per item would cost a call each (a Dataset's list of 64 values)
             return self._local
         except Exception as error:
             self._failed("the line tracer", error)

@@ -330,12 +330,14 @@ _tensor_keys: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, tuple[str, .
 
 @dataclass(slots=True)
 class _Tree:
-    """A module's submodules worth looking into (a tensor, tuple or None attribute, or a buffer), with their
-    spelling below it: read again when the module's own attributes or children change, or every 64 reads."""
+    """A module's submodules worth looking into (a tensor, tuple or None attribute, or a buffer), and all of them
+    (for their parameters), with their spelling below it: read again when the module's own attributes or children
+    change, or every 64 reads."""
 
     token: tuple[int, int]
     reads: int
     entries: list[tuple[str, torch.nn.Module]]
+    modules: list[tuple[str, torch.nn.Module]]  # every submodule, for their parameters
 
 
 _trees: weakref.WeakKeyDictionary[torch.nn.Module, _Tree] = weakref.WeakKeyDictionary()
@@ -357,14 +359,16 @@ def _keys(module: torch.nn.Module) -> tuple[str, ...]:
     return cached[1]
 
 
-def _tree(root: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+def _tree(root: torch.nn.Module) -> _Tree:
     token = (len(root.__dict__), len(root._modules))
     tree = _trees.get(root)
     if tree is None or tree.token != token or tree.reads % 64 == 63:
         entries: list[tuple[str, torch.nn.Module]] = []
+        modules: list[tuple[str, torch.nn.Module]] = []
         stack: list[tuple[str, torch.nn.Module, int]] = [("", root, 0)]
         while stack:
             suffix, module, depth = stack.pop()
+            modules.append((suffix, module))
             if _keys(module) or module._buffers:
                 entries.append((suffix, module))
             if depth < 8:
@@ -373,9 +377,9 @@ def _tree(root: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
                     for key, child in reversed(module._modules.items())
                     if child is not None
                 )
-        tree = _trees[root] = _Tree(token, 0, entries)
+        tree = _trees[root] = _Tree(token, 0, entries, modules)
     tree.reads += 1
-    return tree.entries
+    return tree
 
 
 def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
@@ -383,7 +387,8 @@ def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
     REINFORCE's ``self.saved_log_probs``), buffers and parameters (an EMA's weights updated in place outside
     ``torch.no_grad()``) with a graph, and its
     submodules' (only those that have any: the tree is read once and again when it changes, not at every look)."""
-    for suffix, module in _tree(root):
+    tree = _tree(root)
+    for suffix, module in tree.entries:
         attributes = module.__dict__
         for key in _keys(module):
             item = attributes.get(key)
@@ -397,6 +402,7 @@ def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
         for key, item in module._buffers.items():
             if item is not None:
                 _graph_of(f"{prefix}{suffix}.{key}", item, None, found)
-    for key, parameter in root.named_parameters():
-        if parameter.grad_fn is not None:  # an in-place update outside torch.no_grad() (an EMA's weights)
-            _graph_of(f"{prefix}.{key}", parameter, "parameter", found)
+    for suffix, module in tree.modules:  # their own dicts, read now: a parameter replaced since is the new one
+        for key, parameter in module._parameters.items():
+            if parameter is not None and parameter.grad_fn is not None:  # an in-place update outside
+                _graph_of(f"{prefix}{suffix}.{key}", parameter, "parameter", found)  # torch.no_grad() (an EMA)

@@ -184,13 +184,15 @@ class IterationLoop:
         tracer: LineTracer,
         calls: int,
         since: int,
+        line: int = 0,
     ) -> bool:
-        """An event (a backward call, an optimizer step) ran in ``frame``: narrow the chain to the loops it lies in;
-        unless the tracer follows the passes, tell whether a chain loop began a new pass (dated ``since``: the end
-        of the previous event). True when the iteration's loop did: this is the first event of a new iteration."""
+        """An event (a backward call, an optimizer step) ran in ``frame`` (at ``line``, if known: then ``frame`` is
+        the learner's): narrow the chain to the loops it lies in; unless the tracer follows the passes, tell whether a
+        chain loop began a new pass (dated ``since``: the end of the previous event). True when the iteration's loop
+        did: this is the first event of a new iteration."""
         if self.unusable is not None:
             return False
-        settled = self._settled(frame, boundary, calls, since, tracer.active)
+        settled = self._settled(frame, boundary, calls, since, tracer.active, line)
         if settled is not None:
             return settled
         path = self._path(frame, boundary, boundary_line)
@@ -223,7 +225,13 @@ class IterationLoop:
         return self._new_passes(path, self._lines_inward(frame, boundary), calls, since, following=tracer.active)
 
     def _settled(
-        self, frame: types.FrameType | None, boundary: types.FrameType | None, calls: int, since: int, following: bool
+        self,
+        frame: types.FrameType | None,
+        boundary: types.FrameType | None,
+        calls: int,
+        since: int,
+        following: bool,
+        line: int = 0,
     ) -> bool | None:
         """Once the tracer stopped following the loop (past its second pass), an event in the iteration loop's own
         frame is read the short way: only that loop's marker (None: the long way, for an event elsewhere). With no
@@ -238,7 +246,8 @@ class IterationLoop:
             found = found.f_back
         if found is None or found.f_code is not code:
             return None
-        line = found.f_lineno  # read once: on a module's frame it scans its line table
+        if found is not frame or not line:
+            line = found.f_lineno  # read once: on a module's frame it scans its line table
         loop = inner.loop
         if not loop.body_first <= line <= loop.body_last:  # loop.holds(line), without a call
             return None
@@ -253,7 +262,14 @@ class IterationLoop:
             self._markers[key] = (id(found), bound, ())
             if last is None or (last[0] == id(found) and _same(last[1], bound)):
                 return False
-            self._append_after(key, loop, last, (id(found), bound), PassStart(since, calls))
+            passes = self.passes.get(key)
+            if not passes:
+                self._append_after(key, loop, last, (id(found), bound), PassStart(since, calls))
+                return True
+            number = passes[-1].number + 1  # _append_after's work inline, as this runs at every iteration
+            if last[0] == id(found) and loop.counter >= 0:
+                number += _skipped(loop, last[1], bound)
+            passes.append(PassStart(since, calls, -1, number))
             return True
         inward = [(id(found), line)]
         between = []  # the learner's frames from the loop's in to the event's

@@ -12,8 +12,8 @@
   ... (a line builds a graph of the same size each time, and the count walks it);
 * iterations: the passes of the learner's own loop (:mod:`.passes`: the line tracer of :mod:`.lines` for the first
   passes, then their first events); without one, the evidence (:mod:`.iterations`). Which iteration built a node
-  comes from its ``_sequence_nr()`` against the engine's counter read at each pass start;
-  a backward call torch.compile makes while it traces is none of the loop's;
+  comes from its ``_sequence_nr()`` against the engine's counter at each pass start (torch.compile's own calls are
+  none of the loop's);
 * the names that hold tensors with a graph at the start of iterations 1 to 4, then of the 8th, 16th, ... (the
   learner's frames, their globals, attributes of the modules and objects they hold, items of lists, tuples and
   dicts), so a verdict names the learner's own variable and the line that assigned it;
@@ -52,11 +52,12 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
+from backward_twice.record import walks
 from backward_twice.record.events import EventKey, IterationEnd, StepEvent
 from backward_twice.record.evidence import ErrorRecord, explain
 from backward_twice.record.folds import CallLog, Folder, StepFolder, steps_kept
 from backward_twice.record.held import Growth, HeldGraph, event_names, note_names
-from backward_twice.record.iterations import split_iterations
+from backward_twice.record.iterations import iteration_start, split_iterations
 from backward_twice.record.learner import first_line, intercepting, learners_code, raised_at, skipped_dirs
 from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop
@@ -68,6 +69,7 @@ from backward_twice.record.walks import SECOND_TIME, CallRecord, WalkSampling, r
 
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
 
+_sequence_nr = torch._C._autograd._get_sequence_nr  # the engine's node counter: read at every event
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
 
 
@@ -285,14 +287,14 @@ class Recorder:
         self.stopped, self.stop_pass = True, PassStart(sequence, len(self.calls), len(self.sightings), number)
         return StopRecording(self.iterations)
 
-    def _saw_event(self, frame: types.FrameType, may_stop: bool = True) -> list[PassStart]:
-        """An event ran in ``frame``. ``may_stop``: it is a backward call, before it runs (a step is not stopped
-        inside). Returns the iteration loop's passes (none: no loop splits the run)."""
+    def _saw_event(self, frame: types.FrameType, may_stop: bool = True, line: int = 0) -> list[PassStart]:
+        """An event ran in ``frame`` (at ``line``, if known). ``may_stop``: a backward call, before it runs (a step is
+        not stopped inside). Returns the iteration loop's passes (none: no loop splits the run)."""
         if self.by_runs:
             return []
         known = self.loop.chain is not None
         began = self.loop.saw_event(
-            frame, self.boundary, self._boundary_line, self.creation, len(self.calls), self._last_event_end
+            frame, self.boundary, self._boundary_line, self.creation, self.calls.count, self._last_event_end, line
         )
         passes = self.loop.iteration_passes()
         if not passes:
@@ -354,11 +356,11 @@ class Recorder:
 
     def _after_step(self, optimizer: torch.optim.Optimizer, caller: types.FrameType) -> None:
         line = self.is_learners.site(caller, self._lines)[1]
-        self._last_event_end = torch._C._autograd._get_sequence_nr()
+        self._last_event_end = _sequence_nr()
         number = self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
         by_steps = not self.loop.iteration_passes()  # split by steps, without a loop: where each one ended
         sighting = len(self.sightings) if by_steps else -1
-        self.steps.append(StepEvent(id(optimizer), self._last_event_end, len(self.calls), line, number, sighting))
+        self.steps.append(StepEvent(id(optimizer), self._last_event_end, self.calls.count, line, number, sighting))
         self._first_steps.setdefault(id(optimizer), self._events)
         self._events += 1
         if self.creation.active or by_steps or self.loop.told_by_lines():  # else settled: the backward calls tell
@@ -394,7 +396,7 @@ class Recorder:
             return engine(outputs, *args, **kwargs)
         if prepared is None:  # torch.compile tracing its backward: not the loop's
             return engine(outputs, *args, **kwargs)
-        call, walked, handle, args, unread = prepared
+        call, walked, handle, args, boundary = prepared
         self._depth += 1
         threaded = handle is not None and torch._C._is_multithreading_enabled()
         if handle is not None:  # the engine lists what it walks only on the calling thread
@@ -403,8 +405,8 @@ class Recorder:
             result = engine(outputs, *args, **kwargs)
         except Exception as exc:
             try:
-                if unread is not None:  # a call whose walk was not read: the error's evidence reads it now
-                    unread()
+                if not call.read:  # a call whose walk was not read: the error's evidence reads it now
+                    walks.walk_now(outputs, self._reader(call, walked, boundary))
                 call.error = first_line(exc, 400)
                 if self.error is None:
                     self.error = explain(self, exc, call, walked, caller)
@@ -417,15 +419,15 @@ class Recorder:
             if handle is not None:
                 torch._C._set_multithreading_enabled(threaded)
                 handle.remove()
-            call.end = self._last_event_end = torch._C._autograd._get_sequence_nr()
+            call.end = self._last_event_end = _sequence_nr()
         try:
             if call.retain_graph or call.create_graph:  # without a retain the engine freed all it walked
                 count = self._retains_at[call.site] = self._retains_at.get(call.site, 0) + 1
                 if count <= 4 or count & (count - 1) == 0:  # a line's graph is the same size each time
                     with self.creation.untraced:  # only around the calls: a pause costs two
                         call.held_after_bytes = graph_only_bytes([n for n in walked if stamped(n, self.key)])
-            walked.clear()  # the recorder holds no node between calls
-            if unread is None:
+            if call.read:
+                walked.clear()  # the recorder holds no node between calls
                 self.sampling.walked(call)
             if not self.steps and not self.marks:
                 self.event_sightings[("call", call.index)] = len(self.sightings)
@@ -437,44 +439,50 @@ class Recorder:
 
     def _before_backward(
         self, outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any], caller: types.FrameType
-    ) -> tuple[CallRecord, list[Node], Any, tuple[Any, ...], Callable[[], None] | None] | None:
-        site, line, compiled = self.is_learners.site(caller, self._lines)
+    ) -> tuple[CallRecord, list[Node], Any, tuple[Any, ...], int] | None:
+        site, line, compiled, learners = self.is_learners.site(caller, self._lines)
         if compiled:
             return None
-        passes = self._saw_event(caller)
+        passes = self._saw_event(caller if learners is None else learners, line=site[1])
         if self.iterations is not None and not inside_a_step(caller):  # never stopped half-way through a step
             self._maybe_stop_without_a_loop(site)
-        call = record_of(len(self.calls), site, line, args, kwargs, self._events)
+        call = record_of(self.calls.count, site, line, args, kwargs, self._events)
         self.calls.append(call)
         if self._first_site is None:
             self._first_site = site
         if site == self._first_site:
             self._first_line_calls += 1
         walked: list[Node] = []
-        boundary = self._iteration_start(passes)
-        as_written: list[bool] = []
+        boundary = passes[-1].sequence if passes else iteration_start(self)
+        every = self.keep_buffers or self.on_leaf is not None or self.creation.active
+        handle = None
+        if self.sampling.due(call, every, boundary):
+            handle = walks.read_walk(outputs, self._reader(call, walked, boundary))
+        if self.keep_buffers:  # torch passes (grad_tensors, keep_graph, create_graph, inputs, ...) by position
+            args = (args[0], True, *args[2:]) if len(args) > 1 else args
+        return call, walked, handle, args, boundary
+
+    def _reader(self, call: CallRecord, walked: list[Node], boundary: int) -> Callable[[list[Node]], None]:
+        """What reads ``call``'s walk into ``walked`` and stamps its nodes (keep_buffers: raises where it would)."""
 
         def look(order: list[Node]) -> None:
             if self.off:
                 return
+            second = False
             try:
                 walked.extend(order)
                 stamp = (self.key, self.calls, call, order, boundary, self.on_leaf, self.keep_buffers)
                 if self.creation.active:  # a pause costs two calls: only while the tracer is on (the first passes)
                     with self.creation.untraced:
-                        as_written.append(stamp_walk(*stamp))
+                        second = stamp_walk(*stamp)
                 else:
-                    as_written.append(stamp_walk(*stamp))
+                    second = stamp_walk(*stamp)
             except Exception as error:
                 self._fail("reading what a backward walks", error)
-            if as_written and as_written[-1]:
+            if second:
                 raise RuntimeError(SECOND_TIME)  # keep_buffers: where the step as written raises
 
-        every = self.keep_buffers or self.on_leaf is not None or self.creation.active
-        handle, unread = self.sampling.read(call, outputs, look, every, boundary)
-        if self.keep_buffers:  # torch passes (grad_tensors, keep_graph, create_graph, inputs, ...) by position
-            args = (args[0], True, *args[2:]) if len(args) > 1 else args
-        return call, walked, handle, args, unread
+        return look
 
     def _maybe_stop_without_a_loop(self, site: tuple[str, int]) -> None:
         """Without a loop of the learner's, iteration N+1 is stopped at its first backward call, before it runs."""
@@ -488,13 +496,3 @@ class Recorder:
         if ended >= self.iterations:
             self.stopped = True
             raise StopRecording(self.iterations)
-
-    def _iteration_start(self, passes: list[PassStart]) -> int:
-        """The sequence counter where the current iteration started: the last of its loop's ``passes``; without
-        one, the last event that may end an iteration (an optimizer step, a mark, or, while there is neither, the
-        end of the last call)."""
-        if passes:
-            return passes[-1].sequence
-        previous = self.calls.get(len(self.calls) - 2)
-        step, mark = self.steps[-1].sequence if self.steps else 0, self.marks[-1].sequence if self.marks else 0
-        return max(self.start, step, mark, previous.end if previous is not None else 0)

@@ -45,6 +45,7 @@ SECOND_TIME = (  # PyTorch's own message, raised with keep_buffers where the cod
     "or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time "
     "or if you need to access saved tensors after calling backward."
 )
+_sequence_nr = torch._C._autograd._get_sequence_nr  # the engine's node counter
 _LEAF_SEQ = 2**63  # AccumulateGrad nodes carry 2**64 - 1
 
 
@@ -104,7 +105,7 @@ def record_of(
     create = bool(args[2]) if len(args) > 2 else bool(kwargs.get("create_graph", False))
     inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
     function = "backward" if kwargs.get("accumulate_grad", True) else "grad"
-    sequence = torch._C._autograd._get_sequence_nr()
+    sequence = _sequence_nr()
     return CallRecord(
         index, site, line, function, keep, create, 0 if inputs is None else len(inputs), sequence, event=event
     )
@@ -257,19 +258,16 @@ class WalkSampling:
         self._built: dict[tuple[str, int], int] = {}  # a line -> the nodes built in the iteration before its last read
         self.retained = False
 
-    def read(
-        self, call: CallRecord, outputs: Any, look: Callable[[list[Node]], None], every: bool, boundary: int
-    ) -> tuple[Any, Callable[[], None] | None]:
-        """Give ``look`` the walk of ``call`` from ``outputs`` if it is read (``every``: read every call, as while
-        the line tracer follows the loop's passes; ``boundary``: the node counter where its iteration started):
-        :func:`read_walk`'s handle, and None. A call not read: None, and a function that walks its graph after it
-        raised."""
+    def due(self, call: CallRecord, every: bool, boundary: int) -> bool:
+        """Whether ``call``'s walk is read (``every``: read every call, as while the line tracer follows the loop's
+        passes; ``boundary``: the node counter where its iteration started). A call not read is marked so: if it
+        raises, its graph is walked then, with :func:`walk_now`."""
         built = call.start - boundary
         if self._due(call, built) or every:
             self._built[call.site] = built
-            return read_walk(outputs, look), None
+            return True
         call.read = False
-        return None, lambda: walk_now(outputs, look)
+        return False
 
     def _due(self, call: CallRecord, built: int) -> bool:
         if call.retain_graph or call.create_graph:
