@@ -12,7 +12,8 @@ nothing of it is named ``helpers``. It ends as Python would:
   traceback's last lines (a note on the exception), status 1; ``--no-traceback`` prints the diagnosis alone;
 * ``sys.exit(code)``, argparse's ``--help``: the diagnosis of what ran, then Python's status (0, the code, or 1 with
   the message on stderr); Ctrl-C: Python's ``KeyboardInterrupt`` traceback and status 130;
-* a ``SyntaxError`` in the script: Python's message and status 1, before anything runs.
+* a ``SyntaxError`` in the script: Python's message and status 1, before anything runs (the script is compiled once,
+  for that check and for its run).
 
 Bad input (no such script, ``--iterations 0``, a ``--json`` folder that does not exist or cannot be written) is
 refused with one line on stderr and status 2, before the script runs. ``--json PATH`` (resolved against the folder
@@ -31,10 +32,16 @@ import runpy
 import shlex
 import sys
 import traceback
+import types
 from collections.abc import Sequence
 
 from backward_twice.report.rendering import render_text
 from backward_twice.watcher import Watch, dump_json
+
+# runpy.run_path's own step for a file's code: the script, compiled once to check its syntax, is not compiled again
+# (a second compile costs as much as the check), and ``__package__`` is None as under ``python SCRIPT`` (run_path
+# gives ""). Private to runpy: without it, run_path compiles it again.
+_RUN_MODULE_CODE = getattr(runpy, "_run_module_code", None)
 
 __all__ = ["main"]
 
@@ -109,14 +116,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _refuse(problem)
     try:
         with open(script, "rb") as file:
-            compile(file.read(), script, "exec")
+            code = compile(file.read(), script, "exec")
     except SyntaxError as error:  # as python reports it, before anything runs
         print("".join(traceback.format_exception_only(type(error), error)), end="", file=sys.stderr)
         return 1
-    return _run(options, os.path.abspath(options.script), report_path)
+    target = os.path.abspath(options.script)
+    return _run(options, target, report_path, code if script == target else None)
 
 
-def _run(options: argparse.Namespace, target: str, report_path: str | None) -> int:
+def _run(options: argparse.Namespace, target: str, report_path: str | None, compiled: types.CodeType | None) -> int:
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [target, *options.args]
     sys.path[0:1] = [target if os.path.isdir(target) else os.path.dirname(target)]  # what `python SCRIPT` puts first
@@ -124,7 +132,10 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None) -> i
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
     try:
         with watcher:
-            runpy.run_path(target, run_name="__main__")
+            if compiled is not None and _RUN_MODULE_CODE is not None:  # run_path's step for a file, compiled once
+                _RUN_MODULE_CODE(compiled, None, "__main__", pkg_name=None, script_name=target)
+            else:
+                runpy.run_path(target, run_name="__main__")
     except SystemExit as exit_:
         code = exit_.code
         if code is not None and not isinstance(code, int):

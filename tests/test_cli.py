@@ -279,3 +279,49 @@ def test_state_kept_on_an_object_of_a_learners_own_helpers_package_is_named(tmp_
     done = _run(tmp_path, "watch", "--no-traceback", "train.py")
     assert done.returncode == 1, done.stderr
     assert "1. `state.h` carries iteration 1's graph into iteration 2" in done.stdout, done.stdout
+
+
+WHERE_AM_I = """
+import json
+import sys
+
+import torch
+
+main = sys.modules["__main__"]
+print(json.dumps([__name__, __file__, sys.argv, main.__file__, main.__dict__ is globals(), __package__, __spec__]))
+weight = torch.ones(2, requires_grad=True)
+for _ in range(2):
+    (weight * 3).sum().backward()
+"""
+
+
+@pytest.mark.parametrize("private_step", [True, False])
+def test_the_script_is_compiled_once_and_runs_as_python_runs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], private_step: bool
+) -> None:
+    """The truth: ``python script.py`` on the same file. Compiled once when runpy has its private step for a file's
+    code; without it (a Python that lacks it), runpy.run_path runs the script as before."""
+    from backward_twice import cli
+
+    script = tmp_path / "where.py"
+    script.write_text(WHERE_AM_I)
+    python = subprocess.run([sys.executable, str(script), "x"], capture_output=True, text=True, timeout=240)
+    compiled: list[str] = []
+    real_compile = compile
+
+    def counting(source, filename, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if filename == str(script):
+            compiled.append(filename)
+        return real_compile(source, filename, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.compile", counting)
+    if not private_step:
+        monkeypatch.setattr(cli, "_RUN_MODULE_CODE", None)
+    assert cli.main(["watch", str(script), "x"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    seen, truth = json.loads(printed[0]), json.loads(python.stdout.splitlines()[0])
+    if not private_step:
+        truth[5] = ""  # run_path's __package__; python's is None
+    assert seen == truth  # name, file, argv, the __main__ module, package and spec as python's
+    assert printed[1].startswith("backward-twice: healthy (2 iterations watched,"), printed
+    assert len(compiled) == (1 if private_step else 2)
