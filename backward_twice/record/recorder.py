@@ -355,17 +355,17 @@ class Recorder:
             self._fail("after an optimizer step", error)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, caller: types.FrameType) -> None:
-        line = self.is_learners.site(caller, self._lines)[1]
-        self._last_event_end = _sequence_nr()
-        number = self._step_counts[id(optimizer)] = self._step_counts.get(id(optimizer), 0) + 1
-        by_steps = not self.loop.iteration_passes()  # split by steps, without a loop: where each one ended
-        sighting = len(self.sightings) if by_steps else -1
-        self.steps.append(StepEvent(id(optimizer), self._last_event_end, self.calls.count, line, number, sighting))
-        self._first_steps.setdefault(id(optimizer), self._events)
+        line, key, loop = self.is_learners.site(caller, self._lines)[1], id(optimizer), self.loop
+        end = self._last_event_end = _sequence_nr()
+        number = self._step_counts[key] = self._step_counts.get(key, 0) + 1
+        by_steps = not loop.iteration_passes()  # split by steps, without a loop: where each one ended
+        self.steps.append(StepEvent(key, end, self.calls.count, line, number, len(self.sightings) if by_steps else -1))
+        if key not in self._first_steps:
+            self._first_steps[key] = self._events
         self._events += 1
-        if self.creation.active or by_steps or self.loop.told_by_lines():  # else settled: the backward calls tell
+        if by_steps or self.creation.active or loop.told_by_lines():  # else settled: the backward calls tell
             self._saw_event(caller, may_stop=False)  # passes by what the loop's ``for`` binds
-        if by_steps or self.loop.unusable is not None:  # else at the loop's passes' starts instead
+        if by_steps or loop.unusable is not None:  # else at the loop's passes' starts instead
             event_names(self, caller)
         if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
             read, first = len(self.sightings), self._first_steps

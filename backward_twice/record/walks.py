@@ -101,14 +101,13 @@ def record_of(
     """The record of call ``index`` at the learner's ``site`` (``line``) from what the engine entry was given:
     ``args`` (grad_tensors, keep_graph, create_graph, inputs, ...) and ``kwargs`` (``accumulate_grad``: False for
     ``torch.autograd.grad``), ``event`` the optimizer steps and marks so far; it begins at the node counter now."""
-    keep = bool(args[1]) if len(args) > 1 else bool(kwargs.get("keep_graph", False))
-    create = bool(args[2]) if len(args) > 2 else bool(kwargs.get("create_graph", False))
-    inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
+    given = len(args)
+    keep = bool(args[1]) if given > 1 else bool(kwargs.get("keep_graph", False))
+    create = bool(args[2]) if given > 2 else bool(kwargs.get("create_graph", False))
+    inputs = args[3] if given > 3 else kwargs.get("inputs", ())
     function = "backward" if kwargs.get("accumulate_grad", True) else "grad"
-    sequence = _sequence_nr()
-    return CallRecord(
-        index, site, line, function, keep, create, 0 if inputs is None else len(inputs), sequence, event=event
-    )
+    count = 0 if inputs is None else len(inputs)
+    return CallRecord(index, site, line, function, keep, create, count, _sequence_nr(), 0, event)
 
 
 # A walked node's stamp in its ``metadata`` (under a recorder's key): (the last call that walked it, whether that call
