@@ -182,6 +182,11 @@ def test_a_name_rebound_from_itself_is_told_from_one_each_pass_builds_afresh(tmp
         "    total += loss\n"
         "    loss = criterion(out, y)\n"
         "    out = model(x)\n"
+        "    self.hidden = self.rnn(x, self.hidden)\n"
+        "    state[0] = cell(x, state[0])\n"
+        "    buffers['h'], *rest = step(buffers['h'])\n"
+        "    self.memory = self.encoder(x)\n"
+        "    state[1] = cell(x, state[0])\n"
     )
     site = CodeSite(str(script), 1, "<module>")
 
@@ -189,4 +194,43 @@ def test_a_name_rebound_from_itself_is_told_from_one_each_pass_builds_afresh(tmp
         return rebinds_from_itself(NamedGraph(name, site, True, 0, 0))
 
     assert [rebinds(n) for n in ("hidden", "h", "c", "total")] == [True] * 4
-    assert [rebinds(n) for n in ("loss", "out", "model.hidden")] == [False] * 3
+    assert [rebinds(n) for n in ("self.hidden", "state[0]", "buffers['h']")] == [True] * 3
+    assert [rebinds(n) for n in ("loss", "out", "model.hidden", "self.memory", "state[1]", "hidden.data")] == [
+        False
+    ] * 6
+
+
+class _Trainer:
+    """The late carry kept on an object: ``self.hidden``, detached in the first ``detached`` passes only."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.cell = torch.nn.RNNCell(4, 8)
+        self.optimizer = torch.optim.SGD(self.cell.parameters(), lr=0.1)
+        self.hidden = torch.zeros(1, 8)
+
+    def train(self, watch: contextlib.AbstractContextManager[Any], iterations: int, detached: int) -> None:
+        with watch:
+            for step in range(iterations):
+                self.hidden = self.cell(torch.randn(1, 4), self.hidden)
+                loss = self.hidden.pow(2).sum()
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+                if step < detached:
+                    self.hidden = self.hidden.detach()
+
+
+def test_a_late_carry_kept_on_an_object_is_named_where_the_names_were_not_read() -> None:
+    _Trainer().train(contextlib.nullcontext(), 10, detached=9)  # the truth: pass 10 runs, pass 11 raises
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _Trainer().train(contextlib.nullcontext(), 11, detached=9)
+    recorder = Recorder()
+    with pytest.raises(RuntimeError, match="second time"):
+        _Trainer().train(recorder, 30, detached=9)
+    verdicts = judge(recorder)
+    assert verdicts.error is not None and verdicts.error.evidence.endswith("through self.hidden")
+    [carried] = verdicts.carried
+    assert (carried.name, carried.iteration, carried.reached_from) == ("self.hidden", 10, 11)
+    assert "self.hidden = self.cell(torch.randn(1, 4), self.hidden)" in carried.built_at
+    assert "self.hidden = self.hidden.detach()" in carried.fix

@@ -359,10 +359,11 @@ def function_span(where: CodeSite) -> tuple[str, int, int] | None:
 
 
 def rebinds_from_itself(named: NamedGraph) -> bool:
-    """Whether the code ``named`` was found in assigns that plain name from an expression that reads it
-    (``hidden = cell(x, hidden)``, ``h, c = lstm(x, (h, c))``, ``total += loss``): a name that carries its own
-    earlier value on, where ``loss = criterion(out, y)`` does not."""
-    span = function_span(named.frame) if named.frame is not None and named.name.isidentifier() else None
+    """Whether the code ``named`` was found in assigns that name from an expression that reads it
+    (``hidden = cell(x, hidden)``, ``h, c = lstm(x, (h, c))``, ``total += loss``, ``self.hidden = self.rnn(x,
+    self.hidden)``, ``state[0] = cell(x, state[0])``): a name that carries its own earlier value on, where
+    ``loss = criterion(out, y)`` does not. The name is compared as the code spells it."""
+    span = function_span(named.frame) if named.frame is not None else None
     tree = parsed(span[0]) if span is not None else None
     if span is None or tree is None:
         return False
@@ -370,12 +371,37 @@ def rebinds_from_itself(named: NamedGraph) -> bool:
     for node in ast.walk(tree):
         if not first <= getattr(node, "lineno", 0) <= last:
             continue
-        if isinstance(node, ast.AugAssign) and _binds(node.target, {named.name}):
+        if isinstance(node, ast.AugAssign) and _spelled(node.target) == named.name:
             return True
         if (
             isinstance(node, ast.Assign)
-            and any(_binds(target, {named.name}) for target in node.targets)
-            and any(isinstance(n, ast.Name) and n.id == named.name for n in ast.walk(node.value))
+            and any(_spelled(target) == named.name for target in _targets(node.targets))
+            and any(_spelled(read) == named.name for read in ast.walk(node.value))
         ):
             return True
     return False
+
+
+def _targets(targets: list[ast.expr]) -> list[ast.expr]:
+    """Each name an assignment binds: the items of a tuple or list target (``h, c = ...``), one by one."""
+    found: list[ast.expr] = []
+    for target in targets:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            found.extend(_targets(target.elts))
+        else:
+            found.append(target.value if isinstance(target, ast.Starred) else target)
+    return found
+
+
+def _spelled(node: ast.AST) -> str | None:
+    """A name as a verdict spells it (``hidden``, ``self.hidden``, ``state[0]``, ``buffers['h']``), for a name, an
+    attribute chain or a constant subscript; None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        owner = _spelled(node.value)
+        return None if owner is None else f"{owner}.{node.attr}"
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        owner = _spelled(node.value)
+        return None if owner is None else f"{owner}[{node.slice.value!r}]"
+    return None
