@@ -108,6 +108,9 @@ class LearnersCode:
         self.skipped = skipped
         # by id(code), the code kept beside: a code object hashes its whole bytecode at each lookup
         self._known: dict[int, _Known] = {}  # -> (code, the learner's, a compiler's, its sites by f_lasti)
+        # by id(code) of the frame a walk started at: the codes it went through to the learner's, the learner's
+        # instruction there, and what it found (a hook is called from the same path at each event of a loop)
+        self._walks: dict[int, tuple[tuple[types.CodeType, ...], int, tuple[tuple[str, int], str, bool]]] = {}
 
     def _read(self, code: types.CodeType) -> _Known:
         compiler = any(part in code.co_filename for part in _COMPILERS)
@@ -131,14 +134,29 @@ class LearnersCode:
         :func:`learner_line` gives it (``lines`` the same cache), whether a frame of torch's compilers lies before it
         (aot_autograd tracing a compiled backward with ``autograd.grad``: a call that is not the loop's), and that
         frame. One walk; the line is read once per instruction of each code (on a module's frame a read of
-        ``f_lineno`` scans its line table: a long script's loop would pay for its length at every event). Without a
+        ``f_lineno`` scans its line table: a long script's loop would pay for its length at every event), and a walk
+        through the same codes to the same instruction as the last from that start is only checked. Without a
         frame of the learner's: (("", 0), "(no source line outside torch)", ..., None)."""
-        known_codes, compiled = self._known, False
+        start = frame
+        if frame is not None:
+            last = self._walks.get(id(frame.f_code))
+            if last is not None:
+                walked: types.FrameType | None = frame
+                learners = frame
+                for code in last[0]:
+                    if walked is None or walked.f_code is not code:
+                        break
+                    learners, walked = walked, walked.f_back
+                else:
+                    if learners.f_lasti == last[1]:
+                        return (*last[2], learners)
+        known_codes, compiled, codes = self._known, False, []
         while frame is not None:
             code = frame.f_code
             known = known_codes.get(id(code))
             if known is None or known[0] is not code:
                 known = self._read(code)
+            codes.append(code)
             if known[1]:
                 sites, lasti = known[3], frame.f_lasti
                 found = sites.get(lasti)
@@ -147,9 +165,11 @@ class LearnersCode:
                     line = lines.get(site)
                     if line is None:
                         line = lines[site] = learner_line_at(*site)
-                    if len(sites) < _SITES_PER_CODE:
-                        sites[lasti] = found = (site, line)
-                    return site, line, compiled, frame
+                    if len(sites) >= _SITES_PER_CODE:
+                        return site, line, compiled, frame
+                    sites[lasti] = found = (site, line)
+                if start is not None and len(self._walks) < _SITES_PER_CODE:
+                    self._walks[id(start.f_code)] = (tuple(codes), lasti, (found[0], found[1], compiled))
                 return found[0], found[1], compiled, frame
             compiled = compiled or known[2]
             frame = frame.f_back
