@@ -5,8 +5,9 @@ While a :class:`LineTracer` is on, a trace function (``sys.settrace``, and ``thr
 started meanwhile) gets events from the learner's code only: a frame whose file lies outside torch, the tool,
 the standard library and site-packages. For any other frame it returns None, so torch's own Python code runs
 untraced. A function of the learner's that returned three times without ever building a node (a ``Dataset``'s
-``__getitem__``, a collate function, a logging helper) is not traced again. In a forked child (a ``DataLoader``
-worker) the tracer switches itself off.
+``__getitem__``, a collate function, a logging helper) is not traced again; a comprehension's frame sends no line
+events (its lines are its statement's, logged as that runs). In a forked child (a ``DataLoader`` worker) the tracer
+switches itself off.
 
 * **Creation lines.** At each line, and when a learner's frame returns to another, it logs the engine's node
   counter (``torch._C._autograd._get_sequence_nr()``, passed in as ``counter``) with the line; consecutive entries
