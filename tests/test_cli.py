@@ -325,3 +325,32 @@ def test_the_script_is_compiled_once_and_runs_as_python_runs_it(
     assert seen == truth  # name, file, argv, the __main__ module, package and spec as python's
     assert printed[1].startswith("backward-twice: healthy (2 iterations watched,"), printed
     assert len(compiled) == (1 if private_step else 2)
+
+
+ONE_LINE_LOOP = """import torch
+torch.manual_seed(0)
+model = torch.nn.RNNCell(4, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+h = torch.zeros(1, 8)
+data = [torch.randn(1, 4) for _ in range(5)]
+{before}for x in data: h = model(x, h); loss = h.pow(2).sum(); opt.zero_grad(); loss.backward(); opt.step(){after}
+"""
+
+
+def test_a_carry_in_a_one_line_loop_is_fixed_at_the_end_of_each_iteration_not_before_the_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The truth: the loop raises as written and with a detach added before its line; it runs with the detach at the
+    end of its line."""
+    from backward_twice import cli
+
+    def bare(before: str = "", after: str = "") -> int:
+        (tmp_path / "probe.py").write_text(ONE_LINE_LOOP.format(before=before, after=after))
+        return subprocess.run([sys.executable, "probe.py"], cwd=tmp_path, capture_output=True, timeout=240).returncode
+
+    assert bare() == 1 and bare(before="h = h.detach()\n") == 1 and bare(after="; h = h.detach()") == 0
+    (tmp_path / "train.py").write_text(ONE_LINE_LOOP.format(before="", after=""))
+    assert cli.main(["watch", "--no-traceback", str(tmp_path / "train.py")]) == 1  # as python: the loop raised
+    printed = capsys.readouterr().out
+    assert "`h` carries iteration 1's graph into iteration 2" in printed, printed
+    assert "fix: add `h = h.detach()` at the end of each iteration" in printed, printed

@@ -36,6 +36,7 @@ __all__ = [
     "first_read",
     "function_span",
     "list_use",
+    "one_line_loop",
     "read_first",
     "rebinds_from_itself",
     "starts_without_a_tensor",
@@ -405,3 +406,13 @@ def _spelled(node: ast.AST) -> str | None:
         owner = _spelled(node.value)
         return None if owner is None else f"{owner}[{node.slice.value!r}]"
     return None
+
+
+def one_line_loop(filename: str, line: int) -> bool:
+    """Whether ``line`` of ``filename`` is a loop whose body starts on its header's line (``for x in data: h =
+    cell(x, h); ...``): a statement added before that line runs once, not at each pass."""
+    tree = parsed(filename)
+    loops = (ast.For, ast.AsyncFor, ast.While)
+    return tree is not None and any(
+        isinstance(node, loops) and node.lineno == line and node.body[0].lineno == line for node in ast.walk(tree)
+    )

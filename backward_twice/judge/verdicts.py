@@ -34,6 +34,7 @@ from backward_twice.judge.built import (
     first_read,
     function_span,
     list_use,
+    one_line_loop,
     read_first,
     rebinds_from_itself,
     starts_without_a_tensor,
@@ -390,6 +391,8 @@ def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _C
         return False
     if entry is None:  # comes in where it is built (``self.h = self.rnn(x, self.h)`` in a framework's step)
         return True
+    if one_line_loop(*entry):  # ``for x in data: h = cell(x, h); ...``: a line added before it runs once
+        return False
     link = recorder.loop.innermost
     if link is None or recorder.loop.unusable is not None or entry[0] != link.loop.filename:
         return True
