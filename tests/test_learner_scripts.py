@@ -301,6 +301,57 @@ def test_a_lightning_module_carrying_its_own_attribute_is_named_as_its_line_name
     assert "_accelerator_connector" not in diagnosis
 
 
+LIGHTNING_KEEPS_HIDDEN = """
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(4, 8, batch_first=True)
+        self.head = torch.nn.Linear(8, 1)
+        self.previous_hidden = None
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        out, hidden = self.lstm(x, self.previous_hidden)
+        self.previous_hidden = hidden
+{fix}        return torch.nn.functional.mse_loss(self.head(out[:, -1]), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(16, 5, 4), torch.randn(16, 1))
+trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, accelerator="cpu")
+trainer.fit(Model(), DataLoader(data, batch_size=4))
+"""
+
+
+def test_a_state_a_lightning_step_keeps_on_self_for_the_next_is_fixed_after_the_line_that_keeps_it(
+    tmp_path: Path,
+) -> None:
+    """Lightning runs the loop (no loop of the learner's): "at the end of each iteration" has nowhere to go. The
+    state is named as training_step spells it and detached right after the line that keeps it; the truth: the
+    script raises as written and runs to its end with that line added (and `self.previous_hidden = None` in
+    ``__init__`` is not where it is kept)."""
+    python, watched = run(tmp_path, LIGHTNING_KEEPS_HIDDEN.format(fix=""))
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert "1. `self.previous_hidden` carries iteration 1's graph into iteration 2" in diagnosis, diagnosis
+    assert "train.py:17 | self.previous_hidden = hidden" in diagnosis, diagnosis
+    fix = "self.previous_hidden = tuple(s.detach() for s in self.previous_hidden)"
+    assert f"fix: add `{fix}` after line 17" in diagnosis, diagnosis
+    fixed = LIGHTNING_KEEPS_HIDDEN.format(fix=f"        {fix}\n")
+    python, watched = run(tmp_path, fixed)
+    assert python.returncode == watched.returncode == 0, python.stderr[-2000:]
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
 def test_a_bank_of_features_in_a_script_is_the_carrier_not_the_name_the_loop_rebinds(tmp_path: Path) -> None:
     """At the top of pass 2 the script's global `hidden` still holds pass 1's features, as `bank[0]` does; the loop
     rebinds `hidden` before the backward reads `bank[-4:]`. Detaching `hidden` there would cut this pass's features

@@ -22,7 +22,6 @@ and :mod:`backward_twice.watcher`.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import linecache
 import re
 from dataclasses import dataclass, field, replace
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from backward_twice.common.error_kinds import error_kind
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.built import (
+    as_stored,
     built_line,
     first_read,
     function_span,
@@ -98,6 +98,7 @@ class CarriedFinding:
     enters_at: str | None = None  # the first line of the loop that reads the name: where the old graph comes in
     fix_at_entry: bool = False  # a detach right before ``enters_at`` runs (else: at the end of each iteration)
     chained: bool = True  # a backward walked graphs of several earlier iterations at once (False: one at a time)
+    stored_at: str | None = None  # without a loop of the learner's: their line that stores it (the fix goes after)
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def _same_iteration(split: Split, index: int, later: int) -> bool:
 def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[CarriedFinding]) -> list[LineVerdict]:
     """One verdict per line that wrote ``retain_graph=True`` (or ``create_graph=True``), from the counts of its
     calls: those kept as records, and those a long run folded (:mod:`backward_twice.record.folds`)."""
-    tallies = {site: dataclasses.replace(tally) for site, tally in calls.retains.items()}
+    tallies = {site: replace(tally) for site, tally in calls.retains.items()}
     count_retains(calls, lambda index, later: _same_iteration(split, index, later), tallies)
     verdicts = []
     for tally in sorted(tallies.values(), key=lambda t: t.first):
@@ -286,6 +287,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             built = split.iteration_of_node(max(old))
             line = f"(no name the loop holds; built {_when(built)})"
             add(line, _Carried(None, line, built or None, call.line, None, None, iteration, {iteration}, None, chained))
+    stored_only = recorder.loop.innermost is None and not recorder.by_runs  # a framework's ``fit`` runs the loop
     return [
         CarriedFinding(
             name,
@@ -298,11 +300,15 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             e.shape,
             e.container,
             None if entry is None else learner_line_at(*entry),
-            _fix_at_entry(recorder, entry, e, name),
+            at_entry,
             e.chained,
+            None if stored is None or stored[1] is None or at_entry else learner_line_at(*stored[1]),
         )
-        for e, name in ((e, as_the_line_names_it(e.name, e.built_at)) for e in found.values())
+        for e, named in ((e, as_the_line_names_it(e.name, e.built_at)) for e in found.values())
+        for stored in (as_stored(named, recorder.creation.ran) if stored_only and named else None,)
+        for name in (named if stored is None else stored[0],)
         for entry in (_entry(recorder, e),)
+        for at_entry in (_fix_at_entry(recorder, entry, e, name),)
     ]
 
 
@@ -486,8 +492,7 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
     elif kind == "in-place version error":
         evidence = "a tensor it saved was changed in place after it was saved"
     caused = bool(carried) and through_carried and kind in ("backward a second time", "in-place version error")
-    if caused:
-        fix = carried[0].fix  # the walk into an earlier iteration's graph is the cause: its fix is the error's
+    fix = carried[0].fix if caused else fix  # the walk into an earlier iteration's graph is the cause: its fix
     return ErrorVerdict(kind, record.message, record.line, iteration, evidence, fix, caused, stale)
 
 

@@ -161,6 +161,10 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
         else:
             built = "built here, before the loop" if first.iteration is None else "built here"
             lines.append(CodeLine(place, code, _span(code, name), built))
+    if first.stored_at is not None and first.name:  # no loop of theirs: their line that keeps it for the next step
+        stored_place, stored_code = _split(first.stored_at)
+        if stored_place not in (line.place for line in lines):
+            lines.append(CodeLine(stored_place, stored_code, _span(stored_code, name), "kept for the next step here"))
     raising = _raising_line(error) if error is not None else None
     if band_aid is not None:
         retain_place, retain_code = _split(band_aid.line)
@@ -204,7 +208,11 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
 
 
 def _carried_fix(finding: CarriedFinding, place: str | None) -> str:
-    """The finding's fix, placed: "add `h = h.detach()` before line 16" where the graph comes in."""
+    """The finding's fix, placed: "add `h = h.detach()` before line 16" where the graph comes in; after the line that
+    stores it, without a loop of the learner's (a framework's ``fit`` runs the iterations)."""
+    if finding.stored_at is not None:
+        stored = _line_number(_split(finding.stored_at)[0])
+        return finding.fix.replace(" at the end of each iteration", f" after line {stored}")
     if place is None:
         return finding.fix
     return finding.fix.replace(" at the end of each iteration", f" before line {_line_number(place)}")
