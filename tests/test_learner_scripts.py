@@ -352,6 +352,59 @@ def test_a_state_a_lightning_step_keeps_on_self_for_the_next_is_fixed_after_the_
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
 
 
+LIGHTNING_MANUAL = """
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.cell = torch.nn.GRUCell(4, 8)
+        self.head = torch.nn.Linear(8, 1)
+
+    def on_train_epoch_start(self):
+        self.h = torch.zeros(4, 8)
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y = batch
+{fix}        self.h = self.cell(x, self.h)
+        loss = torch.nn.functional.mse_loss(self.head(self.h), y)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, accelerator="cpu")
+trainer.fit(Model(), DataLoader(data, batch_size=4))
+"""
+
+
+def test_manual_optimization_through_lightnings_optimizer_wrapper_counts_its_steps(tmp_path: Path) -> None:
+    """``self.optimizers()`` is a LightningOptimizer, a wrapper with an id of its own around the SGD that steps: it
+    is not an optimizer that "never stepped before the error" (which put both backward calls in one iteration and
+    blamed a second backward within it). The state is built in a hook (``on_train_epoch_start``); the truth: the
+    script raises in the second step as written, and runs with ``self.h = self.h.detach()`` before line 20."""
+    python, watched = run(tmp_path, LIGHTNING_MANUAL.format(fix=""))
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert "(2 iterations watched; the loop raised in iteration 2)" in diagnosis, diagnosis
+    assert "1. `self.h` carries iteration 1's graph into iteration 2" in diagnosis, diagnosis
+    assert "fix: add `self.h = self.h.detach()` before line 20" in diagnosis, diagnosis
+    python, watched = run(tmp_path, LIGHTNING_MANUAL.format(fix="        self.h = self.h.detach()\n"))
+    assert python.returncode == watched.returncode == 0, python.stderr[-2000:]
+    assert watched.stdout.startswith("backward-twice: healthy (4 iterations watched"), watched.stdout
+
+
 def test_a_bank_of_features_in_a_script_is_the_carrier_not_the_name_the_loop_rebinds(tmp_path: Path) -> None:
     """At the top of pass 2 the script's global `hidden` still holds pass 1's features, as `bank[0]` does; the loop
     rebinds `hidden` before the backward reads `bank[-4:]`. Detaching `hidden` there would cut this pass's features

@@ -93,10 +93,25 @@ def unstepped_optimizers(frame: types.FrameType | None, skipped: tuple[str, ...]
             code = frame.f_code
             for name in (*code.co_varnames, *code.co_names):
                 value = frame.f_locals.get(name, frame.f_globals.get(name))
-                if isinstance(value, torch.optim.Optimizer) and id(value) not in stepped:
+                if isinstance(value, torch.optim.Optimizer) and id(_unwrapped(value, stepped)) not in stepped:
                     pending.append(f"{name} ({type(value).__name__})")
         frame = frame.f_back
     return pending
+
+
+def _unwrapped(optimizer: torch.optim.Optimizer, stepped: Container[int]) -> torch.optim.Optimizer:
+    """The optimizer a wrapper steps (Lightning's ``LightningOptimizer`` keeps it as ``_optimizer``, accelerate's
+    ``AcceleratedOptimizer`` as ``optimizer``): the one whose step the hooks saw. Read from the instance's own dict:
+    no property runs."""
+    seen = {id(optimizer)}
+    while id(optimizer) not in stepped:
+        held = getattr(optimizer, "__dict__", None) or {}
+        inner = held.get("_optimizer", held.get("optimizer"))
+        if not isinstance(inner, torch.optim.Optimizer) or id(inner) in seen:
+            break
+        optimizer = inner
+        seen.add(id(inner))
+    return optimizer
 
 
 def names_holding_graphs(
