@@ -3,7 +3,8 @@
 ``backward_twice/record/lines.py`` and ``backward_twice/record/loops.py`` (the passes of the learner's loops, and the
 stop at the top of pass N+1) depend on how an interpreter reports line events: which lines a ``for`` and a ``while``
 header report at each pass, and where an exception a trace function raises can be caught (from 3.11 on, one raised at a
-``try:`` line escapes its frame's handlers: the tracer then stops at the loop's header). They need no torch, so each
+``try:`` line escapes its frame's handlers: the tracer then stops at the loop's header; a loop on one line sends no
+line event in its body, and its passes come from opcode events). They need no torch, so each
 interpreter installed here (pyenv's, or ``pythonX.Y`` on the PATH) runs them on one script with no package but
 the standard library: the passes seen and where each stop lands must be the same on every one. An interpreter
 that is not installed is skipped, and this file's own interpreter always runs.
@@ -94,8 +95,12 @@ def nested(ran):
             ran.append((epoch, i))
 
 
+def one_line(ran):
+    for i, twice in [(i, [2 * i for _ in range(2)]) for i in range(4)]: ran.append(i); ran.append(twice[0])
+
+
 results = {}
-for function in (for_loop, while_loop, try_body, bare_except, nested):
+for function in (for_loop, while_loop, try_body, bare_except, nested, one_line):
     for STOP_IN in ("", function.__name__):
         passes.clear()
         ran = []
@@ -151,6 +156,10 @@ def test_the_passes_and_the_stops_are_the_ones_the_loops_run(expected: dict[str,
     assert expected["while_loop stop=True"][1:] == [[0, 1], True]
     assert expected["try_body stop=True"][1:] == [[0, 1], True]  # no "caught": the stop was outside the try
     assert expected["bare_except stop=True"][1:] == [[0, 1], True]  # no "swallowed"
+    # a loop on one line (no line event in its body): a pass at each item, the stop after two whole passes
+    one_line_passes, one_line_ran, _ = expected["one_line stop=False"]
+    assert len(one_line_passes) == 4 and one_line_ran == [0, 0, 1, 2, 2, 4, 3, 6]
+    assert expected["one_line stop=True"][1:] == [[0, 0, 1, 2], True]
     nested_passes = [p[2] for p in expected["nested stop=False"][0]]
     assert len(nested_passes) == 6 and len(set(nested_passes)) == 2  # 2 outer passes, 4 inner ones
 

@@ -52,6 +52,32 @@ def test_iterations_n_stops_at_the_top_of_pass_n_plus_1_with_the_state_of_n_bare
     assert w.verdicts.split.how.startswith("one per pass of your loop at test_watch.py:")
 
 
+def _one_line_loop(model: torch.nn.Module, passes: int, logged: list[int]) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(1)
+    data = [torch.randn(3, 4) for _ in range(passes)]
+    for x in data: opt.zero_grad(); model(x).pow(2).mean().backward(); opt.step(); logged.append(len(logged))  # noqa: E701, E702  # fmt: skip
+
+
+def test_a_loop_on_one_line_is_the_iteration_and_stops_after_the_whole_of_pass_n() -> None:
+    """The body of ``for x in data: ...; opt.step(); logged.append(...)`` sends no line event of its own: its passes
+    are told from the instruction after the ``for`` takes an item, and the stop comes there, before pass 3 runs
+    anything (the logging after the step of pass 2 ran)."""
+    watched, bare = _model(), _model()
+    logged_watched: list[int] = []
+    logged_bare: list[int] = []
+    with watch(iterations=2) as w:
+        _one_line_loop(watched, 6, logged_watched)
+    _one_line_loop(bare, 2, logged_bare)
+    assert logged_watched == logged_bare == [0, 1]
+    assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), bare.parameters()))
+    assert w.verdicts.iterations_run == 2 and w.healthy
+    assert w.verdicts.split.how.startswith("one per pass of your loop at test_watch.py:")
+    with watch() as w:
+        _one_line_loop(_model(), 6, [])
+    assert w.verdicts.iterations_run == 6 and w.verdicts.split.how.startswith("one per pass of your loop at")
+
+
 def test_a_bare_except_in_the_body_does_not_swallow_the_stop() -> None:
     model = _model()
     ran = 0
@@ -369,18 +395,26 @@ def _lbfgs_problem() -> tuple[torch.nn.Linear, torch.optim.LBFGS, Callable[[], t
 
 
 def test_iterations_never_stop_an_optimizer_step_half_way() -> None:
-    """LBFGS whose loop is written on one line (``for _ in range(8): optimizer.step(closure)``), so no pass of it is
-    seen: every backward runs inside a step. The watch may not stop between its passes there, and must not stop inside
-    one (the step would be left half done, its state matching no number of bare passes): it watches them all."""
+    """LBFGS stepped by ``map`` (no loop of the learner's: no pass of it is seen), so every backward runs inside a
+    step. The watch may not stop between its passes there, and must not stop inside one (the step would be left half
+    done, its state matching no number of bare passes): it watches them all. Written as a loop on one line, the
+    passes are seen: it stops between two steps, with the state of 3 bare ones."""
     states = []
     model, optimizer, closure = _lbfgs_problem()
     for _ in range(8):
         states.append([p.detach().clone() for p in model.parameters()])
         optimizer.step(closure)
     states.append([p.detach().clone() for p in model.parameters()])
+
+    def matches(model: torch.nn.Module) -> list[int]:
+        after = [p.detach() for p in model.parameters()]
+        return [k for k, state in enumerate(states) if all(torch.equal(a, b) for a, b in zip(after, state))]
+
     model, optimizer, closure = _lbfgs_problem()
     with watch(iterations=3):
+        list(map(lambda _: optimizer.step(closure), range(8)))  # noqa: C417  # a loop of no statement of theirs
+    assert matches(model) == [8]
+    model, optimizer, closure = _lbfgs_problem()
+    with watch(iterations=3) as w:
         for _ in range(8): optimizer.step(closure)  # noqa: E701  # fmt: skip
-    after = [p.detach() for p in model.parameters()]
-    matches = [k for k, state in enumerate(states) if all(torch.equal(a, b) for a, b in zip(after, state))]
-    assert matches == [8], matches
+    assert matches(model) == [3] and w.verdicts.iterations_run == 3

@@ -21,7 +21,10 @@ switches itself off.
   the learner is looking at (the loop's ``value = critic(state)``, not the ``return self.out(x)`` of the model's
   ``forward``, which runs for every call of the critic). Bounded as the log is.
 * **Passes.** A loop's pass starts where its header line runs and the next line of the same frame lies in its
-  body (at the loop's end the header runs once more, and the next line lies after it: no pass).
+  body (at the loop's end the header runs once more, and the next line lies after it: no pass). A ``for`` whose body
+  starts on its header's line (``for x in data: h = cell(x, h); ...``) sends no line event in its body: its frame
+  sends opcode events while it runs that line, and a pass starts at the instruction after the loop's ``FOR_ITER``
+  (an item was taken).
   ``on_pass(frame, loop, sequence)`` is called there, before the pass's first statement runs; if it returns an
   exception, that exception is raised into the learner's frame at that point, outside any ``try`` of the body: how
   a recorder stops between iterations. A loop whose body starts with ``try:`` is asked at its header instead
@@ -44,6 +47,7 @@ Used by :mod:`backward_twice.record.passes` and :mod:`backward_twice.record.reco
 from __future__ import annotations
 
 import bisect
+import dis
 import os
 import sys
 import threading
@@ -62,6 +66,7 @@ __all__ = ["LineTracer", "PassSeen"]
 _MAX_ENTRIES = 1_000_000  # past it, the older half goes: those nodes' lines become unknown
 _MAX_KEPT = 100_000  # calls that built nodes, and lines that ran: past it, the older half of the calls goes
 _COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
+_BINDING = ("UNPACK_SEQUENCE", "UNPACK_EX", "STORE_FAST", "STORE_NAME", "STORE_GLOBAL", "STORE_DEREF")  # a for's names
 _QUIET_CALLS = 3  # a function that returned this often in a row without building a node is not traced again
 _ACTIVE: weakref.WeakSet[LineTracer] = weakref.WeakSet()
 # Up to 3.11 setting the trace function flips a flag; from 3.12 it re-instruments every code object run after it
@@ -111,6 +116,9 @@ class LineTracer:
         # by id(code), the code kept beside: a code object hashes its whole bytecode at each lookup
         self._headers: dict[int, tuple[types.CodeType, dict[int, Loop]]] = {}
         self._pending: dict[int, Loop] = {}  # id(frame) -> the loop whose header it just ran
+        # id(frame) -> (the frame, its one-line loop running, the offset where a pass starts): opcode events on
+        self._one_line: dict[int, tuple[types.FrameType, Loop, int]] = {}
+        self._pass_offsets: dict[tuple[int, int], tuple[types.CodeType, int]] = {}  # (id(code), header) -> offset
         self._entered: dict[int, int] = {}  # id(frame) -> the node counter when it was called
         self._quiet: dict[int, int] = {}  # id(code) -> calls in a row that built no node (its code in _headers)
         self._builders: set[int] = set()  # id(code) of code that built a node once: always traced
@@ -161,6 +169,9 @@ class LineTracer:
         for frame in self._frames:
             frame.f_trace = None
         self._frames.clear()  # frames hold their variables: none is kept past the watch
+        for frame, _, _ in self._one_line.values():
+            frame.f_trace_opcodes = False
+        self._one_line.clear()
         self._untraced_codes.clear()  # told again (from the same tests) if it starts again
         self._pending.clear()
         self._entered.clear()
@@ -212,6 +223,8 @@ class LineTracer:
                 return None
             if event == "line":
                 stop = self._line(frame)
+            elif event == "opcode":
+                stop = self._opcode(frame)
             elif event == "return":
                 self._return(frame)
         except Exception as error:
@@ -230,26 +243,68 @@ class LineTracer:
             self.ran.add(site)
         key = id(frame)
         stop = None
+        if key in self._one_line and self._one_line[key][1].header != line:  # past its one-line loop
+            self._one_line.pop(key)[0].f_trace_opcodes = False
         pending = self._pending.pop(key, None)
         if pending is not None and pending.holds(line):
-            seen = self.latest.get((key, pending.header))
-            sequence = self.counter()
-            if seen is None:
-                self.latest[(key, pending.header)] = PassSeen(sequence, 1, sequence)
-            else:
-                seen.sequence, seen.count = sequence, seen.count + 1
-            if self.on_pass is not None:
-                stop = self.on_pass(frame, pending, sequence)
+            stop = self._pass_began(frame, pending)
         loop = self._headers_of(frame.f_code).get(line)
+        if loop is not None and loop.kind == "for" and loop.body_first == line:
+            offset = self._pass_offset(frame.f_code, loop)
+            if offset >= 0:  # its passes are told by opcode events, from here while it runs
+                self._one_line[key] = (frame, loop, offset)
+                if not frame.f_trace_opcodes:
+                    frame.f_trace_opcodes = True
+                    if sys.gettrace() is self._trace:  # from 3.12, a frame's opcode events start at the next settrace
+                        sys.settrace(self._trace)
+                return stop
         if loop is not None:
             self._pending[key] = loop
             if stop is None and loop.starts_with_try and self.at_header is not None:
                 stop = self.at_header(frame, loop, self.counter())
         return stop
 
+    def _opcode(self, frame: types.FrameType) -> BaseException | None:
+        watched = self._one_line.get(id(frame))
+        if watched is None:
+            frame.f_trace_opcodes = False
+            return None
+        return self._pass_began(frame, watched[1]) if frame.f_lasti == watched[2] else None
+
+    def _pass_began(self, frame: types.FrameType, loop: Loop) -> BaseException | None:
+        key = (id(frame), loop.header)
+        seen = self.latest.get(key)
+        sequence = self.counter()
+        if seen is None:
+            self.latest[key] = PassSeen(sequence, 1, sequence)
+        else:
+            seen.sequence, seen.count = sequence, seen.count + 1
+        return self.on_pass(frame, loop, sequence) if self.on_pass is not None else None
+
+    def _pass_offset(self, code: types.CodeType, loop: Loop) -> int:
+        """Where a pass of a one-line ``for`` starts: the offset of the first instruction after its ``FOR_ITER`` (of
+        those on its line, the one that jumps farthest: a comprehension inlined in the line, from Python 3.12, loops
+        inside it) and the stores of the names it binds (what the pass binds is read there); -1 when there is none."""
+        known = self._pass_offsets.get((id(code), loop.header))
+        if known is not None and known[0] is code:
+            return known[1]
+        lines = [(start, end) for start, end, number in code.co_lines() if number == loop.header]
+        instructions = list(dis.get_instructions(code))
+        offset, farthest = -1, -1
+        for index, instruction in enumerate(instructions[:-1]):
+            on_line = any(start <= instruction.offset < end for start, end in lines)
+            if instruction.opname == "FOR_ITER" and on_line and instruction.argval > farthest:
+                body = index + 1
+                while body < len(instructions) - 1 and instructions[body].opname.startswith(_BINDING):
+                    body += 1
+                offset, farthest = instructions[body].offset, instruction.argval
+        self._pass_offsets[(id(code), loop.header)] = (code, offset)
+        return offset
+
     def _return(self, frame: types.FrameType) -> None:
         key = id(frame)
         self._pending.pop(key, None)
+        self._one_line.pop(key, None)
         code = frame.f_code
         for header in self._headers_of(code):
             self.latest.pop((key, header), None)
