@@ -405,6 +405,49 @@ def test_manual_optimization_through_lightnings_optimizer_wrapper_counts_its_ste
     assert watched.stdout.startswith("backward-twice: healthy (4 iterations watched"), watched.stdout
 
 
+FORWARD_HOOK_KEEPS_OUTPUTS = """
+import torch
+
+activations = []
+
+
+def save_activation(module, inputs, output):
+    activations.append(output{fix})
+
+
+def main():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model[1].register_forward_hook(save_activation)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(6):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(torch.randn(8, 8)), torch.randn(8, 1)).backward()
+        optimizer.step()
+    print(len(activations), activations[0].shape[1], activations[0].grad_fn is not None)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_outputs_a_forward_hook_keeps_are_a_growing_note_with_a_fix_that_fits_their_shape(tmp_path: Path) -> None:
+    """A forward hook of the learner's keeps each (8, 16) output: a list that holds one more graph each iteration.
+    The fix must fit a tensor of 16 numbers a row: ``.item()`` raises on it, ``.detach()`` keeps no graph (the truth:
+    the graphs are held as written, none with ``.detach()``)."""
+    python, watched = run(tmp_path, FORWARD_HOOK_KEEPS_OUTPUTS.format(fix=""))
+    assert python.returncode == watched.returncode == 0 and python.stdout.split() == ["6", "16", "True"]
+    assert "6 16 True\nbackward-twice: 1 note (6 iterations watched)\n" in watched.stdout, watched.stdout
+    assert "1. `activations` keeps one more iteration's graph alive every iteration" in watched.stdout
+    assert "train.py:8 | activations.append(output)" in watched.stdout, watched.stdout
+    assert "keep in mind: `activations.append(output.detach())`" in watched.stdout, watched.stdout
+    assert ".item()" not in watched.stdout
+    python, watched = run(tmp_path, FORWARD_HOOK_KEEPS_OUTPUTS.format(fix=".detach()"))
+    assert python.stdout.split() == ["6", "16", "False"]
+    assert "6 16 False\nbackward-twice: healthy (6 iterations watched" in watched.stdout, watched.stdout
+
+
 def test_a_bank_of_features_in_a_script_is_the_carrier_not_the_name_the_loop_rebinds(tmp_path: Path) -> None:
     """At the top of pass 2 the script's global `hidden` still holds pass 1's features, as `bank[0]` does; the loop
     rebinds `hidden` before the backward reads `bank[-4:]`. Detaching `hidden` there would cut this pass's features

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ class Note:
     grows: bool = False
     parameter: bool = False  # a module's parameter that holds a graph: updated in place outside torch.no_grad()
     reset: bool = False  # it grows, but a later start saw it hold fewer iterations' graphs: the loop resets it
+    one_element: bool = True  # the tensor held is a single number (``.item()`` fits it)
 
 
 def notes(recorder: Recorder, split: Split) -> list[Note]:
@@ -81,19 +83,21 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         named = recorder.names.get(grown.newest)
         if grown.grew and named is not None and not _below_a_submodule(name):
             built = split.iteration_of_node(grown.newest)
-            by_name[name] = Note(name, built_line(named, built == 0, recorder), grown.newest_bytes, True)
+            line = built_line(named, built == 0, recorder)
+            by_name[name] = Note(name, line, grown.newest_bytes, True, one_element=_one_element(named.shape))
     for holder, sequence, built, held_graph, spans in held:
         grows = _root(holder) in growing or spans > 1
         named = recorder.names[sequence]
         line = built_line(named, built == 0, recorder)
         parameter = named.container == "parameter"
+        one = _one_element(named.shape)
         known = by_name.setdefault(
-            holder, Note(holder, line, held_graph.graph_bytes, grows, parameter, grows and holder in reset)
+            holder, Note(holder, line, held_graph.graph_bytes, grows, parameter, grows and holder in reset, one)
         )
         if grows and not known.grows:  # a later start showed it growing (running_loss += loss: from pass 3 on)
             by_name[holder] = dataclasses.replace(known, grows=True, reset=holder in reset)
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
-            by_name.setdefault(alias, Note(alias, line, 0, grows))
+            by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one))
     return _one_per_container(list(by_name.values()))
 
 
@@ -114,7 +118,9 @@ def _one_per_container(found: list[Note]) -> list[Note]:
             if whole not in names:  # else the list's own note stands for them
                 parts = [part for part in found if lists[part.name] == whole]
                 grows = any(part.grows for part in parts)
-                kept.append(Note(whole, parts[-1].built_at, sum(part.held_bytes for part in parts), grows))
+                one = all(part.one_element for part in parts)
+                held = sum(part.held_bytes for part in parts)
+                kept.append(Note(whole, parts[-1].built_at, held, grows, one_element=one))
     return kept
 
 
@@ -122,6 +128,11 @@ def _list_of(note: Note) -> str | None:
     """``losses`` of the note of ``losses[3]``; None for anything else."""
     item = re.match(r"^(.+?)\[\d+\]$", note.name)
     return item.group(1) if item is not None and not note.parameter else None
+
+
+def _one_element(shape: tuple[int, ...] | None) -> bool:
+    """Whether a tensor of ``shape`` is a single number (unknown: taken as one, a loss)."""
+    return shape is None or math.prod(shape) == 1
 
 
 def _dropped(spans: list[int]) -> bool:

@@ -302,11 +302,15 @@ def _note_item(note: Note) -> Item:
     grows = _growing_line(note.name, filename) if filename else None
     lines = (CodeLine(place, code, None, "each iteration's graph starts here"),)
     fix = "keep a number (`.item()`) or a detached tensor (`.detach()`) instead"
+    if not note.one_element:  # `.item()` raises on a tensor of several numbers
+        fix = "keep a detached tensor (`.detach()`) instead"
     if grows is not None:
         number, text, appended = grows
         lines = (CodeLine(f"{place.rsplit(':', 1)[0]}:{number}", text, _span(text, note.name), "grows here"),)
-        if appended:
+        if appended and note.one_element:
             fix = f"`{note.name}.append({appended}.item())`, or `{appended}.detach()` if you need the tensor"
+        elif appended:
+            fix = f"`{note.name}.append({appended}.detach())`"
     each = f" (about {format_bytes(note.held_bytes)} each)" if note.held_bytes else ""
     if note.reset:  # total = 0 every few passes: it holds several, not all
         label = f"`{note.name}` keeps several iterations' graphs alive at once"
