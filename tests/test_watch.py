@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from backward_twice.watcher import watch
+from backward_twice.watcher import Watch, watch
 
 
 def _model() -> torch.nn.Module:
@@ -35,15 +35,24 @@ def _train(model: torch.nn.Module, passes: int, work_after_the_step: list[str]) 
         optimizer.zero_grad()
 
 
-def test_iterations_n_stops_at_the_top_of_pass_n_plus_1_with_the_state_of_n_bare_passes() -> None:
+def _two_passes_watched_and_bare(
+    train: Callable[[torch.nn.Module, int, list], None],
+) -> tuple[Watch, torch.nn.Module, list, list]:
+    """``train`` under ``watch(iterations=2)`` on 100 passes, and bare on 2: the watch, the watched model, and what
+    each logged (the two models' parameters are checked equal)."""
     watched, bare = _model(), _model()
-    logged_watched: list[str] = []
-    logged_bare: list[str] = []
+    logged_watched: list = []
+    logged_bare: list = []
     with watch(iterations=2) as w:
-        _train(watched, 100, logged_watched)
-    _train(bare, 2, logged_bare)
-    assert logged_watched == logged_bare == ["logged", "logged"]  # the scheduler and the logging after step() ran
+        train(watched, 100, logged_watched)
+    train(bare, 2, logged_bare)
     assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), bare.parameters()))
+    return w, watched, logged_watched, logged_bare
+
+
+def test_iterations_n_stops_at_the_top_of_pass_n_plus_1_with_the_state_of_n_bare_passes() -> None:
+    w, watched, logged_watched, logged_bare = _two_passes_watched_and_bare(_train)
+    assert logged_watched == logged_bare == ["logged", "logged"]  # the scheduler and the logging after step() ran
     assert all(p.grad is None or not p.grad.any() for p in watched.parameters())  # the pass's own zero_grad() ran
     assert w.verdicts.iterations_run == 2 and w.healthy
     text = str(w)
@@ -63,14 +72,8 @@ def test_a_loop_on_one_line_is_the_iteration_and_stops_after_the_whole_of_pass_n
     """The body of ``for x in data: ...; opt.step(); logged.append(...)`` sends no line event of its own: its passes
     are told from the instruction after the ``for`` takes an item, and the stop comes there, before pass 3 runs
     anything (the logging after the step of pass 2 ran)."""
-    watched, bare = _model(), _model()
-    logged_watched: list[int] = []
-    logged_bare: list[int] = []
-    with watch(iterations=2) as w:
-        _one_line_loop(watched, 6, logged_watched)
-    _one_line_loop(bare, 2, logged_bare)
+    w, _, logged_watched, logged_bare = _two_passes_watched_and_bare(_one_line_loop)
     assert logged_watched == logged_bare == [0, 1]
-    assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), bare.parameters()))
     assert w.verdicts.iterations_run == 2 and w.healthy
     assert w.verdicts.split.how.startswith("one per pass of your loop at test_watch.py:")
     with watch() as w:
