@@ -448,6 +448,45 @@ def test_outputs_a_forward_hook_keeps_are_a_growing_note_with_a_fix_that_fits_th
     assert "6 16 False\nbackward-twice: healthy (6 iterations watched" in watched.stdout, watched.stdout
 
 
+EPOCH_TOTAL = """
+import torch
+
+
+def held(total):  # how many passes' losses the total (0 + loss + loss ...) holds: one addition a pass
+    count, node = 0, total.grad_fn
+    while node is not None and type(node).__name__ == "AddBackward0":
+        count, node = count + 1, node.next_functions[0][0]
+    return count
+
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+batches = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(5)]
+for epoch in range(3):
+    epoch_loss = 0
+    for x, y in batches:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        epoch_loss += loss
+        print(held(epoch_loss), end=" ")
+"""
+
+
+def test_a_total_an_epoch_loop_resets_past_the_third_pass_is_not_said_to_hold_them_all(tmp_path: Path) -> None:
+    """``epoch_loss += loss`` in the batch loop, set to 0 at each epoch's start (5 batches an epoch): the truth,
+    walked without the tool, is a total that holds 1 to 5 passes' graphs, never more. The names are read at passes
+    1-4 and 8: the drop shows only at pass 8's read, past the first three a name's graphs were followed into (which
+    said "keeps one more iteration's graph alive every iteration")."""
+    python, watched = run(tmp_path, EPOCH_TOTAL)
+    assert python.returncode == watched.returncode == 0
+    assert python.stdout.split() == ["1", "2", "3", "4", "5"] * 3
+    assert "1. `epoch_loss` keeps several iterations' graphs alive at once" in watched.stdout, watched.stdout
+    assert "holds them until the loop resets it" in watched.stdout and "holds them all" not in watched.stdout
+
+
 def test_a_bank_of_features_in_a_script_is_the_carrier_not_the_name_the_loop_rebinds(tmp_path: Path) -> None:
     """At the top of pass 2 the script's global `hidden` still holds pass 1's features, as `bank[0]` does; the loop
     rebinds `hidden` before the backward reads `bank[-4:]`. Detaching `hidden` there would cut this pass's features

@@ -26,7 +26,7 @@ from backward_twice.record.walks import kept
 
 __all__ = ["Growth", "HeldGraph", "Holding", "event_names", "held_graph", "note_growth", "note_names"]
 
-_MAX_NAMES, _HELD_PER_NAME = 50_000, 3  # names kept; graphs a name is followed into
+_MAX_NAMES, _HELD_PER_NAME = 50_000, 8  # names kept; graphs a name is followed into (at passes 2-4, 8, ..., 128)
 _CARRIER_SPELLINGS = 8  # names kept per graph held into an iteration
 
 
