@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -618,3 +619,33 @@ def test_maml_stopped_after_n_iterations_stops_after_n_meta_steps_not_inside_the
     weights, w = _maml_second_order(6, watched=2)
     assert all(torch.equal(a, b) for a, b in zip(weights, two_bare))  # as after 2 bare meta steps
     assert w.healthy and "2 iterations watched, then stopped as asked, 14 backward calls" in str(w), str(w)
+
+
+def test_a_cache_carried_whole_is_one_spelling_and_its_fix_as_printed_makes_the_loop_run() -> None:
+    """The gallery's GPT-2 chat loop keeps the model's cache from step to step: the tensors that carry the old graph
+    are the keys and values of each of its layers. They are spelled once (``layers[i]``) and detached by one
+    statement; the truth: that statement, as the report prints it, run at the end of each iteration of the bare loop
+    makes it run (it raises without)."""
+    pytest.importorskip("transformers")
+    from gallery import gpt2_cache_carried as loop
+
+    state = loop.build()
+    with contextlib.suppress(RuntimeError), watch() as w:
+        loop.run(state, 3)
+    (item,) = w.report.items
+    owner = "state['past_key_values'].layers"
+    assert item.label.startswith(f"`{owner}[i].keys` and `{owner}[i].values` (i = 0, 1) carry"), item.label
+    assert "follows them into iteration 1's graph" in item.why, item.why
+    statement = re.fullmatch(r"add `(.+)` at the end of each iteration", item.fix)
+    assert statement is not None, item.fix
+    assert (
+        statement.group(1)
+        == f"for layer in {owner}: layer.keys, layer.values = layer.keys.detach(), layer.values.detach()"
+    )
+    state = loop.build()
+    with pytest.raises(RuntimeError, match="second time"):
+        loop.run(state, 3)
+    state = loop.build()
+    for _ in range(3):
+        loop.step(state)
+        exec(statement.group(1), {"state": state})  # the fix as printed, run as the learner would

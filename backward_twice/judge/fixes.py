@@ -1,6 +1,7 @@
 """The fix a verdict gives, in the learner's own names: for each kind of PyTorch error, for a graph carried into a
 later iteration (by the carrier's kind: a tensor, a tuple of states, a list rebound, built from whole or read by
-slice), and for a second backward through buffers an earlier backward of the same iteration freed.
+slice; the same attributes of each item of one list, a cache's ``layers[i].keys`` and ``.values``, detached by one
+statement), and for a second backward through buffers an earlier backward of the same iteration freed.
 
 Used by :mod:`backward_twice.judge.verdicts`.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ERROR_FIXES", "carried_fix", "second_backward_fix"]
+__all__ = ["ERROR_FIXES", "carried_fix", "items_of_one_list", "second_backward_fix"]
 
 ERROR_FIXES = {
     "backward a second time": "a backward freed this graph's buffers and a later one goes through them: add "
@@ -97,3 +98,26 @@ def carried_fix(
     if before_loop:
         return f"compute `{name}` inside the loop (or `{name} = {name}.detach()`, if it needs no gradient)"
     return f"add `{name} = {name}.detach()` at the end of each iteration"
+
+
+def items_of_one_list(names: list[str]) -> tuple[str, str] | None:
+    """Names that are the same attributes of each item of one list (``cache.layers[0].keys``, ``.values``, then
+    ``cache.layers[1].keys``, ...: every attribute of every item) as one spelling (```cache.layers[i].keys` and
+    `cache.layers[i].values` (i = 0, 1)``) and one statement that detaches them all (``for layer in cache.layers:
+    layer.keys, layer.values = layer.keys.detach(), layer.values.detach()``); None for any other names."""
+    parts = [re.fullmatch(r"(.+)\[(\d+)\]\.(\w+)", name) for name in names]
+    if len(names) < 3 or any(part is None for part in parts):
+        return None
+    owners = {part.group(1) for part in parts if part is not None}
+    indices = sorted({int(part.group(2)) for part in parts if part is not None})
+    attributes = list(dict.fromkeys(part.group(3) for part in parts if part is not None))
+    if len(owners) != 1 or len(names) != len(indices) * len(attributes):
+        return None
+    owner = owners.pop()
+    last = re.split(r"[.\[\]']+", owner.rstrip("]'"))[-1]
+    item = last[:-1] if last.endswith("s") and len(last) > 1 and last[:-1].isidentifier() else "item"
+    spelled = " and ".join(f"`{owner}[i].{attribute}`" for attribute in attributes)
+    targets = ", ".join(f"{item}.{attribute}" for attribute in attributes)
+    detached = ", ".join(f"{item}.{attribute}.detach()" for attribute in attributes)
+    numbers = ", ".join(str(index) for index in indices)
+    return f"{spelled} (i = {numbers})", f"for {item} in {owner}: {targets} = {detached}"

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from backward_twice.common.units import format_bytes
+from backward_twice.judge.fixes import items_of_one_list
 from backward_twice.judge.verdicts import (
     CREATE_GRAPH_KEEPS,
     GOES_WITH_CARRIED,
@@ -145,6 +146,10 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
     # the other names of the same graph (an LSTM cell's hx beside cx): each one left holding it still carries it
     others = list(dict.fromkeys(_holder(f) for f in findings[1:] if f.name and _holder(f) != name))
     spelled = " and ".join(f"`{n}`" for n in (name, *others)) if first.name else "a tensor no name of yours holds"
+    grouped = items_of_one_list([name, *others]) if first.name and others else None
+    followed = spelled
+    if grouped is not None:  # a cache's layers[i].keys and .values: one spelling, one statement that detaches them
+        spelled, followed = grouped[0], "them"
     origin = "the graph built before the loop" if first.iteration is None else f"iteration {first.iteration}'s graph"
     into = f"iteration {first.reached_from}"
     carries = "carry" if others else "carries"
@@ -185,22 +190,24 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
             changed = f"`{step_code}` (line {_line_number(step_place)}) changed the weights it saved"
         else:
             changed = "a tensor it saved was changed in place since"
-        why = f"this backward follows {spelled} into {origin}, and {changed}"
+        why = f"this backward follows {followed} into {origin}, and {changed}"
     elif error is not None:
-        why = f"this backward follows {spelled} into {origin}, which that iteration's backward already freed"
+        why = f"this backward follows {followed} into {origin}, which that iteration's backward already freed"
     elif first.chained:
-        why = f"every backward follows {spelled} back into {origin}: memory and time grow with each iteration"
+        why = f"every backward follows {followed} back into {origin}: memory and time grow with each iteration"
     else:  # SAC's alpha = log_alpha.exp(): one old graph at a time, rebuilt each iteration
         older = "the graph built before the loop" if first.iteration is None else "the previous iteration's graph"
         why = (
-            f"every backward follows {spelled} back into {older}, one graph at a time (it does not pile up), and "
+            f"every backward follows {followed} back into {older}, one graph at a time (it does not pile up), and "
             "sends gradient into what that graph was built from"
         )
     fix = _carried_fix(first, place if first.fix_at_entry and lines[0].label.endswith("comes in here") else None)
     added = re.match(r"add `[^`]+`", fix)
     detaches = (re.match(r"add (`[^`]+`)", f.fix) for f in findings[1:] if f.name and _holder(f) in others)
     also = [detach for detach in dict.fromkeys(m.group(1) for m in detaches if m) if detach not in fix]
-    if added is not None and also:
+    if added is not None and grouped is not None:
+        fix = fix.replace(added.group(0), f"add `{grouped[1]}`", 1)
+    elif added is not None and also:
         fix = fix.replace(added.group(0), " and ".join([added.group(0), *also]), 1)
     if band_aid is not None:
         fix += f", and remove retain_graph=True at line {_line_number(_split(band_aid.line)[0])}"
