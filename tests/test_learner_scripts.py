@@ -487,6 +487,68 @@ def test_a_total_an_epoch_loop_resets_past_the_third_pass_is_not_said_to_hold_th
     assert "holds them until the loop resets it" in watched.stdout and "holds them all" not in watched.stdout
 
 
+HF_TRAINER_KEEPS_PREVIOUS = """
+import os
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, default_data_collator
+
+
+class ConsistencyTrainer(Trainer):
+    previous = None
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(**inputs)
+        loss = outputs.loss
+        if self.previous is not None:
+            loss = loss + 0.1 * (outputs.logits.mean() - self.previous).pow(2)
+        self.previous = outputs.logits.mean()
+{fix}        return (loss, outputs) if return_outputs else loss
+
+
+torch.manual_seed(0)
+config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32, bos_token_id=99, eos_token_id=99)
+model = GPT2LMHeadModel(config)
+tokens = torch.randint(0, 99, (8, 8))
+train_dataset = [{"input_ids": row, "labels": row.clone()} for row in tokens]
+with tempfile.TemporaryDirectory() as output_dir:
+    args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=2, max_steps=3, save_strategy="no",
+                             logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+    trainer = ConsistencyTrainer(
+        model=model, args=args, data_collator=default_data_collator, train_dataset=train_dataset
+    )
+    trainer.train()
+print("done")
+"""
+
+
+def test_a_value_a_trainers_compute_loss_keeps_for_the_next_step_is_detached_after_it_is_stored(tmp_path: Path) -> None:
+    """A transformers ``Trainer`` whose ``compute_loss`` adds a consistency term with the previous step's mean logit,
+    kept undetached on ``self.previous``. The line that stores it does not read it: the old graph does not come in
+    there, and a detach before it would run after the loss already used the old value (it still raises). The truth:
+    the script raises as written and runs with the detach after the line that stores it."""
+    pytest.importorskip("transformers")
+
+    def script(before: str = "", after: str = "") -> str:
+        stored = "        self.previous = outputs.logits.mean()\n"
+        return HF_TRAINER_KEEPS_PREVIOUS.replace(stored + "{fix}", before + stored + after)
+
+    python, watched = run(tmp_path, script())
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert "1. `self.previous` carries iteration 1's graph into iteration 2" in diagnosis, diagnosis
+    assert "comes in here" not in diagnosis, diagnosis
+    assert "fix: add `self.previous = self.previous.detach()` after line 19" in diagnosis, diagnosis
+    detach = "self.previous = self.previous.detach()"
+    before = f"        {detach} if self.previous is not None else None\n"
+    assert run(tmp_path, script(before=before))[0].returncode == 1  # a detach before that line: it still raises
+    python, watched = run(tmp_path, script(after=f"        {detach}\n"))
+    assert python.returncode == watched.returncode == 0, python.stderr[-2000:]
+
+
 def test_a_bank_of_features_in_a_script_is_the_carrier_not_the_name_the_loop_rebinds(tmp_path: Path) -> None:
     """At the top of pass 2 the script's global `hidden` still holds pass 1's features, as `bank[0]` does; the loop
     rebinds `hidden` before the backward reads `bank[-4:]`. Detaching `hidden` there would cut this pass's features

@@ -13,7 +13,8 @@ import torch
 from torch.autograd import grad as imported_grad
 
 from backward_twice.instruments.meter import SavedTensorMeter
-from backward_twice.judge.verdicts import as_the_line_names_it, judge
+from backward_twice.judge.stored import as_the_line_names_it
+from backward_twice.judge.verdicts import judge
 from backward_twice.record.recorder import SECOND_TIME, Recorder, StopRecording
 from backward_twice.record.saved import graph_only_bytes, python_walk
 

@@ -11,10 +11,10 @@ it assigns it (a name assigned first, ``loss = ...``, brings nothing of an earli
 tells a list rebound every iteration (``pred, mems = model(x, mems)``) from one the loss is built from whole
 (``zip(policy.saved_log_probs, returns)``) and from one read by index or slice (``bank[-4:]``).
 :func:`rebinds_from_itself` tells a name each pass assigns from its own earlier value (``hidden = cell(x, hidden)``).
-:func:`stored_at` finds the one statement of the learner's that ran and keeps a graph on an attribute
-(``self.previous_hidden = hidden`` in a Lightning ``training_step``), as that statement spells it.
+:func:`reads_on_line` tells a line that reads a name from one that only assigns it.
 
-Used by :mod:`backward_twice.judge.notes` and :mod:`backward_twice.judge.verdicts`.
+Used by :mod:`backward_twice.judge.notes`, :mod:`backward_twice.judge.stored`, :mod:`backward_twice.judge.verdicts` and
+:mod:`backward_twice.report.rendering`.
 """
 
 from __future__ import annotations
@@ -34,16 +34,17 @@ if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
 
 __all__ = [
-    "as_stored",
+    "bound_names",
     "built_line",
     "first_read",
     "function_span",
     "list_use",
     "one_line_loop",
     "read_first",
+    "reads_on_line",
     "rebinds_from_itself",
+    "spelled",
     "starts_without_a_tensor",
-    "stored_at",
 ]
 
 
@@ -376,38 +377,38 @@ def rebinds_from_itself(named: NamedGraph) -> bool:
     for node in ast.walk(tree):
         if not first <= getattr(node, "lineno", 0) <= last:
             continue
-        if isinstance(node, ast.AugAssign) and _spelled(node.target) == named.name:
+        if isinstance(node, ast.AugAssign) and spelled(node.target) == named.name:
             return True
         if (
             isinstance(node, ast.Assign)
-            and any(_spelled(target) == named.name for target in _targets(node.targets))
-            and any(_spelled(read) == named.name for read in ast.walk(node.value))
+            and any(spelled(target) == named.name for target in bound_names(node.targets))
+            and any(spelled(read) == named.name for read in ast.walk(node.value))
         ):
             return True
     return False
 
 
-def _targets(targets: list[ast.expr]) -> list[ast.expr]:
+def bound_names(targets: list[ast.expr]) -> list[ast.expr]:
     """Each name an assignment binds: the items of a tuple or list target (``h, c = ...``), one by one."""
     found: list[ast.expr] = []
     for target in targets:
         if isinstance(target, (ast.Tuple, ast.List)):
-            found.extend(_targets(target.elts))
+            found.extend(bound_names(target.elts))
         else:
             found.append(target.value if isinstance(target, ast.Starred) else target)
     return found
 
 
-def _spelled(node: ast.AST) -> str | None:
+def spelled(node: ast.AST) -> str | None:
     """A name as a verdict spells it (``hidden``, ``self.hidden``, ``state[0]``, ``buffers['h']``), for a name, an
     attribute chain or a constant subscript; None for anything else."""
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):
-        owner = _spelled(node.value)
+        owner = spelled(node.value)
         return None if owner is None else f"{owner}.{node.attr}"
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        owner = _spelled(node.value)
+        owner = spelled(node.value)
         return None if owner is None else f"{owner}[{node.slice.value!r}]"
     return None
 
@@ -422,72 +423,20 @@ def one_line_loop(filename: str, line: int) -> bool:
     )
 
 
-def stored_at(attribute: str, ran: Collection[tuple[str, int]]) -> tuple[str, int, str] | None:
-    """(file, line, target as spelled) of the one statement in the learner's files that assigns ``attribute`` on
-    an object (``self.previous_hidden = hidden``, ``self.h += ...``) among the lines that ``ran``, a constant
-    (``self.previous_hidden = None``) left out, and a constructor's start value too when another statement stores it
-    (``self.h = torch.zeros(...)`` in ``__init__``, ``self.h = self.cell(x, self.h)`` in the step); None when no such
-    statement ran, or several did (the name is then not placed by one line)."""
-    lines: dict[str, set[int]] = {}
-    for filename, line in ran:
-        lines.setdefault(filename, set()).add(line)
-    found: dict[tuple[str, int, str], bool] = {}  # -> whether it lies in an __init__
-    for filename, numbers in lines.items():
-        tree = parsed(filename)
-        inits = [
-            (node.lineno, node.end_lineno or node.lineno)
-            for node in (ast.walk(tree) if tree is not None else ())
-            if isinstance(node, ast.FunctionDef) and node.name == "__init__"
-        ]
-        for node in ast.walk(tree) if tree is not None else ():
-            if isinstance(node, ast.Assign):
-                targets = _targets(node.targets)
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
-                targets = [node.target]
-            else:
-                continue
-            if isinstance(node.value, ast.Constant):
-                continue
-            ran_here = any(line in numbers for line in range(node.lineno, (node.end_lineno or node.lineno) + 1))
-            for target in targets if ran_here else ():
-                spelled = _spelled(target)
-                if isinstance(target, ast.Attribute) and target.attr == attribute and spelled is not None:
-                    in_init = any(first <= node.lineno <= last for first, last in inits)
-                    found[(filename, node.lineno, spelled)] = in_init
-    if len(found) > 1:
-        found = {where: in_init for where, in_init in found.items() if not in_init}
-    return next(iter(found)) if len(found) == 1 else None
-
-
-def as_stored(name: str, ran: Collection[tuple[str, int]]) -> tuple[str, tuple[str, int] | None] | None:
-    """A carrier found on an object (``state['model'].previous_hidden[0]``, through the names a framework's caller
-    holds) as the one statement that ran and stored it spells it (``self.previous_hidden[0]``), with that statement's
-    (file, line) when nothing after it in its function reads the attribute (a detach right after it then cuts only
-    what the next step reads; None: a later line's loss needs it whole). None without an attribute in the name or
-    such a single statement."""
-    attribute = re.search(r"\.(\w+)((?:\[[^\]]*\])*)$", name)
-    stored = stored_at(attribute.group(1), ran) if attribute is not None else None
-    if attribute is None or stored is None:
-        return None
-    filename, line, spelled = stored
-    span = _function_around(filename, line)
-    tree = parsed(filename)
-    read_later = span is not None and any(
-        isinstance(node, ast.Attribute)
-        and isinstance(node.ctx, ast.Load)
-        and node.attr == attribute.group(1)
-        and line < node.lineno <= span[1]
-        for node in (ast.walk(tree) if tree is not None else ())
+def reads_on_line(code: str, name: str) -> bool:
+    """Whether ``code``, one line of source, reads ``name`` (``self.h = self.rnn(x, self.h)``, ``total += loss``), not
+    only assigns it (``self.previous = outputs.logits.mean()``); a line that does not parse alone (part of a longer
+    statement) is taken to read it."""
+    try:
+        tree = ast.parse(code.strip().rstrip(":") or "pass")
+    except SyntaxError:
+        return True
+    return any(
+        (isinstance(node, ast.AugAssign) and spelled(node.target) == name)
+        or (
+            isinstance(node, (ast.Name, ast.Attribute, ast.Subscript))
+            and isinstance(node.ctx, ast.Load)
+            and spelled(node) == name
+        )
+        for node in ast.walk(tree)
     )
-    return spelled + attribute.group(2), None if read_later or span is None else (filename, line)
-
-
-def _function_around(filename: str, line: int) -> tuple[int, int] | None:
-    """The first and last lines of the innermost function of ``filename`` that holds ``line``."""
-    tree = parsed(filename)
-    spans = [
-        (node.lineno, node.end_lineno or node.lineno)
-        for node in (ast.walk(tree) if tree is not None else ())
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or 0)
-    ]
-    return max(spans) if spans else None

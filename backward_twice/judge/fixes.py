@@ -3,7 +3,7 @@ later iteration (by the carrier's kind: a tensor, a tuple of states, a list rebo
 slice; the same attributes of each item of one list, a cache's ``layers[i].keys`` and ``.values``, detached by one
 statement), and for a second backward through buffers an earlier backward of the same iteration freed.
 
-Used by :mod:`backward_twice.judge.verdicts`.
+Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.rendering`.
 """
 
 from __future__ import annotations

@@ -29,18 +29,19 @@ from dataclasses import dataclass, field, replace
 from backward_twice.common.error_kinds import error_kind
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.built import (
-    as_stored,
     built_line,
     first_read,
     function_span,
     list_use,
     one_line_loop,
     read_first,
+    reads_on_line,
     rebinds_from_itself,
     starts_without_a_tensor,
 )
 from backward_twice.judge.fixes import ERROR_FIXES, carried_fix, second_backward_fix
 from backward_twice.judge.notes import Note, notes
+from backward_twice.judge.stored import as_stored, as_the_line_names_it
 from backward_twice.record.folds import CallLog, count_retains
 from backward_twice.record.iterations import Split, split_iterations
 from backward_twice.record.learner import learner_line_at, short
@@ -357,20 +358,6 @@ def _carrier(recorder: Recorder, spellings: list[str] | None) -> str | None:
     return next(live, spellings[0])
 
 
-def as_the_line_names_it(name: str | None, built_at: str) -> str | None:
-    """A name found only through a framework's private attributes (``trainer._accelerator_connector.strategy._model.h``
-    under PyTorch Lightning), as the learner's own line that built it names it (``self.h``, when that line is
-    ``self.h = self.rnn(x, self.h)``): the attribute the line assigns on ``self`` is the one the name ends in."""
-    if name is None or not any(part.startswith("_") for part in re.split(r"[.\[]", name)):
-        return name
-    code = built_at.split(": ", 1)[-1]
-    targets = re.split(r"(?<![=!<>])(?:\+|-|\*|/)?=(?!=)", code, maxsplit=1)
-    attribute = re.search(r"\.(\w+)((?:\[[^\]]*\])*)$", name)
-    if len(targets) < 2 or attribute is None or attribute.group(1) not in re.findall(r"\bself\.(\w+)", targets[0]):
-        return name
-    return f"self.{attribute.group(1)}{attribute.group(2)}"
-
-
 def _whole(name: str, container: str | None) -> str:
     """``state`` of ``state[0]`` when the name is an item of a tuple or a list: what the loop reads and rebinds."""
     return re.sub(r"\[\d+\]$", "", name) if container in ("tuple", "list") else name
@@ -396,7 +383,7 @@ def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _C
     if starts_without_a_tensor(whole, entry[0] if entry is not None else carried.built_at.split(":", 1)[0]):
         return False
     if entry is None:  # comes in where it is built (``self.h = self.rnn(x, self.h)`` in a framework's step)
-        return True
+        return reads_on_line(carried.built_at.split(": ", 1)[-1], whole)
     if one_line_loop(*entry):  # ``for x in data: h = cell(x, h); ...``: a line added before it runs once
         return False
     link = recorder.loop.innermost

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from backward_twice.common.units import format_bytes
+from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fixes import items_of_one_list
 from backward_twice.judge.verdicts import (
     CREATE_GRAPH_KEEPS,
@@ -161,7 +162,7 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
         lines.append(CodeLine(place, code, _span(code, name, load_only=True), f"{origin} comes in here"))
     elif not code.startswith("(") and first.name:
         comes_in = _span(code, name, load_only=True)
-        if comes_in is not None and first.iteration is not None:
+        if comes_in is not None and first.iteration is not None and reads_on_line(code, name):
             lines.append(CodeLine(place, code, comes_in, f"{origin} comes in here"))
         else:
             built = "built here, before the loop" if first.iteration is None else "built here"

@@ -1,0 +1,104 @@
+"""Where the learner's code keeps a carried graph on an object for the next step, when no loop of theirs runs the
+iterations (a framework's ``fit`` or ``train`` does): :func:`stored_at` finds the one statement of theirs that ran and
+assigns the attribute (``self.previous_hidden = hidden`` in a Lightning ``training_step``), and :func:`as_stored`
+spells the carrier as that statement does, with the line a detach goes after. :func:`as_the_line_names_it` spells a
+carrier found only through a framework's private attributes as the learner's line that built it does (``self.h``).
+
+Used by :mod:`backward_twice.judge.verdicts`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Collection
+
+from backward_twice.judge.built import bound_names, spelled
+from backward_twice.record.sources import parsed
+
+__all__ = ["as_stored", "as_the_line_names_it", "stored_at"]
+
+
+def stored_at(attribute: str, ran: Collection[tuple[str, int]]) -> tuple[str, int, str] | None:
+    """(file, line, target as spelled) of the one statement in the learner's files that assigns ``attribute`` on
+    an object (``self.previous_hidden = hidden``, ``self.h += ...``) among the lines that ``ran``, a constant
+    (``self.previous_hidden = None``) left out, and a constructor's start value too when another statement stores it
+    (``self.h = torch.zeros(...)`` in ``__init__``, ``self.h = self.cell(x, self.h)`` in the step); None when no such
+    statement ran, or several did (the name is then not placed by one line)."""
+    lines: dict[str, set[int]] = {}
+    for filename, line in ran:
+        lines.setdefault(filename, set()).add(line)
+    found: dict[tuple[str, int, str], bool] = {}  # -> whether it lies in an __init__
+    for filename, numbers in lines.items():
+        tree = parsed(filename)
+        inits = [
+            (node.lineno, node.end_lineno or node.lineno)
+            for node in (ast.walk(tree) if tree is not None else ())
+            if isinstance(node, ast.FunctionDef) and node.name == "__init__"
+        ]
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Assign):
+                targets = bound_names(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+                targets = [node.target]
+            else:
+                continue
+            if isinstance(node.value, ast.Constant):
+                continue
+            ran_here = any(line in numbers for line in range(node.lineno, (node.end_lineno or node.lineno) + 1))
+            for target in targets if ran_here else ():
+                spelling = spelled(target)
+                if isinstance(target, ast.Attribute) and target.attr == attribute and spelling is not None:
+                    in_init = any(first <= node.lineno <= last for first, last in inits)
+                    found[(filename, node.lineno, spelling)] = in_init
+    if len(found) > 1:
+        found = {where: in_init for where, in_init in found.items() if not in_init}
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def as_stored(name: str, ran: Collection[tuple[str, int]]) -> tuple[str, tuple[str, int] | None] | None:
+    """A carrier found on an object (``state['model'].previous_hidden[0]``, through the names a framework's caller
+    holds) as the one statement that ran and stored it spells it (``self.previous_hidden[0]``), with that statement's
+    (file, line) when nothing after it in its function reads the attribute (a detach right after it then cuts only
+    what the next step reads; None: a later line's loss needs it whole). None without an attribute in the name or
+    such a single statement."""
+    attribute = re.search(r"\.(\w+)((?:\[[^\]]*\])*)$", name)
+    stored = stored_at(attribute.group(1), ran) if attribute is not None else None
+    if attribute is None or stored is None:
+        return None
+    filename, line, spelling = stored
+    span = _function_around(filename, line)
+    tree = parsed(filename)
+    read_later = span is not None and any(
+        isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Load)
+        and node.attr == attribute.group(1)
+        and line < node.lineno <= span[1]
+        for node in (ast.walk(tree) if tree is not None else ())
+    )
+    return spelling + attribute.group(2), None if read_later or span is None else (filename, line)
+
+
+def _function_around(filename: str, line: int) -> tuple[int, int] | None:
+    """The first and last lines of the innermost function of ``filename`` that holds ``line``."""
+    tree = parsed(filename)
+    spans = [
+        (node.lineno, node.end_lineno or node.lineno)
+        for node in (ast.walk(tree) if tree is not None else ())
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or 0)
+    ]
+    return max(spans) if spans else None
+
+
+def as_the_line_names_it(name: str | None, built_at: str) -> str | None:
+    """A name found only through a framework's private attributes (``trainer._accelerator_connector.strategy._model.h``
+    under PyTorch Lightning), as the learner's own line that built it names it (``self.h``, when that line is
+    ``self.h = self.rnn(x, self.h)``): the attribute the line assigns on ``self`` is the one the name ends in."""
+    if name is None or not any(part.startswith("_") for part in re.split(r"[.\[]", name)):
+        return name
+    code = built_at.split(": ", 1)[-1]
+    targets = re.split(r"(?<![=!<>])(?:\+|-|\*|/)?=(?!=)", code, maxsplit=1)
+    attribute = re.search(r"\.(\w+)((?:\[[^\]]*\])*)$", name)
+    if len(targets) < 2 or attribute is None or attribute.group(1) not in re.findall(r"\bself\.(\w+)", targets[0]):
+        return name
+    return f"self.{attribute.group(1)}{attribute.group(2)}"
