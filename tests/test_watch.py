@@ -399,9 +399,9 @@ def _lbfgs_problem() -> tuple[torch.nn.Linear, torch.optim.LBFGS, Callable[[], t
 
 def test_iterations_never_stop_an_optimizer_step_half_way() -> None:
     """LBFGS stepped by ``map`` (no loop of the learner's: no pass of it is seen), so every backward runs inside a
-    step. The watch may not stop between its passes there, and must not stop inside one (the step would be left half
-    done, its state matching no number of bare passes): it watches them all. Written as a loop on one line, the
-    passes are seen: it stops between two steps, with the state of 3 bare ones."""
+    step. The watch must not stop inside one (the step would be left half done, its state matching no number of bare
+    passes): it stops at the start of the 4th step, before it runs, with the state of 3 bare ones. Written as a loop
+    on one line, the passes are seen: it stops at the top of the 4th, with the same state."""
     states = []
     model, optimizer, closure = _lbfgs_problem()
     for _ in range(8):
@@ -416,8 +416,52 @@ def test_iterations_never_stop_an_optimizer_step_half_way() -> None:
     model, optimizer, closure = _lbfgs_problem()
     with watch(iterations=3):
         list(map(lambda _: optimizer.step(closure), range(8)))  # noqa: C417  # a loop of no statement of theirs
-    assert matches(model) == [8]
+    assert matches(model) == [3]
     model, optimizer, closure = _lbfgs_problem()
     with watch(iterations=3) as w:
         for _ in range(8): optimizer.step(closure)  # noqa: E701  # fmt: skip
     assert matches(model) == [3] and w.verdicts.iterations_run == 3
+
+
+def test_iterations_n_stop_a_lightning_fit_whose_backward_runs_inside_the_step_after_n_steps() -> None:
+    """Lightning's automatic optimization runs ``training_step`` and the backward inside the closure it hands to
+    ``optimizer.step``: a stop at the backward would leave that step half done, so it comes at the start of step N+1.
+    The truth: the weights equal a bare fit limited to 2 batches."""
+    pl = pytest.importorskip("pytorch_lightning")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(model: torch.nn.Module, batches: int | None = None) -> None:
+        torch.manual_seed(1)
+        data = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=4)
+        options = {"limit_train_batches": batches} if batches else {}
+        pl.Trainer(
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            **options,
+        ).fit(model, data)
+
+    torch.manual_seed(0)
+    watched, bare, untouched = Model(), Model(), Model()
+    bare.load_state_dict(watched.state_dict())
+    untouched.load_state_dict(watched.state_dict())
+    with watch(iterations=2) as w:
+        fit(watched)
+    fit(bare, 2)
+    assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), bare.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(watched.parameters(), untouched.parameters()))
+    assert w.verdicts.iterations_run == 2 and str(w).startswith("backward-twice: healthy (2 iterations watched, then")

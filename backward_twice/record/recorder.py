@@ -26,7 +26,7 @@ holds stays bounded, and the verdicts read the counts with the records.
 
 ``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
 :class:`StopRecording` raised there, outside any ``try`` of the body); without a loop of theirs, at the first
-backward call after N iterations ended.
+backward call or optimizer step's start after N iterations ended.
 
 The recorder never breaks the loop it watches: every hook and trace function is guarded, and an error of its own
 switches it off for the rest of the run (:attr:`Recorder.failure` says why); the loop goes on as bare Python would.
@@ -158,8 +158,7 @@ class Recorder:
         self._last_event_end = 0  # the node counter at the end of the last event (a pass the tracer missed begins here)
         self._first_steps: dict[int, int] = {}  # optimizer -> the position of its first step
         self._step_counts: dict[int, int] = {}
-        self._events = 0  # optimizer steps and marks so far
-        self._first_line_calls = 0  # backward calls at the line of the first one
+        self._events = self._first_line_calls = 0  # optimizer steps and marks; backward calls at the first one's line
         self._first_site: tuple[str, int] | None = None
         self._retains_at: dict[tuple[str, int], int] = {}  # retaining calls per line so far
         self.sampling = WalkSampling()  # which calls' walks are read: all with keep_buffers or on_leaf
@@ -338,6 +337,7 @@ class Recorder:
                 self.optimizers_seen[id(optimizer)] = weakref.ref(optimizer)
             if self.before_step is not None:
                 self.before_step(optimizer)
+            self._maybe_stop_without_a_loop(None)
         except Exception as error:
             self._fail("before an optimizer step", error)
 
@@ -484,14 +484,16 @@ class Recorder:
 
         return look
 
-    def _maybe_stop_without_a_loop(self, site: tuple[str, int]) -> None:
-        """Without a loop of the learner's, iteration N+1 is stopped at its first backward call, before it runs."""
+    def _maybe_stop_without_a_loop(self, site: tuple[str, int] | None) -> None:
+        """Without a loop of the learner's, iteration N+1 is stopped at its first backward call or at the start of its
+        first optimizer step (``site`` None), before either runs: a framework's closure runs the backward inside the
+        step, where a stop would leave the step half done."""
         if self.iterations is None or self.stopped or self.by_runs or self.loop.iteration_passes():
             return
         ended = len(self.marks)  # iterations ended so far by the fallbacks: marks, the closing optimizer's steps
         if not ended and self._first_steps:
             ended = self._step_counts[max(self._first_steps, key=self._first_steps.__getitem__)]
-        if not ended and self.calls:  # no step and no mark: a new iteration at each call of the first line
+        if not ended and self.calls and site is not None:  # no step and no mark: one iteration per first-line call
             ended = self._first_line_calls if site == self._first_site else 0
         if ended >= self.iterations:
             self.stopped = True
