@@ -23,8 +23,8 @@ switches itself off.
 * **Passes.** A loop's pass starts where its header line runs and the next line of the same frame lies in its
   body (at the loop's end the header runs once more, and the next line lies after it: no pass). A ``for`` whose body
   starts on its header's line (``for x in data: h = cell(x, h); ...``) sends no line event in its body: its frame
-  sends opcode events while it runs that line, and a pass starts at the instruction after the loop's ``FOR_ITER``
-  (an item was taken).
+  sends opcode events while it runs that line, and a pass starts at the first instruction after the loop's
+  ``FOR_ITER`` and the stores of the names it binds (an item was taken and bound).
   ``on_pass(frame, loop, sequence)`` is called there, before the pass's first statement runs; if it returns an
   exception, that exception is raised into the learner's frame at that point, outside any ``try`` of the body: how
   a recorder stops between iterations. A loop whose body starts with ``try:`` is asked at its header instead
