@@ -677,3 +677,95 @@ def test_names_each_iteration_rebinds_get_no_note(tmp_path: Path) -> None:
     assert python.stdout.splitlines() == ["graphs alive: 1"] * 4  # one held at a time
     assert "healthy (4 iterations watched, 8 backward calls" in watched.stdout, watched.stdout
     assert "note" not in watched.stdout
+
+
+def test_a_list_of_losses_kept_on_an_object_is_named_as_the_line_that_grows_it(tmp_path: Path) -> None:
+    """A trainer object keeps its losses in ``self.history["losses"]``: the note names that list as the learner's
+    line spells it and shows the line that grows it (it named the object, ``trainer``, and showed the line that made
+    the dict, whose ``{"losses": []}`` holds a colon). The truth, printed by the script: every loss kept holds its
+    graph; with ``.item()`` none does."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+
+        class Trainer:
+            def __init__(self):
+                self.net = torch.nn.Linear(8, 1)
+                self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+                self.history = {"losses": []}
+
+            def step(self, x, y):
+                self.opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(self.net(x), y)
+                self.history["losses"].append(loss{fix})
+                loss.backward()
+                self.opt.step()
+
+        trainer = Trainer()
+        data = [(torch.randn(8, 8), torch.randn(8, 1)) for _ in range(8)]
+        for x, y in data:
+            trainer.step(x, y)
+        print("graphs kept:", sum(getattr(kept, "grad_fn", None) is not None for kept in trainer.history["losses"]))
+        """
+    python, watched = run(tmp_path, script.replace("{fix}", ""))
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert python.stdout == "graphs kept: 8\n"
+    assert '1. `self.history["losses"]` keeps one more iteration\'s graph alive every iteration' in watched.stdout
+    assert 'train.py:15 | self.history["losses"].append(loss)' in watched.stdout, watched.stdout
+    assert 'keep in mind: `self.history["losses"].append(loss.item())`' in watched.stdout
+    python, watched = run(tmp_path, script.replace("{fix}", ".item()"))
+    assert python.stdout == "graphs kept: 0\n"
+    assert watched.stdout.startswith("graphs kept: 0\nbackward-twice: healthy"), watched.stdout
+
+
+def test_outputs_a_lightning_step_keeps_for_the_epochs_end_are_the_same_note_as_in_a_loop_of_ones_own(
+    tmp_path: Path,
+) -> None:
+    """Lightning's own pattern, ``self.training_step_outputs.append(loss)`` cleared at the epoch's end, holds every
+    step's graph until then, as a list in a loop of one's own does: the same note, named as ``training_step`` spells
+    it (it was "healthy": without a loop of the learner's, the names were never read as an iteration's start). The
+    truth, printed by the script at each epoch's end: 4 graphs held; with ``.detach()``, none."""
+    script = """
+        import pytorch_lightning as pl
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Model(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Linear(8, 1)
+                self.training_step_outputs = []
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                loss = torch.nn.functional.mse_loss(self.net(x), y)
+                self.training_step_outputs.append(loss{fix})
+                return loss
+
+            def on_train_epoch_end(self):
+                print("graphs held:", sum(out.grad_fn is not None for out in self.training_step_outputs))
+                self.training_step_outputs.clear()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(16, 8), torch.randn(16, 1))
+        trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, accelerator="cpu")
+        trainer.fit(Model(), DataLoader(data, batch_size=4))
+        """
+    python, watched = run(tmp_path, script.replace("{fix}", ""))
+    assert python.returncode == watched.returncode == 0, watched.stderr[-2000:]
+    assert python.stdout.splitlines()[-2:] == ["graphs held: 4"] * 2
+    report = watched.stdout[watched.stdout.index("backward-twice:") :]
+    assert "1. `self.training_step_outputs` keeps one more iteration's graph alive every iteration" in report, report
+    assert "train.py:16 | self.training_step_outputs.append(loss)" in report, report
+    assert "_accelerator_connector" not in report
+    python, watched = run(tmp_path, script.replace("{fix}", ".detach()"))
+    assert python.stdout.splitlines()[-2:] == ["graphs held: 0"] * 2
+    assert watched.stdout[watched.stdout.index("backward-twice:") :].startswith("backward-twice: healthy")
+

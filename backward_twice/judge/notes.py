@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import linecache
 import math
 import re
 from collections import Counter
@@ -84,7 +85,8 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         if grown.grew and named is not None and not _below_a_submodule(name):
             built = split.iteration_of_node(grown.newest)
             line = built_line(named, built == 0, recorder)
-            by_name[name] = Note(name, line, grown.newest_bytes, True, one_element=_one_element(named.shape))
+            grower = _container(named.name, name)
+            by_name[grower] = Note(grower, line, grown.newest_bytes, True, one_element=_one_element(named.shape))
     for holder, sequence, built, held_graph, spans in held:
         grows = _root(holder) in growing or spans > 1
         named = recorder.names[sequence]
@@ -98,7 +100,40 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             by_name[holder] = dataclasses.replace(known, grows=True, reset=holder in reset)
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
             by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one))
-    return _one_per_container(list(by_name.values()))
+    found = _one_per_container(list(by_name.values()))
+    return [dataclasses.replace(note, name=_as_grown(note.name, _file_of(note.built_at))) for note in found]
+
+
+def _file_of(built_at: str) -> str:
+    """The file of a "file:line: code" (the code may hold colons of its own: ``{"losses": []}``)."""
+    return built_at.partition(": ")[0].rsplit(":", 1)[0]
+
+
+def _container(newest: str, root: str) -> str:
+    """The list or dict that holds a name's newest graph, ``newest``: ``self.history['losses']`` of
+    ``self.history['losses'][7]``; ``root``, the name whose count grew, when that graph is not an item of one."""
+    whole = re.match(r"^(.+?)\[[^\]]*\]$", newest)
+    return whole.group(1) if whole is not None else root
+
+
+def _as_grown(container: str, filename: str) -> str:
+    """``container`` as the line of ``filename`` that grows it spells it: ``self.history["losses"]`` for
+    ``self.history['losses']``, ``self.outputs`` for a framework's ``trainer._connector.strategy._model.outputs``
+    (the same last attribute and keys); ``container`` itself when no line grows it."""
+    tail = re.search(r"(?:^|\.)(\w+)((?:\[[^\]]*\])*)$", container)
+    if tail is None:
+        return container
+    grows = r"\s*(?:\.append\(|\.extend\(|\.insert\(|\+=)"
+    keys = tail.group(2).replace('"', "'")
+    whole = container[: len(container) - len(tail.group(2))]
+    pattern = re.compile(rf"(?<![\w.])((?:\w+\.)*{tail.group(1)})((?:\[[^\]]*\])*){grows}")
+    found = [
+        (spelling.group(1) == whole, spelling.group(1) + spelling.group(2))
+        for text in linecache.getlines(filename)
+        for spelling in [pattern.search(text.split("#", 1)[0])]
+        if spelling is not None and spelling.group(2).replace('"', "'") == keys
+    ]
+    return max(found, key=lambda candidate: candidate[0])[1] if found else container
 
 
 def _one_per_container(found: list[Note]) -> list[Note]:

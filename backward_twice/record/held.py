@@ -117,16 +117,19 @@ class Holding(Protocol):
     def key(self) -> str: ...
 
 
-def event_names(recorder: Holding, frame: types.FrameType) -> None:
+def event_names(recorder: Holding, frame: types.FrameType, opens: bool = False) -> None:
     """At an event (a backward call, an optimizer step, a mark): with a loop of the learner's, the names are read at
     its passes' starts instead (what is held there is what can carry a graph into the next iteration); without one,
     now: at the first 16 events, then at the 32nd, 64th, ... (a framework's objects are many, and its loop can be
-    long)."""
+    long). ``opens``: the event may end an iteration (an optimizer step that splits the run), so what the names hold
+    now is held into the next one, as at a pass's start."""
     if recorder.by_runs:
         note_names(recorder, frame)
     elif not recorder.loop.iteration_passes():
         count = len(recorder.calls) + recorder.events
         if count <= 16 or count & (count - 1) == 0:
+            if opens:
+                recorder.starts.append(len(recorder.sightings))
             note_names(recorder, frame)
 
 

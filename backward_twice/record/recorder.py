@@ -366,7 +366,7 @@ class Recorder:
         if by_steps or self.creation.active or loop.told_by_lines():  # else settled: the backward calls tell
             self._saw_event(caller, may_stop=False)  # passes by what the loop's ``for`` binds
         if by_steps or loop.unusable is not None:  # else at the loop's passes' starts instead
-            event_names(self, caller)
+            event_names(self, caller, opens=by_steps)
         if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
             read, first = len(self.sightings), self._first_steps
             self.steps = self.step_folder.after_step(self.calls, self.steps, first, self.start, read)

@@ -306,7 +306,7 @@ def _retain_item(line: LineVerdict) -> Item:
 
 def _note_item(note: Note) -> Item:
     place, code = _split(note.built_at)
-    filename = note.built_at.rsplit(":", 2)[0] if not place.startswith("Cell ") else None
+    filename = note.built_at.partition(": ")[0].rsplit(":", 1)[0] if not place.startswith("Cell ") else None
     grows = _growing_line(note.name, filename) if filename else None
     lines = (CodeLine(place, code, None, "each iteration's graph starts here"),)
     fix = "keep a number (`.item()`) or a detached tensor (`.detach()`) instead"
