@@ -8,6 +8,7 @@ whose inner loop accumulates gradients, and names each iteration rebinds (no not
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -769,3 +770,51 @@ def test_outputs_a_lightning_step_keeps_for_the_epochs_end_are_the_same_note_as_
     assert python.stdout.splitlines()[-2:] == ["graphs held: 0"] * 2
     assert watched.stdout[watched.stdout.index("backward-twice:") :].startswith("backward-twice: healthy")
 
+
+IN_PLACE = {
+    "augmented": ("h = torch.sigmoid(net(x))", "h += 1", "write line 9 out of place: `h = h + 1`"),
+    "method": ("h = torch.tanh(net(x))\n    b = h * 2", "h.mul_(3)", "write line 10 out of place: `h = h.mul(3)`"),
+    "item": ("h = torch.sigmoid(net(x))", "h[:, 0] = 0", "add `h = h.clone()` before line 9"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(IN_PLACE))
+def test_an_in_place_change_of_a_saved_tensor_is_shown_at_its_line_with_a_fix_that_makes_the_loop_run(
+    tmp_path: Path, form: str
+) -> None:
+    """The version check raised by the learner's own in-place statement (no optimizer step between): the item shows
+    that statement and writes it out of place, in the learner's names (it gave the generic "use the out-of-place
+    form; after an optimizer.step() ..."). The truth: the script raises as written and runs with the printed fix."""
+    forward, change, fix = IN_PLACE[form]
+    script = textwrap.dedent(
+        """
+        import torch
+        torch.manual_seed(0)
+        net = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for step in range(3):
+            x = torch.randn(4, 8)
+            {forward}
+            {change}
+            loss = h.pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        """
+    ).format(forward=forward, change=change)
+    python, watched = run(tmp_path, script, "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "modified by an inplace operation" in python.stderr
+    diagnosis = watched.stdout
+    number = int(re.search(r"line (\d+)", fix).group(1))  # type: ignore[union-attr]
+    assert f"1. line {number} changed in place a tensor this backward needs" in diagnosis, diagnosis
+    assert f"train.py:{number} | {change}" in diagnosis, diagnosis
+    assert f"fix: {fix}\n" in diagnosis, diagnosis
+    lines = script.splitlines()
+    statement = re.search(r"`(.+)`", fix).group(1)  # type: ignore[union-attr]
+    if fix.startswith("add"):
+        lines.insert(number - 1, f"    {statement}")
+    else:
+        lines[number - 1] = f"    {statement}"
+    python, watched = run(tmp_path, "\n".join(lines))
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout

@@ -1,7 +1,8 @@
 """The fix a verdict gives, in the learner's own names: for each kind of PyTorch error, for a graph carried into a
 later iteration (by the carrier's kind: a tensor, a tuple of states, a list rebound, built from whole or read by
 slice; the same attributes of each item of one list, a cache's ``layers[i].keys`` and ``.values``, detached by one
-statement), and for a second backward through buffers an earlier backward of the same iteration freed.
+statement), for a second backward through buffers an earlier backward of the same iteration freed, and for the
+learner's statement that changed a saved tensor in place (written out of place).
 
 Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.rendering`.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ERROR_FIXES", "carried_fix", "items_of_one_list", "second_backward_fix"]
+from backward_twice.record.in_place import in_place_statement, out_of_place
+
+__all__ = ["ERROR_FIXES", "carried_fix", "in_place_fix", "items_of_one_list", "second_backward_fix"]
 
 ERROR_FIXES = {
     "backward a second time": "a backward freed this graph's buffers and a later one goes through them: add "
@@ -121,3 +124,15 @@ def items_of_one_list(names: list[str]) -> tuple[str, str] | None:
     detached = ", ".join(f"{item}.{attribute}.detach()" for attribute in attributes)
     numbers = ", ".join(str(index) for index in indices)
     return f"{spelled} (i = {numbers})", f"for {item} in {owner}: {targets} = {detached}"
+
+
+def in_place_fix(filename: str, line: int) -> str:
+    """The fix for the learner's in-place statement at ``line``: that statement written out of place, in their names
+    (``h = h + 1``), or a copy made before it (``h = h.clone()`` before ``h[mask] = 0``)."""
+    statement = in_place_statement(filename, line)
+    rewritten = out_of_place(statement) if statement is not None else None
+    if rewritten is None:
+        return f"write line {line} out of place: a new tensor, not a change of the one the forward saved"
+    if rewritten.endswith(".clone()"):
+        return f"add `{rewritten}` before line {line}"
+    return f"write line {line} out of place: `{rewritten}`"

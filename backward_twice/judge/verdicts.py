@@ -39,7 +39,7 @@ from backward_twice.judge.built import (
     rebinds_from_itself,
     starts_without_a_tensor,
 )
-from backward_twice.judge.fixes import ERROR_FIXES, carried_fix, second_backward_fix
+from backward_twice.judge.fixes import ERROR_FIXES, carried_fix, in_place_fix, second_backward_fix
 from backward_twice.judge.notes import Note, notes
 from backward_twice.judge.stored import as_stored, as_the_line_names_it
 from backward_twice.record.folds import CallLog, count_retains
@@ -115,6 +115,7 @@ class ErrorVerdict:
     fix: str
     carried: bool = False
     stale_line: str | None = None  # the learner's line that computed what the step then changed (in place)
+    changed_line: str | None = None  # the learner's in-place statement that changed what a node saved
 
 
 @dataclass(frozen=True)
@@ -453,7 +454,7 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
     kind = error_kind(record.message)
     calls = recorder.calls
     iteration = split.iteration_of_call(record.call) if record.call is not None else max(1, split.count + 1)
-    evidence, fix, stale = "", ERROR_FIXES[kind], None
+    evidence, fix, stale, changed = "", ERROR_FIXES[kind], None, None
     through_carried = record.call is not None and any(
         split.iteration_of_node(seq) < iteration for seq in calls[record.call].old
     )
@@ -476,11 +477,15 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
             twin = _twin_in_iteration_1(recorder, split, record.stale_node) if site is None else None
             site = recorder.creation.call_line_of(twin, raised) if twin is not None else site
         stale = learner_line_at(*site) if site is not None else None
+    elif record.changed_at is not None:
+        changed = learner_line_at(*record.changed_at)
+        evidence = f"a tensor it saved was changed in place at {short(changed)}"
+        fix = in_place_fix(*record.changed_at)
     elif kind == "in-place version error":
         evidence = "a tensor it saved was changed in place after it was saved"
     caused = bool(carried) and through_carried and kind in ("backward a second time", "in-place version error")
     fix = carried[0].fix if caused else fix  # the walk into an earlier iteration's graph is the cause: its fix
-    return ErrorVerdict(kind, record.message, record.line, iteration, evidence, fix, caused, stale)
+    return ErrorVerdict(kind, record.message, record.line, iteration, evidence, fix, caused, stale, changed)
 
 
 def _when(iteration: int) -> str:

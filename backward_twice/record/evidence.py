@@ -1,6 +1,6 @@
 """What the recorder can say about an error a backward raised, from what it saw: for "backward through the graph a
 second time", the earlier call that freed the buffers and the name the walk reached them through; for the version
-check, the optimizer step that changed a saved tensor in place.
+check, the optimizer step that changed a saved tensor in place, or else the learner's in-place statement that did.
 
 Used by :mod:`backward_twice.record.recorder`.
 """
@@ -11,17 +11,21 @@ import types
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.autograd.graph import Node
 
 from backward_twice.common.error_kinds import error_kind
 from backward_twice.record.events import StepEvent
+from backward_twice.record.in_place import changed_in_place
 from backward_twice.record.learner import first_line
 from backward_twice.record.names import NamedGraph, names_holding_graphs
 from backward_twice.record.saved import saved_data
 from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
+
+if TYPE_CHECKING:
+    from backward_twice.record.lines import LineTracer
 
 __all__ = ["ErrorRecord", "Seen", "explain"]
 
@@ -46,6 +50,8 @@ class Seen(Protocol):
     def steps(self) -> list[StepEvent]: ...
     @property
     def calls(self) -> CallsSoFar: ...
+    @property
+    def creation(self) -> LineTracer: ...
 
 
 @dataclass
@@ -61,6 +67,7 @@ class ErrorRecord:
     reached_through: NamedGraph | None = None
     changed_by_step: str | None = None
     stale_node: int | None = None  # the sequence number of the node whose saved weights the step changed
+    changed_at: tuple[str, int] | None = None  # (file, line) of the learner's statement that changed one in place
 
 
 def explain(
@@ -77,6 +84,8 @@ def explain(
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
             record.changed_by_step, record.stale_node = changed
+        else:
+            record.changed_at = changed_in_place(walked, recorder.creation.line_of)
     return record
 
 

@@ -260,6 +260,12 @@ def _error_item(error: ErrorVerdict) -> Item:
                 )
                 gan = _gan_hint(step_code, raising.code, stale_code)
                 fix = f"compute line {stale_number} again after the step at line {step_number}{gan}"
+        elif error.changed_line is not None:
+            changed_place, changed_code = _split(error.changed_line)
+            lines.insert(0, CodeLine(changed_place, changed_code, (0, len(changed_code)), "changed it in place"))
+            changed_number = _line_number(changed_place)
+            label = f"line {changed_number} changed in place a tensor this backward needs"
+            why = f"the forward saved that tensor for the backward; line {changed_number} replaced its values"
     elif error.kind == "backward a second time":
         if freed is not None:
             freed_place, freed_code = _split(freed.group(1))

@@ -1,0 +1,101 @@
+"""Where the learner's code changed in place a tensor the forward had saved, when a backward then raised the version
+check: :func:`changed_in_place` finds, among the nodes the failing backward walked, the one whose saved tensor was
+changed (reading it raises the same check) and the node of the learner's in-place statement that consumed it
+(``h += 1``, ``h.mul_(2)``, ``h[mask] = 0``: an in-place change of a tensor that needs a gradient adds a node), and
+:func:`out_of_place` writes that statement out of place, as the fix.
+
+Used by :mod:`backward_twice.record.evidence` and :mod:`backward_twice.judge.fixes`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+
+from torch.autograd.graph import Node
+
+from backward_twice.record.sources import parsed
+
+__all__ = ["changed_in_place", "in_place_statement", "out_of_place"]
+
+
+def changed_in_place(walked: list[Node], line_of: Callable[[int], tuple[str, int] | None]) -> tuple[str, int] | None:
+    """(file, line) of the learner's in-place statement that changed a tensor a node of ``walked`` saved, given
+    ``line_of`` (a node's sequence number -> the learner's line that built it); None when no such node is found."""
+    stale = [node for node in walked if _saved_changed(node)]
+    for node in walked:
+        if not any(before is not None and before in stale for before, _ in node.next_functions):
+            continue
+        site = line_of(node._sequence_nr())
+        if site is not None and in_place_statement(*site) is not None:
+            return site
+    return None
+
+
+def _saved_changed(node: Node) -> bool:
+    """Whether reading a tensor ``node`` saved raises the version check (it was changed in place since)."""
+    for name in dir(node):
+        if name.startswith("_saved_"):
+            try:
+                getattr(node, name)
+            except RuntimeError as error:
+                if "modified by an inplace operation" in str(error):
+                    return True
+            except Exception:  # freed, or not a tensor: not what changed
+                continue
+    return False
+
+
+def in_place_statement(filename: str, line: int) -> ast.stmt | None:
+    """The statement at ``line`` of ``filename`` if it changes a tensor in place: an augmented assignment
+    (``h += 1``), an assignment into an item (``h[mask] = 0``), a call of a method ending in ``_`` (``h.mul_(2)``)
+    or a call with ``out=``."""
+    tree = parsed(filename)
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno) and _changes(node):
+            return node
+    return None
+
+
+def _changes(statement: ast.stmt) -> bool:
+    if isinstance(statement, ast.AugAssign):
+        return True
+    if isinstance(statement, ast.Assign) and any(isinstance(t, ast.Subscript) for t in statement.targets):
+        return True
+    if isinstance(statement, (ast.Expr, ast.Assign)):
+        for call in ast.walk(statement.value):
+            if isinstance(call, ast.Call) and (
+                (isinstance(call.func, ast.Attribute) and _in_place_method(call.func.attr))
+                or any(keyword.arg == "out" for keyword in call.keywords)
+            ):
+                return True
+    return False
+
+
+def _in_place_method(name: str) -> bool:
+    return name.endswith("_") and not name.startswith("_")
+
+
+def out_of_place(statement: ast.stmt) -> str | None:
+    """``statement`` written out of place: ``h = h + 1`` for ``h += 1``, ``h = h.mul(2)`` for ``h.mul_(2)``, and
+    ``h = h.clone()`` to run before ``h[mask] = 0`` (the item is then set on a copy, and the saved tensor stays);
+    None for any other form."""
+    if isinstance(statement, ast.AugAssign) and isinstance(statement.target, (ast.Name, ast.Attribute)):
+        changed = ast.unparse(statement.target)
+        value = ast.BinOp(ast.Name(changed), statement.op, statement.value)
+        return f"{changed} = {ast.unparse(value)}"
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    if (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and _in_place_method(call.func.attr)
+        and isinstance(call.func.value, (ast.Name, ast.Attribute))
+    ):
+        fresh = ast.Call(ast.Attribute(call.func.value, call.func.attr[:-1]), call.args, call.keywords)
+        return f"{ast.unparse(call.func.value)} = {ast.unparse(fresh)}"
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        item = statement.targets[0]
+        if isinstance(item, ast.Subscript) and isinstance(item.value, (ast.Name, ast.Attribute)):
+            whole = ast.unparse(item.value)
+            return f"{whole} = {whole}.clone()"
+    return None
