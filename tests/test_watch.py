@@ -81,6 +81,34 @@ def test_a_loop_on_one_line_is_the_iteration_and_stops_after_the_whole_of_pass_n
     assert w.verdicts.iterations_run == 6 and w.verdicts.split.how.startswith("one per pass of your loop at")
 
 
+def _while_loop_stepping_on_the_backwards_line(model: torch.nn.Module, passes: int, logged: list[int]) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(1)
+    n = 0
+    while n < passes:
+        opt.zero_grad()
+        loss = model(torch.randn(3, 4)).pow(2).mean()
+        loss.backward(); opt.step()  # noqa: E702  # the learner's own line, as written  # fmt: skip
+        logged.append(n)
+        n += 1
+
+
+@pytest.mark.parametrize("iterations", [3, 4])
+def test_a_step_on_the_backwards_own_line_is_in_the_same_pass_of_a_while_loop(iterations: int) -> None:
+    """``loss.backward(); opt.step()`` on one line of a ``while`` loop: once the tracer no longer follows the passes,
+    the step came at the same line as the backward and was taken for a new pass (6 passes were "10 iterations", and
+    iterations=3 stopped after 2). The truth: 6 passes ran; the state after iterations=N is N bare passes'."""
+    with watch() as w:
+        _while_loop_stepping_on_the_backwards_line(_model(), 6, [])
+    assert w.verdicts.iterations_run == 6 and w.healthy, str(w)
+    watched, bare, logged = _model(), _model(), []
+    with watch(iterations=iterations) as w:
+        _while_loop_stepping_on_the_backwards_line(watched, 6, logged)
+    _while_loop_stepping_on_the_backwards_line(bare, iterations, [])
+    assert logged == list(range(iterations)) and w.verdicts.iterations_run == iterations
+    assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), bare.parameters()))
+
+
 def test_a_bare_except_in_the_body_does_not_swallow_the_stop() -> None:
     model = _model()
     ran = 0

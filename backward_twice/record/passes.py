@@ -33,7 +33,7 @@ import functools
 import os
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,7 +222,9 @@ class IterationLoop:
             self._keep(common)
             self.chain[:] = links[:common]  # the same loops, in the frames they run in now (the next epoch's call)
         self._drop_partial_loops(frame)
-        return self._new_passes(path, self._lines_inward(frame, boundary), calls, since, following=tracer.active)
+        inward = self._lines_inward(frame, boundary)
+        offset = next((f.f_lasti for f in _outward(frame, boundary) if self.is_learners(f.f_code)), -1)
+        return self._new_passes(path, inward, calls, since, tracer.active, offset)
 
     def _settled(
         self,
@@ -273,12 +275,15 @@ class IterationLoop:
             return True
         inward = [(id(found), line)]
         between = []  # the learner's frames from the loop's in to the event's
+        offset = -1
         while frame is not found and frame is not None:
             if self.is_learners(frame.f_code):
                 between.append((id(frame), frame.f_lineno))
+                offset = frame.f_lasti if offset < 0 else offset
             frame = frame.f_back
         inward.extend(reversed(between))
-        return self._new_passes([(inner, found)], inward, calls, since, following)
+        offset = found.f_lasti if offset < 0 else offset
+        return self._new_passes([(inner, found)], inward, calls, since, following, offset)
 
     def _with_outer_loops(
         self, found: types.FrameType, boundary: types.FrameType | None, calls: int, since: int, following: bool
@@ -320,8 +325,11 @@ class IterationLoop:
         calls: int,
         since: int,
         following: bool,
+        offset: int = -1,
     ) -> bool:
-        """Update each chain loop's marker; unless ``following``, a changed one is a new pass."""
+        """Update each chain loop's marker; unless ``following``, a changed one is a new pass. ``offset``: the
+        instruction the innermost of the learner's frames is at (two events on one line, ``loss.backward();
+        opt.step()``, are in one pass: the second is further on)."""
         inner = self.innermost
         began = outer_began = False  # ``path`` is outermost first
         frames = [frame_id for frame_id, _ in inward]
@@ -333,7 +341,7 @@ class IterationLoop:
             if not (link.loop.targets and not link.loop.shadowed):
                 start = frames.index(id(frame)) if id(frame) in frames else 0
                 line = inward[start][1] if id(frame) in frames else frame.f_lineno
-                position = tuple(line for _, line in inward[start:])
+                position = (*(line for _, line in inward[start:]), offset)
                 inner_loops = [loop for loop in enclosing(frame.f_code, line) if loop.header > link.loop.header]
                 if inner_loops:  # inside a loop nested in this one: at this loop's level, the event is that loop's
                     position, nested = (inner_loops[0].header,), True  # line
@@ -479,3 +487,12 @@ def is_optimizer(value: Any) -> bool:
         return False
     inner = getattr(value, "_optimizer", None) or getattr(value, "optimizer", None)
     return isinstance(inner, torch.optim.Optimizer) or type(value).__name__ == "GradScaler"
+
+
+def _outward(frame: types.FrameType | None, boundary: types.FrameType | None) -> Iterator[types.FrameType]:
+    """``frame`` and its callers, out to ``boundary``."""
+    while frame is not None:
+        yield frame
+        if frame is boundary:
+            return
+        frame = frame.f_back
