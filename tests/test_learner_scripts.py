@@ -818,3 +818,39 @@ def test_an_in_place_change_of_a_saved_tensor_is_shown_at_its_line_with_a_fix_th
     python, watched = run(tmp_path, "\n".join(lines))
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
+def test_names_rebound_each_pass_whose_graph_reaches_one_built_before_the_loop_are_no_notes(tmp_path: Path) -> None:
+    """A decoder conditioned on features computed once, before the loop (the captioning forum loops), with the
+    forum's band-aid: each pass's ``out`` and ``loss`` reach that older graph, which was read as a graph spanning two
+    iterations, so each got "keeps one more iteration's graph alive every iteration". The truth, printed by the
+    script: one pass's graph is alive at a time; the carried ``features`` is the one finding."""
+    python, watched = run(
+        tmp_path,
+        """
+        import gc
+        import weakref
+        import torch
+
+        torch.manual_seed(0)
+        encoder, decoder = torch.nn.Linear(10, 6), torch.nn.Linear(6, 5)
+        optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-2)
+        features = encoder(torch.randn(2, 10))
+        graphs = []
+        for step in range(4):
+            out = decoder(features.relu())
+            loss = out.pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward(retain_graph=True)
+            optimizer.step()
+            graphs.append(weakref.ref(loss))  # the tensor that holds the pass's graph
+            gc.collect()
+            print("graphs alive:", sum(graph() is not None for graph in graphs))
+        """,
+    )
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert python.stdout.splitlines() == ["graphs alive: 1"] * 4
+    report = watched.stdout[watched.stdout.index("backward-twice:") :]
+    assert report.startswith("backward-twice: 1 thing to fix (4 iterations watched)"), report
+    assert "1. `features` carries the graph built before the loop into iteration 1" in report, report
+    assert "note" not in report and "keeps one more" not in report, report

@@ -70,7 +70,9 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         named = recorder.names.get(sequence)
         if _below_a_submodule(holder) and (named is None or named.container != "parameter"):
             continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
-        held.append((holder, sequence, built, held_graph, built - int(late) - earliest + 1))
+        # a graph built before the loop that each iteration's graph reaches (features = encoder(images)) is the
+        # carried graph's finding, not a name's growth: the span counts from iteration 1
+        held.append((holder, sequence, built, held_graph, built - int(late) - max(earliest, 1) + 1))
     together: dict[tuple[str, int], set[int]] = {}  # (a name's root, a sighting) -> the iterations whose graphs it
     for holder, _, built, held_graph, _ in held:  # held there: a name rebound each iteration holds one at a time
         together.setdefault((_root(holder), held_graph.sighting), set()).add(built)
