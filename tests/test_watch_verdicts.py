@@ -649,3 +649,29 @@ def test_a_cache_carried_whole_is_one_spelling_and_its_fix_as_printed_makes_the_
     for _ in range(3):
         loop.step(state)
         exec(statement.group(1), {"state": state})  # the fix as printed, run as the learner would
+
+
+def test_what_the_loops_own_header_builds_from_a_generator_is_the_passs_own_graph() -> None:
+    """``for feats, y in encoded(loader)``, whose generator runs the encoder for each batch: the encoder's graph is
+    built by the ``for`` line, before the pass's first line, and was taken for a graph built before the loop and
+    carried in, with the fix "compute `feats` inside the loop (or `feats = feats.detach()`)". The truth: the loop
+    runs, and each backward reaches the encoder (a detach would leave its gradient None)."""
+    torch.manual_seed(0)
+    encoder, head = torch.nn.Linear(6, 4), torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD([*encoder.parameters(), *head.parameters()], lr=0.1)
+    loader = [(torch.randn(8, 6), torch.randint(0, 2, (8,))) for _ in range(5)]
+
+    def encoded(batches: list) -> Any:
+        for x, y in batches:
+            yield encoder(x), y
+
+    reached = []
+    with watch() as w:
+        for feats, y in encoded(loader):
+            loss = torch.nn.functional.cross_entropy(head(feats), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            reached.append(encoder.weight.grad is not None and bool(encoder.weight.grad.any()))
+    assert reached == [True] * 5
+    assert w.healthy and not w.verdicts.carried and w.verdicts.iterations_run == 5, str(w)

@@ -115,7 +115,9 @@ class LineTracer:
         self.latest: dict[tuple[int, int], PassSeen] = {}  # (id(frame), header line) -> its latest pass
         # by id(code), the code kept beside: a code object hashes its whole bytecode at each lookup
         self._headers: dict[int, tuple[types.CodeType, dict[int, Loop]]] = {}
-        self._pending: dict[int, Loop] = {}  # id(frame) -> the loop whose header it just ran
+        # id(frame) -> the loop whose header it just ran, and the node counter there: what the header builds (a
+        # generator's next item, ``for feats, y in encoded(loader)``) is the pass's own
+        self._pending: dict[int, tuple[Loop, int]] = {}
         # id(frame) -> (the frame, its one-line loop running, the offset where a pass starts): opcode events on
         self._one_line: dict[int, tuple[types.FrameType, Loop, int]] = {}
         self._pass_offsets: dict[tuple[int, int], tuple[types.CodeType, int]] = {}  # (id(code), header) -> offset
@@ -246,8 +248,8 @@ class LineTracer:
         if key in self._one_line and self._one_line[key][1].header != line:  # past its one-line loop
             self._one_line.pop(key)[0].f_trace_opcodes = False
         pending = self._pending.pop(key, None)
-        if pending is not None and pending.holds(line):
-            stop = self._pass_began(frame, pending)
+        if pending is not None and pending[0].holds(line):
+            stop = self._pass_began(frame, *pending)
         loop = self._headers_of(frame.f_code).get(line)
         if loop is not None and loop.kind == "for" and loop.body_first == line:
             offset = self._pass_offset(frame.f_code, loop)
@@ -259,7 +261,7 @@ class LineTracer:
                         sys.settrace(self._trace)
                 return stop
         if loop is not None:
-            self._pending[key] = loop
+            self._pending[key] = (loop, self.counter())
             if stop is None and loop.starts_with_try and self.at_header is not None:
                 stop = self.at_header(frame, loop, self.counter())
         return stop
@@ -269,12 +271,11 @@ class LineTracer:
         if watched is None:
             frame.f_trace_opcodes = False
             return None
-        return self._pass_began(frame, watched[1]) if frame.f_lasti == watched[2] else None
+        return self._pass_began(frame, watched[1], self.counter()) if frame.f_lasti == watched[2] else None
 
-    def _pass_began(self, frame: types.FrameType, loop: Loop) -> BaseException | None:
+    def _pass_began(self, frame: types.FrameType, loop: Loop, sequence: int) -> BaseException | None:
         key = (id(frame), loop.header)
         seen = self.latest.get(key)
-        sequence = self.counter()
         if seen is None:
             self.latest[key] = PassSeen(sequence, 1, sequence)
         else:
