@@ -26,6 +26,7 @@ step"). In the notebook's kernel ``main([...])`` is the command.
 from __future__ import annotations
 
 import argparse
+import builtins
 import functools
 import os
 import runpy
@@ -42,6 +43,10 @@ from backward_twice.watcher import Watch, dump_json
 # (a second compile costs as much as the check), and ``__package__`` is None as under ``python SCRIPT`` (run_path
 # gives ""). Private to runpy: without it, run_path compiles it again.
 _RUN_MODULE_CODE = getattr(runpy, "_run_module_code", None)
+
+# ``__builtins__`` of python's ``__main__`` is the builtins module (``exec`` alone gives its dict, on which a script's
+# ``__builtins__.profile = ...`` raises).
+_MAIN_GLOBALS = {"__builtins__": builtins}
 
 __all__ = ["main"]
 
@@ -133,9 +138,9 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None, comp
     try:
         with watcher:
             if compiled is not None and _RUN_MODULE_CODE is not None:  # run_path's step for a file, compiled once
-                _RUN_MODULE_CODE(compiled, None, "__main__", pkg_name=None, script_name=target)
+                _RUN_MODULE_CODE(compiled, _MAIN_GLOBALS, "__main__", pkg_name=None, script_name=target)
             else:
-                runpy.run_path(target, run_name="__main__")
+                runpy.run_path(target, _MAIN_GLOBALS, run_name="__main__")
     except SystemExit as exit_:
         code = exit_.code
         if code is not None and not isinstance(code, int):

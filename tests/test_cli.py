@@ -217,6 +217,19 @@ def test_a_syntax_error_or_a_missing_import_is_reported_as_python_reports_it(pro
         assert "backward_twice" not in done.stderr and "backward-twice" not in done.stderr and done.stdout == ""
 
 
+def test_the_scripts_builtins_are_the_module_as_under_python(project: Path) -> None:
+    """line_profiler's fallback, ``__builtins__.profile = lambda f: f``, common in scripts: python's ``__main__``
+    holds the builtins module there (the command gave exec's dict, and the script died with AttributeError)."""
+    (project / "profiled.py").write_text(
+        'if not hasattr(__builtins__, "profile"):\n    __builtins__.profile = lambda f: f\n\n'
+        + LOOP.format(ending="pass").replace("import torch\n", "import torch\n\n@profile\ndef unused():\n    pass\n", 1)
+    )
+    python = subprocess.run([sys.executable, "profiled.py"], cwd=project, capture_output=True, text=True, timeout=240)
+    done = _run(project, "watch", "profiled.py")
+    assert python.returncode == done.returncode == 0, done.stderr
+    assert done.stdout.startswith("backward-twice: healthy (3 iterations watched,"), done
+
+
 def test_a_folder_runs_its_main_as_python_does(project: Path) -> None:
     (project / "app").mkdir()
     (project / "app" / "__main__.py").write_text(LOOP.format(ending="pass"))
