@@ -62,6 +62,8 @@ class Watch:
         self.recorder.__exit__(kind, exc, tb)
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             self.ended_by = first_line(exc) if isinstance(exc, SystemExit) else "KeyboardInterrupt"
+        elif self.recorder.error is not None and self.recorder.error.after_the_loop:
+            self.ended_by = f"{first_line(exc, 200)} (raised after the loop)"
         try:
             self._verdicts = judge(self.recorder)
             self._report = build_report(self._verdicts, ended_by=self.ended_by)

@@ -230,6 +230,20 @@ def test_the_scripts_builtins_are_the_module_as_under_python(project: Path) -> N
     assert done.stdout.startswith("backward-twice: healthy (3 iterations watched,"), done
 
 
+def test_an_error_the_script_raises_after_its_loop_is_not_the_loops(project: Path) -> None:
+    """``raise ValueError`` after the training loop ended: the loop ran its 3 passes and is healthy; it was "the
+    loop raised in iteration 4 ... fix this error first". The error stays Python's: its traceback, exit status 1."""
+    (project / "after.py").write_text(LOOP.format(ending="pass") + 'raise ValueError("after training")\n')
+    python = subprocess.run([sys.executable, "after.py"], cwd=project, capture_output=True, text=True, timeout=240)
+    done = _run(project, "watch", "after.py")
+    assert python.returncode == done.returncode == 1
+    assert "ValueError: after training" in python.stderr and "ValueError: after training" in done.stderr
+    diagnosis = done.stderr[done.stderr.index("backward-twice:") :]
+    ended = "ValueError: after training (raised after the loop) ended the run"
+    assert diagnosis.startswith(f"backward-twice: healthy (3 iterations watched; {ended}"), diagnosis
+    assert "fix" not in diagnosis
+
+
 def test_a_folder_runs_its_main_as_python_does(project: Path) -> None:
     (project / "app").mkdir()
     (project / "app" / "__main__.py").write_text(LOOP.format(ending="pass"))

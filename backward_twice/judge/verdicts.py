@@ -449,7 +449,7 @@ def _writes_retain(site: tuple[str, int]) -> bool:
 
 def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> ErrorVerdict | None:
     record = recorder.error
-    if record is None:
+    if record is None or record.after_the_loop:  # the script's own error after training: its traceback says it
         return None
     kind = error_kind(record.message)
     calls = recorder.calls

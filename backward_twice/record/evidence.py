@@ -26,8 +26,9 @@ from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
 
 if TYPE_CHECKING:
     from backward_twice.record.lines import LineTracer
+    from backward_twice.record.passes import Link
 
-__all__ = ["ErrorRecord", "Seen", "explain"]
+__all__ = ["ErrorRecord", "Seen", "explain", "outside_the_loop"]
 
 
 class Seen(Protocol):
@@ -68,6 +69,7 @@ class ErrorRecord:
     changed_by_step: str | None = None
     stale_node: int | None = None  # the sequence number of the node whose saved weights the step changed
     changed_at: tuple[str, int] | None = None  # (file, line) of the learner's statement that changed one in place
+    after_the_loop: bool = False  # raised outside the iteration loop, after its passes (no training error)
 
 
 def explain(
@@ -142,3 +144,16 @@ def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | 
             if owner is not None and stepped[owner].sequence > node._sequence_nr():
                 return stepped[owner].line, node._sequence_nr()
     return None
+
+
+def outside_the_loop(exc: BaseException, loop: Link | None) -> bool:
+    """Whether ``exc`` rose outside ``loop``, the iteration loop whose passes ran (after it: ``raise ValueError``
+    after training), not from a line of its body or a call made there."""
+    if loop is None:
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if id(tb.tb_frame) == loop.frame and loop.loop.header <= tb.tb_lineno <= loop.loop.body_last:
+            return False
+        tb = tb.tb_next
+    return True

@@ -58,6 +58,7 @@ __all__ = [
     "passed_optimizers_only",
     "place",
     "raised_at",
+    "raised_in",
     "short",
     "skip_folder",
     "skipped_dirs",
@@ -450,12 +451,15 @@ def first_line(exc: BaseException, width: int = 110) -> str:
 
 def raised_at(exc: BaseException, lines: dict[tuple[str, int], str] | None = None) -> str:
     """The learner's line where ``exc`` was raised: from its traceback's innermost frame outward."""
+    return learner_line(raised_in(exc), lines)
+
+
+def raised_in(exc: BaseException) -> types.FrameType | None:
+    """The innermost frame of ``exc``'s traceback (None without one)."""
     tb = exc.__traceback__
-    frames = []
-    while tb is not None:
-        frames.append(tb.tb_frame)
+    while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return learner_line(frames[-1] if frames else None, lines)
+    return None if tb is None else tb.tb_frame
 
 
 def short(line: str) -> str:

@@ -54,11 +54,11 @@ from torch.autograd.graph import Node
 
 from backward_twice.record import walks
 from backward_twice.record.events import EventKey, IterationEnd, StepEvent
-from backward_twice.record.evidence import ErrorRecord, explain
+from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop
 from backward_twice.record.folds import CallLog, Folder, StepFolder, steps_kept
 from backward_twice.record.held import Growth, HeldGraph, event_names, note_names
 from backward_twice.record.iterations import iteration_start, split_iterations
-from backward_twice.record.learner import first_line, intercepting, learners_code, raised_at, skipped_dirs
+from backward_twice.record.learner import first_line, intercepting, learners_code, raised_at, raised_in, skipped_dirs
 from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop
 from backward_twice.record.names import CodeSite, NamedGraph, unstepped_optimizers
@@ -208,11 +208,9 @@ class Recorder:
 
     def record_error(self, exc: BaseException) -> None:
         """Keep an error the loop raised outside a backward call (a backward's own is kept where it rose)."""
-        self.error = ErrorRecord(first_line(exc, 400), raised_at(exc, self._lines))
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        self.pending = unstepped_optimizers(None if tb is None else tb.tb_frame, self.skipped, self.optimizer_kinds)
+        after = bool(self.loop.iteration_passes()) and outside_the_loop(exc, self.loop.innermost)
+        self.error = ErrorRecord(first_line(exc, 400), raised_at(exc, self._lines), after_the_loop=after)
+        self.pending = unstepped_optimizers(raised_in(exc), self.skipped, self.optimizer_kinds)
 
     # -- iterations ----------------------------------------------------------------------------------------
     def next_iteration(self, between_runs: bool = False) -> None:
