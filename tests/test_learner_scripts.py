@@ -854,3 +854,48 @@ def test_names_rebound_each_pass_whose_graph_reaches_one_built_before_the_loop_a
     assert report.startswith("backward-twice: 1 thing to fix (4 iterations watched)"), report
     assert "1. `features` carries the graph built before the loop into iteration 1" in report, report
     assert "note" not in report and "keeps one more" not in report, report
+
+
+def test_a_state_read_in_a_loop_over_time_steps_of_a_called_step_is_detached_before_that_loop(tmp_path: Path) -> None:
+    """A trainer's ``train_step`` runs an LSTM cell over time steps in a loop of its own; ``fit``'s loop calls it.
+    The fix went before the line in the time loop that reads the state ("before line 15"), which detaches it at every
+    step and silently cuts backpropagation through time. Now it goes before that loop, once a call. The truth: the
+    script raises as written; with the printed fix it runs, and iteration 1's gradient is the bare one."""
+    script = """
+        import torch
+
+        class Trainer:
+            def __init__(self):
+                torch.manual_seed(0)
+                self.cell, self.fc = torch.nn.LSTMCell(3, 7), torch.nn.Linear(7, 3)
+                self.optimizer = torch.optim.SGD([*self.cell.parameters(), *self.fc.parameters()], lr=0.05)
+                self.hx, self.cx = torch.zeros(4, 7), torch.zeros(4, 7)
+
+            def train_step(self, x):
+                self.optimizer.zero_grad()
+                loss = 0
+                for t in range(x.size(0) - 1):
+                    self.hx, self.cx = self.cell(x[t], (self.hx, self.cx))
+                    loss = loss + (self.fc(self.hx) - x[t + 1]).pow(2).mean()
+                loss.backward()
+                print("gradient", round(self.cell.weight_hh.grad.norm().item(), 6))
+                self.optimizer.step()
+
+            def fit(self, batches):
+                for batch in batches:
+                    self.train_step(batch)
+
+        torch.manual_seed(1)
+        Trainer().fit([torch.randn(5, 4, 3) for _ in range(3)])
+        """
+    python, watched = run(tmp_path, script, "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    fix = "self.cx = self.cx.detach()` and `self.hx = self.hx.detach()"
+    assert f"fix: add `{fix}` before line 14" in watched.stdout, watched.stdout
+    lines = textwrap.dedent(script).splitlines()
+    assert lines[13].strip().startswith("for t in range")
+    lines.insert(13, "        self.cx = self.cx.detach(); self.hx = self.hx.detach()")
+    fixed, _ = run(tmp_path, "\n".join(lines))
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed.stdout.splitlines()[0] == python.stdout.splitlines()[0]  # iteration 1's gradient: the whole sequence
+

@@ -3,6 +3,7 @@ iterations (a framework's ``fit`` or ``train`` does): :func:`stored_at` finds th
 assigns the attribute (``self.previous_hidden = hidden`` in a Lightning ``training_step``), and :func:`as_stored`
 spells the carrier as that statement does, with the line a detach goes after. :func:`as_the_line_names_it` spells a
 carrier found only through a framework's private attributes as the learner's line that built it does (``self.h``).
+:func:`before_inner_loop` places a detach before the loop over time steps of a function the iteration's loop calls.
 
 Used by :mod:`backward_twice.judge.verdicts`.
 """
@@ -12,11 +13,16 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from backward_twice.judge.built import bound_names, spelled
+from backward_twice.record.loops import outermost_loop_around
 from backward_twice.record.sources import parsed
 
-__all__ = ["as_stored", "as_the_line_names_it", "stored_at"]
+if TYPE_CHECKING:
+    from backward_twice.record.passes import Link
+
+__all__ = ["as_stored", "as_the_line_names_it", "before_inner_loop", "stored_at"]
 
 
 def stored_at(attribute: str, ran: Collection[tuple[str, int]]) -> tuple[str, int, str] | None:
@@ -102,3 +108,12 @@ def as_the_line_names_it(name: str | None, built_at: str) -> str | None:
     if len(targets) < 2 or attribute is None or attribute.group(1) not in re.findall(r"\bself\.(\w+)", targets[0]):
         return name
     return f"self.{attribute.group(1)}{attribute.group(2)}"
+
+
+def before_inner_loop(fix: str, entry: tuple[str, int] | None, loop: Link | None) -> str:
+    """``fix`` placed before the loop that holds ``entry`` (where the old graph comes in) in a function the
+    iteration's ``loop`` calls: ``hidden`` read in ``train()``'s loop over characters is detached before that loop,
+    once a call (at the end of each iteration the name may not be in reach; at ``entry`` it would cut each sequence
+    too)."""
+    header = outermost_loop_around(*entry, loop.code) if entry is not None and loop is not None else None
+    return fix if header is None else fix.replace(" at the end of each iteration", f" before line {header}")

@@ -41,11 +41,11 @@ from backward_twice.judge.built import (
 )
 from backward_twice.judge.fixes import ERROR_FIXES, carried_fix, in_place_fix, second_backward_fix
 from backward_twice.judge.notes import Note, notes
-from backward_twice.judge.stored import as_stored, as_the_line_names_it
+from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
 from backward_twice.record.folds import CallLog, count_retains
 from backward_twice.record.iterations import Split, split_iterations
 from backward_twice.record.learner import learner_line_at, short
-from backward_twice.record.loops import enclosing
+from backward_twice.record.loops import enclosing, outermost_loop_around
 from backward_twice.record.names import CodeSite, NamedGraph
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.sources import parsed
@@ -298,7 +298,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             e.used_at,
             e.reached_from,
             len(e.times),
-            carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e)),
+            before_inner_loop(fix, None if at_entry else entry, recorder.loop.innermost),
             e.shape,
             e.container,
             None if entry is None else learner_line_at(*entry),
@@ -311,6 +311,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for name in (named if stored is None else stored[0],)
         for entry in (_entry(recorder, e),)
         for at_entry in (_fix_at_entry(recorder, entry, e, name),)
+        for fix in (carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e)),)
     ]
 
 
@@ -388,6 +389,8 @@ def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _C
     if one_line_loop(*entry):  # ``for x in data: h = cell(x, h); ...``: a line added before it runs once
         return False
     link = recorder.loop.innermost
+    if link is not None and outermost_loop_around(*entry, link.code) is not None:  # in a loop of a function it calls
+        return False
     if link is None or recorder.loop.unusable is not None or entry[0] != link.loop.filename:
         return True
     code = link.code  # a parameter of the loop's function (``beta`` of ``train(..., beta)``) may come in as a number

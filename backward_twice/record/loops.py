@@ -10,12 +10,14 @@ half of that, per code object (a function, a method, a script's or a notebook ce
 * :func:`enclosing`: the loops whose body holds a line, outermost first;
 * :func:`step_calls`: the calls of the code's own scope to ``backward``, ``autograd.grad``, ``manual_backward`` or a
   ``step`` (with its receiver, for the caller to tell an optimizer's from a scheduler's), so a loop that holds only
-  some of them (a critic's inner loop) is known not to be the iteration before the others run.
+  some of them (a critic's inner loop) is known not to be the iteration before the others run;
+* :func:`outermost_loop_around`: the outermost loop that holds a line in a function the iteration's loop calls (where
+  a carried state's detach goes, once a call).
 
 Nothing here imports torch, reads a frame's variables or writes to a frame.
 
-Used by :mod:`backward_twice.judge.verdicts`, :mod:`backward_twice.record.lines`, :mod:`backward_twice.record.passes`
-and :mod:`backward_twice.record.recorder`.
+Used by :mod:`backward_twice.judge.stored`, :mod:`backward_twice.judge.verdicts`, :mod:`backward_twice.record.lines`,
+:mod:`backward_twice.record.passes` and :mod:`backward_twice.record.recorder`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from backward_twice.record.sources import memo, parsed
 
-__all__ = ["Loop", "StepCall", "enclosing", "loops_of", "step_calls"]
+__all__ = ["Loop", "StepCall", "enclosing", "loops_of", "outermost_loop_around", "step_calls"]
 
 _STEP_NAMES = frozenset({"backward", "manual_backward", "step"})
 
@@ -222,3 +224,32 @@ def step_calls(code: types.CodeType) -> tuple[StepCall, ...]:
     """The calls of ``code``'s own scope to ``.backward(``, ``.manual_backward(``, ``autograd.grad(`` and
     ``.step(``, by line."""
     return _scope(code).steps
+
+
+def outermost_loop_around(filename: str, line: int, unless_in: types.CodeType) -> int | None:
+    """The header line of the outermost loop that holds ``line`` in the innermost function of ``filename`` around it
+    (an encoder's loop over time steps in a ``train()`` the iteration's loop calls); None outside a function, in
+    ``unless_in``'s own function (the iteration loop's: its nested loops are told apart there), or when no loop of
+    that function holds it."""
+    tree = parsed(filename)
+    functions = [
+        node
+        for node in (ast.walk(tree) if tree is not None else ())
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body[0].lineno <= line <= (node.end_lineno or 0)
+    ]
+    if not functions:
+        return None
+    function = max(functions, key=lambda node: node.lineno)
+    if function.name == unless_in.co_name and unless_in.co_firstlineno in {
+        function.lineno,
+        *(decorator.lineno for decorator in function.decorator_list),
+    }:
+        return None
+    headers = [
+        node.lineno
+        for node in _own_nodes(function)
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While))
+        and node.body[0].lineno <= line <= (node.end_lineno or 0)
+    ]
+    return min(headers, default=None)
