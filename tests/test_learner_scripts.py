@@ -899,3 +899,39 @@ def test_a_state_read_in_a_loop_over_time_steps_of_a_called_step_is_detached_bef
     assert fixed.returncode == 0, fixed.stderr
     assert fixed.stdout.splitlines()[0] == python.stdout.splitlines()[0]  # iteration 1's gradient: the whole sequence
 
+
+def test_per_layer_states_kept_in_lists_set_by_index_are_detached_item_by_item(tmp_path: Path) -> None:
+    """Stacked LSTM cells whose states are lists set by layer (``hs[l], cs[l] = cell(...)``): the fix was "keep
+    detached copies in `cs` (`cs.append(out.detach())`), or clear it each iteration", which does not fit (nothing is
+    appended; cleared, the next ``hs[l]`` raises IndexError). The truth: the script raises as written and runs with
+    the printed statements added at the end of each iteration."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        cells = torch.nn.ModuleList([torch.nn.LSTMCell(3, 5), torch.nn.LSTMCell(5, 5)])
+        fc = torch.nn.Linear(5, 3)
+        opt = torch.optim.SGD([*cells.parameters(), *fc.parameters()], lr=0.1)
+        hs = [torch.zeros(2, 5) for _ in cells]
+        cs = [torch.zeros(2, 5) for _ in cells]
+        seq = torch.randn(20, 2, 3)
+        for k in range(0, 16, 4):
+            loss = 0
+            for t in range(k, k + 4):
+                inp = seq[t]
+                for l, cell in enumerate(cells):
+                    hs[l], cs[l] = cell(inp, (hs[l], cs[l]))
+                    inp = hs[l]
+                loss = loss + (fc(inp) - seq[t + 1]).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        """
+    python, watched = run(tmp_path, script, "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    fix = "cs = [m.detach() for m in cs]` and `hs = [m.detach() for m in hs]"
+    assert f"fix: add `{fix}` at the end of each iteration" in watched.stdout, watched.stdout
+    fixed = textwrap.dedent(script) + "    cs = [m.detach() for m in cs]\n    hs = [m.detach() for m in hs]\n"
+    python, watched = run(tmp_path, fixed)
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout

@@ -279,8 +279,9 @@ _GROWS = frozenset({"append", "extend", "insert"})
 
 def list_use(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
     """How the first of ``spans`` that uses the list ``spelled`` uses it: ``"rebound"`` (assigned there, a new list
-    every iteration: ``pred, mems = model(x, mems)``), ``"whole"`` (only read whole: iterated, passed to
-    ``torch.cat``, ``zip`` or ``sum``), ``"indexed"`` (read by index or slice: ``bank[-4:]``). Growing it
+    every iteration: ``pred, mems = model(x, mems)``, or its items set: ``hs[layer], cs[layer] = cell(...)``),
+    ``"whole"`` (only read whole: iterated, passed to ``torch.cat``, ``zip`` or ``sum``), ``"indexed"`` (read by
+    index or slice: ``bank[-4:]``). Growing it
     (``.append(x)``) is no use here. None when no span uses it. A list found as ``state['policy'].saved_log_probs``
     and read through a function's own ``policy`` is matched by its last attribute."""
     tail = re.search(r"\.(\w+)$", spelled)
@@ -312,8 +313,8 @@ def _list_uses(tree: ast.Module) -> dict[str, list[tuple[int, str]]]:
             continue
         else:
             parent = parents.get(id(node))
-            if isinstance(parent, ast.Subscript) and parent.value is node:
-                kind = "indexed"
+            if isinstance(parent, ast.Subscript) and parent.value is node:  # an item set (hs[layer] = ...): each
+                kind = "rebound" if isinstance(parent.ctx, ast.Store) else "indexed"  # iteration puts new ones in
             elif isinstance(parent, ast.Attribute) and parent.value is node:
                 kind = "grown" if parent.attr in _GROWS else "indexed"  # a method or attribute of the list
             else:
