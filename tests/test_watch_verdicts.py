@@ -675,3 +675,31 @@ def test_what_the_loops_own_header_builds_from_a_generator_is_the_passs_own_grap
             reached.append(encoder.weight.grad is not None and bool(encoder.weight.grad.any()))
     assert reached == [True] * 5
     assert w.healthy and not w.verdicts.carried and w.verdicts.iterations_run == 5, str(w)
+
+
+def test_a_carried_state_reset_in_place_after_the_step_is_one_item() -> None:
+    """A recurrent actor-critic's band-aid: ``retain_graph=True`` against a carried ``hx``, and an episode reset in
+    place after the step (``hx[done] = 0``). The reset puts a node no name holds in front of ``hx``'s graph, and a
+    second item appeared: "a tensor no name of yours holds carries iteration 2's graph into iteration 3". The truth:
+    the loop raises at iteration 3 as written and runs with ``hx = hx.detach()`` alone, the retain removed."""
+
+    def recurrent(fix: bool) -> None:
+        torch.manual_seed(0)
+        cell, head = torch.nn.GRUCell(4, 8), torch.nn.Linear(8, 1)
+        optimizer = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=1e-2)
+        hx = torch.zeros(3, 8)
+        for update in range(6):
+            hx = cell(torch.randn(3, 4), hx)
+            loss = (head(torch.tanh(hx)) - 1.0).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward(retain_graph=not fix)
+            optimizer.step()
+            hx[torch.tensor([True, False, update % 2 == 1])] = 0.0
+            if fix:
+                hx = hx.detach()
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        recurrent(fix=False)
+    assert [c.name for c in w.verdicts.carried] == ["hx"], str(w)
+    assert str(w).startswith("backward-twice: 1 thing to fix (3 iterations watched; the loop raised in iteration 3)")
+    recurrent(fix=True)

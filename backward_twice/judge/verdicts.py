@@ -306,13 +306,18 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             e.chained,
             None if stored is None or stored[1] is None or at_entry else learner_line_at(*stored[1]),
         )
-        for e, named in ((e, as_the_line_names_it(e.name, e.built_at)) for e in found.values())
+        for e, named in ((e, as_the_line_names_it(e.name, e.built_at)) for e in _named_first(list(found.values())))
         for stored in (as_stored(named, recorder.creation.ran) if stored_only and named else None,)
         for name in (named if stored is None else stored[0],)
         for entry in (_entry(recorder, e),)
         for at_entry in (_fix_at_entry(recorder, entry, e, name),)
         for fix in (carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e)),)
     ]
+
+
+def _named_first(found: list[_Carried]) -> list[_Carried]:
+    """``found`` less the carriers no name holds once one is named (``hx[done] = 0`` hides ``hx`` behind a node)."""
+    return [e for e in found if e.name is not None] or found
 
 
 def _places(split: Split, sequence: int, first: int | None) -> list[tuple[str, int]]:
