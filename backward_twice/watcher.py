@@ -23,6 +23,7 @@ import json
 import os
 import re
 import sys
+import threading
 import types
 from typing import Any
 
@@ -34,6 +35,17 @@ from backward_twice.report.rendering import Report, build_report, render_html, r
 __all__ = ["Watch", "dump_json", "verdicts_json", "watch"]
 
 _OURS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _stopped_quietly(hook: Any) -> Any:
+    """``hook`` (``threading.excepthook``), but silent for the stop of ``iterations=N`` in a thread that runs the
+    loop: that thread ends there, as its loop would after N passes, and prints no traceback of the tool's."""
+
+    def excepthook(args: Any) -> None:
+        if not isinstance(args.exc_value, StopRecording):
+            hook(args)
+
+    return excepthook
 
 
 class Watch:
@@ -48,6 +60,7 @@ class Watch:
         self._verdicts: Verdicts | None = None
         self._report: Report | None = None
         self._problem: str | None = None  # the tool's own failure to judge, if it had one
+        self._excepthook = threading.excepthook
 
     def __enter__(self) -> Watch:
         self._verdicts = self._report = None
@@ -56,10 +69,13 @@ class Watch:
         if not self._more_given:
             self.more = f"`{_with_name(caller) or 'w'}` in a new cell shows the evidence"
         self.recorder.__enter__()
+        self._excepthook = threading.excepthook
+        threading.excepthook = _stopped_quietly(self._excepthook)
         return self
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
         self.recorder.__exit__(kind, exc, tb)
+        threading.excepthook = self._excepthook
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             self.ended_by = first_line(exc) if isinstance(exc, SystemExit) else "KeyboardInterrupt"
         elif self.recorder.error is not None and self.recorder.error.after_the_loop:

@@ -935,3 +935,35 @@ def test_per_layer_states_kept_in_lists_set_by_index_are_detached_item_by_item(t
     python, watched = run(tmp_path, fixed)
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
+def test_iterations_n_stop_a_loop_in_a_thread_quietly_with_the_state_of_n_passes(tmp_path: Path) -> None:
+    """A loop run in a thread (an app's ``threading.Thread(target=train)``) under ``--iterations 2``: the stop ended
+    the thread with "Exception in thread ... StopRecording: 2" and a traceback through the tool's lines.py. Now the
+    thread ends there silently; the truth: the main thread goes on and prints what 2 bare passes leave."""
+    script = """
+        import threading
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(16, 4), torch.randn(16, 1)
+
+        def train():
+            for step in range({passes}):
+                optimizer.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                optimizer.step()
+
+        thread = threading.Thread(target=train)
+        thread.start()
+        thread.join()
+        print("checksum", round(sum(p.sum().item() for p in model.parameters()), 6))
+        """
+    bare, _ = run(tmp_path, script.replace("{passes}", "2"))
+    _, watched = run(tmp_path, script.replace("{passes}", "6"), "--iterations", "2")
+    assert watched.returncode == 0 and watched.stderr == "", watched.stderr
+    assert watched.stdout.splitlines()[0] == bare.stdout.strip()
+    assert "2 iterations watched, then stopped as asked" in watched.stdout, watched.stdout
+
