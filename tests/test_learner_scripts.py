@@ -967,3 +967,36 @@ def test_iterations_n_stop_a_loop_in_a_thread_quietly_with_the_state_of_n_passes
     assert watched.stdout.splitlines()[0] == bare.stdout.strip()
     assert "2 iterations watched, then stopped as asked" in watched.stdout, watched.stdout
 
+
+def test_a_gan_that_steps_g_before_d_is_told_to_detach_fake_in_ds_loss(tmp_path: Path) -> None:
+    """G's backward first, then D's loss on the same ``fake``, not detached (Lightning's basic GAN tutorial order):
+    the fix said to detach ``fake`` in the loss of the earlier backward, G's own, which then trains nothing ("element
+    0 of tensors does not require grad"). The truth: the script raises as written and runs with ``fake.detach()`` in
+    D's loss, the later backward's."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        netG, netD = torch.nn.Linear(4, 6), torch.nn.Sequential(torch.nn.Linear(6, 1), torch.nn.Sigmoid())
+        opt_g, opt_d = torch.optim.Adam(netG.parameters()), torch.optim.Adam(netD.parameters())
+        bce = torch.nn.functional.binary_cross_entropy
+        for step in range(3):
+            real = torch.randn(8, 6)
+            fake = netG(torch.randn(8, 4))
+            g_loss = bce(netD(fake), torch.ones(8, 1))
+            opt_g.zero_grad()
+            g_loss.backward()
+            opt_g.step()
+            d_loss = (bce(netD(real), torch.ones(8, 1)) + bce(netD(fake{fix}), torch.zeros(8, 1))) / 2
+            opt_d.zero_grad()
+            d_loss.backward()
+            opt_d.step()
+        """
+    python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    assert "fix: use `fake.detach()` in the loss line 17's backward walks (a GAN's D loss" in watched.stdout, (
+        watched.stdout
+    )
+    python, watched = run(tmp_path, script.replace("{fix}", ".detach()"))
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout

@@ -43,6 +43,9 @@ ERROR_FIXES = {
 }
 
 
+_D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
+
+
 def second_backward_fix(freed_at: str, raised_at: str, through: str) -> str:
     """The fix for a backward through buffers an earlier backward of the same iteration freed, reached through the
     learner's ``through``: the same backward line run twice (an inner loop, a WGAN's critic steps on one ``fake``)
@@ -51,6 +54,13 @@ def second_backward_fix(freed_at: str, raised_at: str, through: str) -> str:
     retain in the earlier backward only, as for two losses."""
     number = re.search(r":(\d+)(?::|$)", freed_at.split(": ", 1)[0] if ": " in freed_at else freed_at)
     line = f"line {number.group(1)}'s backward" if number else "the earlier backward"
+    later = re.search(r":(\d+): ", raised_at)
+    if later is not None and _D_LOSS.search(raised_at.split(": ", 1)[-1]) and not _D_LOSS.search(freed_at):
+        # G's backward first, then D's through the same fake: D's loss is the one to detach it in
+        return (
+            f"use `{through}.detach()` in the loss line {later.group(1)}'s backward walks (a GAN's D loss must not "
+            f"train what `{through}` comes from)"
+        )
     if freed_at == raised_at:
         return (
             f"build `{through}` inside the loop that runs {line}, or use `{through}.detach()` there if this loss "
