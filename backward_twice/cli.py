@@ -11,7 +11,8 @@ nothing of it is named ``helpers``. It ends as Python would:
 * it raised: its traceback on stderr as ``python`` prints it (no frame of this command's), the diagnosis as the
   traceback's last lines (a note on the exception), status 1; ``--no-traceback`` prints the diagnosis alone;
 * ``sys.exit(code)``, argparse's ``--help``: the diagnosis of what ran, then Python's status (0, the code, or 1 with
-  the message on stderr); Ctrl-C: Python's ``KeyboardInterrupt`` traceback and status 130;
+  the message on stderr); Ctrl-C: Python's ``KeyboardInterrupt`` traceback and status 130 from :func:`main`, and the
+  command itself (:func:`run`) then dies of SIGINT as python does (a shell shows 130, and its loop stops there);
 * a ``SyntaxError`` in the script: Python's message and status 1, before anything runs (the script is compiled once,
   for that check and for its run).
 
@@ -31,6 +32,7 @@ import functools
 import os
 import runpy
 import shlex
+import signal
 import sys
 import traceback
 import types
@@ -48,7 +50,23 @@ _RUN_MODULE_CODE = getattr(runpy, "_run_module_code", None)
 # ``__builtins__.profile = ...`` raises).
 _MAIN_GLOBALS = {"__builtins__": builtins}
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
+
+
+class _Interrupted(int):
+    """Status 130 of a script Ctrl-C ended (not a ``sys.exit(130)``): :func:`run` ends the process by SIGINT."""
+
+
+def run() -> None:
+    """The ``backward-twice`` command: :func:`main`, ended as python ends: a script that Ctrl-C stopped ends this
+    process by SIGINT, after the report (its status to a shell is 130 either way; a shell's loop stops only then)."""
+    status = main()
+    if isinstance(status, _Interrupted) and os.name == "posix":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(status)
 
 
 @functools.cache  # made once: argparse looks up its messages' translations on disk, a millisecond per parser
@@ -148,7 +166,7 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None, comp
         status = code if isinstance(code, int) else (0 if code is None else 1)
     except KeyboardInterrupt as interrupt:
         _print_traceback(interrupt)  # as python prints it; the diagnosis of what ran follows
-        status = 130
+        status = _Interrupted(130)
     except BaseException as error:
         raised, status = True, 1
         if not options.no_traceback:

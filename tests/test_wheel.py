@@ -85,7 +85,7 @@ def test_the_wheel_holds_the_tool_and_its_command_only(wheel: Path) -> None:
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
     assert {n.split("/")[0] for n in names} - {info} == {"backward_twice"}
     assert "backward_twice/py.typed" in names and "backward_twice/record/recorder.py" in names
-    assert "backward-twice = backward_twice.cli:main" in entry_points
+    assert "backward-twice = backward_twice.cli:run" in entry_points
     requires = sorted(line for line in metadata.splitlines() if line.startswith("Requires-Dist:"))
     assert requires == [
         'Requires-Dist: graphviz>=0.21; extra == "draw"',
