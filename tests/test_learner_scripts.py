@@ -1000,3 +1000,45 @@ def test_a_gan_that_steps_g_before_d_is_told_to_detach_fake_in_ds_loss(tmp_path:
     python, watched = run(tmp_path, script.replace("{fix}", ".detach()"))
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
+def test_a_global_state_tested_for_none_comes_in_where_the_encoder_reads_it(tmp_path: Path) -> None:
+    """The seq2seq tutorial's ``train()`` with its encoder state kept as a global (``global encoder_hidden``, started
+    by ``if encoder_hidden is None:``), called from ``train_iters()``'s loop. "Comes in here" was that ``is None``
+    test, and the fix went "at the end of each iteration" of ``train_iters()``, where the name is local and raises
+    UnboundLocalError. Now it comes in at the encoder's call, and the detach goes before ``train()``'s own loop over
+    the input. The truth: the script raises as written and runs with the printed fix."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        encoder, decoder = torch.nn.GRUCell(3, 5), torch.nn.Linear(5, 3)
+        optimizer = torch.optim.SGD([*encoder.parameters(), *decoder.parameters()], lr=0.1)
+        encoder_hidden = None
+
+        def train(inputs, target):
+            global encoder_hidden
+            if encoder_hidden is None:
+                encoder_hidden = torch.zeros(1, 5)
+            optimizer.zero_grad()
+            for step in range(inputs.size(0)):
+                encoder_hidden = encoder(inputs[step], encoder_hidden)
+            loss = (decoder(encoder_hidden) - target).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+
+        def train_iters(pairs):
+            for inputs, target in pairs:
+                train(inputs, target)
+
+        train_iters([(torch.randn(4, 1, 3), torch.randn(1, 3)) for _ in range(3)])
+        """
+    python, watched = run(tmp_path, script, "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    assert "train.py:15 | encoder_hidden = encoder(inputs[step], encoder_hidden)" in watched.stdout, watched.stdout
+    assert "fix: add `encoder_hidden = encoder_hidden.detach()` before line 14" in watched.stdout, watched.stdout
+    lines = textwrap.dedent(script).splitlines()
+    lines.insert(13, "    encoder_hidden = encoder_hidden.detach()")
+    python, watched = run(tmp_path, "\n".join(lines))
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout

@@ -341,12 +341,25 @@ def _no_grad(expression: ast.expr) -> bool:
 
 def _reads(tree: ast.Module) -> dict[str, list[int]]:
     """Each name, attribute chain and subscript the file reads (``h``, ``self.hidden``, ``state['h']``) -> its
-    lines."""
+    lines; a test of it alone (``if hidden is None:``, ``if mems:``, ``h if h is not None else ...``'s test) is no
+    read: no graph comes in there."""
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     found: dict[str, list[int]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Load):
+        read = isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Load)
+        if read and isinstance(node, ast.expr) and not _only_tested(node, parents):
             found.setdefault(ast.unparse(node), []).append(node.lineno)
     return found
+
+
+def _only_tested(node: ast.expr, parents: dict[int, ast.AST]) -> bool:
+    """Whether ``node`` is only compared by identity (``is None``) or tested for truth (an ``if``'s test)."""
+    parent = parents.get(id(node))
+    if isinstance(parent, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in parent.ops):
+        return True
+    if isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not):
+        node, parent = parent, parents.get(id(parent))
+    return isinstance(parent, (ast.If, ast.While, ast.IfExp, ast.Assert)) and parent.test is node
 
 
 def function_span(where: CodeSite) -> tuple[str, int, int] | None:
