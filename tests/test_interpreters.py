@@ -1,10 +1,11 @@
 """The line tracer on every Python the README promises (3.10 on), where the interpreter's tracing differs.
 
 ``backward_twice/record/lines.py`` and ``backward_twice/record/loops.py`` (the passes of the learner's loops, and the
-stop at the top of pass N+1) depend on how an interpreter reports line events: which lines a ``for`` and a ``while``
-header report at each pass, and where an exception a trace function raises can be caught (from 3.11 on, one raised at a
-``try:`` line escapes its frame's handlers: the tracer then stops at the loop's header; a loop on one line sends no
-line event in its body, and its passes come from opcode events). They need no torch, so each
+stop at the top of pass N+1), and ``backward_twice/record/stops.py`` (without a loop of the learner's, the stop at a
+profile function's call event), depend on how an interpreter reports line and call events: which lines a ``for``
+and a ``while`` header report at each pass, and where an exception a trace function raises can be caught (from 3.11
+on, one raised at a ``try:`` line escapes its frame's handlers: the tracer then stops at the loop's header; a loop
+on one line sends no line event in its body, and its passes come from opcode events). They need no torch, so each
 interpreter installed here (pyenv's, or ``pythonX.Y`` on the PATH) runs them on one script with no package but
 the standard library: the passes seen and where each stop lands must be the same on every one. An interpreter
 that is not installed is skipped, and this file's own interpreter always runs.
@@ -31,6 +32,7 @@ for name in ("backward_twice", "backward_twice.record"):  # the tracer's modules
     package.__path__ = [ROOT + "/" + name.replace(".", "/")]
     sys.modules[name] = package
 from backward_twice.record.lines import LineTracer
+from backward_twice.record.stops import StepCallStop
 
 SCRIPT = __file__
 passes = []
@@ -114,6 +116,26 @@ for function in (for_loop, while_loop, try_body, bare_except, nested, one_line):
         finally:
             line_tracer.stop()
         results[f"{function.__name__} stop={bool(STOP_IN)}"] = [passes[:], ran, stopped]
+
+
+def step(ran, i, call_stop):  # a learner's step function, which a framework's loop calls
+    call_stop.saw_backward(sys._getframe())
+    ran.append(i)
+
+
+def framework(ran, call_stop):
+    for i in range(4):
+        step(ran, i, call_stop)
+        if i == 1:  # iteration 2 ended: the next call of the step stops before its first line
+            call_stop.arm(Stop)
+
+
+ran, call_stop = [], StepCallStop()
+try:
+    framework(ran, call_stop)
+except Stop:
+    ran.append("stopped")
+results["step call stop"] = [ran, sys.getprofile() is None]
 print(json.dumps(results))
 """
 
@@ -160,6 +182,8 @@ def test_the_passes_and_the_stops_are_the_ones_the_loops_run(expected: dict[str,
     one_line_passes, one_line_ran, _ = expected["one_line stop=False"]
     assert len(one_line_passes) == 4 and one_line_ran == [0, 0, 1, 2, 2, 4, 3, 6]
     assert expected["one_line stop=True"][1:] == [[0, 0, 1, 2], True]
+    # without a loop of the learner's: the stop at the third call of the step function, before its first line
+    assert expected["step call stop"] == [[0, 1, "stopped"], True]
     nested_passes = [p[2] for p in expected["nested stop=False"][0]]
     assert len(nested_passes) == 6 and len(set(nested_passes)) == 2  # 2 outer passes, 4 inner ones
 

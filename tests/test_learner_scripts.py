@@ -1042,3 +1042,54 @@ def test_a_global_state_tested_for_none_comes_in_where_the_encoder_reads_it(tmp_
     python, watched = run(tmp_path, "\n".join(lines))
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
+def test_iterations_n_stop_a_manual_lightning_step_before_it_moves_its_state_on(tmp_path: Path) -> None:
+    """Lightning's manual optimization keeps a step counter and a hidden state on ``self`` and calls the backward
+    itself (``self.manual_backward``). ``--iterations 2`` stopped at step 3's backward, after ``training_step`` had
+    already counted it and moved ``self.hidden`` on; it now stops as ``training_step`` is called the third time. The
+    truth: the state then equals a bare fit limited to 2 batches."""
+    script = """
+        import atexit
+        import pytorch_lightning as pl
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Model(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+                self.rnn, self.head = torch.nn.GRU(3, 8, batch_first=True), torch.nn.Linear(8, 1)
+                self.hidden, self.steps = None, 0
+
+            def training_step(self, batch, batch_idx):
+                opt = self.optimizers()
+                x, y = batch
+                self.steps += 1
+                out, self.hidden = self.rnn(x, self.hidden)
+                loss = torch.nn.functional.mse_loss(self.head(out[:, -1]), y)
+                opt.zero_grad()
+                self.manual_backward(loss)
+                opt.step()
+                self.hidden = self.hidden.detach()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+        torch.manual_seed(0)
+        model = Model()
+        atexit.register(lambda: print("state", model.steps, round(model.hidden.sum().item(), 5)))
+        data = TensorDataset(torch.randn(48, 5, 3), torch.randn(48, 1))
+        trainer = pl.Trainer(max_epochs=1, limit_train_batches={batches}, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+        trainer.fit(model, DataLoader(data, batch_size=8))
+        """
+    bare, _ = run(tmp_path, script.replace("{batches}", "2"))
+    _, watched = run(tmp_path, script.replace("{batches}", "6"), "--iterations", "2")
+    assert bare.returncode == watched.returncode == 0, watched.stderr[-2000:]
+    state = [line for line in bare.stdout.splitlines() if line.startswith("state")]
+    assert state and state[0].startswith("state 2 ")
+    assert [line for line in watched.stdout.splitlines() if line.startswith("state")] == state, watched.stdout
+    assert "2 iterations watched, then stopped as asked" in watched.stdout, watched.stdout

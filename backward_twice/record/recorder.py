@@ -25,8 +25,8 @@ Over a long run, the records of the older iterations that walked nothing of an e
 holds stays bounded, and the verdicts read the counts with the records.
 
 ``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
-:class:`StopRecording` raised there, outside any ``try`` of the body); without a loop of theirs, at the first
-backward call or optimizer step's start after N iterations ended.
+:class:`StopRecording` raised there, outside any ``try`` of the body); without a loop of theirs, at the first call of
+their step function, backward call or optimizer step's start after N iterations ended (:mod:`.stops`).
 
 The recorder never breaks the loop it watches: every hook and trace function is guarded, and an error of its own
 switches it off for the rest of the run (:attr:`Recorder.failure` says why); the loop goes on as bare Python would.
@@ -65,17 +65,13 @@ from backward_twice.record.names import CodeSite, NamedGraph, unstepped_optimize
 from backward_twice.record.passes import IterationLoop, PassStart, inside_a_step, is_optimizer
 from backward_twice.record.saved import graph_only_bytes
 from backward_twice.record.sources import refresh
+from backward_twice.record.stops import StepCallStop, StopRecording
 from backward_twice.record.walks import SECOND_TIME, CallRecord, WalkSampling, record_of, stamp_walk, stamped
 
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
 
 _sequence_nr = torch._C._autograd._get_sequence_nr  # the engine's node counter: read at every event
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
-
-
-class StopRecording(BaseException):
-    """Raised at the top of the pass after the N iterations a recorder was told to watch; the watch swallows it.
-    Not an Exception: the learner's own ``except Exception`` must not catch it."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +158,7 @@ class Recorder:
         self._first_site: tuple[str, int] | None = None
         self._retains_at: dict[tuple[str, int], int] = {}  # retaining calls per line so far
         self.sampling = WalkSampling()  # which calls' walks are read: all with keep_buffers or on_leaf
+        self.step_call = StepCallStop()  # iterations=N without a loop of the learner's: before the step function
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
@@ -186,6 +183,7 @@ class Recorder:
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         self.finish = torch._C._autograd._get_sequence_nr()
         self.creation.stop()
+        self.step_call.disarm()
         self._context.__exit__(None, None, None)
         frame: types.FrameType | None = sys._getframe(1)
         while frame is not None:  # up to Python 3.12 a read of f_locals caches the variables on the frame, and the
@@ -335,7 +333,8 @@ class Recorder:
                 self.optimizers_seen[id(optimizer)] = weakref.ref(optimizer)
             if self.before_step is not None:
                 self.before_step(optimizer)
-            self._maybe_stop_without_a_loop(None)
+            if stop := self._stop_without_a_loop(None):
+                raise stop
         except Exception as error:
             self._fail("before an optimizer step", error)
 
@@ -365,6 +364,8 @@ class Recorder:
             self._saw_event(caller, may_stop=False)  # passes by what the loop's ``for`` binds
         if by_steps or loop.unusable is not None:  # else at the loop's passes' starts instead
             event_names(self, caller, opens=by_steps)
+        if by_steps and self._stop_without_a_loop(None, mark=False):  # the step function, called again: stop
+            self.step_call.arm(lambda: self._stop_without_a_loop(None))
         if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
             read, first = len(self.sightings), self._first_steps
             self.steps = self.step_folder.after_step(self.calls, self.steps, first, self.start, read)
@@ -443,7 +444,9 @@ class Recorder:
             return None
         passes = self._saw_event(caller if learners is None else learners, line=site[1])
         if self.iterations is not None and not inside_a_step(caller):  # never stopped half-way through a step
-            self._maybe_stop_without_a_loop(site)
+            if stop := self._stop_without_a_loop(site):
+                raise stop
+            self.step_call.saw_backward(learners)
         call = record_of(self.calls.count, site, line, args, kwargs, self._events)
         self.calls.append(call)
         if self._first_site is None:
@@ -482,17 +485,16 @@ class Recorder:
 
         return look
 
-    def _maybe_stop_without_a_loop(self, site: tuple[str, int] | None) -> None:
-        """Without a loop of the learner's, iteration N+1 is stopped at its first backward call or at the start of its
-        first optimizer step (``site`` None), before either runs: a framework's closure runs the backward inside the
-        step, where a stop would leave the step half done."""
+    def _stop_without_a_loop(self, site: tuple[str, int] | None, mark: bool = True) -> StopRecording | None:
+        """The stop due here, if any (``mark`` False: only whether one is): without a loop of the learner's, iteration
+        N+1 is stopped at its first backward call, the start of its first optimizer step (``site`` None: a framework's
+        closure runs the backward inside the step) or its step function's first line (:mod:`.stops`)."""
         if self.iterations is None or self.stopped or self.by_runs or self.loop.iteration_passes():
-            return
+            return None
         ended = len(self.marks)  # iterations ended so far by the fallbacks: marks, the closing optimizer's steps
         if not ended and self._first_steps:
             ended = self._step_counts[max(self._first_steps, key=self._first_steps.__getitem__)]
         if not ended and self.calls and site is not None:  # no step and no mark: one iteration per first-line call
             ended = self._first_line_calls if site == self._first_site else 0
-        if ended >= self.iterations:
-            self.stopped = True
-            raise StopRecording(self.iterations)
+        self.stopped = mark and ended >= self.iterations
+        return StopRecording(self.iterations) if ended >= self.iterations else None
