@@ -1093,3 +1093,45 @@ def test_iterations_n_stop_a_manual_lightning_step_before_it_moves_its_state_on(
     assert state and state[0].startswith("state 2 ")
     assert [line for line in watched.stdout.splitlines() if line.startswith("state")] == state, watched.stdout
     assert "2 iterations watched, then stopped as asked" in watched.stdout, watched.stdout
+
+
+def test_teacher_outputs_cached_before_the_loop_are_one_item_with_the_scripts_own_names(tmp_path: Path) -> None:
+    """Knowledge distillation with the teacher's outputs computed once, before the training loop, and kept with
+    their graphs (haitongli/knowledge-distillation-pytorch's fetch_teacher_outputs, without its ``.data``): the items
+    of that one list, built on two lines, were two items, and the fix appended ``out``, a name the script does not
+    have. The truth: the script raises in the second epoch, and runs with ``output_teacher_batch.detach()``."""
+    script = """
+        import torch
+        import torch.nn.functional as F
+
+        def fetch_teacher_outputs(teacher_model, dataloader):
+            teacher_outputs = []
+            for data_batch in dataloader:
+                output_teacher_batch = teacher_model(data_batch)
+                teacher_outputs.append(output_teacher_batch{fix})
+            return teacher_outputs
+
+        def train_kd(model, teacher_outputs, optimizer, dataloader):
+            for i, train_batch in enumerate(dataloader):
+                output_teacher_batch = teacher_outputs[i]
+                loss = F.kl_div(F.log_softmax(model(train_batch), dim=1), F.softmax(output_teacher_batch, dim=1))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+        torch.manual_seed(0)
+        teacher, student = torch.nn.Linear(6, 3), torch.nn.Linear(6, 3)
+        optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+        batches = [torch.randn(4, 6) for _ in range(3)]
+        teacher_outputs = fetch_teacher_outputs(teacher, batches)
+        for epoch in range(2):
+            train_kd(student, teacher_outputs, optimizer, batches)
+        """
+    python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    headline = "backward-twice: 1 thing to fix (4 iterations watched; the loop raised in iteration 4)"
+    assert watched.stdout.startswith(headline), watched.stdout
+    assert "(`teacher_outputs.append(output_teacher_batch.detach())`)" in watched.stdout, watched.stdout
+    python, watched = run(tmp_path, script.replace("{fix}", ".detach()"))
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout

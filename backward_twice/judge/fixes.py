@@ -9,6 +9,7 @@ Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.ren
 
 from __future__ import annotations
 
+import linecache
 import re
 
 from backward_twice.record.in_place import in_place_statement, out_of_place
@@ -102,7 +103,10 @@ def carried_fix(
             return f"add `{whole} = [m.detach() for m in {whole}]` at the end of each iteration"
         if use == "whole":
             return f"clear `{whole}` after each update (`{whole}.clear()`): each backward walks this iteration's items"
-        appended = re.search(rf"(?<![\w.]){re.escape(whole)}\.append\((.+)\)\s*$", code)
+        grown = re.compile(rf"(?<![\w.]){re.escape(whole)}\.append\((.+)\)\s*$")
+        filename = built_at.partition(": ")[0].rsplit(":", 1)[0]  # else the line of its file that grows it
+        lines = (text.split("#", 1)[0].strip() for text in linecache.getlines(filename))
+        appended = grown.search(code) or next(filter(None, map(grown.search, lines)), None)
         kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"
         return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"
     owner = re.match(r"^(\w+)\.\w+$", name)

@@ -370,8 +370,9 @@ def build_report(v: Verdicts, runs_of: str | None = None, ended_by: str | None =
     band_aids = [line for line in v.lines if line.verdict == GOES_WITH_CARRIED]
     items: list[Item] = []
     groups: dict[str, list[CarriedFinding]] = {}
-    for finding in v.carried:  # one item per graph: an LSTM's h and c come from one line
-        groups.setdefault(finding.built_at, []).append(finding)
+    for finding in v.carried:  # one item per graph (an LSTM's h and c come from one line) and per fix (the items of
+        same = (key for key, found in groups.items() if finding.name and found[0].fix == finding.fix)  # one list)
+        groups.setdefault(next(same, finding.built_at), []).append(finding)
     explained = v.error is not None and v.error.carried
     for index, findings in enumerate(groups.values()):
         first = index == 0
