@@ -553,10 +553,9 @@ def test_a_value_a_trainers_compute_loss_keeps_for_the_next_step_is_detached_aft
 def test_a_bank_of_features_in_a_script_is_the_carrier_not_the_name_the_loop_rebinds(tmp_path: Path) -> None:
     """At the top of pass 2 the script's global `hidden` still holds pass 1's features, as `bank[0]` does; the loop
     rebinds `hidden` before the backward reads `bank[-4:]`. Detaching `hidden` there would cut this pass's features
-    off the loss (a harmful fix); the carrier is `bank`, read by slice: keep detached copies in it."""
-    python, watched = run(
-        tmp_path,
-        """
+    off the loss (a harmful fix); the carrier is `bank`, read by slice: keep detached copies in it, appended as the
+    script's own line appends them. The truth: the script raises as written and runs with that append."""
+    script = """
         import torch
 
         torch.manual_seed(0)
@@ -566,19 +565,23 @@ def test_a_bank_of_features_in_a_script_is_the_carrier_not_the_name_the_loop_reb
         bank = []
         for step in range(3):
             hidden = net[1](net[0](x))
-            bank.append(hidden)
+            bank.append(hidden{fix})
             recent = torch.cat(bank[-4:])
             loss = torch.nn.functional.mse_loss(net[2](hidden), y) + 0.1 * (hidden @ recent.T).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        """,
-    )
+        """
+    python, watched = run(tmp_path, script.replace("{fix}", ""))
     assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
     diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
     assert "1. `bank` carries iteration 1's graph into iteration 2" in diagnosis, diagnosis
     assert "recent = torch.cat(bank[-4:])" in diagnosis  # where the old features come in, not bank.append(hidden)
-    assert "fix: keep detached copies in `bank`" in diagnosis and "hidden.detach()" not in diagnosis
+    assert "fix: keep detached copies in `bank` (`bank.append(hidden.detach())`)" in diagnosis, diagnosis
+    assert "hidden = hidden.detach()" not in diagnosis
+    python, watched = run(tmp_path, script.replace("{fix}", ".detach()"))
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
 
 
 def test_a_scheduler_stepped_once_an_epoch_leaves_the_batch_loop_the_iteration(tmp_path: Path) -> None:
