@@ -41,10 +41,13 @@ from collections.abc import Sequence
 from backward_twice.report.rendering import render_text
 from backward_twice.watcher import Watch, dump_json
 
-# runpy.run_path's own step for a file's code: the script, compiled once to check its syntax, is not compiled again
-# (a second compile costs as much as the check), and ``__package__`` is None as under ``python SCRIPT`` (run_path
-# gives ""). Private to runpy: without it, run_path compiles it again.
-_RUN_MODULE_CODE = getattr(runpy, "_run_module_code", None)
+# runpy's own steps for a script, as ``python SCRIPT`` takes them: the file, compiled once to check its syntax, is
+# not compiled again (a second compile costs as much as the check); a folder's ``__main__`` is found on the folder put
+# first on ``sys.path``; ``__package__`` is None (run_path gives ""), and ``sys.argv[0]`` stays as typed (run_path
+# sets it to the path it runs). Private to runpy, the same from 3.10 to 3.13: without them, run_path.
+_TEMP_MODULE = getattr(runpy, "_TempModule", None)
+_RUN_CODE = getattr(runpy, "_run_code", None)
+_MAIN_MODULE_DETAILS = getattr(runpy, "_get_main_module_details", None)
 
 # ``__builtins__`` of python's ``__main__`` is the builtins module (``exec`` alone gives its dict, on which a script's
 # ``__builtins__.profile = ...`` raises).
@@ -149,16 +152,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(options: argparse.Namespace, target: str, report_path: str | None, compiled: types.CodeType | None) -> int:
     saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [target, *options.args]
+    sys.argv = [options.script, *options.args]  # as given, as python gives it
     sys.path[0:1] = [target if os.path.isdir(target) else os.path.dirname(target)]  # what `python SCRIPT` puts first
     watcher, status, raised = Watch(options.iterations, _again_verbose(options)), 0, False
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
     try:
         with watcher:
-            if compiled is not None and _RUN_MODULE_CODE is not None:  # run_path's step for a file, compiled once
-                _RUN_MODULE_CODE(compiled, _MAIN_GLOBALS, "__main__", pkg_name=None, script_name=target)
-            else:
-                runpy.run_path(target, _MAIN_GLOBALS, run_name="__main__")
+            _run_script(target, compiled)
     except SystemExit as exit_:
         code = exit_.code
         if code is not None and not isinstance(code, int):
@@ -185,6 +185,20 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None, comp
         except OSError as error:
             print(f"backward-twice watch: could not write --json {report_path}: {error}", file=sys.stderr)
     return status
+
+
+def _run_script(target: str, compiled: types.CodeType | None) -> None:
+    """Run the file (its code ``compiled``) or the folder's ``__main__`` as ``__main__``, with ``sys.argv`` and
+    ``sys.path`` as already set."""
+    if _TEMP_MODULE is None or _RUN_CODE is None or (compiled is None and _MAIN_MODULE_DETAILS is None):
+        runpy.run_path(target, _MAIN_GLOBALS, run_name="__main__")
+        return
+    with _TEMP_MODULE("__main__") as main:  # python's __main__ for the run; the command's own is put back after
+        if compiled is not None:
+            _RUN_CODE(compiled, main.module.__dict__, _MAIN_GLOBALS, "__main__", None, None, target)
+        else:
+            _, spec, code = _MAIN_MODULE_DETAILS()
+            _RUN_CODE(code, main.module.__dict__, _MAIN_GLOBALS, "__main__", spec)
 
 
 def _again_verbose(options: argparse.Namespace) -> str:

@@ -251,6 +251,25 @@ def test_a_folder_runs_its_main_as_python_does(project: Path) -> None:
     assert done.returncode == 0 and done.stdout.startswith("backward-twice: healthy (3 iterations watched,"), done
 
 
+@pytest.mark.parametrize("given", ["where.py", "./where.py", "app"])
+def test_the_scripts_argv_and_path_are_as_under_python(tmp_path: Path, given: str) -> None:
+    """``sys.argv[0]`` is the path as typed, relative or not, as python gives it (it was the absolute path, which
+    changes what a script that prints its own usage or derives names from ``argv[0]`` does); a folder's
+    ``__main__`` gets python's ``__file__``, ``sys.path[0]`` and ``__spec__`` too."""
+    (tmp_path / "app").mkdir()
+    where = "[sys.argv, __file__, sys.path[0], __spec__ and [__spec__.name, __spec__.origin]]"
+    script = f"import json, sys\nprint(json.dumps({where}))\n" + LOOP.format(ending="pass")
+    for path in (tmp_path / "where.py", tmp_path / "app" / "__main__.py"):
+        path.write_text(script)
+    python = subprocess.run([sys.executable, given, "x"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    done = _run(tmp_path, "watch", given, "x")
+    assert python.returncode == done.returncode == 0, done.stderr
+    seen, truth = json.loads(done.stdout.splitlines()[0]), json.loads(python.stdout.splitlines()[0])
+    assert seen[0] == [given, "x"]
+    assert seen[1:] == truth[1:] or given == "./where.py"  # python's __file__ keeps the ./ there; ours is normalised
+    assert seen[0] == truth[0]
+
+
 README_LOOP = """import torch
 import backward_twice as bt
 
@@ -343,12 +362,13 @@ def test_the_script_is_compiled_once_and_runs_as_python_runs_it(
 
     monkeypatch.setattr("builtins.compile", counting)
     if not private_step:
-        monkeypatch.setattr(cli, "_RUN_MODULE_CODE", None)
+        monkeypatch.setattr(cli, "_RUN_CODE", None)
     assert cli.main(["watch", str(script), "x"]) == 0
     printed = capsys.readouterr().out.splitlines()
     seen, truth = json.loads(printed[0]), json.loads(python.stdout.splitlines()[0])
     if not private_step:
         truth[5] = ""  # run_path's __package__; python's is None
+        truth[2][0] = str(script)  # run_path's argv[0] is the path it runs
     assert seen == truth  # name, file, argv, the __main__ module, package and spec as python's
     assert printed[1].startswith("backward-twice: healthy (2 iterations watched,"), printed
     assert len(compiled) == (1 if private_step else 2)
