@@ -190,15 +190,16 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None, comp
 def _run_script(target: str, compiled: types.CodeType | None) -> None:
     """Run the file (its code ``compiled``) or the folder's ``__main__`` as ``__main__``, with ``sys.argv`` and
     ``sys.path`` as already set."""
-    if _TEMP_MODULE is None or _RUN_CODE is None or (compiled is None and _MAIN_MODULE_DETAILS is None):
+    temp_module, run_code, main_details = _TEMP_MODULE, _RUN_CODE, _MAIN_MODULE_DETAILS
+    if temp_module is None or run_code is None or main_details is None:
         runpy.run_path(target, _MAIN_GLOBALS, run_name="__main__")
         return
-    with _TEMP_MODULE("__main__") as main:  # python's __main__ for the run; the command's own is put back after
+    with temp_module("__main__") as main:  # python's __main__ for the run; the command's own is put back after
         if compiled is not None:
-            _RUN_CODE(compiled, main.module.__dict__, _MAIN_GLOBALS, "__main__", None, None, target)
+            run_code(compiled, main.module.__dict__, _MAIN_GLOBALS, "__main__", None, None, target)
         else:
-            _, spec, code = _MAIN_MODULE_DETAILS()
-            _RUN_CODE(code, main.module.__dict__, _MAIN_GLOBALS, "__main__", spec)
+            _, spec, code = main_details()
+            run_code(code, main.module.__dict__, _MAIN_GLOBALS, "__main__", spec)
 
 
 def _again_verbose(options: argparse.Namespace) -> str:
