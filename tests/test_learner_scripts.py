@@ -1138,3 +1138,69 @@ def test_teacher_outputs_cached_before_the_loop_are_one_item_with_the_scripts_ow
     python, watched = run(tmp_path, script.replace("{fix}", ".detach()"))
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
+def test_a_meta_loss_summed_over_tasks_starts_at_0_each_meta_iteration(tmp_path: Path) -> None:
+    """MAML's meta loss summed over a meta-batch's tasks (vmikulik/maml-pytorch's ``main_loop``), with its reset
+    moved out of the loop: the fix was ``meta_loss += loss.item()`` (no ``loss`` in the script; a number would train
+    nothing). The truth: the script raises as written; with ``meta_loss = 0`` before the loop over tasks, as printed,
+    it runs and ends with the weights of the published order. A total of one term a pass keeps its number fix, in
+    the script's name for the term."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        weights = [torch.nn.Parameter(torch.randn(1, 8)), torch.nn.Parameter(torch.randn(8, 1))]
+        meta_optimiser = torch.optim.Adam(weights, 0.01)
+
+        def inner_loop():
+            x = torch.randn(5, 1)
+            temp = [w - 0.01 * g for w, g in zip(weights, torch.autograd.grad(
+                torch.relu(x @ weights[0]).matmul(weights[1]).pow(2).mean(), weights, create_graph=True))]
+            return torch.relu(x @ temp[0]).matmul(temp[1]).pow(2).mean()
+
+        meta_loss = 0
+        for iteration in range(3):
+        {reset}
+            for task in range(2):
+                meta_loss += inner_loop()
+            meta_grads = torch.autograd.grad(meta_loss, weights)
+            for w, g in zip(weights, meta_grads):
+                w.grad = g
+            meta_optimiser.step()
+        print(round(sum(w.sum().item() for w in weights), 6))
+        """
+    python, watched = run(tmp_path, script.replace("{reset}", ""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    assert "fix: set `meta_loss = 0` before line 17, so each iteration's backward walks only the losses" in (
+        watched.stdout
+    ), watched.stdout
+    fixed = script.replace("{reset}", "    meta_loss = 0")
+    assert fixed.splitlines()[16].strip() == "for task in range(2):"  # line 17: the script starts with a newline
+    published = fixed.replace("meta_loss = 0\n        for iteration in range(3):", "for iteration in range(3):")
+    python, watched = run(tmp_path, fixed)
+    truth, _ = run(tmp_path, published)
+    assert python.returncode == watched.returncode == truth.returncode == 0, python.stderr
+    assert python.stdout == truth.stdout and watched.stdout.startswith(truth.stdout + "backward-twice: healthy")
+
+    python, watched = run(
+        tmp_path,
+        """
+        import torch
+
+        torch.manual_seed(0)
+        model, total = torch.nn.Linear(3, 1), 0
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            optimizer.zero_grad()
+            batch_loss = model(torch.randn(4, 3)).pow(2).mean()
+            total += batch_loss
+            total.backward()
+            optimizer.step()
+        """,
+        "--no-traceback",
+    )
+    assert python.returncode == watched.returncode == 1
+    assert "fix: add a number instead (`total += batch_loss.item()`) and call backward() on this iteration's loss" in (
+        watched.stdout
+    ), watched.stdout

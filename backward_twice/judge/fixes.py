@@ -13,6 +13,8 @@ import linecache
 import re
 
 from backward_twice.record.in_place import in_place_statement, out_of_place
+from backward_twice.record.learner import site_of
+from backward_twice.record.loops import loop_inside
 
 __all__ = ["ERROR_FIXES", "carried_fix", "in_place_fix", "items_of_one_list", "second_backward_fix"]
 
@@ -74,7 +76,12 @@ def second_backward_fix(freed_at: str, raised_at: str, through: str) -> str:
 
 
 def carried_fix(
-    name: str | None, built_at: str, before_loop: bool, container: str | None = None, use: str | None = None
+    name: str | None,
+    built_at: str,
+    before_loop: bool,
+    container: str | None = None,
+    use: str | None = None,
+    used_at: str | None = None,
 ) -> str:
     """The fix for a carried graph, in the learner's own variable, as one imperative line (the report puts "before
     line 16" for "at the end of each iteration" where it knows the line the graph comes in at).
@@ -82,11 +89,25 @@ def carried_fix(
     A list that carries it (``use``, :func:`backward_twice.judge.built.list_use`) is detached item by item when the loop
     rebinds it every iteration (a Transformer-XL memory), cleared when the code reads it only whole (the log-probs
     REINFORCE collects for one update, which detached would give no gradient), and keeps detached copies when read by
-    index or slice (a bank of recent features)."""
+    index or slice (a bank of recent features).
+
+    A running total (``total += ...``) summed in a loop nested in the one whose pass walks it (``meta_loss`` over a
+    meta-batch's tasks, ``used_at``) starts at 0 before that loop; any other is kept as a number."""
     code = built_at.split(": ", 1)[-1]
-    total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)", code)
+    total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)\s*(.*)$", code)
     if not before_loop and total:
-        return f"add a number instead (`{total.group(1)} += loss.item()`) and call backward() on this iteration's loss"
+        summed, used = site_of(built_at), site_of(used_at or "")
+        inside = loop_inside(summed[0], summed[1], used[1]) if summed and used and summed[0] == used[0] else None
+        if inside is not None:
+            return (
+                f"set `{total.group(1)} = 0` before line {inside}, so each iteration's backward walks only the "
+                "losses it adds"
+            )
+        added = total.group(2).strip()
+        term = added if re.fullmatch(r"[\w.]+", added) else "loss"
+        return (
+            f"add a number instead (`{total.group(1)} += {term}.item()`) and call backward() on this iteration's loss"
+        )
     if name is None:
         return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
     if container == "parameter":  # a parameter is given a graph only by an in-place update autograd recorded
@@ -104,8 +125,8 @@ def carried_fix(
         if use == "whole":
             return f"clear `{whole}` after each update (`{whole}.clear()`): each backward walks this iteration's items"
         grown = re.compile(rf"(?<![\w.]){re.escape(whole)}\.append\((.+)\)\s*$")
-        filename = built_at.partition(": ")[0].rsplit(":", 1)[0]  # else the line of its file that grows it
-        lines = (text.split("#", 1)[0].strip() for text in linecache.getlines(filename))
+        site = site_of(built_at)  # else the line of its file that grows it
+        lines = (text.split("#", 1)[0].strip() for text in linecache.getlines(site[0] if site else ""))
         appended = grown.search(code) or next(filter(None, map(grown.search, lines)), None)
         kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"
         return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"

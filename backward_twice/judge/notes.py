@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from backward_twice.judge.built import built_line
 from backward_twice.record.held import HeldGraph
 from backward_twice.record.iterations import Split
+from backward_twice.record.learner import site_of
 
 if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
@@ -103,12 +104,11 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
             by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one))
     found = _one_per_container(list(by_name.values()))
-    return [dataclasses.replace(note, name=_as_grown(note.name, _file_of(note.built_at))) for note in found]
-
-
-def _file_of(built_at: str) -> str:
-    """The file of a "file:line: code" (the code may hold colons of its own: ``{"losses": []}``)."""
-    return built_at.partition(": ")[0].rsplit(":", 1)[0]
+    return [
+        dataclasses.replace(note, name=_as_grown(note.name, site[0])) if site else note
+        for note in found
+        for site in (site_of(note.built_at),)
+    ]
 
 
 def _container(newest: str, root: str) -> str:

@@ -16,9 +16,9 @@ code shares (:mod:`backward_twice.record.recorder`, :mod:`backward_twice.steps.h
 * :func:`learners_code` tells the learner's code from torch's, the helpers' and the libraries' (a file outside torch,
   the tool (and the course), the standard library and site-packages), :func:`learner_line` finds the learner's own line
   in a stack ("file:line: code", the first such frame; :meth:`LearnersCode.site` with its file and line, for the
-  recorder's hooks), :func:`place` names a notebook cell's line as
-  IPython's tracebacks do ("Cell In[5], line 3": a cell's file lies in a folder named after the kernel's
-  process, so its path changes with every kernel), :func:`short` drops the folders, and :func:`first_line` and
+  recorder's hooks), :func:`place` names a notebook cell's line as IPython's tracebacks do ("Cell In[5], line 3": a
+  cell's file lies in a folder named after the kernel's process, so its path changes with every kernel),
+  :func:`short` drops the folders, :func:`site_of` reads a line's file and number back, and :func:`first_line` and
   :func:`raised_at` give an error's first line and the learner's line that raised it.
 """
 
@@ -60,6 +60,7 @@ __all__ = [
     "raised_at",
     "raised_in",
     "short",
+    "site_of",
     "skip_folder",
     "skipped_dirs",
 ]
@@ -460,6 +461,15 @@ def raised_in(exc: BaseException) -> types.FrameType | None:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     return None if tb is None else tb.tb_frame
+
+
+def site_of(line: str) -> tuple[str, int] | None:
+    """ "/a/b/train.py:12: code" -> ("/a/b/train.py", 12), the code holding colons of its own or not
+    (``{"losses": []}``); None for a cell's "Cell In[5], line 3: code", whose file the text does not name."""
+    match = re.match(r"(.*?):(\d+)(?:: |$)", line)
+    if not match or match.group(1).startswith("Cell "):
+        return None
+    return match.group(1), int(match.group(2))
 
 
 def short(line: str) -> str:

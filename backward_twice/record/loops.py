@@ -12,12 +12,14 @@ half of that, per code object (a function, a method, a script's or a notebook ce
   ``step`` (with its receiver, for the caller to tell an optimizer's from a scheduler's), so a loop that holds only
   some of them (a critic's inner loop) is known not to be the iteration before the others run;
 * :func:`outermost_loop_around`: the outermost loop that holds a line in a function the iteration's loop calls (where
-  a carried state's detach goes, once a call).
+  a carried state's detach goes, once a call);
+* :func:`loop_inside`: the loop, nested in the one that holds a backward, that holds a line of the same function
+  (where a total of this iteration's losses is summed, and starts afresh).
 
 Nothing here imports torch, reads a frame's variables or writes to a frame.
 
-Used by :mod:`backward_twice.judge.stored`, :mod:`backward_twice.judge.verdicts`, :mod:`backward_twice.record.lines`,
-:mod:`backward_twice.record.passes` and :mod:`backward_twice.record.recorder`.
+Used by :mod:`backward_twice.judge.fixes`, :mod:`backward_twice.judge.stored`, :mod:`backward_twice.judge.verdicts`,
+:mod:`backward_twice.record.lines`, :mod:`backward_twice.record.passes` and :mod:`backward_twice.record.recorder`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from backward_twice.record.sources import memo, parsed
 
-__all__ = ["Loop", "StepCall", "enclosing", "loops_of", "outermost_loop_around", "step_calls"]
+__all__ = ["Loop", "StepCall", "enclosing", "loop_inside", "loops_of", "outermost_loop_around", "step_calls"]
 
 _STEP_NAMES = frozenset({"backward", "manual_backward", "step"})
 
@@ -224,6 +226,38 @@ def step_calls(code: types.CodeType) -> tuple[StepCall, ...]:
     """The calls of ``code``'s own scope to ``.backward(``, ``.manual_backward(``, ``autograd.grad(`` and
     ``.step(``, by line."""
     return _scope(code).steps
+
+
+def _function_around(tree: ast.Module, line: int) -> ast.AST:
+    """The innermost function of ``tree`` whose body holds ``line``; the module itself outside any."""
+    functions = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body[0].lineno <= line <= (node.end_lineno or 0)
+    ]
+    return max(functions, key=lambda node: node.lineno, default=tree)
+
+
+def loop_inside(filename: str, line: int, outer_line: int) -> int | None:
+    """The header line of the outermost loop that holds ``line`` and not ``outer_line``, nested in a loop that holds
+    both, in the one function that holds both (``meta_loss += ...`` in a loop over tasks, inside the loop whose
+    pass backwards ``meta_loss``); None for any other lines."""
+    tree = parsed(filename)
+    if tree is None:
+        return None
+    function = _function_around(tree, line)
+    if function is not _function_around(tree, outer_line):
+        return None
+    loops = [node for node in _own_nodes(function) if isinstance(node, (ast.For, ast.AsyncFor, ast.While))]
+    holding = [
+        (node, node.body[0].lineno <= outer_line <= (node.end_lineno or 0))
+        for node in loops
+        if node.body[0].lineno <= line <= (node.end_lineno or 0)
+    ]
+    if not any(both for _, both in holding):
+        return None
+    return min((node.lineno for node, both in holding if not both), default=None)
 
 
 def outermost_loop_around(filename: str, line: int, unless_in: types.CodeType) -> int | None:

@@ -37,6 +37,7 @@ from backward_twice.judge.verdicts import (
     Verdicts,
     plural,
 )
+from backward_twice.record.learner import site_of
 
 __all__ = ["CodeLine", "Item", "Report", "build_report", "render_html", "render_text", "report_json"]
 
@@ -312,8 +313,8 @@ def _retain_item(line: LineVerdict) -> Item:
 
 def _note_item(note: Note) -> Item:
     place, code = _split(note.built_at)
-    filename = note.built_at.partition(": ")[0].rsplit(":", 1)[0] if not place.startswith("Cell ") else None
-    grows = _growing_line(note.name, filename) if filename else None
+    site = site_of(note.built_at)
+    grows = _growing_line(note.name, site[0]) if site else None
     lines = (CodeLine(place, code, None, "each iteration's graph starts here"),)
     fix = "keep a number (`.item()`) or a detached tensor (`.detach()`) instead"
     if not note.one_element:  # `.item()` raises on a tensor of several numbers
