@@ -1204,3 +1204,102 @@ def test_a_meta_loss_summed_over_tasks_starts_at_0_each_meta_iteration(tmp_path:
     assert "fix: add a number instead (`total += batch_loss.item()`) and call backward() on this iteration's loss" in (
         watched.stdout
     ), watched.stdout
+
+
+FRAMEWORK_STOPS = {
+    "lightning": """
+        import atexit
+        import pytorch_lightning as pl
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Watchdog(pl.Callback):
+            def on_exception(self, trainer, pl_module, exception):
+                print("crashed with", type(exception).__name__)
+
+            def on_train_end(self, trainer, pl_module):
+                print("finished at step", trainer.global_step)
+
+
+        class Model(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net, self.calls = torch.nn.Linear(4, 1), 0
+
+            def training_step(self, batch, batch_idx):
+                self.calls += 1
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.net(x), y)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+        torch.manual_seed(0)
+        model = Model()
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        trainer = pl.Trainer(max_epochs=1, {limit}, accumulate_grad_batches=2, logger=False, callbacks=[Watchdog()],
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             accelerator="cpu")
+        atexit.register(lambda: print("state", model.calls, trainer.global_step, trainer.state.status.value,
+                                      round(sum(p.sum().item() for p in model.parameters()), 6)))
+        trainer.fit(model, DataLoader(data, batch_size=8))
+        """,
+    "transformers": """
+        import atexit
+        import torch
+        from transformers import Trainer, TrainingArguments
+
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Linear(4, 1)
+
+            def forward(self, x, labels=None):
+                return {"logits": self.net(x)}
+
+
+        class MyTrainer(Trainer):
+            calls = 0
+
+            def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+                MyTrainer.calls += 1
+                out = model(inputs["x"])
+                loss = torch.nn.functional.mse_loss(out["logits"], inputs["labels"])
+                return (loss, out) if return_outputs else loss
+
+
+        torch.manual_seed(0)
+        rows = [{"x": torch.randn(4), "labels": torch.randn(1)} for _ in range(64)]
+        args = TrainingArguments(output_dir="out", {limit}, per_device_train_batch_size=8,
+                                 gradient_accumulation_steps=2, report_to=[], save_strategy="no", logging_strategy="no",
+                                 use_cpu=True, disable_tqdm=True, seed=0, data_seed=0,
+                                 lr_scheduler_type="constant")
+        model = Model()
+        trainer = MyTrainer(model=model, args=args, train_dataset=rows)
+        atexit.register(lambda: print("state", MyTrainer.calls, trainer.state.global_step,
+                                      round(sum(p.sum().item() for p in model.parameters()), 6)))
+        trainer.train()
+        """,
+}
+LIMITS = {"lightning": ("max_steps=2", "max_steps=-1"), "transformers": ("max_steps=2", "num_train_epochs=1")}
+
+
+@pytest.mark.parametrize("framework", FRAMEWORK_STOPS)
+def test_iterations_n_end_a_frameworks_own_loop_as_its_step_limit_does(tmp_path: Path, framework: str) -> None:
+    """A framework's loop with gradient accumulation and the loss in the learner's hook (Lightning's automatic
+    ``training_step``, a transformers ``Trainer``'s ``compute_loss``): ``--iterations 2`` raised its stop into the
+    framework at the next optimizer step or backward, after the third pass's first batch had run (Lightning then
+    called ``on_exception``, where an ``OnExceptionCheckpoint`` writes a checkpoint). Now the framework is asked to stop
+    after the second step, as its own early stop asks. The truth: the state and the hooks run equal a bare run with
+    ``max_steps=2``."""
+    limited, whole = LIMITS[framework]
+    bare, _ = run(tmp_path, FRAMEWORK_STOPS[framework].replace("{limit}", limited))
+    _, watched = run(tmp_path, FRAMEWORK_STOPS[framework].replace("{limit}", whole), "--iterations", "2")
+    assert bare.returncode == watched.returncode == 0, watched.stderr[-2000:]
+    told = [line for line in bare.stdout.splitlines() if line.startswith(("state", "finished", "crashed"))]
+    assert told and told[-1].startswith("state 4 2 "), bare.stdout
+    assert [line for line in watched.stdout.splitlines() if line.startswith(("state", "finished", "crashed"))] == told
+    assert "2 iterations watched, then stopped as asked" in watched.stdout, watched.stdout

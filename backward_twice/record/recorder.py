@@ -25,8 +25,8 @@ Over a long run, the records of the older iterations that walked nothing of an e
 holds stays bounded, and the verdicts read the counts with the records.
 
 ``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
-:class:`StopRecording` raised there, outside any ``try`` of the body); without a loop of theirs, at the first call of
-their step function, backward call or optimizer step's start after N iterations ended (:mod:`.stops`).
+:class:`StopRecording` raised there, outside any ``try`` of the body); without a loop of theirs, a framework's loop is
+asked to end after step N, else the run stops at the next call of their step function, backward or step (:mod:`.stops`).
 
 The recorder never breaks the loop it watches: every hook and trace function is guarded, and an error of its own
 switches it off for the rest of the run (:attr:`Recorder.failure` says why); the loop goes on as bare Python would.
@@ -65,7 +65,7 @@ from backward_twice.record.names import CodeSite, NamedGraph, unstepped_optimize
 from backward_twice.record.passes import IterationLoop, PassStart, inside_a_step, is_optimizer
 from backward_twice.record.saved import graph_only_bytes
 from backward_twice.record.sources import refresh
-from backward_twice.record.stops import StepCallStop, StopRecording
+from backward_twice.record.stops import FrameworkStop, StepCallStop, StopRecording
 from backward_twice.record.walks import SECOND_TIME, CallRecord, WalkSampling, record_of, stamp_walk, stamped
 
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
@@ -76,8 +76,7 @@ STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each record
 
 @dataclass(frozen=True)
 class Failure:
-    """Where the recorder failed and switched itself off: what it was doing, the error, and how many backward calls
-    it had seen by then."""
+    """Where the recorder failed and switched itself off: what it was doing, its error, the backward calls seen."""
 
     where: str
     error: str
@@ -111,9 +110,7 @@ class Recorder:
         roots: Callable[[], list[tuple[str, Any]]] | None = None,
         on_leaf: Callable[[torch.Tensor], None] | None = None,
     ) -> None:
-        if iterations is not None and (
-            isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1
-        ):
+        if iterations is not None and (type(iterations) is not int or iterations < 1):  # a bool is not a count
             raise ValueError(f"watch: iterations must be a whole number from 1 up (or None), got {iterations!r}")
         self.iterations, self.keep_buffers, self.roots, self.on_leaf = iterations, keep_buffers, roots, on_leaf
         self.before_step: Callable[[torch.optim.Optimizer], None] | None = None  # called before each step()
@@ -158,7 +155,8 @@ class Recorder:
         self._first_site: tuple[str, int] | None = None
         self._retains_at: dict[tuple[str, int], int] = {}  # retaining calls per line so far
         self.sampling = WalkSampling()  # which calls' walks are read: all with keep_buffers or on_leaf
-        self.step_call = StepCallStop()  # iterations=N without a loop of the learner's: before the step function
+        # iterations=N without a loop of the learner's: a framework's loop asked to end, else before the step function
+        self.step_call, self.framework_stop = StepCallStop(), FrameworkStop()
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
@@ -184,6 +182,7 @@ class Recorder:
         self.finish = torch._C._autograd._get_sequence_nr()
         self.creation.stop()
         self.step_call.disarm()
+        self.stopped = self.framework_stop.put_back() or self.stopped
         self._context.__exit__(None, None, None)
         frame: types.FrameType | None = sys._getframe(1)
         while frame is not None:  # up to Python 3.12 a read of f_locals caches the variables on the frame, and the
@@ -364,7 +363,8 @@ class Recorder:
             self._saw_event(caller, may_stop=False)  # passes by what the loop's ``for`` binds
         if by_steps or loop.unusable is not None:  # else at the loop's passes' starts instead
             event_names(self, caller, opens=by_steps)
-        if by_steps and self._stop_without_a_loop(None, mark=False):  # the step function, called again: stop
+        if by_steps and self._stop_without_a_loop(None, mark=False):  # a framework's loop: asked to end here, else
+            self.framework_stop.ask(caller)  # stopped as the step function is called again
             self.step_call.arm(lambda: self._stop_without_a_loop(None))
         if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
             read, first = len(self.sightings), self._first_steps

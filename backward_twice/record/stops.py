@@ -9,6 +9,13 @@ a profile function sees each call, where a trace function would see each line, a
 tail. Any error of its own switches it off; the recorder's stop at the next backward call or optimizer step stays.
 A profiler of the learner's own, already set, is left alone (the stop comes at the backward then).
 
+A framework's own loop is first asked to stop (:class:`FrameworkStop`), at the end of the optimizer step that ends
+iteration N, as its own early stop asks: PyTorch Lightning's ``trainer.should_stop``, transformers'
+``trainer.control.should_training_stop``. The framework then ends its loop after that step as its step limit does,
+with its end-of-training hooks, where a stop raised into it would run its exception hooks (Lightning's
+``on_exception``, where an ``OnExceptionCheckpoint`` writes a checkpoint). If it goes on anyway (a ``min_steps`` not
+met), the raised stop comes as before.
+
 Used by :mod:`backward_twice.record.recorder`.
 """
 
@@ -19,7 +26,18 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["StepCallStop", "StopRecording"]
+__all__ = ["FrameworkStop", "StepCallStop", "StopRecording"]
+
+# The trainers asked to stop, by the class that defines them (a learner's subclass included): what to set
+_TRAINERS = {
+    ("pytorch_lightning.trainer.trainer", "Trainer"): "lightning",
+    ("lightning.pytorch.trainer.trainer", "Trainer"): "lightning",
+    ("transformers.trainer", "Trainer"): "transformers",
+}
+# The trainers' methods that run their loop, whose ``self`` is read: no other frame's variables are (a read keeps them
+# on the frame until the next, up to Python 3.12)
+_LOOP_METHODS = frozenset({"_run_stage", "_run_train", "_inner_training_loop"})
+_DEPTH = 64  # frames looked through: a trainer's loop is a few dozen calls above an optimizer's step
 
 
 class StopRecording(BaseException):
@@ -67,3 +85,53 @@ class StepCallStop:
             return
         if raised is not None:
             raise raised  # into the learner's step function, before its first line
+
+
+class FrameworkStop:
+    """The request to a framework's trainer, found on the stack, to end its loop after the step that runs now."""
+
+    def __init__(self) -> None:
+        self.asked = self._looked = False  # a trainer was asked; the stack was looked through
+        self._lightning: Any = None  # the Lightning trainer told to stop: its flag is put back when the watch ends
+
+    def ask(self, frame: types.FrameType | None) -> bool:
+        """Ask the first trainer of a known framework around ``frame`` (once a run); whether one was asked."""
+        if self._looked:
+            return False
+        self._looked = True
+        try:
+            self.asked = self._ask(frame)
+            return self.asked
+        except Exception:  # a framework's change: the stop raised at the next step or backward stays
+            return False
+
+    def _ask(self, frame: types.FrameType | None) -> bool:
+        for _ in range(_DEPTH):
+            if frame is None:
+                return False
+            code = frame.f_code
+            trainer: Any = frame.f_locals.get("self") if code.co_name in _LOOP_METHODS and code.co_argcount else None
+            kind = next((_TRAINERS[key] for key in map(_defined_by, type(trainer).__mro__) if key in _TRAINERS), None)
+            if kind == "lightning" and trainer.should_stop is False:
+                trainer.should_stop, self._lightning = True, trainer
+                return True
+            if kind == "transformers":
+                trainer.control.should_training_stop = True
+                return True
+            frame = frame.f_back
+        return False
+
+    def put_back(self) -> bool:
+        """Lightning's flag as a fit that stopped at its step limit leaves it (the next fit clears it anyway); whether
+        a trainer was asked to stop."""
+        trainer, self._lightning = self._lightning, None
+        try:
+            if trainer is not None and trainer.should_stop is True:
+                trainer.should_stop = False
+        except Exception:  # a framework's change: its flag stays as the stop left it
+            pass
+        return self.asked
+
+
+def _defined_by(cls: type) -> tuple[str, str]:
+    return cls.__module__, cls.__name__
