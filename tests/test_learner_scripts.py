@@ -1303,3 +1303,39 @@ def test_iterations_n_end_a_frameworks_own_loop_as_its_step_limit_does(tmp_path:
     assert told and told[-1].startswith("state 4 2 "), bare.stdout
     assert [line for line in watched.stdout.splitlines() if line.startswith(("state", "finished", "crashed"))] == told
     assert "2 iterations watched, then stopped as asked" in watched.stdout, watched.stdout
+
+
+ACCUMULATED = """
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for i in range(6):
+        losses.append(torch.nn.functional.mse_loss(model(torch.randn(6, 4)), torch.randn(6, 1)) / 2)
+        if (i + 1) % 2 == 0:
+            sum(losses).backward()
+            opt.step()
+            opt.zero_grad()
+            {reset}
+    print(round(sum(p.sum().item() for p in model.parameters()), 6))
+    """
+
+
+def test_losses_kept_for_the_next_passs_backward_are_gradient_accumulation_not_a_carried_graph(tmp_path: Path) -> None:
+    """Gradient accumulation by a list of losses summed every second pass and emptied after the step (a forum
+    answer's form): it runs, yet the tool said "`losses` carries iteration 1's graph into iteration 2" with a fix
+    (``losses = [m.detach() for m in losses]``) that makes it raise "does not require grad". A graph built in a pass
+    that runs no backward, walked once by the next backward, is not carried. Without the reset the loop raises, and
+    the graph iteration 2's backward freed is named as such."""
+    python, watched = run(tmp_path, ACCUMULATED.replace("{reset}", "losses = []"))
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert watched.stdout == python.stdout + (
+        "backward-twice: healthy (6 iterations watched, 3 backward calls, nothing carried, no retain_graph=True to "
+        "drop)\n"
+    )
+    python, watched = run(tmp_path, ACCUMULATED.replace("{reset}", "pass"), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
+    assert "1. `losses` carries iteration 1's graph into iteration 4" in watched.stdout, watched.stdout
+    assert "which iteration 2's backward already freed" in watched.stdout

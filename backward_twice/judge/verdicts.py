@@ -171,16 +171,13 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
     for tally in sorted(tallies.values(), key=lambda t: t.first):
         line, runs, needed, held = tally.line, tally.runs, tally.needed, tally.held
         if tally.create_graph:
-            if _writes_retain(tally.site):  # written out, yet create_graph implies it
-                verdicts.append(
-                    LineVerdict(line, "can go", runs, 0, held, CREATE_GRAPH_KEEPS, "remove retain_graph=True")
-                )
-            else:
-                verdicts.append(
-                    LineVerdict(
-                        line, "not a retain (create_graph)", runs, 0, held, CREATE_GRAPH_NOTE, "nothing to change here"
-                    )
-                )
+            written = _writes_retain(tally.site)  # written out, yet create_graph implies it
+            kind, why, fix = (
+                ("can go", CREATE_GRAPH_KEEPS, "remove retain_graph=True")
+                if written
+                else ("not a retain (create_graph)", CREATE_GRAPH_NOTE, "nothing to change here")
+            )
+            verdicts.append(LineVerdict(line, kind, runs, 0, held, why, fix))
             continue
         if needed and not tally.needed_here and tally.needer_later is not None:
             # the forum's band-aid: only a later iteration's walk into a carried graph needs it
@@ -233,7 +230,10 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
     first = _iteration_1_start(recorder)
     for call in recorder.calls:
         iteration = split.iteration_of_call(call.index)
-        old = [seq for seq in call.old if split.iteration_of_node(seq) < iteration]
+        # not what passes without a backward built for this one (gradient accumulation: losses.append(...) each pass,
+        # sum(losses).backward() every 2nd): walked once, by the first backward after them
+        since = min(split.iteration_of_call(call.index - 1) if call.index else 0, iteration - 1)
+        old = [seq for seq in call.old if split.iteration_of_node(seq) <= since]
         if not old:
             continue
         chained = len({split.iteration_of_node(seq) for seq in old}) > 1

@@ -194,7 +194,9 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
             changed = "a tensor it saved was changed in place since"
         why = f"this backward follows {followed} into {origin}, and {changed}"
     elif error is not None:
-        why = f"this backward follows {followed} into {origin}, which that iteration's backward already freed"
+        freer = re.search(r"freed by the backward at .+? in iteration (\d+)", error.evidence)
+        by = f"iteration {freer.group(1)}'s" if freer and int(freer.group(1)) != first.iteration else "that iteration's"
+        why = f"this backward follows {followed} into {origin}, which {by} backward already freed"
     elif first.chained:
         why = f"every backward follows {followed} back into {origin}: memory and time grow with each iteration"
     else:  # SAC's alpha = log_alpha.exp(): one old graph at a time, rebuilt each iteration
