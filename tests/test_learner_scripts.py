@@ -1339,3 +1339,77 @@ def test_losses_kept_for_the_next_passs_backward_are_gradient_accumulation_not_a
     assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
     assert "1. `losses` carries iteration 1's graph into iteration 4" in watched.stdout, watched.stdout
     assert "which iteration 2's backward already freed" in watched.stdout
+
+
+def test_a_filters_state_updated_as_x_plus_a_term_is_a_state_not_a_running_total(tmp_path: Path) -> None:
+    """A differentiable Kalman filter (the shape of mone27/meteo_imp) carries its state ``x, P`` across time steps
+    and updates ``x = x + K @ y``: that spelling got the running total's fix, "``x += loss.item()``" (no ``loss`` in
+    the script; applied, NameError). A total is one number; ``x`` is a vector. The truth: the script raises as
+    written and runs with the printed detaches before line 11."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        log_q, log_r = torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)
+        F, H = torch.tensor([[1.0, 1.0], [0.0, 1.0]]), torch.tensor([[1.0, 0.0]])
+        optimizer = torch.optim.Adam([log_q, log_r], lr=0.05)
+        x, P = torch.zeros(2, 1), torch.eye(2)
+        for z in torch.cumsum(torch.randn(4), 0):
+        {fix}
+            x, P = F @ x, F @ P @ F.T + torch.diag(log_q.exp())
+            S = H @ P @ H.T + log_r.exp().view(1, 1)
+            K = P @ H.T @ torch.linalg.inv(S)
+            y = z.view(1, 1) - H @ x
+            x = x + K @ y
+            P = (torch.eye(2) - K @ H) @ P
+            nll = 0.5 * (y.T @ torch.linalg.inv(S) @ y + torch.logdet(S)).squeeze()
+            optimizer.zero_grad()
+            nll.backward()
+            optimizer.step()
+        """
+    python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
+    assert "fix: add `x = x.detach()` before line 11" in watched.stdout, watched.stdout
+    assert "fix: add `P = P.detach()` before line 11" in watched.stdout and "item()" not in watched.stdout
+    fixed = script.replace("{fix}", "    x = x.detach(); P = P.detach()")
+    assert fixed.splitlines()[10].strip().startswith("x, P = F @ x")  # line 11
+    python, watched = run(tmp_path, fixed)
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
+def test_a_layers_state_in_a_sequential_is_named_as_python_spells_it(tmp_path: Path) -> None:
+    """A hand-written batch norm inside ``nn.Sequential`` keeps running statistics with their graphs: the name was
+    ``model.1.running_mean``, and the fix built on it was a SyntaxError. The truth: the script raises as written and
+    runs with the printed fix, ``model[1].running_mean = model[1].running_mean.detach()``."""
+    script = """
+        import torch
+
+
+        class MyBN(torch.nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.gamma, self.running_mean = torch.nn.Parameter(torch.ones(n)), torch.zeros(n)
+
+            def forward(self, x):
+                self.running_mean = 0.9 * self.running_mean + 0.1 * x.mean(0)
+                return self.gamma * (x - self.running_mean)
+
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), MyBN(4), torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(3):
+            loss = model(torch.randn(8, 3)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        {fix}
+        """
+    python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
+    fix = "model[1].running_mean = model[1].running_mean.detach()"
+    assert f"fix: add `{fix}` at the end of each iteration" in watched.stdout, watched.stdout
+    python, watched = run(tmp_path, script.replace("{fix}", f"    {fix}"))
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout

@@ -10,7 +10,9 @@ Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.ren
 from __future__ import annotations
 
 import linecache
+import math
 import re
+from typing import Protocol
 
 from backward_twice.record.in_place import in_place_statement, out_of_place
 from backward_twice.record.learner import site_of
@@ -75,13 +77,20 @@ def second_backward_fix(freed_at: str, raised_at: str, through: str) -> str:
     )
 
 
+class Walked(Protocol):
+    """What the backward that walked a carried graph saw of it: its shape, and that backward's line."""
+
+    shape: tuple[int, ...] | None
+    used_at: str
+
+
 def carried_fix(
     name: str | None,
     built_at: str,
     before_loop: bool,
     container: str | None = None,
     use: str | None = None,
-    used_at: str | None = None,
+    walked: Walked | None = None,
 ) -> str:
     """The fix for a carried graph, in the learner's own variable, as one imperative line (the report puts "before
     line 16" for "at the end of each iteration" where it knows the line the graph comes in at).
@@ -91,12 +100,14 @@ def carried_fix(
     REINFORCE collects for one update, which detached would give no gradient), and keeps detached copies when read by
     index or slice (a bank of recent features).
 
-    A running total (``total += ...``) summed in a loop nested in the one whose pass walks it (``meta_loss`` over a
-    meta-batch's tasks, ``used_at``) starts at 0 before that loop; any other is kept as a number."""
+    A running total (``total += ...`` of one number, where ``walked`` tells: a state ``x = x + K @ y`` is not one)
+    summed in a loop nested in the one whose pass walks it (``meta_loss`` over a meta-batch's tasks, at
+    ``walked.used_at``) starts at 0 before that loop; any other is kept as a number."""
     code = built_at.split(": ", 1)[-1]
     total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)\s*(.*)$", code)
-    if not before_loop and total:
-        summed, used = site_of(built_at), site_of(used_at or "")
+    one_number = walked is None or walked.shape is None or math.prod(walked.shape) == 1
+    if not before_loop and total and one_number:
+        summed, used = site_of(built_at), site_of(walked.used_at if walked is not None else "")
         inside = loop_inside(summed[0], summed[1], used[1]) if summed and used and summed[0] == used[0] else None
         if inside is not None:
             return (

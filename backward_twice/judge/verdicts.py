@@ -311,7 +311,7 @@ def _carried(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for name in (named if stored is None else stored[0],)
         for entry in (_entry(recorder, e),)
         for at_entry in (_fix_at_entry(recorder, entry, e, name),)
-        for fix in (carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e), e.used_at),)
+        for fix in (carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e), e),)
     ]
 
 

@@ -374,6 +374,13 @@ def _keys(module: torch.nn.Module) -> tuple[str, ...]:
     return cached[1]
 
 
+def _child(suffix: str, module: torch.nn.Module, key: str) -> str:
+    """A submodule's spelling in Python: ``.encoder``, ``[1]`` of a Sequential or ModuleList, ``['1']`` of a dict."""
+    if key.isdigit() and isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)):
+        return f"{suffix}[{key}]"
+    return f"{suffix}.{key}" if key.isidentifier() else f"{suffix}[{key!r}]"
+
+
 def _tree(root: torch.nn.Module) -> _Tree:
     token = (len(root.__dict__), len(root._modules))
     tree = _trees.get(root)
@@ -388,7 +395,7 @@ def _tree(root: torch.nn.Module) -> _Tree:
                 entries.append((suffix, module))
             if depth < 8:
                 stack.extend(
-                    (f"{suffix}.{key}", child, depth + 1)
+                    (_child(suffix, module, key), child, depth + 1)
                     for key, child in reversed(module._modules.items())
                     if child is not None
                 )
