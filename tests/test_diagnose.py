@@ -462,3 +462,53 @@ def test_requires_grad_a_step_turns_off_and_the_grads_it_leaves_are_put_back() -
     diagnose(step, models={"G": generator, "D": discriminator}, optimizers={"G": g_optim, "D": d_optim})
     for parameter in (*generator.parameters(), *discriminator.parameters()):
         assert parameter.requires_grad and parameter.grad is None
+
+
+class _Policy(nn.Module):
+    """pytorch/examples' REINFORCE policy: the episode's log-probs and rewards kept in lists on the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.affine = nn.Linear(4, 2)
+        self.saved_log_probs: list[torch.Tensor] = []
+        self.rewards: list[float] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.affine(x), dim=-1)
+
+
+def test_lists_on_a_module_numpys_stream_and_attributes_the_runs_add_are_put_back() -> None:
+    """REINFORCE whose ``finish_episode`` forgets ``del policy.saved_log_probs[:]``: diagnose's runs left the lists
+    on the policy holding their log-probs (with graphs) and rewards, so the learner's own next loop raised another
+    error than bare Python; numpy's global stream moved on, so the next batch differed; an attribute the step adds
+    stayed. The truth: the state before diagnose, compared item by item."""
+    np = pytest.importorskip("numpy")
+    torch.manual_seed(0)
+    policy = _Policy()
+    policy.rewards.append(0.5)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    kept = list(policy.rewards)
+
+    def finish_episode() -> None:
+        for _ in range(3):
+            probs = policy(torch.from_numpy(np.random.randn(1, 4)).float())
+            action = torch.distributions.Categorical(probs).sample()
+            policy.saved_log_probs.append(torch.distributions.Categorical(probs).log_prob(action))
+            policy.rewards.append(float(action))
+        policy.last_episode = len(policy.rewards)  # type: ignore[attr-defined]
+        loss = -torch.cat(policy.saved_log_probs).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        del policy.rewards[1:]
+
+    np.random.seed(0)
+    numpy_before = np.random.get_state()
+    diagnosis = diagnose(finish_episode, models=policy, optimizers=optimizer)
+    assert "second time" in (
+        diagnosis.error or ""
+    )  # truth: bare, the second call raises (the list still holds call 1's)
+    assert policy.saved_log_probs == [] and policy.rewards == kept and policy.rewards is not kept
+    assert not hasattr(policy, "last_episode")
+    numpy_after = np.random.get_state()
+    assert (numpy_after[1] == numpy_before[1]).all() and numpy_after[2] == numpy_before[2]

@@ -13,9 +13,10 @@ step):
   raises PyTorch's own error where the step as written would), and a graph built before the step keeps its
   buffers, so it is still usable afterwards. Each run is one iteration (``next_iteration()`` after it);
 * before the first run, :class:`CpuSnapshot` copies to the CPU (never on the model's device) the models'
-  parameters, ``.grad`` and buffers, the tensors kept as their attributes, the optimizers' state, the random
-  streams, and what the step's closure and globals hold (tensors, lists, dicts, tuples, and the leaves that
-  require grad among them: a hand-written ``W``); a leaf that requires grad the step reaches some other way is
+  parameters, ``.grad`` and buffers, the tensors kept as their attributes and the items of lists and dicts kept
+  there (an attribute the runs add goes), the optimizers' state, the random streams (numpy's, once imported), and
+  what the step's closure and globals hold (tensors, lists, dicts, tuples, and the leaves that require grad among
+  them: a hand-written ``W``); a leaf that requires grad the step reaches some other way is
   copied the first time a backward walks to it (before it accumulates), and the optimizers' parameters (an
   LBFGS image) are copied with them. An optimizer nobody passed (one the step builds every call, one kept where
   no name reaches) is adopted at its first ``step()``, before it changes anything: its parameters and state are
@@ -94,13 +95,15 @@ class CpuSnapshot:
                 self.keep(p)
             for b in model.buffers():
                 self.keep(b)
-        self._attributes = [
-            (module, name, value)
+        self._attributes = [  # and the items of a list or dict kept there (REINFORCE's policy.saved_log_probs)
+            (module, name, value, _items(value))
             for model in models
             for module in model.modules()
             for name, value in vars(module).items()
             if isinstance(value, (torch.Tensor, tuple))
+            or (not name.startswith("_") and isinstance(value, (list, dict)))
         ]
+        self._module_keys = [(module, set(vars(module))) for model in models for module in model.modules()]
         self._registered: list[tuple[dict[str, Any], dict[str, Any]]] = [  # a step may replace a registered
             (entries, dict(entries))  # parameter or buffer (VQ-VAE's EMA codebook)
             for model in models
@@ -112,10 +115,12 @@ class CpuSnapshot:
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     self.keep(p)
+        numpy = sys.modules.get("numpy")  # its global stream too, when the learner's code has imported numpy
         self._random = (
             random.getstate(),
             torch.get_rng_state(),
             torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            (numpy.random, numpy.random.get_state()) if numpy is not None else None,
         )
         self._bindings = held_bindings(step)
         self._containers: list[tuple[Any, Any]] = []
@@ -166,10 +171,10 @@ class CpuSnapshot:
             self._iterators.append((name, value, _place(value)))
             return
         if isinstance(value, dict):
-            self._containers.append((value, dict(value)))
+            self._containers.append((value, _items(value)))
             named: Iterable[tuple[str, Any]] = [(f"{name}[{k!r}]", v) for k, v in value.items()]
         elif isinstance(value, list):
-            self._containers.append((value, list(value)))
+            self._containers.append((value, _items(value)))
             named = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
         elif isinstance(value, tuple):
             named = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
@@ -218,31 +223,47 @@ class CpuSnapshot:
                 if now.keys() != kept.attributes.keys() or any(now[k] is not v for k, v in kept.attributes.items()):
                     now.clear()
                     now.update(kept.attributes)
-        for module, name, value in self._attributes:
+        for module, keys in self._module_keys:  # an attribute the runs added (self.cache = ...) goes
+            for name in [name for name in vars(module) if name not in keys and not name.startswith("_")]:
+                del vars(module)[name]
+        for module, name, value, items in self._attributes:
             vars(module)[name] = value
+            if items is not None:
+                _put_items(value, items)
         for entries, registered in self._registered:
             if entries.keys() != registered.keys() or any(entries[k] is not v for k, v in registered.items()):
                 entries.clear()
                 entries.update(registered)
         for optimizer, state in self._optimizers:
             optimizer.load_state_dict(state)  # copies the state back onto each parameter's device
-        python, cpu, cuda = self._random
+        python, cpu, cuda, numpy = self._random
         random.setstate(python)
         torch.set_rng_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+        if numpy is not None:
+            numpy[0].set_state(numpy[1])
         for put, value in self._bindings:
             put(value)
         for container, items in self._containers:
-            if isinstance(container, dict):
-                container.clear()
-                container.update(items)
-            else:
-                container[:] = items
+            _put_items(container, items)
         for obj, attributes in self._objects:
             if vars(obj) != attributes:
                 vars(obj).clear()
                 vars(obj).update(attributes)
+
+
+def _items(value: Any) -> Any:
+    """A copy of a list's or a dict's items; None for anything else."""
+    return list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else None
+
+
+def _put_items(container: Any, items: Any) -> None:
+    if isinstance(container, dict):
+        container.clear()
+        container.update(items)
+    else:
+        container[:] = items
 
 
 def _place(iterator: Any) -> Any:
