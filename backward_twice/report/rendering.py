@@ -296,13 +296,14 @@ def _retain_item(line: LineVerdict) -> Item:
     kept = f"kept {format_bytes(line.held_bytes)} no backward used" if line.held_bytes else "no backward uses it"
     runs = f"{line.runs} run{'s' if line.runs != 1 else ''}"
     if line.why == CREATE_GRAPH_KEEPS:  # a later backward may well walk what it kept: create_graph kept it anyway
-        return Item(
+        return Item(  # a note: written or not, the loop runs the same (WGAN-GP's published penalty writes it)
             "retain can go",
             f"retain_graph=True at line {_line_number(place)} adds nothing: create_graph=True keeps the graph anyway",
             (CodeLine(place, code, _span(code, "retain_graph=True"), "create_graph=True already keeps it"),),
             "retain_graph defaults to create_graph: with create_graph=True the buffers are kept whether or not "
             "retain_graph=True is written",
-            f"remove retain_graph=True at line {_line_number(place)}",
+            f"remove retain_graph=True at line {_line_number(place)} if you like: the loop runs the same",
+            to_fix=False,
         )
     return Item(
         "retain can go",
