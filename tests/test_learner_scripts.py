@@ -1413,3 +1413,40 @@ def test_a_layers_state_in_a_sequential_is_named_as_python_spells_it(tmp_path: P
     python, watched = run(tmp_path, script.replace("{fix}", f"    {fix}"))
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
+@pytest.mark.parametrize("where", ["append after the step", "append before the backward"])
+def test_losses_kept_in_a_list_of_the_function_that_runs_the_loop_are_a_note(tmp_path: Path, where: str) -> None:
+    """The PyTorch FAQ's history that accumulates (``losses.append(loss)``) in a ``main()`` the script calls: the
+    same loop at the top level got the note, in a function "healthy": the list's growth was looked for in globals
+    only, and a function's variables are rebound at each call, except the function the loop runs in. The truth: each
+    kept loss still holds its graph (``grad_fn``), which ``loss.item()`` would not."""
+    steps = ["loss.backward()", "optimizer.step()", "losses.append(loss)"]
+    if where == "append before the backward":
+        steps = steps[2:] + steps[:2]
+    python, watched = run(
+        tmp_path,
+        """
+        import torch
+
+
+        def main():
+            torch.manual_seed(0)
+            model = torch.nn.Linear(6, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+            losses = []
+            for step in range(6):
+                loss = torch.nn.functional.mse_loss(model(torch.randn(8, 6)), torch.randn(8, 1))
+                optimizer.zero_grad()
+                {steps}
+            print(len(losses), all(kept.grad_fn is not None for kept in losses))
+
+
+        if __name__ == "__main__":
+            main()
+        """.replace("{steps}", ("\n" + " " * 16).join(steps)),
+    )
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert python.stdout == "6 True\n"
+    assert watched.stdout.startswith("6 True\nbackward-twice: 1 note (6 iterations watched)\n"), watched.stdout
+    assert "1. `losses` keeps one more iteration's graph alive every iteration" in watched.stdout

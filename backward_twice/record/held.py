@@ -152,8 +152,10 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
     at_start = bool(recorder.starts) and recorder.starts[-1] == sighting
     held_under: dict[str, set[int]] | None = {} if at_start else None
     nodes: dict[int, Node] = {}
+    loop = recorder.loop.innermost
+    lives = CodeSite(loop.code.co_filename, loop.code.co_firstlineno, loop.code.co_name) if loop is not None else None
     for named, node in names_holding_graphs(
-        frame, recorder.skipped, sighting, recorder.roots, recorder.outermost, recorder.roots_where, held_under
+        frame, recorder.skipped, sighting, recorder.roots, recorder.outermost, recorder.roots_where, held_under, lives
     ):
         sequence = named.sequence
         nodes[sequence] = node
