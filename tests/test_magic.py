@@ -68,3 +68,30 @@ def test_bad_input_is_a_usage_error_with_a_clear_message(shell, capsys, line, bo
     result = run(shell, f"%%diagnose {line}\n{body}")
     assert result.result is None
     assert message in capsys.readouterr().err
+
+
+def test_a_state_set_to_none_in_an_earlier_cell_is_detached_at_the_end_of_each_iteration(shell) -> None:
+    """MorvanZhou's RNN regressor in a notebook: ``h_state = None`` in one cell, the watched loop in the next. The
+    fix was "add ``h_state = h_state.detach()`` before line 4" (where it comes in), which raises AttributeError on
+    None in the first pass: only the loop's own cell was read for a constant start. The truth: the printed fix, put
+    at the end of the loop's body, runs."""
+    run(shell, "import backward_twice as bt\nrnn = torch.nn.RNN(1, 4)\nh_state = None")
+    loop = """with bt.watch() as w:
+    for step in range(3):
+        x = torch.randn(1, 5, 1)
+        out, h_state = rnn(x, h_state)
+        loss = out.pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        {fix}
+"""
+    run(shell, "optimizer = torch.optim.SGD(rnn.parameters(), lr=0.1)")
+    result = run(shell, loop.replace("{fix}", ""))
+    assert isinstance(result.error_in_exec, RuntimeError) and "second time" in str(result.error_in_exec)
+    text = str(shell.user_ns["w"])
+    assert "fix: add `h_state = h_state.detach()` at the end of each iteration" in text, text
+    run(shell, "h_state = None")
+    result = run(shell, loop.replace("{fix}", "h_state = h_state.detach()"))
+    assert result.error_in_exec is None, result.error_in_exec
+    assert str(shell.user_ns["w"]).startswith("backward-twice: healthy (3 iterations watched"), str(shell.user_ns["w"])

@@ -173,12 +173,16 @@ def _binds(target: ast.AST, wanted: set[str]) -> bool:
 
 def starts_without_a_tensor(spelled: str, filename: str) -> bool:
     """Whether the file assigns ``spelled`` (``beta``, ``self.hidden``) a constant somewhere (``beta = 0``,
-    ``self.hidden = None``): then it may hold no tensor in the first iteration, and a ``.detach()`` there fails."""
-    tree = parsed(filename)
-    if tree is None:
-        return False
-    constants = memo(filename, ("constants",), functools.partial(_assigned_constants, tree))
-    return spelled in constants
+    ``self.hidden = None``): then it may hold no tensor in the first iteration, and a ``.detach()`` there fails. In
+    a notebook, any cell the kernel ran may have assigned it (``h_state = None`` in the cell before the loop's)."""
+    files = [filename]
+    if place(filename, 1).startswith("Cell "):
+        files += [cell for cell in list(linecache.cache) if cell != filename and place(cell, 1).startswith("Cell ")]
+    for file in files:
+        tree = parsed(file)
+        if tree is not None and spelled in memo(file, ("constants",), functools.partial(_assigned_constants, tree)):
+            return True
+    return False
 
 
 def _assigned_constants(tree: ast.Module) -> frozenset[str]:
