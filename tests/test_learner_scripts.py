@@ -1450,3 +1450,35 @@ def test_losses_kept_in_a_list_of_the_function_that_runs_the_loop_are_a_note(tmp
     assert python.stdout == "6 True\n"
     assert watched.stdout.startswith("6 True\nbackward-twice: 1 note (6 iterations watched)\n"), watched.stdout
     assert "1. `losses` keeps one more iteration's graph alive every iteration" in watched.stdout
+
+
+def test_two_names_of_a_graph_built_before_the_loop_are_both_in_the_fix(tmp_path: Path) -> None:
+    """cleanrl's PPO with the advantages and returns computed with autograd on (no ``torch.no_grad()``), then
+    flattened on one line: the item named ``b_advantages`` and ``b_returns``, and its fix changed only the first,
+    which still raised. The truth: the script raises as written and runs with both detached, as printed."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        agent = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3)
+        out = agent(torch.randn(16, 3))
+        advantages, returns = out[:, 0] * 0.9, out[:, 1] + 1.0
+        b_advantages = advantages.reshape(-1); b_returns = returns.reshape(-1)
+        {fix}
+        for epoch in range(3):
+            new = agent(torch.randn(16, 3))
+            loss = -(new[:, 0] * b_advantages).mean() + 0.5 * ((new[:, 1] - b_returns) ** 2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        """
+    python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
+    both = "`b_advantages = b_advantages.detach()` and `b_returns = b_returns.detach()`"
+    assert f"fix: compute `b_advantages` and `b_returns` inside the loop (or {both}, if they" in watched.stdout, (
+        watched.stdout
+    )
+    python, watched = run(tmp_path, script.replace("{fix}", both.replace("` and `", "; ").strip("`")))
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout

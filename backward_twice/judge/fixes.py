@@ -149,6 +149,20 @@ def carried_fix(
     return f"add `{name} = {name}.detach()` at the end of each iteration"
 
 
+_COMPUTE = re.compile(r"compute (`[^`]+`) inside the loop \(or (`[^`]+`), if it needs no gradient\)")
+
+
+def computed_inside(fixes: list[str]) -> str | None:
+    """The fixes of several names of one graph built before the loop (``compute `X` inside the loop (or ...)``), as
+    one that changes each (PPO's ``b_advantages`` and ``b_returns``); None unless there are several, all of that
+    form."""
+    matches = [_COMPUTE.fullmatch(fix) for fix in fixes]
+    if len(matches) < 2 or not all(matches):
+        return None
+    names, detached = (" and ".join(dict.fromkeys(m.group(i) for m in matches if m)) for i in (1, 2))
+    return f"compute {names} inside the loop (or {detached}, if they need no gradient)"
+
+
 def items_of_one_list(names: list[str]) -> tuple[str, str] | None:
     """Names that are the same attributes of each item of one list (``cache.layers[0].keys``, ``.values``, then
     ``cache.layers[1].keys``, ...: every attribute of every item) as one spelling (```cache.layers[i].keys` and

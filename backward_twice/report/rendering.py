@@ -26,7 +26,7 @@ from typing import Any
 
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.built import reads_on_line
-from backward_twice.judge.fixes import items_of_one_list
+from backward_twice.judge.fixes import computed_inside, items_of_one_list
 from backward_twice.judge.verdicts import (
     CREATE_GRAPH_KEEPS,
     GOES_WITH_CARRIED,
@@ -213,6 +213,7 @@ def _carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ba
         fix = fix.replace(added.group(0), f"add `{grouped[1]}`", 1)
     elif added is not None and also:
         fix = fix.replace(added.group(0), " and ".join([added.group(0), *also]), 1)
+    fix = computed_inside([f.fix for f in findings if f is first or _holder(f) in others]) or fix
     if band_aid is not None:
         fix += f", and remove retain_graph=True at line {_line_number(_split(band_aid.line)[0])}"
     return Item("carried", label, tuple(lines), why, fix)
