@@ -1482,3 +1482,39 @@ def test_two_names_of_a_graph_built_before_the_loop_are_both_in_the_fix(tmp_path
     python, watched = run(tmp_path, script.replace("{fix}", both.replace("` and `", "; ").strip("`")))
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
+def test_a_parameter_a_setup_loops_variable_still_holds_is_named_by_its_modules_path(tmp_path: Path) -> None:
+    """The mean teacher's EMA written without ``torch.no_grad()`` (CuriousAI/mean-teacher#28), after a setup loop
+    ``for p in ema_model.parameters(): p.requires_grad_(False)`` that leaves ``p`` holding the last parameter: the
+    item named ``p`` beside ``ema_model[0].weight``. The truth: the script raises as written and runs with the
+    update under ``torch.no_grad()``, as printed."""
+    script = """
+        import copy
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        ema_model = copy.deepcopy(model)
+        for p in ema_model.parameters():
+            p.requires_grad_(False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(4):
+            x = torch.randn(6, 4)
+            out, ema_out = model(x), ema_model(x)
+            loss = out.pow(2).mean() + ((out.softmax(1) - ema_out.softmax(1)) ** 2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            {guard}for ema_param, param in zip(ema_model.parameters(), model.parameters()):
+                {indent}ema_param.copy_(0.9 * ema_param + 0.1 * param)
+        """
+    python, watched = run(tmp_path, script.replace("{guard}", "").replace("{indent}", ""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
+    label = watched.stdout.splitlines()[1]
+    assert label.startswith("1. `ema_model[i].weight` and `ema_model[i].bias` (i = 0, 2) carry"), watched.stdout
+    assert "`p`" not in watched.stdout and "fix: run line 19 under `with torch.no_grad():`" in watched.stdout
+    fixed = script.replace("{guard}", "with torch.no_grad():\n                ").replace("{indent}", "    ")
+    python, watched = run(tmp_path, fixed)
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout

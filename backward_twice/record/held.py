@@ -174,7 +174,9 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
             spellings = recorder.carriers.setdefault(sequence, [])  # each name that held it, simplest first: the
             for spelled in (carrier, *named.same):  # judge keeps one the loop reads before it assigns it
                 if spelled not in spellings and len(spellings) < _CARRIER_SPELLINGS:  # (``smooth``, not ``loss``)
-                    at = next((i for i, known in enumerate(spellings) if simpler(spelled, known)), len(spellings))
+                    # a parameter by its module's path first (not ``p``, a setup loop's variable left holding it)
+                    simplest = (i for i, known in enumerate(spellings) if simpler(spelled, known))
+                    at = len(spellings) if named.container == "parameter" else next(simplest, len(spellings))
                     spellings.insert(at, spelled)
         holder = named.holder or named.name
         followed = recorder.held_per_name.get(holder, 0)

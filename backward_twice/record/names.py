@@ -165,7 +165,7 @@ def names_holding_graphs(
                     holders[sequence] = spelled
                 known = best.get(sequence)
                 alike.setdefault(sequence, {})[spelled] = id(tensor)
-                if known is None or simpler(spelled, known.spelled):
+                if known is None or _better(spelled, kind, known):
                     best[sequence] = _Spelling(
                         spelled, node, bare and (known is None or known.local), kind, tuple(tensor.shape), id(tensor)
                     )
@@ -261,6 +261,13 @@ class _Finding:
     shape: tuple[int, ...]
     aliases: tuple[str, ...]
     same: tuple[str, ...]
+
+
+def _better(spelled: str, kind: str | None, known: _Spelling) -> bool:
+    """Whether ``spelled`` names a node better than ``known``: a module's parameter by its module's path
+    (``ema_model[2].bias``, not ``p``, a setup loop's variable left holding it), else the simpler spelling."""
+    parameter, was = kind == "parameter", known.container == "parameter"
+    return parameter > was or (parameter == was and simpler(spelled, known.spelled))
 
 
 def simpler(a: str, b: str) -> bool:
