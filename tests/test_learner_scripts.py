@@ -1518,3 +1518,35 @@ def test_a_parameter_a_setup_loops_variable_still_holds_is_named_by_its_modules_
     python, watched = run(tmp_path, fixed)
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
+def test_an_item_set_after_the_loss_was_built_is_found_by_the_name_the_saved_tensor_was_assigned(
+    tmp_path: Path,
+) -> None:
+    """A forum question (discuss.pytorch.org/t/169583): ``uexp = u.exp()``, ``loss = uexp.sum()``, then
+    ``uexp[:, 0] = 0.0`` before the backward. The change adds no node to the graph the backward walks, so the item was
+    the generic in-place advice; the saved tensor's own line names it, and a later line of the same code changes it
+    in place. The truth: the script raises as written and runs with the printed copy."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(3, 3)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        for it in range(3):
+            u = lin(torch.randn(2, 3))
+            uexp = u.exp()
+            loss = uexp.sum()
+            {fix}uexp[:, 0] = 0.0
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        """
+    python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "modified by an inplace operation" in python.stderr
+    assert "1. line 11 changed in place a tensor this backward needs" in watched.stdout, watched.stdout
+    assert "train.py:11 | uexp[:, 0] = 0.0" in watched.stdout
+    assert "fix: add `uexp = uexp.clone()` before line 11\n" in watched.stdout, watched.stdout
+    python, watched = run(tmp_path, script.replace("{fix}", "uexp = uexp.clone()\n" + " " * 12))
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout

@@ -29,7 +29,51 @@ def changed_in_place(walked: list[Node], line_of: Callable[[int], tuple[str, int
         site = line_of(node._sequence_nr())
         if site is not None and in_place_statement(*site) is not None:
             return site
+    for node in stale:  # no node of the change in what this backward walks (``uexp[:, 0] = 0`` after ``loss =
+        site = line_of(node._sequence_nr())  # uexp.sum()``): a later statement that changes the name it was assigned
+        later = _changed_later(*site) if site is not None else None
+        if later is not None:
+            return later
     return None
+
+
+def _changed_later(filename: str, line: int) -> tuple[str, int] | None:
+    """(file, line) of the first in-place statement after ``line`` of the same function (or module) that changes the
+    name the statement at ``line`` assigns (``uexp = u.exp()``, then ``uexp[:, 0] = 0.0``); None if there is none."""
+    tree = parsed(filename)
+    if tree is None:
+        return None
+    scopes = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or 0)
+    ]
+    scope: ast.AST = max(scopes, key=lambda node: node.lineno, default=tree)
+    statements = [node for node in ast.walk(scope) if isinstance(node, ast.stmt)]
+    assigned = next(
+        (s for s in statements if isinstance(s, ast.Assign) and s.lineno <= line <= (s.end_lineno or 0)), None
+    )
+    names = (
+        {ast.unparse(t) for t in assigned.targets if isinstance(t, (ast.Name, ast.Attribute))} if assigned else set()
+    )
+    for statement in sorted(statements, key=lambda node: node.lineno):
+        if statement.lineno > line and _changes(statement) and _changed_name(statement) in names:
+            return filename, statement.lineno
+    return None
+
+
+def _changed_name(statement: ast.stmt) -> str | None:
+    """The name an in-place statement changes: ``h`` of ``h += 1``, ``h[mask] = 0`` or ``h.mul_(2)``."""
+    if isinstance(statement, ast.AugAssign):
+        target: ast.expr = statement.target
+    elif isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Subscript):
+        target = statement.targets[0].value
+    elif isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        func = statement.value.func
+        target = func.value if isinstance(func, ast.Attribute) else func
+    else:
+        return None
+    return ast.unparse(target) if isinstance(target, (ast.Name, ast.Attribute)) else None
 
 
 def _saved_changed(node: Node) -> bool:
