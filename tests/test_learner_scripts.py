@@ -1550,3 +1550,32 @@ def test_an_item_set_after_the_loss_was_built_is_found_by_the_name_the_saved_ten
     python, watched = run(tmp_path, script.replace("{fix}", "uexp = uexp.clone()\n" + " " * 12))
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
+@pytest.mark.parametrize("iterations", [2, 8])
+def test_iterations_n_stop_a_loop_whose_backward_calls_start_late_after_n_passes(
+    tmp_path: Path, iterations: int
+) -> None:
+    """cleanrl's DQN trains only once ``global_step > learning_starts``, every ``train_frequency`` steps: the loop was
+    not known as the iteration's until its first backward, so ``--iterations 2`` ran 7 passes here ("7 iterations
+    watched, then stopped as asked"). The loop that holds the backward call, as written, stops at pass N+1 from its
+    first pass. The truth: the passes printed are the first N, as a bare loop of N passes prints them."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([w], lr=0.1)
+        for global_step in range(10):
+            if global_step > 4 and global_step % 3 == 0:
+                loss = (w * torch.randn(3)).pow(2).sum()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            print("pass", global_step, round(w.sum().item(), 6))
+        """
+    bare, _ = run(tmp_path, script.replace("range(10)", f"range({iterations})"))
+    _, watched = run(tmp_path, script, "--iterations", str(iterations))
+    assert bare.returncode == watched.returncode == 0, watched.stderr
+    assert watched.stdout.startswith(bare.stdout + "backward-twice: "), watched.stdout
+    assert f"({iterations} iterations watched, then stopped as asked" in watched.stdout, watched.stdout

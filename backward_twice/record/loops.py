@@ -13,6 +13,7 @@ half of that, per code object (a function, a method, a script's or a notebook ce
   some of them (a critic's inner loop) is known not to be the iteration before the others run;
 * :func:`outermost_loop_around`: the outermost loop that holds a line in a function the iteration's loop calls (where
   a carried state's detach goes, once a call);
+* :func:`holds_a_backward`: whether a loop is, as written, the innermost one around a backward call of its code;
 * :func:`loop_inside`: the loop, nested in the one that holds a backward, that holds a line of the same function
   (where a total of this iteration's losses is summed, and starts afresh).
 
@@ -30,7 +31,16 @@ from dataclasses import dataclass, replace
 
 from backward_twice.record.sources import memo, parsed
 
-__all__ = ["Loop", "StepCall", "enclosing", "loop_inside", "loops_of", "outermost_loop_around", "step_calls"]
+__all__ = [
+    "Loop",
+    "StepCall",
+    "enclosing",
+    "holds_a_backward",
+    "loop_inside",
+    "loops_of",
+    "outermost_loop_around",
+    "step_calls",
+]
 
 _STEP_NAMES = frozenset({"backward", "manual_backward", "step"})
 
@@ -237,6 +247,15 @@ def _function_around(tree: ast.Module, line: int) -> ast.AST:
         and node.body[0].lineno <= line <= (node.end_lineno or 0)
     ]
     return max(functions, key=lambda node: node.lineno, default=tree)
+
+
+def holds_a_backward(code: types.CodeType, loop: Loop) -> bool:
+    """Whether ``loop`` is the innermost loop of ``code``'s own scope around one of its backward calls (``backward``,
+    ``manual_backward``, ``autograd.grad``), as written: the iteration's loop, before any of them has run."""
+    return any(
+        call.method != "step" and loop.holds(call.line) and enclosing(code, call.line)[-1] == loop
+        for call in step_calls(code)
+    )
 
 
 def loop_inside(filename: str, line: int, outer_line: int) -> int | None:

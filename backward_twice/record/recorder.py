@@ -65,7 +65,7 @@ from backward_twice.record.names import CodeSite, NamedGraph, unstepped_optimize
 from backward_twice.record.passes import IterationLoop, PassStart, inside_a_step, is_optimizer
 from backward_twice.record.saved import graph_only_bytes
 from backward_twice.record.sources import refresh
-from backward_twice.record.stops import FrameworkStop, StepCallStop, StopRecording
+from backward_twice.record.stops import FrameworkStop, StepCallStop, StopRecording, stop_before_any_event
 from backward_twice.record.walks import SECOND_TIME, CallRecord, WalkSampling, record_of, stamp_walk, stamped
 
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
@@ -243,8 +243,9 @@ class Recorder:
             return None
         try:
             role = self.loop.role(frame, loop)
-            if role is None:
-                return None
+            if role is None:  # before any event, the loop around a backward call as written stops at pass N+1 too
+                early = stop_before_any_event(self.loop, self.creation, self.iterations, frame, loop)
+                return self._stop_here(sequence) if early else None
             if role == "iteration" and self._stop_due():
                 return self._stop_here(sequence)
             start = PassStart(sequence, len(self.calls))
@@ -486,9 +487,8 @@ class Recorder:
         return look
 
     def _stop_without_a_loop(self, site: tuple[str, int] | None, mark: bool = True) -> StopRecording | None:
-        """The stop due here, if any (``mark`` False: only whether one is): without a loop of the learner's, iteration
-        N+1 is stopped at its first backward call, the start of its first optimizer step (``site`` None: a framework's
-        closure runs the backward inside the step) or its step function's first line (:mod:`.stops`)."""
+        """The stop due here, if any (``mark`` False: only whether one is): without a loop of the learner's, at pass
+        N+1's first backward, optimizer step (``site`` None: a closure runs the backward) or step function call."""
         if self.iterations is None or self.stopped or self.by_runs or self.loop.iteration_passes():
             return None
         ended = len(self.marks)  # iterations ended so far by the fallbacks: marks, the closing optimizer's steps

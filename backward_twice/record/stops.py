@@ -16,6 +16,11 @@ with its end-of-training hooks, where a stop raised into it would run its except
 ``on_exception``, where an ``OnExceptionCheckpoint`` writes a checkpoint). If it goes on anyway (a ``min_steps`` not
 met), the raised stop comes as before.
 
+A loop whose backward calls start late (a DQN's ``learning_starts``: no backward in its first thousand passes) is
+not known as the iteration's loop until the first one runs. :func:`stop_before_any_event` stops it at the top of pass
+N+1 all the same, when it is, as written, the innermost loop around a backward call of its code: the loop's passes
+so far become the iterations.
+
 Used by :mod:`backward_twice.record.recorder`.
 """
 
@@ -26,7 +31,11 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FrameworkStop", "StepCallStop", "StopRecording"]
+from backward_twice.record.lines import LineTracer
+from backward_twice.record.loops import Loop, holds_a_backward
+from backward_twice.record.passes import IterationLoop, Link, PassStart
+
+__all__ = ["FrameworkStop", "StepCallStop", "StopRecording", "stop_before_any_event"]
 
 # The trainers asked to stop, by the class that defines them (a learner's subclass included): what to set
 _TRAINERS = {
@@ -135,3 +144,22 @@ class FrameworkStop:
 
 def _defined_by(cls: type) -> tuple[str, str]:
     return cls.__module__, cls.__name__
+
+
+def stop_before_any_event(
+    passes: IterationLoop, tracer: LineTracer, iterations: int | None, frame: types.FrameType, loop: Loop
+) -> bool:
+    """Whether pass N+1 of ``loop`` (in ``frame``) begins before any backward call or step ran, ``loop`` being the
+    innermost around a backward call of its code, as written: then it is made the iteration's loop, its passes so far
+    the iterations, and the caller stops here."""
+    seen = tracer.latest.get((id(frame), loop.header))
+    if iterations is None or passes.chain is not None or seen is None or seen.count <= iterations:
+        return False
+    if not holds_a_backward(frame.f_code, loop):
+        return False
+    link = Link(frame.f_code, loop, id(frame))
+    passes.chain = [link]
+    passes.passes[link.key] = [PassStart(seen.first, 0, number=1)]
+    if iterations > 1:
+        passes.passes[link.key].append(PassStart(seen.first, 0, number=iterations))  # the ones between: folded
+    return True
