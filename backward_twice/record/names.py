@@ -127,8 +127,9 @@ def names_holding_graphs(
     """(name, node) for each node a name holds: the learner's frames from ``frame`` out (up to, not including,
     ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. ``held_under``, if
     given, gathers for each top-level name the nodes held under it, whatever spelling names them (``losses``: the
-    nodes of ``losses[0]``, ``losses[1]``, ...), so a caller can see a container that grows: names of globals, and of
-    the function ``lives`` names (the one the iteration's loop runs in, whose variables live from pass to pass)."""
+    nodes of ``losses[0]``, ``losses[1]``, ...), so a caller can see a container that grows: names of globals, and the
+    lists of the function ``lives`` names (the one the iteration's loop runs in, whose variables live from pass to
+    pass)."""
     sources: list[_Namespace] = []
     globals_seen: set[int] = set()
     while frame is not None and frame is not outermost:
@@ -157,7 +158,7 @@ def names_holding_graphs(
             for spelled, tensor, node, kind in _graphs_under(name, value):
                 sequence = node._sequence_nr()
                 # a function's own variables are rebound each call; an outer namespace's name is shadowed by an inner's
-                lasting = not source.function or (lives is not None and source.frame == lives)
+                lasting = not source.function or (source.frame == lives and isinstance(value, list))
                 if held_under is not None and lasting and claimed.setdefault(name, source) is source:
                     held_under.setdefault(name, set()).add(sequence)
                 bare = source.function and "[" not in spelled and "." not in spelled
