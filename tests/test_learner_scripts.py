@@ -1579,3 +1579,49 @@ def test_iterations_n_stop_a_loop_whose_backward_calls_start_late_after_n_passes
     assert bare.returncode == watched.returncode == 0, watched.stderr
     assert watched.stdout.startswith(bare.stdout + "backward-twice: "), watched.stdout
     assert f"({iterations} iterations watched, then stopped as asked" in watched.stdout, watched.stdout
+
+
+def test_a_regulariser_a_model_computes_once_in_its_init_is_computed_inside_the_loop_not_the_model(
+    tmp_path: Path,
+) -> None:
+    """DeepCTR-Torch#69: ``self.reg_loss`` computed once in ``__init__``, added to every loss, and
+    ``retain_graph=True`` to quiet the first error. The fix was "build `model` inside the loop": a model built afresh
+    each pass never trains. The truth: the script raises as written; with ``model.reg_loss`` computed at the top of
+    the loop and the retain removed, it runs and the weights move."""
+    script = """
+        import torch
+
+
+        class BaseModel(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(5, 1)
+                self.reg_loss = 1e-3 * torch.sum(self.linear.weight**2)
+
+
+        torch.manual_seed(0)
+        model = BaseModel()
+        optim = torch.optim.Adagrad(model.parameters(), lr=0.1)
+        x, y = torch.randn(16, 5), torch.randint(0, 2, (16, 1)).float()
+        before = model.linear.weight.detach().clone()
+        for epoch in range(3):
+            {fix}
+            loss = torch.nn.functional.binary_cross_entropy(torch.sigmoid(model.linear(x)), y)
+            total_loss = loss + model.reg_loss
+            optim.zero_grad()
+            total_loss.backward({retain})
+            optim.step()
+        print("moved", not torch.equal(before, model.linear.weight.detach()))
+        """
+    python, watched = run(
+        tmp_path, script.replace("{fix}", "").replace("{retain}", "retain_graph=True"), "--no-traceback"
+    )
+    assert python.returncode == watched.returncode == 1 and "modified by an inplace operation" in python.stderr
+    assert "fix: compute `model.reg_loss` inside the loop (or `model.reg_loss = model.reg_loss.detach()`" in (
+        watched.stdout
+    ), watched.stdout
+    assert "build `model`" not in watched.stdout
+    fixed = script.replace("{fix}", "model.reg_loss = 1e-3 * torch.sum(model.linear.weight**2)").replace("{retain}", "")
+    python, watched = run(tmp_path, fixed)
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("moved True\nbackward-twice: healthy"), watched.stdout

@@ -9,6 +9,7 @@ Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.ren
 
 from __future__ import annotations
 
+import ast
 import linecache
 import math
 import re
@@ -17,6 +18,7 @@ from typing import Protocol
 from backward_twice.record.in_place import in_place_statement, out_of_place
 from backward_twice.record.learner import site_of
 from backward_twice.record.loops import loop_inside
+from backward_twice.record.sources import parsed
 
 __all__ = ["ERROR_FIXES", "carried_fix", "in_place_fix", "items_of_one_list", "second_backward_fix"]
 
@@ -142,7 +144,7 @@ def carried_fix(
         kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"
         return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"
     owner = re.match(r"^(\w+)\.\w+$", name)
-    if before_loop and owner:
+    if before_loop and owner and not _builds_a_module(built_at):  # (a model built afresh each pass never trains)
         return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"
     if before_loop:
         return f"compute `{name}` inside the loop (or `{name} = {name}.detach()`, if it needs no gradient)"
@@ -161,6 +163,23 @@ def computed_inside(fixes: list[str]) -> str | None:
         return None
     names, detached = (" and ".join(dict.fromkeys(m.group(i) for m in matches if m)) for i in (1, 2))
     return f"compute {names} inside the loop (or {detached}, if they need no gradient)"
+
+
+def _builds_a_module(built_at: str) -> bool:
+    """Whether the line ``built_at`` ("file:line: code") builds a ``torch.nn`` module (``model = BaseModel()``, its
+    class a subclass of ``nn.Module`` in that file; ``net = nn.Sequential(...)``)."""
+    site, code = site_of(built_at), built_at.split(": ", 1)[-1]
+    call = re.match(r"[\w.]+\s*=\s*([\w.]+)\(", code)
+    if call is None or site is None:
+        return False
+    if re.match(r"(torch\.)?nn\.", call.group(1)):
+        return True
+    tree = parsed(site[0])
+    classes = (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)) if tree is not None else ()
+    return any(
+        node.name == call.group(1).rsplit(".", 1)[-1] and any("Module" in ast.unparse(base) for base in node.bases)
+        for node in classes
+    )
 
 
 def items_of_one_list(names: list[str]) -> tuple[str, str] | None:
