@@ -29,11 +29,13 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop, holds_a_backward
-from backward_twice.record.passes import IterationLoop, Link, PassStart
+
+if TYPE_CHECKING:  # the stops load without torch (checked on interpreters that have none)
+    from backward_twice.record.lines import LineTracer
+    from backward_twice.record.passes import IterationLoop
 
 __all__ = ["FrameworkStop", "StepCallStop", "StopRecording", "stop_before_any_event"]
 
@@ -157,6 +159,8 @@ def stop_before_any_event(
         return False
     if not holds_a_backward(frame.f_code, loop):
         return False
+    from backward_twice.record.passes import Link, PassStart  # loaded with the recorder already: no cost here
+
     link = Link(frame.f_code, loop, id(frame))
     passes.chain = [link]
     passes.passes[link.key] = [PassStart(seen.first, 0, number=1)]
