@@ -217,6 +217,31 @@ def test_a_loop_whose_body_rebinds_its_own_variable_counts_its_passes_and_stops_
     assert str(w).startswith("backward-twice: healthy (3 iterations watched, then stopped as asked, 3 backward"), str(w)
 
 
+@pytest.mark.parametrize("iterations", [None, 3, 4])
+def test_an_inner_loop_that_rebinds_the_outer_loops_variable_counts_its_own_passes(iterations: int | None) -> None:
+    """discuss.pytorch.org/t/120497's ensemble loop: ``images = images.reshape(...)`` inside the inner loop over
+    models rebinds the outer loop's variable, which then changed at every event and read as a new outer pass: 9
+    passes were "10 iterations", and ``iterations=3`` stopped after 2. The outer loop's counter (``j``) tells its
+    passes; the name the body rebinds tells nothing."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = [torch.randn(2, 4) for _ in range(3)]
+    ran = []
+    with watch(iterations=iterations) as w:
+        for j, images in enumerate(loader):
+            for i in range(3):
+                images = images.reshape(2, 4)
+                ran.append((j, i))
+                loss = model(images).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    assert len(ran) == (iterations or 9)  # truth: the passes that ran
+    watched = f"{iterations or 9} iterations watched" + (", then stopped as asked" if iterations else "")
+    assert str(w).startswith(f"backward-twice: healthy ({watched}, {iterations or 9} backward calls"), str(w)
+
+
 def _encoder(fix: str | None) -> float:
     """The PyTorch seq2seq tutorial's encoder, its hidden state carried from one sentence to the next: detached at the
     end of each iteration, or (wrongly) where it comes in, inside the loop over the sentence's words."""

@@ -88,8 +88,8 @@ def _bound(frame: types.FrameType, loop: Loop) -> tuple[Any, ...]:
     reference (or the object itself, when it takes none: a list, a tuple, a dict)."""
     names = frame.f_locals if loop.targets else {}
     tokens: list[Any] = []
-    for name in loop.targets:
-        value = names.get(name, _SAME)
+    for name in loop.targets:  # one its body rebinds tells nothing (``images = images.reshape(...)``): the others do
+        value = names.get(name, _SAME) if name not in loop.rebound or loop.rebound.issuperset(loop.targets) else None
         if value is None or isinstance(value, _PLAIN):
             tokens.append(("value", value))
         else:
@@ -447,7 +447,8 @@ class IterationLoop:
         this pass has none)."""
         key = (id(frame.f_code), loop.header)
         self._append(key, start)
-        if loop.targets and not loop.shadowed and not loop.rebound:  # else the next event's value is the body's
+        if loop.targets and not loop.shadowed and not loop.rebound.issuperset(loop.targets):  # else what the body
+            # binds: the next event's value is the body's
             self._markers[key] = (id(frame), _bound(frame, loop), ())
         else:
             self._markers.pop(key, None)
