@@ -29,6 +29,20 @@ def run(folder: Path, script: str, *args: str) -> tuple[subprocess.CompletedProc
     return python, watched
 
 
+def raises_then_runs(folder: Path, script: str, raised: str, printed: list[str], fix: str) -> str:
+    """The truth for a printed fix: ``script`` with ``{fix}`` empty raises ``raised`` bare and watched, the diagnosis
+    holds each of ``printed``, and with ``{fix}`` filled in as printed, it runs bare and watched, called healthy.
+    Returns the diagnosis."""
+    python, watched = run(folder, script.replace("{fix}", ""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and raised in python.stderr, python.stderr
+    for text in printed:
+        assert text in watched.stdout, watched.stdout
+    python, fixed = run(folder, script.replace("{fix}", fix))
+    assert python.returncode == fixed.returncode == 0, python.stderr
+    assert "backward-twice: healthy" in fixed.stdout, fixed.stdout
+    return watched.stdout
+
+
 def test_a_loop_in_a_thread_is_judged_and_the_script_ends_as_python_ends_it(tmp_path: Path) -> None:
     python, watched = run(
         tmp_path,
@@ -1367,15 +1381,10 @@ def test_a_filters_state_updated_as_x_plus_a_term_is_a_state_not_a_running_total
             nll.backward()
             optimizer.step()
         """
-    python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
-    assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
-    assert "fix: add `x = x.detach()` before line 11" in watched.stdout, watched.stdout
-    assert "fix: add `P = P.detach()` before line 11" in watched.stdout and "item()" not in watched.stdout
-    fixed = script.replace("{fix}", "    x = x.detach(); P = P.detach()")
-    assert fixed.splitlines()[10].strip().startswith("x, P = F @ x")  # line 11
-    python, watched = run(tmp_path, fixed)
-    assert python.returncode == watched.returncode == 0, python.stderr
-    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+    assert script.splitlines()[10].strip().startswith("x, P = F @ x")  # line 11
+    printed = ["fix: add `x = x.detach()` before line 11", "fix: add `P = P.detach()` before line 11"]
+    diagnosis = raises_then_runs(tmp_path, script, "second time", printed, "    x = x.detach(); P = P.detach()")
+    assert "item()" not in diagnosis
 
 
 def test_a_layers_state_in_a_sequential_is_named_as_python_spells_it(tmp_path: Path) -> None:
@@ -1542,14 +1551,13 @@ def test_an_item_set_after_the_loss_was_built_is_found_by_the_name_the_saved_ten
             loss.backward()
             opt.step()
         """
-    python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
-    assert python.returncode == watched.returncode == 1 and "modified by an inplace operation" in python.stderr
-    assert "1. line 11 changed in place a tensor this backward needs" in watched.stdout, watched.stdout
-    assert "train.py:11 | uexp[:, 0] = 0.0" in watched.stdout
-    assert "fix: add `uexp = uexp.clone()` before line 11\n" in watched.stdout, watched.stdout
-    python, watched = run(tmp_path, script.replace("{fix}", "uexp = uexp.clone()\n" + " " * 12))
-    assert python.returncode == watched.returncode == 0, python.stderr
-    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+    printed = [
+        "1. line 11 changed in place a tensor this backward needs",
+        "train.py:11 | uexp[:, 0] = 0.0",
+        "fix: add `uexp = uexp.clone()` before line 11\n",
+    ]
+    fix = "uexp = uexp.clone()\n" + " " * 12
+    raises_then_runs(tmp_path, script, "modified by an inplace operation", printed, fix)
 
 
 @pytest.mark.parametrize("iterations", [2, 8])
