@@ -1633,3 +1633,31 @@ def test_a_regulariser_a_model_computes_once_in_its_init_is_computed_inside_the_
     python, watched = run(tmp_path, fixed)
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("moved True\nbackward-twice: healthy"), watched.stdout
+
+
+def test_a_perturbation_whose_gradient_the_loop_asks_for_stays_a_leaf_in_the_fix(tmp_path: Path) -> None:
+    """The "free" adversarial training of mahyarnajibi/FreeAdversarialTraining (main_free.py) with the perturbation's
+    update written out of place: ``global_noise_data`` carries the graph into the next minibatch. The fix was
+    ``global_noise_data.detach()``, after which ``torch.autograd.grad(loss, global_noise_data)`` raises "One of the
+    differentiated Tensors does not require grad". The truth: the script raises as written and runs with the printed
+    ``.detach().requires_grad_()``."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        global_noise_data = torch.zeros(8, 10, requires_grad=True)
+        for i in range(3):
+            inputs, target = torch.randn(8, 10), torch.randint(0, 3, (8,))
+            {fix}
+            loss = torch.nn.functional.cross_entropy(model(inputs + global_noise_data), target)
+            optimizer.zero_grad()
+            (grad,) = torch.autograd.grad(loss, global_noise_data, retain_graph=True)
+            loss.backward()
+            global_noise_data = torch.clamp(global_noise_data + 0.1 * torch.sign(grad), -0.3, 0.3)
+            optimizer.step()
+        """
+    fix = "global_noise_data = global_noise_data.detach().requires_grad_()"
+    printed = [f"fix: add `{fix}` before line 11"]
+    raises_then_runs(tmp_path, script, "second time", printed, fix)

@@ -148,6 +148,8 @@ def carried_fix(
         return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"
     if before_loop:
         return f"compute `{name}` inside the loop (or `{name} = {name}.detach()`, if it needs no gradient)"
+    if _differentiated(name, built_at):  # ``autograd.grad(loss, delta)``: a detached delta must ask for its gradient
+        return f"add `{name} = {name}.detach().requires_grad_()` at the end of each iteration"
     return f"add `{name} = {name}.detach()` at the end of each iteration"
 
 
@@ -163,6 +165,15 @@ def computed_inside(fixes: list[str]) -> str | None:
         return None
     names, detached = (" and ".join(dict.fromkeys(m.group(i) for m in matches if m)) for i in (1, 2))
     return f"compute {names} inside the loop (or {detached}, if they need no gradient)"
+
+
+def _differentiated(name: str, built_at: str) -> bool:
+    """Whether the file of ``built_at`` asks for the gradient of ``name`` (``torch.autograd.grad(loss, delta)``,
+    ``backward(inputs=[delta])``): an adversarial perturbation carried across batches, which must stay a leaf."""
+    site = site_of(built_at)
+    spelled = re.escape(name)
+    asked = re.compile(rf"\bgrad\(\s*[^,()]+,\s*[(\[]?\s*{spelled}\b|\binputs\s*=\s*[(\[]?\s*{spelled}\b")
+    return site is not None and any(asked.search(text) for text in linecache.getlines(site[0]))
 
 
 def _builds_a_module(built_at: str) -> bool:
