@@ -1661,3 +1661,37 @@ def test_a_perturbation_whose_gradient_the_loop_asks_for_stays_a_leaf_in_the_fix
     fix = "global_noise_data = global_noise_data.detach().requires_grad_()"
     printed = [f"fix: add `{fix}` before line 11"]
     raises_then_runs(tmp_path, script, "second time", printed, fix)
+
+
+def test_a_list_of_totals_that_starts_as_zeros_is_detached_item_by_item_where_a_tensor(tmp_path: Path) -> None:
+    """dragen1860's MAML keeps ``losses_q = [0 for _ in range(update_step + 1)]`` and adds each step's query loss
+    into it; kept on ``self`` across meta-iterations, it carries the graph. The fix ``[m.detach() for m in ...]``
+    raised AttributeError on the items still 0. The truth: the script raises as written and runs with the printed
+    fix."""
+    script = """
+        import torch
+
+
+        class Meta:
+            def __init__(self):
+                self.losses_q = [0 for _ in range(3)]
+
+            def forward(self, w, x):
+                losses_q = self.losses_q
+                losses_q[0] += (w * x).pow(2).mean()
+                losses_q[2] += (w * x).abs().mean()
+                return losses_q[-1]
+
+
+        torch.manual_seed(0)
+        meta, w = Meta(), torch.nn.Parameter(torch.ones(4))
+        optimizer = torch.optim.SGD([w], lr=0.1)
+        for step in range(3):
+            loss = meta.forward(w, torch.randn(4))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            {fix}
+        """
+    fix = "meta.losses_q = [m.detach() if torch.is_tensor(m) else m for m in meta.losses_q]"
+    raises_then_runs(tmp_path, script, "second time", [f"fix: add `{fix}` at the end of each iteration"], fix)

@@ -134,7 +134,8 @@ def carried_fix(
     if item and container == "list":
         whole = item.group(1)
         if use == "rebound":
-            return f"add `{whole} = [m.detach() for m in {whole}]` at the end of each iteration"
+            kept = "m.detach() if torch.is_tensor(m) else m" if _starts_as_numbers(whole, built_at) else "m.detach()"
+            return f"add `{whole} = [{kept} for m in {whole}]` at the end of each iteration"
         if use == "whole":
             return f"clear `{whole}` after each update (`{whole}.clear()`): each backward walks this iteration's items"
         grown = re.compile(rf"(?<![\w.]){re.escape(whole)}\.append\((.+)\)\s*$")
@@ -165,6 +166,14 @@ def computed_inside(fixes: list[str]) -> str | None:
         return None
     names, detached = (" and ".join(dict.fromkeys(m.group(i) for m in matches if m)) for i in (1, 2))
     return f"compute {names} inside the loop (or {detached}, if they need no gradient)"
+
+
+def _starts_as_numbers(whole: str, built_at: str) -> bool:
+    """Whether the file of ``built_at`` starts the list ``whole`` as numbers (``self.losses_q = [0 for _ in ...]``,
+    ``[0] * n``): its items become tensors only once added to, and a number has no ``.detach()``."""
+    site, last = site_of(built_at), re.escape(whole.rsplit(".", 1)[-1])
+    numbers = re.compile(rf"(?<![\w]){last}\s*=\s*\[\s*0")
+    return site is not None and any(numbers.search(text) for text in linecache.getlines(site[0]))
 
 
 def _differentiated(name: str, built_at: str) -> bool:
