@@ -737,13 +737,15 @@ def test_a_list_of_losses_kept_on_an_object_is_named_as_the_line_that_grows_it(t
     assert watched.stdout.startswith("graphs kept: 0\nbackward-twice: healthy"), watched.stdout
 
 
+@pytest.mark.parametrize("optimization", ["automatic", "manual"])
 def test_outputs_a_lightning_step_keeps_for_the_epochs_end_are_the_same_note_as_in_a_loop_of_ones_own(
-    tmp_path: Path,
+    tmp_path: Path, optimization: str
 ) -> None:
     """Lightning's own pattern, ``self.training_step_outputs.append(loss)`` cleared at the epoch's end, holds every
     step's graph until then, as a list in a loop of one's own does: the same note, named as ``training_step`` spells
-    it (it was "healthy": without a loop of the learner's, the names were never read as an iteration's start). The
-    truth, printed by the script at each epoch's end: 4 graphs held; with ``.detach()``, none."""
+    it (it was "healthy": without a loop of the learner's, the names were never read as an iteration's start). Under
+    manual optimization the notes were named ``m`` and ``tr``, the names that reach the list, shown at the loss's
+    line. The truth, printed by the script at each epoch's end: 4 graphs held; with ``.detach()``, none."""
     script = """
         import pytorch_lightning as pl
         import torch
@@ -776,17 +778,31 @@ def test_outputs_a_lightning_step_keeps_for_the_epochs_end_are_the_same_note_as_
                              enable_model_summary=False, accelerator="cpu")
         trainer.fit(Model(), DataLoader(data, batch_size=4))
         """
+    line = 16
+    if optimization == "manual":
+        script = script.replace(
+            "self.training_step_outputs = []",
+            "self.training_step_outputs = []\n" + " " * 16 + "self.automatic_optimization = False",
+        ).replace(
+            "                self.training_step_outputs.append",
+            "".join(f"                {step}\n" for step in MANUAL_STEP)
+            + "                self.training_step_outputs.append",
+        )
+        line = 21
     python, watched = run(tmp_path, script.replace("{fix}", ""))
     assert python.returncode == watched.returncode == 0, watched.stderr[-2000:]
     assert python.stdout.splitlines()[-2:] == ["graphs held: 4"] * 2
     report = watched.stdout[watched.stdout.index("backward-twice:") :]
+    assert report.startswith("backward-twice: 1 note (")
     assert "1. `self.training_step_outputs` keeps one more iteration's graph alive every iteration" in report, report
-    assert "train.py:16 | self.training_step_outputs.append(loss)" in report, report
+    assert f"train.py:{line} | self.training_step_outputs.append(loss)" in report, report
     assert "_accelerator_connector" not in report
     python, watched = run(tmp_path, script.replace("{fix}", ".detach()"))
     assert python.stdout.splitlines()[-2:] == ["graphs held: 0"] * 2
     assert watched.stdout[watched.stdout.index("backward-twice:") :].startswith("backward-twice: healthy")
 
+
+MANUAL_STEP = ("opt = self.optimizers()", "opt.zero_grad()", "self.manual_backward(loss)", "opt.step()")
 
 IN_PLACE = {
     "augmented": ("h = torch.sigmoid(net(x))", "h += 1", "write line 9 out of place: `h = h + 1`"),

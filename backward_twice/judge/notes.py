@@ -88,7 +88,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         if grown.grew and named is not None and not _below_a_submodule(name):
             built = split.iteration_of_node(grown.newest)
             line = built_line(named, built == 0, recorder)
-            grower = _container(named.name, name)
+            grower = _container(grown.newest_name or named.name, name)
             by_name[grower] = Note(grower, line, grown.newest_bytes, True, one_element=_one_element(named.shape))
     for holder, sequence, built, held_graph, spans in held:
         grows = _root(holder) in growing or spans > 1
@@ -104,11 +104,12 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
             by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one))
     found = _one_per_container(list(by_name.values()))
-    return [
+    spelled = [
         dataclasses.replace(note, name=_as_grown(note.name, site[0])) if site else note
         for note in found
         for site in (site_of(note.built_at),)
     ]
+    return list({note.name: note for note in reversed(spelled)}.values())[::-1]  # one list reached two ways: one
 
 
 def _container(newest: str, root: str) -> str:

@@ -50,6 +50,7 @@ class Growth:
     grew: int = 0
     newest: int = 0
     newest_bytes: int = 0  # the graph-only bytes of the newest graph when the count last grew
+    newest_name: str = ""  # its spelling under the name
 
 
 def held_graph(node: Node, sighting: int, holder: str, key: str, reached: list[Node] | None = None) -> HeldGraph:
@@ -65,13 +66,18 @@ def earliest(node: Node, reached: list[Node]) -> int:
     return min((n._sequence_nr() for n in reached), default=node._sequence_nr())
 
 
-def note_growth(growth: dict[str, Growth], held_under: dict[str, set[int]], nodes: dict[int, Node], key: str) -> None:
-    """At an iteration's start: each name's count of graphs held (``held_under``), and how often it grew."""
+def note_growth(
+    growth: dict[str, Growth], held_under: dict[str, dict[int, str]], nodes: dict[int, Node], key: str
+) -> None:
+    """At an iteration's start: each name's count of graphs held (``held_under``: node -> its spelling under the
+    name), how often it grew, and the newest's spelling (``m.training_step_outputs[5]``, where the step's own name for
+    it is ``loss``)."""
     for name, held in held_under.items():
         grown = growth.setdefault(name, Growth())
         if len(held) > grown.count and grown.count:
             grown.grew += 1
             grown.newest = max(held)
+            grown.newest_name = held[grown.newest]
             newest = nodes.get(grown.newest)
             reached = python_walk([newest]) if newest is not None else []
             grown.newest_bytes = graph_only_bytes([n for n in reached if kept(n, key)])
@@ -150,7 +156,7 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
     sighting = len(recorder.sightings)
     recorder.sightings.append(torch._C._autograd._get_sequence_nr())
     at_start = bool(recorder.starts) and recorder.starts[-1] == sighting
-    held_under: dict[str, set[int]] | None = {} if at_start else None
+    held_under: dict[str, dict[int, str]] | None = {} if at_start else None
     nodes: dict[int, Node] = {}
     loop = recorder.loop.innermost
     lives = CodeSite(loop.code.co_filename, loop.code.co_firstlineno, loop.code.co_name) if loop is not None else None
@@ -196,5 +202,5 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
                 recorder.held_from[sequence] = held_graph(node, sighting, holder, recorder.key, reached)
                 recorder.held_per_name[holder] = followed + 1
     if held_under and built_before is not None:  # read inside the pass: what it built is not held into it
-        held_under = {name: {s for s in held if s < built_before} for name, held in held_under.items()}
+        held_under = {name: {s: n for s, n in held.items() if s < built_before} for name, held in held_under.items()}
     note_growth(recorder.growth, held_under or {}, nodes, recorder.key)

@@ -121,15 +121,15 @@ def names_holding_graphs(
     roots: Callable[[], list[tuple[str, Any]]] | None = None,
     outermost: types.FrameType | None = None,
     roots_where: CodeSite | None = None,
-    held_under: dict[str, set[int]] | None = None,
+    held_under: dict[str, dict[int, str]] | None = None,
     lives: CodeSite | None = None,
 ) -> Iterator[tuple[NamedGraph, Node]]:
     """(name, node) for each node a name holds: the learner's frames from ``frame`` out (up to, not including,
     ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. ``held_under``, if
-    given, gathers for each top-level name the nodes held under it, whatever spelling names them (``losses``: the
-    nodes of ``losses[0]``, ``losses[1]``, ...), so a caller can see a container that grows: names of globals, and the
-    lists of the function ``lives`` names (the one the iteration's loop runs in, whose variables live from pass to
-    pass)."""
+    given, gathers for each top-level name the nodes held under it, each with a spelling under that name
+    (``losses``: the nodes of ``losses[0]``, ``losses[1]``, ...), so a caller can see a container that grows: names
+    of globals, and the lists of the function ``lives`` names (the one the iteration's loop runs in, whose variables
+    live from pass to pass)."""
     sources: list[_Namespace] = []
     globals_seen: set[int] = set()
     while frame is not None and frame is not outermost:
@@ -160,7 +160,7 @@ def names_holding_graphs(
                 # a function's own variables are rebound each call; an outer namespace's name is shadowed by an inner's
                 lasting = not source.function or (source.frame == lives and isinstance(value, list))
                 if held_under is not None and lasting and claimed.setdefault(name, source) is source:
-                    held_under.setdefault(name, set()).add(sequence)
+                    held_under.setdefault(name, {}).setdefault(sequence, spelled)
                 bare = source.function and "[" not in spelled and "." not in spelled
                 if not bare and (sequence not in holders or simpler(spelled, holders[sequence])):
                     holders[sequence] = spelled
