@@ -1711,3 +1711,49 @@ def test_a_list_of_totals_that_starts_as_zeros_is_detached_item_by_item_where_a_
         """
     fix = "meta.losses_q = [m.detach() if torch.is_tensor(m) else m for m in meta.losses_q]"
     raises_then_runs(tmp_path, script, "second time", [f"fix: add `{fix}` at the end of each iteration"], fix)
+
+
+def test_a_running_total_a_manual_lightning_step_keeps_on_self_is_a_note(tmp_path: Path) -> None:
+    """Lightning's manual optimization with ``self.running_loss = 0`` in ``__init__`` and ``self.running_loss +=
+    loss`` after ``manual_backward`` (for its log): "healthy". The module's attributes worth reading were kept by the
+    size of its ``__dict__``, which stays when a number becomes a tensor. The truth, printed by the script: the total
+    chains every step's graph (one addition node a step)."""
+    script = """
+        import pytorch_lightning as pl
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Model(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+                self.net, self.running_loss = torch.nn.Linear(5, 1), 0
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                loss = torch.nn.functional.mse_loss(self.net(x), y)
+                {manual}
+                self.running_loss += loss
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+        torch.manual_seed(0)
+        model, chained = Model(), 0
+        data = TensorDataset(torch.randn(48, 5), torch.randn(48, 1))
+        trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, accelerator="cpu")
+        trainer.fit(model, DataLoader(data, batch_size=8))
+        node = model.running_loss.grad_fn
+        while node is not None and type(node).__name__ == "AddBackward0":
+            chained, node = chained + 1, node.next_functions[0][0]
+        print("chained", chained)
+        """.replace("{manual}", ("\n" + " " * 16).join(MANUAL_STEP))
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 0, watched.stderr[-2000:]
+    assert "chained 6" in python.stdout  # 6 steps, one addition each (the first onto 0)
+    report = watched.stdout[watched.stdout.index("backward-twice:") :]
+    assert report.startswith("backward-twice: 1 note (6 iterations watched)"), report
+    assert "1. `self.running_loss` keeps one more iteration's graph alive every iteration" in report, report

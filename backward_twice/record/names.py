@@ -374,12 +374,15 @@ def _keys(module: torch.nn.Module) -> tuple[str, ...]:
     attributes = module.__dict__
     cached = _tensor_keys.get(module)
     if cached is None or cached[0] != len(attributes):
+        own = not type(module).__module__.startswith("torch.")  # a learner's module: a number may become a tensor
         keys = tuple(
             k
             for k, v in attributes.items()
             if (isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter))
-            # a tuple, list or None that is not torch's own (_compiled_call_impl)
+            # a tuple, list or None that is not torch's own (_compiled_call_impl); a number of a learner's module
+            # (``self.running_loss = 0``, then ``+= loss``: the size of ``__dict__`` stays)
             or ((isinstance(v, (tuple, list)) or v is None) and not k.startswith("_"))
+            or (own and type(v) in (int, float) and not k.startswith("_"))
         )
         cached = _tensor_keys[module] = (len(attributes), keys)
     return cached[1]
