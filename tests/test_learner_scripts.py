@@ -1757,3 +1757,34 @@ def test_a_running_total_a_manual_lightning_step_keeps_on_self_is_a_note(tmp_pat
     report = watched.stdout[watched.stdout.index("backward-twice:") :]
     assert report.startswith("backward-twice: 1 note (6 iterations watched)"), report
     assert "1. `self.running_loss` keeps one more iteration's graph alive every iteration" in report, report
+
+
+def test_an_ensembles_backward_on_an_item_of_a_growing_list_is_told_to_use_this_passs_loss(tmp_path: Path) -> None:
+    """discuss.pytorch.org/t/120497: an ensemble's losses appended to ``list_of_loss``, which is never cleared, and
+    ``list_of_loss[i].backward()`` for model ``i``: from the second batch on, item ``i`` is an earlier pass's loss.
+    The fix was "keep detached copies ..., or clear it each iteration" (detached: no gradient; cleared: IndexError),
+    and a note on the same list repeated the item. The truth: the script raises as written and runs with
+    ``loss.backward()``, as printed."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        models = [torch.nn.Linear(16, 3) for _ in range(3)]
+        optimizers = [torch.optim.Adam(model.parameters(), lr=1e-3) for model in models]
+        list_of_loss = []
+        for j in range(3):
+            images, labels = torch.randn(4, 16), torch.randint(0, 3, (4,))
+            for i in range(3):
+                loss = torch.nn.functional.cross_entropy(models[i](images), labels)
+                list_of_loss.append(loss)
+                optimizers[i].zero_grad()
+                {backward}.backward()
+                optimizers[i].step()
+        """
+    python, watched = run(tmp_path, script.replace("{backward}", "list_of_loss[i]"), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
+    assert watched.stdout.startswith("backward-twice: 1 thing to fix (4 iterations watched;"), watched.stdout
+    assert "fix: call `loss.backward()`: `list_of_loss[...]` reads an item an earlier pass appended" in watched.stdout
+    python, watched = run(tmp_path, script.replace("{backward}", "loss"))
+    assert python.returncode == watched.returncode == 0, python.stderr
+    assert watched.stdout.startswith("backward-twice: 1 note"), watched.stdout  # the list still grows: a note

@@ -142,6 +142,9 @@ def carried_fix(
         site = site_of(built_at)  # else the line of its file that grows it
         lines = (text.split("#", 1)[0].strip() for text in linecache.getlines(site[0] if site else ""))
         appended = grown.search(code) or next(filter(None, map(grown.search, lines)), None)
+        backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""
+        if appended and re.search(rf"(?<![\w.]){re.escape(whole)}\[[^\]]+\]\.backward\(", backward):  # old item
+            return f"call `{appended.group(1)}.backward()`: `{whole}[...]` reads an item an earlier pass appended"
         kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"
         return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"
     owner = re.match(r"^(\w+)\.\w+$", name)

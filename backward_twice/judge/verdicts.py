@@ -138,7 +138,7 @@ def judge(recorder: Recorder) -> Verdicts:
     calls = recorder.calls
     carried = _carried(recorder, split)
     lines = _lines(calls, split, recorder, carried)
-    carried_names = {c.name for c in carried if c.name}
+    carried_names = {n for c in carried if c.name for n in (c.name, _whole(c.name, c.container))}
     kept = [n for n in notes(recorder, split) if n.name not in carried_names]  # carried already says it
     error = _error(recorder, split, carried)
     partial = len(calls) > (split.ends[-1].calls if split.ends else 0) or recorder.error is not None
