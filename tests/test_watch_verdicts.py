@@ -730,3 +730,36 @@ def test_a_carried_state_reset_in_place_after_the_step_is_one_item() -> None:
     assert [c.name for c in w.verdicts.carried] == ["hx"], str(w)
     assert str(w).startswith("backward-twice: 1 thing to fix (3 iterations watched; the loop raised in iteration 3)")
     recurrent(fix=True)
+
+
+class _RunningAverageMeter:
+    """torchdiffeq's examples/ode_demo.py meter, fed the loss tensor instead of ``loss.item()``."""
+
+    def __init__(self, momentum: float = 0.99) -> None:
+        self.momentum, self.val, self.avg = momentum, None, 0.0
+
+    def update(self, val: torch.Tensor) -> None:
+        self.avg = val if self.val is None else self.avg * self.momentum + val * (1 - self.momentum)
+        self.val = val
+
+
+def test_a_meters_latest_value_is_no_note_beside_its_running_average() -> None:
+    """A meter fed the loss tensor: its ``avg`` chains every pass's graph (a note), its ``val`` holds this pass's
+    only, rebound at the next update. Both were notes: an object's attributes were grouped as one name. The truth:
+    ``avg``'s graph reaches back to pass 1; ``val``'s to its own pass only."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.RMSprop(model.parameters(), lr=1e-3)
+    loss_meter = _RunningAverageMeter(0.97)
+    with watch() as w:
+        for _ in range(6):
+            optimizer.zero_grad()
+            loss = model(torch.randn(4, 2)).abs().mean()
+            loss.backward()
+            optimizer.step()
+            loss_meter.update(loss)
+    assert loss_meter.val is loss and isinstance(loss_meter.avg, torch.Tensor) and loss_meter.avg.grad_fn is not None
+    text = str(w)
+    assert text.startswith("backward-twice: 1 note (6 iterations watched)"), text
+    assert "1. `loss_meter.avg` keeps one more iteration's graph alive every iteration" in text, text
+    assert "loss_meter.val" not in text

@@ -179,8 +179,9 @@ def _dropped(spans: list[int]) -> bool:
 
 
 def _root(holder: str) -> str:
-    """``losses`` of ``losses[3]``, ``model`` of ``model.memory``."""
-    return re.split(r"[\[.]", holder, maxsplit=1)[0]
+    """The name whose items a holder is: ``losses`` of ``losses[3]``, ``model.memory`` of ``model.memory[2]``; an
+    object's attributes are names of their own (a meter's ``val``, this pass's loss, beside its growing ``avg``)."""
+    return re.sub(r"(\[[^\]]*\])+$", "", holder)
 
 
 def _below_a_submodule(name: str) -> bool:
