@@ -20,13 +20,26 @@ COMMAND = Path(sys.executable).parent / "backward-twice"
 
 
 def run(folder: Path, script: str, *args: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
-    """The script run by ``python`` and by ``backward-twice watch``."""
-    (folder / "train.py").write_text(textwrap.dedent(script))
-    python = subprocess.run([sys.executable, "train.py"], cwd=folder, capture_output=True, text=True, timeout=300)
-    watched = subprocess.run(
-        [str(COMMAND), "watch", *args, "train.py"], cwd=folder, capture_output=True, text=True, timeout=300
-    )
-    return python, watched
+    """The script run by ``python`` and by ``backward-twice watch``, side by side (a core each), each in a folder of
+    its own, so what one run writes (a checkpoint, a trainer's output folder) the other never sees."""
+    started = []
+    for name, command in (("python", [sys.executable]), ("watched", [str(COMMAND), "watch", *args])):
+        where = folder / name
+        where.mkdir(exist_ok=True)
+        (where / "train.py").write_text(textwrap.dedent(script))
+        started.append(
+            subprocess.Popen(
+                [*command, "train.py"], cwd=where, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    done = []
+    for process in started:
+        try:
+            stdout, stderr = process.communicate(timeout=300)
+        finally:
+            process.kill()  # past the timeout: no run is left behind
+        done.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    return done[0], done[1]
 
 
 def raises_then_runs(folder: Path, script: str, raised: str, printed: list[str], fix: str) -> str:
