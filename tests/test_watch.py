@@ -8,6 +8,7 @@ import copy
 import importlib
 import inspect
 import json
+import textwrap
 import traceback
 from collections.abc import Callable
 
@@ -59,6 +60,48 @@ def test_iterations_n_stops_at_the_top_of_pass_n_plus_1_with_the_state_of_n_bare
     assert text.startswith("backward-twice: healthy (2 iterations watched, then stopped as asked, 2 backward calls")
     assert "healthy" in w._repr_html_()
     assert w.verdicts.split.how.startswith("one per pass of your loop at test_watch.py:")
+
+
+_CELL = """
+import random, numpy, torch
+from backward_twice.watcher import watch
+
+def batches():  # reading an item draws from every random stream, as a Dataset's random crop does
+    while True:
+        random.random(), numpy.random.rand()
+        yield torch.randn(3, 4)
+
+torch.manual_seed(0), random.seed(0), numpy.random.seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+{loop}
+after = [torch.rand(1).item(), random.random(), numpy.random.rand()]
+"""
+_LOOPS = {
+    "for": "for i, x in enumerate(batches()):\n    opt.zero_grad(); model(x).sum().backward(); opt.step()",
+    "one line": "for i, x in enumerate(batches()): opt.zero_grad(); model(x).sum().backward(); opt.step()",
+}
+
+
+@pytest.mark.parametrize("loop", _LOOPS)
+def test_iterations_n_leave_the_loops_names_and_random_streams_as_n_passes_do(tmp_path, loop: str) -> None:
+    """A notebook cell's loop stopped at the top of pass 3: its ``for`` had already taken pass 3's item, so ``i`` and
+    ``x`` were pass 3's and the random streams had moved on by what reading it drew (``i`` was 2, and the next cell's
+    ``torch.rand`` differed). The truth: the same cell whose loop breaks at the end of pass 2."""
+    namespaces = []
+    watched_loop = "with watch(iterations=2) as w:\n" + textwrap.indent(_LOOPS[loop], "    ")
+    for body in (watched_loop, _LOOPS["for"] + "\n    if i == 1:\n        break"):
+        cell = tmp_path / f"cell{len(namespaces)}.py"
+        source = _CELL.format(loop=body)
+        cell.write_text(source)
+        namespace: dict = {}
+        exec(compile(source, str(cell), "exec"), namespace)
+        namespaces.append(namespace)
+    watched, bare = namespaces
+    assert watched["i"] == bare["i"] == 1 and torch.equal(watched["x"], bare["x"])
+    assert watched["after"] == bare["after"]
+    assert all(torch.equal(a, b) for a, b in zip(watched["model"].parameters(), bare["model"].parameters()))
+    assert watched["w"].verdicts.iterations_run == 2 and watched["w"].healthy
 
 
 def _one_line_loop(model: torch.nn.Module, passes: int, logged: list[int]) -> None:

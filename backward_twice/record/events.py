@@ -1,5 +1,5 @@
 """The events a recording cuts iterations at, as plain records: an optimizer step, the end of an iteration, and the
-key of an event the recorder read the learner's names at.
+key of an event the recorder read the learner's names at; and where a recorder failed (:class:`Failure`).
 
 Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.folds`,
 :mod:`backward_twice.record.iterations` and :mod:`backward_twice.record.recorder`.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["EventKey", "IterationEnd", "StepEvent"]
+__all__ = ["EventKey", "Failure", "IterationEnd", "StepEvent"]
 
 # an event the recorder saw: ("mark" or "call", its index among its kind; a step keeps its own)
 EventKey = tuple[str, int]
@@ -40,3 +40,12 @@ class StepEvent(NamedTuple):
     line: str
     number: int = 0
     sighting: int = -1
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Where the recorder failed and switched itself off: what it was doing, its error, the backward calls seen."""
+
+    where: str
+    error: str
+    calls: int

@@ -129,6 +129,15 @@ class LearnersCode:
             known = self._read(code)
         return known[1]
 
+    def let_go(self, frame: types.FrameType | None) -> None:
+        """Read ``f_locals`` of the learner's frames from ``frame`` out: up to Python 3.12 a read caches a frame's
+        variables on it until the next read, so a read now lets go of what the loop deleted since, as bare Python
+        would."""
+        while frame is not None:
+            if self(frame.f_code):
+                frame.f_locals  # noqa: B018
+            frame = frame.f_back
+
     def site(
         self, frame: types.FrameType | None, lines: dict[tuple[str, int], str]
     ) -> tuple[tuple[str, int], str, bool, types.FrameType | None]:

@@ -251,6 +251,8 @@ class LineTracer:
         if pending is not None and pending[0].holds(line):
             stop = self._pass_began(frame, *pending)
         loop = self._headers_of(frame.f_code).get(line)
+        if loop is not None and stop is None and self.at_header is not None:
+            stop = self.at_header(frame, loop, self.counter())
         if loop is not None and loop.kind == "for" and loop.body_first == line:
             offset = self._pass_offset(frame.f_code, loop)
             if offset >= 0:  # its passes are told by opcode events, from here while it runs
@@ -262,8 +264,6 @@ class LineTracer:
                 return stop
         if loop is not None:
             self._pending[key] = (loop, self.counter())
-            if stop is None and loop.starts_with_try and self.at_header is not None:
-                stop = self.at_header(frame, loop, self.counter())
         return stop
 
     def _opcode(self, frame: types.FrameType) -> BaseException | None:

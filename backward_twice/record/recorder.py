@@ -25,8 +25,9 @@ Over a long run, the records of the older iterations that walked nothing of an e
 holds stays bounded, and the verdicts read the counts with the records.
 
 ``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
-:class:`StopRecording` raised there, outside any ``try`` of the body); without a loop of theirs, a framework's loop is
-asked to end after step N, else the run stops at the next call of their step function, backward or step (:mod:`.stops`).
+:class:`StopRecording` raised there, outside any ``try`` of the body), with what taking its item changed put back;
+without a loop of theirs, a framework's loop is asked to end after step N, else the run stops at the next call of
+their step function, backward or step (:mod:`.stops`).
 
 The recorder never breaks the loop it watches: every hook and trace function is guarded, and an error of its own
 switches it off for the rest of the run (:attr:`Recorder.failure` says why); the loop goes on as bare Python would.
@@ -46,14 +47,13 @@ import sys
 import types
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.autograd.graph import Node
 
-from backward_twice.record import walks
-from backward_twice.record.events import EventKey, IterationEnd, StepEvent
+from backward_twice.record import stops, walks
+from backward_twice.record.events import EventKey, Failure, IterationEnd, StepEvent
 from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop
 from backward_twice.record.folds import CallLog, Folder, StepFolder, steps_kept
 from backward_twice.record.held import Growth, HeldGraph, event_names, note_names
@@ -65,22 +65,13 @@ from backward_twice.record.names import CodeSite, NamedGraph, unstepped_optimize
 from backward_twice.record.passes import IterationLoop, PassStart, inside_a_step, is_optimizer
 from backward_twice.record.saved import graph_only_bytes
 from backward_twice.record.sources import refresh
-from backward_twice.record.stops import FrameworkStop, StepCallStop, StopRecording, stop_before_any_event
+from backward_twice.record.stops import StopRecording
 from backward_twice.record.walks import SECOND_TIME, CallRecord, WalkSampling, record_of, stamp_walk, stamped
 
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
 
 _sequence_nr = torch._C._autograd._get_sequence_nr  # the engine's node counter: read at every event
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Where the recorder failed and switched itself off: what it was doing, its error, the backward calls seen."""
-
-    where: str
-    error: str
-    calls: int
 
 
 _LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()
@@ -156,7 +147,8 @@ class Recorder:
         self._retains_at: dict[tuple[str, int], int] = {}  # retaining calls per line so far
         self.sampling = WalkSampling()  # which calls' walks are read: all with keep_buffers or on_leaf
         # iterations=N without a loop of the learner's: a framework's loop asked to end, else before the step function
-        self.step_call, self.framework_stop = StepCallStop(), FrameworkStop()
+        self.step_call, self.framework_stop = stops.StepCallStop(), stops.FrameworkStop()
+        self.taken = stops.TakenItem()  # what pass N+1's header changed as it took its item: put back at the stop
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
@@ -182,13 +174,10 @@ class Recorder:
         self.finish = torch._C._autograd._get_sequence_nr()
         self.creation.stop()
         self.step_call.disarm()
+        self.taken.forget()
         self.stopped = self.framework_stop.put_back() or self.stopped
         self._context.__exit__(None, None, None)
-        frame: types.FrameType | None = sys._getframe(1)
-        while frame is not None:  # up to Python 3.12 a read of f_locals caches the variables on the frame, and the
-            if self.is_learners(frame.f_code):  # cache holds them until the next read: a read now lets go of
-                frame.f_locals  # noqa: B018  # what the loop deleted since, as bare Python would
-            frame = frame.f_back
+        self.is_learners.let_go(sys._getframe(1))
         self.boundary = None  # a frame holds its variables: none is kept past the watch
         if isinstance(exc, Exception) and self.error is None:
             try:
@@ -244,10 +233,10 @@ class Recorder:
         try:
             role = self.loop.role(frame, loop)
             if role is None:  # before any event, the loop around a backward call as written stops at pass N+1 too
-                early = stop_before_any_event(self.loop, self.creation, self.iterations, frame, loop)
-                return self._stop_here(sequence) if early else None
+                early = stops.stop_before_any_event(self.loop, self.creation, self.iterations, frame, loop)
+                return self._stop_here(sequence, frame, loop) if early else None
             if role == "iteration" and self._stop_due():
-                return self._stop_here(sequence)
+                return self._stop_here(sequence, frame, loop)
             start = PassStart(sequence, len(self.calls))
             self.loop.add_pass(frame, loop, start)
             if role == "iteration":
@@ -264,12 +253,16 @@ class Recorder:
         return None
 
     def _at_header(self, frame: types.FrameType, loop: Loop, sequence: int) -> BaseException | None:
-        """The line tracer's ``at_header``, for a loop whose body starts with ``try:``: stop there, if due."""
-        if self.off:
+        """The line tracer's ``at_header``, before a pass takes its item: if pass N+1 is next, a loop whose body starts
+        with ``try:`` stops here, another keeps what taking the item changes, for its stop (:class:`.TakenItem`)."""
+        if self.off or self.iterations is None or self.stopped:
             return None
         try:
-            if self.loop.role(frame, loop) == "iteration" and self._stop_due():
-                return self._stop_here(sequence)
+            due = self.loop.role(frame, loop) == "iteration" and self._stop_due()
+            if due and loop.starts_with_try:
+                return self._stop_here(sequence, frame, loop)
+            if due or stops.next_pass_stops_before_any_event(self.loop, self.creation, self.iterations, frame, loop):
+                self.taken.keep(frame, loop)
         except Exception as error:
             self._fail("the header of your loop", error)
         return None
@@ -277,7 +270,8 @@ class Recorder:
     def _stop_due(self) -> bool:
         return self.iterations is not None and not self.stopped and self.loop.iterations_started() >= self.iterations
 
-    def _stop_here(self, sequence: int) -> StopRecording:
+    def _stop_here(self, sequence: int, frame: types.FrameType, loop: Loop) -> StopRecording:
+        self.taken.put_back(frame, loop)  # pass N+1's item, taken at its header: pass N's state is left
         number = self.loop.iterations_started() + 1
         self.stopped, self.stop_pass = True, PassStart(sequence, len(self.calls), len(self.sightings), number)
         return StopRecording(self.iterations)

@@ -21,11 +21,16 @@ not known as the iteration's loop until the first one runs. :func:`stop_before_a
 N+1 all the same, when it is, as written, the innermost loop around a backward call of its code: the loop's passes
 so far become the iterations.
 
+A stop at the top of pass N+1 comes after the loop's ``for`` took that pass's item: :class:`TakenItem` keeps, at the
+loop's header, the names the ``for`` binds and the random streams, and puts them back at the stop.
+
 Used by :mod:`backward_twice.record.recorder`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
 import sys
 import types
 from collections.abc import Callable
@@ -37,7 +42,14 @@ if TYPE_CHECKING:  # the stops load without torch (checked on interpreters that 
     from backward_twice.record.lines import LineTracer
     from backward_twice.record.passes import IterationLoop
 
-__all__ = ["FrameworkStop", "StepCallStop", "StopRecording", "stop_before_any_event"]
+__all__ = [
+    "FrameworkStop",
+    "StepCallStop",
+    "StopRecording",
+    "TakenItem",
+    "next_pass_stops_before_any_event",
+    "stop_before_any_event",
+]
 
 # The trainers asked to stop, by the class that defines them (a learner's subclass included): what to set
 _TRAINERS = {
@@ -167,3 +179,73 @@ def stop_before_any_event(
     if iterations > 1:
         passes.passes[link.key].append(PassStart(seen.first, 0, number=iterations))  # the ones between: folded
     return True
+
+
+def next_pass_stops_before_any_event(
+    passes: IterationLoop, tracer: LineTracer, iterations: int | None, frame: types.FrameType, loop: Loop
+) -> bool:
+    """At ``loop``'s header: whether :func:`stop_before_any_event` stops the pass it starts next, if it starts one."""
+    return _due_before_any_event(passes, tracer, iterations, frame, loop, begun=0)
+
+
+def _due_before_any_event(
+    passes: IterationLoop, tracer: LineTracer, iterations: int | None, frame: types.FrameType, loop: Loop, begun: int
+) -> bool:
+    seen = tracer.latest.get((id(frame), loop.header))
+    if iterations is None or passes.chain is not None or seen is None or seen.count - begun < iterations:
+        return False
+    return holds_a_backward(frame.f_code, loop)
+
+
+class TakenItem:
+    """What a loop's header changes as it takes the item of pass N+1, kept there and put back at the stop at that
+    pass's top: the names its ``for`` binds (a notebook's next cell sees pass N's ``i`` and ``x``) and the random
+    streams, which reading the item may draw from (a ``Dataset``'s random crop). The state is then that of N passes
+    (a ``while``'s condition drawing from a stream included)."""
+
+    def __init__(self) -> None:
+        self._where: tuple[int, int] | None = None  # (id(frame), header line) of the loop whose header kept them
+        self._names: dict[str, Any] = {}
+        self._streams: list[tuple[Callable[[Any], Any], Any]] = []  # how to set each stream, and its state
+
+    def keep(self, frame: types.FrameType, loop: Loop) -> None:
+        names = frame.f_locals
+        self._where = (id(frame), loop.header)
+        self._names = {name: names.get(name, _UNBOUND) for name in loop.targets}
+        self._streams = _random_streams()
+
+    def put_back(self, frame: types.FrameType, loop: Loop) -> None:
+        """Put back what ``loop``'s header kept in ``frame`` (called from a trace function: up to Python 3.12 its
+        frame's variables are written back from ``f_locals`` when it returns; from 3.13 ``f_locals`` writes through)."""
+        if self._where == (id(frame), loop.header):
+            names = frame.f_locals
+            for name, value in self._names.items():
+                if value is not _UNBOUND:
+                    names[name] = value
+                elif name in names:
+                    with contextlib.suppress(Exception):  # Python 3.13's proxy deletes no function's variable
+                        del names[name]
+            for set_state, state in self._streams:
+                set_state(state)
+        self.forget()
+
+    def forget(self) -> None:
+        self._where, self._names, self._streams = None, {}, []
+
+
+_UNBOUND = object()  # a name the loop binds that its header found unbound (the body deleted it)
+
+
+def _random_streams() -> list[tuple[Callable[[Any], Any], Any]]:
+    """Python's, PyTorch's (CPU, and CUDA once started) and NumPy's global random streams, where loaded: how to set
+    each, and its state now."""
+    kept: list[tuple[Callable[[Any], Any], Any]] = [(random.setstate, random.getstate())]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        kept.append((torch.set_rng_state, torch.get_rng_state()))
+        if torch.cuda.is_initialized():
+            kept.append((torch.cuda.set_rng_state_all, torch.cuda.get_rng_state_all()))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "random"):
+        kept.append((numpy.random.set_state, numpy.random.get_state()))
+    return kept
