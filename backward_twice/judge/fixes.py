@@ -10,13 +10,12 @@ Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.ren
 from __future__ import annotations
 
 import ast
-import linecache
 import math
 import re
 from typing import Protocol
 
 from backward_twice.record.in_place import in_place_statement, out_of_place
-from backward_twice.record.learner import site_of
+from backward_twice.record.learner import lines_of_file, site_of
 from backward_twice.record.loops import loop_inside
 from backward_twice.record.sources import parsed
 
@@ -139,8 +138,7 @@ def carried_fix(
         if use == "whole":
             return f"clear `{whole}` after each update (`{whole}.clear()`): each backward walks this iteration's items"
         grown = re.compile(rf"(?<![\w.]){re.escape(whole)}\.append\((.+)\)\s*$")
-        site = site_of(built_at)  # else the line of its file that grows it
-        lines = (text.split("#", 1)[0].strip() for text in linecache.getlines(site[0] if site else ""))
+        lines = lines_of_file(built_at)  # else the line of its file that grows it
         appended = grown.search(code) or next(filter(None, map(grown.search, lines)), None)
         backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""
         if appended and re.search(rf"(?<![\w.]){re.escape(whole)}\[[^\]]+\]\.backward\(", backward):  # old item
@@ -174,18 +172,16 @@ def computed_inside(fixes: list[str]) -> str | None:
 def _starts_as_numbers(whole: str, built_at: str) -> bool:
     """Whether the file of ``built_at`` starts the list ``whole`` as numbers (``self.losses_q = [0 for _ in ...]``,
     ``[0] * n``): its items become tensors only once added to, and a number has no ``.detach()``."""
-    site, last = site_of(built_at), re.escape(whole.rsplit(".", 1)[-1])
-    numbers = re.compile(rf"(?<![\w]){last}\s*=\s*\[\s*0")
-    return site is not None and any(numbers.search(text) for text in linecache.getlines(site[0]))
+    numbers = re.compile(rf"(?<![\w]){re.escape(whole.rsplit('.', 1)[-1])}\s*=\s*\[\s*0")
+    return any(numbers.search(text) for text in lines_of_file(built_at))
 
 
 def _differentiated(name: str, built_at: str) -> bool:
     """Whether the file of ``built_at`` asks for the gradient of ``name`` (``torch.autograd.grad(loss, delta)``,
     ``backward(inputs=[delta])``): an adversarial perturbation carried across batches, which must stay a leaf."""
-    site = site_of(built_at)
     spelled = re.escape(name)
     asked = re.compile(rf"\bgrad\(\s*[^,()]+,\s*[(\[]?\s*{spelled}\b|\binputs\s*=\s*[(\[]?\s*{spelled}\b")
-    return site is not None and any(asked.search(text) for text in linecache.getlines(site[0]))
+    return any(asked.search(text) for text in lines_of_file(built_at))
 
 
 def _builds_a_module(built_at: str) -> bool:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from backward_twice.judge.built import bound_names, spelled
 from backward_twice.record.loops import outermost_loop_around
-from backward_twice.record.sources import parsed
+from backward_twice.record.sources import function_around, parsed
 
 if TYPE_CHECKING:
     from backward_twice.record.passes import Link
@@ -73,27 +73,18 @@ def as_stored(name: str, ran: Collection[tuple[str, int]]) -> tuple[str, tuple[s
     if attribute is None or stored is None:
         return None
     filename, line, spelling = stored
-    span = _function_around(filename, line)
     tree = parsed(filename)
-    read_later = span is not None and any(
+    function = function_around(tree, line) if tree is not None else None
+    if tree is None or not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return spelling + attribute.group(2), None
+    read_later = any(
         isinstance(node, ast.Attribute)
         and isinstance(node.ctx, ast.Load)
         and node.attr == attribute.group(1)
-        and line < node.lineno <= span[1]
-        for node in (ast.walk(tree) if tree is not None else ())
+        and line < node.lineno <= (function.end_lineno or 0)
+        for node in ast.walk(tree)
     )
-    return spelling + attribute.group(2), None if read_later or span is None else (filename, line)
-
-
-def _function_around(filename: str, line: int) -> tuple[int, int] | None:
-    """The first and last lines of the innermost function of ``filename`` that holds ``line``."""
-    tree = parsed(filename)
-    spans = [
-        (node.lineno, node.end_lineno or node.lineno)
-        for node in (ast.walk(tree) if tree is not None else ())
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or 0)
-    ]
-    return max(spans) if spans else None
+    return spelling + attribute.group(2), None if read_later else (filename, line)
 
 
 def as_the_line_names_it(name: str | None, built_at: str) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from torch.autograd.graph import Node
 
-from backward_twice.record.sources import parsed
+from backward_twice.record.sources import function_around, parsed
 
 __all__ = ["changed_in_place", "in_place_statement", "out_of_place"]
 
@@ -43,13 +43,7 @@ def _changed_later(filename: str, line: int) -> tuple[str, int] | None:
     tree = parsed(filename)
     if tree is None:
         return None
-    scopes = [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or 0)
-    ]
-    scope: ast.AST = max(scopes, key=lambda node: node.lineno, default=tree)
-    statements = [node for node in ast.walk(scope) if isinstance(node, ast.stmt)]
+    statements = [node for node in ast.walk(function_around(tree, line)) if isinstance(node, ast.stmt)]
     assigned = next(
         (s for s in statements if isinstance(s, ast.Assign) and s.lineno <= line <= (s.end_lineno or 0)), None
     )

@@ -54,6 +54,7 @@ __all__ = [
     "learner_line",
     "learner_line_at",
     "learners_code",
+    "lines_of_file",
     "name_bindings",
     "passed_optimizers_only",
     "place",
@@ -479,6 +480,13 @@ def site_of(line: str) -> tuple[str, int] | None:
     if not match or match.group(1).startswith("Cell "):
         return None
     return match.group(1), int(match.group(2))
+
+
+def lines_of_file(line: str) -> list[str]:
+    """The lines of the file ``line`` ("file:line: code") names, each without its comment and outer spaces; none for
+    a cell's line (:func:`site_of`)."""
+    site = site_of(line)
+    return [text.split("#", 1)[0].strip() for text in linecache.getlines(site[0])] if site is not None else []
 
 
 def short(line: str) -> str:

@@ -30,7 +30,7 @@ import ast
 import types
 from dataclasses import dataclass, replace
 
-from backward_twice.record.sources import memo, parsed
+from backward_twice.record.sources import function_around, memo, parsed
 
 __all__ = [
     "Loop",
@@ -239,17 +239,6 @@ def step_calls(code: types.CodeType) -> tuple[StepCall, ...]:
     return _scope(code).steps
 
 
-def _function_around(tree: ast.Module, line: int) -> ast.AST:
-    """The innermost function of ``tree`` whose body holds ``line``; the module itself outside any."""
-    functions = [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.body[0].lineno <= line <= (node.end_lineno or 0)
-    ]
-    return max(functions, key=lambda node: node.lineno, default=tree)
-
-
 def holds_a_backward(code: types.CodeType, loop: Loop) -> bool:
     """Whether ``loop`` is the innermost loop of ``code``'s own scope around one of its backward calls (``backward``,
     ``manual_backward``, ``autograd.grad``), as written: the iteration's loop, before any of them has run."""
@@ -266,8 +255,8 @@ def loop_inside(filename: str, line: int, outer_line: int) -> int | None:
     tree = parsed(filename)
     if tree is None:
         return None
-    function = _function_around(tree, line)
-    if function is not _function_around(tree, outer_line):
+    function = function_around(tree, line)
+    if function is not function_around(tree, outer_line):
         return None
     loops = [node for node in _own_nodes(function) if isinstance(node, (ast.For, ast.AsyncFor, ast.While))]
     holding = [

@@ -4,7 +4,7 @@
 ``linecache`` holds: when linecache reads the file again (an edited script, a notebook cell run anew under the same
 name), the list is a new one and the file is parsed again. :func:`refresh` asks linecache to look at the files on
 disk again (a recorder does so when it starts). :func:`memo` keeps what a caller computed from a tree, for as long
-as that tree is the file's.
+as that tree is the file's. :func:`function_around` finds the function a line belongs to.
 
 Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.fixes`, :mod:`backward_twice.judge.stored`,
 :mod:`backward_twice.record.in_place`, :mod:`backward_twice.record.loops`, :mod:`backward_twice.record.recorder` and
@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-__all__ = ["memo", "parsed", "refresh"]
+__all__ = ["function_around", "memo", "parsed", "refresh"]
 
 _MAX_FILES = 64
 _T = TypeVar("_T")
@@ -66,3 +66,15 @@ def memo(filename: str, key: Hashable, compute: Callable[[], _T]) -> _T:
 def refresh() -> None:
     """Let linecache look at each file on disk again when it is next asked for (a script edited since)."""
     _generation[0] += 1
+
+
+def function_around(tree: ast.Module, line: int) -> ast.AST:
+    """The innermost function of ``tree`` whose body holds ``line`` (its ``def`` line and defaults run in the scope
+    around it); the module itself outside any."""
+    functions = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body[0].lineno <= line <= (node.end_lineno or 0)
+    ]
+    return max(functions, key=lambda node: node.lineno, default=tree)
