@@ -80,6 +80,9 @@ after = [torch.rand(1).item(), random.random(), numpy.random.rand()]
 _LOOPS = {
     "for": "for i, x in enumerate(batches()):\n    opt.zero_grad(); model(x).sum().backward(); opt.step()",
     "one line": "for i, x in enumerate(batches()): opt.zero_grad(); model(x).sum().backward(); opt.step()",
+    "in a function": "def train():\n    for i, x in enumerate(batches()):\n"
+    "        opt.zero_grad(); model(x).sum().backward(); opt.step()\n        if i == 1 and bare:\n            break\n"
+    "train()",
 }
 
 
@@ -87,18 +90,20 @@ _LOOPS = {
 def test_iterations_n_leave_the_loops_names_and_random_streams_as_n_passes_do(tmp_path, loop: str) -> None:
     """A notebook cell's loop stopped at the top of pass 3: its ``for`` had already taken pass 3's item, so ``i`` and
     ``x`` were pass 3's and the random streams had moved on by what reading it drew (``i`` was 2, and the next cell's
-    ``torch.rand`` differed). The truth: the same cell whose loop breaks at the end of pass 2."""
+    ``torch.rand`` differed; a function's loop too). The truth: the same loop breaking at the end of pass 2."""
     namespaces = []
     watched_loop = "with watch(iterations=2) as w:\n" + textwrap.indent(_LOOPS[loop], "    ")
-    for body in (watched_loop, _LOOPS["for"] + "\n    if i == 1:\n        break"):
+    bare_loop = _LOOPS[loop] if loop == "in a function" else _LOOPS["for"] + "\n    if i == 1:\n        break"
+    for body in (watched_loop, bare_loop):
         cell = tmp_path / f"cell{len(namespaces)}.py"
         source = _CELL.format(loop=body)
         cell.write_text(source)
-        namespace: dict = {}
+        namespace: dict = {"bare": body is bare_loop}
         exec(compile(source, str(cell), "exec"), namespace)
         namespaces.append(namespace)
     watched, bare = namespaces
-    assert watched["i"] == bare["i"] == 1 and torch.equal(watched["x"], bare["x"])
+    if loop != "in a function":  # a function's variables go with its frame
+        assert watched["i"] == bare["i"] == 1 and torch.equal(watched["x"], bare["x"])
     assert watched["after"] == bare["after"]
     assert all(torch.equal(a, b) for a, b in zip(watched["model"].parameters(), bare["model"].parameters()))
     assert watched["w"].verdicts.iterations_run == 2 and watched["w"].healthy

@@ -22,14 +22,15 @@ N+1 all the same, when it is, as written, the innermost loop around a backward c
 so far become the iterations.
 
 A stop at the top of pass N+1 comes after the loop's ``for`` took that pass's item: :class:`TakenItem` keeps, at the
-loop's header, the names the ``for`` binds and the random streams, and puts them back at the stop.
+loop's header, the random streams and, at a script's or a cell's top level, the names the ``for`` binds, and puts them
+back at the stop.
 
 Used by :mod:`backward_twice.record.recorder`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 import random
 import sys
 import types
@@ -199,38 +200,39 @@ def _due_before_any_event(
 
 class TakenItem:
     """What a loop's header changes as it takes the item of pass N+1, kept there and put back at the stop at that
-    pass's top: the names its ``for`` binds (a notebook's next cell sees pass N's ``i`` and ``x``) and the random
-    streams, which reading the item may draw from (a ``Dataset``'s random crop). The state is then that of N passes
-    (a ``while``'s condition drawing from a stream included)."""
+    pass's top: the random streams, which reading the item may draw from (a ``Dataset``'s random crop), and, in a
+    script's or a notebook cell's top level, the names its ``for`` binds (the next cell sees pass N's ``i`` and ``x``).
+    The state is then that of N passes (a ``while``'s condition drawing from a stream included). A function's
+    variables are not written (no frame is): the stop unwinds its frame."""
 
     def __init__(self) -> None:
         self._where: tuple[int, int] | None = None  # (id(frame), header line) of the loop whose header kept them
         self._names: dict[str, Any] = {}
+        self._namespace: dict[str, Any] | None = None  # the top level's names (a module's dict, not a frame's)
         self._streams: list[tuple[Callable[[Any], Any], Any]] = []  # how to set each stream, and its state
 
     def keep(self, frame: types.FrameType, loop: Loop) -> None:
-        names = frame.f_locals
         self._where = (id(frame), loop.header)
-        self._names = {name: names.get(name, _UNBOUND) for name in loop.targets}
+        self._namespace = None if frame.f_code.co_flags & inspect.CO_OPTIMIZED else frame.f_locals
+        if self._namespace is not None:
+            self._names = {name: self._namespace.get(name, _UNBOUND) for name in loop.targets}
         self._streams = _random_streams()
 
     def put_back(self, frame: types.FrameType, loop: Loop) -> None:
-        """Put back what ``loop``'s header kept in ``frame`` (called from a trace function: up to Python 3.12 its
-        frame's variables are written back from ``f_locals`` when it returns; from 3.13 ``f_locals`` writes through)."""
+        """Put back what ``loop``'s header kept in ``frame``."""
         if self._where == (id(frame), loop.header):
-            names = frame.f_locals
+            names = self._namespace if self._namespace is not None else {}
             for name, value in self._names.items():
                 if value is not _UNBOUND:
                     names[name] = value
-                elif name in names:
-                    with contextlib.suppress(Exception):  # Python 3.13's proxy deletes no function's variable
-                        del names[name]
+                else:
+                    names.pop(name, None)
             for set_state, state in self._streams:
                 set_state(state)
         self.forget()
 
     def forget(self) -> None:
-        self._where, self._names, self._streams = None, {}, []
+        self._where, self._names, self._namespace, self._streams = None, {}, None, []
 
 
 _UNBOUND = object()  # a name the loop binds that its header found unbound (the body deleted it)
