@@ -13,7 +13,7 @@ tells a list rebound every iteration (``pred, mems = model(x, mems)``) from one 
 :func:`rebinds_from_itself` tells a name each pass assigns from its own earlier value (``hidden = cell(x, hidden)``).
 :func:`reads_on_line` tells a line that reads a name from one that only assigns it.
 
-Used by :mod:`backward_twice.judge.notes`, :mod:`backward_twice.judge.stored`, :mod:`backward_twice.judge.verdicts` and
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.notes`, :mod:`backward_twice.judge.stored` and
 :mod:`backward_twice.report.rendering`.
 """
 

@@ -4,7 +4,8 @@ slice; the same attributes of each item of one list, a cache's ``layers[i].keys`
 statement), for a second backward through buffers an earlier backward of the same iteration freed, and for the
 learner's statement that changed a saved tensor in place (written out of place).
 
-Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.rendering`.
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.verdicts` and
+:mod:`backward_twice.report.rendering`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ spells the carrier as that statement does, with the line a detach goes after. :f
 carrier found only through a framework's private attributes as the learner's line that built it does (``self.h``).
 :func:`before_inner_loop` places a detach before the loop over time steps of a function the iteration's loop calls.
 
-Used by :mod:`backward_twice.judge.verdicts`.
+Used by :mod:`backward_twice.judge.carried`.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ write-through view from 3.13: either way it is read item by item and left as it 
 PyTorch refuses to give (an ``unbind`` view whose base changed in place) is skipped. :func:`unstepped_optimizers`
 reads the same frames for the optimizers they name.
 
-Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.record.evidence`, :mod:`backward_twice.steps.harness`,
-:mod:`backward_twice.record.held`, :mod:`backward_twice.record.recorder` and :mod:`backward_twice.judge.verdicts`.
+Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.record.evidence`,
+:mod:`backward_twice.record.held`, :mod:`backward_twice.record.recorder` and :mod:`backward_twice.steps.harness`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,290 @@
+"""Graphs a later iteration's backward walks: a node built in an earlier iteration or before the first, found in
+the recorder's walks, with the name that held it at an iteration's start
+(:class:`backward_twice.record.names.NamedGraph`) for the fix's variable, and
+:func:`backward_twice.judge.built.built_line` for the line that built it. One :class:`CarriedFinding` per name.
+
+Used by :mod:`backward_twice.judge.verdicts`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from backward_twice.judge.built import (
+    built_line,
+    first_read,
+    function_span,
+    list_use,
+    one_line_loop,
+    read_first,
+    reads_on_line,
+    rebinds_from_itself,
+    starts_without_a_tensor,
+)
+from backward_twice.judge.fixes import carried_fix
+from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
+from backward_twice.record.iterations import Split
+from backward_twice.record.learner import learner_line_at
+from backward_twice.record.loops import enclosing, outermost_loop_around
+from backward_twice.record.names import CodeSite, NamedGraph
+from backward_twice.record.recorder import Recorder
+
+__all__ = ["CarriedFinding", "carried_findings", "twin_in_iteration_1", "when", "whole_name"]
+
+
+@dataclass(frozen=True)
+class CarriedFinding:
+    """A graph a later backward walks: the name that held it (None: no name the loop holds), the line that built it,
+    the iteration that built it (None: before the first), the line and iteration of the backward that walked it,
+    how many iterations walked such a graph, and the fix."""
+
+    name: str | None
+    built_at: str
+    iteration: int | None
+    used_at: str
+    reached_from: int
+    times: int
+    fix: str
+    shape: tuple[int, ...] | None = None
+    container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one
+    enters_at: str | None = None  # the first line of the loop that reads the name: where the old graph comes in
+    fix_at_entry: bool = False  # a detach right before ``enters_at`` runs (else: at the end of each iteration)
+    chained: bool = True  # a backward walked graphs of several earlier iterations at once (False: one at a time)
+    stored_at: str | None = None  # without a loop of the learner's: their line that stores it (the fix goes after)
+
+
+def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
+    """One finding per name: each named node a backward walks that an earlier iteration built (or that was built
+    before the first), found first where it was first walked (a later iteration's sighting of the same name is the
+    same cause, though its line may read otherwise once the line tracer is off); a walk through old nodes no name
+    holds is one finding too."""
+    found: dict[str, _Carried] = {}
+
+    def add(key: str, sighting: _Carried) -> None:
+        known = found.get(key)
+        if known is None:
+            found[key] = sighting
+        else:
+            known.times.add(sighting.reached_from)
+            known.chained = known.chained or sighting.chained
+
+    through = recorder.error.reached_through if recorder.error is not None else None
+    twins: dict[tuple[str, int], NamedGraph] = {}
+    first = _iteration_1_start(recorder)
+    for call in recorder.calls:
+        iteration = split.iteration_of_call(call.index)
+        # not what passes without a backward built for this one (gradient accumulation: losses.append(...) each pass,
+        # sum(losses).backward() every 2nd): walked once, by the first backward after them
+        since = min(split.iteration_of_call(call.index - 1) if call.index else 0, iteration - 1)
+        old = [seq for seq in call.old if split.iteration_of_node(seq) <= since]
+        if not old:
+            continue
+        chained = len({split.iteration_of_node(seq) for seq in old}) > 1
+        top = [seq for seq in call.frontier if split.iteration_of_node(seq) < iteration]
+        candidates = (
+            recorder.names.get(seq) or next(filter(None, map(twins.get, _places(split, seq, first))), None)
+            for seq in top
+        )
+        named = [node for node in candidates if node is not None]
+        if not named:  # no new node points to them: the backward starts in the old graph (``states[-2][1]``)
+            named = [recorder.names[seq] for seq in sorted(old, reverse=True)[:1] if seq in recorder.names]
+        if not named and through is not None and recorder.error is not None and recorder.error.call == call.index:
+            # the names were not read at this pass (only at some): the failing call's own read found the name it
+            # reached them through, one each pass assigns from itself (``hidden = cell(x, hidden)``)
+            named = [replace(through, sequence=max(top or old))] if rebinds_from_itself(through) else []
+        for node in named:  # a later iteration's node at the same place is this one's twin (read after the loop
+            for place in _places(split, node.sequence, first):  # rebound the name that held it)
+                twins.setdefault(place, node)
+        for node in named:
+            built = split.iteration_of_node(node.sequence)
+            line = built_line(node, built == 0, recorder)
+            name, container = node.name, node.container
+            carrier = _carrier(recorder, recorder.carriers.get(node.sequence))
+            if (
+                through is not None
+                and through.sequence == node.sequence
+                and through.container in ("list", "tuple", "dict")
+                and through.name != carrier
+            ):
+                # the container that still held it when the failing backward walked it: the loop rebound the name
+                # that held it at the iteration's start (hidden, rebound before bank[0] is read)
+                name, container, carrier = through.name, through.container, None
+            elif carrier is not None and carrier != name:  # out = model(x); outputs.append(out): outputs[0] carries
+                name = carrier
+                container = "list" if re.search(r"\[\d+\]$", carrier) and container is None else container
+            for spelled in (name, *(a for a in node.aliases if carrier is None or carrier == node.name)):
+                add(
+                    spelled,
+                    _Carried(
+                        spelled,
+                        line,
+                        built or None,
+                        call.line,
+                        container,
+                        node.shape,
+                        iteration,
+                        {iteration},
+                        node.frame,
+                        chained,
+                    ),
+                )
+        if not named:
+            built = split.iteration_of_node(max(old))
+            line = f"(no name the loop holds; built {when(built)})"
+            add(line, _Carried(None, line, built or None, call.line, None, None, iteration, {iteration}, None, chained))
+    stored_only = recorder.loop.innermost is None and not recorder.by_runs  # a framework's ``fit`` runs the loop
+    return [
+        CarriedFinding(
+            name,
+            e.built_at,
+            e.iteration,
+            e.used_at,
+            e.reached_from,
+            len(e.times),
+            before_inner_loop(fix, None if at_entry else entry, recorder.loop.innermost),
+            e.shape,
+            e.container,
+            None if entry is None else learner_line_at(*entry),
+            at_entry,
+            e.chained,
+            None if stored is None or stored[1] is None or at_entry else learner_line_at(*stored[1]),
+        )
+        for e, named in ((e, as_the_line_names_it(e.name, e.built_at)) for e in _named_first(list(found.values())))
+        for stored in (as_stored(named, recorder.creation.ran) if stored_only and named else None,)
+        for name in (named if stored is None else stored[0],)
+        for entry in (_entry(recorder, e),)
+        for at_entry in (_fix_at_entry(recorder, entry, e, name),)
+        for fix in (carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e), e),)
+    ]
+
+
+def _named_first(found: list[_Carried]) -> list[_Carried]:
+    """``found`` less the carriers no name holds once one is named (``hx[done] = 0`` hides ``hx`` behind a node)."""
+    return [e for e in found if e.name is not None] or found
+
+
+def _places(split: Split, sequence: int, first: int | None) -> list[tuple[str, int]]:
+    """Where a node sits in the iteration that built it: how many nodes that iteration built before it, and after it
+    (``first``: where iteration 1 began, when a loop's pass tells). A steady loop builds the same nodes in the same
+    order each iteration, so the node a carrier holds sits at the same place in each; iteration 1 may build fewer
+    before it (``0.9 * running_mean`` of a tensor with no graph yet builds no node), or fewer after it. None of
+    either for a node built before the loop, or where the iteration's ends were folded."""
+    built = split.iteration_of_node(sequence)
+    ends = {end.iteration: end.sequence for end in split.ends if built - 1 <= end.iteration <= built}
+    start = first if built == 1 else ends.get(built - 1) if built else None
+    places = [] if start is None else [("from its start", sequence - start)]
+    return places + ([("to its end", ends[built] - sequence)] if built and built in ends else [])
+
+
+def _iteration_1_start(recorder: Recorder) -> int | None:
+    """The node counter where iteration 1 began, when a loop's pass tells it (a long run's folds keep pass 1)."""
+    passes = recorder.loop.iteration_passes()
+    return passes[0].sequence if passes and passes[0].number == 1 else None
+
+
+def twin_in_iteration_1(recorder: Recorder, split: Split, sequence: int) -> int | None:
+    """The node at the same place in iteration 1 as node ``sequence`` in its own, later iteration: a steady loop
+    builds the same nodes in the same order each iteration, and iteration 1's lines are the ones the tracer logged
+    (TD3's actor update every second iteration raises in iteration 2, past the traced pass)."""
+    first = _iteration_1_start(recorder)
+    end = next((end.sequence for end in split.ends if end.iteration == 1), None)
+    if first is None or end is None or split.iteration_of_node(sequence) < 2:
+        return None
+    offset = dict(_places(split, sequence, first)).get("from its start")
+    return first + offset if offset is not None and first + offset < end else None
+
+
+def _carrier(recorder: Recorder, spellings: list[str] | None) -> str | None:
+    """Of the names that held a graph at an iteration's start (simplest first), the first one the loop's body does
+    not assign before it reads it: ``smooth`` of ``loss = ...; smooth = 0.9 * smooth + 0.1 * loss`` (in iteration
+    1 both held one tensor, but ``loss`` is rebound before anything reads it)."""
+    if not spellings:
+        return None
+    link = recorder.loop.innermost
+    if len(spellings) == 1 or link is None or recorder.loop.unusable is not None:
+        return spellings[0]
+    span = (link.loop.filename, link.loop.body_first, link.loop.body_last)
+    live = (s for s in spellings if read_first(re.sub(r"\[\d+\]$", "", s), span) is not False)
+    return next(live, spellings[0])
+
+
+def whole_name(name: str, container: str | None) -> str:
+    """``state`` of ``state[0]`` when the name is an item of a tuple or a list: what the loop reads and rebinds."""
+    return re.sub(r"\[\d+\]$", "", name) if container in ("tuple", "list") else name
+
+
+def _entry(recorder: Recorder, carried: _Carried) -> tuple[str, int] | None:
+    """(file, line) of the first line that reads the carrier in the loop's body, else in the code the name was found
+    in, else in the step the tool ran: where the old graph comes in."""
+    if carried.name is None:
+        return None
+    whole = whole_name(carried.name, carried.container)
+    return first_read(whole, _spans(recorder, carried), carried.container == "list", recorder.creation.ran)
+
+
+def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _Carried, name: str | None) -> bool:
+    """Whether a detach right before ``entry``, the line where the old graph comes in, is a fix that runs: the name
+    starts as a tensor (not ``beta = 0``, ``self.hidden = None`` or a function's parameter: no ``.detach()`` in
+    iteration 1), and that line is not in a loop nested in the iteration's (an encoder's loop over time steps: a
+    detach there cuts each sequence too)."""
+    if carried.name is None or name is None:
+        return False
+    whole = whole_name(name, carried.container)
+    if starts_without_a_tensor(whole, entry[0] if entry is not None else carried.built_at.split(":", 1)[0]):
+        return False
+    if entry is None:  # comes in where it is built (``self.h = self.rnn(x, self.h)`` in a framework's step)
+        return reads_on_line(carried.built_at.split(": ", 1)[-1], whole)
+    if one_line_loop(*entry):  # ``for x in data: h = cell(x, h); ...``: a line added before it runs once
+        return False
+    link = recorder.loop.innermost
+    if link is not None and outermost_loop_around(*entry, link.code) is not None:  # in a loop of a function it calls
+        return False
+    if link is None or recorder.loop.unusable is not None or entry[0] != link.loop.filename:
+        return True
+    code = link.code  # a parameter of the loop's function (``beta`` of ``train(..., beta)``) may come in as a number
+    if whole in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
+        return False
+    return not any(loop.header > link.loop.header for loop in enclosing(code, entry[1]))
+
+
+def _list_use(recorder: Recorder, carried: _Carried) -> str | None:
+    """For a carrier that is an item of a list: how the learner's code uses that list (:func:`list_use`)."""
+    if carried.name is None or carried.container != "list":
+        return None
+    return list_use(re.sub(r"\[\d+\]$", "", carried.name), _spans(recorder, carried))
+
+
+def _spans(recorder: Recorder, carried: _Carried) -> list[tuple[str, int, int]]:
+    """Where the learner's code may read a carrier: the loop's body, the code the name was found in, the step."""
+    spans: list[tuple[str, int, int]] = []
+    link = recorder.loop.innermost
+    if link is not None and recorder.loop.unusable is None:
+        spans.append((link.loop.filename, link.loop.body_first, link.loop.body_last))
+    for where in (carried.frame, recorder.roots_where):
+        span = function_span(where) if where is not None else None
+        if span is not None:
+            spans.append(span)
+    return spans
+
+
+@dataclass(slots=True)
+class _Carried:
+    """A carried graph as the first backward that walked it saw it (the fields of :class:`CarriedFinding`, and
+    the container its name is an item of); ``times`` gathers every iteration whose backward walked it."""
+
+    name: str | None
+    built_at: str
+    iteration: int | None
+    used_at: str
+    container: str | None
+    shape: tuple[int, ...] | None
+    reached_from: int
+    times: set[int]
+    frame: CodeSite | None = None  # the code the name was found in
+    chained: bool = False  # a backward walked graphs of two or more earlier iterations at once: they pile up
+
+
+def when(iteration: int) -> str:
+    """ "before the first iteration", "in iteration 3"."""
+    return "before the first iteration" if iteration == 0 else f"in iteration {iteration}"
