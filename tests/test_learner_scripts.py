@@ -380,6 +380,68 @@ def test_a_state_a_lightning_step_keeps_on_self_for_the_next_is_fixed_after_the_
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
 
 
+LIGHTNING_EPOCH_MEAN = """
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.outputs = []
+        self.previous_mean = None
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        if self.previous_mean is not None:
+            loss = loss + 0.1 * (loss - self.previous_mean) ** 2
+        self.outputs.append(loss)
+        return loss
+
+    def on_train_epoch_end(self):
+        epoch_mean = torch.stack(self.outputs).mean()
+        self.previous_mean = epoch_mean
+{fix}        self.outputs.clear()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(12, 4), torch.randn(12, 1))
+trainer = pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, accelerator="cpu")
+trainer.fit(Net(), DataLoader(data, batch_size=4))
+print("weights", [round(v, 6) for v in trainer.lightning_module.layer.weight.flatten().tolist()])
+"""
+
+
+def test_a_tensor_an_epochs_end_keeps_for_the_next_epoch_is_named_not_the_list_it_was_made_from(
+    tmp_path: Path,
+) -> None:
+    """The epoch's mean loss kept on ``self`` at the epoch's end and used in the next epoch's loss: the list of losses
+    it was stacked from (cleared at the epoch's end) was named, with a fix after its ``[]`` in ``__init__`` that
+    changed nothing. The truth: the script raises in the first step of epoch 2 as written, and with the printed line
+    after ``self.previous_mean = epoch_mean`` it runs to the same weights as ``epoch_mean.detach()`` there."""
+    python, watched = run(tmp_path, LIGHTNING_EPOCH_MEAN.format(fix=""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    diagnosis = watched.stdout
+    assert "1. `self.previous_mean` carries iteration 3's graph into iteration 4" in diagnosis, diagnosis
+    assert "train.py:24 | self.previous_mean = epoch_mean" in diagnosis, diagnosis
+    fix = "self.previous_mean = self.previous_mean.detach()"
+    assert f"fix: add `{fix}` after line 24" in diagnosis, diagnosis
+    python, watched = run(tmp_path, LIGHTNING_EPOCH_MEAN.format(fix=f"        {fix}\n"))
+    assert python.returncode == watched.returncode == 0, python.stderr[-2000:]
+    weights = python.stdout.splitlines()[-1]
+    assert weights.startswith("weights") and weights in watched.stdout
+    truth = LIGHTNING_EPOCH_MEAN.replace("self.previous_mean = epoch_mean", "self.previous_mean = epoch_mean.detach()")
+    python, _ = run(tmp_path, truth.format(fix=""))
+    assert python.stdout.splitlines()[-1] == weights
+
+
 LIGHTNING_MANUAL = """
 import pytorch_lightning as pl
 import torch

@@ -87,6 +87,9 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             for seq in top
         )
         named = [node for node in candidates if node is not None]
+        held_now = recorder.error is not None and recorder.error.call == call.index and recorder.error.held_now
+        if held_now and through is not None:  # what held them at the passes' starts let go: state held now carries
+            named = [replace(through, sequence=max(top or old))]
         if not named:  # no new node points to them: the backward starts in the old graph (``states[-2][1]``)
             named = [recorder.names[seq] for seq in sorted(old, reverse=True)[:1] if seq in recorder.names]
         if not named and through is not None and recorder.error is not None and recorder.error.call == call.index:
@@ -98,9 +101,15 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                 twins.setdefault(place, node)
         for node in named:
             built = split.iteration_of_node(node.sequence)
-            line = built_line(node, built == 0, recorder)
+            traced = (
+                next((s for s in sorted(old, reverse=True) if recorder.creation.line_of(s)), None) if held_now else None
+            )
+            if held_now and traced is not None and recorder.creation.line_of(node.sequence) is None:
+                line = built_line(replace(node, sequence=traced), False, recorder)  # an older pass's, of those traced
+            else:
+                line = built_line(node, built == 0, recorder)
             name, container = node.name, node.container
-            carrier = _carrier(recorder, recorder.carriers.get(node.sequence))
+            carrier = None if held_now else _carrier(recorder, recorder.carriers.get(node.sequence))
             if (
                 through is not None
                 and through.sequence == node.sequence

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 from backward_twice.judge.built import bound_names, spelled
@@ -30,10 +30,19 @@ def stored_at(attribute: str, ran: Collection[tuple[str, int]]) -> tuple[str, in
     an object (``self.previous_hidden = hidden``, ``self.h += ...``) among the lines that ``ran``, a constant
     (``self.previous_hidden = None``) left out, and a constructor's start value too when another statement stores it
     (``self.h = torch.zeros(...)`` in ``__init__``, ``self.h = self.cell(x, self.h)`` in the step); None when no such
-    statement ran, or several did (the name is then not placed by one line)."""
+    statement ran, or several did (the name is then not placed by one line). When none of them ran while the lines
+    were followed (an epoch's end hook runs after the first steps, when the tracer is off), the one such statement
+    of those files that lies outside an ``__init__``, ran or not."""
     lines: dict[str, set[int]] = {}
     for filename, line in ran:
         lines.setdefault(filename, set()).add(line)
+    return _stored_at(attribute, lines) or _stored_at(attribute, dict.fromkeys(lines), outside_init=True)
+
+
+def _stored_at(
+    attribute: str, lines: Mapping[str, set[int] | None], outside_init: bool = False
+) -> tuple[str, int, str] | None:
+    """:func:`stored_at` over the lines that ran in each file (None: every line)."""
     found: dict[tuple[str, int, str], bool] = {}  # -> whether it lies in an __init__
     for filename, numbers in lines.items():
         tree = parsed(filename)
@@ -51,12 +60,14 @@ def stored_at(attribute: str, ran: Collection[tuple[str, int]]) -> tuple[str, in
                 continue
             if isinstance(node.value, ast.Constant):
                 continue
-            ran_here = any(line in numbers for line in range(node.lineno, (node.end_lineno or node.lineno) + 1))
+            span = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+            ran_here = numbers is None or any(line in numbers for line in span)
             for target in targets if ran_here else ():
                 spelling = spelled(target)
                 if isinstance(target, ast.Attribute) and target.attr == attribute and spelling is not None:
                     in_init = any(first <= node.lineno <= last for first, last in inits)
-                    found[(filename, node.lineno, spelling)] = in_init
+                    if not (in_init and outside_init):
+                        found[(filename, node.lineno, spelling)] = in_init
     if len(found) > 1:
         found = {where: in_init for where, in_init in found.items() if not in_init}
     return next(iter(found)) if len(found) == 1 else None

@@ -70,6 +70,7 @@ class ErrorRecord:
     stale_node: int | None = None  # the sequence number of the node whose saved weights the step changed
     changed_at: tuple[str, int] | None = None  # (file, line) of the learner's statement that changed one in place
     after_the_loop: bool = False  # raised outside the iteration loop, after its passes (no training error)
+    held_now: bool = False  # ``reached_through`` holds the graph now, where the names seen earlier hold it no more
 
 
 def explain(
@@ -81,7 +82,7 @@ def explain(
     freed = call.first_freed or _freed_unread(recorder, call, walked) if kind == "backward a second time" else None
     if freed is not None:
         record.freed_by = freed.freed_by
-        record.reached_through = _through(recorder, walked, freed.position, caller)
+        record.reached_through, record.held_now = _through(recorder, walked, freed.position, caller)
     elif kind == "in-place version error":
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
@@ -110,19 +111,30 @@ def _freed_unread(recorder: Seen, call: CallRecord, walked: list[Node]) -> Freed
     return None if freer is None or position is None else FreedEarlier(position, freer)
 
 
-def _through(recorder: Seen, walked: list[Node], position: int, caller: types.FrameType) -> NamedGraph | None:
+def _through(
+    recorder: Seen, walked: list[Node], position: int, caller: types.FrameType
+) -> tuple[NamedGraph | None, bool]:
     """The name closest above the freed node in the walk: held by a frame now (``bank[0]`` after the loop rebound
-    ``hidden``, which held it at the iteration's start), else kept at an event."""
+    ``hidden``, which held it at the iteration's start), else kept at an event. A name kept at an event that nothing
+    holds any more (an item of a list cleared since) gives way to state an object holds now further up the walk
+    (a Lightning module's ``self.prev_epoch_mean``, set from that list at the epoch's end); the root (the loss) is
+    none of it. Whether the name is that state is returned with it."""
     live = {
         n.sequence: n
         for n, _ in names_holding_graphs(caller, recorder.skipped, recorder.events, recorder.roots, recorder.outermost)
     }
-    for node in reversed(walked[: position + 1]):
-        sequence = node._sequence_nr()
-        named = live.get(sequence) or recorder.names.get(sequence)
-        if named is not None:
-            return named
-    return None
+    held_now = {n.name for n in live.values()}
+    stale: NamedGraph | None = None
+    for index in range(position, -1, -1):
+        sequence = walked[index]._sequence_nr()
+        named = live.get(sequence)
+        if named is not None and (stale is None or (index > 0 and any(c in named.name for c in ".["))):
+            return named, stale is not None
+        kept = recorder.names.get(sequence) if stale is None else None
+        if kept is not None and kept.name in held_now:
+            return kept, False
+        stale = stale or kept
+    return stale, False
 
 
 def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | None:
