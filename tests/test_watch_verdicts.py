@@ -763,3 +763,51 @@ def test_a_meters_latest_value_is_no_note_beside_its_running_average() -> None:
     assert text.startswith("backward-twice: 1 note (6 iterations watched)"), text
     assert "1. `loss_meter.avg` keeps one more iteration's graph alive every iteration" in text, text
     assert "loss_meter.val" not in text
+
+
+class _Hyper(torch.nn.Module):
+    """g1910/HyperNetworks' shape (primary_net.py): a hypernetwork makes a layer's weights from a learned embedding,
+    kept on the primary network by ``generate()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hyper = torch.nn.Linear(4, 18)
+        self.z = torch.nn.Parameter(torch.randn(4))
+        self.W: torch.Tensor | None = None
+
+    def generate(self) -> None:
+        self.W = self.hyper(self.z).view(3, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.W is not None
+        return torch.nn.functional.linear(x, self.W)
+
+
+def test_weights_a_method_builds_before_the_loop_are_built_at_the_loops_call_of_it() -> None:
+    """Weights generated once an epoch (``net.generate()`` before the batch loop) and reused by every batch: "built
+    here, before the loop" was ``net = ...``, the line that made the network (its ``W`` was None then), since a
+    node built before the loop was never looked up among the lines the tracer logged. The truth: the second batch
+    raises, and calling ``net.generate()`` inside the batch loop (the printed "compute `net.W` inside the loop")
+    runs."""
+
+    def train(inside: bool) -> None:
+        torch.manual_seed(0)
+        net = _Hyper()
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        for _ in range(2):
+            net.generate()
+            for _ in range(3):
+                if inside:
+                    net.generate()
+                optimizer.zero_grad()
+                net(torch.randn(5, 6)).pow(2).mean().backward()
+                optimizer.step()
+
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        train(inside=False)
+    text = str(w)
+    assert "1. `net.W` carries the graph built before the loop into iteration 1" in text, text
+    built = text.splitlines()[2:4]
+    assert built[0].endswith("| net.generate()") and built[1].endswith("| built here, before the loop"), text
+    assert "fix: compute `net.W` inside the loop" in text, text
+    train(inside=True)

@@ -50,9 +50,13 @@ __all__ = [
 
 def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
     """The learner's line that built ``named``'s node (:class:`backward_twice.record.lines.CreationLines`), as
-    "file:line: code"; for a node built before the recorder started, the assignment to its variable: outside loops (the
-    last one) for one built before the first iteration, in a loop otherwise; else where the name was found."""
-    site = recorder.creation.line_of(named.sequence) if not before_loop else None
+    "file:line: code" (built before the loop: the line of the loop's code that called what built it); for a node
+    built before the recorder started, the assignment to its variable: outside loops (the last one) for one built
+    before the first iteration, in a loop otherwise; else where the name was found."""
+    site = recorder.creation.line_of(named.sequence)
+    link = recorder.loop.innermost
+    if before_loop and site is not None and link is not None:  # the loop's code's line (``net.generate()``), not
+        site = recorder.creation.call_line_of(named.sequence, (link.loop.filename, link.loop.header))  # a forward's
     if site is not None:
         return f"{place(*site)}: {linecache.getline(*site).strip()}"
     # Where the name was found, then the code the step was given in (a notebook: another cell, perhaps).

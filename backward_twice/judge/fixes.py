@@ -147,7 +147,7 @@ def carried_fix(
         kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"
         return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"
     owner = re.match(r"^(\w+)\.\w+$", name)
-    if before_loop and owner and not _builds_a_module(built_at):  # (a model built afresh each pass never trains)
+    if before_loop and owner and _builds_an_owner(owner.group(1), built_at):
         return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"
     if before_loop:
         return f"compute `{name}` inside the loop (or `{name} = {name}.detach()`, if it needs no gradient)"
@@ -183,6 +183,14 @@ def _differentiated(name: str, built_at: str) -> bool:
     spelled = re.escape(name)
     asked = re.compile(rf"\bgrad\(\s*[^,()]+,\s*[(\[]?\s*{spelled}\b|\binputs\s*=\s*[(\[]?\s*{spelled}\b")
     return any(asked.search(text) for text in lines_of_file(built_at))
+
+
+def _builds_an_owner(owner: str, built_at: str) -> bool:
+    """Whether the line ``built_at`` makes ``owner`` (``dist = Normal(mu, sigma)``), other than a ``torch.nn`` module:
+    a model built afresh each pass never trains, and a line that only calls one of its methods (``net.generate()``)
+    makes an attribute, not the object."""
+    assigns = re.match(rf"{re.escape(owner)}\s*=[^=]", built_at.split(": ", 1)[-1])
+    return assigns is not None and not _builds_a_module(built_at)
 
 
 def _builds_a_module(built_at: str) -> bool:
