@@ -811,3 +811,71 @@ def test_weights_a_method_builds_before_the_loop_are_built_at_the_loops_call_of_
     assert built[0].endswith("| net.generate()") and built[1].endswith("| built here, before the loop"), text
     assert "fix: compute `net.W` inside the loop" in text, text
     train(inside=True)
+
+
+class _Policy(torch.nn.Module):
+    """pytorch/examples' reinforcement_learning/actor_critic.py: one trunk, an action head and a value head, and the
+    ``SavedAction(log_prob, value)`` of each step kept for the episode's end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.affine = torch.nn.Linear(4, 16)
+        self.action_head, self.value_head = torch.nn.Linear(16, 2), torch.nn.Linear(16, 1)
+        self.saved_actions: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.relu(self.affine(x))
+        return torch.softmax(self.action_head(x), dim=-1), self.value_head(x)
+
+
+def _actor_critic(clear: str) -> list[float]:
+    """Four episodes of five steps; ``clear``: "" (the learner forgot ``del model.saved_actions[:]``), "published"
+    (the example's own line) or "printed" (the tool's fix). Returns the weights."""
+    from collections import namedtuple
+
+    saved_action = namedtuple("SavedAction", ["log_prob", "value"])
+    torch.manual_seed(0)
+    model = _Policy()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-2)
+
+    def finish_episode(rewards: list[float]) -> None:
+        saved_actions = model.saved_actions
+        returns = torch.tensor(rewards)
+        policy_losses, value_losses = [], []
+        for (log_prob, value), reward in zip(saved_actions, returns):
+            policy_losses.append(-log_prob * (reward - value.item()))
+            value_losses.append(torch.nn.functional.smooth_l1_loss(value, reward.reshape(1)))
+        optimizer.zero_grad()
+        loss = torch.stack(policy_losses).sum() + torch.stack(value_losses).sum()
+        loss.backward()
+        optimizer.step()
+        if clear == "printed":
+            saved_actions.clear()
+        if clear == "published":
+            del model.saved_actions[:]
+
+    for _ in range(4):
+        rewards = []
+        for _ in range(5):
+            probs, state_value = model(torch.randn(4))
+            m = torch.distributions.Categorical(probs)
+            action = m.sample()
+            model.saved_actions.append(saved_action(m.log_prob(action), state_value))
+            rewards.append(float(action))
+        finish_episode(rewards)
+    return [p for parameter in model.parameters() for p in parameter.flatten().tolist()]
+
+
+def test_an_actor_critics_saved_actions_never_cleared_are_cleared_not_detached_item_by_item() -> None:
+    """The example's ``del model.saved_actions[:]`` left out: the list of (log_prob, value) tuples kept every step's
+    graph, and each tuple item and the ``for``'s ``log_prob`` and ``value`` were told to detach themselves
+    (``saved_actions[0][1] = ...``: a namedtuple takes no item; and a detached log-prob trains nothing). The truth:
+    episode 2 raises; with the printed ``saved_actions.clear()`` it runs to the published example's weights."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _actor_critic(clear="")
+    text = str(w)
+    assert text.startswith("backward-twice: 1 thing to fix (2 iterations watched"), text
+    assert "1. `saved_actions` carries iteration 1's graph into iteration 2" in text, text
+    assert "fix: clear `saved_actions` after each update (`saved_actions.clear()`)" in text, text
+    assert "log_prob" not in text.split("fix:")[-1] and "[0][1]" not in text, text
+    assert _actor_critic(clear="printed") == _actor_critic(clear="published")

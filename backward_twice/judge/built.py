@@ -282,16 +282,17 @@ def _statements(tree: ast.Module) -> list[tuple[int, frozenset[str], frozenset[s
     return found
 
 
-_GROWS = frozenset({"append", "extend", "insert"})
+_GROWS = frozenset({"append", "extend", "insert", "clear"})  # methods that change the list and read no item
 
 
 def list_use(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
     """How the first of ``spans`` that uses the list ``spelled`` uses it: ``"rebound"`` (assigned there, a new list
     every iteration: ``pred, mems = model(x, mems)``, or its items set: ``hs[layer], cs[layer] = cell(...)``),
     ``"whole"`` (only read whole: iterated, passed to ``torch.cat``, ``zip`` or ``sum``), ``"indexed"`` (read by
-    index or slice: ``bank[-4:]``). Growing it
-    (``.append(x)``) is no use here. None when no span uses it. A list found as ``state['policy'].saved_log_probs``
-    and read through a function's own ``policy`` is matched by its last attribute."""
+    index or slice: ``bank[-4:]``). Growing it (``.append(x)``) is no use here, nor naming it after an object's
+    attribute (``saved_actions = model.saved_actions``). None when no span uses it. A list found as
+    ``state['policy'].saved_log_probs`` and read through a function's own ``policy`` is matched by its last
+    attribute."""
     tail = re.search(r"\.(\w+)$", spelled)
     for filename, first, last in spans:
         tree = parsed(filename)
@@ -302,21 +303,25 @@ def list_use(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
         if not uses and tail is not None:
             ending = f".{tail.group(1)}"
             uses = [use for key, found in by_spelling.items() if key.endswith(ending) for use in found]
-        kinds = {kind for line, kind in uses if first <= line <= last and kind != "grown"}
+        kinds = {kind for line, kind in uses if first <= line <= last and kind not in ("grown", "alias")}
         if kinds:
             return "rebound" if "rebound" in kinds else "whole" if kinds == {"whole"} else "indexed"
     return None
 
 
 def _list_uses(tree: ast.Module) -> dict[str, list[tuple[int, str]]]:
-    """Each name or attribute chain the file uses -> (line, "rebound" | "indexed" | "grown" | "whole") for each use."""
+    """Each name or attribute chain the file uses -> (line, "rebound" | "indexed" | "grown" | "whole" | "alias") for
+    each use ("alias": ``saved_actions = model.saved_actions``, a name for the list an object holds)."""
     parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     found: dict[str, list[tuple[int, str]]] = {}
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):  # mems, self.mems, state['mems']
             continue
         if isinstance(node.ctx, ast.Store):
-            kind = "rebound"
+            assigned = parents.get(id(node))
+            value = assigned.value if isinstance(assigned, ast.Assign) and len(assigned.targets) == 1 else None
+            named_after = isinstance(node, ast.Name) and isinstance(value, ast.Attribute) and value.attr == node.id
+            kind = "alias" if named_after else "rebound"  # saved_actions = model.saved_actions: the same list
         elif not isinstance(node.ctx, ast.Load):
             continue
         else:

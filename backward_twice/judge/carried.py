@@ -25,7 +25,7 @@ from backward_twice.judge.built import (
 from backward_twice.judge.fixes import carried_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
 from backward_twice.record.iterations import Split
-from backward_twice.record.learner import learner_line_at
+from backward_twice.record.learner import learner_line_at, lines_of_file
 from backward_twice.record.loops import enclosing, outermost_loop_around
 from backward_twice.record.names import CodeSite, NamedGraph
 from backward_twice.record.recorder import Recorder
@@ -70,6 +70,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             known.chained = known.chained or sighting.chained
 
     through = recorder.error.reached_through if recorder.error is not None else None
+    lists: set[str] = set()  # lists found keeping items an earlier iteration built (``saved_actions``)
     twins: dict[tuple[str, int], NamedGraph] = {}
     first = _iteration_1_start(recorder)
     for call in recorder.calls:
@@ -122,7 +123,12 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             elif carrier is not None and carrier != name:  # out = model(x); outputs.append(out): outputs[0] carries
                 name = carrier
                 container = "list" if re.search(r"\[\d+\]$", carrier) and container is None else container
-            for spelled in (name, *(a for a in node.aliases if carrier is None or carrier == node.name)):
+            aliases = [a for a in node.aliases if carrier is None or carrier == node.name]
+            kept = _kept_in_a_list(recorder, [name, *aliases], node.frame)
+            if kept is not None:  # the list that keeps the items, not each item's own tensors, nor a loop's names
+                name, container, aliases = kept, "list", []
+                lists.add(kept.rsplit("[", 1)[0])
+            for spelled in (name, *aliases):
                 add(
                     spelled,
                     _Carried(
@@ -142,6 +148,8 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             built = split.iteration_of_node(max(old))
             line = f"(no name the loop holds; built {when(built)})"
             add(line, _Carried(None, line, built or None, call.line, None, None, iteration, {iteration}, None, chained))
+    for key in [key for key, e in found.items() if lists and _bound_from_a_list(recorder, e, lists)]:
+        del found[key]
     stored_only = recorder.loop.innermost is None and not recorder.by_runs  # a framework's ``fit`` runs the loop
     return [
         CarriedFinding(
@@ -166,6 +174,41 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for at_entry in (_fix_at_entry(recorder, entry, e, name),)
         for fix in (carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e), e),)
     ]
+
+
+def _kept_in_a_list(recorder: Recorder, spellings: list[str], frame: CodeSite | None) -> str | None:
+    """The item, as ``saved_actions[0]``, of a list that a spelling reaches a tensor of an item through
+    (``saved_actions[0][1]``: an actor-critic's ``SavedAction(log_prob, value)`` tuples, appended every step), when
+    the loop's code reads that list only whole (``zip(saved_actions, returns)``): the list is what keeps them, and
+    clearing it the fix; None for any other spellings (a list of LSTM states rebuilt each pass is detached item by
+    item)."""
+    for spelled in spellings:
+        item = re.fullmatch(r"([\w.]+\[\d+\])(?:\[\d+\])+", spelled)
+        if item is None:
+            continue
+        whole = item.group(1).rsplit("[", 1)[0]
+        spans = _spans(recorder, _Carried(whole, "", None, "", "list", None, 0, set(), frame))
+        if list_use(whole, spans) == "whole":
+            return item.group(1)
+    return None
+
+
+def _bound_from_a_list(recorder: Recorder, carried: _Carried, lists: set[str]) -> bool:
+    """Whether ``carried`` is a name a ``for`` of the learner's binds from one of ``lists`` (``for (log_prob, value),
+    R in zip(saved_actions, returns)``), or one the loop's body assigns before it reads it (``probs, state_value =
+    model(state)``, whose last value the list keeps too): an item the list keeps, past the items it is named by."""
+    if carried.name is None or not carried.name.isidentifier():
+        return False
+    link = recorder.loop.innermost
+    body = (link.loop.filename, link.loop.body_first, link.loop.body_last) if link is not None else None
+    if body is not None and read_first(carried.name, body) is False:
+        return True
+    spelled = re.escape(carried.name)
+    return any(
+        re.match(rf"for\b.*\b{spelled}\b.*\bin\b.*(?<![\w.]){re.escape(whole)}\b", text)
+        for whole in lists
+        for text in lines_of_file(carried.used_at)
+    )
 
 
 def _named_first(found: list[_Carried]) -> list[_Carried]:
