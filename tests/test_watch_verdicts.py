@@ -879,3 +879,45 @@ def test_an_actor_critics_saved_actions_never_cleared_are_cleared_not_detached_i
     assert "fix: clear `saved_actions` after each update (`saved_actions.clear()`)" in text, text
     assert "log_prob" not in text.split("fix:")[-1] and "[0][1]" not in text, text
     assert _actor_critic(clear="printed") == _actor_critic(clear="published")
+
+
+class _TwoHeads(torch.nn.Module):
+    """fungtion/DANN's shape (train/main.py): one trunk, a head per loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh())
+        self.a, self.b = torch.nn.Linear(8, 1), torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shared = self.trunk(x)
+        return self.a(shared), self.b(shared)
+
+
+def test_two_heads_losses_backward_one_by_one_are_told_to_sum_not_to_detach_the_second_heads_output() -> None:
+    """Two heads' losses, one backward each: the first backward frees the trunk's buffers, which no name of the
+    loop holds (they are the ``forward``'s). The fix began "use `out_b.detach()` in the loss line N's backward
+    walks", a GAN's D-loss advice, though that loss never reads ``out_b`` (and a detached ``out_b`` leaves the second
+    loss nothing to train: "does not require grad"). The truth: summed, one backward runs."""
+
+    def train(summed: bool) -> None:
+        torch.manual_seed(0)
+        net = _TwoHeads()
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        for _ in range(3):
+            out_a, out_b = net(torch.randn(5, 4))
+            loss_a, loss_b = out_a.pow(2).mean(), (out_b - 1).pow(2).mean()
+            optimizer.zero_grad()
+            if summed:
+                (loss_a + loss_b).backward()
+            else:
+                loss_a.backward()
+                loss_b.backward()
+            optimizer.step()
+
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        train(summed=False)
+    fix = str(w).split("fix: ", 1)[-1]
+    assert fix.startswith("sum the losses and call backward() once, or add retain_graph=True to line "), str(w)
+    assert ".detach()" not in fix, str(w)
+    train(summed=True)

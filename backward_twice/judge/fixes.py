@@ -53,12 +53,13 @@ ERROR_FIXES = {
 _D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
 
 
-def second_backward_fix(freed_at: str, raised_at: str, through: str) -> str:
+def second_backward_fix(freed_at: str, raised_at: str, through: str, shared: bool = True) -> str:
     """The fix for a backward through buffers an earlier backward of the same iteration freed, reached through the
     learner's ``through``: the same backward line run twice (an inner loop, a WGAN's critic steps on one ``fake``)
     wants ``through`` built inside that loop or detached there; two backward lines (a GAN's D loss on ``fake``, then
     G's) want the earlier loss on ``through.detach()``, unless that loss must train what ``through`` comes from: then
-    retain in the earlier backward only, as for two losses."""
+    retain in the earlier backward only, as for two losses. When the earlier backward never walked ``through``
+    (``shared`` False: two heads' losses meet inside a model's ``forward``), no detach of it applies."""
     number = re.search(r":(\d+)(?::|$)", freed_at.split(": ", 1)[0] if ": " in freed_at else freed_at)
     line = f"line {number.group(1)}'s backward" if number else "the earlier backward"
     later = re.search(r":(\d+): ", raised_at)
@@ -72,6 +73,11 @@ def second_backward_fix(freed_at: str, raised_at: str, through: str) -> str:
         return (
             f"build `{through}` inside the loop that runs {line}, or use `{through}.detach()` there if this loss "
             f"needs no gradient through it"
+        )
+    if not shared:
+        return (
+            f"sum the losses and call backward() once, or add retain_graph=True to {line} only: both walk the graph "
+            f"`{through}` was built from"
         )
     return (
         f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from (a GAN's "

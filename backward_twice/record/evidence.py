@@ -71,6 +71,8 @@ class ErrorRecord:
     changed_at: tuple[str, int] | None = None  # (file, line) of the learner's statement that changed one in place
     after_the_loop: bool = False  # raised outside the iteration loop, after its passes (no training error)
     held_now: bool = False  # ``reached_through`` holds the graph now, where the names seen earlier hold it no more
+    through_walked: bool = True  # the call that freed the buffers walked through ``reached_through`` too (else two
+    # losses meet below it, where no name of the learner's holds their graph: inside a model's ``forward``)
 
 
 def explain(
@@ -82,7 +84,9 @@ def explain(
     freed = call.first_freed or _freed_unread(recorder, call, walked) if kind == "backward a second time" else None
     if freed is not None:
         record.freed_by = freed.freed_by
-        record.reached_through, record.held_now = _through(recorder, walked, freed.position, caller)
+        record.reached_through, record.held_now, at = _through(recorder, walked, freed.position, caller)
+        # the first node an earlier call walked is the first it freed: a name above it lies on this call's way only
+        record.through_walked = call.first_freed is None or at == freed.position
     elif kind == "in-place version error":
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
@@ -113,28 +117,30 @@ def _freed_unread(recorder: Seen, call: CallRecord, walked: list[Node]) -> Freed
 
 def _through(
     recorder: Seen, walked: list[Node], position: int, caller: types.FrameType
-) -> tuple[NamedGraph | None, bool]:
+) -> tuple[NamedGraph | None, bool, int]:
     """The name closest above the freed node in the walk: held by a frame now (``bank[0]`` after the loop rebound
     ``hidden``, which held it at the iteration's start), else kept at an event. A name kept at an event that nothing
     holds any more (an item of a list cleared since) gives way to state an object holds now further up the walk
     (a Lightning module's ``self.prev_epoch_mean``, set from that list at the epoch's end); the root (the loss) is
-    none of it. Whether the name is that state is returned with it."""
+    none of it. Whether the name is that state, and where in the walk it holds the graph, are returned with it."""
     live = {
         n.sequence: n
         for n, _ in names_holding_graphs(caller, recorder.skipped, recorder.events, recorder.roots, recorder.outermost)
     }
     held_now = {n.name for n in live.values()}
     stale: NamedGraph | None = None
+    stale_at = position
     for index in range(position, -1, -1):
         sequence = walked[index]._sequence_nr()
         named = live.get(sequence)
         if named is not None and (stale is None or (index > 0 and any(c in named.name for c in ".["))):
-            return named, stale is not None
+            return named, stale is not None, index
         kept = recorder.names.get(sequence) if stale is None else None
         if kept is not None and kept.name in held_now:
-            return kept, False
-        stale = stale or kept
-    return stale, False
+            return kept, False, index
+        if stale is None and kept is not None:
+            stale, stale_at = kept, index
+    return (stale, False, stale_at) if stale is not None else (None, False, position)
 
 
 def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | None:
