@@ -541,3 +541,26 @@ def test_iterations_n_stop_a_lightning_fit_whose_backward_runs_inside_the_step_a
     assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), bare.parameters()))
     assert not all(torch.equal(a, b) for a, b in zip(watched.parameters(), untouched.parameters()))
     assert w.verdicts.iterations_run == 2 and str(w).startswith("backward-twice: healthy (2 iterations watched, then")
+
+
+def test_an_error_raised_inside_a_try_with_a_finally_is_shown_at_its_raise_not_at_the_finallys_last_line() -> None:
+    """A NaN guard's ``raise ValueError`` in a loop inside ``try: ... finally: save()``: the error was shown at the
+    ``finally:`` block's last line, where the frame stood once that block had run. Python's traceback gives the
+    ``raise`` line."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    saved = []
+    with pytest.raises(ValueError, match="loss is nan") as raised, watch() as w:
+        try:
+            for step in range(5):
+                loss = model(torch.randn(4, 3)).pow(2).mean() * (float("nan") if step == 2 else 1.0)
+                loss.backward()
+                if not torch.isfinite(loss):
+                    raise ValueError(f"loss is {loss.item()}")
+        finally:
+            saved.append(step)
+    assert saved == [2]
+    raise_line = next(line for _, line in traceback.walk_tb(raised.value.__traceback__))
+    assert w.verdicts.error is not None, str(w)
+    assert w.verdicts.error.line.split(": ", 1)[0].endswith(f"test_watch.py:{raise_line}"), w.verdicts.error.line
+    assert "raise ValueError" in w.verdicts.error.line

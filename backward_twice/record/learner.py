@@ -461,7 +461,17 @@ def first_line(exc: BaseException, width: int = 110) -> str:
 
 
 def raised_at(exc: BaseException, lines: dict[tuple[str, int], str] | None = None) -> str:
-    """The learner's line where ``exc`` was raised: from its traceback's innermost frame outward."""
+    """The learner's line where ``exc`` was raised: from its traceback's innermost frame outward, at the line the
+    traceback gives (a frame's own line has moved on where a ``finally:`` ran since)."""
+    learners = LearnersCode(skipped_dirs())
+    entries = []
+    tb = exc.__traceback__
+    while tb is not None:
+        entries.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    for frame, line in reversed(entries):
+        if learners(frame.f_code):
+            return learner_line_at(frame.f_code.co_filename, line)
     return learner_line(raised_in(exc), lines)
 
 
