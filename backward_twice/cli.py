@@ -27,6 +27,7 @@ step"). In the notebook's kernel ``main([...])`` is the command.
 from __future__ import annotations
 
 import argparse
+import atexit
 import builtins
 import functools
 import os
@@ -62,9 +63,11 @@ class _Interrupted(int):
 
 def run() -> None:
     """The ``backward-twice`` command: :func:`main`, ended as python ends: a script that Ctrl-C stopped ends this
-    process by SIGINT, after the report (its status to a shell is 130 either way; a shell's loop stops only then)."""
+    process by SIGINT, after the report and the script's ``atexit`` functions (its status to a shell is 130 either
+    way; a shell's loop stops only then)."""
     status = main()
     if isinstance(status, _Interrupted) and os.name == "posix":
+        atexit._run_exitfuncs()  # the script's, as python runs them before it dies of SIGINT (a checkpoint saved)
         sys.stdout.flush()
         sys.stderr.flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)

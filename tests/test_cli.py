@@ -180,8 +180,10 @@ SCRIPTS = {  # a script's ending -> (its text after the loop's setup, python's e
     "Ctrl-C": ("raise KeyboardInterrupt", -2, "KeyboardInterrupt"),  # python dies of SIGINT (a shell shows 130)
 }
 LOOP = """
+import atexit
 import sys
 import torch
+atexit.register(print, "the script's atexit ran")
 model = torch.nn.Linear(3, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(3):
@@ -204,6 +206,7 @@ def test_the_script_exits_as_python_does_and_the_diagnosis_of_what_ran_is_kept(p
     assert done.stdout.startswith("backward-twice: healthy (2 iterations watched; "), done.stdout
     assert " ended the run," in done.stdout.splitlines()[0], done.stdout
     assert "Error" not in done.stdout and "thing to fix" not in done.stdout
+    assert "the script's atexit ran" in python.stdout and "the script's atexit ran" in done.stdout  # Ctrl-C too
 
 
 def test_a_syntax_error_or_a_missing_import_is_reported_as_python_reports_it(project: Path) -> None:
