@@ -15,6 +15,8 @@ from torch.autograd import grad as imported_grad
 from backward_twice.instruments.meter import SavedTensorMeter
 from backward_twice.judge.stored import as_the_line_names_it
 from backward_twice.judge.verdicts import judge
+from backward_twice.record import events
+from backward_twice.record.events import OptimizerKeys
 from backward_twice.record.recorder import SECOND_TIME, Recorder, StopRecording
 from backward_twice.record.saved import graph_only_bytes, python_walk
 
@@ -337,3 +339,21 @@ def test_iterations_stop_the_loop_at_the_top_of_the_next_pass_where_no_except_ca
 )
 def test_a_name_found_through_a_frameworks_private_attributes_is_the_one_its_line_assigns(found, built_at, shown):
     assert as_the_line_names_it(found, built_at) == shown
+
+
+def test_an_optimizer_at_a_gone_optimizers_address_is_an_optimizer_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pretraining function's SGD, gone once it returns, then a fine-tuning function's Adam at the same address: the
+    records keyed optimizers by ``id()``, so the two were one optimizer in some runs (the split read 5 steps of
+    "SGD.step()" and lumped both loops) and two in others, as the allocator placed them. Here both stand at one
+    address by a stand-in for ``id``, as the allocator placed them in those runs."""
+    monkeypatch.setattr(events, "id", lambda _: 4096, raising=False)
+    keys = OptimizerKeys()
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    first = torch.optim.SGD([parameter], lr=0.1)
+    first_key = keys(first)
+    assert keys(first) == first_key == 4096  # a live optimizer keeps its key; an address seen first is its key
+    del first
+    gc.collect()
+    second = torch.optim.Adam([parameter], lr=0.1)
+    assert keys(second) != first_key and keys(second) == keys(second)
+    assert keys.live_ids() == {4096}

@@ -1,5 +1,6 @@
 """The events a recording cuts iterations at, as plain records: an optimizer step, the end of an iteration, and the
-key of an event the recorder read the learner's names at; and where a recorder failed (:class:`Failure`).
+key of an event the recorder read the learner's names at; an optimizer's key in them (:class:`OptimizerKeys`); and
+where a recorder failed (:class:`Failure`).
 
 Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.folds`,
 :mod:`backward_twice.record.iterations` and :mod:`backward_twice.record.recorder`.
@@ -7,10 +8,12 @@ Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.folds
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-__all__ = ["EventKey", "Failure", "IterationEnd", "StepEvent"]
+__all__ = ["EventKey", "Failure", "IterationEnd", "OptimizerKeys", "StepEvent"]
 
 # an event the recorder saw: ("mark" or "call", its index among its kind; a step keeps its own)
 EventKey = tuple[str, int]
@@ -49,3 +52,26 @@ class Failure:
     where: str
     error: str
     calls: int
+
+
+class OptimizerKeys:
+    """Each optimizer's key in the records: its ``id()``, unless an optimizer seen before, gone since, had that id (a
+    pretraining function's ``SGD``, then a fine-tuning function's ``Adam`` at the same address): then a key of its
+    own, so the two are never counted as one."""
+
+    def __init__(self) -> None:
+        self._keys: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._taken: set[int] = set()
+        self._fresh = itertools.count(-1, -1)
+
+    def __call__(self, optimizer: Any) -> int:
+        key = self._keys.get(optimizer)
+        if key is None:
+            key = id(optimizer) if id(optimizer) not in self._taken else next(self._fresh)
+            self._keys[optimizer] = key
+            self._taken.add(key)
+        return key
+
+    def live_ids(self) -> set[int]:
+        """The ids of the optimizers seen that are still alive."""
+        return {id(optimizer) for optimizer in list(self._keys.keys())}

@@ -54,7 +54,7 @@ import torch
 from torch.autograd.graph import Node
 
 from backward_twice.record import stops, walks
-from backward_twice.record.events import EventKey, Failure, IterationEnd, StepEvent
+from backward_twice.record.events import EventKey, Failure, IterationEnd, OptimizerKeys, StepEvent
 from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop
 from backward_twice.record.folds import CallLog, Folder, StepFolder, steps_kept
 from backward_twice.record.held import Growth, HeldGraph, event_names, note_names
@@ -115,6 +115,7 @@ class Recorder:
         self.steps: list[StepEvent] = []
         self.optimizer_kinds: dict[int, str] = {}
         self.optimizers_seen: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # to read their parameters later
+        self.optimizer_key = OptimizerKeys()  # the records' key of each optimizer (never a dead one's id)
         self.marks: list[IterationEnd] = []  # where next_iteration() was called
         self.names: dict[int, NamedGraph] = {}  # node sequence number -> the name that held it
         self.held_from: dict[int, HeldGraph] = {}  # node sequence number -> when and how the loop first held it
@@ -197,7 +198,7 @@ class Recorder:
         """Keep an error the loop raised outside a backward call (a backward's own is kept where it rose)."""
         after = bool(self.loop.iteration_passes()) and outside_the_loop(exc, self.loop.innermost)
         self.error = ErrorRecord(first_line(exc, 400), raised_at(exc, self._lines), after_the_loop=after)
-        self.pending = unstepped_optimizers(raised_in(exc), self.skipped, self.optimizer_kinds)
+        self.pending = unstepped_optimizers(raised_in(exc), self.skipped, self.optimizer_key.live_ids())
 
     # -- iterations ----------------------------------------------------------------------------------------
     def next_iteration(self, between_runs: bool = False) -> None:
@@ -323,9 +324,10 @@ class Recorder:
         if self.off:
             return
         try:
-            if id(optimizer) not in self.optimizers_seen:
-                self.optimizer_kinds.setdefault(id(optimizer), type(optimizer).__name__)
-                self.optimizers_seen[id(optimizer)] = weakref.ref(optimizer)
+            key = self.optimizer_key(optimizer)
+            if key not in self.optimizers_seen:
+                self.optimizer_kinds.setdefault(key, type(optimizer).__name__)
+                self.optimizers_seen[key] = weakref.ref(optimizer)
             if self.before_step is not None:
                 self.before_step(optimizer)
             if stop := self._stop_without_a_loop(None):
@@ -347,7 +349,7 @@ class Recorder:
             self._fail("after an optimizer step", error)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, caller: types.FrameType) -> None:
-        line, key, loop = self.is_learners.site(caller, self._lines)[1], id(optimizer), self.loop
+        line, key, loop = self.is_learners.site(caller, self._lines)[1], self.optimizer_key(optimizer), self.loop
         end = self._last_event_end = _sequence_nr()
         number = self._step_counts[key] = self._step_counts.get(key, 0) + 1
         by_steps = not loop.iteration_passes()  # split by steps, without a loop: where each one ended
@@ -405,7 +407,7 @@ class Recorder:
                 call.error = first_line(exc, 400)
                 if self.error is None:
                     self.error = explain(self, exc, call, walked, caller)
-                    self.pending = unstepped_optimizers(caller, self.skipped, self.optimizer_kinds)
+                    self.pending = unstepped_optimizers(caller, self.skipped, self.optimizer_key.live_ids())
             except Exception as error:
                 self._fail("reading a backward's error", error)
             raise
