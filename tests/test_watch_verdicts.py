@@ -921,3 +921,36 @@ def test_two_heads_losses_backward_one_by_one_are_told_to_sum_not_to_detach_the_
     assert fix.startswith("sum the losses and call backward() once, or add retain_graph=True to line "), str(w)
     assert ".detach()" not in fix, str(w)
     train(summed=True)
+
+
+def test_a_moving_window_of_losses_detaches_each_passs_loss_after_its_backward_not_as_it_is_kept() -> None:
+    """A forum loop averaging the last three losses (``torch.stack(losses[-3:]).mean().backward()``): the fix was
+    ``losses.append(loss.detach())``, after which the window has no graph ("element 0 of tensors does not require
+    grad"). The truth: the second pass raises; with the printed line after the backward it runs, called healthy."""
+
+    def train(after_the_step: Callable[[list[torch.Tensor]], None]) -> None:
+        torch.manual_seed(0)
+        net = torch.nn.Linear(5, 1)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+        losses = []
+        for _ in range(6):
+            loss = (net(torch.randn(4, 5)) - torch.randn(4, 1)).pow(2).mean()
+            losses.append(loss)
+            smoothed = torch.stack(losses[-3:]).mean()
+            optimizer.zero_grad()
+            smoothed.backward()
+            optimizer.step()
+            after_the_step(losses)
+
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        train(lambda losses: None)
+    backward = next(i for i, line in enumerate(inspect.getsource(train).splitlines()) if "smoothed.backward()" in line)
+    line = inspect.getsourcelines(train)[1] + backward
+    assert f"fix: add `losses[-1] = losses[-1].detach()` after line {line}'s backward" in str(w), str(w)
+    with watch() as w:
+        train(_detach_the_last)
+    assert w.healthy, str(w)
+
+
+def _detach_the_last(losses: list[torch.Tensor]) -> None:
+    losses[-1] = losses[-1].detach()  # the printed fix (in the loop's function it would be an item set, read anew)

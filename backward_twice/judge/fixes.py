@@ -150,6 +150,10 @@ def carried_fix(
         backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""
         if appended and re.search(rf"(?<![\w.]){re.escape(whole)}\[[^\]]+\]\.backward\(", backward):  # old item
             return f"call `{appended.group(1)}.backward()`: `{whole}[...]` reads an item an earlier pass appended"
+        used = site_of(walked.used_at) if walked is not None else None
+        if appended and use == "indexed" and used is not None:  # the last few read back (a moving window): the
+            # items before this pass's need no graph, this pass's keeps it until its backward
+            return f"add `{whole}[-1] = {whole}[-1].detach()` after line {used[1]}'s backward"
         kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"
         return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"
     owner = re.match(r"^(\w+)\.\w+$", name)
