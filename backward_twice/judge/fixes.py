@@ -151,8 +151,9 @@ def carried_fix(
         if appended and re.search(rf"(?<![\w.]){re.escape(whole)}\[[^\]]+\]\.backward\(", backward):  # old item
             return f"call `{appended.group(1)}.backward()`: `{whole}[...]` reads an item an earlier pass appended"
         used = site_of(walked.used_at) if walked is not None else None
-        if appended and use == "indexed" and used is not None:  # the last few read back (a moving window): the
-            # items before this pass's need no graph, this pass's keeps it until its backward
+        if appended and use == "indexed" and used is not None and not _read_again(lines, appended, used[1]):
+            # the last few read back (a moving window) and this pass's only through the list: the items before
+            # this pass's need no graph, this pass's keeps it until its backward
             return f"add `{whole}[-1] = {whole}[-1].detach()` after line {used[1]}'s backward"
         kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"
         return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"
@@ -164,6 +165,17 @@ def carried_fix(
     if _differentiated(name, built_at):  # ``autograd.grad(loss, delta)``: a detached delta must ask for its gradient
         return f"add `{name} = {name}.detach().requires_grad_()` at the end of each iteration"
     return f"add `{name} = {name}.detach()` at the end of each iteration"
+
+
+def _read_again(lines: list[str], appended: re.Match[str], backward: int) -> bool:
+    """Whether what the list's ``append`` line appends (``hidden`` of ``bank.append(hidden)``) is read again by its
+    own name between the last such line before the backward's line ``backward`` of the same file and that line
+    (``(hidden.sum() + recent.sum()).backward()``): then detached copies in the list leave this pass its gradient."""
+    item = appended.group(1)
+    start = max((n for n, text in enumerate(lines[:backward], 1) if appended.group(0) in text), default=None)
+    if start is None or not item.isidentifier():
+        return True
+    return any(re.search(rf"(?<![\w.]){re.escape(item)}\b", text) for text in lines[start:backward])
 
 
 _COMPUTE = re.compile(r"compute (`[^`]+`) inside the loop \(or (`[^`]+`), if it needs no gradient\)")
