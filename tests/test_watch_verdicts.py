@@ -954,3 +954,36 @@ def test_a_moving_window_of_losses_detaches_each_passs_loss_after_its_backward_n
 
 def _detach_the_last(losses: list[torch.Tensor]) -> None:
     losses[-1] = losses[-1].detach()  # the printed fix (in the loop's function it would be an item set, read anew)
+
+
+def _accumulating(adds: bool) -> list[float]:
+    """A forum's gradient accumulation: backward() every batch, a step every 4th; ``adds``: the learner's
+    ``loss += ...``, else the printed fix, ``loss = ...``. Returns the weights."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss: torch.Tensor | int = 0
+    for i in range(8):
+        if adds:
+            loss += torch.nn.functional.mse_loss(model(torch.randn(4, 6)), torch.randn(4, 1)) / 4
+        else:
+            loss = torch.nn.functional.mse_loss(model(torch.randn(4, 6)), torch.randn(4, 1)) / 4
+        loss.backward()
+        if (i + 1) % 4 == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+            loss = 0
+    return [p for parameter in model.parameters() for p in parameter.flatten().tolist()]
+
+
+def test_a_loss_added_to_and_backwarded_every_batch_is_assigned_not_added_to() -> None:
+    """``loss += criterion(...) / 4; loss.backward()`` every batch: the fix was "add a number instead (`loss +=
+    loss.item()`)", the total's own name for the term. backward() already sums each batch's gradient into ``.grad``,
+    so the truth is the same loop with ``loss = ...``: it runs, healthy."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _accumulating(adds=True)
+    fix = str(w).split("fix: ", 1)[-1]
+    assert fix.startswith("assign instead of adding (`loss = torch.nn.functional.mse_loss("), str(w)
+    with watch() as w:
+        _accumulating(adds=False)
+    assert w.healthy, str(w)

@@ -110,7 +110,9 @@ def carried_fix(
 
     A running total (``total += ...`` of one number, where ``walked`` tells: a state ``x = x + K @ y`` is not one)
     summed in a loop nested in the one whose pass walks it (``meta_loss`` over a meta-batch's tasks, at
-    ``walked.used_at``) starts at 0 before that loop; any other is kept as a number."""
+    ``walked.used_at``) starts at 0 before that loop; one named ``loss`` and called backward() on each iteration
+    (gradient accumulation written as ``loss += ...; loss.backward()``) is assigned, not added to; any other is kept
+    as a number."""
     code = built_at.split(": ", 1)[-1]
     total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)\s*(.*)$", code)
     one_number = walked is None or walked.shape is None or math.prod(walked.shape) == 1
@@ -124,6 +126,13 @@ def carried_fix(
             )
         added = total.group(2).strip()
         term = added if re.fullmatch(r"[\w.]+", added) else "loss"
+        backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""
+        if term == total.group(1) and re.search(rf"(?<![\w.]){term}\s*\.backward\(", backward):
+            # ``loss += criterion(...); loss.backward()``: no other name for this iteration's loss
+            return (
+                f"assign instead of adding (`{term} = {added}`): each backward() already adds this iteration's "
+                "gradient to the .grad of the weights"
+            )
         return (
             f"add a number instead (`{total.group(1)} += {term}.item()`) and call backward() on this iteration's loss"
         )
