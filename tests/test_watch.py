@@ -564,3 +564,38 @@ def test_an_error_raised_inside_a_try_with_a_finally_is_shown_at_its_raise_not_a
     assert w.verdicts.error is not None, str(w)
     assert w.verdicts.error.line.split(": ", 1)[0].endswith(f"test_watch.py:{raise_line}"), w.verdicts.error.line
     assert "raise ValueError" in w.verdicts.error.line
+
+
+def _every_third_pass(model: torch.nn.Module, passes: int, logged: list[int]) -> None:
+    """Losses summed over three batches, one backward every third pass (a forum's accumulation; cleanrl's DQN trains
+    every ``train_frequency`` steps the same way)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    torch.manual_seed(1)
+    total: torch.Tensor | int = 0
+    for index, x in enumerate(torch.randn(30, 3, 4)):
+        logged.append(index)
+        total = total + model(x).pow(2).mean()
+        if (index + 1) % 3 == 0:
+            total.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            total = 0
+        if index + 1 == passes:
+            break
+
+
+@pytest.mark.parametrize("iterations", [4, 5, 7, 8])
+def test_iterations_n_stop_a_loop_with_a_backward_every_third_pass_after_n_passes(iterations: int) -> None:
+    """Passes with no backward between two with one: once the tracer stopped following the loop, the stop came at
+    the next backward after pass N (``iterations=5`` ran pass 6 up to its backward: "healthy (5 iterations"), or
+    where N fell on such a pass, one pass late ("8 iterations watched" for 7). The truth: the same loop breaking at
+    the end of pass N."""
+    watched, bare = _model(), _model()
+    logged_watched: list[int] = []
+    logged_bare: list[int] = []
+    with watch(iterations=iterations) as w:
+        _every_third_pass(watched, 100, logged_watched)
+    _every_third_pass(bare, iterations, logged_bare)
+    assert logged_watched == logged_bare == list(range(iterations))
+    assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), bare.parameters()))
+    assert w.verdicts.iterations_run == iterations and w.verdicts.stopped_after == iterations, str(w)

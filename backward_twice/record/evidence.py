@@ -1,6 +1,7 @@
 """What the recorder can say about an error a backward raised, from what it saw: for "backward through the graph a
 second time", the earlier call that freed the buffers and the name the walk reached them through; for the version
-check, the optimizer step that changed a saved tensor in place, or else the learner's in-place statement that did.
+check, the optimizer step that changed a saved tensor in place, or else the learner's in-place statement that did; and
+where an error the loop raised outside a backward rose in the learner's code (:func:`raised_at`).
 
 Used by :mod:`backward_twice.record.recorder`.
 """
@@ -19,7 +20,7 @@ from torch.autograd.graph import Node
 from backward_twice.common.error_kinds import error_kind
 from backward_twice.record.events import StepEvent
 from backward_twice.record.in_place import changed_in_place
-from backward_twice.record.learner import first_line
+from backward_twice.record.learner import LearnersCode, first_line, learner_line, learner_line_at, skipped_dirs
 from backward_twice.record.names import NamedGraph, names_holding_graphs
 from backward_twice.record.saved import saved_data
 from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from backward_twice.record.lines import LineTracer
     from backward_twice.record.passes import Link
 
-__all__ = ["ErrorRecord", "Seen", "explain", "outside_the_loop"]
+__all__ = ["ErrorRecord", "Seen", "explain", "outside_the_loop", "raised_at", "raised_in"]
 
 
 class Seen(Protocol):
@@ -175,3 +176,26 @@ def outside_the_loop(exc: BaseException, loop: Link | None) -> bool:
             return False
         tb = tb.tb_next
     return True
+
+
+def raised_at(exc: BaseException, lines: dict[tuple[str, int], str] | None = None) -> str:
+    """The learner's line where ``exc`` was raised: from its traceback's innermost frame outward, at the line the
+    traceback gives (a frame's own line has moved on where a ``finally:`` ran since)."""
+    learners = LearnersCode(skipped_dirs())
+    entries = []
+    tb = exc.__traceback__
+    while tb is not None:
+        entries.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    for frame, line in reversed(entries):
+        if learners(frame.f_code):
+            return learner_line_at(frame.f_code.co_filename, line)
+    return learner_line(raised_in(exc), lines)
+
+
+def raised_in(exc: BaseException) -> types.FrameType | None:
+    """The innermost frame of ``exc``'s traceback (None without one)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return None if tb is None else tb.tb_frame

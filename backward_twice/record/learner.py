@@ -58,8 +58,6 @@ __all__ = [
     "name_bindings",
     "passed_optimizers_only",
     "place",
-    "raised_at",
-    "raised_in",
     "short",
     "site_of",
     "skip_folder",
@@ -458,29 +456,6 @@ def first_line(exc: BaseException, width: int = 110) -> str:
         text = ""
     lines = text.split(" Hint:")[0].strip().splitlines()
     return f"{type(exc).__name__}: {lines[0][:width]}" if lines else type(exc).__name__
-
-
-def raised_at(exc: BaseException, lines: dict[tuple[str, int], str] | None = None) -> str:
-    """The learner's line where ``exc`` was raised: from its traceback's innermost frame outward, at the line the
-    traceback gives (a frame's own line has moved on where a ``finally:`` ran since)."""
-    learners = LearnersCode(skipped_dirs())
-    entries = []
-    tb = exc.__traceback__
-    while tb is not None:
-        entries.append((tb.tb_frame, tb.tb_lineno))
-        tb = tb.tb_next
-    for frame, line in reversed(entries):
-        if learners(frame.f_code):
-            return learner_line_at(frame.f_code.co_filename, line)
-    return learner_line(raised_in(exc), lines)
-
-
-def raised_in(exc: BaseException) -> types.FrameType | None:
-    """The innermost frame of ``exc``'s traceback (None without one)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return None if tb is None else tb.tb_frame
 
 
 def site_of(line: str) -> tuple[str, int] | None:

@@ -55,11 +55,11 @@ from torch.autograd.graph import Node
 
 from backward_twice.record import stops, walks
 from backward_twice.record.events import EventKey, Failure, IterationEnd, OptimizerKeys, StepEvent
-from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop
+from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop, raised_at, raised_in
 from backward_twice.record.folds import CallLog, Folder, StepFolder, steps_kept
 from backward_twice.record.held import Growth, HeldGraph, event_names, note_names
 from backward_twice.record.iterations import iteration_start, split_iterations
-from backward_twice.record.learner import first_line, intercepting, learners_code, raised_at, raised_in, skipped_dirs
+from backward_twice.record.learner import first_line, intercepting, learners_code, skipped_dirs
 from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop
 from backward_twice.record.names import CodeSite, NamedGraph, unstepped_optimizers
@@ -142,6 +142,7 @@ class Recorder:
         self.off = False  # switched off by an error of its own (failure) or in a forked child
         _LIVE.add(self)
         self._last_event_end = 0  # the node counter at the end of the last event (a pass the tracer missed begins here)
+        self._gap = 1  # the most passes from one with an event to the next one with an event, so far
         self._first_steps: dict[int, int] = {}  # optimizer -> the position of its first step
         self._step_counts: dict[int, int] = {}
         self._events = self._first_line_calls = 0  # optimizer steps and marks; backward calls at the first one's line
@@ -246,7 +247,7 @@ class Recorder:
                 self.starts.append(start.sighting)
                 note_names(self, frame)
                 count = self.loop.iterations_started()
-                if count >= 2 and (self.iterations is None or count < self.iterations):
+                if count >= 2 and (self.iterations is None or count + self._gap <= self.iterations):
                     # Followed to its second pass (pass 1's lines are logged, and a graph it carries shows here):
                     # a tracer slows every Python call, so the passes are told at their first events from now on.
                     self.creation.stop()
@@ -295,6 +296,7 @@ class Recorder:
         if not known:  # the loop is known now, in its first pass: what it holds from before it (a graph built
             self.starts.append(len(self.sightings))  # before the loop) is read here
             note_names(self, frame, built_before=passes[0].sequence)
+            self._gap = passes[-1].number  # the passes before the first event: as many may come between two
         elif began:  # the first event of a new pass the tracer did not follow: what is held into it, from here
             self._first_event_of(passes, frame, may_stop)
         return passes
@@ -314,8 +316,9 @@ class Recorder:
             self.starts.append(start.sighting)  # of the loop's objects; what grows keeps growing, what is held stays
             start.looked = True
             note_names(self, frame, built_before=start.sequence)
-        if self.iterations is not None and count == self.iterations and not self.creation.active:
-            self.creation.start(frame)
+        self._gap = max(self._gap, count - passes[-2].number if len(passes) > 1 else 1)  # passes with no event
+        if self.iterations is not None and count <= self.iterations < count + self._gap and not self.creation.active:
+            self.creation.start(frame)  # (a backward every k-th pass): pass N+1 may begin before the next event
         if self._folder.due(passes):
             self._folder.fold(self.calls, passes)
             self.steps = steps_kept(self.steps, self.calls)
