@@ -987,3 +987,27 @@ def test_a_loss_added_to_and_backwarded_every_batch_is_assigned_not_added_to() -
     with watch() as w:
         _accumulating(adds=False)
     assert w.healthy, str(w)
+
+
+def test_a_list_grown_by_a_number_before_the_loop_and_a_loss_in_it_grows_at_the_losss_line() -> None:
+    """A history that starts with a baseline number (``history.append(... .item())`` under ``no_grad``) and then
+    keeps each pass's loss tensor: "grows here" was the baseline's line, the first of the file's lines that append
+    to ``history``. The truth: the baseline is a float; every graph the list holds came from the loop's append."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 6)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    batches = [torch.randn(8, 6) for _ in range(4)]
+    history: list[float | torch.Tensor] = []
+    with torch.no_grad():
+        history.append(model(batches[0]).pow(2).mean().item())  # a baseline before training
+    with watch() as w:
+        for x in batches:
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            history.append(loss)
+    assert [type(h).__name__ for h in history] == ["float"] + ["Tensor"] * 4
+    text = str(w)
+    grows = next(i for i, line in enumerate(text.splitlines()) if line.endswith("grows here"))
+    assert text.splitlines()[grows - 1].endswith("| history.append(loss)"), text

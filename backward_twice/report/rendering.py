@@ -358,15 +358,16 @@ def _parameters_item(model: str, notes: list[Note]) -> Item:
 
 def _growing_line(name: str, filename: str) -> tuple[int, str, str | None] | None:
     """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``losses.append(outputs.loss)``,
-    ``history += [loss]``, ``cache[key] = out``), with what it appends when that is a name or an attribute."""
+    ``history += [loss]``, ``cache[key] = out``), with what it appends when that is a name or an attribute; one that
+    appends a number (``history.append(loss.item())``, a baseline before the loop) only if no other line grows it."""
     pattern = re.compile(
         rf"(?<![\w.]){re.escape(name)}\s*(\.append\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=)"
     )
-    for number, text in enumerate(linecache.getlines(filename), 1):
-        match = pattern.search(text.split("#", 1)[0])  # a comment that quotes the line is not it
-        if match:
-            return number, text.strip(), match.group(2)
-    return None
+    lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)  # a comment quoting it: no
+    found = [(number, code.strip(), match.group(2)) for number, code in lines if (match := pattern.search(code))]
+    return next(
+        (f for f in found if not re.search(r"\.(item|tolist)\(\)|\bfloat\(", f[1])), found[0] if found else None
+    )
 
 
 def build_report(v: Verdicts, runs_of: str | None = None, ended_by: str | None = None) -> Report:
