@@ -14,7 +14,7 @@ tells a list rebound every iteration (``pred, mems = model(x, mems)``) from one 
 :func:`reads_on_line` tells a line that reads a name from one that only assigns it.
 
 Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.notes`, :mod:`backward_twice.judge.stored` and
-:mod:`backward_twice.report.rendering`.
+:mod:`backward_twice.report.items`.
 """
 
 from __future__ import annotations

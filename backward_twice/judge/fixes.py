@@ -5,7 +5,7 @@ statement), for a second backward through buffers an earlier backward of the sam
 learner's statement that changed a saved tensor in place (written out of place).
 
 Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.verdicts` and
-:mod:`backward_twice.report.rendering`.
+:mod:`backward_twice.report.items`.
 """
 
 from __future__ import annotations
