@@ -1011,3 +1011,35 @@ def test_a_list_grown_by_a_number_before_the_loop_and_a_loss_in_it_grows_at_the_
     text = str(w)
     grows = next(i for i, line in enumerate(text.splitlines()) if line.endswith("grows here"))
     assert text.splitlines()[grows - 1].endswith("| history.append(loss)"), text
+
+
+def test_a_loss_cut_off_by_data_and_made_to_require_grad_trains_nothing_and_is_not_healthy() -> None:
+    """arcface-pytorch#56's band-aid: the metric head computes on ``.data``, the backward raised "does not require
+    grad", and ``loss.requires_grad = True`` silenced it. The loop was "healthy". The truth: no weight of the model
+    gets a gradient (each ``.grad`` stays None) and the weights never move; without ``.data`` they do."""
+
+    def train(cut: bool) -> tuple[torch.nn.Linear, bool]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(10, 4)
+        before = model.weight.detach().clone()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            output = model(torch.randn(8, 10))
+            loss = torch.nn.functional.cross_entropy(output.data if cut else output, torch.randint(0, 4, (8,)))
+            if cut:
+                loss.requires_grad = True
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return model, torch.equal(before, model.weight)
+
+    with watch() as w:
+        model, unchanged = train(cut=True)
+    assert unchanged and model.weight.grad is None
+    text = str(w)
+    assert text.startswith("backward-twice: 1 thing to fix (3 iterations watched)"), text
+    assert "1. the backward trains nothing: the loss it is called on has no graph" in text, text
+    assert not w.healthy
+    with watch() as w:
+        model, unchanged = train(cut=False)
+    assert not unchanged and w.healthy, str(w)

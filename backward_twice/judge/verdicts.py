@@ -94,6 +94,7 @@ class Verdicts:
     error: ErrorVerdict | None = None
     stopped_after: int | None = None  # watch(iterations=N) ended the loop after N iterations
     stopped_watching: str | None = None
+    walks_no_graph: str | None = None  # the line of a backward, when every backward read walked no graph at all
 
 
 def judge(recorder: Recorder) -> Verdicts:
@@ -114,7 +115,10 @@ def judge(recorder: Recorder) -> Verdicts:
         f"({failure.where}: {failure.error}); the loop went on as written, and what follows covers what ran before"
     )
     stopped = recorder.iterations if recorder.stopped else None
-    return Verdicts(split, run, len(calls), lines, carried, kept, error, stopped, stopped_watching)
+    read = [call for call in calls if call.read]
+    # a loss with no graph (made a leaf: ``loss.requires_grad = True`` after a ``.data`` cut it): nothing trains
+    leaf = read[0].line if read and not any(call.walked for call in read) and error is None else None
+    return Verdicts(split, run, len(calls), lines, carried, kept, error, stopped, stopped_watching, leaf)
 
 
 def plural(count: int, word: str) -> str:

@@ -26,6 +26,7 @@ __all__ = [
     "Item",
     "carried_item",
     "error_item",
+    "no_graph_item",
     "note_item",
     "parameters_item",
     "retain_item",
@@ -271,6 +272,21 @@ def error_item(error: ErrorVerdict) -> Item:
 def _first_clause(fix: str) -> str:
     """A fix's first sentence, without the notebook pointer: the rest is evidence."""
     return re.sub(r"\s*\(notebook \d+, section \d+\)$", "", fix.split(". ")[0]).rstrip(".")
+
+
+def no_graph_item(line: str) -> Item:
+    """The backward of a loss that has no graph: it trains nothing (the forum's ``loss.requires_grad = True``, or
+    ``Variable(loss, requires_grad=True)``, after a ``.data`` or ``.detach()`` cut the graph to the model)."""
+    place, code = split_line(line)
+    return Item(
+        "no graph",
+        "the backward trains nothing: the loss it is called on has no graph",
+        (CodeLine(place, code, (0, len(code)), "walks no graph: no weight gets a gradient"),),
+        "the loss is a leaf that requires grad (`loss.requires_grad = True`, `Variable(loss, requires_grad=True)`): "
+        "no graph leads from it to the model, so no weight gets a gradient, and the error that said so is gone",
+        "find where the loss's inputs lose their graph and compute them with autograd on; then drop "
+        "`requires_grad = True` on the loss",
+    )
 
 
 def retain_item(line: LineVerdict) -> Item:
