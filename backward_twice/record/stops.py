@@ -213,7 +213,8 @@ class TakenItem:
 
     def keep(self, frame: types.FrameType, loop: Loop) -> None:
         self._where = (id(frame), loop.header)
-        self._namespace = None if frame.f_code.co_flags & inspect.CO_OPTIMIZED else frame.f_locals
+        top_level = not frame.f_code.co_flags & inspect.CO_OPTIMIZED and frame.f_locals is frame.f_globals
+        self._namespace = frame.f_globals if top_level else None  # a module's dict (a cell's, IPython's user_ns)
         if self._namespace is not None:
             self._names = {name: self._namespace.get(name, _UNBOUND) for name in loop.targets}
         self._streams = _random_streams()
