@@ -187,7 +187,7 @@ def _kept_in_a_list(recorder: Recorder, spellings: list[str], frame: CodeSite | 
         if item is None:
             continue
         whole = item.group(1).rsplit("[", 1)[0]
-        spans = _spans(recorder, _Carried(whole, "", None, "", "list", None, 0, set(), frame))
+        spans = _spans(recorder, frame)
         if list_use(whole, spans) == "whole":
             return item.group(1)
     return None
@@ -272,7 +272,7 @@ def _entry(recorder: Recorder, carried: _Carried) -> tuple[str, int] | None:
     if carried.name is None:
         return None
     whole = whole_name(carried.name, carried.container)
-    return first_read(whole, _spans(recorder, carried), carried.container == "list", recorder.creation.ran)
+    return first_read(whole, _spans(recorder, carried.frame), carried.container == "list", recorder.creation.ran)
 
 
 def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _Carried, name: str | None) -> bool:
@@ -304,16 +304,17 @@ def _list_use(recorder: Recorder, carried: _Carried) -> str | None:
     """For a carrier that is an item of a list: how the learner's code uses that list (:func:`list_use`)."""
     if carried.name is None or carried.container != "list":
         return None
-    return list_use(re.sub(r"\[\d+\]$", "", carried.name), _spans(recorder, carried))
+    return list_use(re.sub(r"\[\d+\]$", "", carried.name), _spans(recorder, carried.frame))
 
 
-def _spans(recorder: Recorder, carried: _Carried) -> list[tuple[str, int, int]]:
-    """Where the learner's code may read a carrier: the loop's body, the code the name was found in, the step."""
+def _spans(recorder: Recorder, frame: CodeSite | None) -> list[tuple[str, int, int]]:
+    """Where the learner's code may read a carrier: the loop's body, the code the name was found in (``frame``), the
+    step."""
     spans: list[tuple[str, int, int]] = []
     link = recorder.loop.innermost
     if link is not None and recorder.loop.unusable is None:
         spans.append((link.loop.filename, link.loop.body_first, link.loop.body_last))
-    for where in (carried.frame, recorder.roots_where):
+    for where in (frame, recorder.roots_where):
         span = function_span(where) if where is not None else None
         if span is not None:
             spans.append(span)

@@ -8,6 +8,7 @@ Used by :mod:`backward_twice.record.recorder`.
 
 from __future__ import annotations
 
+import traceback
 import types
 import weakref
 from collections.abc import Callable
@@ -182,12 +183,7 @@ def raised_at(exc: BaseException, lines: dict[tuple[str, int], str] | None = Non
     """The learner's line where ``exc`` was raised: from its traceback's innermost frame outward, at the line the
     traceback gives (a frame's own line has moved on where a ``finally:`` ran since)."""
     learners = LearnersCode(skipped_dirs())
-    entries = []
-    tb = exc.__traceback__
-    while tb is not None:
-        entries.append((tb.tb_frame, tb.tb_lineno))
-        tb = tb.tb_next
-    for frame, line in reversed(entries):
+    for frame, line in reversed(list(traceback.walk_tb(exc.__traceback__))):
         if learners(frame.f_code):
             return learner_line_at(frame.f_code.co_filename, line)
     return learner_line(raised_in(exc), lines)
