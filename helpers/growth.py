@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from backward_twice.common.units import format_bytes
 from backward_twice.instruments.meter import SavedTensorMeter
 from backward_twice.record.learner import intercepting
+from backward_twice.record.saved import python_walk
 from helpers.display import Table
 from helpers.figures import PngFigure
 from helpers.measure import one_thread, time_round_robin
@@ -151,15 +152,7 @@ def reachable_nodes(roots: torch.Tensor | Sequence[torch.Tensor]) -> int:
     Used by notebook 04_carried_state.
     """
     roots = [roots] if isinstance(roots, torch.Tensor) else list(roots)
-    seen: set[int] = set()
-    stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.extend(child for child, _ in node.next_functions if child is not None)
-    return len(seen)
+    return len(python_walk([t.grad_fn for t in roots if isinstance(t, torch.Tensor)]))
 
 
 def _counting_backward_nodes(walked: list[int]) -> contextlib.AbstractContextManager[None]:

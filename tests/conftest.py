@@ -46,13 +46,14 @@ class SavedStorages:
 def _walk_saved_storages(*roots: torch.Tensor) -> SavedStorages:
     refs: dict[tuple[str, int], tuple[StorageWeakRef, int]] = {}
     attributes = 0
-    seen: set[int] = set()
+    # The nodes are kept, not their ids: a node's Python object can die once read, and a new one take its id.
+    seen: dict[int, object] = {}
     stack = [root.grad_fn for root in roots if root.grad_fn is not None]
     while stack:
         fn = stack.pop()
         if fn is None or id(fn) in seen:
             continue
-        seen.add(id(fn))
+        seen[id(fn)] = fn
         for name in dir(fn):
             if not name.startswith("_saved_"):
                 continue

@@ -37,12 +37,12 @@ def _build(seed: int = 0):
 def _saved_by_walk(loss: torch.Tensor) -> list[tuple[str, str, tuple[int, ...], str, int]]:
     """(node type, attribute, shape, dtype, nbytes) of every saved tensor, read directly, sorted."""
     found = []
-    seen, stack = set(), [loss.grad_fn]
+    seen, stack = {}, [loss.grad_fn]  # the nodes kept: a dead node's id can be taken by the next one read
     while stack:
         fn = stack.pop()
         if fn is None or id(fn) in seen:
             continue
-        seen.add(id(fn))
+        seen[id(fn)] = fn
         for name in dir(fn):
             if name.startswith("_saved_"):
                 value = getattr(fn, name)

@@ -9,7 +9,7 @@
 * :func:`grad_fn_of`: a tensor's ``grad_fn``, or None where PyTorch refuses the read.
 
 Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.names`,
-:mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.walks`.
+:mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.walks` and :mod:`helpers.growth`.
 """
 
 from __future__ import annotations

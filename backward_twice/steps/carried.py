@@ -118,7 +118,8 @@ class _IterationStamps(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         # Read before the call: an in-place op gives its input a new grad_fn, which this call built.
-        inputs = {id(t.grad_fn) for t in _tensors((args, kwargs)) if t.grad_fn is not None}
+        # The nodes themselves, not only their ids: a node's Python object read and dropped can give its id away.
+        inputs = {id(fn): fn for fn in (t.grad_fn for t in _tensors((args, kwargs))) if fn is not None}
         out = func(*args, **kwargs)
         stack = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
         while stack:  # down to the inputs' nodes: what lies between, one C++ op built inside itself
