@@ -121,6 +121,19 @@ def test_a_clean_mlp_step_is_healthy() -> None:
     assert result.error is None and not result.carried.found and result.items == ()
 
 
+def test_an_error_of_another_kind_says_its_first_sentence_and_to_fix_it_first() -> None:
+    model = nn.Linear(3, 1)
+
+    def step() -> None:
+        model(torch.randn(2, 3)).pow(2).mean().backward()
+        model(torch.randn(2, 4))  # a wrong shape: nothing to do with retain_graph
+
+    item = diagnose(step, models=model).items[0]
+    assert item.label == "the loop raised RuntimeError, before retain_graph matters"
+    assert item.why == "PyTorch says: mat1 and mat2 shapes cannot be multiplied (2x4 and 3x1)"
+    assert item.fix == "fix this error first, then run the loop under the tool again"
+
+
 def test_a_loss_without_a_graph() -> None:
     model = nn.Linear(4, 1)
     x = torch.randn(8, 4)

@@ -110,6 +110,8 @@ def test_a_compiled_model_trains_healthy_and_a_retain_through_it_is_the_donated_
     python, watched = run(tmp_path, loop.format(body=two))
     assert python.returncode == watched.returncode == 1 and "donated buffers" in python.stderr
     assert "backward-twice: 1 thing to fix" in watched.stderr and "donated buffers" in watched.stderr
+    assert watched.stderr.count("which requires create_graph=False") == 1  # PyTorch's message once: the traceback's
+    assert "fix: call backward() once per forward, on the sum of the losses" in watched.stderr
     python, watched = run(tmp_path, loop.format(body="out.pow(2).mean().backward()"))
     assert python.returncode == watched.returncode == 0
     # 4 backward calls of the script's own: none of the ones torch.compile makes while it traces the backward

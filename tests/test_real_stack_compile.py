@@ -88,7 +88,8 @@ def test_the_fix_text_holds_under_dynamic_shapes() -> None:
     diagnosis = bt.diagnose(step, models=[model], optimizers=[optimizer])
     report = repr(diagnosis)
     assert "donated buffers" in report and "run 1 raised" in report, report
-    assert "fix: " + fix.removesuffix(" (notebook 06, section 2)") in report, report
+    assert "fix: call backward() once per forward, on the sum of the losses" in report, report
+    assert "about this error: " + fix in diagnosis.evidence()  # the whole advice, where the evidence is
 
 
 def test_the_notebook_shows_both_dynamic_cases_and_claims_no_unmeasured_saving() -> None:

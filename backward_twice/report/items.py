@@ -35,6 +35,27 @@ __all__ = [
 
 
 _GAN_HINT = "a GAN: G's loss on a fresh D(fake)"
+# The errors whose fix is not a line of the learner's: (one sentence of why, one line of fix). PyTorch's message is
+# shown once, by the traceback and in the evidence, which also holds the full advice (judge.fixes.ERROR_FIXES).
+_ABOUT_THE_KIND = {
+    "donated buffers": (
+        "torch.compile compiled this backward for one use: it reuses the saved buffers, so a backward that retains"
+        " them is refused",
+        "call backward() once per forward, on the sum of the losses",
+    ),
+    "DDP ready only once": (
+        "DistributedDataParallel averages the gradients once per forward; a second backward through the same"
+        " parameters breaks that",
+        "call backward() once per forward, on the sum of the losses (not static_graph=True or"
+        " find_unused_parameters=True)",
+    ),
+    "no graph": (
+        "the loss has no graph back to the weights: computed under torch.no_grad(), or from .detach()ed tensors or"
+        " .item() numbers",
+        "compute the loss outside torch.no_grad(), from the model's output as it is",
+    ),
+}
+
 _DISCRIMINATOR = re.compile(r"\bfake|[Dd]iscriminator|net_?D\b|_D\b|\bD\(|\bD_|\bd_loss|\berrD")
 _SEARCHED = (  # the words of PyTorch's messages that people search for, as a raising line's label
     "Trying to backward through the graph a second time",
@@ -260,13 +281,21 @@ def error_item(error: ErrorVerdict) -> Item:
         else:
             label = "a second backward through a graph whose buffers were freed"
         why = "a backward frees the saved tensors it walked; this one needs them again"
-    elif error.kind == "other":
-        label = f"the loop raised {error.message.split(':', 1)[0]}, before retain_graph matters"
-        why = error.message
-    else:
+    elif error.kind in _ABOUT_THE_KIND:
         label = f"the loop raised PyTorch's {error.kind} error"
-        why = error.message
+        why, fix = _ABOUT_THE_KIND[error.kind]
+    else:
+        kind, _, said = error.message.partition(": ")
+        label = f"the loop raised {kind}, before retain_graph matters"
+        why = f"PyTorch says: {_first_sentence(said or kind)}"
+        fix = "fix this error first, then run the loop under the tool again"
     return Item("error", label, tuple(lines), why, fix)
+
+
+def _first_sentence(message: str, most: int = 110) -> str:
+    """The first sentence of an error's message, cut at ``most`` characters: the whole message is in the evidence."""
+    sentence = re.split(r"(?<=[.!?])\s", message.strip(), maxsplit=1)[0]
+    return sentence if len(sentence) <= most else sentence[: most - 3].rstrip() + "..."
 
 
 def _first_clause(fix: str) -> str:

@@ -114,6 +114,8 @@ def _evidence(v: Verdicts) -> tuple[str, ...]:
         out.append(f"error: {v.error.message}")
         if v.error.evidence:
             out.append(f"  {v.error.evidence}")
+        if v.error.kind not in ("backward a second time", "in-place version error", "other"):
+            out.append(f"  about this error: {v.error.fix}")
     for c in v.carried:
         built = "before the loop" if c.iteration is None else f"in iteration {c.iteration}"
         name = c.name or "(no name the loop holds)"
