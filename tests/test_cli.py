@@ -247,6 +247,38 @@ def test_an_error_the_script_raises_after_its_loop_is_not_the_loops(project: Pat
     assert "fix" not in diagnosis
 
 
+WRAPPED = """
+import torch
+
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+try:
+    for step in range(5):
+        optimizer.zero_grad()
+        model(torch.randn(2, 3)).pow(2).mean().backward()
+        optimizer.step()
+        print("step", step)
+except:
+    print("training failed: saving a checkpoint")
+finally:
+    print("closing the log")
+print("trained")
+"""
+
+
+def test_a_bare_except_around_the_whole_script_does_not_catch_the_stop(project: Path) -> None:
+    """``--iterations 2`` on a script whose loop sits in ``try: ... except:`` (a learner's "save on failure"): the
+    stop is no failure of the script's, so its handler does not run; its ``finally:`` does, as for Ctrl-C."""
+    (project / "wrapped.py").write_text(WRAPPED)
+    python = subprocess.run([sys.executable, "wrapped.py"], cwd=project, capture_output=True, text=True, timeout=240)
+    done = _run(project, "watch", "--iterations", "2", "wrapped.py")
+    assert python.returncode == done.returncode == 0, done.stderr
+    assert python.stdout.splitlines()[-2:] == ["closing the log", "trained"]
+    assert done.stdout.splitlines()[:3] == ["step 0", "step 1", "closing the log"], done.stdout
+    assert "training failed" not in done.stdout and "trained" not in done.stdout.splitlines()
+    assert "backward-twice: healthy (2 iterations watched, then stopped as asked" in done.stdout
+
+
 def test_a_folder_runs_its_main_as_python_does(project: Path) -> None:
     (project / "app").mkdir()
     (project / "app" / "__main__.py").write_text(LOOP.format(ending="pass"))

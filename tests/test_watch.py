@@ -8,9 +8,11 @@ import copy
 import importlib
 import inspect
 import json
+import sys
 import textwrap
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -168,6 +170,62 @@ def test_a_bare_except_in_the_body_does_not_swallow_the_stop() -> None:
                 pass
             ran += 1
     assert ran == 2
+
+
+def _trains_inside_a_try(model: torch.nn.Module, log: list[str]) -> None:
+    try:
+        for _ in range(10):
+            model(torch.randn(2, 4)).sum().backward()
+            log.append("pass")
+    except:  # noqa: E722  # the learner's own bare except, around the whole loop
+        log.append("swallowed")
+    finally:
+        log.append("finally")
+    log.append("after the try")
+
+
+def _swallows_it_without_a_call(model: torch.nn.Module, log: list[str]) -> None:
+    failed = False
+    try:
+        for _ in range(10):
+            model(torch.randn(2, 4)).sum().backward()
+            log.append("pass")
+    except BaseException:
+        failed = True
+    log.append(f"failed={failed}")
+
+
+def _calls_the_loop_inside_a_try(model: torch.nn.Module, log: list[str]) -> None:
+    try:
+        _swallows_it_without_a_call(model, log)
+    except (KeyboardInterrupt, BaseException) as error:
+        log.append(type(error).__name__)
+    log.append("after the try")
+
+
+@pytest.mark.parametrize("loop", [_trains_inside_a_try, _swallows_it_without_a_call, _calls_the_loop_inside_a_try])
+def test_an_except_that_catches_everything_around_the_loop_does_not_swallow_the_stop(loop: Any) -> None:
+    """The truth: two bare passes print "pass" twice; the stop after them is no error of the loop's, so no handler of
+    the learner's runs for it (a script's ``except:`` that logs "training failed" and saves), the ``finally:`` does,
+    and nothing after the ``try`` (the stop ends the watched code there), twice over from the same state."""
+    for _ in range(2):
+        watched, bare, log = _model(), _model(), []
+        torch.manual_seed(0)
+        with watch(iterations=2) as w:
+            loop(watched, log)
+        expected = ["pass", "pass", "finally"] if loop is _trains_inside_a_try else ["pass", "pass"]
+        assert log == expected and w.verdicts.iterations_run == 2 and w.healthy, (log, str(w))
+        torch.manual_seed(0)
+        for _ in range(2):
+            bare(torch.randn(2, 4)).sum().backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(watched.parameters(), bare.parameters()))
+        assert sys.gettrace() is None and sys.getprofile() is None
+        after = []
+        try:  # the handlers after the watch are the learner's again
+            raise KeyboardInterrupt
+        except:  # noqa: E722
+            after.append("caught")
+        assert after == ["caught"]
 
 
 def test_the_loops_own_error_goes_on_up_with_the_diagnosis_as_a_note_and_no_frame_of_the_tool() -> None:

@@ -29,9 +29,10 @@ switches itself off.
   exception, that exception is raised into the learner's frame at that point, outside any ``try`` of the body: how
   a recorder stops between iterations. A loop whose body starts with ``try:`` is asked at its header instead
   (``at_header``, the same contract): from Python 3.11 on, an exception raised by a trace function at a ``try:``
-  line escapes every handler of its frame, the ``with`` that started the watch included. The last pass seen of
-  each loop in each running frame is kept in :attr:`LineTracer.latest` (sequence counter and count), for the loop
-  a recorder picks after its first pass began.
+  line escapes every handler of its frame, the ``with`` that started the watch included. A handler of the learner's
+  that catches everything around the loop (a whole script in ``try: ... except:``) does not stop the stop
+  (:mod:`backward_twice.record.past_handlers`). The last pass seen of each loop in each running frame is kept in
+  :attr:`LineTracer.latest` (sequence counter and count), for the loop a recorder picks after its first pass began.
 
 A library's module, the first time it is imported, runs untraced too (:mod:`backward_twice.record.imports`; given
 ``is_learners_file``): a script's ``import torchvision`` or torch's first import of ``torch._dynamo`` would
@@ -60,6 +61,7 @@ from typing import Any
 
 from backward_twice.record.imports import LibraryImports
 from backward_twice.record.loops import Loop, loops_of
+from backward_twice.record.past_handlers import PastHandlers
 
 __all__ = ["LineTracer", "PassSeen"]
 
@@ -131,6 +133,7 @@ class LineTracer:
         self._previous_thread_trace: Any = None
         self._trace = self._global  # one bound method: what ``sys.gettrace()`` gives back is this very object
         self.untraced = _Untraced(self)  # ``with tracer.untraced:`` around a hook's own work
+        self.past_handlers = PastHandlers()  # a stop's way past an ``except:`` around the loop, until the next stop()
         self._imports = None if is_learners_file is None else LibraryImports(is_learners_file, self.pause, self.resume)
 
     # -- on and off ------------------------------------------------------------------------------------------
@@ -158,6 +161,7 @@ class LineTracer:
         return True
 
     def stop(self) -> None:
+        self.past_handlers.disarm()
         if not self.active:
             return
         self._log(None)  # the nodes built while it is off have no line
@@ -234,6 +238,12 @@ class LineTracer:
             return None
         if stop is not None:
             self.stop()
+            try:
+                self.past_handlers.arm(frame, self.is_learners, stop)
+            except Exception as error:  # the stop stays; an ``except:`` around the loop may catch it
+                self.past_handlers.disarm()
+                if self.on_failure is not None:
+                    self.on_failure("carrying the stop past your handlers", error)
             raise stop  # into the learner's frame, at the top of a pass: the recorder stops here
         return self._local if self.active else None
 
