@@ -963,7 +963,7 @@ def test_names_rebound_each_pass_whose_graph_reaches_one_built_before_the_loop_a
     assert python.stdout.splitlines() == ["graphs alive: 1"] * 4
     report = watched.stdout[watched.stdout.index("backward-twice:") :]
     assert report.startswith("backward-twice: 1 thing to fix (4 iterations watched)"), report
-    assert "1. `features` carries the graph built before the loop into iteration 1" in report, report
+    assert "1. `features` carries the graph built before the loop into iteration 2" in report, report
     assert "note" not in report and "keeps one more" not in report, report
 
 

@@ -215,7 +215,7 @@ def test_a_graph_built_before_the_loop_makes_its_retain_a_band_aid_across_iterat
     assert (line.verdict, line.runs, line.needed_runs) == ("goes with the carried fix", 3, 2)
     assert "in iteration 2" in line.why
     [carried] = verdicts.carried
-    assert carried.name == "features" and carried.iteration is None and carried.times == 3
+    assert carried.name == "features" and carried.iteration is None and carried.times == 2
     assert "features = encoder(torch.randn(5, 4)).tanh()" in carried.built_at
     assert carried.fix.startswith("compute `features` inside the loop")
 

@@ -806,7 +806,7 @@ def test_weights_a_method_builds_before_the_loop_are_built_at_the_loops_call_of_
     with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
         train(inside=False)
     text = str(w)
-    assert "1. `net.W` carries the graph built before the loop into iteration 1" in text, text
+    assert "1. `net.W` carries the graph built before the loop into iteration 2" in text, text
     built = text.splitlines()[2:4]
     assert built[0].endswith("| net.generate()") and built[1].endswith("| built here, before the loop"), text
     assert "fix: compute `net.W` inside the loop" in text, text

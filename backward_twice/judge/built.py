@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
 
 __all__ = [
+    "bound_in",
     "bound_names",
     "built_line",
     "first_read",
@@ -283,6 +284,22 @@ def _statements(tree: ast.Module) -> list[tuple[int, frozenset[str], frozenset[s
 
 
 _GROWS = frozenset({"append", "extend", "insert", "clear"})  # methods that change the list and read no item
+
+
+def bound_in(spelled: str, span: tuple[str, int, int]) -> bool:
+    """Whether lines ``first`` to ``last`` of ``filename`` (``span``) assign ``spelled``, an item of it, or grow it
+    (``alpha = log_alpha.exp()``, ``self.reg += ...``, ``outputs.append(...)``); True where the file cannot be read.
+    An attribute chain is matched by its last attribute (``model.h`` found, ``self.h`` written)."""
+    filename, first, last = span
+    tree = parsed(filename)
+    if tree is None:
+        return True
+    by_spelling = memo(filename, ("list uses",), functools.partial(_list_uses, tree))
+    tail = re.search(r"\.(\w+)$", spelled)
+    uses = list(by_spelling.get(spelled, ()))
+    if tail is not None:
+        uses += [use for key, found in by_spelling.items() if key.endswith(f".{tail.group(1)}") for use in found]
+    return any(first <= line <= last and kind in ("rebound", "grown", "alias") for line, kind in uses)
 
 
 def list_use(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:

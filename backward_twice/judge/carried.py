@@ -8,10 +8,12 @@ Used by :mod:`backward_twice.judge.verdicts`.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, replace
 
 from backward_twice.judge.built import (
+    bound_in,
     built_line,
     first_read,
     function_span,
@@ -25,10 +27,11 @@ from backward_twice.judge.built import (
 from backward_twice.judge.fixes import carried_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
 from backward_twice.record.iterations import Split
-from backward_twice.record.learner import learner_line_at, lines_of_file
+from backward_twice.record.learner import learner_line_at, lines_of_file, site_of
 from backward_twice.record.loops import enclosing, outermost_loop_around
 from backward_twice.record.names import CodeSite, NamedGraph
 from backward_twice.record.recorder import Recorder
+from backward_twice.record.sources import function_around, parsed
 
 __all__ = ["CarriedFinding", "carried_findings", "twin_in_iteration_1", "when", "whole_name"]
 
@@ -79,7 +82,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         # sum(losses).backward() every 2nd): walked once, by the first backward after them
         since = min(split.iteration_of_call(call.index - 1) if call.index else 0, iteration - 1)
         old = [seq for seq in call.old if split.iteration_of_node(seq) <= since]
-        if not old:
+        if not old or not (set(call.again) & set(old) or _built_in_an_earlier_pass(recorder, split, old)):
             continue
         chained = len({split.iteration_of_node(seq) for seq in old}) > 1
         top = [seq for seq in call.frontier if split.iteration_of_node(seq) < iteration]
@@ -123,11 +126,15 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             elif carrier is not None and carrier != name:  # out = model(x); outputs.append(out): outputs[0] carries
                 name = carrier
                 container = "list" if re.search(r"\[\d+\]$", carrier) and container is None else container
+            if name == node.name:
+                name = _read_in_the_loop(recorder, node)
             aliases = [a for a in node.aliases if carrier is None or carrier == node.name]
             kept = _kept_in_a_list(recorder, [name, *aliases], node.frame)
             if kept is not None:  # the list that keeps the items, not each item's own tensors, nor a loop's names
                 name, container, aliases = kept, "list", []
                 lists.add(kept.rsplit("[", 1)[0])
+            elif container == "list":  # an item of a list: a ``for`` over that list names its items too
+                lists.add(re.sub(r"\[\d+\]$", "", name))
             for spelled in (name, *aliases):
                 add(
                     spelled,
@@ -174,6 +181,39 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for at_entry in (_fix_at_entry(recorder, entry, e, name),)
         for fix in (carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e), e),)
     ]
+
+
+def _built_in_an_earlier_pass(recorder: Recorder, split: Split, old: list[int]) -> bool:
+    """Whether a backward that walks ``old`` (built before its pass, and walked by no call before) walks a graph an
+    earlier pass of the loop built: a name the loop's body assigns (SAC's ``alpha = log_alpha.exp()`` at the end of an
+    update, read by the next one's loss). What was built before the loop, or around it (each model's output of a
+    per-model loop, built in the batch loop's pass: one backward each), is consumed, not carried."""
+    link = recorder.loop.innermost
+    if link is None or recorder.loop.unusable is not None:
+        return True  # no loop of the learner's to tell an earlier pass by: as before
+    span = (link.loop.filename, link.loop.body_first, link.loop.body_last)
+    for seq in old:
+        node = recorder.names.get(seq)
+        if split.iteration_of_node(seq) and node is not None and bound_in(whole_name(node.name, node.container), span):
+            return True
+    return False
+
+
+def _read_in_the_loop(recorder: Recorder, node: NamedGraph) -> str:
+    """Of the names of one tensor (``ret[1]`` and ``mems[0]`` after ``loss, mems = ret[0], ret[1:]``), the one the
+    loop's body reads before it assigns it: where the graph comes into the next pass (``mems``, passed to the model;
+    ``ret`` is assigned first). The name found first when no other is read so."""
+    link = recorder.loop.innermost
+    if not node.same or link is None or recorder.loop.unusable is not None:
+        return node.name
+    span = (link.loop.filename, link.loop.body_first, link.loop.body_last)
+
+    def comes_in(spelled: str) -> bool:
+        return read_first(whole_name(spelled, node.container if "[" in spelled else None), span) is True
+
+    if comes_in(node.name):
+        return node.name
+    return next((other for other in node.same if comes_in(other)), node.name)
 
 
 def _kept_in_a_list(recorder: Recorder, spellings: list[str], frame: CodeSite | None) -> str | None:
@@ -304,7 +344,14 @@ def _list_use(recorder: Recorder, carried: _Carried) -> str | None:
     """For a carrier that is an item of a list: how the learner's code uses that list (:func:`list_use`)."""
     if carried.name is None or carried.container != "list":
         return None
-    return list_use(re.sub(r"\[\d+\]$", "", carried.name), _spans(recorder, carried.frame))
+    spans = _spans(recorder, carried.frame)
+    used = site_of(carried.used_at)  # the function that runs the backward reads the list it sums (``finish_episode``)
+    tree = parsed(used[0]) if used is not None else None
+    if used is not None and tree is not None:
+        around = function_around(tree, used[1])
+        if isinstance(around, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            spans.append((used[0], around.lineno, around.end_lineno or around.lineno))
+    return list_use(re.sub(r"\[\d+\]$", "", carried.name), spans)
 
 
 def _spans(recorder: Recorder, frame: CodeSite | None) -> list[tuple[str, int, int]]:

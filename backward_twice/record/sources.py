@@ -6,9 +6,10 @@ name), the list is a new one and the file is parsed again. :func:`refresh` asks 
 disk again (a recorder does so when it starts). :func:`memo` keeps what a caller computed from a tree, for as long
 as that tree is the file's. :func:`function_around` finds the function a line belongs to.
 
-Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.fixes`, :mod:`backward_twice.judge.stored`,
-:mod:`backward_twice.record.in_place`, :mod:`backward_twice.record.loops`, :mod:`backward_twice.record.past_handlers`,
-:mod:`backward_twice.record.recorder` and :mod:`backward_twice.judge.verdicts`.
+Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes`,
+:mod:`backward_twice.judge.stored`, :mod:`backward_twice.record.in_place`, :mod:`backward_twice.record.loops`,
+:mod:`backward_twice.record.past_handlers`, :mod:`backward_twice.record.recorder` and
+:mod:`backward_twice.judge.verdicts`.
 """
 
 from __future__ import annotations

@@ -90,6 +90,7 @@ class CallRecord:
     frontier: tuple[int, ...] = ()  # of ``old``, those a new node points to
     old: list[int] | tuple[int, ...] = ()  # sequence numbers of walked nodes built before the call's iteration (or
     # its last event): what a later rule may call an earlier iteration
+    again: list[int] | tuple[int, ...] = ()  # of ``old``, those an earlier call walked too
     error: str | None = None
     first_freed: FreedEarlier | None = None
     read: bool = True  # its walk was read and stamped (:class:`WalkSampling`)
@@ -149,6 +150,10 @@ def stamp_walk(
         metadata[key] = mine
         if stamp is None:  # a node first walked: stamped whatever it saved (read only if it is walked again)
             continue
+        if sequence < boundary and len(call.again) < _MAX_OLD:
+            if not isinstance(call.again, list):
+                call.again = []
+            call.again.append(sequence)
         # A node walked again: what an earlier call did to it matters only if it holds (or held) saved tensors. As
         # written, a node an earlier call freed raises in the engine itself when it held some; with keep_buffers
         # its buffers are still there to tell.

@@ -287,7 +287,7 @@ def error_item(error: ErrorVerdict) -> Item:
     else:
         kind, _, said = error.message.partition(": ")
         label = f"the loop raised {kind}, before retain_graph matters"
-        why = f"PyTorch says: {_first_sentence(said or kind)}"
+        why = f"the error says: {_first_sentence(said or kind)}"
         fix = "fix this error first, then run the loop under the tool again"
     return Item("error", label, tuple(lines), why, fix)
 

@@ -78,7 +78,13 @@ def build_report(v: Verdicts, runs_of: str | None = None, ended_by: str | None =
     for note in v.notes:
         if note.parameter:
             by_model.setdefault(re.split(r"[\[.]", note.name, maxsplit=1)[0], []).append(note)
-    items += [parameters_item(model, notes) for model, notes in by_model.items()]
+    # one item per update line: a bare name left holding one of those parameters (``p`` of a ``for p in
+    # target.parameters()`` before the loop) is the same cause as the module it belongs to
+    reached = sorted(by_model.items(), key=lambda group: not any(c in group[1][0].name for c in ".["))
+    for model, notes in reached:
+        item = parameters_item(model, notes)
+        if not any(other.lines == item.lines and other.fix == item.fix for other in items):
+            items.append(item)
     return Report(_headline(v, items, runs_of, ended_by), tuple(items), _evidence(v), v.stopped_watching)
 
 

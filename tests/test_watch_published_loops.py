@@ -1,0 +1,230 @@
+"""Published loops retyped tiny, each judged in-process as the learner wrote it, with its truth from bare runs.
+
+Each one was judged wrong once: a correct loop flagged with a fix that broke it, a carrier named by the wrong one of
+two names, a list's fix that would have stopped the learning, one cause reported twice."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from backward_twice.watcher import watch
+
+
+def _mutual_learning(models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+    """Deep Mutual Learning, ``train_one_epoch`` of github.com/chxy95/Deep-Mutual-Learning (trainer.py): each
+    model's output is built in the batch's pass, and the per-model loop's backward walks it once."""
+    torch.manual_seed(1)
+    loader = [(torch.randn(5, 6), torch.randint(0, 3, (5,))) for _ in range(3)]
+    for images, labels in loader:
+        outputs = []
+        for model in models:
+            outputs.append(model(images))
+        for i in range(len(models)):
+            ce_loss = F.cross_entropy(outputs[i], labels)
+            kl_loss = 0
+            for j in range(len(models)):
+                if i != j:
+                    kl_loss += F.kl_div(
+                        F.log_softmax(outputs[i], dim=1), F.softmax(outputs[j].detach(), dim=1), reduction="batchmean"
+                    )
+            loss = ce_loss + kl_loss / (len(models) - 1)
+            optimizers[i].zero_grad()
+            loss.backward()
+            optimizers[i].step()
+
+
+def _two_models() -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)) for _ in range(2)]
+    return models, [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+
+
+def test_an_output_each_pass_of_a_per_model_loop_walks_once_is_consumed_not_carried() -> None:
+    """The truth: the loop runs bare to its end, and the same 6 backward calls train the same weights watched. It was
+    "`outputs` carries the graph built before the loop into iteration 1", with a fix (detached outputs) that stops
+    the training: element 0 of tensors does not require grad."""
+    bare_models, bare_optimizers = _two_models()
+    _mutual_learning(bare_models, bare_optimizers)
+    models, optimizers = _two_models()
+    with watch() as w:
+        _mutual_learning(models, optimizers)
+    assert w.healthy and w.verdicts.calls == 6, str(w)
+    for bare, watched in zip(bare_models, models):
+        assert all(torch.equal(a, b) for a, b in zip(bare.parameters(), watched.parameters()))
+
+
+class _Memory(torch.nn.Module):
+    """Transformer-XL's segment recurrence (github.com/kimiyoung/transformer-xl, pytorch/mem_transformer.py): the
+    forward returns ``[loss] + new_mems``, here with ``_update_mems`` outside ``torch.no_grad()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding, self.mix, self.out = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 16)
+
+    def forward(self, data: torch.Tensor, target: torch.Tensor, *mems: torch.Tensor) -> list[torch.Tensor]:
+        hidden = self.embedding(data)
+        if mems:
+            hidden = hidden + self.mix(mems[0][-data.size(0) :])
+        loss = F.cross_entropy(self.out(hidden).view(-1, 16), target.view(-1))
+        return [loss, torch.cat([*mems, hidden])[-4:]]
+
+
+def _segments(model: torch.nn.Module, detach_mems: bool) -> None:
+    """pytorch/train.py's loop: ``ret = para_model(data, target, *mems); loss, mems = ret[0], ret[1:]``."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    corpus = torch.randint(0, 16, (17, 2), generator=torch.Generator().manual_seed(0))
+    mems: tuple[torch.Tensor, ...] | list[torch.Tensor] = ()
+    for i in range(0, corpus.size(0) - 1, 4):
+        data, target = corpus[i : i + 4], corpus[i + 1 : i + 5]
+        model.zero_grad()
+        if detach_mems:  # the fix as the diagnosis prints it, before the line the graph comes in at
+            mems = [m.detach() for m in mems]
+        ret = model(data, target, *mems)
+        loss, mems = ret[0], ret[1:]
+        loss.backward()
+        optimizer.step()
+
+
+def test_a_memory_two_names_hold_is_named_by_the_one_the_next_pass_reads() -> None:
+    """``ret[1]`` and ``mems[0]`` are one tensor; the next pass reads ``mems`` (``*mems``) before it assigns it, and
+    assigns ``ret`` before reading it. It was "`ret` carries ...", fix `ret = [m.detach() for m in ret]`, which
+    detached the loss too. The truth: the loop raises in iteration 2 bare; with the printed fix it runs."""
+    torch.manual_seed(0)
+    with pytest.raises(RuntimeError, match="second time"):
+        _segments(_Memory(), detach_mems=False)
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        _segments(_Memory(), detach_mems=False)
+    item = w.report.items[0]
+    assert item.label.startswith("`mems` carries iteration 1's graph into iteration 2"), str(w)
+    assert item.fix.startswith("add `mems = [m.detach() for m in mems]` before line"), item.fix
+    _segments(_Memory(), detach_mems=True)  # the fix as printed: runs bare
+    with watch() as fixed:
+        _segments(_Memory(), detach_mems=True)
+    assert fixed.healthy, str(fixed)
+
+
+REINFORCE = """
+import torch
+import torch.nn.functional as F
+
+
+class Policy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.affine = torch.nn.Linear(4, 2)
+        self.saved_log_probs = []
+        self.rewards = []
+
+    def forward(self, x):
+        return F.softmax(self.affine(x), dim=-1)
+
+
+torch.manual_seed(0)
+policy = Policy()
+optimizer = torch.optim.SGD(policy.parameters(), lr=0.01)
+
+
+def select_action(state):
+    m = torch.distributions.Categorical(policy(state))
+    action = m.sample()
+    policy.saved_log_probs.append(m.log_prob(action))
+    return action.item()
+
+
+def finish_episode():
+    policy_loss = []
+    for log_prob, reward in zip(policy.saved_log_probs, policy.rewards):
+        policy_loss.append(-log_prob * reward)
+    optimizer.zero_grad()
+    policy_loss = torch.cat([loss.view(1) for loss in policy_loss]).sum()
+    policy_loss.backward()
+    optimizer.step()
+    del policy.rewards[:]{clear}
+"""
+
+EPISODE = """
+import sys
+import torch
+import backward_twice as bt
+import reinforce
+
+
+def episode():
+    for _ in range(3):
+        reinforce.select_action(torch.randn(4))
+        reinforce.policy.rewards.append(1.0)
+    reinforce.finish_episode()
+
+
+if sys.argv[1] == "diagnose":
+    print(bt.diagnose(episode, models=reinforce.policy, optimizers=reinforce.optimizer))
+else:
+    for _ in range(3):
+        episode()
+    print("ran")
+"""
+
+
+def _python(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=folder, capture_output=True, text=True, timeout=240)
+
+
+def test_a_list_an_update_in_another_module_sums_is_cleared_not_detached(tmp_path: Path) -> None:
+    """REINFORCE of github.com/pytorch/examples (reinforcement_learning/reinforce.py) with ``del
+    policy.saved_log_probs[:]`` left out, the common bug; ``bt.diagnose`` on an episode step of the learner's own,
+    whose update is the module's ``finish_episode``. It said "keep detached copies in `pol.saved_log_probs`
+    (`append(out.detach())`), or clear it": detached log-probabilities give no policy gradient. The truth: bare,
+    episode 2 raises; with the list cleared after the update (as printed) three episodes run."""
+    (tmp_path / "episode.py").write_text(EPISODE)
+    (tmp_path / "reinforce.py").write_text(REINFORCE.format(clear=""))
+    bare = _python(tmp_path, "episode.py", "bare")
+    assert bare.returncode == 1 and "backward through the graph a second time" in bare.stderr
+    diagnosed = _python(tmp_path, "episode.py", "diagnose")
+    assert "1. `policy.saved_log_probs` carries iteration 1's graph into iteration 2\n" in diagnosed.stdout
+    assert "fix: clear `policy.saved_log_probs` after each update" in diagnosed.stdout, diagnosed.stdout
+    assert "detach" not in diagnosed.stdout.split("fix:")[1]
+    (tmp_path / "reinforce.py").write_text(REINFORCE.format(clear="\n    policy.saved_log_probs.clear()"))
+    assert _python(tmp_path, "episode.py", "bare").stdout == "ran\n"
+
+
+MOMENTUM_ENCODER = """
+import copy
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+online = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+target = copy.deepcopy(online)
+for p in target.parameters():
+    p.requires_grad = False
+optimizer = torch.optim.SGD(online.parameters(), lr=0.05)
+for step in range(4):
+    x1, x2 = torch.randn(5, 6), torch.randn(5, 6)
+    with torch.no_grad():
+        t1, t2 = target(x1), target(x2)
+    loss = (F.mse_loss(online(x1), t2) + F.mse_loss(online(x2), t1)) / 2
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    for online_p, target_p in zip(online.parameters(), target.parameters()):
+        target_p.mul_(0.99).add_(online_p, alpha=0.01)
+print("graph on the target:", target[0].weight.grad_fn is not None)
+"""
+
+
+def test_a_bare_name_left_on_one_of_a_modules_parameters_is_no_second_item(tmp_path: Path) -> None:
+    """A momentum encoder updated in place outside ``torch.no_grad()`` (BYOL's ``update_moving_average``,
+    github.com/lucidrains/byol-pytorch, written in place), after ``for p in target.parameters(): p.requires_grad =
+    False``: the script's ``p`` still names the last one. One cause, one item: it was two, the second "`p` holds a
+    graph". The truth: bare, the target's weights end with a graph."""
+    (tmp_path / "byol.py").write_text(MOMENTUM_ENCODER)
+    assert _python(tmp_path, "byol.py").stdout == "graph on the target: True\n"
+    watched = _python(tmp_path, "-m", "backward_twice", "watch", "byol.py")
+    assert "backward-twice: 1 thing to fix (4 iterations watched)" in watched.stdout, watched.stdout
+    assert "1. `target`'s parameters hold a graph that grows every iteration" in watched.stdout
