@@ -6,10 +6,12 @@ its ``__main__.py``), with ``sys.argv`` set and its folder first on ``sys.path``
 ``helpers.py`` of its own included) resolve as they always do: the tool is the package ``backward_twice``, and
 nothing of it is named ``helpers``. It ends as Python would:
 
-* the script ran to its end, or to the top of pass N+1 of its loop (``--iterations N``): the diagnosis on stdout,
-  status 0;
-* it raised: its traceback on stderr as ``python`` prints it (no frame of this command's), the diagnosis as the
-  traceback's last lines (a note on the exception), status 1; ``--no-traceback`` prints the diagnosis alone;
+* the script ran to its end (its threads too: python waits for them), or to the top of pass N+1 of its loop
+  (``--iterations N``): the diagnosis on the command's stdout (not a log file the script made its ``sys.stdout``),
+  status 0; a child the script forked reports nothing of its own;
+* it raised: its traceback on stderr as ``python`` prints it (no frame of this command's; through the script's own
+  ``sys.excepthook`` if it set one), the diagnosis as the traceback's last lines (a note on the exception, or after
+  the script's hook), status 1; ``--no-traceback`` prints the diagnosis alone;
 * ``sys.exit(code)``, argparse's ``--help``: the diagnosis of what ran, then Python's status (0, the code, or 1 with
   the message on stderr); Ctrl-C: Python's ``KeyboardInterrupt`` traceback and status 130 from :func:`main`, and the
   command itself (:func:`run`) then dies of SIGINT as python does (a shell shows 130, and its loop stops there);
@@ -29,15 +31,18 @@ from __future__ import annotations
 import argparse
 import atexit
 import builtins
+import contextlib
 import functools
 import os
 import runpy
 import shlex
 import signal
 import sys
+import threading
 import traceback
 import types
 from collections.abc import Sequence
+from typing import TextIO
 
 from backward_twice.report.rendering import render_text
 from backward_twice.watcher import Watch, dump_json
@@ -95,8 +100,31 @@ def _parser() -> argparse.ArgumentParser:
     watch.add_argument(
         "script", help="the training script (or a folder with __main__.py), as you would pass it to python"
     )
-    watch.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    watch.add_argument("args", nargs="*", help="the script's own arguments, as given (a leading -- included)")
     return parser
+
+
+_TAKES_A_VALUE = frozenset({"--iterations", "--json"})
+
+
+def _parsed(argv: Sequence[str]) -> argparse.Namespace:
+    """The command's options, and the script's arguments exactly as given: everything after the script is the
+    script's (``train.py -- --lr 1`` gives it ``['--', '--lr', '1']``, as python does; argparse would drop the
+    ``--``)."""
+    arguments = list(argv)
+    at = 1 if arguments[:1] == ["watch"] else len(arguments)
+    while at < len(arguments):
+        given = arguments[at]
+        if given in _TAKES_A_VALUE:
+            at += 2
+        elif given.startswith("-") and given != "-":
+            at += 1
+        else:
+            break
+    options = _parser().parse_args(arguments[: at + 1])
+    if getattr(options, "command", None) == "watch":
+        options.args = arguments[at + 1 :]
+    return options
 
 
 def _refuse(message: str) -> int:
@@ -132,7 +160,7 @@ def _json_problem(path: str) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options = _parser().parse_args(argv)
+    options = _parsed(sys.argv[1:] if argv is None else argv)
     if options.iterations is not None and options.iterations < 1:
         return _refuse("--iterations must be 1 or more")
     script = _script_file(options.script)
@@ -159,9 +187,15 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None, comp
     sys.path[0:1] = [target if os.path.isdir(target) else os.path.dirname(target)]  # what `python SCRIPT` puts first
     watcher, status, raised = Watch(options.iterations, _again_verbose(options)), 0, False
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
+    stdout, pid = sys.stdout, os.getpid()  # the report's: not a log file the script made its stdout
     try:
         with watcher:
-            _run_script(target, compiled)
+            try:
+                _run_script(target, compiled)
+            except SystemExit:
+                _join_threads()
+                raise
+            _join_threads()
     except SystemExit as exit_:
         code = exit_.code
         if code is not None and not isinstance(code, int):
@@ -176,18 +210,49 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None, comp
             _print_traceback(error)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+    if os.getpid() != pid:  # a child the script forked, ending: the parent reports the run
+        return status
     # When it raised, the traceback ends with the diagnosis (a note): printed again only without the traceback. An
     # error before any backward call (a missing import) is Python's alone.
     if not raised or (options.no_traceback and watcher.verdicts.calls):
-        print(render_text(watcher.report, verbose=options.verbose, more=watcher.more), flush=True)
+        _say(stdout, render_text(watcher.report, verbose=options.verbose, more=watcher.more))
     elif options.verbose and watcher.verdicts.calls:
-        print("\n".join(["evidence:", *(f"  {line}" for line in watcher.report.evidence)]), flush=True)
+        _say(stdout, "\n".join(["evidence:", *(f"  {line}" for line in watcher.report.evidence)]))
     if report_path:
         try:
             dump_json(watcher, report_path)
         except OSError as error:
             print(f"backward-twice watch: could not write --json {report_path}: {error}", file=sys.stderr)
     return status
+
+
+def _join_threads() -> None:
+    """Wait for the threads the script left running, as python does before it exits: their backward calls are the
+    run's too (a loop in a thread the script does not join)."""
+    while True:
+        running = [
+            thread
+            for thread in threading.enumerate()
+            if thread is not threading.current_thread() and not thread.daemon and thread.is_alive()
+        ]
+        if not running:
+            return
+        for thread in running:
+            thread.join()
+
+
+def _say(stdout: TextIO, text: str) -> None:
+    """Print ``text`` where the command's own output goes, though the script closed or replaced ``sys.stdout``; a
+    stdout that takes nothing more (closed, a broken pipe) is left as python leaves it: without a word."""
+    for stream in (stdout, sys.__stdout__):
+        try:
+            if stream is not None and not stream.closed:
+                print(text, file=stream, flush=True)
+                return
+        except (OSError, ValueError):
+            continue
+    with contextlib.suppress(OSError, ValueError), open(1, "w", closefd=False) as fresh:
+        print(text, file=fresh, flush=True)
 
 
 def _run_script(target: str, compiled: types.CodeType | None) -> None:
@@ -213,8 +278,12 @@ def _again_verbose(options: argparse.Namespace) -> str:
 
 
 def _print_traceback(error: BaseException) -> None:
-    """The script's traceback as ``python SCRIPT`` prints it: without this command's and runpy's frames."""
+    """The script's traceback as ``python SCRIPT`` prints it: without this command's and runpy's frames; through
+    the ``sys.excepthook`` the script set, if it set one (rich's), with the diagnosis printed after it."""
     ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(runpy.__file__))
+    if sys.excepthook is not sys.__excepthook__:
+        _through_the_scripts_hook(error, ours)
+        return
     shown = traceback.TracebackException.from_exception(error)
     shown.stack = traceback.StackSummary.from_list(
         [
@@ -225,6 +294,30 @@ def _print_traceback(error: BaseException) -> None:
         ]
     )
     print("".join(shown.format()), end="", file=sys.stderr)
+
+
+def _through_the_scripts_hook(error: BaseException, ours: tuple[str, ...]) -> None:
+    """``sys.excepthook(...)`` as python calls it for an uncaught error, from the script's first frame on; the
+    diagnosis, a note on the error, is printed after it (a hook of the script's may not print notes)."""
+    tb = error.__traceback__
+    while tb is not None and (
+        os.path.dirname(os.path.abspath(tb.tb_frame.f_code.co_filename)).startswith(ours)
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen")
+    ):
+        tb = tb.tb_next
+    notes = list(getattr(error, "__notes__", ()))
+    ours_noted = [note for note in notes if note.startswith("backward-twice")]
+    if ours_noted:
+        error.__notes__ = [note for note in notes if note not in ours_noted]  # type: ignore[attr-defined]
+    try:
+        sys.excepthook(type(error), error, tb)
+    except Exception:  # a hook that fails: python prints the error as it would have
+        sys.__excepthook__(type(error), error, tb)
+    finally:
+        if ours_noted:
+            error.__notes__ = notes  # type: ignore[attr-defined]
+    for note in ours_noted:
+        print(note, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ class Watch:
         self._report: Report | None = None
         self._problem: str | None = None  # the tool's own failure to judge, if it had one
         self._excepthook = threading.excepthook
+        self._quiet_hook: Any = None
 
     def __enter__(self) -> Watch:
         self._verdicts = self._report = None
@@ -70,12 +71,13 @@ class Watch:
             self.more = f"`{_with_name(caller) or 'w'}` in a new cell shows the evidence"
         self.recorder.__enter__()
         self._excepthook = threading.excepthook
-        threading.excepthook = _stopped_quietly(self._excepthook)
+        self._quiet_hook = threading.excepthook = _stopped_quietly(self._excepthook)
         return self
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
         self.recorder.__exit__(kind, exc, tb)
-        threading.excepthook = self._excepthook
+        if threading.excepthook is self._quiet_hook:  # a hook the code set meanwhile stays its own
+            threading.excepthook = self._excepthook
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             self.ended_by = first_line(exc) if isinstance(exc, SystemExit) else "KeyboardInterrupt"
         elif self.recorder.error is not None and self.recorder.error.after_the_loop:
