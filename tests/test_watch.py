@@ -657,3 +657,21 @@ def test_iterations_n_stop_a_loop_with_a_backward_every_third_pass_after_n_passe
     assert logged_watched == logged_bare == list(range(iterations))
     assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), bare.parameters()))
     assert w.verdicts.iterations_run == iterations and w.verdicts.stopped_after == iterations, str(w)
+
+
+def test_one_iteration_claims_no_graph_carried_it_cannot_see() -> None:
+    """A hidden state carried into iteration 2 raises there; stopped after iteration 1, the watch said "healthy ...
+    nothing carried". It can only say what one iteration shows."""
+    cell = torch.nn.GRUCell(2, 3)
+    h = torch.zeros(1, 3)
+    with watch(iterations=1) as w:
+        for _ in range(3):
+            h = cell(torch.randn(1, 2), h)
+            h.pow(2).mean().backward()
+    headline = str(w).splitlines()[0]
+    assert "nothing carried" not in headline and headline.endswith(
+        "; a graph carried into the next iteration shows from 2 iterations on)"
+    ), headline
+    with pytest.raises(RuntimeError, match="second time"):  # the truth: the next iteration raises
+        h = cell(torch.randn(1, 2), h)
+        h.pow(2).mean().backward()

@@ -108,7 +108,12 @@ def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str
     notes = len(items) - fixes
     if not items:
         retains = "no retain_graph=True to drop"
-        return f"backward-twice: healthy ({watched}, {plural(v.calls, 'backward call')}, nothing carried, {retains})"
+        calls = plural(v.calls, "backward call")
+        if v.iterations_run > 1:
+            return f"backward-twice: healthy ({watched}, {calls}, nothing carried, {retains})"
+        unit = "run" if runs_of else "iteration"  # the next one is where a carried graph is walked
+        later = f"a graph carried into the next {unit} shows from 2 {unit}s on"
+        return f"backward-twice: healthy ({watched}, {calls}, {retains}; {later})"
     counted = plural(fixes, "thing") + " to fix" if fixes else ""
     counted += (", " if counted else "") + plural(notes, "note") if notes else ""
     return f"backward-twice: {counted} ({watched})"
