@@ -175,7 +175,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             None if stored is None or stored[1] is None or at_entry else learner_line_at(*stored[1]),
         )
         for e, named in ((e, as_the_line_names_it(e.name, e.built_at)) for e in _named_first(list(found.values())))
-        for stored in (as_stored(named, recorder.creation.ran) if stored_only and named else None,)
+        for stored in (as_stored(named, recorder.creation.ran, site_of(e.built_at)) if stored_only and named else None,)
         for name in (named if stored is None else stored[0],)
         for entry in (_entry(recorder, e),)
         for at_entry in (_fix_at_entry(recorder, entry, e, name),)

@@ -25,22 +25,29 @@ if TYPE_CHECKING:
 __all__ = ["as_stored", "as_the_line_names_it", "before_inner_loop", "stored_at"]
 
 
-def stored_at(attribute: str, ran: Collection[tuple[str, int]]) -> tuple[str, int, str] | None:
+def stored_at(
+    attribute: str, ran: Collection[tuple[str, int]], built: tuple[str, int] | None = None
+) -> tuple[str, int, str] | None:
     """(file, line, target as spelled) of the one statement in the learner's files that assigns ``attribute`` on
     an object (``self.previous_hidden = hidden``, ``self.h += ...``) among the lines that ``ran``, a constant
     (``self.previous_hidden = None``) left out, and a constructor's start value too when another statement stores it
     (``self.h = torch.zeros(...)`` in ``__init__``, ``self.h = self.cell(x, self.h)`` in the step); None when no such
-    statement ran, or several did (the name is then not placed by one line). When none of them ran while the lines
+    statement ran, or several did (the name is then not placed by one line), unless one of them comes first after
+    the line that ``built`` the tensor, in its function (``self.h = h`` after ``h = self.cell(x, self.h)``, where
+    ``self.h = torch.zeros(...)`` under an ``if self.h is None:`` ran once too). When none of them ran while the lines
     were followed (an epoch's end hook runs after the first steps, when the tracer is off), the one such statement
     of those files that lies outside an ``__init__``, ran or not."""
     lines: dict[str, set[int]] = {}
     for filename, line in ran:
         lines.setdefault(filename, set()).add(line)
-    return _stored_at(attribute, lines) or _stored_at(attribute, dict.fromkeys(lines), outside_init=True)
+    return _stored_at(attribute, lines, built=built) or _stored_at(attribute, dict.fromkeys(lines), outside_init=True)
 
 
 def _stored_at(
-    attribute: str, lines: Mapping[str, set[int] | None], outside_init: bool = False
+    attribute: str,
+    lines: Mapping[str, set[int] | None],
+    outside_init: bool = False,
+    built: tuple[str, int] | None = None,
 ) -> tuple[str, int, str] | None:
     """:func:`stored_at` over the lines that ran in each file (None: every line)."""
     found: dict[tuple[str, int, str], bool] = {}  # -> whether it lies in an __init__
@@ -70,17 +77,25 @@ def _stored_at(
                         found[(filename, node.lineno, spelling)] = in_init
     if len(found) > 1:
         found = {where: in_init for where, in_init in found.items() if not in_init}
+    if len(found) > 1 and built is not None:
+        tree = parsed(built[0])
+        around = function_around(tree, built[1]) if tree is not None else None
+        last = getattr(around, "end_lineno", None) or 0
+        after = sorted(where for where in found if where[0] == built[0] and built[1] < where[1] <= last)
+        found = dict.fromkeys(after[:1], False)
     return next(iter(found)) if len(found) == 1 else None
 
 
-def as_stored(name: str, ran: Collection[tuple[str, int]]) -> tuple[str, tuple[str, int] | None] | None:
+def as_stored(
+    name: str, ran: Collection[tuple[str, int]], built: tuple[str, int] | None = None
+) -> tuple[str, tuple[str, int] | None] | None:
     """A carrier found on an object (``state['model'].previous_hidden[0]``, through the names a framework's caller
     holds) as the one statement that ran and stored it spells it (``self.previous_hidden[0]``), with that statement's
     (file, line) when nothing after it in its function reads the attribute (a detach right after it then cuts only
     what the next step reads; None: a later line's loss needs it whole). None without an attribute in the name or
     such a single statement."""
     attribute = re.search(r"\.(\w+)((?:\[[^\]]*\])*)$", name)
-    stored = stored_at(attribute.group(1), ran) if attribute is not None else None
+    stored = stored_at(attribute.group(1), ran, built) if attribute is not None else None
     if attribute is None or stored is None:
         return None
     filename, line, spelling = stored
