@@ -5,6 +5,7 @@ two names, a list's fix that would have stopped the learning, one cause reported
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -228,3 +229,48 @@ def test_a_bare_name_left_on_one_of_a_modules_parameters_is_no_second_item(tmp_p
     watched = _python(tmp_path, "-m", "backward_twice", "watch", "byol.py")
     assert "backward-twice: 1 thing to fix (4 iterations watched)" in watched.stdout, watched.stdout
     assert "1. `target`'s parameters hold a graph that grows every iteration" in watched.stdout
+
+
+def _conditional_gan(recompute: bool) -> None:
+    """MorvanZhou/PyTorch-Tutorial, tutorial-contents/406_conditional_GAN.py: G's loss is built from D's output on
+    the fakes before ``opt_D.step()``, with ``retain_graph=True`` on D's backward ("reusing computational graph")."""
+    torch.manual_seed(0)
+    generator = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    discriminator = torch.nn.Sequential(torch.nn.Linear(9, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt_d = torch.optim.Adam(discriminator.parameters(), lr=1e-3)
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
+    for _ in range(2):
+        labels = torch.randint(0, 2, (4, 1)).float()
+        paintings = torch.cat((generator(torch.cat((torch.randn(4, 5), labels), 1)), labels), 1)
+        prob_artist0 = torch.sigmoid(discriminator(torch.cat((torch.randn(4, 8), labels), 1)))
+        prob_artist1 = torch.sigmoid(discriminator(paintings))
+        d_score1 = torch.log(1.0 - prob_artist1)
+        d_loss = -torch.mean(torch.log(prob_artist0) + d_score1)
+        g_loss = torch.mean(d_score1)
+        opt_d.zero_grad()
+        d_loss.backward(retain_graph=True)
+        opt_d.step()
+        if recompute:  # the fix as printed: the three lines G's loss is computed through, after the step
+            prob_artist1 = torch.sigmoid(discriminator(paintings))
+            d_score1 = torch.log(1.0 - prob_artist1)
+            g_loss = torch.mean(d_score1)
+        opt_g.zero_grad()
+        g_loss.backward()
+        opt_g.step()
+
+
+def test_a_loss_built_before_the_step_is_computed_again_with_the_lines_it_comes_through() -> None:
+    """It said "compute line <prob_artist1> again after the step": done alone, ``g_loss`` is still the old forward's
+    and the same error comes back. The truth: bare, the in-place error; with the three lines of G's loss (not D's
+    loss between them) computed again after the step, it runs."""
+    with pytest.raises(RuntimeError, match="inplace"):
+        _conditional_gan(recompute=False)
+    with pytest.raises(RuntimeError, match="inplace"), watch() as w:
+        _conditional_gan(recompute=False)
+    source, first = inspect.getsourcelines(_conditional_gan)
+    at: dict[str, int] = {}
+    for index, text in enumerate(source):  # each name's first assignment: the loop's own, not the fix's
+        at.setdefault(text.strip().split(" =")[0], first + index)
+    lines = f"lines {at['prob_artist1']}, {at['d_score1']} and {at['g_loss']}"
+    assert w.report.items[0].fix.startswith(f"compute {lines} again after the step at line "), w.report.items[0].fix
+    _conditional_gan(recompute=True)

@@ -37,6 +37,7 @@ __all__ = [
     "bound_in",
     "bound_names",
     "built_line",
+    "computed_again",
     "first_read",
     "function_span",
     "list_use",
@@ -284,6 +285,28 @@ def _statements(tree: ast.Module) -> list[tuple[int, frozenset[str], frozenset[s
 
 
 _GROWS = frozenset({"append", "extend", "insert", "clear"})  # methods that change the list and read no item
+
+
+def computed_again(filename: str, stale: int, loss: str, step: int) -> list[int]:
+    """The lines to compute again after an optimizer step at line ``step`` when a forward at line ``stale`` saved the
+    weights it changed: ``stale`` itself, and, when ``loss`` (what the failing backward starts from) was assigned
+    before the step too, each statement from ``stale`` to that assignment that the loss reads through (``prob =
+    D(fake)``, ``score = torch.log(1 - prob)``, ``G_loss = torch.mean(score)``: not the D loss between them)."""
+    tree = parsed(filename)
+    if tree is None:
+        return [stale]
+    statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
+    window = [entry for entry in statements if stale <= entry[0] < step]
+    assigned = [entry for entry in window if loss in entry[2]]
+    if not assigned:
+        return [stale]
+    last, reads, _ = assigned[-1]
+    needed, chain = set(reads), [last]
+    for line, reading, writing in reversed(window):
+        if line < last and writing & needed:
+            chain.append(line)
+            needed |= reading
+    return sorted(chain) if stale in chain else [stale]
 
 
 def bound_in(spelled: str, span: tuple[str, int, int]) -> bool:

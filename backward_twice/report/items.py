@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from backward_twice.common.units import format_bytes
-from backward_twice.judge.built import reads_on_line
+from backward_twice.judge.built import computed_again, reads_on_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list
 from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note
 from backward_twice.record.learner import site_of
@@ -266,7 +266,8 @@ def error_item(error: ErrorVerdict) -> Item:
                     f"this backward goes through line {stale_number}, computed before the step at line {step_number}"
                 )
                 gan = _gan_hint(step_code, raising.code, stale_code)
-                fix = f"compute line {stale_number} again after the step at line {step_number}{gan}"
+                again = _computed_again(error.stale_line, raising.code, step_number)
+                fix = f"compute {again} again after the step at line {step_number}{gan}"
         elif error.changed_line is not None:
             changed_place, changed_code = split_line(error.changed_line)
             lines.insert(0, CodeLine(changed_place, changed_code, (0, len(changed_code)), "changed it in place"))
@@ -290,6 +291,17 @@ def error_item(error: ErrorVerdict) -> Item:
         why = f"the error says: {_first_sentence(said or kind)}"
         fix = "fix this error first, then run the loop under the tool again"
     return Item("error", label, tuple(lines), why, fix)
+
+
+def _computed_again(stale_line: str, raising_code: str, step: str) -> str:
+    """"line 32", or "lines 32, 34 and 36" when the loss the raising backward starts from was computed from line 32
+    before the step too: recomputing line 32 alone leaves that loss on the old forward."""
+    site = site_of(stale_line)
+    loss = re.match(r"\s*([\w.]+)\s*\.backward\(", raising_code)
+    lines = computed_again(site[0], site[1], loss.group(1), int(step)) if site and loss and step.isdigit() else []
+    if len(lines) < 2:
+        return f"line {_line_number(split_line(stale_line)[0])}"
+    return f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
 
 
 def _first_sentence(message: str, most: int = 110) -> str:
