@@ -294,7 +294,7 @@ def error_item(error: ErrorVerdict) -> Item:
 
 
 def _computed_again(stale_line: str, raising_code: str, step: str) -> str:
-    """"line 32", or "lines 32, 34 and 36" when the loss the raising backward starts from was computed from line 32
+    """ "line 32", or "lines 32, 34 and 36" when the loss the raising backward starts from was computed from line 32
     before the step too: recomputing line 32 alone leaves that loss on the old forward."""
     site = site_of(stale_line)
     loss = re.match(r"\s*([\w.]+)\s*\.backward\(", raising_code)
