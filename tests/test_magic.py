@@ -95,3 +95,28 @@ def test_a_state_set_to_none_in_an_earlier_cell_is_detached_at_the_end_of_each_i
     result = run(shell, loop.replace("{fix}", "h_state = h_state.detach()"))
     assert result.error_in_exec is None, result.error_in_exec
     assert str(shell.user_ns["w"]).startswith("backward-twice: healthy (3 iterations watched"), str(shell.user_ns["w"])
+
+
+def test_a_state_a_model_of_another_cell_reads_comes_in_at_the_diagnosed_cells_line(shell) -> None:
+    """The model's ``forward``, defined in an earlier cell, reads ``h`` too: the diagnosis named that cell's line 10
+    and its fix went there ("before line 10"), with the retain's notes for ``out`` and ``loss`` as "(out,
+    _diagnosed_step)" and no code. The cell's own line 3 is where iteration 1's graph comes in; ``out`` and ``loss``,
+    rebound each run, only grow through ``h``: one item."""
+    run(
+        shell,
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.cell, self.head = torch.nn.RNNCell(3, 4), torch.nn.Linear(4, 1)\n"
+        "    def forward(self, x, h):\n"
+        "        h = self.cell(x, h)\n"
+        "        return self.head(h), h\n"
+        "model = Net()\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+    )
+    body = "optimizer.zero_grad()\nout, h = model(x, h)\nloss = out.pow(2).mean()\n"
+    result = run(shell, f"%%diagnose model optimizer\n{body}loss.backward(retain_graph=True)\noptimizer.step()")
+    shown = repr(result.result)
+    assert shown.startswith("backward-twice: 1 thing to fix (3 runs of the cell; run 3 raised)"), shown
+    assert f"Cell In[{result.execution_count}], line 3 | out, h = model(x, h)" in shown, shown
+    assert "fix: add `h = h.detach()` before line 3, and remove retain_graph=True at line 5" in shown, shown

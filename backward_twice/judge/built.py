@@ -421,8 +421,9 @@ def function_span(where: CodeSite) -> tuple[str, int, int] | None:
     tree = parsed(filename)
     if tree is None:
         return None
-    if name == "<module>":
-        return filename, 1, len(linecache.getlines(filename))
+    lines = linecache.getlines(filename)
+    if name == "<module>" or (lines and lines[0].startswith("%%") and first_line == 1):
+        return filename, 1, len(lines)  # a module, or the body of a cell under a cell magic (``%%diagnose``)
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             starts = {node.lineno, *(d.lineno for d in node.decorator_list)}

@@ -33,7 +33,7 @@ from backward_twice.record.names import CodeSite, NamedGraph
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["CarriedFinding", "carried_findings", "twin_in_iteration_1", "when", "whole_name"]
+__all__ = ["CarriedFinding", "carried_findings", "rebound_each_pass", "twin_in_iteration_1", "when", "whole_name"]
 
 
 @dataclass(frozen=True)
@@ -216,6 +216,12 @@ def _read_in_the_loop(recorder: Recorder, node: NamedGraph) -> str:
     return next((other for other in node.same if comes_in(other)), node.name)
 
 
+def rebound_each_pass(recorder: Recorder, name: str) -> bool:
+    """Whether the loop's body (or the step) assigns ``name`` before it reads it: ``out, h = model(x, h)`` rebinds
+    ``out`` each pass, so a graph it holds grows only through what another name carries."""
+    return any(read_first(name, span) is False for span in _spans(recorder, None))
+
+
 def _kept_in_a_list(recorder: Recorder, spellings: list[str], frame: CodeSite | None) -> str | None:
     """The item, as ``saved_actions[0]``, of a list that a spelling reaches a tensor of an item through
     (``saved_actions[0][1]``: an actor-critic's ``SavedAction(log_prob, value)`` tuples, appended every step), when
@@ -361,7 +367,7 @@ def _spans(recorder: Recorder, frame: CodeSite | None) -> list[tuple[str, int, i
     link = recorder.loop.innermost
     if link is not None and recorder.loop.unusable is None:
         spans.append((link.loop.filename, link.loop.body_first, link.loop.body_last))
-    for where in (frame, recorder.roots_where):
+    for where in (recorder.roots_where, frame):  # a step's own code first: what it reads is where a graph comes in
         span = function_span(where) if where is not None else None
         if span is not None:
             spans.append(span)

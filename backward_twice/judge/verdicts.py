@@ -25,7 +25,13 @@ from dataclasses import dataclass, field, replace
 
 from backward_twice.common.error_kinds import error_kind
 from backward_twice.common.units import format_bytes
-from backward_twice.judge.carried import CarriedFinding, carried_findings, twin_in_iteration_1, whole_name
+from backward_twice.judge.carried import (
+    CarriedFinding,
+    carried_findings,
+    rebound_each_pass,
+    twin_in_iteration_1,
+    whole_name,
+)
 from backward_twice.judge.fixes import ERROR_FIXES, in_place_fix, second_backward_fix
 from backward_twice.judge.notes import Note, notes
 from backward_twice.record.folds import CallLog, count_retains
@@ -104,6 +110,8 @@ def judge(recorder: Recorder) -> Verdicts:
     lines = _lines(calls, split, recorder, carried)
     carried_names = {n for c in carried if c.name for n in (c.name, whole_name(c.name, c.container))}
     kept = [n for n in notes(recorder, split) if n.name not in carried_names]  # carried already says it
+    if carried:  # ``out`` and ``loss``, rebound each pass, grow only through the carried graph: one cause, one item
+        kept = [n for n in kept if not (n.grows and not n.parameter and rebound_each_pass(recorder, n.name))]
     error = _error(recorder, split, carried)
     partial = len(calls) > (split.ends[-1].calls if split.ends else 0) or recorder.error is not None
     run = split.count + (1 if partial else 0)

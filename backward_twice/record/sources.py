@@ -39,8 +39,10 @@ def _entry(filename: str) -> tuple[list[str], ast.Module | None, dict[Hashable, 
     lines = linecache.getlines(filename)
     entry = _parsed.get(filename)
     if entry is None or entry[0] is not lines:
+        # a cell that starts with a cell magic (``%%diagnose model optimizer``): its body is the Python
+        text = ["#\n", *lines[1:]] if lines and lines[0].startswith("%%") else lines
         try:
-            parsed: ast.Module | None = ast.parse("".join(lines)) if lines else None
+            parsed: ast.Module | None = ast.parse("".join(text)) if text else None
         except (SyntaxError, ValueError):
             parsed = None
         entry = _parsed[filename] = (lines, parsed, {})
@@ -51,7 +53,8 @@ def _entry(filename: str) -> tuple[list[str], ast.Module | None, dict[Hashable, 
 
 
 def parsed(filename: str) -> ast.Module | None:
-    """The parsed module of ``filename`` (its lines as linecache holds them), or None."""
+    """The parsed module of ``filename`` (its lines as linecache holds them; a notebook cell's first line, when it
+    is a cell magic, left out), or None."""
     return _entry(filename)[1]
 
 
