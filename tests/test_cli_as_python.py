@@ -114,3 +114,36 @@ def test_the_scripts_arguments_reach_it_as_given_a_leading_double_dash_included(
         [str(COMMAND), "watch", "--iterations", "2", "train.py", *given], cwd=tmp_path, capture_output=True, text=True
     )
     assert python.stdout.splitlines()[0] == watched.stdout.splitlines()[0] == str(given), watched.stdout
+
+
+def test_a_trace_function_the_script_sets_stays_its_own_and_its_line_is_not_where_the_state_was_built(
+    tmp_path: Path,
+) -> None:
+    """A script that turns a tracer of its own on (coverage's ``start()``, a profiler) replaces the watch's line
+    tracer: the carried state was "built here" at the line that set it. The truth: it is built at the loop's line
+    (which the script's tracer sees run), and the script's tracer is still its own at its end."""
+    script = """
+        import sys, torch
+
+        seen = set()
+
+        def tracer(frame, event, arg):
+            seen.add(frame.f_lineno)
+            return tracer
+
+        sys.settrace(tracer); sys._getframe().f_trace = tracer
+        cell = torch.nn.GRUCell(2, 3)
+        h = torch.zeros(1, 3)
+        try:
+            for step in range(3):
+                h = cell(torch.randn(1, 2), h)
+                h.pow(2).mean().backward()
+        finally:
+            print("still the script's:", sys.gettrace() is tracer, "saw line 15:", 15 in seen)
+        """
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 1
+    told = "still the script's: True saw line 15: True"
+    assert python.stdout.strip() == told and watched.stdout.startswith(told), watched.stdout
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert "train.py:15 | h = cell(torch.randn(1, 2), h)" in diagnosis and "settrace" not in diagnosis, diagnosis

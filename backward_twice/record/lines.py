@@ -131,6 +131,7 @@ class LineTracer:
         self._untraced_codes: dict[int, types.CodeType] = {}
         self._frames: list[types.FrameType] = []
         self._previous_thread_trace: Any = None
+        self._thread = 0  # the thread that started it: the one whose trace function a learner's code may replace
         self._trace = self._global  # one bound method: what ``sys.gettrace()`` gives back is this very object
         self.untraced = _Untraced(self)  # ``with tracer.untraced:`` around a hook's own work
         self.past_handlers = PastHandlers()  # a stop's way past an ``except:`` around the loop, until the next stop()
@@ -147,6 +148,7 @@ class LineTracer:
             os.register_at_fork(after_in_child=_in_forked_child)
             _FORK_HOOKED = True
         self.active = True
+        self._thread = threading.get_ident()
         _ACTIVE.add(self)
         while frame is not None:
             if self.is_learners(frame.f_code):
@@ -171,7 +173,8 @@ class LineTracer:
             self._imports.uninstall()
         if sys.gettrace() is self._trace:
             sys.settrace(None)
-        threading.settrace(self._previous_thread_trace)
+        if getattr(threading, "gettrace", lambda: self._trace)() is self._trace:  # one the learner set stays
+            threading.settrace(self._previous_thread_trace)
         for frame in self._frames:
             frame.f_trace = None
         self._frames.clear()  # frames hold their variables: none is kept past the watch
@@ -196,6 +199,17 @@ class LineTracer:
         """After :meth:`pause`: trace again, unless the hook stopped the tracer meanwhile."""
         if paused and self.active and sys.gettrace() is None:
             sys.settrace(self._trace)
+
+    def displaced(self) -> None:
+        """Off, if the learner's code set a trace function of its own (``sys.settrace(None)``, ``coverage.start()``)
+        on the thread that started this one: the lines since its last logged one are unknown (the nodes built since
+        were not built by that line), and the learner's trace function stays theirs. Checked at the recorder's hooks
+        (a backward call, an optimizer step), outside any pause of its own."""
+        if not self.active or threading.get_ident() != self._thread or sys.gettrace() is self._trace:
+            return
+        if self.sites:
+            self.sites[-1] = None
+        self.stop()
 
     def _failed(self, where: str, error: BaseException) -> None:
         self.stop()
@@ -396,6 +410,8 @@ class _Untraced:
             stack = getattr(self.local, "paused", None)
             if stack is None:
                 stack = self.local.paused = []
+            if not stack:
+                self.tracer.displaced()
             stack.append(self.tracer.pause())
 
     def __exit__(self, *exc: object) -> None:
