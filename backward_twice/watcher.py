@@ -20,7 +20,6 @@ script.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import threading
@@ -28,13 +27,11 @@ import types
 from typing import Any
 
 from backward_twice.judge.verdicts import Verdicts, judge
-from backward_twice.record.learner import first_line
+from backward_twice.record.learner import first_line, without_tool_frames
 from backward_twice.record.recorder import Recorder, StopRecording
 from backward_twice.report.rendering import Report, build_report, render_html, render_text, report_json
 
 __all__ = ["Watch", "dump_json", "verdicts_json", "watch"]
-
-_OURS = os.path.dirname(os.path.abspath(__file__))
 
 
 def _stopped_quietly(hook: Any) -> Any:
@@ -88,7 +85,7 @@ class Watch:
         except Exception as error:  # the loop's own outcome stands; the report says the tool failed
             self._problem = f"backward-twice could not judge this run (an error of its own: {first_line(error)})"
         if isinstance(exc, Exception):
-            _without_our_frames(exc)
+            exc.__traceback__ = without_tool_frames(exc.__traceback__)
             if self._problem is None and not self.verdicts.calls:
                 return False  # raised before any backward call (a missing import): Python's own error, alone
             note = self._problem or render_text(self.report, more=self.more)
@@ -151,21 +148,6 @@ def _with_name(frame: types.FrameType) -> str | None:
     line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
     match = re.search(r"\bwatch\(.*?\)\s+as\s+(\w+)", line) or re.search(r"\bas\s+(\w+)\s*[:,]", line)
     return match.group(1) if match else None
-
-
-def _without_our_frames(exc: BaseException) -> None:
-    """Drop the tool's own frames from the traceback: what is left is the one bare Python would print."""
-    kept: list[types.TracebackType] = []
-    tb = exc.__traceback__
-    while tb is not None:
-        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_OURS):
-            kept.append(tb)
-        tb = tb.tb_next
-    if not kept:
-        return
-    for current, following in zip(kept, [*kept[1:], None]):
-        current.tb_next = following
-    exc.__traceback__ = kept[0]
 
 
 def verdicts_json(v: Verdicts) -> dict[str, Any]:

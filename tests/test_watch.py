@@ -675,3 +675,28 @@ def test_one_iteration_claims_no_graph_carried_it_cannot_see() -> None:
     with pytest.raises(RuntimeError, match="second time"):  # the truth: the next iteration raises
         h = cell(torch.randn(1, 2), h)
         h.pow(2).mean().backward()
+
+
+def test_an_error_the_loop_catches_and_prints_shows_no_frame_of_the_tool() -> None:
+    """``traceback.print_exc()`` in the learner's own ``except`` (and a thread's traceback, a ``raise ... from``
+    chain) showed two frames of the tool between torch's backward and the engine: the wrapper of the engine entry
+    and the recorder's hook. The truth: bare Python's traceback of the same error has none."""
+    cell = torch.nn.GRUCell(2, 3)
+
+    def carried_loop() -> list[str]:
+        printed, h = [], torch.zeros(1, 3)
+        for _ in range(2):
+            h = cell(torch.randn(1, 2), h)
+            try:
+                h.pow(2).mean().backward()
+            except RuntimeError:
+                printed.append(traceback.format_exc())
+        return printed
+
+    [bare] = carried_loop()
+    with watch():
+        [watched] = carried_loop()
+    assert "backward_twice" not in watched, watched
+    assert [line for line in watched.splitlines() if "File " in line][-3:] == [
+        line for line in bare.splitlines() if "File " in line
+    ][-3:]

@@ -5,11 +5,6 @@ innermost learner's line running when the node was built); for a node built befo
 tracer did not see, it reads the source with ``ast`` for the assignment to the name: outside loops for a graph built
 before the first iteration, in a loop otherwise.
 
-:func:`first_read` finds where a carried graph comes into an iteration: the first line of the loop's body (or of the
-function the name was found in) that reads the name; :func:`read_first` tells whether the body reads a name before
-it assigns it (a name assigned first, ``loss = ...``, brings nothing of an earlier iteration in). :func:`list_use`
-tells a list rebound every iteration (``pred, mems = model(x, mems)``) from one the loss is built from whole
-(``zip(policy.saved_log_probs, returns)``) and from one read by index or slice (``bank[-4:]``).
 :func:`rebinds_from_itself` tells a name each pass assigns from its own earlier value (``hidden = cell(x, hidden)``).
 :func:`reads_on_line` tells a line that reads a name from one that only assigns it.
 
@@ -23,7 +18,6 @@ import ast
 import functools
 import linecache
 import re
-from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from backward_twice.record.learner import place
@@ -34,15 +28,10 @@ if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
 
 __all__ = [
-    "bound_in",
     "bound_names",
     "built_line",
-    "computed_again",
-    "first_read",
     "function_span",
-    "list_use",
     "one_line_loop",
-    "read_first",
     "reads_on_line",
     "rebinds_from_itself",
     "spelled",
@@ -201,218 +190,6 @@ def _assigned_constants(tree: ast.Module) -> frozenset[str]:
                     if isinstance(part, (ast.Name, ast.Attribute, ast.Subscript)):
                         found.add(ast.unparse(part))
     return frozenset(found)
-
-
-def first_read(
-    spelled: str,
-    spans: list[tuple[str, int, int]],
-    a_list: bool = False,
-    ran: Collection[tuple[str, int]] = (),
-) -> tuple[str, int] | None:
-    """(file, line) of the first line that reads ``spelled`` (``h``, ``state['h']``, ``self.hidden``) in the first of
-    ``spans`` ((file, first line, last line): the loop's body, the function the name was found in) that reads it at
-    all: where an earlier iteration's graph comes into this one. For a list (``a_list``), a line that only grows it
-    (``bank.append(hidden)``) brings nothing in and is passed over. ``ran``: the lines the tracer saw run, when it
-    saw any of a span's: a line that never ran (behind an ``if`` that was off) is passed over too, and so is a read
-    under ``torch.no_grad()`` (SAC's target uses ``alpha`` there, and no graph comes in)."""
-    for filename, first, last in spans:
-        tree = parsed(filename)
-        if tree is None:
-            continue
-        reads = memo(filename, ("reads",), functools.partial(_reads, tree))
-        lines = sorted(line for line in reads.get(spelled, ()) if first <= line <= last)
-        if a_list:
-            uses = memo(filename, ("list uses",), functools.partial(_list_uses, tree)).get(spelled, ())
-            reading = {line for line, kind in uses if kind != "grown"}
-            lines = [line for line in lines if line in reading]
-        if any((filename, line) in ran for line in range(first, last + 1)):
-            lines = [line for line in lines if (filename, line) in ran]
-        without_grad = memo(filename, ("without grad",), functools.partial(_without_grad, tree))
-        lines = [line for line in lines if line not in without_grad] or lines
-        if lines:
-            return filename, lines[0]
-    return None
-
-
-def read_first(spelled: str, span: tuple[str, int, int]) -> bool | None:
-    """Whether the code in ``span`` (file, first line, last line: a loop's body) reads ``spelled`` before it assigns
-    it, statement by statement in the order they are written (a statement's right side before its targets, a
-    ``+=`` a read): True for ``smooth = 0.9 * smooth + 0.1 * loss`` or ``h = cell(x, h)``, False for ``loss`` when
-    ``loss = criterion(...)`` comes first; None when the code does neither."""
-    filename, first, last = span
-    tree = parsed(filename)
-    if tree is None:
-        return None
-    for line, reads, writes in memo(filename, ("reads and writes",), functools.partial(_statements, tree)):
-        if first <= line <= last:
-            if spelled in reads:
-                return True
-            if spelled in writes:
-                return False
-    return None
-
-
-def _statements(tree: ast.Module) -> list[tuple[int, frozenset[str], frozenset[str]]]:
-    """(line, what it reads, what it assigns) of every statement, and of every loop's and branch's header, in the
-    order they are written. A compound statement's body is its own statements."""
-    found: list[tuple[int, frozenset[str], frozenset[str]]] = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.stmt):
-            continue
-        parts: list[ast.AST]
-        if isinstance(node, (ast.For, ast.AsyncFor)):
-            parts = [node.iter, node.target]
-        elif isinstance(node, (ast.While, ast.If)):
-            parts = [node.test]
-        elif isinstance(node, (ast.With, ast.AsyncWith)):
-            parts = list(node.items)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Try)):
-            continue
-        else:
-            parts = [node]
-        reads: set[str] = set()
-        writes: set[str] = set()
-        for part in parts:
-            for inner in ast.walk(part):
-                if isinstance(inner, (ast.Name, ast.Attribute, ast.Subscript)):
-                    spelled = ast.unparse(inner)
-                    (writes if isinstance(inner.ctx, ast.Store) else reads).add(spelled)
-        if isinstance(node, ast.AugAssign):  # ``x += y`` reads x first
-            reads.add(ast.unparse(node.target))
-        found.append((node.lineno, frozenset(reads), frozenset(writes)))
-    found.sort(key=lambda entry: entry[0])
-    return found
-
-
-_GROWS = frozenset({"append", "extend", "insert", "clear"})  # methods that change the list and read no item
-
-
-def computed_again(filename: str, stale: int, loss: str, step: int) -> list[int]:
-    """The lines to compute again after an optimizer step at line ``step`` when a forward at line ``stale`` saved the
-    weights it changed: ``stale`` itself, and, when ``loss`` (what the failing backward starts from) was assigned
-    before the step too, each statement from ``stale`` to that assignment that the loss reads through (``prob =
-    D(fake)``, ``score = torch.log(1 - prob)``, ``G_loss = torch.mean(score)``: not the D loss between them)."""
-    tree = parsed(filename)
-    if tree is None:
-        return [stale]
-    statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
-    window = [entry for entry in statements if stale <= entry[0] < step]
-    assigned = [entry for entry in window if loss in entry[2]]
-    if not assigned:
-        return [stale]
-    last, reads, _ = assigned[-1]
-    needed, chain = set(reads), [last]
-    for line, reading, writing in reversed(window):
-        if line < last and writing & needed:
-            chain.append(line)
-            needed |= reading
-    return sorted(chain) if stale in chain else [stale]
-
-
-def bound_in(spelled: str, span: tuple[str, int, int]) -> bool:
-    """Whether lines ``first`` to ``last`` of ``filename`` (``span``) assign ``spelled``, an item of it, or grow it
-    (``alpha = log_alpha.exp()``, ``self.reg += ...``, ``outputs.append(...)``); True where the file cannot be read.
-    An attribute chain is matched by its last attribute (``model.h`` found, ``self.h`` written)."""
-    filename, first, last = span
-    tree = parsed(filename)
-    if tree is None:
-        return True
-    by_spelling = memo(filename, ("list uses",), functools.partial(_list_uses, tree))
-    tail = re.search(r"\.(\w+)$", spelled)
-    uses = list(by_spelling.get(spelled, ()))
-    if tail is not None:
-        uses += [use for key, found in by_spelling.items() if key.endswith(f".{tail.group(1)}") for use in found]
-    return any(first <= line <= last and kind in ("rebound", "grown", "alias") for line, kind in uses)
-
-
-def list_use(spelled: str, spans: list[tuple[str, int, int]]) -> str | None:
-    """How the first of ``spans`` that uses the list ``spelled`` uses it: ``"rebound"`` (assigned there, a new list
-    every iteration: ``pred, mems = model(x, mems)``, or its items set: ``hs[layer], cs[layer] = cell(...)``),
-    ``"whole"`` (only read whole: iterated, passed to ``torch.cat``, ``zip`` or ``sum``), ``"indexed"`` (read by
-    index or slice: ``bank[-4:]``). Growing it (``.append(x)``) is no use here, nor naming it after an object's
-    attribute (``saved_actions = model.saved_actions``). None when no span uses it. A list found as
-    ``state['policy'].saved_log_probs`` and read through a function's own ``policy`` is matched by its last
-    attribute."""
-    tail = re.search(r"\.(\w+)$", spelled)
-    for filename, first, last in spans:
-        tree = parsed(filename)
-        if tree is None:
-            continue
-        by_spelling = memo(filename, ("list uses",), functools.partial(_list_uses, tree))
-        uses = list(by_spelling.get(spelled, ()))
-        if not uses and tail is not None:
-            ending = f".{tail.group(1)}"
-            uses = [use for key, found in by_spelling.items() if key.endswith(ending) for use in found]
-        kinds = {kind for line, kind in uses if first <= line <= last and kind not in ("grown", "alias")}
-        if kinds:
-            return "rebound" if "rebound" in kinds else "whole" if kinds == {"whole"} else "indexed"
-    return None
-
-
-def _list_uses(tree: ast.Module) -> dict[str, list[tuple[int, str]]]:
-    """Each name or attribute chain the file uses -> (line, "rebound" | "indexed" | "grown" | "whole" | "alias") for
-    each use ("alias": ``saved_actions = model.saved_actions``, a name for the list an object holds)."""
-    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    found: dict[str, list[tuple[int, str]]] = {}
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):  # mems, self.mems, state['mems']
-            continue
-        if isinstance(node.ctx, ast.Store):
-            assigned = parents.get(id(node))
-            value = assigned.value if isinstance(assigned, ast.Assign) and len(assigned.targets) == 1 else None
-            named_after = isinstance(node, ast.Name) and isinstance(value, ast.Attribute) and value.attr == node.id
-            kind = "alias" if named_after else "rebound"  # saved_actions = model.saved_actions: the same list
-        elif not isinstance(node.ctx, ast.Load):
-            continue
-        else:
-            parent = parents.get(id(node))
-            if isinstance(parent, ast.Subscript) and parent.value is node:  # an item set (hs[layer] = ...): each
-                kind = "rebound" if isinstance(parent.ctx, ast.Store) else "indexed"  # iteration puts new ones in
-            elif isinstance(parent, ast.Attribute) and parent.value is node:
-                kind = "grown" if parent.attr in _GROWS else "indexed"  # a method or attribute of the list
-            else:
-                kind = "whole"
-        found.setdefault(ast.unparse(node), []).append((node.lineno, kind))
-    return found
-
-
-def _without_grad(tree: ast.Module) -> frozenset[int]:
-    """The lines of the bodies of ``with torch.no_grad():`` and ``with torch.inference_mode():``."""
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.With, ast.AsyncWith)) and any(_no_grad(item.context_expr) for item in node.items):
-            for statement in node.body:
-                lines.update(range(statement.lineno, (statement.end_lineno or statement.lineno) + 1))
-    return frozenset(lines)
-
-
-def _no_grad(expression: ast.expr) -> bool:
-    called = expression.func if isinstance(expression, ast.Call) else expression
-    name = called.attr if isinstance(called, ast.Attribute) else called.id if isinstance(called, ast.Name) else ""
-    return name in ("no_grad", "inference_mode")
-
-
-def _reads(tree: ast.Module) -> dict[str, list[int]]:
-    """Each name, attribute chain and subscript the file reads (``h``, ``self.hidden``, ``state['h']``) -> its
-    lines; a test of it alone (``if hidden is None:``, ``if mems:``, ``h if h is not None else ...``'s test) is no
-    read: no graph comes in there."""
-    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    found: dict[str, list[int]] = {}
-    for node in ast.walk(tree):
-        read = isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Load)
-        if read and isinstance(node, ast.expr) and not _only_tested(node, parents):
-            found.setdefault(ast.unparse(node), []).append(node.lineno)
-    return found
-
-
-def _only_tested(node: ast.expr, parents: dict[int, ast.AST]) -> bool:
-    """Whether ``node`` is only compared by identity (``is None``) or tested for truth (an ``if``'s test)."""
-    parent = parents.get(id(node))
-    if isinstance(parent, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in parent.ops):
-        return True
-    if isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not):
-        node, parent = parent, parents.get(id(parent))
-    return isinstance(parent, (ast.If, ast.While, ast.IfExp, ast.Assert)) and parent.test is node
 
 
 def function_span(where: CodeSite) -> tuple[str, int, int] | None:

@@ -13,19 +13,16 @@ import re
 from dataclasses import dataclass, replace
 
 from backward_twice.judge.built import (
-    bound_in,
     built_line,
-    first_read,
     function_span,
-    list_use,
     one_line_loop,
-    read_first,
     reads_on_line,
     rebinds_from_itself,
     starts_without_a_tensor,
 )
 from backward_twice.judge.fixes import carried_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
+from backward_twice.judge.uses import bound_in, first_read, list_use, read_first
 from backward_twice.record.iterations import Split
 from backward_twice.record.learner import learner_line_at, lines_of_file, site_of
 from backward_twice.record.loops import enclosing, outermost_loop_around

@@ -18,8 +18,8 @@ code shares (:mod:`backward_twice.record.recorder`, :mod:`backward_twice.steps.h
   in a stack ("file:line: code", the first such frame; :meth:`LearnersCode.site` with its file and line, for the
   recorder's hooks), :func:`place` names a notebook cell's line as IPython's tracebacks do ("Cell In[5], line 3": a
   cell's file lies in a folder named after the kernel's process, so its path changes with every kernel),
-  :func:`short` drops the folders, :func:`site_of` reads a line's file and number back, and :func:`first_line` and
-  :func:`raised_at` give an error's first line and the learner's line that raised it.
+  :func:`short` drops the folders, :func:`site_of` reads a line's file and number back, :func:`first_line` gives an
+  error's first line, and :func:`without_tool_frames` its traceback without the tool's frames.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ __all__ = [
     "site_of",
     "skip_folder",
     "skipped_dirs",
+    "without_tool_frames",
 ]
 
 
@@ -382,6 +383,19 @@ ENGINE_ENTRY = "_engine_run_backward"
 EngineHandler = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
+def without_tool_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` without the entries of the tool's own frames (the engine's wrapper, the recorder's hook, a watch's
+    exit): an error then shows, wherever it is printed, the frames bare Python would show. Unchanged if all are."""
+    kept, entry = [], tb
+    while entry is not None:
+        if not os.path.abspath(entry.tb_frame.f_code.co_filename).startswith(_TOOL):
+            kept.append(entry)
+        entry = entry.tb_next
+    for current, following in zip(kept, [*kept[1:], None]):
+        current.tb_next = following
+    return kept[0] if kept else tb
+
+
 @contextlib.contextmanager
 def intercepting(
     on_backward: EngineHandler | None = None,
@@ -403,7 +417,11 @@ def intercepting(
             current = [getattr(owner, entry) for owner in _ENGINE_OWNERS]
 
             def entered(outputs: Any, *args: Any, **kwargs: Any) -> Any:
-                return on_backward(engine, outputs, args, kwargs)
+                try:
+                    return on_backward(engine, outputs, args, kwargs)
+                except BaseException as error:  # PyTorch's error, as bare Python's traceback shows it: a learner's
+                    error.__traceback__ = without_tool_frames(error.__traceback__)  # print_exc(), a thread's
+                    raise
 
             for owner, original in zip(_ENGINE_OWNERS, current):
                 setattr(owner, entry, entered)

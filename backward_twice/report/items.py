@@ -16,8 +16,9 @@ import re
 from dataclasses import dataclass
 
 from backward_twice.common.units import format_bytes
-from backward_twice.judge.built import computed_again, reads_on_line
+from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list
+from backward_twice.judge.uses import computed_again
 from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note
 from backward_twice.record.learner import site_of
 
