@@ -525,3 +525,65 @@ def test_lists_on_a_module_numpys_stream_and_attributes_the_runs_add_are_put_bac
     assert not hasattr(policy, "last_episode")
     numpy_after = np.random.get_state()
     assert (numpy_after[1] == numpy_before[1]).all() and numpy_after[2] == numpy_before[2]
+
+
+def test_a_plain_object_whose_tensor_and_array_the_step_rebinds_is_put_back_without_comparing_them() -> None:
+    """A hidden state and a running average kept on a plain object (``state.h = h.detach()``, ``tracker.avg =
+    ...``): putting it back compared its attributes with ``!=``, and a tensor's or an array's comparison is
+    elementwise; the tool raised "Boolean value of Tensor with more than one value is ambiguous" on a healthy step,
+    and left the object as the runs left it. The truth: the step runs bare, and the object is as before."""
+    import types
+
+    import numpy
+
+    cell = nn.GRUCell(3, 4)
+    optimizer = torch.optim.SGD(cell.parameters(), lr=0.1)
+    x = torch.randn(2, 3)
+    state = types.SimpleNamespace(h=torch.zeros(2, 4), average=numpy.zeros(3), steps=0)
+    before = dict(vars(state))
+
+    def step() -> None:
+        optimizer.zero_grad()
+        h = cell(x, state.h)
+        h.pow(2).mean().backward()
+        optimizer.step()
+        state.h, state.average, state.steps = h.detach(), state.average + 1.0, state.steps + 1
+
+    result = diagnose(step, models=cell, optimizers=optimizer)
+    assert result.healthy, str(result)
+    assert all(vars(state)[name] is value for name, value in before.items()), vars(state)
+
+
+def test_a_modules_plain_attributes_and_the_learners_own_random_streams_are_put_back() -> None:
+    """``self.calls += 1`` and ``self.tag = ...`` in a forward, and batches drawn from a ``torch.Generator``, a
+    ``random.Random`` and numpy's ``default_rng`` of the learner's: the runs left them as three calls leave them, so
+    the learner's next batch was another than without the tool. The truth: what the objects say before and after."""
+    import random
+
+    import numpy
+
+    class Counted(nn.Linear):
+        def __init__(self) -> None:
+            super().__init__(3, 1)
+            self.calls, self.tag, self.last = 0, "fresh", None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls, self.tag = self.calls + 1, f"called {self.calls + 1}"
+            self.last = super().forward(x)
+            return self.last
+
+    model = Counted()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    streams = torch.Generator().manual_seed(1), random.Random(2), numpy.random.default_rng(3)
+
+    def step() -> None:
+        x = torch.randn(4, 3, generator=streams[0]) * streams[1].random() * float(streams[2].random())
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+
+    before = (streams[0].get_state(), streams[1].getstate(), streams[2].bit_generator.state)
+    assert diagnose(step, models=model, optimizers=optimizer).healthy
+    assert (model.calls, model.tag, model.last) == (0, "fresh", None)
+    assert torch.equal(streams[0].get_state(), before[0]) and streams[1].getstate() == before[1]
+    assert streams[2].bit_generator.state == before[2]

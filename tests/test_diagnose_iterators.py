@@ -92,3 +92,31 @@ def test_a_step_whose_batch_is_taken_outside_it_gets_no_note() -> None:
 
     assert "note:" not in str(bt.diagnose(step, model, optimizer))
     assert _next_first_value(it) == 4.0  # the second batch: the runs read nothing from it
+
+
+def _from_a_list(data: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+    yield from data
+
+
+def _item_by_item(data: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+    for item in data:  # noqa: UP028  # the shape a learner writes, its item a variable of the frame
+        yield item
+
+
+@pytest.mark.parametrize("made", [iter, _from_a_list, _item_by_item], ids=["iter", "yield from", "for-yield"])
+def test_an_iterator_over_a_list_or_a_started_generator_the_step_reads_is_said_to_have_moved(made: Any) -> None:
+    """``iter(batches)`` and a generator already started (its place in its frame is the same yield at each item):
+    no note said the runs had moved them. The truth: three calls by hand leave the next item three further on."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    data = [torch.randn(3, 2) for _ in range(10)]
+    it = made(data)
+    assert next(it) is data[0]
+
+    def step() -> None:
+        model(next(it)).sum().backward()
+
+    shown = str(bt.diagnose(step, model))
+    told = "moved on" if made is _item_by_item else "is 3 batches further on"  # a frame's names do not count
+    assert f"note: `it` {told}: the 3 runs read from it" in shown, shown
+    assert next(it) is data[4]

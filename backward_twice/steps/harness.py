@@ -34,6 +34,7 @@ Used by :mod:`backward_twice.steps.audit`, :mod:`backward_twice.steps.carried` a
 from __future__ import annotations
 
 import contextlib
+import operator
 import random
 import sys
 import types
@@ -100,8 +101,7 @@ class CpuSnapshot:
             for model in models
             for module in model.modules()
             for name, value in vars(module).items()
-            if isinstance(value, (torch.Tensor, tuple))
-            or (not name.startswith("_") and isinstance(value, (list, dict)))
+            if isinstance(value, (torch.Tensor, tuple)) or not name.startswith("_")  # ``self.counter += 1`` too
         ]
         self._module_keys = [(module, set(vars(module))) for model in models for module in model.modules()]
         self._registered: list[tuple[dict[str, Any], dict[str, Any]]] = [  # a step may replace a registered
@@ -126,6 +126,7 @@ class CpuSnapshot:
         self._containers: list[tuple[Any, Any]] = []
         self._objects: list[tuple[Any, dict[str, Any]]] = []
         self._iterators: list[tuple[str, Any, Any]] = []  # (its name, the iterator, where it was)
+        self._streams: list[tuple[Callable[[Any], Any], Any]] = []  # (what puts a random stream back, its state)
         names = {id(value): name for name, value in reversed(list(known_names(step).items()))}
         for _, value in self._bindings:
             self._walk(value, 0, names.get(id(value), "an iterator"))
@@ -169,6 +170,10 @@ class CpuSnapshot:
             return
         if isinstance(value, Iterator):
             self._iterators.append((name, value, _place(value)))
+            return
+        stream = _stream(value)
+        if stream is not None:  # a random stream of the learner's own: a torch.Generator, random.Random, numpy's
+            self._streams.append((stream[1], stream[0]()))
             return
         if isinstance(value, dict):
             self._containers.append((value, _items(value)))
@@ -245,12 +250,15 @@ class CpuSnapshot:
             numpy[0].set_state(numpy[1])
         for put, value in self._bindings:
             put(value)
+        for put, state in self._streams:
+            put(state)
         for container, items in self._containers:
             _put_items(container, items)
         for obj, attributes in self._objects:
-            if vars(obj) != attributes:
-                vars(obj).clear()
-                vars(obj).update(attributes)
+            now = vars(obj)  # by identity: an attribute may hold a tensor or an array, whose == is elementwise
+            if now.keys() != attributes.keys() or any(now[k] is not v for k, v in attributes.items()):
+                now.clear()
+                now.update(attributes)
 
 
 def _items(value: Any) -> Any:
@@ -266,23 +274,53 @@ def _put_items(container: Any, items: Any) -> None:
         container[:] = items
 
 
+def _stream(value: Any) -> tuple[Callable[[], Any], Callable[[Any], Any]] | None:
+    """(what reads a random stream's state, what puts it back) for a stream the learner made (``torch.Generator()``,
+    ``random.Random(3)``, ``numpy.random.default_rng()`` or a ``RandomState``); None for anything else."""
+    if isinstance(value, torch.Generator):
+        return value.get_state, value.set_state
+    if isinstance(value, random.Random):
+        return value.getstate, value.setstate
+    bits = getattr(value, "bit_generator", None)  # numpy's Generator
+    if type(value).__module__.startswith("numpy") and bits is not None:
+        return (lambda: bits.state), (lambda state: setattr(bits, "state", state))
+    if type(value).__module__.startswith("numpy") and hasattr(value, "get_state") and hasattr(value, "set_state"):
+        return value.get_state, value.set_state
+    return None
+
+
 def _place(iterator: Any) -> Any:
     """Where an iterator is, as far as can be told without moving it: its attributes (a DataLoader's iterator counts
-    what it yielded), a generator's place in its frame; None when nothing tells."""
+    what it yielded), a generator's place in its frame and the values its variables hold (a loop's item changes at
+    each yield, where the place may not), how many items are left (``iter(batches)``: ``length_hint``); None when
+    nothing tells."""
     if isinstance(iterator, types.GeneratorType):
         frame = iterator.gi_frame
-        return ("generator", -1 if frame is None else frame.f_lasti)
-    return dict(vars(iterator)) if hasattr(iterator, "__dict__") else None
+        held = {} if frame is None else dict(frame.f_locals)  # read only: a copy of the suspended frame's names
+        inner = iterator.gi_yieldfrom  # ``yield from data``: the place is the inner iterator's
+        return ("generator", -1 if frame is None else frame.f_lasti, held, None if inner is None else _place(inner))
+    if hasattr(iterator, "__dict__"):
+        return dict(vars(iterator))
+    left = operator.length_hint(iterator, -1)
+    return ("left", left) if left >= 0 else None
 
 
 def _moved(before: Any, after: Any) -> bool:
     if isinstance(before, dict):  # by identity: an attribute may hold a tensor, whose == is elementwise
         return before.keys() != after.keys() or any(after[k] is not v for k, v in before.items())
+    if before[0] == "generator":
+        inner = before[3] is not None and after[3] is not None and _moved(before[3], after[3])
+        return before[1] != after[1] or _moved(before[2], after[2]) or inner
     return bool(before != after)
 
 
 def _yielded(place: Any) -> int:
+    """How many items the iterator at ``place`` has given so far, as far as it tells (0: it does not)."""
     count = place.get("_num_yielded") if isinstance(place, dict) else None
+    if isinstance(place, tuple) and place[0] == "left":
+        return -int(place[1])  # items left: one fewer for each given
+    if isinstance(place, tuple) and place[0] == "generator" and place[3] is not None:
+        return _yielded(place[3])
     return count if isinstance(count, int) else 0
 
 
