@@ -587,3 +587,29 @@ def test_a_modules_plain_attributes_and_the_learners_own_random_streams_are_put_
     assert (model.calls, model.tag, model.last) == (0, "fresh", None)
     assert torch.equal(streams[0].get_state(), before[0]) and streams[1].getstate() == before[1]
     assert streams[2].bit_generator.state == before[2]
+
+
+def test_a_trainers_bound_method_as_the_step_has_its_self_found_and_put_back() -> None:
+    """``bt.diagnose(trainer.train_step)``: its model, optimizer and counter live on ``self``, which no closure or
+    global name reaches; the runs left the batch norm's running statistics and ``self.global_step`` three runs on.
+    The truth: what the trainer holds before and after."""
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-2)
+            self.global_step = 0
+            self.x, self.y = torch.randn(6, 3), torch.randn(6, 1)
+
+        def train_step(self) -> None:
+            self.optimizer.zero_grad()
+            ((self.model(self.x) - self.y) ** 2).mean().backward()
+            self.optimizer.step()
+            self.global_step += 1
+
+    trainer = Trainer()
+    norm = trainer.model[1]
+    before = norm.running_mean.clone(), int(norm.num_batches_tracked), trainer.model[0].weight.detach().clone()
+    assert diagnose(trainer.train_step).healthy
+    assert torch.equal(norm.running_mean, before[0]) and int(norm.num_batches_tracked) == before[1]
+    assert torch.equal(trainer.model[0].weight, before[2]) and trainer.global_step == 0

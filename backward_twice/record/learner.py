@@ -293,11 +293,11 @@ def code_reached(function: Callable[..., Any]) -> list[types.CodeType]:
 
 
 def known_names(step: Callable[[], Any]) -> dict[str, Any]:
-    """The names the step knows objects by: its closure's variables, then the globals its code reads."""
+    """The names the step knows objects by: a method's ``self``, its closure's variables, the globals it reads."""
     code = getattr(step, "__code__", None)
     if code is None:
         return {}
-    known: dict[str, Any] = {}
+    known: dict[str, Any] = {code.co_varnames[0]: step.__self__} if inspect.ismethod(step) and code.co_argcount else {}
     for name, cell in zip(code.co_freevars, getattr(step, "__closure__", None) or ()):
         try:
             known[name] = cell.cell_contents

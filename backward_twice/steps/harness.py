@@ -34,6 +34,7 @@ Used by :mod:`backward_twice.steps.audit`, :mod:`backward_twice.steps.carried` a
 from __future__ import annotations
 
 import contextlib
+import inspect
 import operator
 import random
 import sys
@@ -130,6 +131,8 @@ class CpuSnapshot:
         names = {id(value): name for name, value in reversed(list(known_names(step).items()))}
         for _, value in self._bindings:
             self._walk(value, 0, names.get(id(value), "an iterator"))
+        if inspect.ismethod(step):  # a trainer's ``train_step``: what its ``self`` holds (self.global_step += 1)
+            self._walk(step.__self__, 0, names.get(id(step.__self__), "self"))
 
     def adopt(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer nobody passed, about to step (one the step builds itself, or reaches some other way): its
