@@ -14,6 +14,7 @@ from torch import nn
 
 from backward_twice.report.rendering import Item
 from backward_twice.steps.diagnose import Diagnosis, diagnose
+from backward_twice.watcher import watch
 
 HERE = os.path.basename(__file__)
 
@@ -613,3 +614,27 @@ def test_a_trainers_bound_method_as_the_step_has_its_self_found_and_put_back() -
     assert diagnose(trainer.train_step).healthy
     assert torch.equal(norm.running_mean, before[0]) and int(norm.num_batches_tracked) == before[1]
     assert torch.equal(trainer.model[0].weight, before[2]) and trainer.global_step == 0
+
+
+def test_a_graph_built_before_the_runs_is_walked_again_in_the_same_iteration_by_every_way_in() -> None:
+    """A loss term built once before the loop and added each iteration, with the forum's retain (the thread
+    discuss.pytorch.org/t/what-does-the-backward-function-do/9944): ``bt.diagnose`` said "into iteration 1",
+    ``bt.watch`` "into iteration 2". The truth: without the retain, iteration 2 raises; the walk again is its."""
+    w = torch.randn(3, requires_grad=True)
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    pre = torch.tanh(w).sum()
+
+    def step(retain: bool = True) -> None:
+        optimizer.zero_grad()
+        ((w**2).sum() + pre).backward(retain_graph=retain)
+        optimizer.step()
+
+    diagnosed = diagnose(step).items[0].label
+    with watch() as watched:
+        for _ in range(3):
+            step()
+    assert diagnosed == watched.report.items[0].label, (diagnosed, str(watched))
+    assert diagnosed.startswith("`pre` carries the graph built before the loop into iteration 2"), diagnosed
+    step(retain=False)  # the truth: the first walk without the retain runs; the next raises
+    with pytest.raises(RuntimeError, match="second time"):
+        step(retain=False)

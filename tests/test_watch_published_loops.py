@@ -274,3 +274,44 @@ def test_a_loss_built_before_the_step_is_computed_again_with_the_lines_it_comes_
     lines = f"lines {at['prob_artist1']}, {at['d_score1']} and {at['g_loss']}"
     assert w.report.items[0].fix.startswith(f"compute {lines} again after the step at line "), w.report.items[0].fix
     _conditional_gan(recompute=True)
+
+
+class _TwoHeads(torch.nn.Module):
+    """mosaicml/composer#1240 ("Support sequence of losses in backwards pass"): a model whose ``loss`` returns a tuple
+    of losses from one forward, which the trainer walked with one backward each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.head_a, self.head_b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1), torch.nn.Linear(8, 1)
+
+    def loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.trunk(batch))
+        return self.head_a(h).pow(2).mean(), self.head_b(h).pow(2).mean()
+
+
+def _each_loss(model: _TwoHeads, summed: bool) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        outputs = model.loss(torch.randn(5, 4))
+        if summed:  # the fix as printed
+            sum(outputs).backward()
+        else:
+            for loss in outputs:
+                loss.backward()
+        optimizer.step()
+
+
+def test_the_losses_of_one_forward_walked_one_by_one_are_summed_not_detached() -> None:
+    """It said "build `loss` inside the loop ..., or use `loss.detach()` there": ``loss`` is the loop's own item, and
+    detached it trains nothing ("element 0 of tensors does not require grad"). The truth: bare, the second loss's
+    backward raises; summed, the loop runs, and the trunk gets both heads' gradients."""
+    torch.manual_seed(0)
+    with pytest.raises(RuntimeError, match="second time"):
+        _each_loss(_TwoHeads(), summed=False)
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        _each_loss(_TwoHeads(), summed=False)
+    fix = w.report.items[0].fix
+    assert fix.startswith("sum the losses and call backward() once (`sum(outputs).backward()`)"), fix
+    assert "detach" not in fix
+    _each_loss(_TwoHeads(), summed=True)

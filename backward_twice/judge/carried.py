@@ -186,8 +186,8 @@ def _built_in_an_earlier_pass(recorder: Recorder, split: Split, old: list[int]) 
     update, read by the next one's loss). What was built before the loop, or around it (each model's output of a
     per-model loop, built in the batch loop's pass: one backward each), is consumed, not carried."""
     link = recorder.loop.innermost
-    if link is None or recorder.loop.unusable is not None:
-        return True  # no loop of the learner's to tell an earlier pass by: as before
+    if link is None or recorder.loop.unusable is not None:  # a step's runs, a framework's steps: any earlier one
+        return any(split.iteration_of_node(seq) for seq in old)
     span = (link.loop.filename, link.loop.body_first, link.loop.body_last)
     for seq in old:
         node = recorder.names.get(seq)

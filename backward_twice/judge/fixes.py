@@ -69,6 +69,17 @@ def second_backward_fix(freed_at: str, raised_at: str, through: str, shared: boo
             f"use `{through}.detach()` in the loss line {later.group(1)}'s backward walks (a GAN's D loss must not "
             f"train what `{through}` comes from)"
         )
+    losses = _losses_iterated(raised_at) if freed_at == raised_at else None
+    if losses is not None:  # ``for loss in outputs: loss.backward()``: the losses of one forward, one by one
+        shared_graph = (
+            "one forward's graph"
+            if re.match(rf"\s*{re.escape(through)}\s*\.", raised_at.split(": ", 1)[-1])
+            else f"the graph `{through}` was built from"
+        )
+        return (
+            f"sum the losses and call backward() once (`sum({losses}).backward()`), or add retain_graph=True to "
+            f"each backward but the last: they share {shared_graph}"
+        )
     if freed_at == raised_at:
         return (
             f"build `{through}` inside the loop that runs {line}, or use `{through}.detach()` there if this loss "
@@ -83,6 +94,25 @@ def second_backward_fix(freed_at: str, raised_at: str, through: str, shared: boo
         f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from (a GAN's "
         f"D loss); if it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
     )
+
+
+def _losses_iterated(raised_at: str) -> str | None:
+    """What the ``for`` around the raising line iterates, when its backward is called on that loop's own item
+    (``for loss in outputs: loss.backward()``): the losses of one forward, each walked in turn; None otherwise."""
+    site = site_of(raised_at)
+    receiver = re.match(r"\s*(\w+)\s*\.backward\(", raised_at.split(": ", 1)[-1])
+    tree = parsed(site[0]) if site is not None else None
+    if tree is None or site is None or receiver is None:
+        return None
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, (ast.For, ast.AsyncFor))
+            and isinstance(node.target, ast.Name)
+            and node.target.id == receiver.group(1)
+            and node.body[0].lineno <= site[1] <= (node.end_lineno or node.lineno)
+        ):
+            return ast.unparse(node.iter)
+    return None
 
 
 class Walked(Protocol):
