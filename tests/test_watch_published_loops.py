@@ -315,3 +315,45 @@ def test_the_losses_of_one_forward_walked_one_by_one_are_summed_not_detached() -
     assert fix.startswith("sum the losses and call backward() once (`sum(outputs).backward()`)"), fix
     assert "detach" not in fix
     _each_loss(_TwoHeads(), summed=True)
+
+
+class _ShadowByName(torch.nn.Module):
+    """The EMA of discuss.pytorch.org/t/how-to-apply-exponential-moving-average-decay-for-variables/10856, kept by
+    name in a dict on a module (``register(name, param)``, then ``ema(name, param)`` each step), with the
+    ``.data`` of the thread's answer left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shadow: dict[str, torch.Tensor] = {}
+
+    def register(self, name: str, value: torch.Tensor) -> None:
+        self.shadow[name] = value.clone()
+
+    def forward(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        self.shadow[name] = (0.9 * value + 0.1 * self.shadow[name]).clone()
+        return self.shadow[name]
+
+
+def test_a_graph_an_ema_kept_by_name_on_a_module_grows_is_a_note_at_its_update_line() -> None:
+    """It was "healthy": a dict on a module was no place the names were read from; on a plain object the note named
+    the ``register`` line before the loop. The truth: the shadow's graph reaches one more update each step."""
+    weight = torch.randn(3, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    ema = _ShadowByName()
+    ema.register("weight", weight)
+    with watch() as w:
+        for _ in range(8):
+            optimizer.zero_grad()
+            (weight**2).sum().backward()
+            optimizer.step()
+            ema("weight", weight)
+    [item] = w.report.items
+    assert item.label == "`ema.shadow['weight']` keeps one more iteration's graph alive every iteration", str(w)
+    assert item.lines[0].code == "self.shadow[name] = (0.9 * value + 0.1 * self.shadow[name]).clone()", item.lines
+    seen, todo = {}, [ema.shadow["weight"].grad_fn]  # the truth: a graph one update (3 nodes) bigger each step
+    while todo:
+        node = todo.pop()
+        if node is not None and id(node) not in seen:
+            seen[id(node)] = node
+            todo += [child for child, _ in node.next_functions]
+    assert len(seen) > 3 * 8

@@ -3,7 +3,7 @@ the recorder's walks, with the name that held it at an iteration's start
 (:class:`backward_twice.record.names.NamedGraph`) for the fix's variable, and
 :func:`backward_twice.judge.built.built_line` for the line that built it. One :class:`CarriedFinding` per name.
 
-Used by :mod:`backward_twice.judge.verdicts`.
+Used by :mod:`backward_twice.judge.notes` and :mod:`backward_twice.judge.verdicts`.
 """
 
 from __future__ import annotations
@@ -79,8 +79,9 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         # sum(losses).backward() every 2nd): walked once, by the first backward after them
         since = min(split.iteration_of_call(call.index - 1) if call.index else 0, iteration - 1)
         old = [seq for seq in call.old if split.iteration_of_node(seq) <= since]
-        if not old or not (set(call.again) & set(old) or _built_in_an_earlier_pass(recorder, split, old)):
-            continue
+        walked_again = call.first_freed is not None or call.error is not None or bool(set(call.again) & set(old))
+        if not old or not (walked_again or _built_in_an_earlier_pass(recorder, split, old)):
+            continue  # a walk that raised went through what a backward walked before: the earlier one unread
         chained = len({split.iteration_of_node(seq) for seq in old}) > 1
         top = [seq for seq in call.frontier if split.iteration_of_node(seq) < iteration]
         candidates = (

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backward_twice.judge.built import built_line
+from backward_twice.judge.carried import twin_in_iteration_1
 from backward_twice.record.held import HeldGraph
 from backward_twice.record.iterations import Split
 from backward_twice.record.learner import site_of
@@ -90,9 +91,13 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             line = built_line(named, built == 0, recorder)
             grower = _container(grown.newest_name or named.name, name)
             by_name[grower] = Note(grower, line, grown.newest_bytes, True, one_element=_one_element(named.shape))
+    from_before: set[str] = set()  # names whose note's line is where their graph began, before the loop
     for holder, sequence, built, held_graph, spans in held:
         grows = _root(holder) in growing or spans > 1
         named = recorder.names[sequence]
+        twin = twin_in_iteration_1(recorder, split, sequence) if recorder.creation.line_of(sequence) is None else None
+        if twin is not None and recorder.creation.line_of(twin) is not None:  # past the traced passes: iteration
+            named = dataclasses.replace(named, sequence=twin)  # 1's node at the same place has its line logged
         line = built_line(named, built == 0, recorder)
         parameter = named.container == "parameter"
         one = _one_element(named.shape)
@@ -100,7 +105,13 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             holder, Note(holder, line, held_graph.graph_bytes, grows, parameter, grows and holder in reset, one)
         )
         if grows and not known.grows:  # a later start showed it growing (running_loss += loss: from pass 3 on)
-            by_name[holder] = dataclasses.replace(known, grows=True, reset=holder in reset)
+            known = by_name[holder] = dataclasses.replace(known, grows=True, reset=holder in reset)
+        if grows and built > 0 and holder in from_before and line != known.built_at:
+            # it started before the loop (``ema.shadow['w'] = w.clone()``); the line each pass adds from is the one
+            by_name[holder] = dataclasses.replace(known, built_at=line)  # to change (the update in ``forward``)
+            from_before.discard(holder)
+        elif built == 0:
+            from_before.add(holder)
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
             by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one))
     found = _one_per_container(list(by_name.values()))

@@ -382,7 +382,7 @@ def _keys(module: torch.nn.Module) -> tuple[str, ...]:
             # a tuple, list or None that is not torch's own (_compiled_call_impl); a number of a learner's module
             # (``self.running_loss = 0``, then ``+= loss``: the size of ``__dict__`` stays)
             or ((isinstance(v, (tuple, list)) or v is None) and not k.startswith("_"))
-            or (own and type(v) in (int, float) and not k.startswith("_"))
+            or (own and type(v) in (int, float, dict) and not k.startswith("_"))  # an EMA's ``self.shadow = {}``
         )
         cached = _tensor_keys[module] = (len(attributes), keys)
     return cached[1]
@@ -435,6 +435,10 @@ def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
                 for i, part in enumerate(item[:8]):
                     if isinstance(part, torch.Tensor):
                         _graph_of(f"{prefix}{suffix}.{key}[{i}]", part, type(item).__name__, found)
+            elif isinstance(item, dict):  # self.shadow[name] = ...: an EMA kept by name
+                for entry, part in list(item.items())[:8]:
+                    if isinstance(part, torch.Tensor):
+                        _graph_of(f"{prefix}{suffix}.{key}[{entry!r}]", part, "dict", found)
         for key, item in module._buffers.items():
             if item is not None:
                 _graph_of(f"{prefix}{suffix}.{key}", item, None, found)
