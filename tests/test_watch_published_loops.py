@@ -357,3 +357,28 @@ def test_a_graph_an_ema_kept_by_name_on_a_module_grows_is_a_note_at_its_update_l
             seen[id(node)] = node
             todo += [child for child, _ in node.next_functions]
     assert len(seen) > 3 * 8
+
+
+def test_a_retain_that_keeps_a_graph_and_walks_it_again_on_one_line_is_shown_once() -> None:
+    """CLIP's learnable temperature (``logit_scale = model.logit_scale.exp()``) hoisted before the loop, with the
+    forum's retain: the line ``loss.backward(retain_graph=True)`` was shown twice, once as keeping the old graph and
+    once as walking it again. The truth: without the retain, iteration 2 raises."""
+    torch.manual_seed(0)
+    log_scale = torch.nn.Parameter(torch.tensor(2.0))
+    encoder = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD([log_scale, *encoder.parameters()], lr=0.1)
+    logit_scale = log_scale.exp()
+    with watch() as w:
+        for _ in range(3):
+            logits = logit_scale * encoder(torch.randn(5, 4))
+            loss = F.cross_entropy(logits, torch.arange(3).repeat(2)[:5])
+            optimizer.zero_grad()
+            loss.backward(retain_graph=True)
+            optimizer.step()
+    places = [line.place for line in w.report.items[0].lines]
+    assert len(places) == len(set(places)), str(w)
+    assert w.report.items[0].lines[-1].label.endswith(", and walks it again in iteration 2"), str(w)
+    with pytest.raises(RuntimeError, match="second time"):
+        for _ in range(2):
+            encoder.zero_grad()
+            F.cross_entropy(logit_scale * encoder(torch.randn(5, 4)), torch.arange(3).repeat(2)[:5]).backward()

@@ -188,7 +188,11 @@ def carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ban
         lines.append(raising)
     else:
         used_place, used_code = split_line(first.used_at)
-        lines.append(CodeLine(used_place, used_code, (0, len(used_code)), f"walks it again in {into}"))
+        again = f"walks it again in {into}"
+        if lines and lines[-1].place == used_place:  # one line: the retain that keeps it, and the walk again
+            lines[-1] = CodeLine(used_place, used_code, lines[-1].span, f"{lines[-1].label}, and {again}")
+        else:
+            lines.append(CodeLine(used_place, used_code, (0, len(used_code)), again))
     step = re.search(r"optimizer step at (.+)$", error.evidence) if error is not None else None
     if error is not None and error.kind == "in-place version error":
         if step is not None:
