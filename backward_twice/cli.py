@@ -188,14 +188,15 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None, comp
     watcher, status, raised = Watch(options.iterations, _again_verbose(options)), 0, False
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
     stdout, pid = sys.stdout, os.getpid()  # the report's: not a log file the script made its stdout
+    before = set(threading.enumerate())  # a kernel's or a test runner's threads are not the script's to wait for
     try:
         with watcher:
             try:
                 _run_script(target, compiled)
             except SystemExit:
-                _join_threads()
+                _join_threads(before)
                 raise
-            _join_threads()
+            _join_threads(before)
     except SystemExit as exit_:
         code = exit_.code
         if code is not None and not isinstance(code, int):
@@ -226,14 +227,17 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None, comp
     return status
 
 
-def _join_threads() -> None:
-    """Wait for the threads the script left running, as python does before it exits: their backward calls are the
-    run's too (a loop in a thread the script does not join)."""
+def _join_threads(before: set[threading.Thread]) -> None:
+    """Wait for the threads the script started and left running (not those of ``before``), as python does before
+    it exits: their backward calls are the run's too (a loop in a thread the script does not join)."""
     while True:
         running = [
             thread
             for thread in threading.enumerate()
-            if thread is not threading.current_thread() and not thread.daemon and thread.is_alive()
+            if thread not in before
+            and thread is not threading.current_thread()
+            and not thread.daemon
+            and thread.is_alive()
         ]
         if not running:
             return

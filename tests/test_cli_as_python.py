@@ -147,3 +147,25 @@ def test_a_trace_function_the_script_sets_stays_its_own_and_its_line_is_not_wher
     assert python.stdout.strip() == told and watched.stdout.startswith(told), watched.stdout
     diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
     assert "train.py:15 | h = cell(torch.randn(1, 2), h)" in diagnosis and "settrace" not in diagnosis, diagnosis
+
+
+def test_in_a_process_of_its_own_the_command_waits_for_the_scripts_threads_only(tmp_path: Path) -> None:
+    """``cli.main([...])`` in a kernel or a test runner, whose own threads outlive any script: waiting for every
+    thread hung the run until a test timeout. The script's threads are its own; the process's others are not."""
+    import threading
+    import time
+
+    from backward_twice import cli
+
+    released = threading.Event()
+    kernels = threading.Thread(target=released.wait, args=(60,))  # a thread of the process's, not the script's
+    kernels.start()
+    (tmp_path / "train.py").write_text(LOOP)
+    started = time.monotonic()
+    try:
+        assert cli.main(["watch", str(tmp_path / "train.py")]) == 0
+        took = time.monotonic() - started
+    finally:
+        released.set()
+        kernels.join()
+    assert took < 30, took
