@@ -186,10 +186,9 @@ def _built_in_an_earlier_pass(recorder: Recorder, split: Split, old: list[int]) 
     earlier pass of the loop built: a name the loop's body assigns (SAC's ``alpha = log_alpha.exp()`` at the end of an
     update, read by the next one's loss). What was built before the loop, or around it (each model's output of a
     per-model loop, built in the batch loop's pass: one backward each), is consumed, not carried."""
-    link = recorder.loop.innermost
-    if link is None or recorder.loop.unusable is not None:  # a step's runs, a framework's steps: any earlier one
+    span = _loop_body(recorder)
+    if span is None:  # a step's runs, a framework's steps: any earlier one
         return any(split.iteration_of_node(seq) for seq in old)
-    span = (link.loop.filename, link.loop.body_first, link.loop.body_last)
     for seq in old:
         node = recorder.names.get(seq)
         if split.iteration_of_node(seq) and node is not None and bound_in(whole_name(node.name, node.container), span):
@@ -201,10 +200,9 @@ def _read_in_the_loop(recorder: Recorder, node: NamedGraph) -> str:
     """Of the names of one tensor (``ret[1]`` and ``mems[0]`` after ``loss, mems = ret[0], ret[1:]``), the one the
     loop's body reads before it assigns it: where the graph comes into the next pass (``mems``, passed to the model;
     ``ret`` is assigned first). The name found first when no other is read so."""
-    link = recorder.loop.innermost
-    if not node.same or link is None or recorder.loop.unusable is not None:
+    span = _loop_body(recorder)
+    if not node.same or span is None:
         return node.name
-    span = (link.loop.filename, link.loop.body_first, link.loop.body_last)
 
     def comes_in(spelled: str) -> bool:
         return read_first(whole_name(spelled, node.container if "[" in spelled else None), span) is True
@@ -297,10 +295,9 @@ def _carrier(recorder: Recorder, spellings: list[str] | None) -> str | None:
     1 both held one tensor, but ``loss`` is rebound before anything reads it)."""
     if not spellings:
         return None
-    link = recorder.loop.innermost
-    if len(spellings) == 1 or link is None or recorder.loop.unusable is not None:
+    span = _loop_body(recorder)
+    if len(spellings) == 1 or span is None:
         return spellings[0]
-    span = (link.loop.filename, link.loop.body_first, link.loop.body_last)
     live = (s for s in spellings if read_first(re.sub(r"\[\d+\]$", "", s), span) is not False)
     return next(live, spellings[0])
 
@@ -358,13 +355,20 @@ def _list_use(recorder: Recorder, carried: _Carried) -> str | None:
     return list_use(re.sub(r"\[\d+\]$", "", carried.name), spans)
 
 
+def _loop_body(recorder: Recorder) -> tuple[str, int, int] | None:
+    """(file, first line, last line) of the body of the loop whose passes are the iterations; None without one
+    the recorder could read (a step's runs, a framework's loop)."""
+    link = recorder.loop.innermost
+    if link is None or recorder.loop.unusable is not None:
+        return None
+    return link.loop.filename, link.loop.body_first, link.loop.body_last
+
+
 def _spans(recorder: Recorder, frame: CodeSite | None) -> list[tuple[str, int, int]]:
     """Where the learner's code may read a carrier: the loop's body, the code the name was found in (``frame``), the
     step."""
-    spans: list[tuple[str, int, int]] = []
-    link = recorder.loop.innermost
-    if link is not None and recorder.loop.unusable is None:
-        spans.append((link.loop.filename, link.loop.body_first, link.loop.body_last))
+    body = _loop_body(recorder)
+    spans: list[tuple[str, int, int]] = [] if body is None else [body]
     for where in (recorder.roots_where, frame):  # a step's own code first: what it reads is where a graph comes in
         span = function_span(where) if where is not None else None
         if span is not None:
