@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from backward_twice.record.learner import name_bindings
+from backward_twice.record.step_input import name_bindings
 
 __all__ = [
     "ATOL",

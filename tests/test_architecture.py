@@ -185,27 +185,41 @@ def test_the_gan_tests_run_the_notebooks_own_code(name: str) -> None:
 
 
 # What running a learner's step takes: patching torch (the engine's entry, optimizer step hooks) and reading a
-# step's closure and globals. backward_twice/record/learner.py is the one place that does either; every tool and check
-# goes through it (backward_twice/steps/harness.py runs a step on it, backward_twice/record/recorder.py watches through
-# it).
-_PATCHES_OR_READS_A_STEP = re.compile(
-    r"_engine_run_backward|register_optimizer_step_(?:pre|post)_hook|__closure__|__globals__|setattr\(torch\b"
+# step's closure and globals. backward_twice/record/learner.py is the one place that patches torch and
+# backward_twice/record/step_input.py the one that reads a step; every tool and check goes through them
+# (backward_twice/steps/harness.py runs a step on them, backward_twice/record/recorder.py watches through them).
+_PATCHES_TORCH = re.compile(
+    r"_engine_run_backward|register_optimizer_step_(?:pre|post)_hook|setattr\(torch\b"
     r"|torch\.autograd\.\w+\s*=[^=]|torch\.Tensor\.\w+\s*=[^=]|optimizer\.step\s*=[^=]"
 )
-_THE_ONE_PLACE = "backward_twice/record/learner.py"
+_READS_A_STEP = re.compile(r"__closure__|__globals__")
 
 
-def test_only_one_module_patches_torch_or_reads_a_steps_closure_and_globals() -> None:
-    offenders = set()
+def _modules_matching(pattern: re.Pattern[str]) -> set[str]:
+    found = set()
     for path in package_files():
         code = "\n".join(
             line for line in path.read_text(encoding="utf-8").splitlines() if not line.lstrip().startswith("#")
         )
-        if _PATCHES_OR_READS_A_STEP.search(code):
-            offenders.add(str(path.relative_to(ROOT)))
-    assert _THE_ONE_PLACE in offenders
-    assert offenders == {_THE_ONE_PLACE}, (
-        f"{sorted(offenders - {_THE_ONE_PLACE})} patch torch or read a step's closure/globals: "
-        "use backward_twice.record.learner (intercepting, known_names, held_bindings) or "
+        if pattern.search(code):
+            found.add(str(path.relative_to(ROOT)))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("pattern", "the_one_place", "use"),
+    [
+        (_PATCHES_TORCH, "backward_twice/record/learner.py", "backward_twice.record.learner.intercepting"),
+        (_READS_A_STEP, "backward_twice/record/step_input.py", "backward_twice.record.step_input (known_names, ...)"),
+    ],
+    ids=["patches torch", "reads a step's closure and globals"],
+)
+def test_only_one_module_patches_torch_and_one_reads_a_steps_closure_and_globals(
+    pattern: re.Pattern[str], the_one_place: str, use: str
+) -> None:
+    offenders = _modules_matching(pattern)
+    assert the_one_place in offenders
+    assert offenders == {the_one_place}, (
+        f"{sorted(offenders - {the_one_place})} do what only {the_one_place} does: use {use} or "
         "backward_twice.steps.harness.run_step"
     )

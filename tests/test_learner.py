@@ -11,7 +11,8 @@ import types
 import pytest
 import torch
 
-from backward_twice.record.learner import as_items, check_step, known_names, learner_line, passed_optimizers_only, place
+from backward_twice.record.learner import learner_line, passed_optimizers_only, place
+from backward_twice.record.step_input import as_items, check_step, known_names
 
 
 class FakeCompiler:

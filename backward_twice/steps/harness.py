@@ -46,9 +46,9 @@ from typing import Any
 import torch
 
 from backward_twice.judge.verdicts import Verdicts, judge
-from backward_twice.record.learner import as_items, check_step, held_bindings, known_names
 from backward_twice.record.names import CodeSite
 from backward_twice.record.recorder import Recorder
+from backward_twice.record.step_input import as_items, check_step, held_bindings, known_names
 
 __all__ = ["CpuSnapshot", "StepRun", "run_step"]
 

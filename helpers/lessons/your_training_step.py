@@ -34,14 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from backward_twice.record.learner import (
-    as_items,
-    check_step,
-    first_line,
-    intercepting,
-    known_names,
-    passed_optimizers_only,
-)
+from backward_twice.record.learner import first_line, intercepting, passed_optimizers_only
+from backward_twice.record.step_input import as_items, check_step, known_names
 from backward_twice.steps.audit import audit_retain_graph
 from helpers.checks import CheckResult, clear_multiple, flat
 from helpers.measure import TrainingState, gradients_close

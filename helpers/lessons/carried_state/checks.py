@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from backward_twice.common.units import format_bytes
 from backward_twice.instruments.meter import SavedTensorMeter
-from backward_twice.record.learner import known_names
+from backward_twice.record.step_input import known_names
 from backward_twice.steps.carried import find_carried_graph
 from helpers.checks import CheckResult, Rejected, checked, flat, run_answer
 from helpers.lessons.carried_state.loop_watch import (

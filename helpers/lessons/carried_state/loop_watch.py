@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from backward_twice.instruments.meter import SavedTensorMeter
-from backward_twice.record.learner import code_reached, intercepting
+from backward_twice.record.learner import intercepting
+from backward_twice.record.step_input import code_reached
 
 __all__ = ["LoopWatch", "gradient_norm", "is_norm_clipping", "reads_data", "scale_down_to"]
 
