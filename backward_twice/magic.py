@@ -11,7 +11,8 @@ cell that starts with ``%%diagnose`` and the names of the models and optimizers 
 
 runs the body as one iteration of a loop, in the notebook's namespace (a name the body assigns, like ``h``,
 is the notebook's variable, as it would be in the loop), and shows the diagnosis. The body's lines are
-named as the cell's own ("Cell In[7], line 4"), and everything the diagnosis changes is put back.
+named as the cell's own ("Cell In[7], line 4"), and everything the diagnosis changes is put back (a name the body
+binds that the notebook did not have goes).
 
 Used by learners on their own training step (README, "Bring your own training step").
 """

@@ -2,11 +2,13 @@
 
 * :func:`known_names`, :func:`name_bindings` and :func:`held_bindings` are the only code that reads a step's
   closure and globals: the names it knows objects by, and a way to bind each name to its object again;
-  :func:`code_reached` is the code a step runs as written (nested functions, a factory's arguments);
+  :func:`code_reached` is the code a step runs as written (nested functions, a factory's arguments), and
+  :func:`global_namespace` the dict its globals live in;
 * :func:`check_step` and :func:`as_items` refuse bad input with a message naming the tool and what is wrong: a
   step that needs arguments, models that are not modules, optimizers that are not optimizers.
 
-Used by :mod:`backward_twice.record.learner`, :mod:`backward_twice.steps.harness`, :mod:`helpers.measure`,
+Used by :mod:`backward_twice.record.learner`, :mod:`backward_twice.steps.harness`, :mod:`backward_twice.steps.snapshot`,
+:mod:`helpers.measure`,
 :mod:`helpers.lessons.carried_state.checks`, :mod:`helpers.lessons.carried_state.loop_watch` and
 :mod:`helpers.lessons.your_training_step`.
 """
@@ -23,7 +25,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["NameBinding", "as_items", "check_step", "code_reached", "held_bindings", "known_names", "name_bindings"]
+__all__ = [
+    "NameBinding",
+    "as_items",
+    "check_step",
+    "code_reached",
+    "global_namespace",
+    "held_bindings",
+    "known_names",
+    "name_bindings",
+]
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,12 @@ def known_names(step: Callable[[], Any]) -> dict[str, Any]:
     names = [n for c in (code, *(c for c in code.co_consts if inspect.iscode(c))) for n in c.co_names]
     known.update((n, step.__globals__[n]) for n in names if n in step.__globals__ and n not in known)
     return known
+
+
+def global_namespace(function: Callable[..., Any]) -> dict[str, Any] | None:
+    """The dict a function's globals live in (its module's, a notebook's), or None for what has none (a builtin)."""
+    namespace = getattr(function, "__globals__", None)
+    return namespace if isinstance(namespace, dict) else None
 
 
 def check_step(step: object, who: str = "audit_retain_graph") -> None:

@@ -14,7 +14,7 @@ attributes of modules and other objects, items of lists, tuples and dicts: ``h``
 the fix its
 variable, and the line that built it comes from the recorder's line tracer (a node built before the first run:
 the assignment to that name, read with ``ast``). Everything the runs change is put back (on the CPU copies of
-:class:`backward_twice.steps.harness.CpuSnapshot`); the report keeps plain data only.
+:class:`backward_twice.steps.snapshot.CpuSnapshot`); the report keeps plain data only.
 
 :func:`stamp_iteration` is the drawing aid of notebook 04: it stamps each node an iteration builds, for
 ``draw_graph(..., by_iteration=True)``.

@@ -1,0 +1,134 @@
+"""diagnose puts back what the step changes through code it calls: the globals a helper function of the learner's
+writes (``global seen; seen += 1``, a list it appends to), a class's attributes (``Trainer.calls += 1``), the
+attributes of a configuration module of the learner's (``cfg.lr *= 0.5``), lists nested deeper than three levels;
+an optimizer as the learner holds it (its ``param_groups`` the same dicts, no flag a scheduler reads left set); and
+``%%diagnose`` leaves no name the cell bound that the notebook did not have.
+
+The truth is what the learner's objects say before and after, read without the tool."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from backward_twice.steps.diagnose import diagnose
+
+CONFIG = """
+lr = 0.1
+losses = []
+schedule = {"warm": True}
+"""
+
+LEARNER = """
+import torch
+from torch import nn
+
+import config_of_the_learner as cfg
+
+torch.manual_seed(0)
+model = nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+seen = 0
+history = []
+deep = [[[[[0]]]]]
+
+
+class Trainer:
+    calls = 0
+    best = None
+
+
+def log(loss):
+    global seen
+    seen += 1
+    history.append(float(loss))
+    Trainer.calls += 1
+    Trainer.best = float(loss)
+    cfg.lr = cfg.lr * 0.5
+    cfg.losses.append(float(loss))
+    cfg.schedule["warm"] = False
+    deep[0][0][0][0][0] += 1
+    count()
+
+
+def count():
+    global counted
+    counted = globals().get("counted", 0) + 1
+
+
+def step():
+    optimizer.zero_grad()
+    loss = model(torch.ones(2, 3)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    log(loss)
+"""
+
+
+@pytest.fixture
+def learner(tmp_path: Path) -> Iterator[ModuleType]:
+    (tmp_path / "config_of_the_learner.py").write_text(textwrap.dedent(CONFIG), encoding="utf-8")
+    (tmp_path / "learner_with_helpers.py").write_text(textwrap.dedent(LEARNER), encoding="utf-8")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield importlib.import_module("learner_with_helpers")
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("learner_with_helpers", "config_of_the_learner"):
+            sys.modules.pop(name, None)
+
+
+def _state(module: ModuleType) -> tuple[object, ...]:
+    cfg = module.cfg
+    return (
+        module.seen,
+        list(module.history),
+        module.Trainer.calls,
+        module.Trainer.best,
+        cfg.lr,
+        list(cfg.losses),
+        dict(cfg.schedule),
+        module.deep[0][0][0][0][0],
+        "counted" in vars(module),
+    )
+
+
+def test_what_a_helper_function_changes_through_globals_classes_and_a_config_module_is_put_back(
+    learner: ModuleType,
+) -> None:
+    before = _state(learner)
+    weight = learner.model.weight.detach().clone()
+    assert diagnose(learner.step, models=learner.model, optimizers=learner.optimizer).healthy
+    assert _state(learner) == before
+    assert torch.equal(learner.model.weight, weight)
+    learner.step()  # the learner's own first step, after the tool: as the first step without it
+    assert (learner.seen, learner.Trainer.calls, learner.cfg.lr, learner.deep[0][0][0][0][0]) == (1, 1, 0.05, 1)
+
+
+def test_the_optimizer_is_left_as_the_learner_holds_it(learner: ModuleType) -> None:
+    """A learner's ``group = optimizer.param_groups[0]`` still sets the learning rate after diagnose, and a scheduler
+    built after it still warns about a ``scheduler.step()`` before the first ``optimizer.step()``, as without it."""
+    optimizer = learner.optimizer
+    groups, group = optimizer.param_groups, optimizer.param_groups[0]
+    flags = {k: v for k, v in vars(optimizer).items() if k not in ("state", "param_groups")}
+    diagnose(learner.step, models=learner.model, optimizers=optimizer)
+    assert optimizer.param_groups is groups and optimizer.param_groups[0] is group
+    assert group["lr"] == 0.1
+    assert {k: v for k, v in vars(optimizer).items() if k not in ("state", "param_groups")} == flags
+
+
+def test_a_gradient_the_learner_holds_is_the_parameters_gradient_again_with_its_values(learner: ModuleType) -> None:
+    """After the learner's own step ``g = model.weight.grad``; the runs zero and refill it (or replace it), and the
+    tool gave the parameter a new tensor with the right values, so ``g`` no longer was the weight's gradient."""
+    learner.step()
+    weight = learner.model.weight
+    held, values = weight.grad, weight.grad.clone()
+    diagnose(learner.step, models=learner.model, optimizers=learner.optimizer)
+    assert weight.grad is held and torch.equal(held, values)
