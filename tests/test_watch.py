@@ -111,6 +111,28 @@ def test_iterations_n_leave_the_loops_names_and_random_streams_as_n_passes_do(tm
     assert watched["w"].verdicts.iterations_run == 2 and watched["w"].healthy
 
 
+@pytest.mark.parametrize("header", ["for x in it:", "for i, x in enumerate(it):", "for x, _ in zip(it, it2):"])
+def test_iterations_n_leave_an_iterator_a_next_cell_reads_on_where_n_passes_leave_it(tmp_path, header: str) -> None:
+    """``it = iter(batches)`` in one cell, ``watch(iterations=2)`` over ``for x in it`` in the next, then a cell that
+    goes on with ``for x in it``: pass 3's header had taken batch 2 from ``it`` before the stop, so the next cell
+    started at batch 3 and trained on one batch fewer. The truth: the same loop breaking at the end of pass 2."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [torch.randn(2, 3) for _ in range(6)]
+    it, it2 = iter(batches), iter(range(6))
+    cell = tmp_path / "cell.py"
+    cell.write_text(
+        f"with watch(iterations=2) as w:\n    {header}\n        opt.zero_grad(); model(x).sum().backward()\n"
+    )
+    namespace = {"watch": watch, "it": it, "it2": it2, "opt": opt, "model": model}
+    exec(compile(cell.read_text(), str(cell), "exec"), namespace)
+    assert namespace["w"].verdicts.iterations_run == 2
+    assert next(it) is batches[2]
+    if "it2" in header:
+        assert next(it2) == 2
+
+
 def _one_line_loop(model: torch.nn.Module, passes: int, logged: list[int]) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     torch.manual_seed(1)

@@ -63,6 +63,7 @@ class Loop:
     shadowed: bool = False  # a loop inside it binds one of those names too (``for _`` in ``for _``)
     counter: int = -1  # which of ``targets`` counts the passes by one (``for i in range(n)``, ``enumerate``)
     rebound: frozenset[str] = frozenset()  # of ``targets``, those its body assigns (``images = images.reshape(...)``)
+    iterable: tuple[str, ...] = ()  # the names a ``for``'s iterable reads (``it`` of ``enumerate(it)``)
 
     def holds(self, line: int) -> bool:
         """Whether ``line`` lies in the loop's body (the header and an ``else:`` clause do not)."""
@@ -176,6 +177,11 @@ def _read_scope(code: types.CodeType) -> _Scope:
                     targets,
                     counter=targets.index(counter) if counter in targets else -1,
                     rebound=_assigned(child.body, set(targets)),
+                    iterable=(
+                        ()
+                        if isinstance(child, ast.While)
+                        else tuple(dict.fromkeys(n.id for n in ast.walk(child.iter) if isinstance(n, ast.Name)))
+                    ),
                 )
             )
         elif isinstance(child, ast.Call):

@@ -30,11 +30,12 @@ Used by :mod:`backward_twice.record.recorder`.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import random
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from backward_twice.record.loops import Loop, holds_a_backward
@@ -201,15 +202,18 @@ def _due_before_any_event(
 class TakenItem:
     """What a loop's header changes as it takes the item of pass N+1, kept there and put back at the stop at that
     pass's top: the random streams, which reading the item may draw from (a ``Dataset``'s random crop), and, in a
-    script's or a notebook cell's top level, the names its ``for`` binds (the next cell sees pass N's ``i`` and ``x``).
-    The state is then that of N passes (a ``while``'s condition drawing from a stream included). A function's
-    variables are not written (no frame is): the stop unwinds its frame."""
+    script's or a notebook cell's top level, the names its ``for`` binds (the next cell sees pass N's ``i`` and ``x``),
+    and the place of an iterator of Python's own its iterable names (``it = iter(batches)`` read on by a next cell:
+    ``for x in it``, ``enumerate(it)``). The state is then that of N passes (a ``while``'s condition drawing from a
+    stream included). A function's variables are not written (no frame is): the stop unwinds its frame. An iterator
+    of another kind (a DataLoader's, a generator) keeps the item it gave: nothing can take it back."""
 
     def __init__(self) -> None:
         self._where: tuple[int, int] | None = None  # (id(frame), header line) of the loop whose header kept them
         self._names: dict[str, Any] = {}
         self._namespace: dict[str, Any] | None = None  # the top level's names (a module's dict, not a frame's)
         self._streams: list[tuple[Callable[[Any], Any], Any]] = []  # how to set each stream, and its state
+        self._places: list[tuple[Any, Any]] = []  # (an iterator of Python's own, its place)
 
     def keep(self, frame: types.FrameType, loop: Loop) -> None:
         self._where = (id(frame), loop.header)
@@ -218,6 +222,7 @@ class TakenItem:
         if self._namespace is not None:
             self._names = {name: self._namespace.get(name, _UNBOUND) for name in loop.targets}
         self._streams = _random_streams()
+        self._places = _iterator_places(frame, loop)
 
     def put_back(self, frame: types.FrameType, loop: Loop) -> None:
         """Put back what ``loop``'s header kept in ``frame``."""
@@ -230,13 +235,33 @@ class TakenItem:
                     names.pop(name, None)
             for set_state, state in self._streams:
                 set_state(state)
+            for iterator, place in self._places:
+                with contextlib.suppress(Exception):  # as it was read: a list's iterator at index N
+                    iterator.__setstate__(place)
         self.forget()
 
     def forget(self) -> None:
-        self._where, self._names, self._namespace, self._streams = None, {}, None, []
+        self._where, self._names, self._namespace, self._streams, self._places = None, {}, None, [], []
 
 
 _UNBOUND = object()  # a name the loop binds that its header found unbound (the body deleted it)
+
+
+def _iterator_places(frame: types.FrameType, loop: Loop) -> list[tuple[Any, Any]]:
+    """(iterator, place) for each name ``loop``'s iterable reads that holds an iterator of Python's own whose place
+    can be read and set (a list's, a tuple's, a range's: ``__reduce__`` and ``__setstate__``)."""
+    if not loop.iterable:
+        return []
+    names = frame.f_locals  # read only: the values the names hold
+    places = []
+    for name in loop.iterable:
+        value = names[name] if name in names else frame.f_globals.get(name)
+        kind = type(value)
+        if kind.__module__ == "builtins" and isinstance(value, Iterator) and hasattr(value, "__setstate__"):
+            reduced = value.__reduce__()
+            if isinstance(reduced, tuple) and len(reduced) == 3:
+                places.append((value, reduced[2]))
+    return places
 
 
 def _random_streams() -> list[tuple[Callable[[Any], Any], Any]]:
