@@ -1,8 +1,9 @@
 """``backward-twice watch [--iterations N] [--json PATH] [--verbose] SCRIPT [ARGS...]``: run an unmodified training
 script under the recorder (:func:`backward_twice.watcher.watch`) and say what it found.
 
-The script runs as ``python SCRIPT ARGS...`` would run it: as ``__main__`` (:func:`runpy.run_path`; a folder runs
-its ``__main__.py``), with ``sys.argv`` set and its folder first on ``sys.path``, so its own imports (a
+The script runs as ``python SCRIPT ARGS...`` would run it: as ``__main__`` (a fresh module with the globals python
+gives a script, kept as ``__main__`` for its ``atexit`` functions and threads; a folder runs its ``__main__.py``),
+with ``sys.argv`` set and its (real) folder first on ``sys.path``, so its own imports (a
 ``helpers.py`` of its own included) resolve as they always do: the tool is the package ``backward_twice``, and
 nothing of it is named ``helpers``. It ends as Python would:
 
@@ -33,6 +34,7 @@ import atexit
 import builtins
 import contextlib
 import functools
+import importlib.machinery
 import os
 import runpy
 import shlex
@@ -47,11 +49,10 @@ from typing import TextIO
 from backward_twice.report.rendering import render_text
 from backward_twice.watcher import Watch, dump_json
 
-# runpy's own steps for a script, as ``python SCRIPT`` takes them: the file, compiled once to check its syntax, is
-# not compiled again (a second compile costs as much as the check); a folder's ``__main__`` is found on the folder put
-# first on ``sys.path``; ``__package__`` is None (run_path gives ""), and ``sys.argv[0]`` stays as typed (run_path
-# sets it to the path it runs). Private to runpy, the same from 3.10 to 3.13: without them, run_path.
-_TEMP_MODULE = getattr(runpy, "_TempModule", None)
+# A script's file runs as python runs it: compiled once (for the syntax check and the run), in a fresh ``__main__``
+# module with the globals python gives one (``__loader__``, ``__annotations__``, ``__package__`` None, ``sys.argv[0]``
+# as typed). A folder's ``__main__`` is found by runpy's own steps on the folder put first on ``sys.path``: private to
+# runpy, the same from 3.10 to 3.13; without them, run_path.
 _RUN_CODE = getattr(runpy, "_run_code", None)
 _MAIN_MODULE_DETAILS = getattr(runpy, "_get_main_module_details", None)
 
@@ -70,7 +71,7 @@ def run() -> None:
     """The ``backward-twice`` command: :func:`main`, ended as python ends: a script that Ctrl-C stopped ends this
     process by SIGINT, after the report and the script's ``atexit`` functions (its status to a shell is 130 either
     way; a shell's loop stops only then)."""
-    status = main()
+    status = main(own_process=True)
     if isinstance(status, _Interrupted) and os.name == "posix":
         atexit._run_exitfuncs()  # the script's, as python runs them before it dies of SIGINT (a checkpoint saved)
         sys.stdout.flush()
@@ -159,7 +160,10 @@ def _json_problem(path: str) -> str | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, own_process: bool = False) -> int:
+    """The command with ``argv`` (``sys.argv[1:]`` when None); its status. ``own_process``: the process ends with it
+    (:func:`run`), so the script stays ``__main__`` to the end, for its ``atexit`` functions and its threads (a
+    ``torch.save`` of a class the script defines); otherwise the caller's ``__main__`` is put back."""
     options = _parsed(sys.argv[1:] if argv is None else argv)
     if options.iterations is not None and options.iterations < 1:
         return _refuse("--iterations must be 1 or more")
@@ -178,13 +182,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("".join(traceback.format_exception_only(type(error), error)), end="", file=sys.stderr)
         return 1
     target = os.path.abspath(options.script)
-    return _run(options, target, report_path, code if script == target else None)
+    return _run(options, target, report_path, code if script == target else None, own_process)
 
 
-def _run(options: argparse.Namespace, target: str, report_path: str | None, compiled: types.CodeType | None) -> int:
-    saved_argv, saved_path = sys.argv, list(sys.path)
+def _run(
+    options: argparse.Namespace,
+    target: str,
+    report_path: str | None,
+    compiled: types.CodeType | None,
+    own_process: bool = False,
+) -> int:
+    saved_argv, saved_path, saved_main = sys.argv, list(sys.path), sys.modules.get("__main__")
     sys.argv = [options.script, *options.args]  # as given, as python gives it
-    sys.path[0:1] = [target if os.path.isdir(target) else os.path.dirname(target)]  # what `python SCRIPT` puts first
+    # what `python SCRIPT` puts first: a symlinked script's real folder, whose files it imports
+    sys.path[0:1] = [target if os.path.isdir(target) else os.path.dirname(os.path.realpath(target))]
     watcher, status, raised = Watch(options.iterations, _again_verbose(options)), 0, False
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
     stdout, pid = sys.stdout, os.getpid()  # the report's: not a log file the script made its stdout
@@ -211,8 +222,12 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None, comp
             _print_traceback(error)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        if not own_process and saved_main is not None:
+            sys.modules["__main__"] = saved_main
     if os.getpid() != pid:  # a child the script forked, ending: the parent reports the run
         return status
+    if own_process and watcher.recorder.stopped:
+        _cancel_timers()
     # When it raised, the traceback ends with the diagnosis (a note): printed again only without the traceback. An
     # error before any backward call (a missing import) is Python's alone.
     if not raised or (options.no_traceback and watcher.verdicts.calls):
@@ -225,6 +240,16 @@ def _run(options: argparse.Namespace, target: str, report_path: str | None, comp
         except OSError as error:
             print(f"backward-twice watch: could not write --json {report_path}: {error}", file=sys.stderr)
     return status
+
+
+def _cancel_timers() -> None:
+    """The script stopped at ``--iterations N``: a timer it set for a later pass (``signal.setitimer``,
+    ``signal.alarm``) would fire while the process ends, once Python has put back the signals' default actions, and
+    kill it with its signal (status 142 for SIGALRM) after a run that ended as asked."""
+    if hasattr(signal, "setitimer"):
+        for which in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
+            with contextlib.suppress(OSError):
+                signal.setitimer(which, 0)
 
 
 def _join_threads(before: set[threading.Thread]) -> None:
@@ -261,17 +286,28 @@ def _say(stdout: TextIO, text: str) -> None:
 
 def _run_script(target: str, compiled: types.CodeType | None) -> None:
     """Run the file (its code ``compiled``) or the folder's ``__main__`` as ``__main__``, with ``sys.argv`` and
-    ``sys.path`` as already set."""
-    temp_module, run_code, main_details = _TEMP_MODULE, _RUN_CODE, _MAIN_MODULE_DETAILS
-    if temp_module is None or run_code is None or main_details is None:
+    ``sys.path`` as already set. The module stays ``sys.modules["__main__"]`` when the run ends (:func:`_run` puts
+    the caller's back, unless the process ends with the command)."""
+    if compiled is not None:  # the globals python gives a script's __main__ (__loader__, __annotations__ included)
+        main = types.ModuleType("__main__")
+        main.__dict__.update(
+            __annotations__={},
+            __builtins__=builtins,
+            __file__=target,
+            __cached__=None,
+            __loader__=importlib.machinery.SourceFileLoader("__main__", target),
+        )
+        sys.modules["__main__"] = main
+        exec(compiled, main.__dict__)
+        return
+    run_code, main_details = _RUN_CODE, _MAIN_MODULE_DETAILS
+    if run_code is None or main_details is None:
         runpy.run_path(target, _MAIN_GLOBALS, run_name="__main__")
         return
-    with temp_module("__main__") as main:  # python's __main__ for the run; the command's own is put back after
-        if compiled is not None:
-            run_code(compiled, main.module.__dict__, _MAIN_GLOBALS, "__main__", None, None, target)
-        else:
-            _, spec, code = main_details()
-            run_code(code, main.module.__dict__, _MAIN_GLOBALS, "__main__", spec)
+    _, spec, code = main_details()  # the folder's __main__.py, found on sys.path[0] as python finds it
+    folder_main = types.ModuleType("__main__")
+    sys.modules["__main__"] = folder_main
+    run_code(code, folder_main.__dict__, _MAIN_GLOBALS, "__main__", spec)
 
 
 def _again_verbose(options: argparse.Namespace) -> str:

@@ -86,6 +86,7 @@ class Watch:
             self._problem = f"backward-twice could not judge this run (an error of its own: {first_line(error)})"
         if isinstance(exc, Exception):
             exc.__traceback__ = without_tool_frames(exc.__traceback__)
+            _without_the_stop(exc)
             if self._problem is None and not self.verdicts.calls:
                 return False  # raised before any backward call (a missing import): Python's own error, alone
             note = self._problem or render_text(self.report, more=self.more)
@@ -202,3 +203,15 @@ def dump_json(watched: Watch, path: str) -> None:
     with open(path, "w", encoding="utf-8") as file:
         json.dump(watched.to_json(), file, indent=2)
         file.write("\n")
+
+
+def _without_the_stop(error: BaseException) -> None:
+    """An error the code raised while the stop of ``iterations=N`` unwound it (in a ``finally:`` after the loop) is
+    shown as python shows it without the tool: not "During handling of the above exception" the recorder's stop."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error.__context__, StopRecording) and error.__cause__ is None:
+            error.__suppress_context__ = True
+            return
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]

@@ -376,12 +376,11 @@ for _ in range(2):
 """
 
 
-@pytest.mark.parametrize("private_step", [True, False])
 def test_the_script_is_compiled_once_and_runs_as_python_runs_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], private_step: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The truth: ``python script.py`` on the same file. Compiled once when runpy has its private step for a file's
-    code; without it (a Python that lacks it), runpy.run_path runs the script as before."""
+    """The truth: ``python script.py`` on the same file. The file is compiled once (for the syntax check and the
+    run), and needs none of runpy's private steps (those are for a folder's ``__main__``)."""
     from backward_twice import cli
 
     script = tmp_path / "where.py"
@@ -396,17 +395,13 @@ def test_the_script_is_compiled_once_and_runs_as_python_runs_it(
         return real_compile(source, filename, *args, **kwargs)
 
     monkeypatch.setattr("builtins.compile", counting)
-    if not private_step:
-        monkeypatch.setattr(cli, "_RUN_CODE", None)
+    monkeypatch.setattr(cli, "_RUN_CODE", None)
     assert cli.main(["watch", str(script), "x"]) == 0
     printed = capsys.readouterr().out.splitlines()
     seen, truth = json.loads(printed[0]), json.loads(python.stdout.splitlines()[0])
-    if not private_step:
-        truth[5] = ""  # run_path's __package__; python's is None
-        truth[2][0] = str(script)  # run_path's argv[0] is the path it runs
     assert seen == truth  # name, file, argv, the __main__ module, package and spec as python's
     assert printed[1].startswith("backward-twice: healthy (2 iterations watched,"), printed
-    assert len(compiled) == (1 if private_step else 2)
+    assert len(compiled) == 1
 
 
 ONE_LINE_LOOP = """import torch

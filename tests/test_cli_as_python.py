@@ -169,3 +169,97 @@ def test_in_a_process_of_its_own_the_command_waits_for_the_scripts_threads_only(
         released.set()
         kernels.join()
     assert took < 30, took
+
+
+def test_a_class_of_the_script_pickles_at_exit_and_in_a_thread_left_running(tmp_path: Path) -> None:
+    """``torch.save`` of a model whose class the script defines, from an ``atexit`` function and from a thread the
+    script does not join: under the command ``__main__`` was the command's again by then (PicklingError: attribute
+    lookup on __main__ failed), and the thread left a truncated checkpoint."""
+    script = (
+        LOOP
+        + """
+import atexit, pickle, threading, time
+
+class Config:
+    lr = 0.1
+
+def save(where):
+    time.sleep(0.2)
+    print(where, len(pickle.dumps(Config())), flush=True)
+
+atexit.register(save, "at exit")
+threading.Thread(target=save, args=("in a thread",)).start()
+"""
+    )
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 0 and watched.stderr == "", watched.stderr
+    for said in ("in a thread 37", "at exit 37"):
+        assert said in python.stdout and said in watched.stdout, watched.stdout
+
+
+def test_a_script_sees_the_globals_python_gives_it_and_a_symlinks_real_folder_first_on_its_path(
+    tmp_path: Path,
+) -> None:
+    """``__annotations__`` was missing (NameError), ``__loader__`` None; a script reached through a symlink had the
+    link's folder first on ``sys.path``, not its real folder, so it could not import the module beside it."""
+    real, links = tmp_path / "real", tmp_path / "links"
+    real.mkdir()
+    links.mkdir()
+    (real / "beside.py").write_text("WHAT = 'beside'\n")
+    (real / "train.py").write_text(
+        LOOP + "import beside\nprint(beside.WHAT, __annotations__, type(__loader__).__name__, __package__, __spec__)\n"
+    )
+    (links / "train.py").symlink_to(real / "train.py")
+    said = "beside {} SourceFileLoader None None\n"
+    for command in ([sys.executable], [str(COMMAND), "watch"]):
+        done = subprocess.run([*command, "train.py"], cwd=links, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and done.stdout.startswith(said), done.stderr
+
+
+def test_an_error_a_finally_raises_as_iterations_stops_the_loop_is_shown_without_the_stop(tmp_path: Path) -> None:
+    """``--iterations 2`` on a loop in ``try:`` whose ``finally:`` raises: the traceback showed the recorder's
+    StopRecording ("During handling of the above exception") and a frame of the tool, and the report "3 iterations
+    watched" for 2."""
+    script = """
+import torch
+
+model = torch.nn.Linear(2, 1)
+try:
+    for i in range(4):
+        model(torch.randn(3, 2)).sum().backward()
+finally:
+    raise RuntimeError("cleanup failed")
+"""
+    python, watched = run(tmp_path, script, "--iterations", "2")
+    assert python.returncode == watched.returncode == 1
+    assert "StopRecording" not in watched.stderr and "During handling" not in watched.stderr, watched.stderr
+    assert watched.stderr.endswith("RuntimeError: cleanup failed\n") or "backward-twice: healthy (2 iterations" in (
+        watched.stderr + watched.stdout
+    ), watched.stderr
+    assert "(2 iterations watched, then stopped as asked" in watched.stderr + watched.stdout
+
+
+def test_a_timer_the_script_set_for_a_later_pass_does_not_kill_the_command_after_the_stop(tmp_path: Path) -> None:
+    """A loop that runs until ``signal.setitimer``'s alarm: ``--iterations 2`` ends it first, the report is printed,
+    and the alarm then fired as the process ended, with the signals' default actions back: "Alarm clock", status
+    142. The truth: python runs it to the alarm and exits 0."""
+    script = """
+import signal, time
+import torch
+
+model = torch.nn.Linear(4, 1)
+stop = False
+
+def on_alarm(signum, frame):
+    global stop
+    stop = True
+
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+while not stop:
+    model(torch.randn(2, 4)).sum().backward()
+    time.sleep(0.02)
+"""
+    python, watched = run(tmp_path, script, "--iterations", "2")
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert watched.stdout.startswith("backward-twice: healthy (2 iterations watched, then stopped as asked")

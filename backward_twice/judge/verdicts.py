@@ -113,7 +113,8 @@ def judge(recorder: Recorder) -> Verdicts:
     if carried:  # ``out`` and ``loss``, rebound each pass, grow only through the carried graph: one cause, one item
         kept = [n for n in kept if not (n.grows and not n.parameter and rebound_each_pass(recorder, n.name))]
     error = _error(recorder, split, carried)
-    partial = len(calls) > (split.ends[-1].calls if split.ends else 0) or recorder.error is not None
+    raised_in_a_pass = recorder.error is not None and not recorder.error.after_the_loop  # not a ``finally:``'s
+    partial = len(calls) > (split.ends[-1].calls if split.ends else 0) or raised_in_a_pass
     run = split.count + (1 if partial else 0)
     failure = recorder.failure
     stopped_watching = (
@@ -158,11 +159,13 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
             # the forum's band-aid: only a later iteration's walk into a carried graph needs it
             later = calls[tally.needer_later]
             # the whole state (``hidden``, not ``hidden[0]``): detaching one of its tensors leaves the other carrying it
-            carrier = next((f"`{whole_name(c.name, c.container)}`" for c in carried if c.name), "the carried tensor")
+            named = next((c for c in carried if c.name), None)
+            carrier = f"`{whole_name(named.name, named.container)}`" if named and named.name else "the carried tensor"
+            freed = "cleared" if named is not None and named.fix.startswith("clear ") else "detached"  # a list
             why = (
                 f"only a later iteration needs it: {short(later.line)} in iteration "
                 f"{split.iteration_of_call(later.index)} follows {carrier} back into the buffers it kept; once "
-                f"{carrier} is detached, no backward needs them"
+                f"{carrier} is {freed}, no backward needs them"
             )
             fix = f"remove retain_graph=True once {carrier} no longer carries its graph"
             verdicts.append(LineVerdict(line, GOES_WITH_CARRIED, runs, needed, held, why, fix))
