@@ -640,3 +640,28 @@ def test_the_band_aid_on_an_lstm_state_goes_once_the_whole_state_is_detached() -
     assert line.verdict == "goes with the carried fix", repr(audit)
     assert line.fix == "remove retain_graph=True once `hidden` no longer carries its graph", line.fix
     assert "once `hidden` is detached" in line.why, line.why
+
+
+def test_the_band_aid_on_a_list_of_losses_goes_once_the_list_is_cleared_not_detached() -> None:
+    """REINFORCE's ``log_probs`` list summed each iteration with the forum's retain: the fix clears the list, and
+    the retain's why said "once `log_probs` is detached", which a list cannot be. The truth: with
+    ``log_probs.clear()`` after the backward and no retain, the step runs three times."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    x = torch.randn(4, 3)
+    log_probs: list[torch.Tensor] = []
+
+    def step(retain: bool = True, clear: bool = False) -> None:
+        log_probs.append(model(x).sum())
+        loss = torch.stack(log_probs).sum()
+        model.zero_grad()
+        loss.backward(retain_graph=retain)
+        if clear:
+            log_probs.clear()
+
+    for _ in range(3):
+        step(retain=False, clear=True)
+    audit = audit_retain_graph(step, model)
+    [line] = audit.lines
+    assert line.verdict == "goes with the carried fix", repr(audit)
+    assert "once `log_probs` is cleared" in line.why, line.why

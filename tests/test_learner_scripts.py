@@ -390,6 +390,78 @@ def test_a_state_a_lightning_step_keeps_on_self_for_the_next_is_fixed_after_the_
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
 
 
+LIGHTNING_STATE_STORES = """
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(pl.LightningModule):
+    aux_total = 0.0  # a start value of the class's
+
+    def __init__(self):
+        super().__init__()
+        self.gru = torch.nn.GRU(3, 5, batch_first=True)
+        self.head = torch.nn.Linear(5, 1)
+        self.hiddens = None
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if self.hiddens is None:
+            self.hiddens = torch.zeros(1, x.shape[0], 5)
+{step}{fix}        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(8, 4, 3), torch.randn(8, 1))
+trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, accelerator="cpu")
+trainer.fit(Model(), DataLoader(data, batch_size=2))
+"""
+_STATE_STORES = {
+    # the hidden state stored by the statement that builds it (a tuple's target): the TBPTT page's loop on self
+    "tuple target": (
+        "        out, self.hiddens = self.gru(x, self.hiddens)\n"
+        "        loss = torch.nn.functional.mse_loss(self.head(out[:, -1]), y)\n",
+        "self.hiddens",
+        20,
+    ),
+    # a running total on self that starts as the class's float and that a later line's loss reads (a Hugging Face
+    # ``compute_loss`` keeping an auxiliary loss): no ``.detach()`` of a float before it, and none between the two
+    "float start read later": (
+        "        out, _ = self.gru(x)\n"
+        "        self.aux_total = self.aux_total + out.pow(2).mean()\n"
+        "        loss = torch.nn.functional.mse_loss(self.head(out[:, -1]), y) + 0.01 * self.aux_total\n",
+        "self.aux_total",
+        22,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", _STATE_STORES)
+def test_a_state_a_framework_step_keeps_on_self_is_detached_after_the_step_last_reads_it(
+    tmp_path: Path, case: str
+) -> None:
+    """It was "`model.hiddens` ... at the end of each iteration" (no loop of the learner's; the store in a tuple's
+    target not seen as one), and "add `self.aux_total = self.aux_total.detach()` before line 21" where it starts as
+    a float (AttributeError applied as printed). The truth: the script raises as written, and with the printed line
+    added where the fix says it runs to its end."""
+    step, name, after = _STATE_STORES[case]
+    python, watched = run(tmp_path, LIGHTNING_STATE_STORES.format(step=step, fix=""))
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    fix = f"{name} = {name}.detach()"
+    assert f"1. `{name}` carries iteration 1's graph into iteration 2" in diagnosis, diagnosis
+    assert f"fix: add `{fix}` after line {after}" in diagnosis, diagnosis
+    assert LIGHTNING_STATE_STORES.format(step=step, fix="").splitlines()[after - 1].startswith("        ")
+    python, watched = run(tmp_path, LIGHTNING_STATE_STORES.format(step=step, fix=f"        {fix}\n"))
+    assert python.returncode == watched.returncode == 0, python.stderr[-2000:]
+    assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout
+
+
 LIGHTNING_EPOCH_MEAN = """
 import pytorch_lightning as pl
 import torch

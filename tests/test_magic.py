@@ -120,3 +120,35 @@ def test_a_state_a_model_of_another_cell_reads_comes_in_at_the_diagnosed_cells_l
     assert shown.startswith("backward-twice: 1 thing to fix (3 runs of the cell; run 3 raised)"), shown
     assert f"Cell In[{result.execution_count}], line 3 | out, h = model(x, h)" in shown, shown
     assert "fix: add `h = h.detach()` before line 3, and remove retain_graph=True at line 5" in shown, shown
+
+
+def test_names_the_cell_binds_that_the_notebook_did_not_have_are_not_left_behind(shell) -> None:
+    """``loss`` and ``xb``, bound by the pasted body and new to the notebook, were left holding the third run's
+    values (a ``loss`` with its graph); a name the notebook had (``h``) is put back. The truth: the notebook's
+    names before the cell."""
+    body = "xb = x * 2\noptimizer.zero_grad()\nh = cell(xb, h.detach())\nloss = h.pow(2).sum()\nloss.backward()\n"
+    before = set(shell.user_ns)
+    h_before = shell.user_ns["h"]
+    assert isinstance(run(shell, f"%%diagnose cell optimizer\n{body}optimizer.step()").result, Diagnosis)
+    assert not {"xb", "loss"} & set(shell.user_ns)
+    assert all(name.startswith("_") for name in set(shell.user_ns) - before)  # IPython's own: _, _i3, _3
+    assert shell.user_ns["h"] is h_before
+
+
+def test_tensors_an_earlier_cell_built_in_one_line_are_one_item_built_at_that_cells_line(shell) -> None:
+    """A PPO update pasted under ``%%diagnose``, its rollout buffers built with a graph in the cell before: three
+    items, each "built" at the diagnosed cell's first line, the second and third saying the backward "walks it
+    again" where it raised. ``bt.diagnose`` on the same step gave one item. The truth: the buffers come from one
+    line; detached there, the update runs twice."""
+    run(shell, "policy = torch.nn.Linear(3, 2)\nadam = torch.optim.Adam(policy.parameters())\nobs = torch.randn(4, 3)")
+    rollout = run(shell, "logp_buf, ret_buf = policy(obs).unbind(1)")
+    body = "out = policy(obs)\nratio = out[:, 0] - logp_buf\nvalue = out[:, 1] - ret_buf\nloss = (ratio * value).mean()"
+    body += "\n"
+    diagnosis = run(shell, f"%%diagnose policy adam\nadam.zero_grad()\n{body}loss.backward()\nadam.step()").result
+    assert isinstance(diagnosis, Diagnosis)
+    [item] = diagnosis.items
+    assert item.label.endswith("carry the graph built before the loop into iteration 2"), repr(diagnosis)
+    assert {"`logp_buf`", "`ret_buf`"} <= set(item.label.split()), repr(diagnosis)
+    assert "walks it again" not in repr(diagnosis)
+    evidence = diagnosis.evidence()
+    assert f"built before the loop at Cell In[{rollout.execution_count}], line 1" in evidence, evidence

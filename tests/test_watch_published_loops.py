@@ -382,3 +382,85 @@ def test_a_retain_that_keeps_a_graph_and_walks_it_again_on_one_line_is_shown_onc
         for _ in range(2):
             encoder.zero_grad()
             F.cross_entropy(logit_scale * encoder(torch.randn(5, 4)), torch.arange(3).repeat(2)[:5]).backward()
+
+
+class _TrainsItself(torch.nn.Module):
+    """The forum thread discuss.pytorch.org/t/6795's model: ``forward`` keeps ``self.hidden``, ``train_it`` runs the
+    step with the answer's ``retain_graph=True``; its state's cell under ``torch.utils.checkpoint`` (reentrant)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.cell, self.out = torch.nn.Linear(3, 8), torch.nn.Linear(16, 8), torch.nn.Linear(8, 1)
+        self.hidden = torch.zeros(4, 8)
+        self.opt = torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def step_cell(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.cell(torch.cat([e, h], 1)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = self.inp(x)
+        self.hidden = torch.utils.checkpoint.checkpoint(self.step_cell, e, self.hidden, use_reentrant=True)
+        return self.out(self.hidden)
+
+    def train_it(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.mse_loss(self(x), y)
+        self.opt.zero_grad()
+        loss.backward(retain_graph=True)
+        self.opt.step()
+        return loss
+
+
+def test_a_state_a_method_keeps_on_self_is_named_once_by_the_loops_name_for_the_object() -> None:
+    """The fix was "add `model.hidden = model.hidden.detach()` and `self.hidden = self.hidden.detach()` at the end
+    of each iteration" for a loop at a script's top level, where ``self`` is no name (NameError applied as printed):
+    a later pass was first seen inside ``train_it``, which names the same tensor ``self.hidden``. The truth: with
+    ``model.hidden = model.hidden.detach()`` at the end of each pass and no retain, the loop runs."""
+    torch.manual_seed(0)
+    model = _TrainsItself()
+    batches = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(5)]
+    with watch() as w:
+        for x, y in batches:
+            model.train_it(x, y)
+    [item] = w.verdicts.carried
+    assert item.name == "model.hidden" and "`self.hidden = self.hidden.detach()`" not in str(w), str(w)
+    assert "`model.hidden = model.hidden.detach()` at the end of each iteration" in str(w), str(w)
+
+
+class _ForwardForwardLayer(torch.nn.Linear):
+    """pytorch/examples mnist_forward_forward/main.py's ``Layer``, with the ``.detach()`` of ``train``'s return
+    left out: the next layer's loop reads the graph this layer's outputs were built with, every pass."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features)
+        self.opt = torch.optim.Adam(self.parameters(), lr=0.03)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_direction = x / (x.norm(2, 1, keepdim=True) + 1e-4)
+        return torch.relu(torch.mm(x_direction, self.weight.T) + self.bias.unsqueeze(0))
+
+    def train_layer(self, x_pos: torch.Tensor, x_neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for _ in range(5):  # the published num_epochs is larger; 5 puts the raise past the passes read in full
+            g_pos = self.forward(x_pos).pow(2).mean(1)
+            g_neg = self.forward(x_neg).pow(2).mean(1)
+            loss = torch.log(1 + torch.exp(torch.cat([-g_pos + 2.0, g_neg - 2.0]))).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+        return self.forward(x_pos), self.forward(x_neg)
+
+
+def test_a_parameter_of_the_function_whose_loop_raises_is_named_as_the_carrier() -> None:
+    """Forward-forward without the detach: the second layer's loop raises in its second pass. It was "a tensor no
+    name of yours holds carries ...", with a fix that names nothing, though the error's own walk reached the buffers
+    through ``x_neg``. The truth: ``x_pos`` and ``x_neg`` are the first layer's outputs, with its graph; detached
+    (the published code), the loop runs."""
+    torch.manual_seed(0)
+    layers = [_ForwardForwardLayer(8, 6), _ForwardForwardLayer(6, 6)]
+    x_pos, x_neg = torch.rand(4, 8), torch.rand(4, 8)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        h_pos, h_neg = x_pos, x_neg
+        for layer in layers:
+            h_pos, h_neg = layer.train_layer(h_pos, h_neg)
+    names = [item.name for item in w.verdicts.carried]
+    assert names and set(names) <= {"x_pos", "x_neg"}, str(w)
+    assert f"fix: add `{names[0]} = {names[0]}.detach()`" in str(w), str(w)

@@ -1043,3 +1043,53 @@ def test_a_loss_cut_off_by_data_and_made_to_require_grad_trains_nothing_and_is_n
     with watch() as w:
         model, unchanged = train(cut=False)
     assert not unchanged and w.healthy, str(w)
+
+
+def test_an_item_a_later_iteration_appends_is_built_at_the_append_not_at_the_lists_first_line() -> None:
+    """A list of log-probabilities summed each iteration and never cleared: the item iteration 2 appended was
+    "built in iteration 2 at ``log_probs = []``", the list's first line, since the line tracer logs only the first
+    pass. The truth: each item is ``out.sum()`` of ``log_probs.append(out.sum())`` (the only line that makes one)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    x = torch.randn(4, 3)
+    log_probs = []
+    with watch() as w:
+        for _ in range(3):
+            out = model(x)
+            log_probs.append(out.sum())
+            loss = torch.stack(log_probs).sum()
+            model.zero_grad()
+            loss.backward(retain_graph=True)
+    built = {finding.name: finding.built_at.split(": ", 1)[1] for finding in w.verdicts.carried}
+    assert built == {"log_probs[0]": "log_probs.append(out.sum())", "log_probs[1]": "log_probs.append(out.sum())"}
+
+
+def _gan_step_without_detach(retain: bool) -> None:
+    """pix2pix's D update on ``fake`` without ``.detach()``, kept walkable for G's update by the retain."""
+    torch.manual_seed(0)
+    generator, discriminator = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    g_optimizer = torch.optim.SGD(generator.parameters(), lr=0.1)
+    d_optimizer = torch.optim.SGD(discriminator.parameters(), lr=0.1)
+    for _ in range(3):
+        fake = generator(torch.randn(4, 2))
+        d_optimizer.zero_grad()
+        discriminator(fake).mean().backward(retain_graph=retain)
+        d_optimizer.step()
+        g_optimizer.zero_grad()
+        (-discriminator(fake).mean()).backward()
+        g_optimizer.step()
+
+
+def test_a_healthy_run_whose_retain_a_later_backward_needs_says_so_in_its_headline() -> None:
+    """It said "healthy (..., nothing carried, no retain_graph=True to drop)" of a loop with a retain, which reads as
+    if it had none. The truth: without the retain, G's backward raises in iteration 1."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _gan_step_without_detach(retain=False)
+    with watch() as w:
+        _gan_step_without_detach(retain=True)
+    with open(__file__, encoding="utf-8") as source:
+        line = next(n for n, text in enumerate(source, 1) if "(fake).mean().backward(retain_graph=" in text)
+    assert str(w).startswith(
+        f"backward-twice: healthy (3 iterations watched, 6 backward calls, nothing carried, "
+        f"retain_graph=True at line {line} needed)"
+    ), str(w)

@@ -18,6 +18,7 @@ import ast
 import functools
 import linecache
 import re
+import sys
 from typing import TYPE_CHECKING
 
 from backward_twice.record.learner import place
@@ -65,10 +66,22 @@ def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
         )
         if line is not None:
             return f"{place(filename, line)}: {linecache.getline(filename, line).strip()}"
+    for cell in reversed(_other_cells(places[0][0]) if places else []):  # a notebook's other cells, latest first:
+        tree = parsed(cell)  # the name built in a cell run before (``logp_buf, ... = collect_rollouts()``)
+        line = _assignment(tree, named, sys.maxsize, "<module>", before_loop) if tree is not None else None
+        if line is not None:
+            return f"{place(cell, line)}: {linecache.getline(cell, line).strip()}"
     if not places:
         return f"(the name {named.name})"
     filename, first_line, code_name = places[0]
     return f"{place(filename, first_line)} ({named.name}, {code_name})"
+
+
+def _other_cells(filename: str) -> list[str]:
+    """The other notebook cells the kernel ran, in the order it ran them, when ``filename`` is a cell's; none else."""
+    if not place(filename, 1).startswith("Cell "):
+        return []
+    return [cell for cell in list(linecache.cache) if cell != filename and place(cell, 1).startswith("Cell ")]
 
 
 def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name: str, before_loop: bool) -> int | None:
@@ -170,10 +183,7 @@ def starts_without_a_tensor(spelled: str, filename: str) -> bool:
     """Whether the file assigns ``spelled`` (``beta``, ``self.hidden``) a constant somewhere (``beta = 0``,
     ``self.hidden = None``): then it may hold no tensor in the first iteration, and a ``.detach()`` there fails. In
     a notebook, any cell the kernel ran may have assigned it (``h_state = None`` in the cell before the loop's)."""
-    files = [filename]
-    if place(filename, 1).startswith("Cell "):
-        files += [cell for cell in list(linecache.cache) if cell != filename and place(cell, 1).startswith("Cell ")]
-    for file in files:
+    for file in [filename, *_other_cells(filename)]:
         tree = parsed(file)
         if tree is not None and spelled in memo(file, ("constants",), functools.partial(_assigned_constants, tree)):
             return True
@@ -181,6 +191,8 @@ def starts_without_a_tensor(spelled: str, filename: str) -> bool:
 
 
 def _assigned_constants(tree: ast.Module) -> frozenset[str]:
+    """What the file assigns a constant, as spelled (``beta``, ``self.hidden``, ``state['h']``), and for a class's
+    own attribute (``aux_total = 0.0`` in its body) also as its methods read it (``self.aux_total``)."""
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
@@ -189,6 +201,11 @@ def _assigned_constants(tree: ast.Module) -> frozenset[str]:
                 for part in ast.walk(target):
                     if isinstance(part, (ast.Name, ast.Attribute, ast.Subscript)):
                         found.add(ast.unparse(part))
+        if isinstance(node, ast.ClassDef):
+            for statement in node.body:
+                if isinstance(statement, (ast.Assign, ast.AnnAssign)) and isinstance(statement.value, ast.Constant):
+                    targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+                    found.update(f"self.{target.id}" for target in targets if isinstance(target, ast.Name))
     return frozenset(found)
 
 

@@ -51,7 +51,8 @@ class CarriedFinding:
     enters_at: str | None = None  # the first line of the loop that reads the name: where the old graph comes in
     fix_at_entry: bool = False  # a detach right before ``enters_at`` runs (else: at the end of each iteration)
     chained: bool = True  # a backward walked graphs of several earlier iterations at once (False: one at a time)
-    stored_at: str | None = None  # without a loop of the learner's: their line that stores it (the fix goes after)
+    stored_at: str | None = None  # without a loop of the learner's: their line that stores it
+    detach_after: str | None = None  # and the line the fix goes after (a later line of the step may read it whole)
 
 
 def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
@@ -96,8 +97,13 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             named = [recorder.names[seq] for seq in sorted(old, reverse=True)[:1] if seq in recorder.names]
         if not named and through is not None and recorder.error is not None and recorder.error.call == call.index:
             # the names were not read at this pass (only at some): the failing call's own read found the name it
-            # reached them through, one each pass assigns from itself (``hidden = cell(x, hidden)``)
-            named = [replace(through, sequence=max(top or old))] if rebinds_from_itself(through) else []
+            # reached them through, one each pass assigns from itself (``hidden = cell(x, hidden)``), or one the loop
+            # reads and never binds (a parameter ``x_pos`` of the function whose loop it is: built before the loop)
+            body = _loop_body(recorder)
+            kept_on = rebinds_from_itself(through) or (
+                body is not None and not bound_in(whole_name(through.name, through.container), body)
+            )
+            named = [replace(through, sequence=max(top or old))] if kept_on else []
         for node in named:  # a later iteration's node at the same place is this one's twin (read after the loop
             for place in _places(split, node.sequence, first):  # rebound the name that held it)
                 twins.setdefault(place, node)
@@ -108,8 +114,10 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             )
             if held_now and traced is not None and recorder.creation.line_of(node.sequence) is None:
                 line = built_line(replace(node, sequence=traced), False, recorder)  # an older pass's, of those traced
-            else:
-                line = built_line(node, built == 0, recorder)
+            else:  # past the traced passes, the line of its twin in iteration 1 (``log_probs[1]``, appended again)
+                twin = twin_in_iteration_1(recorder, split, node.sequence) if built >= 2 else None
+                untraced = twin is not None and recorder.creation.line_of(node.sequence) is None
+                line = built_line(replace(node, sequence=twin) if untraced and twin else node, built == 0, recorder)
             name, container = node.name, node.container
             carrier = None if held_now else _carrier(recorder, recorder.carriers.get(node.sequence))
             if (
@@ -171,6 +179,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             at_entry,
             e.chained,
             None if stored is None or stored[1] is None or at_entry else learner_line_at(*stored[1]),
+            None if stored is None or stored[2] is None or at_entry else learner_line_at(*stored[2]),
         )
         for e, named in ((e, as_the_line_names_it(e.name, e.built_at)) for e in _named_first(list(found.values())))
         for stored in (as_stored(named, recorder.creation.ran, site_of(e.built_at)) if stored_only and named else None,)
@@ -254,8 +263,13 @@ def _bound_from_a_list(recorder: Recorder, carried: _Carried, lists: set[str]) -
 
 
 def _named_first(found: list[_Carried]) -> list[_Carried]:
-    """``found`` less the carriers no name holds once one is named (``hx[done] = 0`` hides ``hx`` behind a node)."""
-    return [e for e in found if e.name is not None] or found
+    """``found`` less the carriers no name holds once one is named (``hx[done] = 0`` hides ``hx`` behind a node), and
+    less ``self.hidden`` where ``model.hidden`` built at the same line is found: the method's name for the loop's
+    object, read in a later pass whose first event came inside the method (no ``self`` where the loop runs)."""
+    named = [e for e in found if e.name is not None]
+    outer = {(e.name.split(".", 1)[1], e.built_at) for e in named if e.name and "." in e.name and e.name[:5] != "self."}
+    kept = [e for e in named if not (e.name and e.name[:5] == "self." and (e.name[5:], e.built_at) in outer)]
+    return kept or found
 
 
 def _places(split: Split, sequence: int, first: int | None) -> list[tuple[str, int]]:

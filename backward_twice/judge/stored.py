@@ -81,19 +81,20 @@ def _stored_at(
         tree = parsed(built[0])
         around = function_around(tree, built[1]) if tree is not None else None
         last = getattr(around, "end_lineno", None) or 0
-        after = sorted(where for where in found if where[0] == built[0] and built[1] < where[1] <= last)
+        after = sorted(where for where in found if where[0] == built[0] and built[1] <= where[1] <= last)
         found = dict.fromkeys(after[:1], False)
     return next(iter(found)) if len(found) == 1 else None
 
 
 def as_stored(
     name: str, ran: Collection[tuple[str, int]], built: tuple[str, int] | None = None
-) -> tuple[str, tuple[str, int] | None] | None:
+) -> tuple[str, tuple[str, int] | None, tuple[str, int] | None] | None:
     """A carrier found on an object (``state['model'].previous_hidden[0]``, through the names a framework's caller
     holds) as the one statement that ran and stored it spells it (``self.previous_hidden[0]``), with that statement's
-    (file, line) when nothing after it in its function reads the attribute (a detach right after it then cuts only
-    what the next step reads; None: a later line's loss needs it whole). None without an attribute in the name or
-    such a single statement."""
+    (file, line) and the (file, line) a detach goes after so that it cuts only what the next step reads: the same,
+    or when the function reads the attribute again (a later line's loss needs it whole), the end of the statement of
+    its body that reads it last (both None: that statement returns). None without an attribute in the name or such a
+    single statement."""
     attribute = re.search(r"\.(\w+)((?:\[[^\]]*\])*)$", name)
     stored = stored_at(attribute.group(1), ran, built) if attribute is not None else None
     if attribute is None or stored is None:
@@ -102,15 +103,23 @@ def as_stored(
     tree = parsed(filename)
     function = function_around(tree, line) if tree is not None else None
     if tree is None or not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return spelling + attribute.group(2), None
-    read_later = any(
-        isinstance(node, ast.Attribute)
+        return spelling + attribute.group(2), None, None
+    reads = [
+        node.lineno
+        for node in ast.walk(function)
+        if isinstance(node, ast.Attribute)
         and isinstance(node.ctx, ast.Load)
         and node.attr == attribute.group(1)
-        and line < node.lineno <= (function.end_lineno or 0)
-        for node in ast.walk(tree)
-    )
-    return spelling + attribute.group(2), None if read_later else (filename, line)
+        and node.lineno > line
+    ]
+    if not reads:
+        return spelling + attribute.group(2), (filename, line), (filename, line)
+    # read again after it is stored (``loss = loss + 0.01 * self.aux_total``): after the statement of the function's
+    # body that reads it last, unless that statement returns (a ``return`` has no line after it)
+    last = next((s for s in function.body if s.lineno <= max(reads) <= (s.end_lineno or s.lineno)), None)
+    if last is None or isinstance(last, ast.Return) or any(isinstance(n, ast.Return) for n in ast.walk(last)):
+        return spelling + attribute.group(2), None, None
+    return spelling + attribute.group(2), (filename, line), (filename, last.end_lineno or last.lineno)
 
 
 def as_the_line_names_it(name: str | None, built_at: str) -> str | None:

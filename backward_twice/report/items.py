@@ -230,8 +230,9 @@ def carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ban
 def _carried_fix(finding: CarriedFinding, place: str | None) -> str:
     """The finding's fix, placed: "add `h = h.detach()` before line 16" where the graph comes in; after the line that
     stores it, without a loop of the learner's (a framework's ``fit`` runs the iterations)."""
-    if finding.stored_at is not None:
-        stored = _line_number(split_line(finding.stored_at)[0])
+    after = finding.detach_after or finding.stored_at
+    if after is not None:
+        stored = _line_number(split_line(after)[0])
         return finding.fix.replace(" at the end of each iteration", f" after line {stored}")
     if place is None:
         return finding.fix

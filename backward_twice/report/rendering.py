@@ -107,7 +107,15 @@ def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str
     fixes = sum(1 for item in items if item.to_fix)
     notes = len(items) - fixes
     if not items:
-        retains = "no retain_graph=True to drop"
+        needed = [
+            re.sub(r"^.*?(\d+)$", r"\1", split_line(line.line)[0]) for line in v.lines if line.verdict == "needed"
+        ]
+        where = " and ".join(dict.fromkeys(needed))
+        retains = (
+            f"retain_graph=True at line{'s' if len(set(needed)) > 1 else ''} {where} needed"
+            if needed
+            else "no retain_graph=True to drop"
+        )
         calls = plural(v.calls, "backward call")
         if v.iterations_run > 1:
             return f"backward-twice: healthy ({watched}, {calls}, nothing carried, {retains})"
