@@ -722,6 +722,27 @@ def test_a_value_a_trainers_compute_loss_keeps_for_the_next_step_is_detached_aft
     assert python.returncode == watched.returncode == 0, python.stderr[-2000:]
 
 
+def test_iterations_n_under_a_trainers_gradient_accumulation_stop_after_n_optimizer_steps(tmp_path: Path) -> None:
+    """``gradient_accumulation_steps=2``: two backward calls per optimizer step. ``--iterations 1`` stopped at the
+    second backward, before any step ("1 iteration ... at each call of trainer.train()"), where the whole run splits
+    by ``AdamW.step()``. The truth: the trainer's own step count, 1 after two backward calls (3 bare); the code after
+    ``trainer.train()`` does not run after the stop, as after a loop of the script's own."""
+    pytest.importorskip("transformers")
+    stored = "        self.previous = outputs.logits.mean()\n"
+    script = HF_TRAINER_KEEPS_PREVIOUS.replace(
+        stored + "{fix}", stored + "        self.previous = self.previous.detach()\n"
+    )
+    script = script.replace(
+        "per_device_train_batch_size=2,", "per_device_train_batch_size=2, gradient_accumulation_steps=2,"
+    )
+    script = script.replace('print("done")', 'print("steps", trainer.state.global_step)')
+    python, watched = run(tmp_path, script, "--iterations", "1", "--verbose")
+    assert python.returncode == watched.returncode == 0, watched.stderr[-2000:]
+    assert "\nsteps 3\n" in python.stdout and "\nsteps " not in watched.stdout, watched.stdout
+    assert "(1 iteration watched, then stopped as asked, 2 backward calls" in watched.stdout, watched.stdout
+    assert "iterations: by AdamW.step()" in watched.stdout, watched.stdout
+
+
 def test_a_bank_of_features_in_a_script_is_the_carrier_not_the_name_the_loop_rebinds(tmp_path: Path) -> None:
     """At the top of pass 2 the script's global `hidden` still holds pass 1's features, as `bank[0]` does; the loop
     rebinds `hidden` before the backward reads `bank[-4:]`. Detaching `hidden` there would cut this pass's features

@@ -582,7 +582,8 @@ def test_iterations_never_stop_an_optimizer_step_half_way() -> None:
 def test_iterations_n_stop_a_lightning_fit_whose_backward_runs_inside_the_step_after_n_steps() -> None:
     """Lightning's automatic optimization runs ``training_step`` and the backward inside the closure it hands to
     ``optimizer.step``: a stop at the backward would leave that step half done, so it comes at the start of step N+1.
-    The truth: the weights equal a bare fit limited to 2 batches."""
+    The truth: the weights equal a bare fit limited to 2 batches. Lightning ends its loop at the request, and the
+    stop then comes where ``fit`` returns: the code after it did run (a test, a save), as after no loop that stopped."""
     pl = pytest.importorskip("pytorch_lightning")
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -615,9 +616,12 @@ def test_iterations_n_stop_a_lightning_fit_whose_backward_runs_inside_the_step_a
     watched, bare, untouched = Model(), Model(), Model()
     bare.load_state_dict(watched.state_dict())
     untouched.load_state_dict(watched.state_dict())
+    after: list[str] = []
     with watch(iterations=2) as w:
         fit(watched)
+        after.append("the code after fit ran")
     fit(bare, 2)
+    assert after == []
     assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), bare.parameters()))
     assert not all(torch.equal(a, b) for a, b in zip(watched.parameters(), untouched.parameters()))
     assert w.verdicts.iterations_run == 2 and str(w).startswith("backward-twice: healthy (2 iterations watched, then")

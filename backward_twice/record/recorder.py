@@ -26,8 +26,10 @@ holds stays bounded, and the verdicts read the counts with the records.
 
 ``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
 :class:`StopRecording` raised there, outside any ``try`` of the body), with what taking its item changed put back;
-without a loop of theirs, a framework's loop is asked to end after step N, else the run stops at the next call of
-their step function, backward or step (:mod:`.stops`).
+without a loop of theirs, a framework's loop is asked to end after step N (the stop then comes where the learner's
+call into it, ``trainer.fit(...)``, returns), else the run stops at the next call of their step function, backward or
+step (:mod:`.stops`); a framework's iterations are its optimizer steps (gradient accumulation: several backward calls
+each), never the calls of the first backward's line.
 
 The recorder never breaks the loop it watches: every hook and trace function is guarded, and an error of its own
 switches it off for the rest of the run (:attr:`Recorder.failure` says why); the loop goes on as bare Python would.
@@ -43,7 +45,6 @@ and :mod:`backward_twice.watcher`.
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import types
 import weakref
@@ -53,7 +54,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
-from backward_twice.record import stops, walks
+from backward_twice.record import forks, stops, walks
 from backward_twice.record.events import EventKey, Failure, IterationEnd, OptimizerKeys, StepEvent
 from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop, raised_at, raised_in
 from backward_twice.record.folds import CallLog, Folder, StepFolder, steps_kept
@@ -73,19 +74,6 @@ __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
 
 _sequence_nr = torch._C._autograd._get_sequence_nr  # the engine's node counter: read at every event
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
-
-
-_LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()
-
-
-def _forked() -> None:
-    """In a forked child (a ``DataLoader``'s worker), the recorders it inherited watch nothing: the parent does."""
-    for recorder in list(_LIVE):
-        recorder.off = True
-
-
-if hasattr(os, "register_at_fork"):  # no fork on Windows
-    os.register_at_fork(after_in_child=_forked)  # a flag read at each hook, not a getpid() call at each
 
 
 class Recorder:
@@ -140,7 +128,7 @@ class Recorder:
         self._context: Any = None
         self._depth = self._boundary_line = 0
         self.off = False  # switched off by an error of its own (failure) or in a forked child
-        _LIVE.add(self)
+        forks.watching(self)
         self._last_event_end = 0  # the node counter at the end of the last event (a pass the tracer missed begins here)
         self._gap = 1  # the most passes from one with an event to the next one with an event, so far
         self._first_steps: dict[int, int] = {}  # optimizer -> the position of its first step
@@ -365,7 +353,8 @@ class Recorder:
         if by_steps or loop.unusable is not None:  # else at the loop's passes' starts instead
             event_names(self, caller, opens=by_steps)
         if by_steps and self._stop_without_a_loop(None, mark=False):  # a framework's loop: asked to end here, else
-            self.framework_stop.ask(caller)  # stopped as the step function is called again
+            if self.framework_stop.ask(caller):  # and the learner's code stops where the framework's call returns
+                self.framework_stop.stop_on_return(caller, self.is_learners, lambda: StopRecording(self.iterations))
             self.step_call.arm(lambda: self._stop_without_a_loop(None))
         if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
             read, first = len(self.sightings), self._first_steps
@@ -445,7 +434,7 @@ class Recorder:
             return None
         passes = self._saw_event(caller if learners is None else learners, line=site[1])
         if self.iterations is not None and not inside_a_step(caller):  # never stopped half-way through a step
-            if stop := self._stop_without_a_loop(site):
+            if stop := self._stop_without_a_loop(site, frame=caller):
                 raise stop
             self.step_call.saw_backward(learners)
         call = record_of(self.calls.count, site, line, args, kwargs, self._events)
@@ -486,15 +475,18 @@ class Recorder:
 
         return look
 
-    def _stop_without_a_loop(self, site: tuple[str, int] | None, mark: bool = True) -> StopRecording | None:
+    def _stop_without_a_loop(
+        self, site: tuple[str, int] | None, mark: bool = True, frame: types.FrameType | None = None
+    ) -> StopRecording | None:
         """The stop due here, if any (``mark`` False: only whether one is): without a loop of the learner's, at pass
-        N+1's first backward, optimizer step (``site`` None: a closure runs the backward) or step function call."""
+        N+1's first backward (from ``frame``), optimizer step (``site`` None: a closure runs the backward) or step
+        function call; by the calls of the first backward's line only where no framework's trainer runs the loop."""
         if self.iterations is None or self.stopped or self.by_runs or self.loop.iteration_passes():
             return None
         ended = len(self.marks)  # iterations ended so far by the fallbacks: marks, the closing optimizer's steps
         if not ended and self._first_steps:
             ended = self._step_counts[max(self._first_steps, key=self._first_steps.__getitem__)]
-        if not ended and self.calls and site is not None:  # no step and no mark: one iteration per first-line call
-            ended = self._first_line_calls if site == self._first_site else 0
+        if not ended and self.calls and site is not None and not self.framework_stop.runs_the_loop(frame):
+            ended = self._first_line_calls if site == self._first_site else 0  # no step, no mark: per first-line call
         self.stopped = mark and ended >= self.iterations
         return StopRecording(self.iterations) if ended >= self.iterations else None

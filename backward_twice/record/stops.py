@@ -13,8 +13,10 @@ A framework's own loop is first asked to stop (:class:`FrameworkStop`), at the e
 iteration N, as its own early stop asks: PyTorch Lightning's ``trainer.should_stop``, transformers'
 ``trainer.control.should_training_stop``. The framework then ends its loop after that step as its step limit does,
 with its end-of-training hooks, where a stop raised into it would run its exception hooks (Lightning's
-``on_exception``, where an ``OnExceptionCheckpoint`` writes a checkpoint). If it goes on anyway (a ``min_steps`` not
-met), the raised stop comes as before.
+``on_exception``, where an ``OnExceptionCheckpoint`` writes a checkpoint). The stop is then raised where the learner's
+call into the framework (``trainer.fit(...)``) returns (:meth:`FrameworkStop.stop_on_return`, on the same profile
+hook): the code after it does not run, as after a loop of the learner's own. If the framework goes on anyway (a
+``min_steps`` not met), the raised stop comes as before.
 
 A loop whose backward calls start late (a DQN's ``learning_starts``: no backward in its first thousand passes) is
 not known as the iteration's loop until the first one runs. :func:`stop_before_any_event` stops it at the top of pass
@@ -118,6 +120,20 @@ class FrameworkStop:
     def __init__(self) -> None:
         self.asked = self._looked = False  # a trainer was asked; the stack was looked through
         self._lightning: Any = None  # the Lightning trainer told to stop: its flag is put back when the watch ends
+        self._around: bool | None = None  # whether a trainer runs the loop (looked once)
+        self._returning: types.FrameType | None = None  # the framework's call the learner's code made (``fit``)
+        self._stop: Callable[[], BaseException] | None = None
+        self._package = ""  # the asked trainer's top package (``pytorch_lightning``, ``transformers``)
+
+    def runs_the_loop(self, frame: types.FrameType | None) -> bool:
+        """Whether a trainer of a framework the tool knows runs the loop around ``frame`` (looked once a run): its
+        iterations end at optimizer steps, where its gradient accumulation runs several backward calls each."""
+        if self._around is None and frame is not None:
+            try:
+                self._around = _trainer_around(frame) is not None
+            except Exception:  # a framework's change: the first backward's line counts the iterations
+                self._around = False
+        return bool(self._around)
 
     def ask(self, frame: types.FrameType | None) -> bool:
         """Ask the first trainer of a known framework around ``frame`` (once a run); whether one was asked."""
@@ -131,24 +147,54 @@ class FrameworkStop:
             return False
 
     def _ask(self, frame: types.FrameType | None) -> bool:
-        for _ in range(_DEPTH):
-            if frame is None:
-                return False
-            code = frame.f_code
-            trainer: Any = frame.f_locals.get("self") if code.co_name in _LOOP_METHODS and code.co_argcount else None
-            kind = next((_TRAINERS[key] for key in map(_defined_by, type(trainer).__mro__) if key in _TRAINERS), None)
-            if kind == "lightning" and trainer.should_stop is False:
-                trainer.should_stop, self._lightning = True, trainer
-                return True
-            if kind == "transformers":
-                trainer.control.should_training_stop = True
-                return True
-            frame = frame.f_back
+        found = _trainer_around(frame)
+        if found is None:
+            return False
+        kind, trainer = found
+        defined = next(key for key in map(_defined_by, type(trainer).__mro__) if key in _TRAINERS)
+        self._package = defined[0].split(".")[0]  # the framework's own class (a learner's subclass lives elsewhere)
+        if kind == "lightning" and trainer.should_stop is False:
+            trainer.should_stop, self._lightning = True, trainer
+            return True
+        if kind == "transformers":
+            trainer.control.should_training_stop = True
+            return True
         return False
+
+    def stop_on_return(
+        self, frame: types.FrameType, learners: Callable[[types.CodeType], bool], stop: Callable[[], BaseException]
+    ) -> None:
+        """Once the trainer ends its loop as asked, raise ``stop()`` where the learner's code called into the
+        framework (``trainer.fit(...)`` returns into the learner's line as the stop): the code after it does not
+        run, as after a loop of the learner's own that stopped. The outermost call from the learner's code into
+        the trainer's package, from ``frame`` out; not armed while a profiler of the learner's runs."""
+        entry = None
+        while frame is not None and frame.f_back is not None:
+            package = str(frame.f_globals.get("__name__", "")).split(".")[0]
+            if package == self._package and learners(frame.f_back.f_code):
+                entry = frame
+            frame = frame.f_back
+        if entry is not None and sys.getprofile() is None:
+            self._returning, self._stop = entry, stop
+            sys.setprofile(self._profile)
+
+    def _profile(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        if event != "return" or frame is not self._returning:
+            return
+        stop = self._stop
+        self._disarm()
+        if stop is not None:
+            raise stop()  # out of the framework's call, into the learner's line
+
+    def _disarm(self) -> None:
+        self._returning = self._stop = None
+        if sys.getprofile() == self._profile:
+            sys.setprofile(None)
 
     def put_back(self) -> bool:
         """Lightning's flag as a fit that stopped at its step limit leaves it (the next fit clears it anyway); whether
         a trainer was asked to stop."""
+        self._disarm()
         trainer, self._lightning = self._lightning, None
         try:
             if trainer is not None and trainer.should_stop is True:
@@ -156,6 +202,20 @@ class FrameworkStop:
         except Exception:  # a framework's change: its flag stays as the stop left it
             pass
         return self.asked
+
+
+def _trainer_around(frame: types.FrameType | None) -> tuple[str, Any] | None:
+    """(its framework, the trainer) of the first trainer of a known framework whose loop runs around ``frame``."""
+    for _ in range(_DEPTH):
+        if frame is None:
+            return None
+        code = frame.f_code
+        trainer: Any = frame.f_locals.get("self") if code.co_name in _LOOP_METHODS and code.co_argcount else None
+        kind = next((_TRAINERS[key] for key in map(_defined_by, type(trainer).__mro__) if key in _TRAINERS), None)
+        if kind is not None:
+            return kind, trainer
+        frame = frame.f_back
+    return None
 
 
 def _defined_by(cls: type) -> tuple[str, str]:
