@@ -150,9 +150,7 @@ class FrameworkStop:
         found = _trainer_around(frame)
         if found is None:
             return False
-        kind, trainer = found
-        defined = next(key for key in map(_defined_by, type(trainer).__mro__) if key in _TRAINERS)
-        self._package = defined[0].split(".")[0]  # the framework's own class (a learner's subclass lives elsewhere)
+        kind, trainer, self._package = found
         if kind == "lightning" and trainer.should_stop is False:
             trainer.should_stop, self._lightning = True, trainer
             return True
@@ -204,16 +202,17 @@ class FrameworkStop:
         return self.asked
 
 
-def _trainer_around(frame: types.FrameType | None) -> tuple[str, Any] | None:
-    """(its framework, the trainer) of the first trainer of a known framework whose loop runs around ``frame``."""
+def _trainer_around(frame: types.FrameType | None) -> tuple[str, Any, str] | None:
+    """(its framework, the trainer, the framework's top package) of the first trainer of a known framework whose loop
+    runs around ``frame`` (the package of the framework's own class: a learner's subclass lives elsewhere)."""
     for _ in range(_DEPTH):
         if frame is None:
             return None
         code = frame.f_code
         trainer: Any = frame.f_locals.get("self") if code.co_name in _LOOP_METHODS and code.co_argcount else None
-        kind = next((_TRAINERS[key] for key in map(_defined_by, type(trainer).__mro__) if key in _TRAINERS), None)
-        if kind is not None:
-            return kind, trainer
+        defined = next((key for key in map(_defined_by, type(trainer).__mro__) if key in _TRAINERS), None)
+        if defined is not None:
+            return _TRAINERS[defined], trainer, defined[0].split(".")[0]
         frame = frame.f_back
     return None
 

@@ -27,6 +27,7 @@ __all__ = [
     "Item",
     "carried_item",
     "error_item",
+    "line_number",
     "no_graph_item",
     "note_item",
     "parameters_item",
@@ -102,7 +103,8 @@ def _short_place(place: str) -> str:
     return place if place.startswith("Cell ") else place.rsplit("/", 1)[-1]
 
 
-def _line_number(place: str) -> str:
+def line_number(place: str) -> str:
+    """The line number at the end of a place ("file.py:12", "Cell In[3], line 5"); "?" without one."""
     match = re.search(r"(\d+)$", place)
     return match.group(1) if match else "?"
 
@@ -197,7 +199,7 @@ def carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ban
     if error is not None and error.kind == "in-place version error":
         if step is not None:
             step_place, step_code = split_line(step.group(1))
-            changed = f"`{step_code}` (line {_line_number(step_place)}) changed the weights it saved"
+            changed = f"`{step_code}` (line {line_number(step_place)}) changed the weights it saved"
         else:
             changed = "a tensor it saved was changed in place since"
         why = f"this backward follows {followed} into {origin}, and {changed}"
@@ -223,7 +225,7 @@ def carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ban
         fix = fix.replace(added.group(0), " and ".join([added.group(0), *also]), 1)
     fix = computed_inside([f.fix for f in findings if f is first or _holder(f) in others]) or fix
     if band_aid is not None:
-        fix += f", and remove retain_graph=True at line {_line_number(split_line(band_aid.line)[0])}"
+        fix += f", and remove retain_graph=True at line {line_number(split_line(band_aid.line)[0])}"
     return Item("carried", label, tuple(lines), why, fix)
 
 
@@ -232,11 +234,11 @@ def _carried_fix(finding: CarriedFinding, place: str | None) -> str:
     stores it, without a loop of the learner's (a framework's ``fit`` runs the iterations)."""
     after = finding.detach_after or finding.stored_at
     if after is not None:
-        stored = _line_number(split_line(after)[0])
+        stored = line_number(split_line(after)[0])
         return finding.fix.replace(" at the end of each iteration", f" after line {stored}")
     if place is None:
         return finding.fix
-    return finding.fix.replace(" at the end of each iteration", f" before line {_line_number(place)}")
+    return finding.fix.replace(" at the end of each iteration", f" before line {line_number(place)}")
 
 
 def _gan_hint(*code: str) -> str:
@@ -256,7 +258,7 @@ def error_item(error: ErrorVerdict) -> Item:
         label = "a tensor this backward needs was changed in place after the forward saved it"
         if step is not None:
             step_place, step_code = split_line(step.group(1))
-            step_number = _line_number(step_place)
+            step_number = line_number(step_place)
             lines.insert(0, CodeLine(step_place, step_code, (0, len(step_code)), "changed the weights it saved"))
             label = f"this backward needs weights that the optimizer step at line {step_number} changed"
             why = f"this backward goes through a forward computed before line {step_number}'s step changed its weights"
@@ -264,7 +266,7 @@ def error_item(error: ErrorVerdict) -> Item:
             fix = f"compute the forward again after line {step_number}'s step{gan}"
             if error.stale_line is not None:
                 stale_place, stale_code = split_line(error.stale_line)
-                stale_number = _line_number(stale_place)
+                stale_number = line_number(stale_place)
                 lines.insert(
                     0, CodeLine(stale_place, stale_code, (0, len(stale_code)), "computed with the old weights")
                 )
@@ -277,14 +279,14 @@ def error_item(error: ErrorVerdict) -> Item:
         elif error.changed_line is not None:
             changed_place, changed_code = split_line(error.changed_line)
             lines.insert(0, CodeLine(changed_place, changed_code, (0, len(changed_code)), "changed it in place"))
-            changed_number = _line_number(changed_place)
+            changed_number = line_number(changed_place)
             label = f"line {changed_number} changed in place a tensor this backward needs"
             why = f"the forward saved that tensor for the backward; line {changed_number} replaced its values"
     elif error.kind == "backward a second time":
         if freed is not None:
             freed_place, freed_code = split_line(freed.group(1))
             lines.insert(0, CodeLine(freed_place, freed_code, (0, len(freed_code)), "freed the buffers"))
-            label = f"a second backward through the graph that line {_line_number(freed_place)}'s backward freed"
+            label = f"a second backward through the graph that line {line_number(freed_place)}'s backward freed"
         else:
             label = "a second backward through a graph whose buffers were freed"
         why = "a backward frees the saved tensors it walked; this one needs them again"
@@ -306,7 +308,7 @@ def _computed_again(stale_line: str, raising_code: str, step: str) -> str:
     loss = re.match(r"\s*([\w.]+)\s*\.backward\(", raising_code)
     lines = computed_again(site[0], site[1], loss.group(1), int(step)) if site and loss and step.isdigit() else []
     if len(lines) < 2:
-        return f"line {_line_number(split_line(stale_line)[0])}"
+        return f"line {line_number(split_line(stale_line)[0])}"
     return f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
 
 
@@ -343,19 +345,19 @@ def retain_item(line: LineVerdict) -> Item:
     if line.why == CREATE_GRAPH_KEEPS:  # a later backward may well walk what it kept: create_graph kept it anyway
         return Item(  # a note: written or not, the loop runs the same (WGAN-GP's published penalty writes it)
             "retain can go",
-            f"retain_graph=True at line {_line_number(place)} adds nothing: create_graph=True keeps the graph anyway",
+            f"retain_graph=True at line {line_number(place)} adds nothing: create_graph=True keeps the graph anyway",
             (CodeLine(place, code, _span(code, "retain_graph=True"), "create_graph=True already keeps it"),),
             "retain_graph defaults to create_graph: with create_graph=True the buffers are kept whether or not "
             "retain_graph=True is written",
-            f"remove retain_graph=True at line {_line_number(place)} if you like: the loop runs the same",
+            f"remove retain_graph=True at line {line_number(place)} if you like: the loop runs the same",
             to_fix=False,
         )
     return Item(
         "retain can go",
-        f"retain_graph=True at line {_line_number(place)} keeps buffers no backward uses",
+        f"retain_graph=True at line {line_number(place)} keeps buffers no backward uses",
         (CodeLine(place, code, _span(code, "retain_graph=True"), kept),),
         f"in {runs}, no later backward walked what it kept: without it the loop runs the same",
-        f"remove retain_graph=True at line {_line_number(place)}",
+        f"remove retain_graph=True at line {line_number(place)}",
     )
 
 
@@ -387,7 +389,7 @@ def note_item(note: Note) -> Item:
 def parameters_item(model: str, notes: list[Note]) -> Item:
     """Parameters of one model that hold a graph: an in-place update (an EMA's) ran outside ``torch.no_grad()``."""
     place, code = split_line(notes[0].built_at)
-    number = _line_number(place)
+    number = line_number(place)
     line = f"line {number}" if number != "?" else "the update"
     whose = f"`{model}`'s parameters hold" if len(notes) > 1 else f"`{notes[0].name}` holds"
     return Item(

@@ -34,6 +34,7 @@ from backward_twice.report.items import (
     Item,
     carried_item,
     error_item,
+    line_number,
     no_graph_item,
     note_item,
     parameters_item,
@@ -107,9 +108,7 @@ def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str
     fixes = sum(1 for item in items if item.to_fix)
     notes = len(items) - fixes
     if not items:
-        needed = [
-            re.sub(r"^.*?(\d+)$", r"\1", split_line(line.line)[0]) for line in v.lines if line.verdict == "needed"
-        ]
+        needed = [line_number(split_line(line.line)[0]) for line in v.lines if line.verdict == "needed"]
         where = " and ".join(dict.fromkeys(needed))
         retains = (
             f"retain_graph=True at line{'s' if len(set(needed)) > 1 else ''} {where} needed"

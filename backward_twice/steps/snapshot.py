@@ -148,7 +148,7 @@ class CpuSnapshot:
             torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             (numpy.random, numpy.random.get_state()) if numpy is not None else None,
         )
-        self._bindings = held_bindings(step)
+        self._bindings: list[tuple[Callable[[Any], None], Any]] = []
         self._containers: list[tuple[Any, Any]] = []
         self._objects: list[tuple[Any, dict[str, Any]]] = []
         self._iterators: list[tuple[str, Any, Any]] = []  # (its name, the iterator, where it was)
@@ -162,14 +162,13 @@ class CpuSnapshot:
         if inspect.ismethod(step):  # a trainer's ``train_step``: what its ``self`` holds (self.global_step += 1)
             classes.append(type(step.__self__))
         for function in functions:
-            named = known_names(function)
-            if function is not step:
-                self._bindings += held_bindings(function)
+            named, bindings = known_names(function), held_bindings(function)
+            self._bindings += bindings
             namespace = global_namespace(function)
             if namespace is not None and all(namespace is not kept for kept, _ in self._namespaces):
                 self._namespaces.append((namespace, set(namespace)))
             names = {id(value): name for name, value in reversed(list(named.items()))}
-            for _, value in held_bindings(function):
+            for _, value in bindings:
                 self._walk(value, 0, names.get(id(value), "an iterator"))
             for name, value in named.items():
                 if isinstance(value, type):
