@@ -726,3 +726,25 @@ def test_an_error_the_loop_catches_and_prints_shows_no_frame_of_the_tool() -> No
     assert [line for line in watched.splitlines() if "File " in line][-3:] == [
         line for line in bare.splitlines() if "File " in line
     ][-3:]
+
+
+@pytest.mark.parametrize("iterations", [2, 5])
+def test_iterations_n_see_a_list_that_grows_in_every_pass_they_ran(iterations: int) -> None:
+    """A list of predictions kept with their graphs: ``watch(iterations=2)`` said "healthy" where
+    ``diagnose(step, iterations=2)`` flagged the list (the count of graphs it holds was read at pass starts 1 and 2
+    only). The truth: after N passes it holds N graphs, one more each pass."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    preds: list[torch.Tensor] = []
+    with watch(iterations=iterations) as w:
+        for _ in range(8):
+            out = model(torch.randn(8, 4))
+            loss = torch.nn.functional.cross_entropy(out, torch.randint(0, 2, (8,)))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            preds.append(out)
+    assert len(preds) == iterations and len({p.grad_fn for p in preds}) == iterations
+    assert str(w).startswith(f"backward-twice: 1 note ({iterations} iterations watched, then stopped as asked)"), str(w)
+    assert "`preds` keeps one more iteration's graph alive every iteration" in str(w), str(w)

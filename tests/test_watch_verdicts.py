@@ -1093,3 +1093,112 @@ def test_a_healthy_run_whose_retain_a_later_backward_needs_says_so_in_its_headli
         f"backward-twice: healthy (3 iterations watched, 6 backward calls, nothing carried, "
         f"retain_graph=True at line {line} needed)"
     ), str(w)
+
+
+class _Ema:
+    """An EMA as published (``self.shadow[name] = param.data.clone()``; ``update()`` blends each parameter in),
+    retyped as learners do: without ``.data`` or ``torch.no_grad()`` in ``update()``."""
+
+    def __init__(self, model: torch.nn.Module, decay: float) -> None:
+        self.decay = decay
+        self.shadow = {name: p.data.clone() for name, p in model.named_parameters()}
+
+    def update(self, model: torch.nn.Module) -> None:
+        for name, param in model.named_parameters():
+            new_average = (1.0 - self.decay) * param + self.decay * self.shadow[name]
+            self.shadow[name] = new_average.clone()
+
+
+def _ema_loop(passes: int) -> _Ema:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    ema, optimizer = _Ema(model, 0.9), torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(passes):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(torch.randn(8, 5)), torch.randn(8, 1)).backward()
+        optimizer.step()
+        ema.update(model)
+    return ema
+
+
+def _nodes(tensor: torch.Tensor) -> int:
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return len(seen)
+
+
+def test_an_ema_shadow_dict_updated_with_autograd_on_is_one_note_of_the_dict_at_its_update_line() -> None:
+    """It said "healthy": a key's dots (``ema.shadow['0.weight']``) were read as attributes below a submodule. The
+    truth: each entry's graph grows with every update (node counts after 3 and 6 passes) and no backward walks it."""
+    assert _nodes(_ema_loop(6).shadow["0.weight"]) > _nodes(_ema_loop(3).shadow["0.weight"]) > 1
+    with watch() as w:
+        ema = _ema_loop(6)
+    line = inspect.getsourcelines(_Ema.update)[1] + 3
+    assert str(w).startswith("backward-twice: 1 note (6 iterations watched)"), str(w)
+    assert w.report.items[0].label == "`ema.shadow`'s 4 entries keep one more iteration's graph alive every iteration"
+    assert f":{line}" in str(w) and "self.shadow[name] = new_average.clone()" in str(w), str(w)
+    assert ema.shadow["0.weight"].grad_fn is not None  # watched, the loop left what it leaves bare
+
+
+class _ActivationsAndGradients:
+    """jacobgil/pytorch-grad-cam's activations_and_gradients.py: a forward hook appends each output, and
+    ``__call__`` (never called while training) resets the lists."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        self.activations: list[torch.Tensor] = []
+        layer.register_forward_hook(self.save_activation)
+
+    def save_activation(self, module: Any, inputs: Any, output: torch.Tensor) -> None:
+        self.activations.append(output)
+
+    def __call__(self, x: torch.Tensor) -> None:
+        self.activations = []
+
+
+def test_a_list_a_callable_object_of_yours_grows_is_a_note_at_its_append() -> None:
+    """It said "healthy": an object with a ``__call__`` was taken for a function and not looked into. The truth: the
+    list holds one more output, with its graph, every pass."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    cam, optimizer = _ActivationsAndGradients(model[1]), torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch() as w:
+        for _ in range(5):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 3, (8,))).backward()
+            optimizer.step()
+    assert len(cam.activations) == 5 and all(a.grad_fn is not None for a in cam.activations)
+    assert str(w).startswith("backward-twice: 1 note (5 iterations watched)"), str(w)
+    assert "`self.activations` keeps one more iteration's graph alive" in str(w), str(w)
+    assert "self.activations.append(output.detach())" in str(w), str(w)
+
+
+@pytest.mark.parametrize("iterations", [None, 2])
+def test_a_loop_with_no_backward_counts_its_passes_by_its_steps(iterations: int | None) -> None:
+    """Per-sample gradients by ``torch.func`` written into ``.grad`` (the per-sample-grads tutorial's DP-SGD use):
+    it said "no backward call seen (1 iteration watched)" of 4 passes. The truth: the loop's 4 steps, 4 passes."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def compute_loss(params: dict[str, torch.Tensor], sample: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = torch.func.functional_call(model, params, (sample[None],))
+        return torch.nn.functional.cross_entropy(logits, target[None])
+
+    per_sample = torch.func.vmap(torch.func.grad(compute_loss), in_dims=(None, 0, 0))
+    batches = [(torch.randn(8, 6), torch.randint(0, 3, (8,))) for _ in range(4)]
+    passes = 0
+    with watch(iterations=iterations) as w:
+        for data, targets in batches:
+            passes += 1
+            grads = per_sample({k: v.detach() for k, v in model.named_parameters()}, data, targets)
+            optimizer.zero_grad()
+            for name, p in model.named_parameters():
+                p.grad = grads[name].mean(0)
+            optimizer.step()
+    assert passes == (iterations or 4)
+    watched = "2 iterations watched, then stopped as asked" if iterations else "4 iterations watched"
+    assert str(w) == f"backward-twice: no backward call seen ({watched}): nothing to judge", str(w)

@@ -45,6 +45,7 @@ class Note:
     parameter: bool = False  # a module's parameter that holds a graph: updated in place outside torch.no_grad()
     reset: bool = False  # it grows, but a later start saw it hold fewer iterations' graphs: the loop resets it
     one_element: bool = True  # the tensor held is a single number (``.item()`` fits it)
+    entries: int = 1  # a dict's entries that one line builds (``ema.shadow[name] = ...``): one note, ``name`` the dict
 
 
 def notes(recorder: Recorder, split: Split) -> list[Note]:
@@ -114,7 +115,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             from_before.add(holder)
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
             by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one))
-    found = _one_per_container(list(by_name.values()))
+    found = _one_per_line(_one_per_container(list(by_name.values())))
     spelled = [
         dataclasses.replace(note, name=_as_grown(note.name, site[0])) if site else note
         for note in found
@@ -173,6 +174,34 @@ def _one_per_container(found: list[Note]) -> list[Note]:
     return kept
 
 
+def _one_per_line(found: list[Note]) -> list[Note]:
+    """The notes of several entries of one dict that one line builds (``ema.shadow['0.weight']``,
+    ``ema.shadow['0.bias']``, ... from ``self.shadow[name] = ...``) as one note of the dict: one line to change."""
+    groups: dict[tuple[str, str], list[Note]] = {}
+    for note in found:
+        entry = re.match(r"^(.+?)\[[^\]]*\]$", note.name)
+        if entry is not None and not note.parameter:
+            groups.setdefault((entry.group(1), note.built_at), []).append(note)
+    merged: dict[str, Note] = {}
+    for (whole, built_at), parts in groups.items():
+        if len(parts) > 1 and _keyed_by_a_variable(built_at, whole):
+            held = max(part.held_bytes for part in parts)
+            one = all(part.one_element for part in parts)
+            grows, reset = any(part.grows for part in parts), all(part.reset for part in parts)
+            note = Note(whole, parts[0].built_at, held, grows, reset=reset, one_element=one, entries=len(parts))
+            merged.update({part.name: note for part in parts})
+    kept = [merged.get(note.name, note) for note in found]
+    return [note for i, note in enumerate(kept) if note not in kept[:i] or note.entries == 1]
+
+
+def _keyed_by_a_variable(built_at: str, whole: str) -> bool:
+    """Whether the line ``built_at`` ("file:line: code") stores into ``whole`` by a key the code computes
+    (``self.shadow[name] = ...``), not by a key it spells (``state['hx'], state['cx'] = ...``: names of their own)."""
+    code = re.search(r":\d+: (.*)$", built_at)
+    attribute = re.escape(whole.rsplit(".", 1)[-1])
+    return code is not None and re.search(rf"\b{attribute}\[\s*[A-Za-z_][\w.]*\s*\]\s*=[^=]", code.group(1)) is not None
+
+
 def _list_of(note: Note) -> str | None:
     """``losses`` of the note of ``losses[3]``; None for anything else."""
     item = re.match(r"^(.+?)\[\d+\]$", note.name)
@@ -196,5 +225,6 @@ def _root(holder: str) -> str:
 
 
 def _below_a_submodule(name: str) -> bool:
-    """``model.block.loss`` (an attribute two levels below what the loop holds), not ``model.hidden``."""
-    return re.sub(r"^\w+(\[[^\]]*\])*", "", name).count(".") > 1
+    """``model.block.loss`` (an attribute two levels below what the loop holds), not ``model.hidden`` nor
+    ``ema.shadow['0.weight']`` (a key's dots are no attributes)."""
+    return re.sub(r"\[[^\]]*\]", "", re.sub(r"^\w+", "", name)).count(".") > 1

@@ -114,7 +114,10 @@ def judge(recorder: Recorder) -> Verdicts:
         kept = [n for n in kept if not (n.grows and not n.parameter and rebound_each_pass(recorder, n.name))]
     error = _error(recorder, split, carried)
     raised_in_a_pass = recorder.error is not None and not recorder.error.after_the_loop  # not a ``finally:``'s
-    partial = len(calls) > (split.ends[-1].calls if split.ends else 0) or raised_in_a_pass
+    last_end = split.ends[-1] if split.ends else None
+    stepped_after = bool(recorder.steps) and (last_end is None or recorder.steps[-1].sequence > last_end.sequence)
+    # the last pass ran if a backward or a step came after the last end (a loop with no backward: its steps)
+    partial = len(calls) > (last_end.calls if last_end else 0) or stepped_after or raised_in_a_pass
     run = split.count + (1 if partial else 0)
     failure = recorder.failure
     stopped_watching = (

@@ -42,7 +42,8 @@ thread meanwhile (each call of the hook's code would otherwise call it; from 3.1
 so it stays on). When another trace function is already set (a debugger, coverage), nothing is traced. An error
 inside the tracer switches it off and goes to ``on_failure``: it never reaches the learner's code.
 
-Used by :mod:`backward_twice.record.passes` and :mod:`backward_twice.record.recorder`.
+Used by :mod:`backward_twice.record.pass_stops`, :mod:`backward_twice.record.passes` and
+:mod:`backward_twice.record.recorder`.
 """
 
 from __future__ import annotations

@@ -128,8 +128,8 @@ def names_holding_graphs(
     ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. ``held_under``, if
     given, gathers for each top-level name the nodes held under it, each with a spelling under that name
     (``losses``: the nodes of ``losses[0]``, ``losses[1]``, ...), so a caller can see a container that grows: names
-    of globals, and the lists of the function ``lives`` names (the one the iteration's loop runs in, whose variables
-    live from pass to pass)."""
+    of globals, and the lists and objects of the function ``lives`` names (the one the iteration's loop runs
+    in, whose variables live from pass to pass)."""
     sources: list[_Namespace] = []
     globals_seen: set[int] = set()
     while frame is not None and frame is not outermost:
@@ -158,7 +158,7 @@ def names_holding_graphs(
             for spelled, tensor, node, kind in _graphs_under(name, value):
                 sequence = node._sequence_nr()
                 # a function's own variables are rebound each call; an outer namespace's name is shadowed by an inner's
-                lasting = not source.function or (source.frame == lives and isinstance(value, list))
+                lasting = not source.function or (source.frame == lives and _grows_in_place(value))
                 if held_under is not None and lasting and claimed.setdefault(name, source) is source:
                     held_under.setdefault(name, {}).setdefault(sequence, spelled)
                 bare = source.function and "[" not in spelled and "." not in spelled
@@ -288,11 +288,29 @@ def _rank(spelled: str) -> tuple[int, int, int, int, int]:
 _OURS = "backward_twice."  # the tool's own modules (a learner's package may well be named helpers)
 _SAME_NAMES = 8  # other names of one tensor kept
 _MAX_DEPTH, _MAX_VISITS = 4, 256  # how far into a learner's objects a name is followed, and how many objects
-_NOT_STATE = (torch.optim.Optimizer, types.ModuleType, torch.utils.data.Dataset, torch.utils.data.DataLoader)
+_NOT_STATE = (  # an object with a ``__call__`` of its own is state (grad-cam's hooks holder), a function is not
+    torch.optim.Optimizer,
+    types.ModuleType,
+    torch.utils.data.Dataset,
+    torch.utils.data.DataLoader,
+    type,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    functools.partial,
+)
 _NOT_NAMES = (types.ModuleType, type, types.FunctionType)  # what a namespace names that holds no state of the loop
-_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})  # values that hold no tensor, told by type
+_ATOM_TYPES = (int, float, complex, bool, str, bytes, type(None))
+_ATOMS = frozenset(_ATOM_TYPES)  # values that hold no tensor, told by type
 
 _Found = list[tuple[str, torch.Tensor, Node, "str | None"]]
+
+
+def _grows_in_place(value: Any) -> bool:
+    """Whether a function's variable can hold more graphs at each pass while it keeps its value: a list, or an
+    object whose attributes do (grad-cam's ``ActivationsAndGradients``); a dict of a pass's values (a step's
+    outputs) is rebuilt each pass, and gains keys as the first passes run."""
+    return isinstance(value, list) or not isinstance(value, (torch.Tensor, dict, tuple, *_ATOM_TYPES))
 
 
 def _graphs_under(name: str, value: Any) -> _Found:
@@ -341,7 +359,6 @@ def _walk(name: str, value: Any, depth: int, kind: str | None, found: _Found, vi
         _module_tensors(name, value, found)
     elif (
         isinstance(getattr(value, "__dict__", None), dict)
-        and not callable(value)
         and not isinstance(value, _NOT_STATE)
         and not type(value).__module__.startswith(_OURS)  # a watch's own records hold no state of the loop
     ):

@@ -22,8 +22,8 @@ counts its passes by one (``for i in range(n)``, ``enumerate``), those its count
 Nothing here reads a tensor; an optimizer's ``step`` is told from a scheduler's by reading the receiver's value (a
 name or a plain attribute, never a property).
 
-Used by :mod:`backward_twice.record.folds`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.recorder`
-and :mod:`backward_twice.record.stops`.
+Used by :mod:`backward_twice.record.folds`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.pass_stops`,
+:mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.stops`.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ holds stays bounded, and the verdicts read the counts with the records.
 :class:`StopRecording` raised there, outside any ``try`` of the body), with what taking its item changed put back;
 without a loop of theirs, a framework's loop is asked to end after step N (the stop then comes where the learner's
 call into it, ``trainer.fit(...)``, returns), else the run stops at the next call of their step function, backward or
-step (:mod:`.stops`); a framework's iterations are its optimizer steps (gradient accumulation: several backward calls
+step (:mod:`.pass_stops`, :mod:`.stops`); a framework's iterations are its optimizer steps (gradient accumulation: several backward calls
 each), never the calls of the first backward's line.
 
 The recorder never breaks the loop it watches: every hook and trace function is guarded, and an error of its own
@@ -44,6 +44,7 @@ and :mod:`backward_twice.watcher`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import types
@@ -54,7 +55,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
-from backward_twice.record import forks, stops, walks
+from backward_twice.record import forks, pass_stops, stops, walks
 from backward_twice.record.events import EventKey, Failure, IterationEnd, OptimizerKeys, StepEvent
 from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop, raised_at, raised_in
 from backward_twice.record.folds import CallLog, Folder, StepFolder, steps_kept
@@ -121,7 +122,8 @@ class Recorder:
         self.skipped = skipped_dirs()
         learners = self.is_learners = learners_code(self.skipped)
         counter = torch._C._autograd._get_sequence_nr
-        self.creation = LineTracer(counter, learners, self._pass_started, self._fail, self._at_header, learners.file)
+        at_header = functools.partial(pass_stops.at_header, self)
+        self.creation = LineTracer(counter, learners, self._pass_started, self.fail, at_header, learners.file)
         self.loop = IterationLoop(self.is_learners, is_optimizer)
         self.key = f"{STAMP}.{next(_RECORDERS)}"  # another recorder's stamps (an earlier watch) mean nothing here
         self._lines: dict[tuple[str, int], str] = {}
@@ -131,10 +133,10 @@ class Recorder:
         forks.watching(self)
         self._last_event_end = 0  # the node counter at the end of the last event (a pass the tracer missed begins here)
         self._gap = 1  # the most passes from one with an event to the next one with an event, so far
-        self._first_steps: dict[int, int] = {}  # optimizer -> the position of its first step
-        self._step_counts: dict[int, int] = {}
-        self._events = self._first_line_calls = 0  # optimizer steps and marks; backward calls at the first one's line
-        self._first_site: tuple[str, int] | None = None
+        self.first_steps: dict[int, int] = {}  # optimizer -> the position of its first step
+        self.step_counts: dict[int, int] = {}
+        self._events = self.first_line_calls = 0  # optimizer steps and marks; backward calls at the first one's line
+        self.first_site: tuple[str, int] | None = None
         self._retains_at: dict[tuple[str, int], int] = {}  # retaining calls per line so far
         self.sampling = WalkSampling()  # which calls' walks are read: all with keep_buffers or on_leaf
         # iterations=N without a loop of the learner's: a framework's loop asked to end, else before the step function
@@ -158,7 +160,7 @@ class Recorder:
             if self.by_runs:
                 self.loop.unusable = "a tool's runs of a step"
         except Exception as error:
-            self._fail("starting", error)
+            self.fail("starting", error)
         return self
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
@@ -174,9 +176,9 @@ class Recorder:
             try:
                 self.record_error(exc)
             except Exception as error:
-                self._fail("reading the loop's error", error)
+                self.fail("reading the loop's error", error)
 
-    def _fail(self, where: str, error: BaseException) -> None:
+    def fail(self, where: str, error: BaseException) -> None:
         """Switch off for the rest of the run: the learner's code goes on as bare Python would."""
         if self.failure is None:
             self.failure = Failure(where, first_line(error, 200), len(self.calls))
@@ -206,7 +208,7 @@ class Recorder:
             else:
                 event_names(self, sys._getframe(1))
         except Exception as error:
-            self._fail("a mark of next_iteration()", error)
+            self.fail("a mark of next_iteration()", error)
             return
         without_a_loop = self.loop.innermost is None and not self.by_runs
         if self.iterations is not None and not self.stopped and without_a_loop and len(self.marks) >= self.iterations:
@@ -225,9 +227,9 @@ class Recorder:
             role = self.loop.role(frame, loop)
             if role is None:  # before any event, the loop around a backward call as written stops at pass N+1 too
                 early = stops.stop_before_any_event(self.loop, self.creation, self.iterations, frame, loop)
-                return self._stop_here(sequence, frame, loop) if early else None
-            if role == "iteration" and self._stop_due():
-                return self._stop_here(sequence, frame, loop)
+                return pass_stops.stop_here(self, sequence, frame, loop) if early else None
+            if role == "iteration" and pass_stops.stop_due(self):
+                return pass_stops.stop_here(self, sequence, frame, loop)
             start = PassStart(sequence, len(self.calls))
             self.loop.add_pass(frame, loop, start)
             if role == "iteration":
@@ -240,32 +242,15 @@ class Recorder:
                     # a tracer slows every Python call, so the passes are told at their first events from now on.
                     self.creation.stop()
         except Exception as error:
-            self._fail("the start of a pass of your loop", error)
+            self.fail("the start of a pass of your loop", error)
         return None
 
-    def _at_header(self, frame: types.FrameType, loop: Loop, sequence: int) -> BaseException | None:
-        """The line tracer's ``at_header``, before a pass takes its item: if pass N+1 is next, a loop whose body starts
-        with ``try:`` stops here, another keeps what taking the item changes, for its stop (:class:`.TakenItem`)."""
-        if self.off or self.iterations is None or self.stopped:
-            return None
-        try:
-            due = self.loop.role(frame, loop) == "iteration" and self._stop_due()
-            if due and loop.starts_with_try:
-                return self._stop_here(sequence, frame, loop)
-            if due or stops.next_pass_stops_before_any_event(self.loop, self.creation, self.iterations, frame, loop):
-                self.taken.keep(frame, loop)
-        except Exception as error:
-            self._fail("the header of your loop", error)
-        return None
-
-    def _stop_due(self) -> bool:
-        return self.iterations is not None and not self.stopped and self.loop.iterations_started() >= self.iterations
-
-    def _stop_here(self, sequence: int, frame: types.FrameType, loop: Loop) -> StopRecording:
-        self.taken.put_back(frame, loop)  # pass N+1's item, taken at its header: pass N's state is left
-        number = self.loop.iterations_started() + 1
-        self.stopped, self.stop_pass = True, PassStart(sequence, len(self.calls), len(self.sightings), number)
-        return StopRecording(self.iterations)
+    def read_at_the_stop(self, frame: types.FrameType, built_before: int | None = None) -> None:
+        """What pass N left held into pass N+1, read where the run stops (a list that grew in pass N as in pass 1);
+        ``built_before``: read at pass N+1's first event, what it built so far is not held into it."""
+        if self.stop_pass is not None and self.stop_pass.number > 1:
+            self.starts.append(len(self.sightings))
+            note_names(self, frame, built_before=built_before)
 
     def _saw_event(self, frame: types.FrameType, may_stop: bool = True, line: int = 0) -> list[PassStart]:
         """An event ran in ``frame`` (at ``line``, if known). ``may_stop``: a backward call, before it runs (a step is
@@ -296,7 +281,8 @@ class Recorder:
         start = passes[-1]
         if may_stop and self.iterations is not None and start.number > self.iterations:  # its top went by unseen:
             passes.pop()  # stop before anything of it is recorded
-            self.stopped, self.stop_pass = True, start
+            self.stopped, self.stop_pass, start.sighting = True, start, len(self.sightings)
+            self.read_at_the_stop(frame, built_before=start.sequence)
             raise StopRecording(self.iterations)
         start.sighting = len(self.sightings)  # the names read next belong to this pass or a later one
         count = start.number
@@ -321,10 +307,10 @@ class Recorder:
                 self.optimizers_seen[key] = weakref.ref(optimizer)
             if self.before_step is not None:
                 self.before_step(optimizer)
-            if stop := self._stop_without_a_loop(None):
+            if stop := pass_stops.stop_without_a_loop(self, None):
                 raise stop
         except Exception as error:
-            self._fail("before an optimizer step", error)
+            self.fail("before an optimizer step", error)
 
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.off:
@@ -337,27 +323,28 @@ class Recorder:
             else:
                 self._after_step(optimizer, caller)
         except Exception as error:
-            self._fail("after an optimizer step", error)
+            self.fail("after an optimizer step", error)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, caller: types.FrameType) -> None:
         line, key, loop = self.is_learners.site(caller, self._lines)[1], self.optimizer_key(optimizer), self.loop
-        end = self._last_event_end = _sequence_nr()
-        number = self._step_counts[key] = self._step_counts.get(key, 0) + 1
+        end = _sequence_nr()  # the last event's end stays the previous one's: a pass this step tells began there
+        number = self.step_counts[key] = self.step_counts.get(key, 0) + 1
         by_steps = not loop.iteration_passes()  # split by steps, without a loop: where each one ended
         self.steps.append(StepEvent(key, end, self.calls.count, line, number, len(self.sightings) if by_steps else -1))
-        if key not in self._first_steps:
-            self._first_steps[key] = self._events
+        if key not in self.first_steps:
+            self.first_steps[key] = self._events
         self._events += 1
-        if by_steps or self.creation.active or loop.told_by_lines():  # else settled: the backward calls tell
-            self._saw_event(caller, may_stop=False)  # passes by what the loop's ``for`` binds
+        if by_steps or self.creation.active or loop.told_by_lines() or not self.calls.count:  # else settled: the
+            self._saw_event(caller, may_stop=False)  # backward calls tell passes by what the loop's ``for`` binds
+        self._last_event_end = end
         if by_steps or loop.unusable is not None:  # else at the loop's passes' starts instead
             event_names(self, caller, opens=by_steps)
-        if by_steps and self._stop_without_a_loop(None, mark=False):  # a framework's loop: asked to end here, else
+        if by_steps and pass_stops.stop_without_a_loop(self, None, mark=False):  # a framework: asked to end, else
             if self.framework_stop.ask(caller):  # and the learner's code stops where the framework's call returns
                 self.framework_stop.stop_on_return(caller, self.is_learners, lambda: StopRecording(self.iterations))
-            self.step_call.arm(lambda: self._stop_without_a_loop(None))
+            self.step_call.arm(lambda: pass_stops.stop_without_a_loop(self, None))
         if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
-            read, first = len(self.sightings), self._first_steps
+            read, first = len(self.sightings), self.first_steps
             self.steps = self.step_folder.after_step(self.calls, self.steps, first, self.start, read)
 
     @property
@@ -381,7 +368,7 @@ class Recorder:
         except StopRecording:
             raise
         except Exception as error:
-            self._fail("before a backward call", error)
+            self.fail("before a backward call", error)
             return engine(outputs, *args, **kwargs)
         if prepared is None:  # torch.compile tracing its backward: not the loop's
             return engine(outputs, *args, **kwargs)
@@ -401,7 +388,7 @@ class Recorder:
                     self.error = explain(self, exc, call, walked, caller)
                     self.pending = unstepped_optimizers(caller, self.skipped, self.optimizer_key.live_ids())
             except Exception as error:
-                self._fail("reading a backward's error", error)
+                self.fail("reading a backward's error", error)
             raise
         finally:
             self._depth -= 1
@@ -423,7 +410,7 @@ class Recorder:
                 with self.creation.untraced:
                     event_names(self, caller)
         except Exception as error:
-            self._fail("after a backward call", error)
+            self.fail("after a backward call", error)
         return result
 
     def _before_backward(
@@ -434,15 +421,15 @@ class Recorder:
             return None
         passes = self._saw_event(caller if learners is None else learners, line=site[1])
         if self.iterations is not None and not inside_a_step(caller):  # never stopped half-way through a step
-            if stop := self._stop_without_a_loop(site, frame=caller):
+            if stop := pass_stops.stop_without_a_loop(self, site, frame=caller):
                 raise stop
             self.step_call.saw_backward(learners)
         call = record_of(self.calls.count, site, line, args, kwargs, self._events)
         self.calls.append(call)
-        if self._first_site is None:
-            self._first_site = site
-        if site == self._first_site:
-            self._first_line_calls += 1
+        if self.first_site is None:
+            self.first_site = site
+        if site == self.first_site:
+            self.first_line_calls += 1
         walked: list[Node] = []
         boundary = passes[-1].sequence if passes else iteration_start(self)
         every = self.keep_buffers or self.on_leaf is not None or self.creation.active
@@ -469,24 +456,8 @@ class Recorder:
                 else:
                     second = stamp_walk(*stamp)
             except Exception as error:
-                self._fail("reading what a backward walks", error)
+                self.fail("reading what a backward walks", error)
             if second:
                 raise RuntimeError(SECOND_TIME)  # keep_buffers: where the step as written raises
 
         return look
-
-    def _stop_without_a_loop(
-        self, site: tuple[str, int] | None, mark: bool = True, frame: types.FrameType | None = None
-    ) -> StopRecording | None:
-        """The stop due here, if any (``mark`` False: only whether one is): without a loop of the learner's, at pass
-        N+1's first backward (from ``frame``), optimizer step (``site`` None: a closure runs the backward) or step
-        function call; by the calls of the first backward's line only where no framework's trainer runs the loop."""
-        if self.iterations is None or self.stopped or self.by_runs or self.loop.iteration_passes():
-            return None
-        ended = len(self.marks)  # iterations ended so far by the fallbacks: marks, the closing optimizer's steps
-        if not ended and self._first_steps:
-            ended = self._step_counts[max(self._first_steps, key=self._first_steps.__getitem__)]
-        if not ended and self.calls and site is not None and not self.framework_stop.runs_the_loop(frame):
-            ended = self._first_line_calls if site == self._first_site else 0  # no step, no mark: per first-line call
-        self.stopped = mark and ended >= self.iterations
-        return StopRecording(self.iterations) if ended >= self.iterations else None

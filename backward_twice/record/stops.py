@@ -27,7 +27,7 @@ A stop at the top of pass N+1 comes after the loop's ``for`` took that pass's it
 loop's header, the random streams and, at a script's or a cell's top level, the names the ``for`` binds, and puts them
 back at the stop.
 
-Used by :mod:`backward_twice.record.recorder`.
+Used by :mod:`backward_twice.record.pass_stops` and :mod:`backward_twice.record.recorder`.
 """
 
 from __future__ import annotations

@@ -377,7 +377,12 @@ def note_item(note: Note) -> Item:
         elif appended:
             fix = f"`{note.name}.append({appended}.detach())`"
     each = f" (about {format_bytes(note.held_bytes)} each)" if note.held_bytes else ""
-    if note.reset:  # total = 0 every few passes: it holds several, not all
+    if note.entries > 1:  # one line builds each entry of a dict: one note, the dict's
+        kept = "several iterations' graphs alive at once" if note.reset else "one more iteration's graph alive"
+        label = f"`{note.name}`'s {note.entries} entries keep {kept}" + ("" if note.reset else " every iteration")
+        held = "hold them until the loop resets them" if note.reset else "hold them all"
+        why = f"no later backward walks them, but the entries of `{note.name}` {held}{each}"
+    elif note.reset:  # total = 0 every few passes: it holds several, not all
         label = f"`{note.name}` keeps several iterations' graphs alive at once"
         why = f"no later backward walks them, but `{note.name}` holds them until the loop resets it{each}"
     else:
