@@ -438,7 +438,9 @@ class _ForwardForwardLayer(torch.nn.Linear):
         x_direction = x / (x.norm(2, 1, keepdim=True) + 1e-4)
         return torch.relu(torch.mm(x_direction, self.weight.T) + self.bias.unsqueeze(0))
 
-    def train_layer(self, x_pos: torch.Tensor, x_neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_layer(
+        self, x_pos: torch.Tensor, x_neg: torch.Tensor, fixed: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         for _ in range(5):  # the published num_epochs is larger; 5 puts the raise past the passes read in full
             g_pos = self.forward(x_pos).pow(2).mean(1)
             g_neg = self.forward(x_neg).pow(2).mean(1)
@@ -446,6 +448,9 @@ class _ForwardForwardLayer(torch.nn.Linear):
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
+            if fixed:  # the tool's fix, as printed
+                x_neg = x_neg.detach()
+                x_pos = x_pos.detach()
         return self.forward(x_pos), self.forward(x_neg)
 
 
@@ -463,4 +468,66 @@ def test_a_parameter_of_the_function_whose_loop_raises_is_named_as_the_carrier()
             h_pos, h_neg = layer.train_layer(h_pos, h_neg)
     names = [item.name for item in w.verdicts.carried]
     assert names and set(names) <= {"x_pos", "x_neg"}, str(w)
-    assert f"fix: add `{names[0]} = {names[0]}.detach()`" in str(w), str(w)
+    # both carry: a fix naming one alone raised again, at the other (the engine stops at the first freed node)
+    assert "fix: add `x_neg = x_neg.detach()` and `x_pos = x_pos.detach()` at the end of each iteration" in str(w)
+    h_pos, h_neg = x_pos, x_neg
+    for layer in layers:
+        h_pos, h_neg = layer.train_layer(h_pos, h_neg, fixed=True)
+
+
+class _CycleGan:
+    """junyanz/pytorch-CycleGAN-and-pix2pix, models/cycle_gan_model.py: ``forward`` builds ``self.fake_B`` and
+    ``self.fake_A``, ``backward_G`` trains both generators, then ``backward_D_A`` and ``backward_D_B`` each call
+    ``backward_D_basic(netD, real, fake)``, whose ``netD(fake.detach())`` is retyped without the ``.detach()``
+    (``detached=False``), as learners copy it. Linear generators and discriminators."""
+
+    def __init__(self, detached: bool) -> None:
+        torch.manual_seed(0)
+        self.detached = detached
+        self.netG_A, self.netG_B = torch.nn.Linear(6, 6), torch.nn.Linear(6, 6)
+        self.netD_A, self.netD_B = torch.nn.Linear(6, 1), torch.nn.Linear(6, 1)
+        self.optimizer_G = torch.optim.Adam([*self.netG_A.parameters(), *self.netG_B.parameters()], lr=2e-4)
+        self.optimizer_D = torch.optim.Adam([*self.netD_A.parameters(), *self.netD_B.parameters()], lr=2e-4)
+
+    def backward_D_basic(self, netD: torch.nn.Module, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+        loss_D_real = F.mse_loss(netD(real), torch.ones(4, 1))
+        pred_fake = netD(fake.detach() if self.detached else fake)
+        loss_D = (loss_D_real + F.mse_loss(pred_fake, torch.zeros(4, 1))) * 0.5
+        loss_D.backward()
+        return loss_D
+
+    def optimize_parameters(self, real_A: torch.Tensor, real_B: torch.Tensor) -> None:
+        self.fake_B, self.fake_A = self.netG_A(real_A), self.netG_B(real_B)
+        self.optimizer_G.zero_grad()
+        loss_G = F.mse_loss(self.netD_A(self.fake_B), torch.ones(4, 1)) + F.mse_loss(
+            self.netD_B(self.fake_A), torch.ones(4, 1)
+        )
+        loss_G = loss_G + F.l1_loss(self.netG_B(self.fake_B), real_A) + F.l1_loss(self.netG_A(self.fake_A), real_B)
+        loss_G.backward()
+        self.optimizer_G.step()
+        self.optimizer_D.zero_grad()
+        self.backward_D_basic(self.netD_A, real_B, _query(self.fake_B))
+        self.backward_D_basic(self.netD_B, real_A, _query(self.fake_A))
+        self.optimizer_D.step()
+
+
+def _query(images: torch.Tensor) -> torch.Tensor:
+    """util/image_pool.py's ``ImagePool.query`` while its pool fills: each image unsqueezed and the batch concatenated,
+    retyped without its ``.data`` (so ``fake`` is a new tensor on ``self.fake_B``'s graph)."""
+    return torch.cat([torch.unsqueeze(image, 0) for image in images], 0)
+
+
+def test_a_gan_d_loss_built_in_a_function_of_the_fake_detaches_the_functions_parameter() -> None:
+    """CycleGAN without ``fake.detach()``: it said "use `self.fake_B.detach()` in the loss line ...", and applied,
+    the next run raised at ``self.fake_A``. The truth: ``backward_D_basic``'s ``fake`` is both; detached there (the
+    published code), the loop runs."""
+    batches = [(torch.randn(4, 6), torch.randn(4, 6)) for _ in range(3)]
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        model = _CycleGan(detached=False)
+        for real_A, real_B in batches:
+            model.optimize_parameters(real_A, real_B)
+    line = inspect.getsourcelines(_CycleGan.backward_D_basic)[1] + 4
+    assert f"fix: use `fake.detach()` in the loss line {line}'s backward walks" in str(w), str(w)
+    model = _CycleGan(detached=True)
+    for real_A, real_B in batches:
+        model.optimize_parameters(real_A, real_B)

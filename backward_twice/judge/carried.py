@@ -100,10 +100,9 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             # reached them through, one each pass assigns from itself (``hidden = cell(x, hidden)``), or one the loop
             # reads and never binds (a parameter ``x_pos`` of the function whose loop it is: built before the loop)
             body = _loop_body(recorder)
-            kept_on = rebinds_from_itself(through) or (
-                body is not None and not bound_in(whole_name(through.name, through.container), body)
-            )
+            kept_on = _kept_on(through, body)
             named = [replace(through, sequence=max(top or old))] if kept_on else []
+            named += [other for other in recorder.error.also_through if kept_on and _kept_on(other, body)]
         for node in named:  # a later iteration's node at the same place is this one's twin (read after the loop
             for place in _places(split, node.sequence, first):  # rebound the name that held it)
                 twins.setdefault(place, node)
@@ -188,6 +187,13 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for at_entry in (_fix_at_entry(recorder, entry, e, name),)
         for fix in (carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e), e),)
     ]
+
+
+def _kept_on(named: NamedGraph, body: tuple[str, int, int] | None) -> bool:
+    """Whether ``named`` carries its graph from pass to pass: a name each pass assigns from itself, or one the loop
+    reads and never binds."""
+    spelled = whole_name(named.name, named.container)
+    return rebinds_from_itself(named) or (body is not None and not bound_in(spelled, body))
 
 
 def _built_in_an_earlier_pass(recorder: Recorder, split: Split, old: list[int]) -> bool:

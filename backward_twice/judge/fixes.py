@@ -53,18 +53,27 @@ ERROR_FIXES = {
 _D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
 
 
-def second_backward_fix(freed_at: str, raised_at: str, through: str, shared: bool = True) -> str:
+def second_backward_fix(
+    freed_at: str, raised_at: str, through: str, shared: bool = True, parameter: str | None = None
+) -> str:
     """The fix for a backward through buffers an earlier backward of the same iteration freed, reached through the
     learner's ``through``: the same backward line run twice (an inner loop, a WGAN's critic steps on one ``fake``)
     wants ``through`` built inside that loop or detached there; two backward lines (a GAN's D loss on ``fake``, then
     G's) want the earlier loss on ``through.detach()``, unless that loss must train what ``through`` comes from: then
     retain in the earlier backward only, as for two losses. When the earlier backward never walked ``through``
-    (``shared`` False: two heads' losses meet inside a model's ``forward``), no detach of it applies."""
+    (``shared`` False: two heads' losses meet inside a model's ``forward``), no detach of it applies. A D loss built
+    in a function from its ``parameter`` (CycleGAN's ``backward_D_basic(netD, real, fake)``) detaches the parameter:
+    one change for every call of it."""
     number = re.search(r":(\d+)(?::|$)", freed_at.split(": ", 1)[0] if ": " in freed_at else freed_at)
     line = f"line {number.group(1)}'s backward" if number else "the earlier backward"
     later = re.search(r":(\d+): ", raised_at)
     if later is not None and _D_LOSS.search(raised_at.split(": ", 1)[-1]) and not _D_LOSS.search(freed_at):
         # G's backward first, then D's through the same fake: D's loss is the one to detach it in
+        if parameter is not None and parameter != through:
+            return (
+                f"use `{parameter}.detach()` in the loss line {later.group(1)}'s backward walks (a GAN's D loss must "
+                f"not train what `{parameter}` comes from: `{through}` here)"
+            )
         return (
             f"use `{through}.detach()` in the loss line {later.group(1)}'s backward walks (a GAN's D loss must not "
             f"train what `{through}` comes from)"

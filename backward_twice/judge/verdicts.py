@@ -225,7 +225,7 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
             f"{split.iteration_of_call(freer.index)}; this backward reached them{through}"
         )
         if name is not None:
-            fix = second_backward_fix(freer.line, record.line, name, record.through_walked)
+            fix = second_backward_fix(freer.line, record.line, name, record.through_walked, record.parameter_through)
     elif record.changed_by_step is not None:
         evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.changed_by_step)}"
         site = None

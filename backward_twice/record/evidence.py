@@ -8,6 +8,7 @@ Used by :mod:`backward_twice.record.recorder`.
 
 from __future__ import annotations
 
+import inspect
 import traceback
 import types
 import weakref
@@ -22,8 +23,8 @@ from backward_twice.common.error_kinds import error_kind
 from backward_twice.record.events import StepEvent
 from backward_twice.record.in_place import changed_in_place
 from backward_twice.record.learner import LearnersCode, first_line, learner_line, learner_line_at, skipped_dirs
-from backward_twice.record.names import NamedGraph, names_holding_graphs
-from backward_twice.record.saved import saved_data
+from backward_twice.record.names import NamedGraph, names_holding_graphs, site_of
+from backward_twice.record.saved import grad_fn_of, python_walk, saved_data
 from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
 
 if TYPE_CHECKING:
@@ -75,6 +76,10 @@ class ErrorRecord:
     held_now: bool = False  # ``reached_through`` holds the graph now, where the names seen earlier hold it no more
     through_walked: bool = True  # the call that freed the buffers walked through ``reached_through`` too (else two
     # losses meet below it, where no name of the learner's holds their graph: inside a model's ``forward``)
+    parameter_through: str | None = None  # a parameter of the raising function that reaches the freed buffers
+    # (``fake`` of CycleGAN's ``backward_D_basic(netD, real, fake)``, called with ``self.fake_B``, then ``self.fake_A``)
+    also_through: tuple[NamedGraph, ...] = ()  # other names held now whose old graph this call reaches (``x_pos``
+    # beside ``x_neg``): the engine raised at the first freed node, the others would raise next
 
 
 def explain(
@@ -86,9 +91,24 @@ def explain(
     freed = call.first_freed or _freed_unread(recorder, call, walked) if kind == "backward a second time" else None
     if freed is not None:
         record.freed_by = freed.freed_by
-        record.reached_through, record.held_now, at = _through(recorder, walked, freed.position, caller)
+        live = {
+            n.sequence: n
+            for n, _ in names_holding_graphs(
+                caller, recorder.skipped, recorder.events, recorder.roots, recorder.outermost
+            )
+        }
+        record.reached_through, record.held_now, at = _through(recorder, walked, freed.position, live)
         # the first node an earlier call walked is the first it freed: a name above it lies on this call's way only
         record.through_walked = call.first_freed is None or at == freed.position
+        through = record.reached_through
+        learners = _learners_frame(caller, recorder.skipped)
+        freed_node = walked[freed.position]
+        record.parameter_through = _parameter_through(learners, freed_node) if through and learners else None
+        record.also_through = tuple(
+            live[seq]
+            for seq in call.frontier
+            if seq in live and through is not None and live[seq].name != through.name and not live[seq].aliases
+        )
     elif kind == "in-place version error":
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
@@ -118,17 +138,14 @@ def _freed_unread(recorder: Seen, call: CallRecord, walked: list[Node]) -> Freed
 
 
 def _through(
-    recorder: Seen, walked: list[Node], position: int, caller: types.FrameType
+    recorder: Seen, walked: list[Node], position: int, live: dict[int, NamedGraph]
 ) -> tuple[NamedGraph | None, bool, int]:
     """The name closest above the freed node in the walk: held by a frame now (``bank[0]`` after the loop rebound
     ``hidden``, which held it at the iteration's start), else kept at an event. A name kept at an event that nothing
     holds any more (an item of a list cleared since) gives way to state an object holds now further up the walk
     (a Lightning module's ``self.prev_epoch_mean``, set from that list at the epoch's end); the root (the loss) is
-    none of it. Whether the name is that state, and where in the walk it holds the graph, are returned with it."""
-    live = {
-        n.sequence: n
-        for n, _ in names_holding_graphs(caller, recorder.skipped, recorder.events, recorder.roots, recorder.outermost)
-    }
+    none of it. Whether the name is that state, and where in the walk it holds the graph, are returned with it.
+    ``live``: the names held now, by node."""
     held_now = {n.name for n in live.values()}
     stale: NamedGraph | None = None
     stale_at = position
@@ -143,6 +160,28 @@ def _through(
         if stale is None and kept is not None:
             stale, stale_at = kept, index
     return (stale, False, stale_at) if stale is not None else (None, False, position)
+
+
+def _learners_frame(frame: types.FrameType | None, skipped: tuple[str, ...]) -> types.FrameType | None:
+    """The first of the learner's frames from ``frame`` out (torch's ``backward`` is called from theirs)."""
+    while frame is not None and not site_of(frame, skipped, outward=False)[0]:
+        frame = frame.f_back
+    return frame
+
+
+def _parameter_through(caller: types.FrameType, freed: Node) -> str | None:
+    """The first parameter of the raising function (not a script's or a cell's top level) whose graph reaches the
+    ``freed`` node: what every call of that function reads, whatever it was called with."""
+    code = caller.f_code
+    if not code.co_flags & inspect.CO_OPTIMIZED:
+        return None
+    count = code.co_argcount + code.co_kwonlyargcount
+    for name in code.co_varnames[:count]:
+        value = caller.f_locals.get(name)
+        node = grad_fn_of(value) if isinstance(value, torch.Tensor) else None
+        if node is not None and any(reached is freed for reached in python_walk([node])):
+            return name
+    return None
 
 
 def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | None:
