@@ -7,12 +7,14 @@ from __future__ import annotations
 import html
 import linecache
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
 from torch import nn
 
 from backward_twice.report.rendering import Item
+from backward_twice.steps.audit import audit_retain_graph
 from backward_twice.steps.diagnose import Diagnosis, diagnose
 from backward_twice.watcher import watch
 
@@ -638,3 +640,52 @@ def test_a_graph_built_before_the_runs_is_walked_again_in_the_same_iteration_by_
     step(retain=False)  # the truth: the first walk without the retain runs; the next raises
     with pytest.raises(RuntimeError, match="second time"):
         step(retain=False)
+
+
+def _maml_step_that_frees_its_inner_graph() -> tuple[torch.optim.Optimizer, Callable[[], None]]:
+    """A MAML inner step written ``torch.autograd.grad(..., create_graph=True, retain_graph=False)``: the explicit
+    False frees the inner graph, which the outer backward walks again."""
+    torch.manual_seed(0)
+    w = nn.Parameter(torch.randn(3, 3))
+    optimizer = torch.optim.SGD([w], lr=0.01)
+    x = torch.randn(2, 3)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        inner = torch.tanh(x @ w).pow(2).sum()
+        (g,) = torch.autograd.grad(inner, [w], create_graph=True, retain_graph=False)
+        (x @ (w - 0.1 * g)).pow(2).sum().backward()
+        optimizer.step()
+
+    return optimizer, step
+
+
+def test_a_step_whose_inner_grad_frees_its_graph_raises_under_every_way_in_and_names_that_call() -> None:
+    """It was "healthy (3 runs of step ...)" under diagnose, and the command named only the outer backward with "add
+    retain_graph=True to the earlier backward only": create_graph=True was read as keeping the graph. The truth: the
+    step raises on its first call, and runs without the ``retain_graph=False``."""
+    _, step = _maml_step_that_frees_its_inner_graph()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        step()
+    line = next(
+        n
+        for n, text in enumerate(linecache.getlines(__file__), 1)
+        if "[w], create_graph=True, retain_graph=False)" in text
+    )
+    fix = (
+        f"fix: remove `retain_graph=False` from line {line}: with create_graph=True the graph is kept unless it says so"
+    )
+    optimizer, step = _maml_step_that_frees_its_inner_graph()
+    diagnosis = diagnose(step, models=[], optimizers=[optimizer])
+    assert str(diagnosis).startswith("backward-twice: 1 thing to fix (1 run of step; run 1 raised)"), str(diagnosis)
+    assert fix in str(diagnosis), str(diagnosis)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w_:
+        for _ in range(2):
+            step()
+    assert fix in str(w_) and f":{line} | " in str(w_), str(w_)
+    optimizer, step = _maml_step_that_frees_its_inner_graph()
+    inner = audit_retain_graph(step, models=[], optimizers=[optimizer]).calls[0]
+    assert (inner.verdict, inner.fix) == (
+        "not a retain (retain_graph=False)",
+        "remove retain_graph=False: a later backward walks it",
+    )

@@ -66,6 +66,11 @@ def second_backward_fix(
     one change for every call of it."""
     number = re.search(r":(\d+)(?::|$)", freed_at.split(": ", 1)[0] if ": " in freed_at else freed_at)
     line = f"line {number.group(1)}'s backward" if number else "the earlier backward"
+    freer_code = freed_at.split(": ", 1)[-1]
+    if re.search(r"\bcreate_graph\s*=\s*True", freer_code) and re.search(r"\bretain_graph\s*=\s*False", freer_code):
+        # MAML's inner step: create_graph=True keeps the graph for the outer backward, unless told not to
+        where = f"line {number.group(1)}" if number else "the earlier call"
+        return f"remove `retain_graph=False` from {where}: with create_graph=True the graph is kept unless it says so"
     later = re.search(r":(\d+): ", raised_at)
     if later is not None and _D_LOSS.search(raised_at.split(": ", 1)[-1]) and not _D_LOSS.search(freed_at):
         # G's backward first, then D's through the same fake: D's loss is the one to detach it in

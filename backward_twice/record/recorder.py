@@ -28,8 +28,8 @@ holds stays bounded, and the verdicts read the counts with the records.
 :class:`StopRecording` raised there, outside any ``try`` of the body), with what taking its item changed put back;
 without a loop of theirs, a framework's loop is asked to end after step N (the stop then comes where the learner's
 call into it, ``trainer.fit(...)``, returns), else the run stops at the next call of their step function, backward or
-step (:mod:`.pass_stops`, :mod:`.stops`); a framework's iterations are its optimizer steps (gradient accumulation: several backward calls
-each), never the calls of the first backward's line.
+step (:mod:`.pass_stops`, :mod:`.stops`); a framework's iterations are its optimizer steps (gradient accumulation:
+several backward calls each), never the calls of the first backward's line.
 
 The recorder never breaks the loop it watches: every hook and trace function is guarded, and an error of its own
 switches it off for the rest of the run (:attr:`Recorder.failure` says why); the loop goes on as bare Python would.
@@ -397,7 +397,7 @@ class Recorder:
                 handle.remove()
             call.end = self._last_event_end = _sequence_nr()
         try:
-            if call.retain_graph or call.create_graph:  # without a retain the engine freed all it walked
+            if call.retain_graph:  # without a retain the engine freed all it walked (create_graph: given it)
                 count = self._retains_at[call.site] = self._retains_at.get(call.site, 0) + 1
                 if count <= 4 or count & (count - 1) == 0:  # a line's graph is the same size each time
                     with self.creation.untraced:  # only around the calls: a pause costs two

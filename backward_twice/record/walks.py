@@ -77,7 +77,7 @@ class CallRecord:
     site: tuple[str, int]  # (file, line) of the learner's line
     line: str  # "file:line: code"
     function: str  # "backward" or "grad"
-    retain_graph: bool  # as written (create_graph implies it)
+    retain_graph: bool  # what the engine was given: as written, else create_graph
     create_graph: bool
     inputs: int  # how many tensors inputs= named (0: none)
     start: int  # the sequence counter when the call began, and when it ended
@@ -131,7 +131,8 @@ def stamp_walk(
     would have raised: the walk reaches a node an earlier non-retaining call walked."""
     leaves = 0
     needs: set[int] = set()
-    mine: _Stamp = (call.index, call.retain_graph or call.create_graph)
+    mine: _Stamp = (call.index, call.retain_graph)  # what the engine was given: create_graph=True with an explicit
+    # retain_graph=False frees the buffers
     for node in order:  # every node of every call: the position and count are worked out where they are needed
         sequence = node._sequence_nr()
         if sequence >= _LEAF_SEQ:
@@ -274,7 +275,7 @@ class WalkSampling:
         return False
 
     def _due(self, call: CallRecord, built: int) -> bool:
-        if call.retain_graph or call.create_graph:
+        if call.retain_graph:
             self.retained = True
         count = self._calls.get(call.site, 0)
         if count < 0:

@@ -59,7 +59,9 @@ class BackwardCall:
             return "needed" if self.needed else "can go"
         if self.retain_graph and not self.create_graph:
             return "cannot tell"
-        return "not a retain (create_graph)" if self.create_graph else "not a retain"
+        if self.create_graph:
+            return "not a retain (create_graph)" if self.retain_graph else "not a retain (retain_graph=False)"
+        return "not a retain"
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,11 @@ def audit_report(run: StepRun) -> RetainAudit:
         )
         if c.error is not None:  # no verdict for a call that raised: it never finished
             why, fix, needed = f"it raised {c.error}", "fix the step's error first", None
+        elif c.create_graph and not c.retain_graph:  # MAML's inner grad told not to keep the graph it builds from
+            walked_again = v.error is not None and v.error.kind == "backward a second time"
+            why = "create_graph=True with retain_graph=False: it frees the graph it walked"
+            fix = "remove retain_graph=False: a later backward walks it" if walked_again else "nothing to change"
+            needed = None
         elif line is None or line.verdict.startswith("not a retain"):
             why, fix = (
                 (CREATE_GRAPH_NOTE, "nothing to change here")
