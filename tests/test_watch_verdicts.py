@@ -1202,3 +1202,96 @@ def test_a_loop_with_no_backward_counts_its_passes_by_its_steps(iterations: int 
     assert passes == (iterations or 4)
     watched = "2 iterations watched, then stopped as asked" if iterations else "4 iterations watched"
     assert str(w) == f"backward-twice: no backward call seen ({watched}): nothing to judge", str(w)
+
+
+def test_an_ema_teachers_output_is_no_note_beside_its_parameters_growing_graph() -> None:
+    """CuriousAI/mean-teacher's train() with ``update_ema_variables`` retyped without ``torch.no_grad()``: beside
+    the parameters' item it gave "`ema_model_out` keeps one more iteration's graph alive", cited at the EMA update;
+    detaching ``ema_model_out`` (as it said) leaves the growth as it is. The truth: the EMA's parameters carry the
+    graph (their node count grows each pass); ``ema_model_out``, rebound each pass, grows only through them."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    ema_model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    for param in ema_model.parameters():
+        param.detach_()
+    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+    counts = []
+    with watch() as w:
+        for global_step in range(1, 5):
+            ema_model_out = ema_model(torch.randn(4, 6))
+            model_out = model(torch.randn(4, 6))
+            consistency = torch.nn.functional.mse_loss(model_out.softmax(1), ema_model_out.detach().softmax(1))
+            loss = torch.nn.functional.cross_entropy(model_out, torch.randint(0, 3, (4,))) + consistency
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            alpha = min(1 - 1 / (global_step + 1), 0.99)
+            for ema_param, param in zip(ema_model.parameters(), model.parameters()):
+                ema_param.mul_(alpha).add_(param, alpha=1 - alpha)
+            counts.append(_nodes(ema_model[0].weight))
+    assert counts == sorted(counts) and counts[-1] > counts[0], counts
+    assert str(w).startswith("backward-twice: 1 thing to fix (4 iterations watched)"), str(w)
+    assert w.report.items[0].label == "`ema_model`'s parameters hold a graph that grows every iteration", str(w)
+
+
+class _SaveFeatures:
+    """A forward hook's activation saver (``LayerActivations``/``SaveFeatures`` of style-transfer code): the hook
+    appends each output to ``self.features``, which nothing clears."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.features: list[torch.Tensor] = []
+        module.register_forward_hook(self.hook_fn)
+
+    def hook_fn(self, module: Any, inputs: Any, output: torch.Tensor) -> None:
+        self.features.append(output)
+
+
+def test_a_list_a_hook_grows_and_every_backward_walks_is_one_carried_item_not_a_note_too() -> None:
+    """An activation penalty summed over ``saver.features`` with the band-aid: beside the carried item it gave
+    "`self.features` keeps one more iteration's graph alive ... `self.features.append(output.detach())`", which,
+    applied, cuts the penalty out of the gradient. The truth: every backward walks the list (without the retain the
+    second pass raises); it is one cause."""
+
+    def run(retain: bool) -> None:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        saver, optimizer = _SaveFeatures(model[1]), torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            out = model(torch.randn(5, 6))
+            loss = torch.nn.functional.cross_entropy(out, torch.randint(0, 3, (5,)))
+            loss = loss + 1e-2 * sum(f.pow(2).mean() for f in saver.features)
+            optimizer.zero_grad()
+            loss.backward(retain_graph=retain)
+            optimizer.step()
+
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        run(retain=False)
+    with watch() as w:
+        run(retain=True)
+    assert str(w).startswith("backward-twice: 1 thing to fix (4 iterations watched)"), str(w)
+    assert w.report.items[0].label.startswith("`saver.features` carries iteration 1's graph into iteration 2"), str(w)
+
+
+def test_a_list_grown_in_two_branches_grows_at_the_one_that_ran() -> None:
+    """``if keep_tensors: history.append(loss.detach()) else: history.append(loss)`` (Lightning's migration notes keep
+    outputs so): it named the first branch, which never ran and is already the fix. The truth: the other branch
+    runs each pass and keeps each loss with its graph."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    keep_tensors, history = False, []
+    with watch() as w:
+        for _ in range(4):
+            optimizer.zero_grad()
+            loss = model(torch.randn(2, 3)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            if keep_tensors:
+                history.append(loss.detach())
+            else:
+                history.append(loss)
+    assert all(item.grad_fn is not None for item in history)
+    assert "`history` keeps one more iteration's graph alive every iteration" in str(w), str(w)
+    source, first = inspect.getsourcelines(test_a_list_grown_in_two_branches_grows_at_the_one_that_ran)
+    line = first + next(i for i, text in enumerate(source) if text.strip() == "else:") + 1
+    assert f"test_watch_verdicts.py:{line} | history.append(loss)\n" in str(w), str(w)

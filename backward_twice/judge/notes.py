@@ -46,6 +46,7 @@ class Note:
     reset: bool = False  # it grows, but a later start saw it hold fewer iterations' graphs: the loop resets it
     one_element: bool = True  # the tensor held is a single number (``.item()`` fits it)
     entries: int = 1  # a dict's entries that one line builds (``ema.shadow[name] = ...``): one note, ``name`` the dict
+    ran: frozenset[int] = frozenset()  # the lines of ``built_at``'s file that ran while traced (where it grows)
 
 
 def notes(recorder: Recorder, split: Split) -> list[Note]:
@@ -117,11 +118,16 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one))
     found = _one_per_line(_one_per_container(list(by_name.values())))
     spelled = [
-        dataclasses.replace(note, name=_as_grown(note.name, site[0])) if site else note
+        dataclasses.replace(note, name=_as_grown(note.name, site[0]), ran=_ran_in(recorder, site[0])) if site else note
         for note in found
         for site in (site_of(note.built_at),)
     ]
     return list({note.name: note for note in reversed(spelled)}.values())[::-1]  # one list reached two ways: one
+
+
+def _ran_in(recorder: Recorder, filename: str) -> frozenset[int]:
+    """The lines of ``filename`` that ran while the line tracer followed the loop."""
+    return frozenset(line for file, line in recorder.creation.ran if file == filename)
 
 
 def _container(newest: str, root: str) -> str:

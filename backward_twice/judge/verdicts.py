@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import linecache
+import re
 from dataclasses import dataclass, field, replace
 
 from backward_twice.common.error_kinds import error_kind
@@ -109,8 +110,9 @@ def judge(recorder: Recorder) -> Verdicts:
     carried = carried_findings(recorder, split)
     lines = _lines(calls, split, recorder, carried)
     carried_names = {n for c in carried if c.name for n in (c.name, whole_name(c.name, c.container))}
-    kept = [n for n in notes(recorder, split) if n.name not in carried_names]  # carried already says it
-    if carried:  # ``out`` and ``loss``, rebound each pass, grow only through the carried graph: one cause, one item
+    kept = [n for n in notes(recorder, split) if not _one_of(n.name, carried_names)]  # carried already says it
+    if carried or any(n.parameter for n in kept):  # ``out`` and ``loss``, rebound each pass, grow only through the
+        # carried graph, or the parameters' (an EMA teacher's output, through its weights' graph): one cause, one item
         kept = [n for n in kept if not (n.grows and not n.parameter and rebound_each_pass(recorder, n.name))]
     error = _error(recorder, split, carried)
     raised_in_a_pass = recorder.error is not None and not recorder.error.after_the_loop  # not a ``finally:``'s
@@ -131,6 +133,15 @@ def judge(recorder: Recorder) -> Verdicts:
     # a loss with no graph (made a leaf: ``loss.requires_grad = True`` after a ``.data`` cut it): nothing trains
     leaf = read[0].line if read and not any(call.walked for call in read) and error is None else None
     return Verdicts(split, run, len(calls), lines, carried, kept, error, stopped, stopped_watching, leaf)
+
+
+def _one_of(name: str, names: set[str]) -> bool:
+    """Whether ``name`` is one of ``names``, or, spelled from inside a method (``self.features``, as the line that
+    grows it spells it), the same attribute of an object one of ``names`` spells from outside (``saver.features``)."""
+    if name in names:
+        return True
+    inside = re.fullmatch(r"self(\..+)", name)
+    return inside is not None and any(re.fullmatch(rf"\w+{re.escape(inside.group(1))}", other) for other in names)
 
 
 def plural(count: int, word: str) -> str:

@@ -364,7 +364,7 @@ def retain_item(line: LineVerdict) -> Item:
 def note_item(note: Note) -> Item:
     place, code = split_line(note.built_at)
     site = site_of(note.built_at)
-    grows = _growing_line(note.name, site[0]) if site else None
+    grows = _growing_line(note.name, site[0], note.ran) if site else None
     lines = (CodeLine(place, code, None, "each iteration's graph starts here"),)
     fix = "keep a number (`.item()`) or a detached tensor (`.detach()`) instead"
     if not note.one_element:  # `.item()` raises on a tensor of several numbers
@@ -407,7 +407,7 @@ def parameters_item(model: str, notes: list[Note]) -> Item:
     )
 
 
-def _growing_line(name: str, filename: str) -> tuple[int, str, str | None] | None:
+def _growing_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -> tuple[int, str, str | None] | None:
     """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``losses.append(outputs.loss)``,
     ``history += [loss]``, ``cache[key] = out``), with what it appends when that is a name or an attribute; one that
     appends a number (``history.append(loss.item())``, a baseline before the loop) only if no other line grows it."""
@@ -416,6 +416,8 @@ def _growing_line(name: str, filename: str) -> tuple[int, str, str | None] | Non
     )
     lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)  # a comment quoting it: no
     found = [(number, code.strip(), match.group(2)) for number, code in lines if (match := pattern.search(code))]
+    if any(number in ran for number, _, _ in found):  # a branch that never ran is not where it grows
+        found = [candidate for candidate in found if candidate[0] in ran]
     return next(
         (f for f in found if not re.search(r"\.(item|tolist)\(\)|\bfloat\(", f[1])), found[0] if found else None
     )
