@@ -8,6 +8,7 @@ The truth is what the learner's objects say before and after, read without the t
 
 from __future__ import annotations
 
+import collections
 import importlib
 import sys
 import textwrap
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from backward_twice.steps.diagnose import diagnose
+from backward_twice.watcher import watch
 
 CONFIG = """
 lr = 0.1
@@ -132,3 +134,43 @@ def test_a_gradient_the_learner_holds_is_the_parameters_gradient_again_with_its_
     held, values = weight.grad, weight.grad.clone()
     diagnose(learner.step, models=learner.model, optimizers=learner.optimizer)
     assert weight.grad is held and torch.equal(held, values)
+
+
+class _KeyQueue(torch.nn.Module):
+    """A MoCo re-implementation's queue of key batches as ``collections.deque(maxlen=...)``, enqueued with their
+    graphs (no ``torch.no_grad()`` around the key encoder)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = torch.nn.Linear(6, 4)
+        self.queue: collections.deque[torch.Tensor] = collections.deque([torch.randn(4, 4)], maxlen=8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.encoder(x)
+        logits = q @ torch.cat(list(self.queue)).T.detach()
+        self.queue.append(self.encoder(x + 0.1))
+        return logits
+
+
+def test_a_deque_that_keeps_graphs_is_a_note_under_watch_and_diagnose_and_diagnose_puts_it_back() -> None:
+    """It was "healthy" (a deque was no container the names walk read) and diagnose left the runs' keys in the
+    queue. The truth: the deque holds one more batch of keys with its graph each pass."""
+    torch.manual_seed(0)
+    model = _KeyQueue()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 6)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(x).logsumexp(1).mean().backward()
+        optimizer.step()
+
+    before = list(model.queue)
+    diagnosis = diagnose(step, models=[model], optimizers=[optimizer])
+    assert list(model.queue) == before, "the runs' keys are left in the queue"
+    with watch() as w:
+        for _ in range(4):
+            step()
+    assert len(model.queue) == 5 and all(key.grad_fn is not None for key in list(model.queue)[1:])
+    for report in (str(diagnosis), str(w)):
+        assert "`self.queue` keeps one more iteration's graph alive every iteration" in report, report

@@ -15,9 +15,11 @@ Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import inspect
+import itertools
 import os
 import re
 import types
@@ -340,9 +342,9 @@ def _walk(name: str, value: Any, depth: int, kind: str | None, found: _Found, vi
     visits[0] += 1
     if depth >= _MAX_DEPTH or visits[0] > _MAX_VISITS:
         return
-    if isinstance(value, (list, tuple)):
-        container = type(value).__name__
-        for i, item in enumerate(value[:64]):
+    if isinstance(value, (list, tuple, collections.deque)):  # a deque: a bounded queue of a memory bank's keys
+        container = "list" if isinstance(value, collections.deque) else type(value).__name__
+        for i, item in enumerate(itertools.islice(value, 64)):
             if type(item) in _ATOMS:
                 visits[0] += 1
             else:
@@ -398,7 +400,7 @@ def _keys(module: torch.nn.Module) -> tuple[str, ...]:
             if (isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter))
             # a tuple, list or None that is not torch's own (_compiled_call_impl); a number of a learner's module
             # (``self.running_loss = 0``, then ``+= loss``: the size of ``__dict__`` stays)
-            or ((isinstance(v, (tuple, list)) or v is None) and not k.startswith("_"))
+            or ((isinstance(v, (tuple, list, collections.deque)) or v is None) and not k.startswith("_"))
             or (own and type(v) in (int, float, dict) and not k.startswith("_"))  # an EMA's ``self.shadow = {}``
         )
         cached = _tensor_keys[module] = (len(attributes), keys)
@@ -448,10 +450,12 @@ def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
             if isinstance(item, torch.Tensor):
                 if not isinstance(item, torch.nn.Parameter):
                     _graph_of(f"{prefix}{suffix}.{key}", item, None, found)
-            elif isinstance(item, (tuple, list)):  # self.hidden = (h, c); self.saved_log_probs = [...]
-                for i, part in enumerate(item[:8]):
+            elif isinstance(item, (tuple, list, collections.deque)):  # self.hidden = (h, c); a list, a queue
+                for i, part in enumerate(itertools.islice(item, 8)):
                     if isinstance(part, torch.Tensor):
-                        _graph_of(f"{prefix}{suffix}.{key}[{i}]", part, type(item).__name__, found)
+                        _graph_of(
+                            f"{prefix}{suffix}.{key}[{i}]", part, "tuple" if isinstance(item, tuple) else "list", found
+                        )
             elif isinstance(item, dict):  # self.shadow[name] = ...: an EMA kept by name
                 for entry, part in list(item.items())[:8]:
                     if isinstance(part, torch.Tensor):

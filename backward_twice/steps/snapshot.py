@@ -22,6 +22,7 @@ Used by :mod:`backward_twice.steps.harness`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import itertools
@@ -243,7 +244,7 @@ class CpuSnapshot:
         if isinstance(value, dict):
             self._containers.append((value, _items(value)))
             named: Iterable[tuple[str, Any]] = [(f"{name}[{k!r}]", v) for k, v in value.items()]
-        elif isinstance(value, list):
+        elif isinstance(value, (list, collections.deque)):
             self._containers.append((value, _items(value)))
             named = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
         elif isinstance(value, tuple):
@@ -385,14 +386,19 @@ def _learners_functions(step: Callable[[], Any], learners: LearnersCode) -> list
 
 
 def _items(value: Any) -> Any:
-    """A copy of a list's or a dict's items; None for anything else."""
-    return list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else None
+    """A copy of a list's, a deque's (a memory bank's queue) or a dict's items; None for anything else."""
+    if isinstance(value, (list, collections.deque)):
+        return list(value)
+    return dict(value) if isinstance(value, dict) else None
 
 
 def _put_items(container: Any, items: Any) -> None:
     if isinstance(container, dict):
         container.clear()
         container.update(items)
+    elif isinstance(container, collections.deque):  # its maxlen stays
+        container.clear()
+        container.extend(items)
     else:
         container[:] = items
 
