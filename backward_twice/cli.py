@@ -196,7 +196,7 @@ def _run(
     sys.argv = [options.script, *options.args]  # as given, as python gives it
     # what `python SCRIPT` puts first: a symlinked script's real folder, whose files it imports
     sys.path[0:1] = [target if os.path.isdir(target) else os.path.dirname(os.path.realpath(target))]
-    watcher, status, raised = Watch(options.iterations, _again_verbose(options)), 0, False
+    watcher, status, raised = Watch(options.iterations, "" if options.verbose else _again_verbose(options)), 0, False
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
     stdout, pid = sys.stdout, os.getpid()  # the report's: not a log file the script made its stdout
     before = set(threading.enumerate())  # a kernel's or a test runner's threads are not the script's to wait for

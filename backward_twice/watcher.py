@@ -19,6 +19,7 @@ script.
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
 import sys
@@ -52,7 +53,8 @@ class Watch:
     def __init__(self, iterations: int | None = None, more: str | None = None) -> None:
         self.recorder = Recorder(iterations)
         self.ended_by: str | None = None  # "SystemExit: 0", "KeyboardInterrupt": how the loop ended, if so
-        self.more = more or "`w` in a new cell shows the evidence"  # where the evidence is, under the diagnosis
+        self.more = "`w` in a new cell shows the evidence" if more is None else more  # where the evidence is ("":
+        # shown already)
         self._more_given = more is not None
         self._verdicts: Verdicts | None = None
         self._report: Report | None = None
@@ -65,7 +67,9 @@ class Watch:
         caller = sys._getframe(1)
         self.recorder.boundary = caller
         if not self._more_given:
-            self.more = f"`{_with_name(caller) or 'w'}` in a new cell shows the evidence"
+            name = _with_name(caller) or "w"
+            in_a_notebook = getattr(builtins, "__IPYTHON__", False)  # IPython's mark; a script has no cells
+            self.more = f"`{name}` in a new cell shows the evidence" if in_a_notebook else f"print({name}.evidence())"
         self.recorder.__enter__()
         self._excepthook = threading.excepthook
         self._quiet_hook = threading.excepthook = _stopped_quietly(self._excepthook)

@@ -78,6 +78,7 @@ def test_the_command_reports_the_carried_hidden_state_of_an_unmodified_script(pr
     assert report["lines"] == []
     verbose = _run(project, "watch", "--verbose", "train.py", "3")
     assert verbose.stdout.startswith("evidence:\n  iterations: one per pass of your loop at train.py:13:")
+    assert "more:" not in verbose.stderr  # it said to run the very command that printed it
 
 
 def test_iterations_stop_the_script_and_its_arguments_reach_it(project: Path) -> None:

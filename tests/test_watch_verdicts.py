@@ -1295,3 +1295,28 @@ def test_a_list_grown_in_two_branches_grows_at_the_one_that_ran() -> None:
     source, first = inspect.getsourcelines(test_a_list_grown_in_two_branches_grows_at_the_one_that_ran)
     line = first + next(i for i, text in enumerate(source) if text.strip() == "else:") + 1
     assert f"test_watch_verdicts.py:{line} | history.append(loss)\n" in str(w), str(w)
+
+
+def _ema_update(ema_model: torch.nn.Module, model: torch.nn.Module, alpha: float, no_grad: bool) -> None:
+    with torch.no_grad() if no_grad else contextlib.nullcontext():
+        for ema_param, param in zip(ema_model.parameters(), model.parameters()):
+            ema_param.mul_(alpha).add_(param, alpha=1 - alpha)
+
+
+def test_a_parameter_changed_in_place_with_autograd_recording_gets_torch_no_grad_at_that_line() -> None:
+    """Mean teacher's EMA update on a teacher whose parameters require grad: it said "the loop raised RuntimeError,
+    before retain_graph matters ... fix this error first". The truth: the update raises as written and runs under
+    ``torch.no_grad()``."""
+    torch.manual_seed(0)
+    model, ema_model = torch.nn.Linear(6, 3), torch.nn.Linear(6, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"), watch() as w:
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(4, 6)).pow(2).mean().backward()
+            optimizer.step()
+            _ema_update(ema_model, model, 0.99, no_grad=False)
+    line = inspect.getsourcelines(_ema_update)[1] + 3
+    assert f"1. line {line} changes a tensor that requires grad in place, with autograd recording" in str(w), str(w)
+    assert f"fix: run line {line} under `with torch.no_grad():`" in str(w), str(w)
+    _ema_update(ema_model, model, 0.99, no_grad=True)
