@@ -1320,3 +1320,34 @@ def test_a_parameter_changed_in_place_with_autograd_recording_gets_torch_no_grad
     assert f"1. line {line} changes a tensor that requires grad in place, with autograd recording" in str(w), str(w)
     assert f"fix: run line {line} under `with torch.no_grad():`" in str(w), str(w)
     _ema_update(ema_model, model, 0.99, no_grad=True)
+
+
+def test_a_list_of_log_probs_the_loss_stacks_is_cleared_even_where_a_del_of_it_is_written() -> None:
+    """REINFORCE's ``saved_log_probs`` stacked into the loss, with ``del saved_log_probs[:]`` written in a branch
+    that does not run: the ``del`` was read as an indexed use, and the fix said "keep detached copies in
+    `saved_log_probs` (...detach())", which leaves the loss no gradient ("element 0 of tensors does not require
+    grad"). The truth: cleared after each update, the loop runs."""
+
+    def run(clear: bool) -> None:
+        torch.manual_seed(0)
+        policy = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+        saved_log_probs, rewards, reset_each_episode = [], [], False
+        for _ in range(3):
+            distribution = torch.distributions.Categorical(logits=policy(torch.randn(4)))
+            action = distribution.sample()
+            saved_log_probs.append(distribution.log_prob(action))
+            rewards.append(torch.tensor(1.0))
+            policy_loss = -(torch.stack(saved_log_probs) * torch.stack(rewards)).mean()
+            optimizer.zero_grad()
+            policy_loss.backward()
+            optimizer.step()
+            if reset_each_episode:
+                del saved_log_probs[:]
+            if clear:  # the fix, as printed
+                saved_log_probs.clear()
+
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        run(clear=False)
+    assert "fix: clear `saved_log_probs` after each update (`saved_log_probs.clear()`)" in str(w), str(w)
+    run(clear=True)

@@ -187,7 +187,9 @@ def _list_uses(tree: ast.Module) -> dict[str, list[tuple[int, str]]]:
             continue
         else:
             parent = parents.get(id(node))
-            if isinstance(parent, ast.Subscript) and parent.value is node:  # an item set (hs[layer] = ...): each
+            if isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.ctx, ast.Del):
+                kind = "grown"  # ``del saved_log_probs[:]``: a change of the list, as ``.clear()``, not a read
+            elif isinstance(parent, ast.Subscript) and parent.value is node:  # an item set (hs[layer] = ...): each
                 kind = "rebound" if isinstance(parent.ctx, ast.Store) else "indexed"  # iteration puts new ones in
             elif isinstance(parent, ast.Attribute) and parent.value is node:
                 kind = "grown" if parent.attr in _GROWS else "indexed"  # a method or attribute of the list
