@@ -8,6 +8,7 @@ import html
 import linecache
 import os
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -689,3 +690,65 @@ def test_a_step_whose_inner_grad_frees_its_graph_raises_under_every_way_in_and_n
         "not a retain (retain_graph=False)",
         "remove retain_graph=False: a later backward walks it",
     )
+
+
+_MEMS: dict[str, tuple[torch.Tensor, ...]] = {}
+
+
+def test_memory_a_step_keeps_from_a_tuple_it_unpacks_is_named_by_what_keeps_it() -> None:
+    """Transformer-XL's ``ret = model(data, target, *mems); loss, mems = ret[0], ret[1:]`` without the memory's
+    detach: diagnose said "`ret` carries ...", fix ``ret = tuple(s.detach() for s in ret)``, which detaches the
+    loss too ("element 0 of tensors does not require grad"). The truth: ``mems`` keeps run 1's graph for run 2;
+    detached before the model reads it, the step runs."""
+    torch.manual_seed(0)
+    layer = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+
+    def model(x: torch.Tensor, *mems: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = layer(x) + (mems[0] if mems else 0)
+        return (h.pow(2).mean(), h)
+
+    def step(fixed: bool = False) -> None:
+        if fixed:  # the fix, as printed
+            _MEMS["m"] = tuple(s.detach() for s in _MEMS["m"])
+        ret = model(torch.randn(1, 2), *_MEMS["m"])
+        loss, _MEMS["m"] = ret[0], ret[1:]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    _MEMS["m"] = ()
+    diagnosis = diagnose(step, models=[layer], optimizers=[optimizer])
+    assert "1. `_MEMS['m']` carries iteration 1's graph into iteration 2" in str(diagnosis), str(diagnosis)
+    assert "fix: add `_MEMS['m'] = tuple(s.detach() for s in _MEMS['m'])`" in str(diagnosis), str(diagnosis)
+    for _ in range(3):
+        step(fixed=True)
+
+
+_entropy: Any = 0
+
+
+def test_a_regulariser_summed_across_steps_and_read_by_the_loss_starts_at_zero_each_step() -> None:
+    """A2C's ``entropy += dist.entropy().mean()`` set to 0 once, above the loop, read by the loss: diagnose said
+    "add a number instead (`entropy += loss.item()`)", a NameError applied (no ``loss`` there yet) and, as a number,
+    no gradient for the entropy term. The truth: starting at 0 each step, the step runs and the term trains."""
+    torch.manual_seed(0)
+    layer = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+
+    def step(fixed: bool = False) -> None:
+        global _entropy
+        p = layer(torch.randn(1, 2)).softmax(-1)
+        if fixed:  # the fix, as printed
+            _entropy = 0
+        _entropy += -(p * p.log()).sum()
+        loss = p[0, 0] - 0.01 * _entropy
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    diagnosis = diagnose(step, models=[layer], optimizers=[optimizer])
+    line = next(n for n, text in enumerate(linecache.getlines(__file__), 1) if "_entropy += -(p" in text)
+    assert f"fix: set `_entropy = 0` before line {line}" in str(diagnosis), str(diagnosis)
+    for _ in range(3):
+        step(fixed=True)

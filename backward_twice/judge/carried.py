@@ -124,6 +124,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                 and through.sequence == node.sequence
                 and through.container in ("list", "tuple", "dict")
                 and through.name != carrier
+                and not (carrier is not None and _assigned_first(recorder, through))
             ):
                 # the container that still held it when the failing backward walked it: the loop rebound the name
                 # that held it at the iteration's start (hidden, rebound before bank[0] is read)
@@ -215,9 +216,10 @@ def _read_in_the_loop(recorder: Recorder, node: NamedGraph) -> str:
     """Of the names of one tensor (``ret[1]`` and ``mems[0]`` after ``loss, mems = ret[0], ret[1:]``), the one the
     loop's body reads before it assigns it: where the graph comes into the next pass (``mems``, passed to the model;
     ``ret`` is assigned first). The name found first when no other is read so."""
-    span = _loop_body(recorder)
-    if not node.same or span is None:
+    spans = _spans(recorder, None)  # the loop's body, else the step's (a tool's runs of it)
+    if not node.same or not spans:
         return node.name
+    span = spans[0]
 
     def comes_in(spelled: str) -> bool:
         return read_first(whole_name(spelled, node.container if "[" in spelled else None), span) is True
@@ -225,6 +227,12 @@ def _read_in_the_loop(recorder: Recorder, node: NamedGraph) -> str:
     if comes_in(node.name):
         return node.name
     return next((other for other in node.same if comes_in(other)), node.name)
+
+
+def _assigned_first(recorder: Recorder, through: NamedGraph) -> bool:
+    """Whether the pass assigns the container ``through`` names before it reads it: ``ret = model(x, *mems)``
+    holds this pass's tensors; what carried the old graph in is the name that held it at the pass's start."""
+    return rebound_each_pass(recorder, whole_name(through.name, through.container))
 
 
 def rebound_each_pass(recorder: Recorder, name: str) -> bool:

@@ -53,6 +53,14 @@ ERROR_FIXES = {
 _D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
 
 
+def _read_into_the_loss(name: str, filename: str, added_at: int, backward_at: int) -> bool:
+    """Whether a line after ``added_at`` and before the backward at ``backward_at`` reads ``name`` other than to add
+    to it: the total is a term of the loss, not a log."""
+    lines = lines_of_file(f"{filename}:{added_at}: ")
+    reads = re.compile(rf"(?<![\w.]){re.escape(name)}(?![\w])(?!\s*(?:\+=|=[^=]))")
+    return any(reads.search(text) for text in lines[added_at : max(added_at, backward_at - 1)])
+
+
 def second_backward_fix(
     freed_at: str, raised_at: str, through: str, shared: bool = True, parameter: str | None = None
 ) -> str:
@@ -168,6 +176,16 @@ def carried_fix(
                 f"set `{total.group(1)} = 0` before line {inside}, so each iteration's backward walks only the "
                 "losses it adds"
             )
+        if (
+            summed
+            and used
+            and summed[0] == used[0]
+            and _read_into_the_loss(total.group(1), summed[0], *summed[1:], used[1])
+        ):
+            # a regulariser the loss reads (A2C's ``entropy += ...``, then ``loss = ... - 0.01 * entropy``): its
+            # gradient is wanted, this iteration's terms only
+            start = f"set `{total.group(1)} = 0` before line {summed[1]}"
+            return f"{start}, so each iteration's backward walks only the terms it adds"
         added = total.group(2).strip()
         term = added if re.fullmatch(r"[\w.]+", added) else "loss"
         backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""

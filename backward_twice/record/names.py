@@ -163,7 +163,9 @@ def names_holding_graphs(
                 lasting = not source.function or (source.frame == lives and _grows_in_place(value))
                 if held_under is not None and lasting and claimed.setdefault(name, source) is source:
                     held_under.setdefault(name, {}).setdefault(sequence, spelled)
-                bare = source.function and "[" not in spelled and "." not in spelled
+                # a function's own variable, or an item of a tuple it holds (``ret = model(x, *mems)``: made by
+                # this call, it dies with it; what keeps the tensor is another name, ``mems``)
+                bare = source.function and (isinstance(value, tuple) or ("[" not in spelled and "." not in spelled))
                 if not bare and (sequence not in holders or simpler(spelled, holders[sequence])):
                     holders[sequence] = spelled
                 known = best.get(sequence)
