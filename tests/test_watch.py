@@ -748,3 +748,28 @@ def test_iterations_n_see_a_list_that_grows_in_every_pass_they_ran(iterations: i
     assert len(preds) == iterations and len({p.grad_fn for p in preds}) == iterations
     assert str(w).startswith(f"backward-twice: 1 note ({iterations} iterations watched, then stopped as asked)"), str(w)
     assert "`preds` keeps one more iteration's graph alive every iteration" in str(w), str(w)
+
+
+def _optimize_model(memory: list[torch.Tensor], layer: torch.nn.Linear, optimizer: torch.optim.Optimizer) -> None:
+    """The DQN tutorial's ``optimize_model()``: it returns until the replay memory holds a batch."""
+    if len(memory) < 4:
+        return
+    optimizer.zero_grad()
+    layer(torch.cat(memory)).pow(2).mean().backward()
+    optimizer.step()
+
+
+def test_iterations_n_stop_a_loop_whose_backward_a_function_of_yours_runs_after_a_warm_up() -> None:
+    """``for t in ...: memory.append(...); optimize_model()``: ``watch(iterations=2)`` ran 4 passes and a step (the
+    loop was not known as the iteration's until its first backward). The truth: 2 bare passes, no step."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in layer.parameters()]
+    memory: list[torch.Tensor] = []
+    with watch(iterations=2) as w:
+        for _ in range(6):
+            memory.append(torch.randn(1, 2))
+            _optimize_model(memory, layer, optimizer)
+    assert len(memory) == 2 and all(torch.equal(a, b) for a, b in zip(before, layer.parameters()))
+    assert str(w).startswith("backward-twice: no backward call seen (2 iterations watched, then stopped as asked)")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from backward_twice.record.sources import function_around, memo, parsed
@@ -84,6 +85,7 @@ class StepCall:
 class _Scope:
     loops: tuple[Loop, ...]
     steps: tuple[StepCall, ...]
+    calls: tuple[tuple[int, str, str | None], ...] = ()  # (line, name, attribute): ``update()``, ``agent.learn()``
 
 
 _EMPTY = _Scope((), ())
@@ -155,6 +157,7 @@ def _read_scope(code: types.CodeType) -> _Scope:
     if node is None:
         return _EMPTY
     loops, steps = [], []
+    calls: list[tuple[int, str, str | None]] = []
     for child in _own_nodes(node):
         if isinstance(child, (ast.For, ast.AsyncFor, ast.While)) and child.body:
             last = max(getattr(statement, "end_lineno", None) or statement.lineno for statement in child.body)
@@ -188,6 +191,10 @@ def _read_scope(code: types.CodeType) -> _Scope:
             step = _step_call(child)
             if step is not None:
                 steps.append(step)
+            elif isinstance(child.func, ast.Name):
+                calls.append((child.lineno, child.func.id, None))
+            elif isinstance(child.func, ast.Attribute) and isinstance(child.func.value, ast.Name):
+                calls.append((child.lineno, child.func.value.id, child.func.attr))
     loops = [
         replace(
             loop,
@@ -198,7 +205,8 @@ def _read_scope(code: types.CodeType) -> _Scope:
         )
         for loop in loops
     ]
-    return _Scope(tuple(sorted(loops, key=lambda loop: loop.header)), tuple(sorted(steps, key=lambda s: s.line)))
+    by_line = tuple(sorted(steps, key=lambda s: s.line))
+    return _Scope(tuple(sorted(loops, key=lambda loop: loop.header)), by_line, tuple(sorted(calls)))
 
 
 def _assigned(body: list[ast.stmt], names: set[str]) -> frozenset[str]:
@@ -245,13 +253,29 @@ def step_calls(code: types.CodeType) -> tuple[StepCall, ...]:
     return _scope(code).steps
 
 
-def holds_a_backward(code: types.CodeType, loop: Loop) -> bool:
+def holds_a_backward(
+    code: types.CodeType, loop: Loop, resolve: Callable[[str, str | None], types.CodeType | None] | None = None
+) -> bool:
     """Whether ``loop`` is the innermost loop of ``code``'s own scope around one of its backward calls (``backward``,
-    ``manual_backward``, ``autograd.grad``), as written: the iteration's loop, before any of them has run."""
-    return any(
+    ``manual_backward``, ``autograd.grad``), as written: the iteration's loop, before any of them has run. With
+    ``resolve`` (a called name, and attribute, to the learner's function's code), also around a call of a function
+    of theirs that runs one outside any loop of its own (a DQN's ``optimize_model()``, which returns early until its
+    buffer fills)."""
+    if any(
         call.method != "step" and loop.holds(call.line) and enclosing(code, call.line)[-1] == loop
         for call in step_calls(code)
-    )
+    ):
+        return True
+    if resolve is None:
+        return False
+    for line, name, attribute in _scope(code).calls:
+        if loop.holds(line) and enclosing(code, line)[-1] == loop:
+            called = resolve(name, attribute)
+            if called is not None and any(
+                call.method != "step" and not enclosing(called, call.line) for call in step_calls(called)
+            ):
+                return True
+    return False
 
 
 def loop_inside(filename: str, line: int, outer_line: int) -> int | None:

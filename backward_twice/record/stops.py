@@ -230,7 +230,7 @@ def stop_before_any_event(
     seen = tracer.latest.get((id(frame), loop.header))
     if iterations is None or passes.chain is not None or seen is None or seen.count <= iterations:
         return False
-    if not holds_a_backward(frame.f_code, loop):
+    if not holds_a_backward(frame.f_code, loop, _learners_function(frame)):
         return False
     from backward_twice.record.passes import Link, PassStart  # loaded with the recorder already: no cost here
 
@@ -255,7 +255,27 @@ def _due_before_any_event(
     seen = tracer.latest.get((id(frame), loop.header))
     if iterations is None or passes.chain is not None or seen is None or seen.count - begun < iterations:
         return False
-    return holds_a_backward(frame.f_code, loop)
+    return holds_a_backward(frame.f_code, loop, _learners_function(frame))
+
+
+def _learners_function(frame: types.FrameType) -> Callable[[str, str | None], types.CodeType | None]:
+    """What a call in ``frame``'s code names, when it is a function of the same file (``optimize_model``,
+    ``agent.learn``): its code. Nothing is called, and an object's attribute is read from its class's ``__dict__``
+    (no property runs)."""
+
+    def resolve(name: str, attribute: str | None) -> types.CodeType | None:
+        try:
+            names = frame.f_locals
+            value = names[name] if name in names else frame.f_globals.get(name)
+            if attribute is not None:
+                value = inspect.getattr_static(type(value), attribute, None)
+            function = getattr(value, "__func__", value)
+            code = function.__code__ if isinstance(function, types.FunctionType) else None
+        except Exception:  # a namespace that refuses to be read: no function of theirs found
+            return None
+        return code if code is not None and code.co_filename == frame.f_code.co_filename else None
+
+    return resolve
 
 
 class TakenItem:
