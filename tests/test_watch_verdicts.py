@@ -1351,3 +1351,84 @@ def test_a_list_of_log_probs_the_loss_stacks_is_cleared_even_where_a_del_of_it_i
         run(clear=False)
     assert "fix: clear `saved_log_probs` after each update (`saved_log_probs.clear()`)" in str(w), str(w)
     run(clear=True)
+
+
+class _Queue(torch.nn.Module):
+    """facebookresearch/moco's builder.py, retyped without its ``@torch.no_grad()`` on ``_dequeue_and_enqueue`` and
+    without ``.clone().detach()`` of the queue where the negatives are computed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder_q, self.encoder_k = torch.nn.Linear(6, 4), torch.nn.Linear(6, 4)
+        self.register_buffer("queue", torch.randn(4, 8))
+        self.ptr = 0
+
+    def _dequeue_and_enqueue(self, keys: torch.Tensor) -> None:
+        self.queue[:, self.ptr : self.ptr + keys.shape[0]] = keys.T
+        self.ptr = (self.ptr + keys.shape[0]) % 8
+
+    def forward(self, im_q: torch.Tensor, im_k: torch.Tensor) -> torch.Tensor:
+        q, k = self.encoder_q(im_q), self.encoder_k(im_k)
+        l_neg = torch.einsum("nc,ck->nk", [q, self.queue])
+        logits = torch.cat([(q * k).sum(1, keepdim=True), l_neg], dim=1)
+        self._dequeue_and_enqueue(k)
+        return logits
+
+
+def test_a_buffer_another_method_changes_in_place_is_named_at_that_methods_line() -> None:
+    """It gave the in-place error's generic item ("... `x += ...`, `relu_()`, an optimizer step ..."): the change is
+    in another method than the one whose line saved the queue. The truth: the enqueue's item assignment changes the
+    queue the einsum saved; a copy made before it leaves the saved one as it was."""
+    torch.manual_seed(0)
+    model = _Queue()
+    optimizer = torch.optim.SGD(model.encoder_q.parameters(), lr=0.03)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        for _ in range(2):
+            loss = torch.nn.functional.cross_entropy(model(torch.randn(4, 6), torch.randn(4, 6)), torch.zeros(4).long())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    line = inspect.getsourcelines(_Queue._dequeue_and_enqueue)[1] + 1
+    assert f"1. line {line} changed in place a tensor this backward needs" in str(w), str(w)
+    assert f"fix: add `self.queue = self.queue.clone()` before line {line}" in str(w), str(w)
+
+
+def test_an_ema_a_lightning_hook_updates_with_autograd_on_is_fixed_at_the_hooks_line() -> None:
+    """timm's ModelEmaV2 pattern in a LightningModule's ``on_train_batch_end``, without ``torch.no_grad()``: it
+    named ``model = LitEma()`` ("run line N under torch.no_grad()", which changes nothing), the line tracer being off
+    in a framework's loop. The truth: the EMA's parameters gain a graph each step at the hook's update."""
+    pl = pytest.importorskip("pytorch_lightning")
+
+    class LitEma(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(6, 2)
+            self.ema = torch.nn.Linear(6, 2).requires_grad_(False)
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            for ema_p, p in zip(self.ema.parameters(), self.net.parameters()):
+                ema_p.mul_(0.9).add_(p, alpha=0.1)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.net.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 6), torch.randint(0, 2, (16,)))
+    model = LitEma()
+    trainer = pl.Trainer(
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    with watch() as w:
+        trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=4))
+    assert model.ema.weight.grad_fn is not None
+    line = inspect.getsourcelines(LitEma.on_train_batch_end)[1] + 2
+    assert "1. `model.ema`'s parameters hold a graph that grows every iteration" in str(w), str(w)
+    assert f"fix: run line {line} under `with torch.no_grad():`" in str(w), str(w)

@@ -21,6 +21,7 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
+from backward_twice.judge.uses import without_grad
 from backward_twice.record.learner import place
 from backward_twice.record.names import CodeSite, NamedGraph
 from backward_twice.record.sources import memo, parsed
@@ -53,6 +54,10 @@ def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
         return f"{place(*site)}: {linecache.getline(*site).strip()}"
     # Where the name was found, then the code the step was given in (a notebook: another cell, perhaps).
     places = [where for where in (named.frame, recorder.roots_where) if where is not None]
+    module = re.search(r"(\w+)(?:\[[^\]]*\])*\.\w+$", named.name) if named.container == "parameter" else None
+    update = _parameters_updated_in_place(places[0][0], module.group(1)) if places and module else None
+    if update is not None:  # a parameter's graph, untraced (a framework's hook): the update that gave it one
+        return f"{place(places[0][0], update)}: {linecache.getline(places[0][0], update).strip()}"
     for index, (filename, first_line, code_name) in enumerate(places):
         if index and filename == places[0][0]:
             continue
@@ -75,6 +80,37 @@ def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
         return f"(the name {named.name})"
     filename, first_line, code_name = places[0]
     return f"{place(filename, first_line)} ({named.name}, {code_name})"
+
+
+def _parameters_updated_in_place(filename: str, module: str) -> int | None:
+    """The first line of ``filename`` that changes in place, outside ``torch.no_grad()``, what a loop over a module's
+    ``parameters()`` binds from another tensor it binds (an EMA's ``ema_p.mul_(decay).add_(p, ...)`` in a Lightning
+    ``on_train_batch_end``), over ``module``'s parameters (``ema`` of ``self.ema.parameters()``)."""
+    tree = parsed(filename)
+    if tree is None:
+        return None
+    quiet = memo(filename, ("without grad",), functools.partial(without_grad, tree))
+    for loop in ast.walk(tree):
+        if not isinstance(loop, ast.For) or not re.search(rf"\b{module}\.parameters\(", ast.unparse(loop.iter)):
+            continue
+        bound = {node.id for node in ast.walk(loop.target) if isinstance(node, ast.Name)}
+        for statement in loop.body:
+            if statement.lineno in quiet or not isinstance(statement, ast.Expr):
+                continue
+            calls = [node for node in ast.walk(statement) if isinstance(node, ast.Call)]
+            changed = [
+                call.func.value
+                for call in calls
+                if isinstance(call.func, ast.Attribute)
+                and call.func.attr.endswith("_")
+                and call.func.attr[0] != "_"
+                and call.func.attr not in ("requires_grad_", "share_memory_")  # no value changes
+            ]
+            names = {target.id for target in changed if isinstance(target, ast.Name) and target.id in bound}
+            read = {node.id for node in ast.walk(statement) if isinstance(node, ast.Name) and node.id in bound}
+            if names and read - names:  # blended from another of the loop's tensors: ``.add_(p, alpha=...)``
+                return statement.lineno
+    return None
 
 
 def _other_cells(filename: str) -> list[str]:

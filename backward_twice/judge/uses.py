@@ -21,7 +21,7 @@ from collections.abc import Collection
 
 from backward_twice.record.sources import memo, parsed
 
-__all__ = ["bound_in", "computed_again", "first_read", "list_use", "read_first"]
+__all__ = ["bound_in", "computed_again", "first_read", "list_use", "read_first", "without_grad"]
 
 
 def first_read(
@@ -48,8 +48,8 @@ def first_read(
             lines = [line for line in lines if line in reading]
         if any((filename, line) in ran for line in range(first, last + 1)):
             lines = [line for line in lines if (filename, line) in ran]
-        without_grad = memo(filename, ("without grad",), functools.partial(_without_grad, tree))
-        lines = [line for line in lines if line not in without_grad] or lines
+        quiet = memo(filename, ("without grad",), functools.partial(without_grad, tree))
+        lines = [line for line in lines if line not in quiet] or lines
         if lines:
             return filename, lines[0]
     return None
@@ -199,7 +199,7 @@ def _list_uses(tree: ast.Module) -> dict[str, list[tuple[int, str]]]:
     return found
 
 
-def _without_grad(tree: ast.Module) -> frozenset[int]:
+def without_grad(tree: ast.Module) -> frozenset[int]:
     """The lines of the bodies of ``with torch.no_grad():`` and ``with torch.inference_mode():``."""
     lines: set[int] = set()
     for node in ast.walk(tree):

@@ -34,7 +34,38 @@ def changed_in_place(walked: list[Node], line_of: Callable[[int], tuple[str, int
         later = _changed_later(*site) if site is not None else None
         if later is not None:
             return later
+    for node in stale:  # or an object's attribute the saving line read, changed by another method of its class
+        site = line_of(node._sequence_nr())  # (MoCo's ``einsum(..., [q, self.queue])``, then ``self.queue[:, i] =``)
+        elsewhere = _attribute_changed_elsewhere(*site) if site is not None else None
+        if elsewhere is not None:
+            return elsewhere
     return None
+
+
+def _attribute_changed_elsewhere(filename: str, line: int) -> tuple[str, int] | None:
+    """(file, line) of the first in-place statement of ``filename`` that changes an attribute of ``self`` the
+    statement at ``line`` reads (``self.queue``); None if there is none."""
+    tree = parsed(filename)
+    if tree is None:
+        return None
+    statements = [node for node in ast.walk(tree) if isinstance(node, ast.stmt)]
+    saving = next((s for s in statements if s.lineno <= line <= (s.end_lineno or 0) and not _has_body(s)), None)
+    read = {
+        ast.unparse(node)
+        for node in (ast.walk(saving) if saving is not None else ())
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        and isinstance(node.ctx, ast.Load)
+    }
+    for statement in sorted(statements, key=lambda node: node.lineno):
+        if statement.lineno != line and _changes(statement) and _changed_name(statement) in read:
+            return filename, statement.lineno
+    return None
+
+
+def _has_body(statement: ast.stmt) -> bool:
+    return hasattr(statement, "body")
 
 
 def _changed_later(filename: str, line: int) -> tuple[str, int] | None:

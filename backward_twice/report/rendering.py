@@ -83,10 +83,22 @@ def build_report(v: Verdicts, runs_of: str | None = None, ended_by: str | None =
     # target.parameters()`` before the loop) is the same cause as the module it belongs to
     reached = sorted(by_model.items(), key=lambda group: not any(c in group[1][0].name for c in ".["))
     for model, notes in reached:
-        item = parameters_item(model, notes)
+        item = parameters_item(_module_of(model, [note.name for note in notes]), notes)
         if not any(other.lines == item.lines and other.fix == item.fix for other in items):
             items.append(item)
     return Report(_headline(v, items, runs_of, ended_by), tuple(items), _evidence(v), v.stopped_watching)
+
+
+def _module_of(root: str, parameters: list[str]) -> str:
+    """The module whose parameters ``parameters`` all are, as spelled: ``model.ema`` of ``model.ema[0].weight`` and
+    ``model.ema[2].bias``; ``root`` when they share no more."""
+    paths = [re.findall(r"\.\w+|\[[^\]]*\]|^\w+", name)[:-1] for name in parameters]
+    shared: list[str] = []
+    for parts in zip(*paths):
+        if len(set(parts)) > 1 or parts[0].startswith("["):
+            break
+        shared.append(parts[0])
+    return "".join(shared) if len(shared) > 1 else root
 
 
 def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str | None) -> str:
