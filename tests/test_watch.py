@@ -773,3 +773,30 @@ def test_iterations_n_stop_a_loop_whose_backward_a_function_of_yours_runs_after_
             _optimize_model(memory, layer, optimizer)
     assert len(memory) == 2 and all(torch.equal(a, b) for a, b in zip(before, layer.parameters()))
     assert str(w).startswith("backward-twice: no backward call seen (2 iterations watched, then stopped as asked)")
+
+
+def _replayed(retain: bool, iterations: int | None) -> str:
+    """Six passes; pass 5 adds pass 1's kept output to its loss (a replay batch reaching an old graph)."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    kept: list[torch.Tensor] = []
+    with watch(iterations=iterations) as w:
+        for i in range(6):
+            out = layer(torch.randn(2, 3))
+            kept.append(out)
+            loss = out.pow(2).mean() + (kept[0].sum() * 0 if i == 4 else 0)
+            optimizer.zero_grad()
+            loss.backward(retain_graph=retain)
+            optimizer.step()
+    return str(w)
+
+
+def test_a_retain_judged_over_the_first_n_iterations_says_a_later_one_may_need_it() -> None:
+    """``watch(iterations=2)`` said of the retain "without it the loop runs the same", which the whole run
+    contradicts: without it, pass 5 raises."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _replayed(retain=False, iterations=None)
+    report = _replayed(retain=True, iterations=2)
+    assert "the run stopped after 2 iterations, and a later one may (watch the whole run to be sure)" in report, report
+    assert "without it the loop runs the same" not in report, report

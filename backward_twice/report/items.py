@@ -344,7 +344,9 @@ def no_graph_item(line: str) -> Item:
     )
 
 
-def retain_item(line: LineVerdict) -> Item:
+def retain_item(line: LineVerdict, stopped_after: int | None = None) -> Item:
+    """A retain no later backward needed; ``stopped_after``: the run was ended after that many iterations, so a later
+    one's backward is not known to need it either (a DQN's replay batch reaching an old graph at pass 5)."""
     place, code = split_line(line.line)
     kept = f"kept {format_bytes(line.held_bytes)} no backward used" if line.held_bytes else "no backward uses it"
     runs = f"{line.runs} run{'s' if line.runs != 1 else ''}"
@@ -362,7 +364,10 @@ def retain_item(line: LineVerdict) -> Item:
         "retain can go",
         f"retain_graph=True at line {line_number(place)} keeps buffers no backward uses",
         (CodeLine(place, code, _span(code, "retain_graph=True"), kept),),
-        f"in {runs}, no later backward walked what it kept: without it the loop runs the same",
+        f"in {runs}, no later backward walked what it kept: without it the loop runs the same"
+        if stopped_after is None
+        else f"in {runs}, no later backward walked what it kept; the run stopped after {stopped_after} iterations, "
+        "and a later one may (watch the whole run to be sure)",
         f"remove retain_graph=True at line {line_number(place)}",
     )
 

@@ -73,7 +73,7 @@ def build_report(v: Verdicts, runs_of: str | None = None, ended_by: str | None =
     if v.error is not None and not explained:
         items.append(error_item(v.error))
     items += [no_graph_item(v.walks_no_graph)] if v.walks_no_graph is not None else []
-    items += [retain_item(line) for line in v.lines if line.verdict == "can go"]
+    items += [retain_item(line, v.stopped_after) for line in v.lines if line.verdict == "can go"]
     items += [note_item(n) for n in v.notes if n.grows and not n.parameter]  # freed buffers too: the nodes pile up
     by_model: dict[str, list[Note]] = {}
     for note in v.notes:
