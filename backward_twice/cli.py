@@ -1,5 +1,6 @@
-"""``backward-twice watch [--iterations N] [--json PATH] [--verbose] SCRIPT [ARGS...]``: run an unmodified training
-script under the recorder (:func:`backward_twice.watcher.watch`) and say what it found.
+"""``backward-twice watch [--iterations N] [--json PATH] [--verbose] SCRIPT [ARGS...]`` (or ``-m MODULE [ARGS...]``,
+as ``python -m``): run an unmodified training script under the recorder (:func:`backward_twice.watcher.watch`)
+and say what it found.
 
 The script runs as ``python SCRIPT ARGS...`` would run it: as ``__main__`` (a fresh module with the globals python
 gives a script, kept as ``__main__`` for its ``atexit`` functions and threads; a folder runs its ``__main__.py``),
@@ -44,7 +45,7 @@ import threading
 import traceback
 import types
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from backward_twice.report.rendering import render_text
 from backward_twice.watcher import Watch, dump_json
@@ -116,6 +117,10 @@ def _parsed(argv: Sequence[str]) -> argparse.Namespace:
     at = 1 if arguments[:1] == ["watch"] else len(arguments)
     while at < len(arguments):
         given = arguments[at]
+        if given == "-m":  # ``-m pkg.train ARGS``, as ``python -m``: the module, then its arguments
+            options = _parser().parse_args([*arguments[:at], "<module>"])
+            options.module, options.args = (arguments[at + 1 :] or [""])[0], arguments[at + 2 :]
+            return options
         if given in _TAKES_A_VALUE:
             at += 2
         elif given.startswith("-") and given != "-":
@@ -124,7 +129,7 @@ def _parsed(argv: Sequence[str]) -> argparse.Namespace:
             break
     options = _parser().parse_args(arguments[: at + 1])
     if getattr(options, "command", None) == "watch":
-        options.args = arguments[at + 1 :]
+        options.args, options.module = arguments[at + 1 :], None
     return options
 
 
@@ -167,6 +172,8 @@ def main(argv: Sequence[str] | None = None, own_process: bool = False) -> int:
     options = _parsed(sys.argv[1:] if argv is None else argv)
     if options.iterations is not None and options.iterations < 1:
         return _refuse("--iterations must be 1 or more")
+    if options.module is not None:
+        return _main_of_a_module(options, own_process)
     script = _script_file(options.script)
     if script is None:
         what = "no __main__.py in folder" if os.path.isdir(options.script) else "no such script"
@@ -185,16 +192,45 @@ def main(argv: Sequence[str] | None = None, own_process: bool = False) -> int:
     return _run(options, target, report_path, code if script == target else None, own_process)
 
 
+def _main_of_a_module(options: argparse.Namespace, own_process: bool) -> int:
+    """``-m MODULE``: the module found as ``python -m`` finds it (the current folder first on ``sys.path``), checked
+    before it runs: a name that finds nothing, or a module that does not compile, gets Python's message and status."""
+    report_path = os.path.abspath(options.json) if options.json else None
+    problem = _json_problem(report_path) if report_path else None
+    if problem:
+        return _refuse(problem)
+    if not options.module:
+        return _refuse("-m needs a module name: -m MODULE [ARGS...]")
+    get_details = getattr(runpy, "_get_module_details", None)
+    saved_path = list(sys.path)
+    sys.path[0:1] = [os.getcwd()]
+    try:
+        details = get_details(options.module) if get_details is not None and _RUN_CODE is not None else None
+    except SyntaxError as error:
+        print("".join(traceback.format_exception_only(type(error), error)), end="", file=sys.stderr)
+        return 1
+    except ImportError as error:  # ``python -m`` says "No module named ..." (runpy's own error type), status 1
+        print(f"backward-twice watch: {error}", file=sys.stderr)
+        return 1
+    finally:
+        sys.path[:] = saved_path
+    if details is None:
+        return _refuse("-m needs runpy's module lookup, which this Python lacks")
+    options.script = details[1].origin or options.module
+    return _run(options, os.getcwd(), report_path, None, own_process, details)
+
+
 def _run(
     options: argparse.Namespace,
     target: str,
     report_path: str | None,
     compiled: types.CodeType | None,
     own_process: bool = False,
+    module: tuple[str, Any, types.CodeType] | None = None,
 ) -> int:
     saved_argv, saved_path, saved_main = sys.argv, list(sys.path), sys.modules.get("__main__")
-    sys.argv = [options.script, *options.args]  # as given, as python gives it
-    # what `python SCRIPT` puts first: a symlinked script's real folder, whose files it imports
+    sys.argv = [options.script, *options.args]  # as given, as python gives it (-m: the module's file)
+    # what `python SCRIPT` puts first: a symlinked script's real folder, whose files it imports (-m: the folder)
     sys.path[0:1] = [target if os.path.isdir(target) else os.path.dirname(os.path.realpath(target))]
     watcher, status, raised = Watch(options.iterations, "" if options.verbose else _again_verbose(options)), 0, False
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
@@ -203,7 +239,7 @@ def _run(
     try:
         with watcher:
             try:
-                _run_script(target, compiled)
+                _run_script(target, compiled, module)
             except SystemExit:
                 _join_threads(before)
                 raise
@@ -284,10 +320,18 @@ def _say(stdout: TextIO, text: str) -> None:
         print(text, file=fresh, flush=True)
 
 
-def _run_script(target: str, compiled: types.CodeType | None) -> None:
-    """Run the file (its code ``compiled``) or the folder's ``__main__`` as ``__main__``, with ``sys.argv`` and
-    ``sys.path`` as already set. The module stays ``sys.modules["__main__"]`` when the run ends (:func:`_run` puts
-    the caller's back, unless the process ends with the command)."""
+def _run_script(
+    target: str, compiled: types.CodeType | None, module: tuple[str, Any, types.CodeType] | None = None
+) -> None:
+    """Run the file (its code ``compiled``), the folder's ``__main__`` or the ``module`` (runpy's details of it) as
+    ``__main__``, with ``sys.argv`` and ``sys.path`` as already set. The module stays ``sys.modules["__main__"]``
+    when the run ends (:func:`_run` puts the caller's back, unless the process ends with the command)."""
+    if module is not None and _RUN_CODE is not None:  # as ``python -m``: its spec, its package, a fresh __main__
+        _, spec, code = module
+        module_main = types.ModuleType("__main__")
+        sys.modules["__main__"] = module_main
+        _RUN_CODE(code, module_main.__dict__, _MAIN_GLOBALS, "__main__", spec)
+        return
     if compiled is not None:  # the globals python gives a script's __main__ (__loader__, __annotations__ included)
         main = types.ModuleType("__main__")
         main.__dict__.update(
@@ -314,7 +358,8 @@ def _again_verbose(options: argparse.Namespace) -> str:
     """The command that runs the same script the same way, with the evidence shown: its own arguments kept, which
     may choose the very code path the diagnosis is about."""
     iterations = ["--iterations", str(options.iterations)] if options.iterations is not None else []
-    return shlex.join(["backward-twice", "watch", "--verbose", *iterations, options.script, *options.args])
+    what = ["-m", options.module] if options.module is not None else [options.script]
+    return shlex.join(["backward-twice", "watch", "--verbose", *iterations, *what, *options.args])
 
 
 def _print_traceback(error: BaseException) -> None:

@@ -263,3 +263,29 @@ while not stop:
     python, watched = run(tmp_path, script, "--iterations", "2")
     assert python.returncode == watched.returncode == 0, watched.stderr
     assert watched.stdout.startswith("backward-twice: healthy (2 iterations watched, then stopped as asked")
+
+
+def test_a_module_of_a_package_runs_as_python_m_runs_it(tmp_path: Path) -> None:
+    """``backward-twice watch -m pkg.train``: it was argparse's "unrecognized arguments: -m", so a package whose
+    training module imports its siblings relatively had no way in. The truth: ``python -m`` runs it as ``__main__``
+    of its package, ``sys.argv[0]`` its file; a name that finds nothing is status 1."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "scale.py").write_text("SCALE = 0.5\n")
+    (package / "train.py").write_text(
+        "import sys\nfrom .scale import SCALE\n"
+        + LOOP.replace("(weight @ x)", "(SCALE * weight @ x)")
+        + "print(__name__, __package__, sys.argv[0].endswith('train.py'), sys.argv[1:])\n"
+    )
+    python = subprocess.run(
+        [sys.executable, "-m", "pkg.train", "--lr", "1"], cwd=tmp_path, capture_output=True, text=True
+    )
+    watched = subprocess.run(
+        [str(COMMAND), "watch", "-m", "pkg.train", "--lr", "1"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert python.returncode == watched.returncode == 0 and watched.stderr == "", watched.stderr
+    assert python.stdout == "__main__ pkg True ['--lr', '1']\n", python.stdout
+    assert watched.stdout.startswith(python.stdout + HEALTHY), watched.stdout
+    missing = subprocess.run([str(COMMAND), "watch", "-m", "pkg.nosuch"], cwd=tmp_path, capture_output=True, text=True)
+    assert missing.returncode == 1 and missing.stderr == "backward-twice watch: No module named pkg.nosuch\n"
