@@ -1432,3 +1432,29 @@ def test_an_ema_a_lightning_hook_updates_with_autograd_on_is_fixed_at_the_hooks_
     line = inspect.getsourcelines(LitEma.on_train_batch_end)[1] + 2
     assert "1. `model.ema`'s parameters hold a graph that grows every iteration" in str(w), str(w)
     assert f"fix: run line {line} under `with torch.no_grad():`" in str(w), str(w)
+
+
+def test_of_two_outputs_of_one_node_only_the_one_the_next_pass_reads_carries() -> None:
+    """``pred, h = cell(x, h)`` where both outputs come from one node (a compiled cell's, here a ``chunk``'s): it said
+    "`h` and `pred` carry ...", fix "add `h = h.detach()` and `pred = pred.detach()` before line N", a NameError in
+    pass 1 (``pred`` is not bound yet). The truth: the pass rebinds ``pred`` before reading it; ``h`` alone carries,
+    and with ``h`` detached there the loop runs."""
+
+    def run(fixed: bool) -> None:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(8, 8)
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+        h = torch.zeros(2, 4)
+        for _ in range(3):
+            if fixed:  # the fix, as printed
+                h = h.detach()
+            pred, h = torch.tanh(layer(torch.cat([torch.randn(2, 4), h], 1))).chunk(2, dim=1)
+            optimizer.zero_grad()
+            pred.pow(2).mean().backward()
+            optimizer.step()
+
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        run(fixed=False)
+    assert "1. `h` carries iteration 1's graph into iteration 2" in str(w), str(w)
+    assert "fix: add `h = h.detach()` before line" in str(w), str(w)
+    run(fixed=True)

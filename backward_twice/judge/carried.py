@@ -134,7 +134,11 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                 container = "list" if re.search(r"\[\d+\]$", carrier) and container is None else container
             if name == node.name:
                 name = _read_in_the_loop(recorder, node)
-            aliases = [a for a in node.aliases if carrier is None or carrier == node.name]
+            aliases = [  # another output of the node (a compiled cell's ``pred`` beside ``h``) carries it only if
+                a  # the pass reads it before it rebinds it
+                for a in node.aliases
+                if (carrier is None or carrier == node.name) and not rebound_each_pass(recorder, a)
+            ]
             kept = _kept_in_a_list(recorder, [name, *aliases], node.frame)
             if kept is not None:  # the list that keeps the items, not each item's own tensors, nor a loop's names
                 name, container, aliases = kept, "list", []

@@ -206,7 +206,8 @@ def _read_scope(code: types.CodeType) -> _Scope:
         for loop in loops
     ]
     by_line = tuple(sorted(steps, key=lambda s: s.line))
-    return _Scope(tuple(sorted(loops, key=lambda loop: loop.header)), by_line, tuple(sorted(calls)))
+    ordered = tuple(sorted(calls, key=lambda call: (call[0], call[1], call[2] or "")))
+    return _Scope(tuple(sorted(loops, key=lambda loop: loop.header)), by_line, ordered)
 
 
 def _assigned(body: list[ast.stmt], names: set[str]) -> frozenset[str]:
