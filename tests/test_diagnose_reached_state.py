@@ -174,3 +174,39 @@ def test_a_deque_that_keeps_graphs_is_a_note_under_watch_and_diagnose_and_diagno
     assert len(model.queue) == 5 and all(key.grad_fn is not None for key in list(model.queue)[1:])
     for report in (str(diagnosis), str(w)):
         assert "`self.queue` keeps one more iteration's graph alive every iteration" in report, report
+
+
+class _Features:
+    """A forward hook's activation saver the step never names: ``register_forward_hook(self.hook_fn)``."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.features: list[torch.Tensor] = []
+        module.register_forward_hook(self.hook_fn)
+
+    def hook_fn(self, module: object, inputs: object, output: torch.Tensor) -> None:
+        self.features.append(output)
+
+
+def test_what_a_models_hook_keeps_is_judged_and_put_back_though_the_step_never_names_it() -> None:
+    """diagnose said "healthy" and left its runs' activations in the list (the step reads ``model`` only, and the
+    list is reached through the hook); the watch names it. The truth: the list holds one more output, with its
+    graph, per call of the step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
+    _hooked["saver"] = _Features(model[1])
+
+    def step() -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    diagnosis = diagnose(step, models=[model], optimizers=[optimizer])
+    assert _hooked["saver"].features == [], "the runs' activations are left in the list"
+    assert "`self.features` keeps one more iteration's graph alive every iteration" in str(diagnosis), str(diagnosis)
+    step()
+    assert len(_hooked["saver"].features) == 1 and _hooked["saver"].features[0].grad_fn is not None
+
+
+_hooked: dict[str, _Features] = {}

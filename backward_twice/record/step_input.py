@@ -32,6 +32,7 @@ __all__ = [
     "code_reached",
     "global_namespace",
     "held_bindings",
+    "hook_owners",
     "known_names",
     "name_bindings",
 ]
@@ -75,6 +76,31 @@ def name_bindings(step: Callable[[], Any]) -> list[NameBinding]:
         if name not in closure and namespace.get(name) is value and not callable(value):
             bindings.append(_global_binding(namespace, name, value))
     return bindings
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def hook_owners(step: Callable[[], Any], models: Iterable[torch.nn.Module]) -> list[tuple[str, Any]]:
+    """(name, object) for what the hooks on ``models`` write to that the step never names: the object of a bound
+    method registered as a hook (grad-cam's ``ActivationsAndGradients``, a ``SaveFeatures``), a list a hook function
+    appends to (``acts.append(o)``), each by the global name the learner gave it (else its class's name)."""
+    namespace = getattr(step, "__globals__", None) or {}
+    names = {id(value): name for name, value in namespace.items() if not name.startswith("__")}
+    found: dict[int, tuple[str, Any]] = {}
+    for model in models:
+        for module in model.modules():
+            for hooks in (getattr(module, key, None) or {} for key in _HOOKS):
+                for hook in list(hooks.values()):
+                    owner = getattr(hook, "__self__", None)
+                    if owner is not None and not isinstance(owner, (torch.nn.Module, types.ModuleType)):
+                        found.setdefault(id(owner), (names.get(id(owner), type(owner).__name__), owner))
+                    hook_globals = getattr(hook, "__globals__", None) or {}
+                    for read in getattr(getattr(hook, "__code__", None), "co_names", ()):
+                        value = hook_globals.get(read)
+                        if isinstance(value, (list, dict)):
+                            found.setdefault(id(value), (read, value))
+    return list(found.values())
 
 
 def held_bindings(step: Callable[[], Any]) -> list[tuple[Callable[[Any], None], Any]]:

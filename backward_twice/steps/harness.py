@@ -34,7 +34,7 @@ import torch
 from backward_twice.judge.verdicts import Verdicts, judge
 from backward_twice.record.names import CodeSite
 from backward_twice.record.recorder import Recorder
-from backward_twice.record.step_input import as_items, check_step, known_names
+from backward_twice.record.step_input import as_items, check_step, hook_owners, known_names
 from backward_twice.steps.snapshot import CpuSnapshot, cpu_copy
 
 __all__ = ["StepRun", "run_step"]
@@ -77,8 +77,9 @@ def run_step(
     optimizers = tuple({id(o): o for o in (*optimizers, *found_optimizers)}.values())
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise ValueError(f"{who}: iterations must be a whole number from 1 up, got {iterations!r}")
-    snapshot = CpuSnapshot(step, models, optimizers)
-    recorder = Recorder(keep_buffers=True, roots=lambda: list(known_names(step).items()), on_leaf=snapshot.keep)
+    hooked = hook_owners(step, models)  # what the models' hooks write to (a list of activations), by its name
+    snapshot = CpuSnapshot(step, models, optimizers, hooked)
+    recorder = Recorder(keep_buffers=True, roots=lambda: [*known_names(step).items(), *hooked], on_leaf=snapshot.keep)
     kept: dict[str, torch.Tensor | None] = {}
     labels = _parameter_labels(names, models, optimizers)
     stepped: set[int] = set()

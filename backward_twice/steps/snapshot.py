@@ -116,6 +116,7 @@ class CpuSnapshot:
         step: Callable[[], Any],
         models: tuple[torch.nn.Module, ...],
         optimizers: tuple[torch.optim.Optimizer, ...],
+        hooked: list[tuple[str, Any]] | None = None,
     ) -> None:
         self._tensors: dict[int, _KeptTensor] = {}
         for model in models:
@@ -178,6 +179,8 @@ class CpuSnapshot:
                     self._plain_attributes(value, name)  # ``import config as cfg``: ``cfg.lr *= 0.5``
         if inspect.ismethod(step):
             self._walk(step.__self__, 0, "self")
+        for name, value in hooked or ():  # what the models' hooks write to (a list of activations)
+            self._walk(value, 0, name)
         for cls in classes:
             if _learners_class(cls, learners):
                 self._plain_attributes(cls, cls.__name__)  # ``Trainer.calls += 1``
