@@ -65,3 +65,17 @@ def test_the_panels_error_box_brings_its_own_background_and_says_error_in_words(
     colour = re.search(r"(?<!-)color:(#[0-9a-f]{6})", markup).group(1)
     background = re.search(r"background:(#[0-9a-f]{6})", markup).group(1)
     assert _contrast(colour, background) >= 4.5  # WCAG AA, whatever the theme's page colour
+
+
+def test_carets_under_a_line_with_wide_characters_stand_under_what_they_mark() -> None:
+    """``隐藏 = model(x) + h``: the caret under ``h`` stood two columns to its left, and ``损失.backward()`` got 13
+    carets for its 15 columns: each CJK character takes two columns of a terminal."""
+    from backward_twice.report.items import CodeLine
+    from backward_twice.report.rendering import _caret_lines
+
+    code = "\u9690\u85cf = model(x) + h"
+    _, carets = _caret_lines(CodeLine("train.py:9", code, (code.index("h"), len(code)), "here"), 10)
+    assert carets.index("^") - carets.index("|") - 2 == 2 * 2 + len(" = model(x) + "), carets
+    call = "\u635f\u5931.backward()"
+    _, carets = _caret_lines(CodeLine("train.py:12", call, (0, len(call)), "raised"), 11)
+    assert carets.count("^") == 2 * 2 + len(".backward()"), carets

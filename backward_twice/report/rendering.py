@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import re
+import unicodedata
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -160,11 +161,17 @@ def _evidence(v: Verdicts) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _columns(text: str) -> int:
+    """How many terminal columns ``text`` takes: two for a wide or full-width character, one for any other."""
+    return sum(2 if unicodedata.east_asian_width(c) in ("W", "F") else 1 for c in text)
+
+
 def _caret_lines(line: CodeLine, width: int) -> list[str]:
     out = [f"   {line.place.rjust(width)} | {line.code}"]
     if line.span is not None:
-        start, end = line.span
-        out.append(f"   {''.rjust(width)} | {' ' * start}{'^' * max(1, end - start)} {line.label}")
+        start, end = line.span  # characters; a wide one (CJK: ``隐藏 = ...``) takes two columns of the terminal
+        before, under = _columns(line.code[:start]), _columns(line.code[start:end])
+        out.append(f"   {''.rjust(width)} | {' ' * before}{'^' * max(1, under)} {line.label}")
     elif line.label:
         out.append(f"   {''.rjust(width)} | {line.label}")
     return out
