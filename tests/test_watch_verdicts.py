@@ -1458,3 +1458,36 @@ def test_of_two_outputs_of_one_node_only_the_one_the_next_pass_reads_carries() -
     assert "1. `h` carries iteration 1's graph into iteration 2" in str(w), str(w)
     assert "fix: add `h = h.detach()` before line" in str(w), str(w)
     run(fixed=True)
+
+
+def _encoder_then_head(detach_in: str | None) -> None:
+    """ctallec/world-models' shape: the encoder's own loss trains the encoder (its optimizer steps), then a head is
+    trained on the encoder's ``mu``; ``detach_in``: which loss reads ``mu.detach()`` ("encoder", "head", None)."""
+    torch.manual_seed(0)
+    encoder, head = torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)
+    encoder_optimizer = torch.optim.SGD(encoder.parameters(), lr=0.1)
+    head_optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
+    for _ in range(3):
+        mu = torch.tanh(encoder(torch.randn(4, 3)))
+        encoder_loss = ((mu.detach() if detach_in == "encoder" else mu) - 0.5).pow(2).mean()
+        encoder_optimizer.zero_grad()
+        encoder_loss.backward()
+        encoder_optimizer.step()
+        head_loss = head(mu.detach() if detach_in == "head" else mu).pow(2).mean()
+        head_optimizer.zero_grad()
+        head_loss.backward()
+        head_optimizer.step()
+
+
+def test_the_detach_goes_in_the_loss_whose_step_does_not_train_what_the_shared_tensor_comes_from() -> None:
+    """It said "use `mu.detach()` in the loss line N's backward walks", N the encoder's own loss: applied, the
+    encoder loss trains nothing (its loss has no graph) and the head's backward still raises. The truth: the step
+    after the encoder's backward trains the encoder, so the head's loss is the one to read ``mu.detach()``."""
+    with pytest.raises(RuntimeError, match="element 0 of tensors does not require grad"):
+        _encoder_then_head(detach_in="encoder")
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _encoder_then_head(detach_in=None)
+    source, first = inspect.getsourcelines(_encoder_then_head)
+    head_line = first + next(i for i, text in enumerate(source) if "head_loss.backward()" in text)
+    assert f"fix: use `mu.detach()` in the loss line {head_line}'s backward walks" in str(w), str(w)
+    _encoder_then_head(detach_in="head")

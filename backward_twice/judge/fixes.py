@@ -62,14 +62,22 @@ def _read_into_the_loss(name: str, filename: str, added_at: int, backward_at: in
 
 
 def second_backward_fix(
-    freed_at: str, raised_at: str, through: str, shared: bool = True, parameter: str | None = None
+    freed_at: str,
+    raised_at: str,
+    through: str,
+    shared: bool = True,
+    parameter: str | None = None,
+    earlier_steps_its_source: bool | None = None,
 ) -> str:
     """The fix for a backward through buffers an earlier backward of the same iteration freed, reached through the
     learner's ``through``: the same backward line run twice (an inner loop, a WGAN's critic steps on one ``fake``)
     wants ``through`` built inside that loop or detached there; two backward lines (a GAN's D loss on ``fake``, then
     G's) want the earlier loss on ``through.detach()``, unless that loss must train what ``through`` comes from: then
     retain in the earlier backward only, as for two losses. When the earlier backward never walked ``through``
-    (``shared`` False: two heads' losses meet inside a model's ``forward``), no detach of it applies. A D loss built
+    (``shared`` False: two heads' losses meet inside a model's ``forward``), no detach of it applies. Where an
+    optimizer stepped between the two backward calls, ``earlier_steps_its_source`` says whether it trains what
+    ``through`` comes from: then the later loss detaches it (a world model's encoder trained by its own loss first),
+    else the earlier one (a GAN's D loss). A D loss built
     in a function from its ``parameter`` (CycleGAN's ``backward_D_basic(netD, real, fake)``) detaches the parameter:
     one change for every call of it."""
     number = re.search(r":(\d+)(?::|$)", freed_at.split(": ", 1)[0] if ": " in freed_at else freed_at)
@@ -111,6 +119,16 @@ def second_backward_fix(
         return (
             f"sum the losses and call backward() once, or add retain_graph=True to {line} only: both walk the graph "
             f"`{through}` was built from"
+        )
+    if earlier_steps_its_source is not None and later is not None:  # the step between the two backward calls tells
+        if earlier_steps_its_source:  # which loss trains what ``through`` comes from: the other one must not
+            return (
+                f"use `{through}.detach()` in the loss line {later.group(1)}'s backward walks: the step after {line} "
+                f"trains what `{through}` comes from, and this later loss must not"
+            )
+        return (
+            f"use `{through}.detach()` in the loss {line} walks: the step after it does not train what `{through}` "
+            "comes from (a GAN's D loss)"
         )
     return (
         f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from (a GAN's "

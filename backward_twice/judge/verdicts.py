@@ -35,6 +35,7 @@ from backward_twice.judge.carried import (
 )
 from backward_twice.judge.fixes import ERROR_FIXES, in_place_fix, second_backward_fix
 from backward_twice.judge.notes import Note, notes
+from backward_twice.record.evidence import ErrorRecord
 from backward_twice.record.folds import CallLog, count_retains
 from backward_twice.record.iterations import Split, split_iterations
 from backward_twice.record.learner import learner_line_at, short
@@ -133,6 +134,17 @@ def judge(recorder: Recorder) -> Verdicts:
     # a loss with no graph (made a leaf: ``loss.requires_grad = True`` after a ``.data`` cut it): nothing trains
     leaf = read[0].line if read and not any(call.walked for call in read) and error is None else None
     return Verdicts(split, run, len(calls), lines, carried, kept, error, stopped, stopped_watching, leaf)
+
+
+def _earlier_steps_the_source(recorder: Recorder, freer: int, record: ErrorRecord) -> bool | None:
+    """Whether the optimizer that stepped between the backward that freed the buffers (call ``freer``) and the one
+    that raised trains a weight the carrier's graph reaches; None when none stepped between, or nothing is known."""
+    between = [step for step in recorder.steps if freer < step.calls <= (record.call or 0)]
+    optimizer = recorder.optimizers_seen.get(between[0].optimizer) if between and record.through_sources else None
+    live = optimizer() if optimizer is not None else None
+    if live is None:
+        return None
+    return any(id(p) in record.through_sources for group in live.param_groups for p in group["params"])
 
 
 def _one_of(name: str, names: set[str]) -> bool:
@@ -236,7 +248,10 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
             f"{split.iteration_of_call(freer.index)}; this backward reached them{through}"
         )
         if name is not None:
-            fix = second_backward_fix(freer.line, record.line, name, record.through_walked, record.parameter_through)
+            source = _earlier_steps_the_source(recorder, freer.index, record)
+            fix = second_backward_fix(
+                freer.line, record.line, name, record.through_walked, record.parameter_through, source
+            )
     elif record.changed_by_step is not None:
         evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.changed_by_step)}"
         site = None

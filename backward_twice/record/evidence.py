@@ -78,6 +78,7 @@ class ErrorRecord:
     # losses meet below it, where no name of the learner's holds their graph: inside a model's ``forward``)
     parameter_through: str | None = None  # a parameter of the raising function that reaches the freed buffers
     # (``fake`` of CycleGAN's ``backward_D_basic(netD, real, fake)``, called with ``self.fake_B``, then ``self.fake_A``)
+    through_sources: frozenset[int] = frozenset()  # ids of the leaves (weights) ``reached_through``'s graph reaches
     also_through: tuple[NamedGraph, ...] = ()  # other names held now whose old graph this call reaches (``x_pos``
     # beside ``x_neg``): the engine raised at the first freed node, the others would raise next
 
@@ -101,6 +102,7 @@ def explain(
         # the first node an earlier call walked is the first it freed: a name above it lies on this call's way only
         record.through_walked = call.first_freed is None or at == freed.position
         through = record.reached_through
+        record.through_sources = _leaves(walked[at]) if through is not None and 0 <= at < len(walked) else frozenset()
         learners = _learners_frame(caller, recorder.skipped)
         freed_node = walked[freed.position]
         record.parameter_through = _parameter_through(learners, freed_node) if through and learners else None
@@ -160,6 +162,11 @@ def _through(
         if stale is None and kept is not None:
             stale, stale_at = kept, index
     return (stale, False, stale_at) if stale is not None else (None, False, position)
+
+
+def _leaves(node: Node) -> frozenset[int]:
+    """The ids of the tensors whose gradients the graph under ``node`` accumulates (the weights it trains)."""
+    return frozenset(id(n.variable) for n in python_walk([node]) if hasattr(n, "variable"))
 
 
 def _learners_frame(frame: types.FrameType | None, skipped: tuple[str, ...]) -> types.FrameType | None:
