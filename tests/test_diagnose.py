@@ -5,6 +5,7 @@ renderings."""
 from __future__ import annotations
 
 import html
+import inspect
 import linecache
 import os
 from collections.abc import Callable
@@ -752,3 +753,30 @@ def test_a_regulariser_summed_across_steps_and_read_by_the_loss_starts_at_zero_e
     assert f"fix: set `_entropy = 0` before line {line}" in str(diagnosis), str(diagnosis)
     for _ in range(3):
         step(fixed=True)
+
+
+_rollout_entropy: Any = 0
+
+
+def test_a_regulariser_a_rollout_loop_adds_to_starts_at_zero_before_that_loop() -> None:
+    """A2C's step: ``entropy += dist.entropy().mean()`` in the rollout's loop, read by the update's loss after it:
+    the reset was put before the ``+=`` line, inside the loop, which keeps only the last step's term. The truth: the
+    published code sets ``entropy = 0`` before the rollout."""
+    torch.manual_seed(0)
+    layer = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+
+    def step() -> None:
+        global _rollout_entropy
+        for _ in range(3):
+            p = layer(torch.randn(1, 2)).softmax(-1)
+            _rollout_entropy += -(p * p.log()).sum()
+        loss = p[0, 0] - 0.01 * _rollout_entropy
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    diagnosis = diagnose(step, models=[layer], optimizers=[optimizer])
+    source, first = inspect.getsourcelines(step)
+    rollout = first + next(i for i, text in enumerate(source) if "for _ in range(3):" in text)
+    assert f"fix: set `_rollout_entropy = 0` before line {rollout}" in str(diagnosis), str(diagnosis)
