@@ -19,7 +19,6 @@ script.
 
 from __future__ import annotations
 
-import builtins
 import json
 import re
 import sys
@@ -28,7 +27,7 @@ import types
 from typing import Any
 
 from backward_twice.judge.verdicts import Verdicts, judge
-from backward_twice.record.learner import first_line, without_tool_frames
+from backward_twice.record.learner import first_line, place, without_tool_frames
 from backward_twice.record.recorder import Recorder, StopRecording
 from backward_twice.report.rendering import Report, build_report, render_html, render_text, report_json
 
@@ -68,8 +67,8 @@ class Watch:
         self.recorder.boundary = caller
         if not self._more_given:
             name = _with_name(caller) or "w"
-            in_a_notebook = getattr(builtins, "__IPYTHON__", False)  # IPython's mark; a script has no cells
-            self.more = f"`{name}` in a new cell shows the evidence" if in_a_notebook else f"print({name}.evidence())"
+            in_a_cell = place(caller.f_code.co_filename, 1).startswith("Cell ")  # a script has no new cell
+            self.more = f"`{name}` in a new cell shows the evidence" if in_a_cell else f"print({name}.evidence())"
         self.recorder.__enter__()
         self._excepthook = threading.excepthook
         self._quiet_hook = threading.excepthook = _stopped_quietly(self._excepthook)
