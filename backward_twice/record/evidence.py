@@ -3,7 +3,7 @@ second time", the earlier call that freed the buffers and the name the walk reac
 check, the optimizer step that changed a saved tensor in place, or else the learner's in-place statement that did; and
 where an error the loop raised outside a backward rose in the learner's code (:func:`raised_at`).
 
-Used by :mod:`backward_twice.record.recorder`.
+Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.record.recorder`.
 """
 
 from __future__ import annotations
