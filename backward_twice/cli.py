@@ -21,7 +21,8 @@ nothing of it is named ``helpers``. It ends as Python would:
   for that check and for its run).
 
 Bad input (no such script, ``--iterations 0``, a ``--json`` folder that does not exist or cannot be written) is
-refused with one line on stderr and status 2, before the script runs. ``--json PATH`` (resolved against the folder
+refused with one line on stderr and status 2, before the script runs (a folder without ``__main__.py``: status 1,
+as python's). ``--json PATH`` (resolved against the folder
 the command was run from) writes the diagnosis as JSON; ``--verbose`` adds the evidence.
 
 Used by notebook 05_your_training_step, and by learners on their own scripts (README, "Bring your own training
@@ -133,9 +134,9 @@ def _parsed(argv: Sequence[str]) -> argparse.Namespace:
     return options
 
 
-def _refuse(message: str) -> int:
+def _refuse(message: str, status: int = 2) -> int:
     print(f"backward-twice watch: {message}", file=sys.stderr)
-    return 2
+    return status
 
 
 def _script_file(given: str) -> str | None:
@@ -175,9 +176,10 @@ def main(argv: Sequence[str] | None = None, own_process: bool = False) -> int:
     if options.module is not None:
         return _main_of_a_module(options, own_process)
     script = _script_file(options.script)
+    if script is None and os.path.isdir(options.script):  # python: "can't find '__main__' module", status 1
+        return _refuse(f"no __main__.py in folder: {options.script}", 1)
     if script is None:
-        what = "no __main__.py in folder" if os.path.isdir(options.script) else "no such script"
-        return _refuse(f"{what}: {options.script}")
+        return _refuse(f"no such script: {options.script}")
     report_path = os.path.abspath(options.json) if options.json else None  # before the script can chdir
     problem = _json_problem(report_path) if report_path else None
     if problem:
