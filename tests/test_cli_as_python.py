@@ -149,6 +149,65 @@ def test_a_trace_function_the_script_sets_stays_its_own_and_its_line_is_not_wher
     assert "train.py:15 | h = cell(torch.randn(1, 2), h)" in diagnosis and "settrace" not in diagnosis, diagnosis
 
 
+def test_a_script_that_asks_whether_a_debugger_runs_is_told_what_python_tells_it(tmp_path: Path) -> None:
+    """``debugging = sys.gettrace() is not None`` (a common idiom: one epoch while debugging, logging off) saw the
+    watch's own line tracer: the script trained one epoch instead of two and saved other weights. Under the command,
+    ``bt.watch()`` and ``iterations=N`` alike, the script sees what python shows it: no trace or profile function,
+    at the loop's first passes too, where the watch's tracer runs."""
+    script = """
+        import sys, threading, torch
+        import backward_twice as bt
+
+        def asked():
+            return (sys.gettrace(), sys.getprofile(), threading.gettrace(), threading.getprofile())
+
+        torch.manual_seed(0)
+        weight = torch.zeros(3, requires_grad=True)
+        seen = [asked()]
+        for epoch in range(2 if sys.gettrace() is None else 1):
+            for x in torch.randn(3, 3):
+                seen.append(asked())
+                (weight @ x).pow(2).backward()
+                weight.data -= 0.1 * weight.grad
+                weight.grad = None
+        with bt.watch(iterations=2):
+            for x in torch.randn(3, 3):
+                seen.append(asked())
+                (weight @ x).pow(2).backward()
+                seen.append(asked())
+        print("seen:", set(seen), "trained:", [round(v, 6) for v in weight.tolist()])
+        """
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    told = python.stdout.strip()
+    assert told.startswith("seen: {(None, None, None, None)} trained: ["), told
+    assert watched.stdout.startswith(told + "\n"), watched.stdout
+
+
+def test_a_trace_function_the_script_sets_is_what_it_reads_back_while_watched() -> None:
+    """The other side of hiding the watch's hooks: a function the learner's code set is given back as it is, and
+    the getters are python's own again once the watch ends."""
+    import threading
+
+    import torch
+
+    from backward_twice import watch
+
+    def theirs(frame: object, event: str, arg: object) -> None:
+        return None
+
+    getters = (sys.gettrace, sys.getprofile, threading.gettrace, threading.getprofile)
+    weight = torch.zeros(2, requires_grad=True)
+    with watch():
+        for x in torch.randn(3, 2):
+            assert sys.gettrace() is None
+            sys.setprofile(theirs)
+            assert sys.getprofile() is theirs
+            sys.setprofile(None)
+            (weight @ x).pow(2).backward()
+    assert (sys.gettrace, sys.getprofile, threading.gettrace, threading.getprofile) == getters
+
+
 def test_in_a_process_of_its_own_the_command_waits_for_the_scripts_threads_only(tmp_path: Path) -> None:
     """``cli.main([...])`` in a kernel or a test runner, whose own threads outlive any script: waiting for every
     thread hung the run until a test timeout. The script's threads are its own; the process's others are not."""

@@ -63,6 +63,7 @@ from typing import Any
 from backward_twice.record.imports import LibraryImports
 from backward_twice.record.loops import Loop, loops_of
 from backward_twice.record.past_handlers import PastHandlers
+from backward_twice.record.unseen import real_gettrace, real_thread_gettrace
 
 __all__ = ["LineTracer", "PassSeen"]
 
@@ -143,7 +144,7 @@ class LineTracer:
         """Trace from now on, the learner's frames already running from ``frame`` out included; False (and no
         tracing) when another trace function is set."""
         global _FORK_HOOKED
-        if sys.gettrace() is not None:
+        if real_gettrace() is not None:
             return False
         if not _FORK_HOOKED and hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_in_forked_child)
@@ -156,7 +157,7 @@ class LineTracer:
                 frame.f_trace = self._local
                 self._frames.append(frame)
             frame = frame.f_back
-        self._previous_thread_trace = threading.gettrace() if hasattr(threading, "gettrace") else None
+        self._previous_thread_trace = real_thread_gettrace() if real_thread_gettrace is not None else None
         threading.settrace(self._trace)
         sys.settrace(self._trace)
         if self._imports is not None:
@@ -172,9 +173,9 @@ class LineTracer:
         _ACTIVE.discard(self)
         if self._imports is not None:
             self._imports.uninstall()
-        if sys.gettrace() is self._trace:
+        if real_gettrace() is self._trace:
             sys.settrace(None)
-        if getattr(threading, "gettrace", lambda: self._trace)() is self._trace:  # one the learner set stays
+        if (real_thread_gettrace or (lambda: self._trace))() is self._trace:  # one the learner set stays
             threading.settrace(self._previous_thread_trace)
         for frame in self._frames:
             frame.f_trace = None
@@ -191,14 +192,14 @@ class LineTracer:
         """While a recorder's own hook runs on this thread: no call into the trace function for each of the
         hook's calls (the hook's code is never the learner's). True if paused; give it to :meth:`resume`.
         ``with tracer.untraced:`` does both."""
-        if not (_PAUSES_ARE_CHEAP and self.active and sys.gettrace() is self._trace):
+        if not (_PAUSES_ARE_CHEAP and self.active and real_gettrace() is self._trace):
             return False
         sys.settrace(None)
         return True
 
     def resume(self, paused: bool) -> None:
         """After :meth:`pause`: trace again, unless the hook stopped the tracer meanwhile."""
-        if paused and self.active and sys.gettrace() is None:
+        if paused and self.active and real_gettrace() is None:
             sys.settrace(self._trace)
 
     def displaced(self) -> None:
@@ -206,7 +207,7 @@ class LineTracer:
         on the thread that started this one: the lines since its last logged one are unknown (the nodes built since
         were not built by that line), and the learner's trace function stays theirs. Checked at the recorder's hooks
         (a backward call, an optimizer step), outside any pause of its own."""
-        if not self.active or threading.get_ident() != self._thread or sys.gettrace() is self._trace:
+        if not self.active or threading.get_ident() != self._thread or real_gettrace() is self._trace:
             return
         if self.sites:
             self.sites[-1] = None
@@ -284,7 +285,7 @@ class LineTracer:
                 self._one_line[key] = (frame, loop, offset)
                 if not frame.f_trace_opcodes:
                     frame.f_trace_opcodes = True
-                    if sys.gettrace() is self._trace:  # from 3.12, a frame's opcode events start at the next settrace
+                    if real_gettrace() is self._trace:  # from 3.12, a frame's opcode events start at the next settrace
                         sys.settrace(self._trace)
                 return stop
         if loop is not None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backward_twice.record.sources import parsed
+from backward_twice.record.unseen import real_getprofile, real_gettrace
 
 __all__ = ["PastHandlers"]
 
@@ -64,25 +65,25 @@ class PastHandlers:
         if not self._guards:
             return
         self._stop = stop
-        self._profiles = sys.getprofile() is None  # a profiler of the learner's own stays theirs
+        self._profiles = real_getprofile() is None  # a profiler of the learner's own stays theirs
         self._hook_in()
 
     def disarm(self) -> None:
         if self._stop is None:
             return
         self._stop = None
-        if sys.gettrace() is self._new_frame_hook:
+        if real_gettrace() is self._new_frame_hook:
             sys.settrace(None)
-        if self._profiles and sys.getprofile() is self._profile_hook:
+        if self._profiles and real_getprofile() is self._profile_hook:
             sys.setprofile(None)
         for guard in self._guards.values():
             guard.frame.f_trace = None
         self._guards.clear()  # frames hold their variables: none is kept past the watch
 
     def _hook_in(self) -> None:
-        if self._profiles and sys.getprofile() is None:
+        if self._profiles and real_getprofile() is None:
             sys.setprofile(self._profile_hook)
-        if sys.gettrace() is None:
+        if real_gettrace() is None:
             for guard in self._guards.values():
                 guard.frame.f_trace = self._line_hook
             sys.settrace(self._new_frame_hook)  # a frame's own trace function is called only while one is set
@@ -106,7 +107,7 @@ class PastHandlers:
             self._raise_if_caught(frame.f_back if event == "call" else frame)
         else:  # c_call, c_return, c_exception: the frame that calls a builtin
             self._raise_if_caught(frame)
-        if self._stop is not None and sys.gettrace() is None:
+        if self._stop is not None and real_gettrace() is None:
             self._hook_in()  # the trace function raised once: trace again
 
 

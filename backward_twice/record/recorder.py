@@ -69,6 +69,7 @@ from backward_twice.record.passes import IterationLoop, PassStart, inside_a_step
 from backward_twice.record.saved import graph_only_bytes
 from backward_twice.record.sources import refresh
 from backward_twice.record.stops import StopRecording
+from backward_twice.record.unseen import hooks_unseen
 from backward_twice.record.walks import SECOND_TIME, CallRecord, WalkSampling, record_of, stamp_walk, stamped
 
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
@@ -128,6 +129,7 @@ class Recorder:
         self.key = f"{STAMP}.{next(_RECORDERS)}"  # another recorder's stamps (an earlier watch) mean nothing here
         self._lines: dict[tuple[str, int], str] = {}
         self._context: Any = None
+        self._unseen: Any = None
         self._depth = self._boundary_line = 0
         self.off = False  # switched off by an error of its own (failure) or in a forked child
         forks.watching(self)
@@ -153,6 +155,8 @@ class Recorder:
         self._boundary_line = self.boundary.f_lineno
         self._context = intercepting(self._on_backward, self._on_step, self._before_step)
         self._context.__enter__()
+        self._unseen = hooks_unseen()  # the tracer's and the stops' hooks: not the learner's sys.gettrace()'s
+        self._unseen.__enter__()
         try:
             self.starts.append(0)
             note_names(self, caller)  # what the loop starts from: a graph built before it
@@ -170,6 +174,7 @@ class Recorder:
         self.taken.forget()
         self.stopped = self.framework_stop.put_back() or self.stopped
         self._context.__exit__(None, None, None)
+        self._unseen.__exit__(None, None, None)
         self.is_learners.let_go(sys._getframe(1))
         self.boundary = None  # a frame holds its variables: none is kept past the watch
         if isinstance(exc, Exception) and self.error is None:

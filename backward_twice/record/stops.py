@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from backward_twice.record.loops import Loop, holds_a_backward
+from backward_twice.record.unseen import real_getprofile
 
 if TYPE_CHECKING:  # the stops load without torch (checked on interpreters that have none)
     from backward_twice.record.lines import LineTracer
@@ -89,7 +90,7 @@ class StepCallStop:
         """From now on, the next call of the step function raises what ``stop`` gives (None: no stop is due)."""
         if self.code is None or self._stop is not None:
             return
-        self._stop, self._previous = stop, sys.getprofile()
+        self._stop, self._previous = stop, real_getprofile()
         if self._previous is None:  # a profiler of the learner's own stays theirs
             sys.setprofile(self._profile)
         else:
@@ -98,7 +99,7 @@ class StepCallStop:
     def disarm(self) -> None:
         if self._stop is not None:
             self._stop = None
-            if sys.getprofile() == self._profile:
+            if real_getprofile() == self._profile:
                 sys.setprofile(None)
 
     def _profile(self, frame: types.FrameType, event: str, arg: Any) -> None:
@@ -172,7 +173,7 @@ class FrameworkStop:
             if package == self._package and learners(frame.f_back.f_code):
                 entry = frame
             frame = frame.f_back
-        if entry is not None and sys.getprofile() is None:
+        if entry is not None and real_getprofile() is None:
             self._returning, self._stop = entry, stop
             sys.setprofile(self._profile)
 
@@ -186,7 +187,7 @@ class FrameworkStop:
 
     def _disarm(self) -> None:
         self._returning = self._stop = None
-        if sys.getprofile() == self._profile:
+        if real_getprofile() == self._profile:
             sys.setprofile(None)
 
     def put_back(self) -> bool:
