@@ -280,6 +280,35 @@ def test_a_bare_except_around_the_whole_script_does_not_catch_the_stop(project: 
     assert "backward-twice: healthy (2 iterations watched, then stopped as asked" in done.stdout
 
 
+SUPPRESSED = """
+import contextlib
+import torch
+
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+with contextlib.suppress(BaseException):  # "never let a crash lose the checkpoint"
+    for step in range(5):
+        optimizer.zero_grad()
+        model(torch.randn(2, 3)).pow(2).mean().backward()
+        optimizer.step()
+        print("step", step)
+print("saving the checkpoint")
+"""
+
+
+def test_a_suppress_base_exception_around_the_loop_does_not_swallow_the_stop(project: Path) -> None:
+    """``--iterations 2`` on a loop inside ``with contextlib.suppress(BaseException):``: the stop was swallowed by
+    its exit, and the script went on to save the half-trained model as if training had ended."""
+    (project / "suppressed.py").write_text(SUPPRESSED)
+    python = subprocess.run([sys.executable, "suppressed.py"], cwd=project, capture_output=True, text=True, timeout=240)
+    done = _run(project, "watch", "--iterations", "2", "suppressed.py")
+    assert python.returncode == done.returncode == 0, done.stderr
+    assert python.stdout.splitlines()[-2:] == ["step 4", "saving the checkpoint"]
+    assert done.stdout.splitlines()[:2] == ["step 0", "step 1"], done.stdout
+    assert "saving the checkpoint" not in done.stdout and "step 2" not in done.stdout
+    assert "backward-twice: healthy (2 iterations watched, then stopped as asked" in done.stdout
+
+
 def test_a_folder_runs_its_main_as_python_does(project: Path) -> None:
     (project / "app").mkdir()
     (project / "app" / "__main__.py").write_text(LOOP.format(ending="pass"))

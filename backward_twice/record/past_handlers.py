@@ -1,5 +1,6 @@
 """A stop carried past the learner's handlers that catch everything: a bare ``except:`` or ``except BaseException``
-whose ``try`` holds the loop (a whole script in ``try:``, ``try: main()``, a cell's ``try:`` around the loop).
+whose ``try`` holds the loop (a whole script in ``try:``, ``try: main()``, a cell's ``try:`` around the loop), or a
+``with suppress(BaseException):`` that holds it.
 
 The recorder's stop (:class:`backward_twice.record.stops.StopRecording`) is raised by a trace function, at the top of
 pass N+1; an interpreter that sees a trace function raise switches tracing off and clears that frame's trace function,
@@ -31,7 +32,8 @@ __all__ = ["PastHandlers"]
 
 @dataclass(frozen=True)
 class _Guard:
-    """A learner's frame whose line, when the stop was raised, lay in ``try`` statements with a catching handler."""
+    """A learner's frame whose line, when the stop was raised, lay in ``try`` statements with a catching handler (or
+    in a ``with`` that suppresses everything)."""
 
     frame: types.FrameType
     handlers: frozenset[int]  # the lines of those handlers
@@ -117,20 +119,33 @@ def _guard(frame: types.FrameType) -> _Guard | None:
         return None
     line = frame.f_lineno
     handlers: set[int] = set()
-    innermost: ast.Try | None = None
+    innermost: ast.Try | ast.With | None = None
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Try) or not node.body:
+        if not isinstance(node, (ast.Try, ast.With)) or not node.body:
             continue
         if not node.body[0].lineno <= line <= (node.body[-1].end_lineno or node.body[-1].lineno):
             continue
-        catching = [h for h in node.handlers if _catches_everything(h.type)]
-        for handler in catching:
-            handlers.update(range(handler.lineno, (handler.end_lineno or handler.lineno) + 1))
+        if isinstance(node, ast.With):  # ``with suppress(BaseException):`` swallows it in its exit: no handler line
+            catching = any(_suppresses_everything(item.context_expr) for item in node.items)
+        else:
+            caught = [h for h in node.handlers if _catches_everything(h.type)]
+            for handler in caught:
+                handlers.update(range(handler.lineno, (handler.end_lineno or handler.lineno) + 1))
+            catching = bool(caught)
         if catching and (innermost is None or node.lineno > innermost.lineno):
             innermost = node
     if innermost is None:
         return None
     return _Guard(frame, frozenset(handlers), innermost.end_lineno or innermost.lineno)
+
+
+def _suppresses_everything(manager: ast.expr) -> bool:
+    """``suppress(BaseException)`` (``contextlib.suppress``, by any spelling of the name) among its types."""
+    if not isinstance(manager, ast.Call):
+        return False
+    called = manager.func
+    named = called.attr if isinstance(called, ast.Attribute) else called.id if isinstance(called, ast.Name) else None
+    return named == "suppress" and any(_catches_everything(given) for given in manager.args)
 
 
 def _catches_everything(caught: ast.expr | None) -> bool:
