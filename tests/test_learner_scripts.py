@@ -1967,3 +1967,34 @@ def test_an_ensembles_backward_on_an_item_of_a_growing_list_is_told_to_use_this_
     python, watched = run(tmp_path, script.replace("{backward}", "loss"))
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: 1 note"), watched.stdout  # the list still grows: a note
+
+
+def test_a_state_a_second_loop_carries_under_another_name_is_shown_where_that_loop_builds_it(tmp_path: Path) -> None:
+    """A first loop trains; a second carries ``h`` through an alias (``hidden = model(x) + h``, then ``h = hidden``).
+    The tracer follows only the first loop's first passes, so the line comes from the source: it was ``h =
+    torch.zeros(4, 2)`` before the loop, a leaf, "built here". The truth: ``h = h.detach()`` before line 14 runs."""
+    python, watched = run(
+        tmp_path,
+        """
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = [(torch.randn(4, 3), torch.randn(4, 2)) for _ in range(4)]
+        for i, (x, y) in enumerate(data):
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+        h = torch.zeros(4, 2)
+        for i, (x, y) in enumerate(data):
+            opt.zero_grad()
+            hidden = model(x) + h
+            h = hidden
+            ((hidden - y) ** 2).mean().backward()
+            opt.step()
+        """,
+    )
+    assert python.returncode == watched.returncode == 1 and "a second time" in python.stderr
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert "train.py:14 | hidden = model(x) + h" in diagnosis and "built here" not in diagnosis, diagnosis
+    assert "fix: add `h = h.detach()` before line 14" in diagnosis, diagnosis

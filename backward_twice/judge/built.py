@@ -125,7 +125,8 @@ def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name:
     outward: the functions around it (a step defined inside a test or a cell), the module's top level, then the
     whole file (``y = model(x)`` in a ``build()`` that returns ``{"y": y}``). Assignments that only alias a value
     (``y = state["y"]``) or cannot build a graph (``h = h.detach()``) do not count. Built in an iteration: the
-    last one inside a loop; built before the first: the last one outside loops before the function's own line."""
+    last one inside a loop (with none there, the last one of the name a loop aliases it to: ``hidden`` of
+    ``h = hidden``); built before the first: the last one outside loops before the function's own line."""
     spelled = named.name
     root = re.split(r"\W", spelled, maxsplit=1)[0]  # the leading word: "state" of state['h'], "" of ['h']
     parts = [key or attribute for key, attribute in re.findall(r"\[['\"](\w+)['\"]\]|\.(\w+)", spelled)]
@@ -156,8 +157,29 @@ def _assignment(tree: ast.Module, named: NamedGraph, first_line: int, code_name:
             earlier = [line for line in outside if line < first_line]
             return earlier[-1] if earlier else outside[0]
         inside = [line for line, in_loop in found if in_loop]
+        if not inside:  # ``h = hidden`` in the loop, the graph built as ``hidden = model(x) + h``: that line
+            aliased = _aliased_in_loops(set(names), scope, nested)
+            inside = [line for line, in_loop in _assignments_to(aliased, scope, nested, indexing) if in_loop]
         return (inside or [line for line, _ in found])[-1]
     return None
+
+
+def _aliased_in_loops(wanted: set[str], scope: ast.AST, nested: bool) -> set[str]:
+    """The names a loop in ``scope`` gives to one of ``wanted`` as they are (``h = hidden``: ``hidden``)."""
+    aliased: set[str] = set()
+    for loop in ast.walk(scope):
+        if not isinstance(loop, (ast.For, ast.While, ast.AsyncFor)):
+            continue
+        for node in ast.walk(loop):
+            if not nested and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Name)
+                and any(_binds(target, wanted) for target in node.targets)
+            ):
+                aliased.add(node.value.id)
+    return aliased - wanted
 
 
 def _assignments_to(wanted: set[str], scope: ast.AST, nested: bool, indexing: bool = False) -> list[tuple[int, bool]]:
