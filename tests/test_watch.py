@@ -3,6 +3,7 @@ JSON; the diagnosis on the loop's own exception; and a watch that never breaks t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import importlib
@@ -800,3 +801,50 @@ def test_a_retain_judged_over_the_first_n_iterations_says_a_later_one_may_need_i
     report = _replayed(retain=True, iterations=2)
     assert "the run stopped after 2 iterations, and a later one may (watch the whole run to be sure)" in report, report
     assert "without it the loop runs the same" not in report, report
+
+
+async def _fetch(batch: torch.Tensor) -> torch.Tensor:
+    await asyncio.sleep(0)
+    return batch
+
+
+async def _train_async(cell: torch.nn.GRUCell, batches: torch.Tensor, logged: list[int], detach: bool) -> None:
+    optimizer = torch.optim.SGD(cell.parameters(), lr=0.1)
+    h = torch.zeros(1, 3)
+    for index, batch in enumerate(batches):
+        x = await _fetch(batch)
+        if detach:
+            h = h.detach()
+        optimizer.zero_grad()
+        h = cell(x, h)
+        h.pow(2).mean().backward(retain_graph=not detach)
+        optimizer.step()
+        await asyncio.sleep(0)
+        logged.append(index)
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_iterations_n_stop_an_async_loop_after_the_whole_of_pass_n_and_its_passes_are_its_own(detach: bool) -> None:
+    """A loop in an ``async def`` that awaits its batch and yields after its step: each ``await`` was taken for the
+    function's return and its resumption for a new call, so the loop was no loop (counted by steps) and the stop
+    armed for "the next call" went off at the ``await`` after pass N's step: pass N's logging never ran. The truth:
+    two bare passes log 0 and 1 and leave these weights; the carried ``h`` is what the band-aid hides."""
+    torch.manual_seed(0)
+    batches = torch.randn(6, 1, 2)
+    cells = [torch.nn.GRUCell(2, 3) for _ in range(2)]
+    cells[1].load_state_dict(cells[0].state_dict())
+    watched: list[int] = []
+    with watch(iterations=2) as w:
+        asyncio.run(_train_async(cells[0], batches, watched, detach))
+    bare: list[int] = []
+    asyncio.run(_train_async(cells[1], batches[:2], bare, detach))
+    assert watched == bare == [0, 1]
+    assert all(torch.equal(a, b) for a, b in zip(cells[0].parameters(), cells[1].parameters()))
+    text = str(w)
+    if detach:
+        assert text.startswith("backward-twice: healthy (2 iterations watched, then stopped as asked"), text
+    else:
+        assert "`h` carries iteration 1's graph into iteration 2; retain_graph=True only hides it" in text, text
+        assert "fix: add `h = h.detach()` before line" in text, text
+    told = "iterations: one per pass of your loop at test_watch.py:"
+    assert f"{told}{inspect.getsourcelines(_train_async)[1] + 3}: for index, batch in" in w.evidence(), w.evidence()

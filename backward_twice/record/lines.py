@@ -60,6 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from backward_twice.record.coroutines import suspended
 from backward_twice.record.imports import LibraryImports
 from backward_twice.record.loops import Loop, loops_of
 from backward_twice.record.past_handlers import PastHandlers
@@ -247,7 +248,7 @@ class LineTracer:
                 stop = self._line(frame)
             elif event == "opcode":
                 stop = self._opcode(frame)
-            elif event == "return":
+            elif event == "return" and not suspended(frame):  # an ``await`` of an ``async def`` loop: it comes back
                 self._return(frame)
         except Exception as error:
             self._failed("the line tracer", error)

@@ -40,6 +40,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from backward_twice.record.coroutines import resumed
 from backward_twice.record.loops import Loop, holds_a_backward
 from backward_twice.record.unseen import real_getprofile
 
@@ -103,7 +104,7 @@ class StepCallStop:
                 sys.setprofile(None)
 
     def _profile(self, frame: types.FrameType, event: str, arg: Any) -> None:
-        if event != "call" or frame.f_code is not self.code:
+        if event != "call" or frame.f_code is not self.code or resumed(frame):  # not an ``async def`` step's ``await``
             return
         stop = self._stop
         self.disarm()
