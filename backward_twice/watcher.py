@@ -197,7 +197,14 @@ def verdicts_json(v: Verdicts) -> dict[str, Any]:
             for line in v.lines
         ],
         "notes": [
-            {"variable": n.name, "built_at": n.built_at, "held_bytes": n.held_bytes, "grows": n.grows} for n in v.notes
+            {
+                "variable": n.name,
+                "built_at": n.built_at,
+                "held_bytes": n.held_bytes,
+                "grows": n.grows,
+                "keeps_last": n.bound or None,  # a deque full of graphs: the iterations' graphs it holds, no more
+            }
+            for n in v.notes
         ],
     }
 

@@ -392,6 +392,53 @@ def test_state_kept_on_an_object_of_a_learners_own_helpers_package_is_named(tmp_
     assert "1. `state.h` carries iteration 1's graph into iteration 2" in done.stdout, done.stdout
 
 
+MOCO_DEQUE = """
+import collections
+
+import torch
+
+torch.manual_seed(0)
+encoder_q, encoder_k = torch.nn.Linear(6, 4), torch.nn.Linear(6, 4)
+optimizer = torch.optim.SGD(encoder_q.parameters(), lr=0.03)
+
+
+class Bank:
+    def __init__(self):
+        self.queue = collections.deque([torch.randn(4, 4)] * 2, maxlen=MAXLEN)
+
+    def enqueue(self, keys):
+        self.queue.append(keys)
+
+
+bank = Bank()
+for _ in range(4):
+    q, k = encoder_q(torch.randn(4, 6)), encoder_k(torch.randn(4, 6))
+    logits = torch.cat([(q * k).sum(1, keepdim=True), q @ torch.cat(list(bank.queue)).T.detach()], dim=1)
+    loss = torch.nn.functional.cross_entropy(logits, torch.zeros(4).long())
+    bank.enqueue(k)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    ("maxlen", "headline"),
+    [(2, "keeps the last 2 iterations' graphs alive"), (8, "keeps one more iteration's graph alive every iteration")],
+)
+def test_a_deque_of_key_graphs_is_one_note_of_what_it_holds(tmp_path: Path, maxlen: int, headline: str) -> None:
+    """A MoCo-style queue as a deque, the keys enqueued with their graphs: with maxlen 2 it was "healthy" (read at
+    each pass's first event, the deque had pushed its oldest graph out, so its count never grew), although it
+    holds the last 2 passes' graphs; with maxlen 8 it still grows in the 4 passes watched, and says so."""
+    (tmp_path / "train.py").write_text(MOCO_DEQUE.replace("MAXLEN", str(maxlen)))
+    done = _run(tmp_path, "watch", "train.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("backward-twice: 1 note (4 iterations watched)"), done.stdout
+    assert f"1. `self.queue` {headline}\n" in done.stdout, done.stdout
+    assert "train.py:16 | self.queue.append(keys)" in done.stdout, done.stdout
+    assert "keep in mind: `self.queue.append(keys.detach())`" in done.stdout, done.stdout
+
+
 WHERE_AM_I = """
 import json
 import sys

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import inspect
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -174,6 +175,63 @@ def test_a_deque_that_keeps_graphs_is_a_note_under_watch_and_diagnose_and_diagno
     assert len(model.queue) == 5 and all(key.grad_fn is not None for key in list(model.queue)[1:])
     for report in (str(diagnosis), str(w)):
         assert "`self.queue` keeps one more iteration's graph alive every iteration" in report, report
+
+
+class _LastKeys(torch.nn.Module):
+    """The queue of MoCo re-implementations kept short: a ``collections.deque(maxlen=2)`` of key batches, full from
+    the start, its keys enqueued with their graphs (``detached``: as ``keys.detach()``, the fix)."""
+
+    def __init__(self, detached: bool = False) -> None:
+        super().__init__()
+        self.encoder, self.detached = torch.nn.Linear(6, 4), detached
+        self.queue: collections.deque[torch.Tensor] = collections.deque([torch.randn(4, 4)] * 2, maxlen=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.encoder(x)
+        logits = q @ torch.cat(list(self.queue)).T.detach()
+        keys = self.encoder(x + 0.1)
+        if self.detached:
+            keys = keys.detach()
+        self.queue.append(keys)
+        return logits
+
+
+@pytest.mark.parametrize("detached", [False, True])
+def test_a_full_deque_of_graphs_keeps_its_last_iterations_graphs_the_same_under_watch_and_diagnose(
+    detached: bool,
+) -> None:
+    """The watch said "healthy" (read at each pass's first event, the deque had already pushed its oldest graph
+    out, so its count never grew) and diagnose said it "keeps one more iteration's graph alive every iteration"
+    (it saw 1, then 2). The truth, read without the tool: after every pass from the second on the deque holds the
+    keys of the last 2 passes with their graphs, no more, and no backward walks them (the negatives are
+    detached); with ``keys.detach()`` it holds none."""
+    torch.manual_seed(0)
+    model = _LastKeys(detached)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 6)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(x).logsumexp(1).mean().backward()
+        optimizer.step()
+
+    diagnosis = diagnose(step, models=[model], optimizers=[optimizer])
+    held = []
+    with watch() as w:
+        for _ in range(4):
+            step()
+            held.append(sum(key.grad_fn is not None for key in model.queue))
+    assert held == ([0, 0, 0, 0] if detached else [1, 2, 2, 2])
+    line = inspect.getsourcelines(_LastKeys.forward)[1] + 6
+    for report in (str(diagnosis), str(w)):
+        if detached:
+            assert report.startswith("backward-twice: healthy"), report
+            continue
+        assert report.startswith("backward-twice: 1 note"), report
+        assert "1. `self.queue` keeps the last 2 iterations' graphs alive" in report, report
+        assert f":{line} | self.queue.append(keys)" in report, report
+        assert "keep in mind: `self.queue.append(keys.detach())`" in report, report
+        assert "every iteration" not in report and "holds them all" not in report, report
 
 
 class _Features:

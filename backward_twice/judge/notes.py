@@ -4,7 +4,9 @@ losses for logging), judged from the names the recorder read at iterations' star
 :func:`notes` keeps a name's note when it holds graphs of several iterations at once, or one graph reaching back over
 several (``running_loss += loss`` after the step: read at the next pass's first event, the graph dates from that
 pass, and reaches back before it); a name the next iteration rebinds holds one iteration's graph at a time, and its
-note says it does not grow.
+note says it does not grow. A deque with a maxlen that was full of graphs (a memory bank's queue of keys) holds the
+last few iterations' graphs, no more: its note says how many, in every way in (a watch reads it after a pass's own
+append has pushed the oldest out, diagnose before), and never that it grows every iteration.
 
 Used by :mod:`backward_twice.judge.verdicts`.
 """
@@ -46,6 +48,7 @@ class Note:
     reset: bool = False  # it grows, but a later start saw it hold fewer iterations' graphs: the loop resets it
     one_element: bool = True  # the tensor held is a single number (``.item()`` fits it)
     entries: int = 1  # a dict's entries that one line builds (``ema.shadow[name] = ...``): one note, ``name`` the dict
+    bound: int = 0  # a deque full of graphs: it holds the last ``bound`` iterations' graphs at once, no more
     ran: frozenset[int] = frozenset()  # the lines of ``built_at``'s file that ran while traced (where it grows)
 
 
@@ -116,13 +119,23 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             from_before.add(holder)
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
             by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one))
-    found = _one_per_line(_one_per_container(list(by_name.values())))
+    found = [_bounded(note, recorder, split) for note in _one_per_line(_one_per_container(list(by_name.values())))]
     spelled = [
         dataclasses.replace(note, name=_as_grown(note.name, site[0]), ran=_ran_in(recorder, site[0])) if site else note
         for note in found
         for site in (site_of(note.built_at),)
     ]
     return list({note.name: note for note in reversed(spelled)}.values())[::-1]  # one list reached two ways: one
+
+
+def _bounded(note: Note, recorder: Recorder, split: Split) -> Note:
+    """``note`` as the note of the deque it is (an item of), when that deque was full of graphs of 2 or more
+    iterations at once: it keeps the last that many iterations' graphs (the most seen at one read), not one more
+    every iteration; ``note`` as it is otherwise (a deque still filling up grows, as a list does)."""
+    queue = _root(note.name)
+    reads = recorder.full.get(queue, [])
+    last = max((len({split.iteration_of_node(sequence) for sequence in held}) for held in reads), default=0)
+    return dataclasses.replace(note, name=queue, grows=True, reset=False, bound=last) if last > 1 else note
 
 
 def _ran_in(recorder: Recorder, filename: str) -> frozenset[int]:

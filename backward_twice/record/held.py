@@ -1,10 +1,12 @@
-"""What the loop holds into each iteration: a graph a name keeps at an iteration's start, and a name (a list, a
-dict, an object) that holds one more graph at every start.
+"""What the loop holds into each iteration: a graph a name keeps at an iteration's start, a name (a list, a
+dict, an object) that holds one more graph at every start, and a deque with a maxlen that is full of graphs.
 
 :func:`note_names` is the recorder's look at the learner's names
 (:func:`backward_twice.record.names.names_holding_graphs`): the simplest name of each node, the name that holds a graph
 into an iteration (a carried graph's fix uses it), and what each holds, with its graph-only bytes (at most three graphs
-per name: a name rebound every iteration holds one iteration's graph at a time, and is counted, not kept).
+per name: a name rebound every iteration holds one iteration's graph at a time, and is counted, not kept). A deque
+full of graphs is kept with the nodes it holds, this pass's with them: each append pushes its oldest graph out, so
+read at a pass's first event (after the pass's own append) its count of earlier passes' graphs stays the same.
 
 Used by :mod:`backward_twice.record.recorder` and :mod:`backward_twice.judge.notes`.
 """
@@ -28,6 +30,7 @@ __all__ = ["Growth", "HeldGraph", "Holding", "event_names", "held_graph", "note_
 
 _MAX_NAMES, _HELD_PER_NAME = 50_000, 8  # names kept; graphs a name is followed into (at passes 2-4, 8, ..., 128)
 _CARRIER_SPELLINGS = 8  # names kept per graph held into an iteration
+_FULL_READS = 8  # reads kept per deque full of graphs
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,8 @@ class Holding(Protocol):
     @property
     def growth(self) -> dict[str, Growth]: ...
     @property
+    def full(self) -> dict[str, list[frozenset[int]]]: ...
+    @property
     def key(self) -> str: ...
 
 
@@ -157,11 +162,20 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
     recorder.sightings.append(torch._C._autograd._get_sequence_nr())
     at_start = bool(recorder.starts) and recorder.starts[-1] == sighting
     held_under: dict[str, dict[int, str]] | None = {} if at_start else None
+    bounded: dict[str, tuple[int, set[int]]] | None = {} if at_start else None
     nodes: dict[int, Node] = {}
     loop = recorder.loop.innermost
     lives = CodeSite(loop.code.co_filename, loop.code.co_firstlineno, loop.code.co_name) if loop is not None else None
     for named, node in names_holding_graphs(
-        frame, recorder.skipped, sighting, recorder.roots, recorder.outermost, recorder.roots_where, held_under, lives
+        frame,
+        recorder.skipped,
+        sighting,
+        recorder.roots,
+        recorder.outermost,
+        recorder.roots_where,
+        held_under,
+        lives,
+        bounded,
     ):
         sequence = named.sequence
         nodes[sequence] = node
@@ -204,3 +218,7 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
     if held_under and built_before is not None:  # read inside the pass: what it built is not held into it
         held_under = {name: {s: n for s, n in held.items() if s < built_before} for name, held in held_under.items()}
     note_growth(recorder.growth, held_under or {}, nodes, recorder.key)
+    for queue, (maxlen, held) in (bounded or {}).items():
+        reads = recorder.full.setdefault(queue, []) if len(held) >= maxlen > 1 else None  # one graph: a rebinding
+        if reads is not None and len(reads) < _FULL_READS:
+            reads.append(frozenset(held))

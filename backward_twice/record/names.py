@@ -2,7 +2,7 @@
 
 :func:`names_holding_graphs` looks in the learner's frames from one outward (a frame whose file lies outside
 torch, the tool (and the course), the standard library and site-packages: its locals, then its globals) and in extra
-roots (a step's closure and globals), one and two levels in: items of lists, tuples and dicts, a module's tensor
+roots (a step's closure and globals), one and two levels in: items of lists, tuples, deques and dicts, a module's tensor
 attributes and buffers, an object's tensor attributes. Each node gets its simplest spelling (``h`` before
 ``state['h']``). Frames are only read, never written (``f_locals`` is a snapshot up to Python 3.12 and a
 write-through view from 3.13: either way it is read item by item and left as it is). A tensor whose ``grad_fn``
@@ -125,13 +125,16 @@ def names_holding_graphs(
     roots_where: CodeSite | None = None,
     held_under: dict[str, dict[int, str]] | None = None,
     lives: CodeSite | None = None,
+    bounded: dict[str, tuple[int, set[int]]] | None = None,
 ) -> Iterator[tuple[NamedGraph, Node]]:
     """(name, node) for each node a name holds: the learner's frames from ``frame`` out (up to, not including,
     ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. ``held_under``, if
     given, gathers for each top-level name the nodes held under it, each with a spelling under that name
     (``losses``: the nodes of ``losses[0]``, ``losses[1]``, ...), so a caller can see a container that grows: names
     of globals, and the lists and objects of the function ``lives`` names (the one the iteration's loop runs
-    in, whose variables live from pass to pass)."""
+    in, whose variables live from pass to pass). ``bounded``, if given with it, gathers for each deque with a maxlen
+    among those (a memory bank's queue) its maxlen and the nodes its items hold: full of graphs, it holds the last
+    few, no more."""
     sources: list[_Namespace] = []
     globals_seen: set[int] = set()
     while frame is not None and frame is not outermost:
@@ -157,12 +160,16 @@ def names_holding_graphs(
         for name, value in items:
             if type(value) in _ATOMS or name.startswith("__") or isinstance(value, _NOT_NAMES):
                 continue
-            for spelled, tensor, node, kind in _graphs_under(name, value):
+            # a function's own variables are rebound each call; an outer namespace's name is shadowed by an inner's
+            lasting = not source.function or (source.frame == lives and _grows_in_place(value))
+            deques: dict[str, int] | None = {} if bounded is not None and lasting else None
+            for spelled, tensor, node, kind in _graphs_under(name, value, deques):
                 sequence = node._sequence_nr()
-                # a function's own variables are rebound each call; an outer namespace's name is shadowed by an inner's
-                lasting = not source.function or (source.frame == lives and _grows_in_place(value))
                 if held_under is not None and lasting and claimed.setdefault(name, source) is source:
                     held_under.setdefault(name, {}).setdefault(sequence, spelled)
+                    queue = re.sub(r"\[\d+\]$", "", spelled)  # a tensor that is an item of a deque: counted there
+                    if bounded is not None and deques and queue in deques:
+                        bounded.setdefault(queue, (deques[queue], set()))[1].add(sequence)
                 # a function's own variable, or an item of a tuple it holds (``ret = model(x, *mems)``: made by
                 # this call, it dies with it; what keeps the tensor is another name, ``mems``)
                 bare = source.function and (isinstance(value, tuple) or ("[" not in spelled and "." not in spelled))
@@ -317,13 +324,14 @@ def _grows_in_place(value: Any) -> bool:
     return isinstance(value, list) or not isinstance(value, (torch.Tensor, dict, tuple, *_ATOM_TYPES))
 
 
-def _graphs_under(name: str, value: Any) -> _Found:
+def _graphs_under(name: str, value: Any, deques: dict[str, int] | None = None) -> _Found:
     """(spelling, tensor, its node, the kind of container it is an item of) for each tensor with a graph under
-    ``name`` (see :func:`_walk`). What the walk found before one of the learner's objects refused to be read (a
-    property that raises, a ``__getattr__`` of its own) is kept; the rest of that name is skipped, never the loop."""
+    ``name`` (see :func:`_walk`); into ``deques``, if given, each deque with a maxlen met on the way. What the walk
+    found before one of the learner's objects refused to be read (a property that raises, a ``__getattr__`` of its
+    own) is kept; the rest of that name is skipped, never the loop."""
     found: _Found = []
     with contextlib.suppress(Exception):
-        _walk(name, value, 0, None, found, [0])
+        _walk(name, value, 0, None, found, [0], deques)
     return found
 
 
@@ -333,11 +341,14 @@ def _graph_of(name: str, tensor: torch.Tensor, kind: str | None, found: _Found) 
         found.append((name, tensor, node, kind))
 
 
-def _walk(name: str, value: Any, depth: int, kind: str | None, found: _Found, visits: list[int]) -> None:
+def _walk(
+    name: str, value: Any, depth: int, kind: str | None, found: _Found, visits: list[int], deques: dict[str, int] | None
+) -> None:
     """Gather into ``found`` a tensor, the items of a list, tuple or dict, a module's tensor attributes and buffers,
     and a plain object's attributes, down to where a learner's state lives: ``h``, ``state[0]``, ``buffers['h']``,
     ``model.memory``, ``trainer.hidden[0]``, ``past.layers[0].keys`` (four levels at most, and a budget of objects
-    per name: a dataset is not walked). A number or a string costs one visit and no call."""
+    per name: a dataset is not walked). A number or a string costs one visit and no call. ``deques``: where a deque
+    with a maxlen is kept, by its spelling, with that maxlen."""
     if isinstance(value, torch.Tensor):
         _graph_of(name, value, kind, found)
         return
@@ -346,11 +357,13 @@ def _walk(name: str, value: Any, depth: int, kind: str | None, found: _Found, vi
         return
     if isinstance(value, (list, tuple, collections.deque)):  # a deque: a bounded queue of a memory bank's keys
         container = "list" if isinstance(value, collections.deque) else type(value).__name__
+        if isinstance(value, collections.deque) and value.maxlen is not None and deques is not None:
+            deques[name] = value.maxlen
         for i, item in enumerate(itertools.islice(value, 64)):
             if type(item) in _ATOMS:
                 visits[0] += 1
             else:
-                _walk(f"{name}[{i}]", item, depth + 1, container, found, visits)
+                _walk(f"{name}[{i}]", item, depth + 1, container, found, visits, deques)
     elif isinstance(value, dict):
         for key, item in list(value.items())[:64]:
             if not isinstance(key, (str, int)):
@@ -358,17 +371,19 @@ def _walk(name: str, value: Any, depth: int, kind: str | None, found: _Found, vi
             if type(item) in _ATOMS:
                 visits[0] += 1
             else:
-                _walk(f"{name}[{key!r}]", item, depth + 1, "dict", found, visits)
+                _walk(f"{name}[{key!r}]", item, depth + 1, "dict", found, visits, deques)
     elif isinstance(value, torch.nn.Module):
-        _module_tensors(name, value, found)
+        _module_tensors(name, value, found, deques)
     elif (
         isinstance(getattr(value, "__dict__", None), dict)
         and not isinstance(value, _NOT_STATE)
         and not type(value).__module__.startswith(_OURS)  # a watch's own records hold no state of the loop
     ):
         for key, item in list(vars(value).items())[:64]:
-            if isinstance(item, (torch.Tensor, list, tuple, dict)) or isinstance(getattr(item, "__dict__", None), dict):
-                _walk(f"{name}.{key}", item, depth + 1, None, found, visits)
+            if isinstance(item, (torch.Tensor, list, tuple, dict, collections.deque)) or isinstance(
+                getattr(item, "__dict__", None), dict
+            ):  # a deque: a plain object's queue (``bank.queue``), as a module's
+                _walk(f"{name}.{key}", item, depth + 1, None, found, visits, deques)
 
 
 # module -> (len(__dict__), the keys worth looking at); weak, so a module's id reused later finds nothing stale
@@ -439,11 +454,12 @@ def _tree(root: torch.nn.Module) -> _Tree:
     return tree
 
 
-def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
+def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found, deques: dict[str, int] | None = None) -> None:
     """A module's tensor attributes (``self.memory``, ``self.hidden = (h, c)``, the first items of a list such as
     REINFORCE's ``self.saved_log_probs``), buffers and parameters (an EMA's weights updated in place outside
     ``torch.no_grad()``) with a graph, and its
-    submodules' (only those that have any: the tree is read once and again when it changes, not at every look)."""
+    submodules' (only those that have any: the tree is read once and again when it changes, not at every look);
+    into ``deques``, if given, each deque attribute with a maxlen (``self.queue``)."""
     tree = _tree(root)
     for suffix, module in tree.entries:
         attributes = module.__dict__
@@ -453,6 +469,8 @@ def _module_tensors(prefix: str, root: torch.nn.Module, found: _Found) -> None:
                 if not isinstance(item, torch.nn.Parameter):
                     _graph_of(f"{prefix}{suffix}.{key}", item, None, found)
             elif isinstance(item, (tuple, list, collections.deque)):  # self.hidden = (h, c); a list, a queue
+                if isinstance(item, collections.deque) and item.maxlen is not None and deques is not None:
+                    deques[f"{prefix}{suffix}.{key}"] = item.maxlen
                 for i, part in enumerate(itertools.islice(item, 8)):
                     if isinstance(part, torch.Tensor):
                         _graph_of(

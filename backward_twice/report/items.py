@@ -377,18 +377,22 @@ def note_item(note: Note) -> Item:
     site = site_of(note.built_at)
     grows = _growing_line(note.name, site[0], note.ran) if site else None
     lines = (CodeLine(place, code, None, "each iteration's graph starts here"),)
+    where = "each graph goes in here" if note.bound else "grows here"
     fix = "keep a number (`.item()`) or a detached tensor (`.detach()`) instead"
     if not note.one_element:  # `.item()` raises on a tensor of several numbers
         fix = "keep a detached tensor (`.detach()`) instead"
     if grows is not None:
         number, text, appended = grows
-        lines = (CodeLine(f"{place.rsplit(':', 1)[0]}:{number}", text, _span(text, note.name), "grows here"),)
+        lines = (CodeLine(f"{place.rsplit(':', 1)[0]}:{number}", text, _span(text, note.name), where),)
         if appended and note.one_element:
             fix = f"`{note.name}.append({appended}.item())`, or `{appended}.detach()` if you need the tensor"
         elif appended:
             fix = f"`{note.name}.append({appended}.detach())`"
     each = f" (about {format_bytes(note.held_bytes)} each)" if note.held_bytes else ""
-    if note.entries > 1:  # one line builds each entry of a dict: one note, the dict's
+    if note.bound:  # a deque full of graphs: each append pushes the oldest out, so it holds these, no more
+        label = f"`{note.name}` keeps the last {note.bound} iterations' graphs alive"
+        why = f"no later backward walks them, but `{note.name}` holds them until newer ones push them out{each}"
+    elif note.entries > 1:  # one line builds each entry of a dict: one note, the dict's
         kept = "several iterations' graphs alive at once" if note.reset else "one more iteration's graph alive"
         label = f"`{note.name}`'s {note.entries} entries keep {kept}" + ("" if note.reset else " every iteration")
         held = "hold them until the loop resets them" if note.reset else "hold them all"
