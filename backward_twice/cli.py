@@ -48,6 +48,7 @@ import types
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from backward_twice.record.learner import without_tool_frames
 from backward_twice.report.rendering import render_text
 from backward_twice.watcher import Watch, dump_json
 
@@ -238,8 +239,9 @@ def _run(
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
     stdout, pid = sys.stdout, os.getpid()  # the report's: not a log file the script made its stdout
     before = set(threading.enumerate())  # a kernel's or a test runner's threads are not the script's to wait for
+    line = _LineEnd(stdout)
     try:
-        with watcher:
+        with watcher, line:
             try:
                 _run_script(target, compiled, module)
             except SystemExit:
@@ -269,9 +271,9 @@ def _run(
     # When it raised, the traceback ends with the diagnosis (a note): printed again only without the traceback. An
     # error before any backward call (a missing import) is Python's alone.
     if not raised or (options.no_traceback and watcher.verdicts.calls):
-        _say(stdout, render_text(watcher.report, verbose=options.verbose, more=watcher.more))
+        _say(stdout, line.opening + render_text(watcher.report, verbose=options.verbose, more=watcher.more))
     elif options.verbose and watcher.verdicts.calls:
-        _say(stdout, "\n".join(["evidence:", *(f"  {line}" for line in watcher.report.evidence)]))
+        _say(stdout, line.opening + "\n".join(["evidence:", *(f"  {kept}" for kept in watcher.report.evidence)]))
     if report_path:
         try:
             dump_json(watcher, report_path)
@@ -306,6 +308,44 @@ def _join_threads(before: set[threading.Thread]) -> None:
             return
         for thread in running:
             thread.join()
+
+
+class _LineEnd:
+    """Whether the script's last write to the command's stdout ended its line: a progress line printed with
+    ``end=""`` (``print(f"\\rstep {i} ...", end="")``) would have the report glued to its end. While entered, the
+    stream's ``write`` is looked up on the stream itself (an instance attribute, as ``print`` finds it) and passes each
+    text on unchanged; its errors are the stream's own, without this frame."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.ended = stream, True
+        self._written: Any = None
+
+    @property
+    def opening(self) -> str:
+        """What the report starts with: a line end, if the script's last line has none."""
+        return "" if self.ended else "\n"
+
+    def __enter__(self) -> None:
+        write = self.stream.write
+
+        def written(text: str) -> int:
+            try:
+                count = write(text)
+            except BaseException as error:  # as the stream raised it (a closed stdout's ValueError)
+                error.__traceback__ = without_tool_frames(error.__traceback__)
+                raise
+            if text:
+                self.ended = text[-1] == "\n"
+            return count
+
+        with contextlib.suppress(AttributeError, TypeError):  # a stream that takes no attribute: reports as before
+            self.stream.write = written  # type: ignore[method-assign]
+            self._written = written
+
+    def __exit__(self, *exc: object) -> None:
+        if self._written is not None and getattr(self.stream, "__dict__", {}).get("write") is self._written:
+            with contextlib.suppress(AttributeError, TypeError):
+                del self.stream.write
 
 
 def _say(stdout: TextIO, text: str) -> None:

@@ -28,6 +28,24 @@ def test_a_script_that_closes_its_stdout_ends_as_python_ends_it(tmp_path: Path) 
     assert python.stdout == "trained\n" and watched.stdout.startswith("trained\n" + HEALTHY), watched.stdout
 
 
+def test_a_progress_line_printed_without_its_end_is_not_glued_to_the_diagnosis(tmp_path: Path) -> None:
+    """``print(f"\\rstep {i} ...", end="")``, the progress line of many scripts: the report began on that line
+    ("...loss 0.1984backward-twice: healthy"). It begins on its own line; what the script printed is as python's; a
+    script whose last line ended gets no blank line; a write to a closed stdout fails as python's, no frame of the
+    tool's in its traceback."""
+    progress = LOOP + "    print(f'\\rstep {weight.sum().item():.3f}', end='', flush=True)\n"
+    python, watched = run(tmp_path, progress)
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert python.stdout.count("step") == 3 and not python.stdout.endswith("\n"), python.stdout  # text: \r as \n
+    assert watched.stdout.startswith(python.stdout + "\n" + HEALTHY), watched.stdout
+    python, watched = run(tmp_path, LOOP + "print('trained')\n")
+    assert watched.stdout.startswith("trained\n" + HEALTHY), watched.stdout
+    closed = LOOP + "import sys\nsys.stdout.close()\nprint('after')\n"
+    python, watched = run(tmp_path, closed)
+    assert python.returncode == watched.returncode == 1 and "I/O operation on closed file" in python.stderr
+    assert watched.stderr.replace("/watched/", "/python/").startswith(python.stderr), watched.stderr
+
+
 def test_a_script_that_makes_a_log_file_its_stdout_keeps_its_log_and_the_diagnosis_comes_to_the_terminal(
     tmp_path: Path,
 ) -> None:
