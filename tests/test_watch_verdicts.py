@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
+import runpy
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -1491,3 +1493,48 @@ def test_the_detach_goes_in_the_loss_whose_step_does_not_train_what_the_shared_t
     head_line = first + next(i for i, text in enumerate(source) if "head_loss.backward()" in text)
     assert f"fix: use `mu.detach()` in the loss line {head_line}'s backward walks" in str(w), str(w)
     _encoder_then_head(detach_in="head")
+
+
+def test_a_carried_state_seen_without_the_line_tracer_gives_no_note_to_the_loss_that_reaches_into_it(
+    tmp_path: Any,
+) -> None:
+    """Under a trace function of the learner's (coverage started at the script's top, a debugger), the watch cannot
+    follow the loop's lines and splits the run by its optimizer's steps: the names are read after each step. The
+    loss, rebound every pass, then held its pass's graph into the next, reaching back through the carried ``h`` into
+    iteration 1's: "`loss` keeps one more iteration's graph alive every iteration", beside the carried item. The
+    truth: every backward walks what ``loss`` reaches back into (the carried graph, item 1), and ``loss`` itself holds
+    one pass's graph at a time; with ``h = h.detach()`` nothing is held or walked twice."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys, torch
+            from backward_twice import watch
+
+            def theirs(frame, event, arg):
+                return None
+
+            torch.manual_seed(0)
+            model = torch.nn.Linear(3, 2)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            data = [(torch.randn(4, 3), torch.randn(4, 2)) for _ in range(4)]
+            h = torch.zeros(4, 2)
+            sys.settrace(theirs)
+            try:
+                with watch() as w:
+                    for x, y in data:
+                        optimizer.zero_grad()
+                        h = model(x) + h
+                        loss = ((h - y) ** 2).mean()
+                        loss.backward(retain_graph=True)
+                        optimizer.step()
+            finally:
+                sys.settrace(None)
+            """
+        )
+    )
+    w = runpy.run_path(str(script))["w"]
+    text = str(w)
+    assert "iterations: by SGD.step()" in w.evidence(), w.evidence()  # the case: no line tracer
+    assert text.startswith("backward-twice: 1 thing to fix (4 iterations watched)\n"), text
+    assert "`h` carries iteration 1's graph into iteration 2" in text and "`loss` keeps" not in text, text

@@ -74,6 +74,8 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         oldest, checked = (earliest, held_graph.earliest) if late else (built, sequence)
         if not oldest < held_in <= last or walked.get(checked, 0) >= held_in:
             continue
+        if earliest < built and walked.get(held_graph.earliest, 0) >= held_in:  # it reaches back into a graph later
+            continue  # backwards walk: a carried graph (its finding), held a pass longer by this name, not grown by it
         named = recorder.names.get(sequence)
         if _below_a_submodule(holder) and (named is None or named.container != "parameter"):
             continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
