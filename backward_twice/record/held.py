@@ -74,12 +74,15 @@ def note_growth(
 ) -> None:
     """At an iteration's start: each name's count of graphs held (``held_under``: node -> its spelling under the
     name), how often it grew, and the newest's spelling (``m.training_step_outputs[5]``, where the step's own name for
-    it is ``loss``)."""
+    it is ``loss``): the newest an item of a list or dict spells, if any (what grows is a container; read at a
+    framework's optimizer step, this step's ``trainer.model.aux_loss`` is newer than any its callback has kept yet)."""
     for name, held in held_under.items():
         grown = growth.setdefault(name, Growth())
         if len(held) > grown.count and grown.count:
             grown.grew += 1
-            grown.newest = max(held)
+            grown.newest = max(
+                (sequence for sequence, spelled in held.items() if spelled.endswith("]")), default=max(held)
+            )
             grown.newest_name = held[grown.newest]
             newest = nodes.get(grown.newest)
             reached = python_walk([newest]) if newest is not None else []

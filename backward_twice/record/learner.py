@@ -10,7 +10,8 @@ code shares (:mod:`backward_twice.record.recorder`, :mod:`backward_twice.steps.h
 * :func:`passed_optimizers_only` stops a run when an optimizer the caller did not pass calls ``step()``, before it
   changes weights or state that nothing could put back;
 * :func:`learners_code` tells the learner's code from torch's, the helpers' and the libraries' (a file outside torch,
-  the tool (and the course), the standard library and site-packages), :func:`learner_line` finds the learner's own line
+  the tool (and the course), the standard library and site-packages), :func:`learners_class` a class written in it
+  (a callback of the learner's in a framework's trainer), :func:`learner_line` finds the learner's own line
   in a stack ("file:line: code", the first such frame; :meth:`LearnersCode.site` with its file and line, for the
   recorder's hooks), :func:`place` names a notebook cell's line as IPython's tracebacks do ("Cell In[5], line 3": a
   cell's file lies in a folder named after the kernel's process, so its path changes with every kernel),
@@ -29,6 +30,7 @@ import re
 import sys
 import sysconfig
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,6 +46,7 @@ __all__ = [
     "intercepting",
     "learner_line",
     "learner_line_at",
+    "learners_class",
     "learners_code",
     "lines_of_file",
     "passed_optimizers_only",
@@ -89,6 +92,19 @@ def _learners_file(filename: str, skipped: tuple[str, ...]) -> bool:
     ``realpath`` per file for the whole process, not per watch: each watch meets the same files again."""
     real = not filename.startswith("<") or filename.startswith("<ipython")
     return real and not os.path.realpath(filename).startswith(skipped)
+
+
+_own_classes: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def learners_class(cls: type, skipped: tuple[str, ...]) -> bool:
+    """Whether ``cls`` is written in the learner's code: the file of a function of its own body lies outside
+    ``skipped`` (a class of a notebook cell has no module file to read); read once per class."""
+    own = _own_classes.get(cls)
+    if own is None:
+        code = next((item.__code__ for item in vars(cls).values() if isinstance(item, types.FunctionType)), None)
+        own = _own_classes[cls] = code is not None and _learners_file(code.co_filename, skipped)
+    return own
 
 
 class LearnersCode:

@@ -8,7 +8,7 @@
 * :func:`python_walk`: every node a graph reaches from some roots, over ``next_functions``;
 * :func:`grad_fn_of`: a tensor's ``grad_fn``, or None where PyTorch refuses the read.
 
-Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.names`,
+Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.objects`,
 :mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.walks` and :mod:`helpers.growth`.
 """
 

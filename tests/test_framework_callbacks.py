@@ -1,0 +1,171 @@
+"""A callback of the learner's that a framework's trainer calls each step and that keeps the model's aux loss in a
+list: a transformers ``TrainerCallback`` (``on_step_end``) and a Lightning ``Callback`` (``on_train_batch_end``). The
+callback sits only in the trainer's own list of callbacks (``trainer.callback_handler.callbacks[1]``,
+``trainer.callbacks[0]``), deeper than the names walk went (transformers) or past the objects it had read of the
+trainer's internals (Lightning): both said "healthy ... nothing carried". The truth, read by plain Python after the
+run: the list keeps one graph per step (none when it keeps ``.item()`` numbers or detached tensors). The scripts run
+as a learner's script or notebook cell runs them: the trainer is a global."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_learner_scripts import run
+
+from backward_twice.watcher import watch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+HF_CALLBACK_KEEPS_AUX = """
+import os
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+import torch.nn.functional as F
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+
+class TinyMoE(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(6, 2)
+        self.experts = torch.nn.ModuleList([torch.nn.Linear(6, 3) for _ in range(2)])
+        self.aux_loss = None
+
+    def forward(self, x, labels=None):
+        gate = F.softmax(self.router(x), -1)
+        logits = sum(gate[:, i : i + 1] * e(x) for i, e in enumerate(self.experts))
+        self.aux_loss = (gate.mean(0) ** 2).sum() * 2
+        return {"loss": F.cross_entropy(logits, labels) + 0.01 * self.aux_loss, "logits": logits}
+
+
+class AuxLossCallback(TrainerCallback):
+    def __init__(self):
+        self.aux_history = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.aux_history.append(model.aux_loss)
+
+
+torch.manual_seed(0)
+x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+data = [{"x": x[i], "labels": y[i]} for i in range(16)]
+with tempfile.TemporaryDirectory() as output_dir:
+    args = TrainingArguments(output_dir=output_dir, max_steps=4, per_device_train_batch_size=4, report_to=[],
+                             save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True,
+                             remove_unused_columns=False)
+    trainer = Trainer(model=TinyMoE(), args=args, train_dataset=data, callbacks=[AuxLossCallback()])
+    trainer.train()
+kept = next(c for c in trainer.callback_handler.callbacks if isinstance(c, AuxLossCallback)).aux_history
+print("graphs kept", sum(isinstance(t, torch.Tensor) and t.grad_fn is not None for t in kept))
+"""
+
+LIGHTNING_CALLBACK_KEEPS_AUX = """
+import torch
+import pytorch_lightning as pl
+
+
+class Lit(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(6, 2)
+
+    def training_step(self, batch, batch_idx):
+        self.aux_loss = self.net.weight.pow(2).mean()
+        return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1]) + 0.01 * self.aux_loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.net.parameters(), lr=0.1)
+
+
+class AuxLosses(pl.Callback):
+    def __init__(self):
+        self.aux_losses = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.aux_losses.append(pl_module.aux_loss)
+
+
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(16, 6), torch.randint(0, 2, (16,)))
+trainer = pl.Trainer(max_steps=4, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, accelerator="cpu", callbacks=[AuxLosses()])
+trainer.fit(Lit(), torch.utils.data.DataLoader(data, batch_size=4))
+kept = trainer.callbacks[0].aux_losses
+print("graphs kept", sum(isinstance(t, torch.Tensor) and t.grad_fn is not None for t in kept))
+"""
+
+
+def _watched(script: str, folder: Path, call: str) -> tuple[str, Any]:
+    """``script`` run as a learner's script or notebook cell runs (its names are globals, its file is on disk), with
+    ``bt.watch()`` around ``call`` (``trainer.train()``): what it printed as it ended, and the watch."""
+    indent = script[: script.index(call)].rsplit("\n", 1)[1]
+    source = script.replace(f"{indent}{call}\n", f"{indent}with watch() as w:\n{indent}    {call}\n", 1)
+    path = folder / "cell.py"
+    path.write_text(textwrap.dedent(source))
+    namespace: dict[str, Any] = {"__name__": "__main__", "watch": watch}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    kept = namespace["kept"]
+    return f"graphs kept {sum(getattr(t, 'grad_fn', None) is not None for t in kept)}", namespace["w"]
+
+
+def test_a_list_a_transformers_callback_keeps_the_aux_loss_in_is_a_note_at_its_append(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    truth, w = _watched(HF_CALLBACK_KEEPS_AUX, tmp_path, "trainer.train()")
+    assert truth == "graphs kept 4"
+    said = str(w)
+    assert said.startswith("backward-twice: 1 note (4 iterations watched)"), said
+    assert "1. `self.aux_history` keeps one more iteration's graph alive every iteration" in said, said
+    assert "cell.py:31 | self.aux_history.append(model.aux_loss)\n" in said, said
+    assert "^^^^^^^^^^^^^^^^ grows here" in said, said
+    fix = "`self.aux_history.append(model.aux_loss.item())`, or `model.aux_loss.detach()` if you need the tensor"
+    assert f"keep in mind: {fix}" in said, said
+
+
+@pytest.mark.parametrize("kept", ["model.aux_loss.item()", "model.aux_loss.detach()"])
+def test_a_transformers_callback_that_keeps_numbers_or_detached_tensors_is_healthy(kept: str, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    script = HF_CALLBACK_KEEPS_AUX.replace("append(model.aux_loss)", f"append({kept})")
+    truth, w = _watched(script, tmp_path, "trainer.train()")
+    assert truth == "graphs kept 0"
+    assert w.healthy and str(w).startswith("backward-twice: healthy (4 iterations watched"), str(w)
+
+
+def test_a_list_a_lightning_callback_keeps_the_aux_loss_in_is_a_note_at_its_append(tmp_path: Path) -> None:
+    pytest.importorskip("pytorch_lightning")
+    call = "trainer.fit(Lit(), torch.utils.data.DataLoader(data, batch_size=4))"
+    truth, w = _watched(LIGHTNING_CALLBACK_KEEPS_AUX, tmp_path, call)
+    assert truth == "graphs kept 4"
+    said = str(w)
+    assert "1. `self.aux_losses` keeps one more iteration's graph alive every iteration" in said, said
+    assert "cell.py:24 | self.aux_losses.append(pl_module.aux_loss)\n" in said, said
+    assert "keep in mind: `self.aux_losses.append(pl_module.aux_loss.item())`" in said, said
+
+
+def test_a_lightning_callback_that_keeps_numbers_is_healthy(tmp_path: Path) -> None:
+    pytest.importorskip("pytorch_lightning")
+    script = LIGHTNING_CALLBACK_KEEPS_AUX.replace("append(pl_module.aux_loss)", "append(pl_module.aux_loss.item())")
+    call = "trainer.fit(Lit(), torch.utils.data.DataLoader(data, batch_size=4))"
+    truth, w = _watched(script, tmp_path, call)
+    assert truth == "graphs kept 0"
+    assert w.healthy, str(w)
+
+
+def test_a_list_a_transformers_callback_keeps_graphs_in_is_a_note_under_the_command(tmp_path: Path) -> None:
+    """The probe's script, unmodified, under ``backward-twice watch``: the callback is only in the trainer's list."""
+    pytest.importorskip("transformers")
+    python, watched = run(tmp_path, HF_CALLBACK_KEEPS_AUX)
+    assert python.returncode == watched.returncode == 0, watched.stderr[-2000:]
+    assert "graphs kept 4" in python.stdout and "graphs kept 4" in watched.stdout
+    said = watched.stdout[watched.stdout.index("backward-twice:") :]
+    assert said.startswith("backward-twice: 1 note (4 iterations watched)"), said
+    assert "1. `self.aux_history` keeps one more iteration's graph alive every iteration" in said, said
+    assert "train.py:31 | self.aux_history.append(model.aux_loss)\n" in said, said
+    fix = "`self.aux_history.append(model.aux_loss.item())`, or `model.aux_loss.detach()` if you need the tensor"
+    assert f"keep in mind: {fix}" in said, said
