@@ -64,6 +64,10 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
     # (holder, node, built, what it holds, how many iterations its graph spans): a late graph (built after the last
     # event of its pass: ``return loss / 3`` after the step) counts as the next pass's, so its span starts a pass later
     held: list[tuple[str, int, int, HeldGraph, int]] = []
+    nodes_of: dict[str, set[int]] = {}  # a name rebound each pass holds a new node at each look (``loss``)
+    for sequence, held_graph in recorder.held_from.items():
+        nodes_of.setdefault(held_graph.holder, set()).add(sequence)
+    rebound = {holder for holder, nodes in nodes_of.items() if len(nodes) > 1}
     for sequence, held_graph in recorder.held_from.items():
         holder = held_graph.holder
         held_in = split.iteration_of_sighting(held_graph.sighting)
@@ -74,8 +78,8 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         oldest, checked = (earliest, held_graph.earliest) if late else (built, sequence)
         if not oldest < held_in <= last or walked.get(checked, 0) >= held_in:
             continue
-        if earliest < built and walked.get(held_graph.earliest, 0) >= held_in:  # it reaches back into a graph later
-            continue  # backwards walk: a carried graph (its finding), held a pass longer by this name, not grown by it
+        if holder in rebound and earliest < built and walked.get(held_graph.earliest, 0) >= held_in:
+            continue  # each pass's graph, reaching back into one later backwards walk: the carried graph's finding
         named = recorder.names.get(sequence)
         if _below_a_submodule(holder) and (named is None or named.container != "parameter"):
             continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
