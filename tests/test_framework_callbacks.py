@@ -169,3 +169,32 @@ def test_a_list_a_transformers_callback_keeps_graphs_in_is_a_note_under_the_comm
     assert "train.py:31 | self.aux_history.append(model.aux_loss)\n" in said, said
     fix = "`self.aux_history.append(model.aux_loss.item())`, or `model.aux_loss.detach()` if you need the tensor"
     assert f"keep in mind: {fix}" in said, said
+
+
+def _in_a_main(script: str, first: str) -> str:
+    """``script`` with its lines from ``first`` on moved into ``def main():`` and a call of it (as many HF scripts
+    are written): the trainer is then a variable of ``main``, not a global."""
+    head, rest = script.split(first, 1)
+    return head + "def main():\n" + textwrap.indent(first + rest, "    ") + "\n\nmain()\n"
+
+
+@pytest.mark.parametrize("keeps", ["model.aux_loss", "model.aux_loss.item()"])
+def test_a_transformers_callback_in_a_trainer_that_main_holds_is_judged_as_one_a_global_holds(
+    keeps: str, tmp_path: Path
+) -> None:
+    """``def main(): trainer = Trainer(..., callbacks=[AuxLossCallback()]); trainer.train()``: the trainer was a
+    function's variable, taken as rebound at each call, so the callback's growing list was never counted: "healthy".
+    ``main``'s frame runs the call that holds the trainer's whole loop: its variables last as a script's globals do.
+    The truth (plain Python after the run): 4 graphs kept; none with ``.item()``."""
+    pytest.importorskip("transformers")
+    script = _in_a_main(HF_CALLBACK_KEEPS_AUX.replace("append(model.aux_loss)", f"append({keeps})"), "torch.manual")
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 0, watched.stderr[-2000:]
+    kept = 0 if keeps.endswith("item()") else 4
+    assert f"graphs kept {kept}" in python.stdout and f"graphs kept {kept}" in watched.stdout
+    said = watched.stdout[watched.stdout.index("backward-twice:") :]
+    if kept:
+        assert said.startswith("backward-twice: 1 note (4 iterations watched)"), said
+        assert "1. `self.aux_history` keeps one more iteration's graph alive every iteration" in said, said
+    else:
+        assert said.startswith("backward-twice: healthy (4 iterations watched"), said

@@ -133,16 +133,23 @@ def names_holding_graphs(
     few, no more."""
     sources: list[_Namespace] = []
     globals_seen: set[int] = set()
+    # Past the loop's own frame (or, with no loop of the learner's, past a framework's frame: a trainer's loop), a
+    # function's frame runs the call that holds the whole loop: its lists and objects (``trainer`` in a ``main()``)
+    # last from pass to pass, as the loop's own frame's do.
+    outside = False
     while frame is not None and frame is not outermost:
         code = frame.f_code
         if site_of(frame, skipped, outward=False)[0]:
             where = CodeSite(code.co_filename, code.co_firstlineno, code.co_name)
             optimized = bool(code.co_flags & inspect.CO_OPTIMIZED)
             if optimized or frame.f_locals is not frame.f_globals:  # exec with its own namespace: the real one
-                sources.append(_Namespace(where, False, dict(frame.f_locals.items()), optimized))
+                sources.append(_Namespace(where, False, dict(frame.f_locals.items()), optimized, outside))
             if id(frame.f_globals) not in globals_seen:
                 globals_seen.add(id(frame.f_globals))
                 sources.append(_Namespace(where, True, frame.f_globals, False))
+            outside = outside or (lives is not None and where == lives)
+        elif lives is None and not outside:
+            outside = _in_a_framework(frame)
         frame = frame.f_back
     if roots is not None:
         sources.append(_Namespace(roots_where, False, dict(roots()), False))
@@ -157,7 +164,7 @@ def names_holding_graphs(
             if type(value) in ATOMS or name.startswith("__") or isinstance(value, _NOT_NAMES):
                 continue
             # a function's own variables are rebound each call; an outer namespace's name is shadowed by an inner's
-            lasting = not source.function or (source.frame == lives and _grows_in_place(value))
+            lasting = not source.function or ((source.outside or source.frame == lives) and _grows_in_place(value))
             deques: dict[str, int] | None = {} if bounded is not None and lasting else None
             for spelled, tensor, node, kind in graphs_under(name, value, skipped, deques):
                 sequence = node._sequence_nr()
@@ -230,6 +237,13 @@ def names_holding_graphs(
         )
 
 
+def _in_a_framework(frame: types.FrameType) -> bool:
+    """Whether ``frame`` runs an installed package's code other than torch's (a trainer's loop, accelerate's
+    ``backward``): the learner's frame it returns to called into a library that runs their step."""
+    package = str(frame.f_globals.get("__name__", "")).partition(".")[0]
+    return package not in ("torch", "backward_twice") and "-packages" in frame.f_code.co_filename
+
+
 @dataclass(frozen=True, slots=True)
 class _Namespace:
     """A namespace searched for names: the code it belongs to (None: the harness's roots), whether it is a
@@ -239,6 +253,7 @@ class _Namespace:
     is_global: bool
     names: dict[str, Any]
     function: bool
+    outside: bool = False  # a function's frame that runs the call holding the whole loop (its variables last)
 
 
 @dataclass(frozen=True, slots=True)
