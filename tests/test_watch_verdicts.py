@@ -8,6 +8,7 @@ tests/test_learner_scripts.py, where they are a script's.)"""
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import re
 import runpy
@@ -1538,3 +1539,45 @@ def test_a_carried_state_seen_without_the_line_tracer_gives_no_note_to_the_loss_
     assert "iterations: by SGD.step()" in w.evidence(), w.evidence()  # the case: no line tracer
     assert text.startswith("backward-twice: 1 thing to fix (4 iterations watched)\n"), text
     assert "`h` carries iteration 1's graph into iteration 2" in text and "`loss` keeps" not in text, text
+
+
+def _reptile(total_the_loss: bool) -> list[float]:
+    """Reptile's inner loop (joschu's reptile-sinewaves-demo.py, with a per-task ``copy.deepcopy`` as its ports
+    have it), the task loss summed across the inner steps when ``total_the_loss`` (as learners break it), else the
+    published per-step loss; the meta-model's weights after 3 tasks."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    x_all = torch.linspace(-5, 5, 10)[:, None]
+    for _ in range(3):
+        y_all = torch.sin(x_all + torch.rand(1) * 6) * (torch.rand(1) * 4.9 + 0.1)
+        fast = copy.deepcopy(model)
+        inner_opt = torch.optim.SGD(fast.parameters(), lr=0.02)
+        task_loss: Any = 0
+        for _ in range(2):
+            inner_opt.zero_grad()
+            pred = fast(x_all)
+            if total_the_loss:
+                task_loss = task_loss + torch.nn.functional.mse_loss(pred, y_all)
+            else:
+                task_loss = torch.nn.functional.mse_loss(pred, y_all)
+            task_loss.backward()
+            inner_opt.step()
+        with torch.no_grad():
+            for p, fp in zip(model.parameters(), fast.parameters()):
+                p += 0.1 * (fp - p)
+    return [p.sum().item() for p in model.parameters()]
+
+
+def test_a_total_of_the_loss_whose_own_backward_runs_each_pass_is_assigned_in_the_learners_words() -> None:
+    """Reptile's ``task_loss = task_loss + F.mse_loss(pred, y_all); task_loss.backward()``: the fix was "add a
+    number instead (`task_loss += loss.item()`) and call backward() on this iteration's loss", a NameError as printed
+    (no ``loss`` in the loop). The truth: as written, inner step 2 raises; assigned instead of added (the fix now
+    printed), it runs and trains the published loop's weights."""
+    with pytest.raises(RuntimeError, match="a second time"):
+        _reptile(total_the_loss=True)
+    with contextlib.suppress(RuntimeError), watch() as w:
+        _reptile(total_the_loss=True)
+    text = str(w)
+    fix = "fix: assign instead of adding (`task_loss = torch.nn.functional.mse_loss(pred, y_all)`)"
+    assert "`task_loss` carries iteration 1's graph into iteration 2" in text and fix in text, text
+    _reptile(total_the_loss=False)  # the fix as printed is the published loop's line: it runs (it raised, written so)

@@ -223,17 +223,22 @@ def carried_fix(
             first = _outermost_loop_without(summed[0], summed[1], used[1]) or summed[1]  # an inner rollout's loop
             start = f"set `{total.group(1)} = 0` before line {first}"
             return f"{start}, so each iteration's backward walks only the terms it adds"
-        added = total.group(2).strip()
-        term = added if re.fullmatch(r"[\w.]+", added) else "loss"
+        added, summed_name = total.group(2).strip(), total.group(1)
         backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""
-        if term == total.group(1) and re.search(rf"(?<![\w.]){term}\s*\.backward\(", backward):
-            # ``loss += criterion(...); loss.backward()``: no other name for this iteration's loss
+        if re.search(rf"(?<![\w.]){re.escape(summed_name)}\s*\.backward\(", backward):
+            # ``loss += criterion(...); loss.backward()``, Reptile's ``task_loss = task_loss + mse(...)`` then
+            # ``task_loss.backward()``: no other name for this iteration's loss
             return (
-                f"assign instead of adding (`{term} = {added}`): each backward() already adds this iteration's "
-                "gradient to the .grad of the weights"
+                f"assign instead of adding (`{summed_name} = {added}`): each backward() already adds this "
+                "iteration's gradient to the .grad of the weights"
             )
-        return (
-            f"add a number instead (`{total.group(1)} += {term}.item()`) and call backward() on this iteration's loss"
+        if re.fullmatch(r"[\w.]+", added):
+            return (
+                f"add a number instead (`{summed_name} += {added}.item()`) and call backward() on this iteration's loss"
+            )
+        return (  # the term has no name of its own: one the fix gives it, and the backward on it
+            f"name this iteration's loss (`loss = {added}`), call `loss.backward()`, and add a number instead "
+            f"(`{summed_name} += loss.item()`)"
         )
     if name is None:
         return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
