@@ -1581,3 +1581,50 @@ def test_a_total_of_the_loss_whose_own_backward_runs_each_pass_is_assigned_in_th
     fix = "fix: assign instead of adding (`task_loss = torch.nn.functional.mse_loss(pred, y_all)`)"
     assert "`task_loss` carries iteration 1's graph into iteration 2" in text and fix in text, text
     _reptile(total_the_loss=False)  # the fix as printed is the published loop's line: it runs (it raised, written so)
+
+
+PRUNED = """
+import torch
+import torch.nn.functional as F
+import torch.nn.utils.prune as prune
+from backward_twice import diagnose, watch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+prune.l1_unstructured(model[0], name="weight", amount=0.5)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+batches = list(zip(torch.randn(3, 6, 8), torch.randint(0, 3, (3, 6))))
+with contextlib.suppress(RuntimeError), watch() as w:
+    for data, target in batches:
+        optimizer.zero_grad()
+        reg = 1e-3 * model[0].weight.abs().sum()
+        output = model(data)
+        loss = F.cross_entropy(output, target) + reg
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_pruned_weight_read_before_the_forward_that_rebuilds_it_is_read_after_it(tmp_path: Any) -> None:
+    """An L1 penalty on a pruned layer's ``weight`` (pruning tutorial's ``prune.l1_unstructured``), read before
+    ``model(data)``: pruning's forward pre-hook rebuilds ``weight = weight_orig * mask`` at each forward, so the read
+    gets the previous iteration's, and pass 2 raises. The fix was "add `model[0].weight = model[0].weight.detach()`
+    before line N": it runs, but the penalty then sends no gradient to ``weight_orig`` (it trains as without the
+    penalty). The truth: read after the forward, as published, it runs and the penalty trains."""
+
+    def trained(source: str) -> tuple[float, float]:
+        script = tmp_path / "pruned.py"
+        script.write_text("import contextlib\n" + source)
+        model = runpy.run_path(str(script))["model"]
+        return model[0].weight_orig.sum().item(), model[2].weight.sum().item()
+
+    lines = PRUNED.split("\n")
+    read, forward = (next(i for i, line in enumerate(lines) if key in line) for key in ("reg = ", "output = "))
+    moved = "\n".join([*lines[:read], lines[forward], lines[read], *lines[forward + 1 :]])
+    no_penalty = PRUNED.replace("reg = 1e-3 * model[0].weight.abs().sum()", "reg = 0")
+    detached = PRUNED.replace("        reg = ", "        model[0].weight = model[0].weight.detach()\n        reg = ")
+    assert trained(moved) != trained(no_penalty) and trained(detached) == trained(no_penalty)  # the truth
+    (tmp_path / "pruned.py").write_text("import contextlib\n" + PRUNED)
+    text = str(runpy.run_path(str(tmp_path / "pruned.py"))["w"])
+    said = f"fix: move line {read + 2} below line {forward + 2} (`output = model(data)`), which builds `model[0].weight`"
+    assert "`model[0].weight` carries iteration 1's graph into iteration 2" in text and said in text, text

@@ -20,7 +20,7 @@ from backward_twice.judge.built import (
     rebinds_from_itself,
     starts_without_a_tensor,
 )
-from backward_twice.judge.fixes import carried_fix
+from backward_twice.judge.fixes import carried_fix, read_after_its_build
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
 from backward_twice.judge.uses import bound_in, first_read, list_use, read_first
 from backward_twice.record.iterations import Split
@@ -190,8 +190,17 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for name in (named if stored is None else stored[0],)
         for entry in (_entry(recorder, e),)
         for at_entry in (_fix_at_entry(recorder, entry, e, name),)
-        for fix in (carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e), e),)
+        for fix in (
+            read_after_its_build(name, entry, e.built_at, _body(recorder))
+            or carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e), e),
+        )
     ]
+
+
+def _body(recorder: Recorder) -> tuple[str, int, int] | None:
+    """(file, first line, last line) of the iteration loop's body, else of the step the tool ran (diagnose)."""
+    body = _loop_body(recorder)
+    return body if body is not None or recorder.roots_where is None else function_span(recorder.roots_where)
 
 
 def _kept_on(named: NamedGraph, body: tuple[str, int, int] | None) -> bool:

@@ -15,6 +15,7 @@ import math
 import re
 from typing import Protocol
 
+from backward_twice.judge.uses import bound_in
 from backward_twice.record.in_place import in_place_statement, out_of_place
 from backward_twice.record.learner import lines_of_file, site_of
 from backward_twice.record.loops import loop_inside
@@ -278,6 +279,44 @@ def carried_fix(
     if _differentiated(name, built_at):  # ``autograd.grad(loss, delta)``: a detached delta must ask for its gradient
         return f"add `{name} = {name}.detach().requires_grad_()` at the end of each iteration"
     return f"add `{name} = {name}.detach()` at the end of each iteration"
+
+
+def read_after_its_build(
+    name: str | None, entry: tuple[str, int] | None, built_at: str, body: tuple[str, int, int] | None
+) -> str | None:
+    """For an attribute the loop never assigns and reads before the call that builds it anew (``model.fc1.weight``,
+    which pruning's forward pre-hook rebuilds at each ``model(data)``; a model's ``self.aux_loss`` set in its
+    ``forward``): "move line N below line M (`output = model(data)`), ...". Read before that call, it is the previous
+    iteration's; a detach there would take the gradient from what the loop computes with it (an L1 penalty).
+    ``entry``: the line the old graph comes in at; ``body``: the iteration loop's (file, first line, last line). None
+    where the loop assigns it, where a line of the loop built it that calls no owner of it after ``entry``, or where
+    what ``entry`` assigns is read before that call."""
+    owner = re.match(r"^(\w+)(?:\[[^\]]*\]|\.\w+)*\.\w+$", name or "")  # an attribute: model.fc1.weight, model[0].w
+    if owner is None or entry is None or body is None or name is None:
+        return None
+    filename, first, last = body
+    built = site_of(built_at)
+    if entry[0] != filename or not first <= entry[1] < last or built is None:
+        return None
+    in_body = built[0] == filename and first <= built[1] <= last  # torch's module: built on the loop's call line
+    if (in_body and built[1] <= entry[1]) or bound_in(name, body):
+        return None
+    lines = lines_of_file(f"{filename}:{entry[1]}: ")
+    assigned = re.match(r"^([\w\s,]+?)\s*(?:=|\+=)(?!=)", lines[entry[1] - 1] if entry[1] <= len(lines) else "")
+    if assigned is None:
+        return None
+    targets = [target.strip() for target in assigned.group(1).split(",") if target.strip().isidentifier()]
+    for number in range(entry[1] + 1, min(last, len(lines)) + 1):
+        text = lines[number - 1]
+        if any(re.search(rf"(?<![\w.]){target}\b", text) for target in targets):
+            return None  # read before the call: the line cannot move below it
+        calls = re.search(rf"(?<![\w.]){owner.group(1)}(?:\.forward)?\s*\(", text)
+        if calls and (not in_body or number == built[1]):
+            return (
+                f"move line {entry[1]} below line {number} (`{text}`), which builds `{name}` anew each iteration: "
+                f"read before it, `{name}` is the previous iteration's"
+            )
+    return None
 
 
 def _read_again(lines: list[str], appended: re.Match[str], backward: int) -> bool:
