@@ -1568,19 +1568,45 @@ def _reptile(total_the_loss: bool) -> list[float]:
     return [p.sum().item() for p in model.parameters()]
 
 
-def test_a_total_of_the_loss_whose_own_backward_runs_each_pass_is_assigned_in_the_learners_words() -> None:
+def _reptile_as_fixed() -> list[float]:
+    """:func:`_reptile` summing the loss, with the fix as printed applied."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    x_all = torch.linspace(-5, 5, 10)[:, None]
+    for _ in range(3):
+        y_all = torch.sin(x_all + torch.rand(1) * 6) * (torch.rand(1) * 4.9 + 0.1)
+        fast = copy.deepcopy(model)
+        inner_opt = torch.optim.SGD(fast.parameters(), lr=0.02)
+        task_loss: Any = 0
+        for _ in range(2):
+            inner_opt.zero_grad()
+            pred = fast(x_all)
+            loss = torch.nn.functional.mse_loss(pred, y_all)
+            loss.backward()
+            task_loss += loss.item()
+            inner_opt.step()
+        with torch.no_grad():
+            for p, fp in zip(model.parameters(), fast.parameters()):
+                p += 0.1 * (fp - p)
+    return [p.sum().item() for p in model.parameters()]
+
+
+def test_a_total_of_the_loss_whose_term_has_no_name_is_given_one_in_the_fix() -> None:
     """Reptile's ``task_loss = task_loss + F.mse_loss(pred, y_all); task_loss.backward()``: the fix was "add a
     number instead (`task_loss += loss.item()`) and call backward() on this iteration's loss", a NameError as printed
-    (no ``loss`` in the loop). The truth: as written, inner step 2 raises; assigned instead of added (the fix now
-    printed), it runs and trains the published loop's weights."""
+    (no ``loss`` in the loop). The truth: as written, inner step 2 raises; with this iteration's loss named, its
+    backward called and a number added (the fix now printed), it runs and trains the published loop's weights."""
     with pytest.raises(RuntimeError, match="a second time"):
         _reptile(total_the_loss=True)
     with contextlib.suppress(RuntimeError), watch() as w:
         _reptile(total_the_loss=True)
     text = str(w)
-    fix = "fix: assign instead of adding (`task_loss = torch.nn.functional.mse_loss(pred, y_all)`)"
+    fix = (
+        "fix: name this iteration's loss (`loss = torch.nn.functional.mse_loss(pred, y_all)`), call `loss.backward()`,"
+        " and add a number instead (`task_loss += loss.item()`)"
+    )
     assert "`task_loss` carries iteration 1's graph into iteration 2" in text and fix in text, text
-    _reptile(total_the_loss=False)  # the fix as printed is the published loop's line: it runs (it raised, written so)
+    assert _reptile(total_the_loss=False) == _reptile_as_fixed()  # the fix as printed trains the published weights
 
 
 PRUNED = """
@@ -1626,5 +1652,7 @@ def test_a_pruned_weight_read_before_the_forward_that_rebuilds_it_is_read_after_
     assert trained(moved) != trained(no_penalty) and trained(detached) == trained(no_penalty)  # the truth
     (tmp_path / "pruned.py").write_text("import contextlib\n" + PRUNED)
     text = str(runpy.run_path(str(tmp_path / "pruned.py"))["w"])
-    said = f"fix: move line {read + 2} below line {forward + 2} (`output = model(data)`), which builds `model[0].weight`"
+    said = (
+        f"fix: move line {read + 2} below line {forward + 2} (`output = model(data)`), which builds `model[0].weight`"
+    )
     assert "`model[0].weight` carries iteration 1's graph into iteration 2" in text and said in text, text

@@ -226,18 +226,17 @@ def carried_fix(
             return f"{start}, so each iteration's backward walks only the terms it adds"
         added, summed_name = total.group(2).strip(), total.group(1)
         backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""
-        if re.search(rf"(?<![\w.]){re.escape(summed_name)}\s*\.backward\(", backward):
-            # ``loss += criterion(...); loss.backward()``, Reptile's ``task_loss = task_loss + mse(...)`` then
-            # ``task_loss.backward()``: no other name for this iteration's loss
-            return (
-                f"assign instead of adding (`{summed_name} = {added}`): each backward() already adds this "
-                "iteration's gradient to the .grad of the weights"
-            )
         if re.fullmatch(r"[\w.]+", added):
             return (
                 f"add a number instead (`{summed_name} += {added}.item()`) and call backward() on this iteration's loss"
             )
-        return (  # the term has no name of its own: one the fix gives it, and the backward on it
+        if summed_name == "loss" and re.search(r"(?<![\w.])loss\s*\.backward\(", backward):
+            # ``loss += criterion(...); loss.backward()``: no other name for this iteration's loss
+            return (
+                f"assign instead of adding (`loss = {added}`): each backward() already adds this iteration's "
+                "gradient to the .grad of the weights"
+            )
+        return (  # the term has no name of its own (Reptile's ``task_loss = task_loss + F.mse_loss(...)``): one for it
             f"name this iteration's loss (`loss = {added}`), call `loss.backward()`, and add a number instead "
             f"(`{summed_name} += loss.item()`)"
         )
