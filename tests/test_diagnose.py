@@ -5,10 +5,12 @@ renderings."""
 from __future__ import annotations
 
 import html
+import importlib.util
 import inspect
 import linecache
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -780,3 +782,41 @@ def test_a_regulariser_a_rollout_loop_adds_to_starts_at_zero_before_that_loop() 
     source, first = inspect.getsourcelines(step)
     rollout = first + next(i for i, text in enumerate(source) if "for _ in range(3):" in text)
     assert f"fix: set `_rollout_entropy = 0` before line {rollout}" in str(diagnosis), str(diagnosis)
+
+
+def test_a_list_the_step_fills_from_a_model_of_another_module_is_named_at_the_steps_append(tmp_path: Path) -> None:
+    """Paperspace's hooks post with its ``Net`` in a module of its own: ``activations.append(net.h)``, ``net.h`` set in
+    ``forward``. The note named the module's ``h = torch.relu(self.fc1(x))`` (where the graph is built) with "keep a
+    detached tensor (`.detach()`) instead": the line that grows the list was looked for in that module only. The
+    truth, as with the model in the step's file: the step's append, and its detach."""
+    (tmp_path / "hooked_net.py").write_text(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc1, self.fc2 = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)\n"
+        "    def forward(self, x):\n"
+        "        h = torch.relu(self.fc1(x))\n"
+        "        self.h = h\n"
+        "        return self.fc2(h)\n",
+        encoding="utf-8",
+    )
+    spec = importlib.util.spec_from_file_location("hooked_net", tmp_path / "hooked_net.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    net = module.Net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    activations: list[torch.Tensor] = []
+
+    def step() -> None:
+        optimizer.zero_grad()
+        out = net(torch.ones(2, 3))
+        activations.append(net.h)
+        out.pow(2).mean().backward()
+        optimizer.step()
+
+    diagnosis = diagnose(step, models=[net], optimizers=[optimizer])
+    [item] = diagnosis.items
+    assert at(item, "activations.append(net.h)"), str(diagnosis)
+    assert item.fix == "`activations.append(net.h.detach())`", str(diagnosis)

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from backward_twice.record.learner import learner_line, passed_optimizers_only, place
+from backward_twice.record.learner import learner_line, lines_of_file, passed_optimizers_only, place, site_of
 from backward_twice.record.step_input import as_items, check_step, known_names
 
 
@@ -53,6 +53,23 @@ def test_the_learners_line_is_the_first_frame_of_their_own_code_named_as_a_cell(
         assert skipping_cells.startswith(f"{__file__}:") and "skipping_cells = learner_line" in skipping_cells
     finally:
         del linecache.cache[cell_file]
+
+
+def test_a_cells_line_is_read_back_to_its_file_and_cells_of_one_number_by_their_code(monkeypatch) -> None:
+    """A judge that reads the learner's lines back from "Cell In[3], line 2: code" got nothing for a cell (site_of
+    said None), so a ``%%diagnose`` cell's fixes fell back to generic text ("the earlier backward"). Cells run without
+    history share a number: the code of the line tells them apart."""
+    cells = {"/kernel-cells/ipykernel_1/11.py": "a = 1\nsetup = 2\n", "/kernel-cells/ipykernel_1/12.py": "b = 1\nc = 2"}
+    shell = types.SimpleNamespace(compile=FakeCompiler(dict.fromkeys(cells, 3)))
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    for name, source in cells.items():
+        monkeypatch.setitem(linecache.cache, name, (len(source), None, source.splitlines(True), name))
+    first, second = cells
+    assert site_of("Cell In[3], line 2: setup = 2") == (first, 2)
+    assert site_of("Cell In[3], line 2: c = 2") == (second, 2)
+    assert site_of("Cell In[3], line 1") == (second, 1)  # no code to tell them apart: the latest
+    assert lines_of_file("Cell In[3], line 1: a = 1") == ["a = 1", "setup = 2"]
+    assert site_of("Cell In[4], line 1: a = 1") is None and site_of("/a/train.py:9: x = 1") == ("/a/train.py", 9)
 
 
 def test_check_step_names_the_tool_and_what_to_do() -> None:

@@ -152,3 +152,105 @@ def test_tensors_an_earlier_cell_built_in_one_line_are_one_item_built_at_that_ce
     assert "walks it again" not in repr(diagnosis)
     evidence = diagnosis.evidence()
     assert f"built before the loop at Cell In[{rollout.execution_count}], line 1" in evidence, evidence
+
+
+def test_a_list_a_model_of_another_cell_fills_is_named_at_the_cells_append_with_its_own_fix(shell) -> None:
+    """Paperspace's hooks post: ``activations.append(net.h)``, ``net.h`` set in the ``forward`` of an earlier cell. The
+    note named that cell's line 9 (``h = F.relu(self.fc1(x))``, where the graph is built) with "keep a detached tensor
+    (`.detach()`) instead": the line that grows the list was looked for in the forward's cell only. The truth, as
+    ``bt.diagnose`` says of the same step in one file: the diagnosed cell's append, and its detach."""
+    run(
+        shell,
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc1, self.fc2 = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)\n"
+        "    def forward(self, x):\n"
+        "        h = torch.relu(self.fc1(x))\n"
+        "        self.h = h\n"
+        "        return self.fc2(h)\n"
+        "net = Net()\n"
+        "sgd = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "activations = []\n",
+    )
+    body = "sgd.zero_grad()\nout = net(x)\nactivations.append(net.h)\nout.pow(2).mean().backward()\nsgd.step()"
+    result = run(shell, f"%%diagnose net sgd\n{body}")
+    shown = repr(result.result)
+    assert f"Cell In[{result.execution_count}], line 4 | activations.append(net.h)" in shown, shown
+    assert "keep in mind: `activations.append(net.h.detach())`" in shown, shown
+
+
+def test_a_gans_second_backward_names_the_earlier_line_and_the_loss_to_detach_in(shell) -> None:
+    """The DCGAN tutorial's step without ``fake.detach()`` in D's loss, its cells run without history (both "Cell
+    In[3]", as a harness's ``run_cell(..., store_history=False)`` runs them): the fix was the conditional "...in the
+    loss the earlier backward walks if it must not train ...", the line numbers read from "file:12: code" only. The
+    truth, as ``bt.diagnose`` says: D's backward line, and that the step after it does not train G."""
+    setup = (
+        "netG, netD = torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Sigmoid())\n"
+        "optD = torch.optim.Adam(netD.parameters())\n"
+        "optG = torch.optim.Adam(netG.parameters())\n"
+        "real, noise, criterion = torch.randn(4, 3), torch.randn(4, 2), torch.nn.BCELoss()\n"
+        "ones, zeros = torch.ones(4, 1), torch.zeros(4, 1)\n"
+    )
+    assert shell.run_cell(setup, store_history=False).success
+    body = (
+        "netD.zero_grad()\n"
+        "criterion(netD(real), ones).backward()\n"
+        "fake = netG(noise)\n"
+        "errD_fake = criterion(netD(fake), zeros)\n"
+        "errD_fake.backward()\n"
+        "optD.step()\n"
+        "netG.zero_grad()\n"
+        "errG = criterion(netD(fake), ones)\n"
+        "errG.backward()\n"
+        "optG.step()\n"
+    )
+    shown = repr(shell.run_cell(f"%%diagnose netG netD optD optG\n{body}", store_history=False).result)
+    assert "1. a second backward through the graph that line 6's backward freed" in shown, shown
+    fix = "fix: use `fake.detach()` in the loss line 6's backward walks: the step after it does not train what `fake`"
+    assert fix in shown, shown
+
+
+def test_a_running_term_set_in_an_earlier_cell_is_set_to_zero_before_the_cells_loop(shell) -> None:
+    """A2C (RL-Adventure-2) with ``entropy = 0`` in the setup cell, ``entropy += dist.entropy().mean()`` in the rollout
+    loop of the diagnosed cell: the fix was "add a number instead (`entropy += loss.item()`)", the loop around the
+    ``+=`` not found in the cell. The truth, as ``bt.diagnose`` says: set it to 0 before that loop."""
+    run(shell, "policy = torch.nn.Linear(3, 2)\nadam = torch.optim.Adam(policy.parameters())\nentropy = 0")
+    body = (
+        "for _ in range(2):\n"
+        "    dist = torch.distributions.Categorical(logits=policy(x))\n"
+        "    entropy += dist.entropy().mean()\n"
+        "loss = policy(x).pow(2).mean() - 0.01 * entropy\n"
+        "adam.zero_grad()\n"
+        "loss.backward()\n"
+        "adam.step()\n"
+    )
+    shown = repr(run(shell, f"%%diagnose policy adam\n{body}").result)
+    assert "fix: set `entropy = 0` before line 2, so each iteration's backward walks only the terms it adds" in shown
+
+
+def test_a_forward_both_losses_share_is_computed_again_after_the_step_with_both_lines(shell) -> None:
+    """DDPG with both losses from one critic forward, ``critic_loss.backward(retain_graph=True)``, the critic's step,
+    then the actor's backward: the fix was "compute line 3 again" (the critic's forward), which still raises, the
+    actor's loss built from the old one. The truth, as ``bt.diagnose`` says: compute both lines again."""
+    run(
+        shell,
+        "actor, critic = torch.nn.Linear(3, 1), torch.nn.Linear(4, 1)\n"
+        "actor_opt = torch.optim.Adam(actor.parameters())\n"
+        "critic_opt = torch.optim.Adam(critic.parameters())\n"
+        "state, target = torch.randn(8, 3), torch.randn(8, 1)\n",
+    )
+    body = (
+        "action = actor(state)\n"
+        "current_Q = critic(torch.cat([state, action], 1))\n"
+        "critic_loss = (current_Q - target).pow(2).mean()\n"
+        "actor_loss = -current_Q.mean()\n"
+        "critic_opt.zero_grad()\n"
+        "critic_loss.backward(retain_graph=True)\n"
+        "critic_opt.step()\n"
+        "actor_opt.zero_grad()\n"
+        "actor_loss.backward()\n"
+        "actor_opt.step()\n"
+    )
+    shown = repr(run(shell, f"%%diagnose actor critic actor_opt critic_opt\n{body}").result)
+    assert "fix: compute lines 3 and 5 again after the step at line 8" in shown, shown

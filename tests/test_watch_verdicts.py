@@ -605,13 +605,13 @@ def test_a_running_total_reset_every_few_passes_is_not_said_to_hold_them_all() -
 def test_a_list_grown_with_an_attribute_is_found_at_its_append(tmp_path: Any) -> None:
     """The transformers tutorial's loop keeping ``outputs.loss`` for logging: the line where ``losses`` grows is the
     ``append`` (not ``losses = []``, which builds nothing), and what it appends is ``outputs.loss``."""
-    from backward_twice.report.items import _growing_line
+    from backward_twice.judge.notes import growing_line
 
     script = tmp_path / "train.py"
     script.write_text(
         "losses = []\nfor batch in loader:\n    outputs = model(**batch)\n    losses.append(outputs.loss)\n"
     )
-    assert _growing_line("losses", str(script)) == (4, "losses.append(outputs.loss)", "outputs.loss")
+    assert growing_line("losses", str(script)) == (4, "losses.append(outputs.loss)", "outputs.loss")
 
 
 def _maml_second_order(meta_steps: int, watched: int | None = None) -> tuple[list[torch.Tensor], Any]:

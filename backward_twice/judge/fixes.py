@@ -99,23 +99,24 @@ def second_backward_fix(
     else the earlier one (a GAN's D loss). A D loss built
     in a function from its ``parameter`` (CycleGAN's ``backward_D_basic(netD, real, fake)``) detaches the parameter:
     one change for every call of it."""
-    number = re.search(r":(\d+)(?::|$)", freed_at.split(": ", 1)[0] if ": " in freed_at else freed_at)
-    line = f"line {number.group(1)}'s backward" if number else "the earlier backward"
+    freer = site_of(freed_at)
+    line = f"line {freer[1]}'s backward" if freer else "the earlier backward"
     freer_code = freed_at.split(": ", 1)[-1]
     if re.search(r"\bcreate_graph\s*=\s*True", freer_code) and re.search(r"\bretain_graph\s*=\s*False", freer_code):
         # MAML's inner step: create_graph=True keeps the graph for the outer backward, unless told not to
-        where = f"line {number.group(1)}" if number else "the earlier call"
+        where = f"line {freer[1]}" if freer else "the earlier call"
         return f"remove `retain_graph=False` from {where}: with create_graph=True the graph is kept unless it says so"
-    later = re.search(r":(\d+): ", raised_at)
+    raiser = site_of(raised_at)
+    later = raiser[1] if raiser is not None and ": " in raised_at else None
     if later is not None and _D_LOSS.search(raised_at.split(": ", 1)[-1]) and not _D_LOSS.search(freed_at):
         # G's backward first, then D's through the same fake: D's loss is the one to detach it in
         if parameter is not None and parameter != through:
             return (
-                f"use `{parameter}.detach()` in the loss line {later.group(1)}'s backward walks (a GAN's D loss must "
+                f"use `{parameter}.detach()` in the loss line {later}'s backward walks (a GAN's D loss must "
                 f"not train what `{parameter}` comes from: `{through}` here)"
             )
         return (
-            f"use `{through}.detach()` in the loss line {later.group(1)}'s backward walks (a GAN's D loss must not "
+            f"use `{through}.detach()` in the loss line {later}'s backward walks (a GAN's D loss must not "
             f"train what `{through}` comes from)"
         )
     losses = _losses_iterated(raised_at) if freed_at == raised_at else None
@@ -142,7 +143,7 @@ def second_backward_fix(
     if earlier_steps_its_source is not None and later is not None:  # the step between the two backward calls tells
         if earlier_steps_its_source:  # which loss trains what ``through`` comes from: the other one must not
             return (
-                f"use `{through}.detach()` in the loss line {later.group(1)}'s backward walks: the step after {line} "
+                f"use `{through}.detach()` in the loss line {later}'s backward walks: the step after {line} "
                 f"trains what `{through}` comes from, and this later loss must not"
             )
         return (
@@ -243,8 +244,8 @@ def carried_fix(
     if name is None:
         return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
     if container == "parameter":  # a parameter is given a graph only by an in-place update autograd recorded
-        number = re.search(r":(\d+)$", built_at.split(": ", 1)[0])
-        line = f"line {number.group(1)}" if number else "the update that built it"
+        update = site_of(built_at)
+        line = f"line {update[1]}" if update else "the update that built it"
         return f"run {line} under `with torch.no_grad():`, so updating `{name}` records no graph"
     item = re.match(r"^(.*)\[[^\]]*\]$", name)
     if item and container == "tuple":

@@ -8,7 +8,7 @@ note says it does not grow. A deque with a maxlen that was full of graphs (a mem
 last few iterations' graphs, no more: its note says how many, in every way in (a watch reads it after a pass's own
 append has pushed the oldest out, diagnose before), and never that it grows every iteration.
 
-Used by :mod:`backward_twice.judge.verdicts`.
+Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.items`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from backward_twice.record.learner import site_of
 if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
 
-__all__ = ["Note", "notes"]
+__all__ = ["Note", "growing_line", "notes"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ class Note:
     one_element: bool = True  # the tensor held is a single number (``.item()`` fits it)
     entries: int = 1  # a dict's entries that one line builds (``ema.shadow[name] = ...``): one note, ``name`` the dict
     bound: int = 0  # a deque full of graphs: it holds the last ``bound`` iterations' graphs at once, no more
-    ran: frozenset[int] = frozenset()  # the lines of ``built_at``'s file that ran while traced (where it grows)
+    grows_in: str | None = None  # the file of the line that grows it: the code it was read in (a step's, a cell's)
+    ran: frozenset[int] = frozenset()  # the lines of ``grows_in`` that ran while traced (where it grows)
 
 
 def notes(recorder: Recorder, split: Split) -> list[Note]:
@@ -101,7 +102,8 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             built = split.iteration_of_node(grown.newest)
             line = built_line(named, built == 0, recorder)
             grower = _container(grown.newest_name or named.name, name)
-            by_name[grower] = Note(grower, line, grown.newest_bytes, True, one_element=_one_element(named.shape))
+            note = Note(grower, line, grown.newest_bytes, True, one_element=_one_element(named.shape))
+            by_name[grower] = dataclasses.replace(note, grows_in=named.frame.filename if named.frame else None)
     from_before: set[str] = set()  # names whose note's line is where their graph began, before the loop
     for holder, sequence, built, held_graph, spans in held:
         grows = _root(holder) in growing or spans > 1
@@ -112,9 +114,9 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         line = built_line(named, built == 0, recorder)
         parameter = named.container == "parameter"
         one = _one_element(named.shape)
-        known = by_name.setdefault(
-            holder, Note(holder, line, held_graph.graph_bytes, grows, parameter, grows and holder in reset, one)
-        )
+        read_in = named.frame.filename if named.frame else None
+        note = Note(holder, line, held_graph.graph_bytes, grows, parameter, grows and holder in reset, one)
+        known = by_name.setdefault(holder, dataclasses.replace(note, grows_in=read_in))
         if grows and not known.grows:  # a later start showed it growing (running_loss += loss: from pass 3 on)
             known = by_name[holder] = dataclasses.replace(known, grows=True, reset=holder in reset)
         if grows and built > 0 and holder in from_before and line != known.built_at:
@@ -124,13 +126,9 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         elif built == 0:
             from_before.add(holder)
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
-            by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one))
+            by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one, grows_in=read_in))
     found = [_bounded(note, recorder, split) for note in _one_per_line(_one_per_container(list(by_name.values())))]
-    spelled = [
-        dataclasses.replace(note, name=_as_grown(note.name, site[0]), ran=_ran_in(recorder, site[0])) if site else note
-        for note in found
-        for site in (site_of(note.built_at),)
-    ]
+    spelled = [_where_it_grows(note, recorder) for note in found]
     return list({note.name: note for note in reversed(spelled)}.values())[::-1]  # one list reached two ways: one
 
 
@@ -142,6 +140,22 @@ def _bounded(note: Note, recorder: Recorder, split: Split) -> Note:
     reads = recorder.full.get(queue, [])
     last = max((len({split.iteration_of_node(sequence) for sequence in held}) for held in reads), default=0)
     return dataclasses.replace(note, name=queue, grows=True, reset=False, bound=last) if last > 1 else note
+
+
+def _where_it_grows(note: Note, recorder: Recorder) -> Note:
+    """``note`` with the file of the line that grows its name (:func:`growing_line`), the name as that line spells it
+    and the lines of that file that ran: the code the name was read in (a step's, a cell's: the model's ``forward``
+    that built the graph may lie in another module or cell), else the file of the line that built it."""
+    built = site_of(note.built_at)
+    files = [file for file in dict.fromkeys((note.grows_in, built[0] if built else None)) if file is not None]
+    placed = [
+        dataclasses.replace(
+            note, name=_as_grown(note.name, file) or note.name, grows_in=file, ran=_ran_in(recorder, file)
+        )
+        for file in files
+    ]
+    grown = (found for found in placed if found.grows_in and growing_line(found.name, found.grows_in, found.ran))
+    return next(grown, placed[-1] if placed else note)
 
 
 def _ran_in(recorder: Recorder, filename: str) -> frozenset[int]:
@@ -156,13 +170,13 @@ def _container(newest: str, root: str) -> str:
     return whole.group(1) if whole is not None else root
 
 
-def _as_grown(container: str, filename: str) -> str:
+def _as_grown(container: str, filename: str) -> str | None:
     """``container`` as the line of ``filename`` that grows it spells it: ``self.history["losses"]`` for
     ``self.history['losses']``, ``self.outputs`` for a framework's ``trainer._connector.strategy._model.outputs``
-    (the same last attribute and keys); ``container`` itself when no line grows it."""
+    (the same last attribute and keys); None when no line of ``filename`` grows it."""
     tail = re.search(r"(?:^|\.)(\w+)((?:\[[^\]]*\])*)$", container)
     if tail is None:
-        return container
+        return None
     grows = r"\s*(?:\.append\(|\.extend\(|\.insert\(|\+=)"
     keys = tail.group(2).replace('"', "'")
     whole = container[: len(container) - len(tail.group(2))]
@@ -173,7 +187,7 @@ def _as_grown(container: str, filename: str) -> str:
         for spelling in [pattern.search(text.split("#", 1)[0])]
         if spelling is not None and spelling.group(2).replace('"', "'") == keys
     ]
-    return max(found, key=lambda candidate: candidate[0])[1] if found else container
+    return max(found, key=lambda candidate: candidate[0])[1] if found else None
 
 
 def _one_per_container(found: list[Note]) -> list[Note]:
@@ -195,7 +209,7 @@ def _one_per_container(found: list[Note]) -> list[Note]:
                 grows = any(part.grows for part in parts)
                 one = all(part.one_element for part in parts)
                 held = sum(part.held_bytes for part in parts)
-                kept.append(Note(whole, parts[-1].built_at, held, grows, one_element=one))
+                kept.append(Note(whole, parts[-1].built_at, held, grows, one_element=one, grows_in=parts[-1].grows_in))
     return kept
 
 
@@ -214,6 +228,7 @@ def _one_per_line(found: list[Note]) -> list[Note]:
             one = all(part.one_element for part in parts)
             grows, reset = any(part.grows for part in parts), all(part.reset for part in parts)
             note = Note(whole, parts[0].built_at, held, grows, reset=reset, one_element=one, entries=len(parts))
+            note = dataclasses.replace(note, grows_in=parts[0].grows_in)
             merged.update({part.name: note for part in parts})
     kept = [merged.get(note.name, note) for note in found]
     return [note for i, note in enumerate(kept) if note not in kept[:i] or note.entries == 1]
@@ -222,7 +237,7 @@ def _one_per_line(found: list[Note]) -> list[Note]:
 def _keyed_by_a_variable(built_at: str, whole: str) -> bool:
     """Whether the line ``built_at`` ("file:line: code") stores into ``whole`` by a key the code computes
     (``self.shadow[name] = ...``), not by a key it spells (``state['hx'], state['cx'] = ...``: names of their own)."""
-    code = re.search(r":\d+: (.*)$", built_at)
+    code = re.search(r"(?::|, line )\d+: (.*)$", built_at)  # a script's "file:12: code", a cell's "..., line 3: code"
     attribute = re.escape(whole.rsplit(".", 1)[-1])
     return code is not None and re.search(rf"\b{attribute}\[\s*[A-Za-z_][\w.]*\s*\]\s*=[^=]", code.group(1)) is not None
 
@@ -253,3 +268,19 @@ def _below_a_submodule(name: str) -> bool:
     """``model.block.loss`` (an attribute two levels below what the loop holds), not ``model.hidden`` nor
     ``ema.shadow['0.weight']`` (a key's dots are no attributes)."""
     return re.sub(r"\[[^\]]*\]", "", re.sub(r"^\w+", "", name)).count(".") > 1
+
+
+def growing_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -> tuple[int, str, str | None] | None:
+    """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``losses.append(outputs.loss)``,
+    ``history += [loss]``, ``cache[key] = out``), with what it appends when that is a name or an attribute; one that
+    appends a number (``history.append(loss.item())``, a baseline before the loop) only if no other line grows it."""
+    pattern = re.compile(
+        rf"(?<![\w.]){re.escape(name)}\s*(\.append\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=)"
+    )
+    lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)  # a comment quoting it: no
+    found = [(number, code.strip(), match.group(2)) for number, code in lines if (match := pattern.search(code))]
+    if any(number in ran for number, _, _ in found):  # a branch that never ran is not where it grows
+        found = [candidate for candidate in found if candidate[0] in ran]
+    return next(
+        (f for f in found if not re.search(r"\.(item|tolist)\(\)|\bfloat\(", f[1])), found[0] if found else None
+    )

@@ -15,8 +15,9 @@ code shares (:mod:`backward_twice.record.recorder`, :mod:`backward_twice.steps.h
   in a stack ("file:line: code", the first such frame; :meth:`LearnersCode.site` with its file and line, for the
   recorder's hooks), :func:`place` names a notebook cell's line as IPython's tracebacks do ("Cell In[5], line 3": a
   cell's file lies in a folder named after the kernel's process, so its path changes with every kernel),
-  :func:`short` drops the folders, :func:`site_of` reads a line's file and number back, :func:`first_line` gives an
-  error's first line, and :func:`without_tool_frames` its traceback without the tool's frames.
+  :func:`short` drops the folders, :func:`site_of` reads a line's file and number back (a cell's too),
+  :func:`first_line` gives an error's first line, and :func:`without_tool_frames` its traceback without the tool's
+  frames.
 """
 
 from __future__ import annotations
@@ -367,16 +368,31 @@ def first_line(exc: BaseException, width: int = 110) -> str:
 
 def site_of(line: str) -> tuple[str, int] | None:
     """ "/a/b/train.py:12: code" -> ("/a/b/train.py", 12), the code holding colons of its own or not
-    (``{"losses": []}``); None for a cell's "Cell In[5], line 3: code", whose file the text does not name."""
+    (``{"losses": []}``); a cell's "Cell In[5], line 3: code" -> (the file IPython compiled that cell under, 3)
+    (:func:`_cell_file`); None for a text that names no line, or a cell this kernel no longer has."""
+    cell = re.match(r"(Cell [^,:]+), line (\d+)(?:: (.*)|$)", line)
+    if cell is not None:
+        filename = _cell_file(cell.group(1), int(cell.group(2)), cell.group(3))
+        return (filename, int(cell.group(2))) if filename is not None else None
     match = re.match(r"(.*?):(\d+)(?:: |$)", line)
-    if not match or match.group(1).startswith("Cell "):
+    if not match:
         return None
     return match.group(1), int(match.group(2))
 
 
+def _cell_file(name: str, lineno: int, code: str | None) -> str | None:
+    """The file of the cell :func:`place` names ``name`` ("Cell In[5]"), whose line ``lineno`` reads ``code`` when
+    given: cells run without history all share one number (``run_cell(..., store_history=False)``), so the code tells
+    them apart; among several that still fit, the latest. The judge reads cells' lines back through this (a fix
+    built from a line's code, the line a list grows at) as it reads a script's."""
+    named = [filename for filename in list(linecache.cache) if place(filename, lineno) == f"{name}, line {lineno}"]
+    fits = [filename for filename in named if code is None or linecache.getline(filename, lineno).strip() == code]
+    return (fits or named)[-1] if named else None
+
+
 def lines_of_file(line: str) -> list[str]:
-    """The lines of the file ``line`` ("file:line: code") names, each without its comment and outer spaces; none for
-    a cell's line (:func:`site_of`)."""
+    """The lines of the file ``line`` ("file:line: code", a cell's "Cell In[5], line 3: code") names, each without
+    its comment and outer spaces; none when :func:`site_of` finds no file."""
     site = site_of(line)
     return [text.split("#", 1)[0].strip() for text in linecache.getlines(site[0])] if site is not None else []
 

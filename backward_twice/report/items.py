@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import ast
 import functools
-import linecache
 import re
 from dataclasses import dataclass
 
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list
+from backward_twice.judge.notes import growing_line
 from backward_twice.judge.uses import computed_again
 from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note
+from backward_twice.record.learner import place as place_of
 from backward_twice.record.learner import site_of
 
 __all__ = [
@@ -374,16 +375,16 @@ def retain_item(line: LineVerdict, stopped_after: int | None = None) -> Item:
 
 def note_item(note: Note) -> Item:
     place, code = split_line(note.built_at)
-    site = site_of(note.built_at)
-    grows = _growing_line(note.name, site[0], note.ran) if site else None
+    filename = note.grows_in
+    grows = growing_line(note.name, filename, note.ran) if filename is not None else None
     lines = (CodeLine(place, code, None, "each iteration's graph starts here"),)
     where = "each graph goes in here" if note.bound else "grows here"
     fix = "keep a number (`.item()`) or a detached tensor (`.detach()`) instead"
     if not note.one_element:  # `.item()` raises on a tensor of several numbers
         fix = "keep a detached tensor (`.detach()`) instead"
-    if grows is not None:
+    if grows is not None and filename is not None:
         number, text, appended = grows
-        lines = (CodeLine(f"{place.rsplit(':', 1)[0]}:{number}", text, _span(text, note.name), where),)
+        lines = (CodeLine(_short_place(place_of(filename, number)), text, _span(text, note.name), where),)
         if appended and note.one_element:
             fix = f"`{note.name}.append({appended}.item())`, or `{appended}.detach()` if you need the tensor"
         elif appended:
@@ -419,20 +420,4 @@ def parameters_item(model: str, notes: list[Note]) -> Item:
         f"{line} runs outside torch.no_grad(): each update adds to the parameters' graph and keeps the old one",
         f"run {line} under `with torch.no_grad():`",
         to_fix=True,
-    )
-
-
-def _growing_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -> tuple[int, str, str | None] | None:
-    """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``losses.append(outputs.loss)``,
-    ``history += [loss]``, ``cache[key] = out``), with what it appends when that is a name or an attribute; one that
-    appends a number (``history.append(loss.item())``, a baseline before the loop) only if no other line grows it."""
-    pattern = re.compile(
-        rf"(?<![\w.]){re.escape(name)}\s*(\.append\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=)"
-    )
-    lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)  # a comment quoting it: no
-    found = [(number, code.strip(), match.group(2)) for number, code in lines if (match := pattern.search(code))]
-    if any(number in ran for number, _, _ in found):  # a branch that never ran is not where it grows
-        found = [candidate for candidate in found if candidate[0] in ran]
-    return next(
-        (f for f in found if not re.search(r"\.(item|tolist)\(\)|\bfloat\(", f[1])), found[0] if found else None
     )
