@@ -9,7 +9,8 @@ mems)``) from one the loss is built from whole (``zip(policy.saved_log_probs, re
 or slice (``bank[-4:]``). :func:`computed_again` gives the lines a loss is computed through from a forward an
 optimizer step then changed.
 
-Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried` and :mod:`backward_twice.report.items`.
+Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes` and
+:mod:`backward_twice.report.items`.
 """
 
 from __future__ import annotations
