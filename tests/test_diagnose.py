@@ -784,23 +784,26 @@ def test_a_regulariser_a_rollout_loop_adds_to_starts_at_zero_before_that_loop() 
     assert f"fix: set `_rollout_entropy = 0` before line {rollout}" in str(diagnosis), str(diagnosis)
 
 
+# Paperspace's hooks post's model (blog.paperspace.com/pytorch-hooks-gradient-clipping-debugging): ``forward`` keeps
+# its hidden activation as ``self.h``, which the loop appends to a list
+HOOKED_NET = (
+    "class Net(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.fc1, self.fc2 = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)\n"
+    "    def forward(self, x):\n"
+    "        h = torch.relu(self.fc1(x))\n"
+    "        self.h = h\n"
+    "        return self.fc2(h)\n"
+)
+
+
 def test_a_list_the_step_fills_from_a_model_of_another_module_is_named_at_the_steps_append(tmp_path: Path) -> None:
     """Paperspace's hooks post with its ``Net`` in a module of its own: ``activations.append(net.h)``, ``net.h`` set in
     ``forward``. The note named the module's ``h = torch.relu(self.fc1(x))`` (where the graph is built) with "keep a
     detached tensor (`.detach()`) instead": the line that grows the list was looked for in that module only. The
     truth, as with the model in the step's file: the step's append, and its detach."""
-    (tmp_path / "hooked_net.py").write_text(
-        "import torch\n"
-        "class Net(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.fc1, self.fc2 = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)\n"
-        "    def forward(self, x):\n"
-        "        h = torch.relu(self.fc1(x))\n"
-        "        self.h = h\n"
-        "        return self.fc2(h)\n",
-        encoding="utf-8",
-    )
+    (tmp_path / "hooked_net.py").write_text("import torch\n" + HOOKED_NET, encoding="utf-8")
     spec = importlib.util.spec_from_file_location("hooked_net", tmp_path / "hooked_net.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -13,7 +13,7 @@ import importlib
 import inspect
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -153,11 +153,8 @@ class _KeyQueue(torch.nn.Module):
         return logits
 
 
-def test_a_deque_that_keeps_graphs_is_a_note_under_watch_and_diagnose_and_diagnose_puts_it_back() -> None:
-    """It was "healthy" (a deque was no container the names walk read) and diagnose left the runs' keys in the
-    queue. The truth: the deque holds one more batch of keys with its graph each pass."""
-    torch.manual_seed(0)
-    model = _KeyQueue()
+def _queue_step(model: torch.nn.Module) -> tuple[torch.optim.Optimizer, Callable[[], None]]:
+    """An SGD optimizer of ``model`` and a contrastive step on one batch: the logits over the queue's keys."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 6)
 
@@ -165,6 +162,16 @@ def test_a_deque_that_keeps_graphs_is_a_note_under_watch_and_diagnose_and_diagno
         optimizer.zero_grad()
         model(x).logsumexp(1).mean().backward()
         optimizer.step()
+
+    return optimizer, step
+
+
+def test_a_deque_that_keeps_graphs_is_a_note_under_watch_and_diagnose_and_diagnose_puts_it_back() -> None:
+    """It was "healthy" (a deque was no container the names walk read) and diagnose left the runs' keys in the
+    queue. The truth: the deque holds one more batch of keys with its graph each pass."""
+    torch.manual_seed(0)
+    model = _KeyQueue()
+    optimizer, step = _queue_step(model)
 
     before = list(model.queue)
     diagnosis = diagnose(step, models=[model], optimizers=[optimizer])
@@ -207,13 +214,7 @@ def test_a_full_deque_of_graphs_keeps_its_last_iterations_graphs_the_same_under_
     detached); with ``keys.detach()`` it holds none."""
     torch.manual_seed(0)
     model = _LastKeys(detached)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(4, 6)
-
-    def step() -> None:
-        optimizer.zero_grad()
-        model(x).logsumexp(1).mean().backward()
-        optimizer.step()
+    optimizer, step = _queue_step(model)
 
     diagnosis = diagnose(step, models=[model], optimizers=[optimizer])
     held = []

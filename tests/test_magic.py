@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
+from test_diagnose import HOOKED_NET
 
 from backward_twice.steps.diagnose import Diagnosis
 
@@ -161,17 +162,7 @@ def test_a_list_a_model_of_another_cell_fills_is_named_at_the_cells_append_with_
     ``bt.diagnose`` says of the same step in one file: the diagnosed cell's append, and its detach."""
     run(
         shell,
-        "class Net(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.fc1, self.fc2 = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)\n"
-        "    def forward(self, x):\n"
-        "        h = torch.relu(self.fc1(x))\n"
-        "        self.h = h\n"
-        "        return self.fc2(h)\n"
-        "net = Net()\n"
-        "sgd = torch.optim.SGD(net.parameters(), lr=0.1)\n"
-        "activations = []\n",
+        HOOKED_NET + "net = Net()\nsgd = torch.optim.SGD(net.parameters(), lr=0.1)\nactivations = []\n",
     )
     body = "sgd.zero_grad()\nout = net(x)\nactivations.append(net.h)\nout.pow(2).mean().backward()\nsgd.step()"
     result = run(shell, f"%%diagnose net sgd\n{body}")

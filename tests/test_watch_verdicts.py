@@ -1541,10 +1541,11 @@ def test_a_carried_state_seen_without_the_line_tracer_gives_no_note_to_the_loss_
     assert "`h` carries iteration 1's graph into iteration 2" in text and "`loss` keeps" not in text, text
 
 
-def _reptile(total_the_loss: bool) -> list[float]:
+def _reptile(inner_step: str) -> list[float]:
     """Reptile's inner loop (joschu's reptile-sinewaves-demo.py, with a per-task ``copy.deepcopy`` as its ports
-    have it), the task loss summed across the inner steps when ``total_the_loss`` (as learners break it), else the
-    published per-step loss; the meta-model's weights after 3 tasks."""
+    have it), each inner step as ``inner_step`` says: "total" sums the task loss across steps and backwards the total
+    (as learners break it), "published" backwards each step's loss, "fixed" is "total" with the tool's fix applied;
+    the meta-model's weights after 3 tasks."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     x_all = torch.linspace(-5, 5, 10)[:, None]
@@ -1556,34 +1557,16 @@ def _reptile(total_the_loss: bool) -> list[float]:
         for _ in range(2):
             inner_opt.zero_grad()
             pred = fast(x_all)
-            if total_the_loss:
+            if inner_step == "total":
                 task_loss = task_loss + torch.nn.functional.mse_loss(pred, y_all)
-            else:
+                task_loss.backward()
+            elif inner_step == "published":
                 task_loss = torch.nn.functional.mse_loss(pred, y_all)
-            task_loss.backward()
-            inner_opt.step()
-        with torch.no_grad():
-            for p, fp in zip(model.parameters(), fast.parameters()):
-                p += 0.1 * (fp - p)
-    return [p.sum().item() for p in model.parameters()]
-
-
-def _reptile_as_fixed() -> list[float]:
-    """:func:`_reptile` summing the loss, with the fix as printed applied."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    x_all = torch.linspace(-5, 5, 10)[:, None]
-    for _ in range(3):
-        y_all = torch.sin(x_all + torch.rand(1) * 6) * (torch.rand(1) * 4.9 + 0.1)
-        fast = copy.deepcopy(model)
-        inner_opt = torch.optim.SGD(fast.parameters(), lr=0.02)
-        task_loss: Any = 0
-        for _ in range(2):
-            inner_opt.zero_grad()
-            pred = fast(x_all)
-            loss = torch.nn.functional.mse_loss(pred, y_all)
-            loss.backward()
-            task_loss += loss.item()
+                task_loss.backward()
+            else:
+                loss = torch.nn.functional.mse_loss(pred, y_all)
+                loss.backward()
+                task_loss += loss.item()
             inner_opt.step()
         with torch.no_grad():
             for p, fp in zip(model.parameters(), fast.parameters()):
@@ -1597,16 +1580,16 @@ def test_a_total_of_the_loss_whose_term_has_no_name_is_given_one_in_the_fix() ->
     (no ``loss`` in the loop). The truth: as written, inner step 2 raises; with this iteration's loss named, its
     backward called and a number added (the fix now printed), it runs and trains the published loop's weights."""
     with pytest.raises(RuntimeError, match="a second time"):
-        _reptile(total_the_loss=True)
+        _reptile("total")
     with contextlib.suppress(RuntimeError), watch() as w:
-        _reptile(total_the_loss=True)
+        _reptile("total")
     text = str(w)
     fix = (
         "fix: name this iteration's loss (`loss = torch.nn.functional.mse_loss(pred, y_all)`), call `loss.backward()`,"
         " and add a number instead (`task_loss += loss.item()`)"
     )
     assert "`task_loss` carries iteration 1's graph into iteration 2" in text and fix in text, text
-    assert _reptile(total_the_loss=False) == _reptile_as_fixed()  # the fix as printed trains the published weights
+    assert _reptile("fixed") == _reptile("published")  # the fix as printed trains the published loop's weights
 
 
 PRUNED = """
