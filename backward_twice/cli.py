@@ -45,7 +45,7 @@ import sys
 import threading
 import traceback
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 from backward_twice.record.learner import without_tool_frames
@@ -241,7 +241,7 @@ def _run(
     before = set(threading.enumerate())  # a kernel's or a test runner's threads are not the script's to wait for
     line = _LineEnd(stdout)
     try:
-        with watcher, line:
+        with watcher, line, _forward_stacks_as_python():
             try:
                 _run_script(target, compiled, module)
             except SystemExit:
@@ -308,6 +308,30 @@ def _join_threads(before: set[threading.Thread]) -> None:
             return
         for thread in running:
             thread.join()
+
+
+@contextlib.contextmanager
+def _forward_stacks_as_python() -> Iterator[None]:
+    """While the script runs, the stack anomaly mode keeps for each forward op (``torch.fx.traceback.format_stack``,
+    which torch calls for it; shown as "Traceback of forward call that caused the error") starts at the script's
+    frame, as under python: without the command's own frames above it."""
+    owner: Any = sys.modules.get("torch.fx.traceback")
+    original: Callable[[], list[str]] | None = getattr(owner, "format_stack", None)
+    if owner is None or original is None:
+        yield
+        return
+    ours = f'File "{__file__}", line'
+
+    def format_stack() -> list[str]:
+        entries = original()[:-1] if original is not None else []  # this function's own frame is the last
+        return entries[max((i for i, entry in enumerate(entries) if ours in entry), default=-1) + 1 :]
+
+    owner.format_stack = format_stack
+    try:
+        yield
+    finally:
+        if getattr(owner, "format_stack", None) is format_stack:
+            owner.format_stack = original
 
 
 class _LineEnd:

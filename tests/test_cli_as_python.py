@@ -46,6 +46,27 @@ def test_a_progress_line_printed_without_its_end_is_not_glued_to_the_diagnosis(t
     assert watched.stderr.replace("/watched/", "/python/").startswith(python.stderr), watched.stderr
 
 
+def test_anomaly_modes_traceback_of_the_forward_starts_at_the_script_as_under_python(tmp_path: Path) -> None:
+    """``torch.autograd.set_detect_anomaly(True)`` prints, at the error, the stack of the forward call that built the
+    failing node: under the command it began with five of the command's own frames (``backward-twice``,
+    ``cli.py``...) above the script's line. It is python's, frame for frame; the diagnosis follows."""
+    script = """
+        import torch
+        torch.autograd.set_detect_anomaly(True)
+        model = torch.nn.Linear(3, 2)
+        h = torch.zeros(4, 2)
+        for x in torch.randn(3, 4, 3):
+            h = model(x) + h
+            h.pow(2).mean().backward()
+        """
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 1, watched.stderr
+    said = watched.stderr.replace("/watched/", "/python/")
+    assert "Traceback of forward call that caused the error:" in python.stderr
+    assert said.startswith(python.stderr), said
+    assert "backward_twice" not in said[: said.index("backward-twice:")], said
+
+
 def test_a_script_that_makes_a_log_file_its_stdout_keeps_its_log_and_the_diagnosis_comes_to_the_terminal(
     tmp_path: Path,
 ) -> None:
