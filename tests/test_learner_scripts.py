@@ -1998,3 +1998,70 @@ def test_a_state_a_second_loop_carries_under_another_name_is_shown_where_that_lo
     diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
     assert "train.py:14 | hidden = model(x) + h" in diagnosis and "built here" not in diagnosis, diagnosis
     assert "fix: add `h = h.detach()` before line 14" in diagnosis, diagnosis
+
+
+@pytest.mark.parametrize(
+    ("script", "fix"),
+    [
+        (  # the alias at the pass's end, after the step: read after the step, ``pred`` alone held the graph
+            """
+            import torch
+            torch.manual_seed(0)
+            model = torch.nn.Linear(3, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            data = [(torch.randn(4, 3), torch.randn(4, 2)) for _ in range(4)]
+            for x, y in data:
+                opt.zero_grad(); ((model(x) - y) ** 2).mean().backward(); opt.step()
+            prev = torch.zeros(4, 2)
+            for x, y in data:
+                opt.zero_grad()
+                pred = model(x) + prev
+                ((pred - y) ** 2).mean().backward()
+                opt.step()
+                prev = pred
+            """,
+            ("prev", 12),
+        ),
+        (  # in functions: the warm-up's loop stayed the innermost one, and the fix went before the second loop
+            """
+            import torch
+            def warmup(model, opt, data):
+                for x, y in data:
+                    opt.zero_grad(); ((model(x) - y) ** 2).mean().backward(); opt.step()
+            def train(model, opt, data):
+                memory = torch.zeros(4, 2)
+                for x, y in data:
+                    opt.zero_grad()
+                    out = torch.tanh(model(x)) * 0.5 + memory
+                    memory = out
+                    ((out - y) ** 2).mean().backward()
+                    opt.step()
+            torch.manual_seed(0)
+            model = torch.nn.Linear(3, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            data = [(torch.randn(4, 3), torch.randn(4, 2)) for _ in range(4)]
+            warmup(model, opt, data)
+            train(model, opt, data)
+            """,
+            ("memory", 10),
+        ),
+    ],
+)
+def test_after_an_earlier_loop_the_state_the_next_pass_reads_is_named_and_detached_where_it_comes_in(
+    tmp_path: Path, script: str, fix: tuple[str, int]
+) -> None:
+    """Backward calls in two loops one after the other: the run is split by the optimizer's steps, untraced, and
+    the names are read after each step. The item named the alias the pass assigns first (``pred``, ``out``) with a
+    fix that, applied, still raised, or put the detach before the second loop (it runs once). The truth: the name
+    the pass reads before it assigns it, detached where it comes in, runs (checked here as printed)."""
+    name, line = fix
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 1 and "a second time" in python.stderr
+    diagnosis = watched.stderr[watched.stderr.index("backward-twice:") :]
+    printed = f"fix: add `{name} = {name}.detach()` before line {line}"
+    assert f"`{name}` carries" in diagnosis and printed in diagnosis, diagnosis
+    lines = textwrap.dedent(script).split("\n")
+    indent = re.match(r"\s*", lines[line - 1]).group(0)  # type: ignore[union-attr]
+    fixed = "\n".join([*lines[: line - 1], f"{indent}{name} = {name}.detach()", *lines[line - 1 :]])
+    done = subprocess.run([sys.executable, "-c", fixed], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr  # the fix as printed runs

@@ -25,8 +25,9 @@ from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_
 from backward_twice.judge.uses import bound_in, first_read, list_use, read_first
 from backward_twice.record.iterations import Split
 from backward_twice.record.learner import learner_line_at, lines_of_file, site_of
-from backward_twice.record.loops import enclosing, outermost_loop_around
+from backward_twice.record.loops import enclosing, innermost_loop_body, outermost_loop_around
 from backward_twice.record.names import CodeSite, NamedGraph
+from backward_twice.record.passes import IN_DIFFERENT_LOOPS, UNTRACED, Link
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.sources import function_around, parsed
 
@@ -134,6 +135,14 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                 container = "list" if re.search(r"\[\d+\]$", carrier) and container is None else container
             if name == node.name:
                 name = _read_in_the_loop(recorder, node)
+            if (  # read after the step, untraced (``prev = pred`` comes after it): what the failing call reached it
+                through is not None  # through, if the pass reads that one first and rebinds this one first
+                and through.sequence == node.sequence
+                and through.name != name
+                and rebound_each_pass(recorder, whole_name(name, container))
+                and not rebound_each_pass(recorder, whole_name(through.name, through.container))
+            ):
+                name, container = through.name, through.container
             aliases = [  # another output of the node (a compiled cell's ``pred`` beside ``h``) carries it only if
                 a  # the pass reads it before it rebinds it
                 for a in node.aliases
@@ -176,7 +185,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             e.used_at,
             e.reached_from,
             len(e.times),
-            before_inner_loop(fix, None if at_entry else entry, recorder.loop.innermost),
+            before_inner_loop(fix, None if at_entry else entry, _live_link(recorder)),
             e.shape,
             e.container,
             None if entry is None else learner_line_at(*entry),
@@ -277,8 +286,7 @@ def _bound_from_a_list(recorder: Recorder, carried: _Carried, lists: set[str]) -
     model(state)``, whose last value the list keeps too): an item the list keeps, past the items it is named by."""
     if carried.name is None or not carried.name.isidentifier():
         return False
-    link = recorder.loop.innermost
-    body = (link.loop.filename, link.loop.body_first, link.loop.body_last) if link is not None else None
+    body = _loop_body(recorder)
     if body is not None and read_first(carried.name, body) is False:
         return True
     spelled = re.escape(carried.name)
@@ -371,10 +379,10 @@ def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _C
         return reads_on_line(carried.built_at.split(": ", 1)[-1], whole)
     if one_line_loop(*entry):  # ``for x in data: h = cell(x, h); ...``: a line added before it runs once
         return False
-    link = recorder.loop.innermost
+    link = _live_link(recorder)
     if link is not None and outermost_loop_around(*entry, link.code) is not None:  # in a loop of a function it calls
         return False
-    if link is None or recorder.loop.unusable is not None or entry[0] != link.loop.filename:
+    if link is None or entry[0] != link.loop.filename:
         return True
     code = link.code  # a parameter of the loop's function (``beta`` of ``train(..., beta)``) may come in as a number
     if whole in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
@@ -396,13 +404,24 @@ def _list_use(recorder: Recorder, carried: _Carried) -> str | None:
     return list_use(re.sub(r"\[\d+\]$", "", carried.name), spans)
 
 
+def _live_link(recorder: Recorder) -> Link | None:
+    """The iteration loop, when the recorder could split the run by its passes (not a loop given up on: backward
+    calls in two loops one after the other leave the first as the innermost link)."""
+    return recorder.loop.innermost if recorder.loop.unusable is None else None
+
+
 def _loop_body(recorder: Recorder) -> tuple[str, int, int] | None:
-    """(file, first line, last line) of the body of the loop whose passes are the iterations; None without one
-    the recorder could read (a step's runs, a framework's loop)."""
+    """(file, first line, last line) of the body of the loop whose passes are the iterations; without one the
+    recorder could read (backward calls in two loops one after the other, untraced), the source's innermost loop
+    around the last backward call, where the run ended; None in a tool's runs of a step or a framework's loop."""
     link = recorder.loop.innermost
-    if link is None or recorder.loop.unusable is not None:
-        return None
-    return link.loop.filename, link.loop.body_first, link.loop.body_last
+    if link is not None and recorder.loop.unusable is None:
+        return link.loop.filename, link.loop.body_first, link.loop.body_last
+    if recorder.loop.unusable not in (UNTRACED, IN_DIFFERENT_LOOPS) or not len(recorder.calls):
+        return None  # a tool's runs of a step, a framework's loop
+    filename, line = recorder.calls[len(recorder.calls) - 1].site
+    body = innermost_loop_body(filename, line)
+    return None if body is None else (filename, *body)
 
 
 def _spans(recorder: Recorder, frame: CodeSite | None) -> list[tuple[str, int, int]]:

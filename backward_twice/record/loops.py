@@ -20,8 +20,8 @@ half of that, per code object (a function, a method, a script's or a notebook ce
 Nothing here imports torch, reads a frame's variables or writes to a frame.
 
 Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes`, :mod:`backward_twice.judge.stored`,
-:mod:`backward_twice.record.lines`, :mod:`backward_twice.record.pass_stops`, :mod:`backward_twice.record.passes`,
-:mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.stops`.
+:mod:`backward_twice.record.bound`, :mod:`backward_twice.record.lines`, :mod:`backward_twice.record.pass_stops`,
+:mod:`backward_twice.record.passes`, :mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.stops`.
 """
 
 from __future__ import annotations
@@ -298,6 +298,25 @@ def loop_inside(filename: str, line: int, outer_line: int) -> int | None:
     if not any(both for _, both in holding):
         return None
     return min((node.lineno for node, both in holding if not both), default=None)
+
+
+def innermost_loop_body(filename: str, line: int) -> tuple[int, int] | None:
+    """(first, last line) of the body of the innermost loop that holds ``line`` in its own scope (the function, or the
+    module, around it), read from the source; None when none does or the file cannot be read."""
+    tree = parsed(filename)
+    if tree is None:
+        return None
+    scope = function_around(tree, line)
+    holding = [
+        node
+        for node in _own_nodes(scope)
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While))
+        and node.body[0].lineno <= line <= (node.body[-1].end_lineno or node.body[-1].lineno)
+    ]
+    if not holding:
+        return None
+    inner = max(holding, key=lambda node: node.lineno)
+    return inner.body[0].lineno, inner.body[-1].end_lineno or inner.body[-1].lineno
 
 
 def outermost_loop_around(filename: str, line: int, unless_in: types.CodeType) -> int | None:

@@ -22,8 +22,8 @@ counts its passes by one (``for i in range(n)``, ``enumerate``), those its count
 Nothing here reads a tensor; an optimizer's ``step`` is told from a scheduler's by reading the receiver's value (a
 name or a plain attribute, never a property).
 
-Used by :mod:`backward_twice.record.folds`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.pass_stops`,
-:mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.stops`.
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.record.folds`, :mod:`backward_twice.record.held`,
+:mod:`backward_twice.record.pass_stops`, :mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.stops`.
 """
 
 from __future__ import annotations
@@ -32,21 +32,17 @@ import ast
 import functools
 import os
 import types
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from backward_twice.record.bound import bound_tokens, same_tokens, skipped_passes
 from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop, enclosing, step_calls
 
 __all__ = ["IterationLoop", "Link", "PassStart", "inside_a_step", "is_optimizer"]
-
-_SAME = object()  # a value a weak reference cannot hold: compared by identity, kept strongly one pass
-
-_PLAIN = (int, float, str, bytes, bool)  # a value a ``for`` binds that is compared by value
 
 _COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
 _OPTIMIZERS = os.path.join(os.path.dirname(torch.optim.__file__), "")  # torch/optim/: every step() runs through it
@@ -83,47 +79,9 @@ class PassStart:
 _Marker = tuple[int, tuple[Any, ...], tuple[int, ...]]
 
 
-def _bound(frame: types.FrameType, loop: Loop) -> tuple[Any, ...]:
-    """What the loop's ``for`` names hold now, as comparable tokens: a number or text by value, an object by a weak
-    reference (or the object itself, when it takes none: a list, a tuple, a dict)."""
-    names = frame.f_locals if loop.targets else {}
-    tokens: list[Any] = []
-    for name in loop.targets:  # one its body rebinds tells nothing (``images = images.reshape(...)``): the others do
-        value = names.get(name, _SAME) if name not in loop.rebound or loop.rebound.issuperset(loop.targets) else None
-        if value is None or isinstance(value, _PLAIN):
-            tokens.append(("value", value))
-        else:
-            try:
-                tokens.append(("ref", weakref.ref(value)))
-            except TypeError:
-                tokens.append(("object", value))
-    return tuple(tokens)
-
-
-def _skipped(loop: Loop, before: tuple[Any, ...], now: tuple[Any, ...]) -> int:
-    """How many passes with no event ran between two events of a loop that counts its passes by one
-    (``for i in range(n)``: ``i`` went from 3 to 6, so passes 4 and 5 ran without one, a ``continue`` or a step every
-    other pass), from what its counter held at each."""
-    index = loop.counter
-    if index < 0 or index >= min(len(before), len(now)) or loop.targets[index] in loop.rebound:
-        return 0
-    (kind_before, count_before), (kind_now, count_now) = before[index], now[index]
-    if kind_before != "value" or kind_now != "value" or type(count_before) is not int or type(count_now) is not int:
-        return 0
-    return max(0, count_now - count_before - 1)
-
-
-def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    for (kind_a, held_a), (kind_b, held_b) in zip(a, b):
-        if kind_a != kind_b:
-            return False
-        if kind_a == "value" and held_a != held_b:
-            return False
-        if kind_a == "ref" and (held_a() is None or held_a() is not held_b()):
-            return False
-        if kind_a == "object" and held_a is not held_b:
-            return False
-    return len(a) == len(b)
+# Why no loop splits the run, where the source still shows the loop around the backward calls (the judge reads it)
+UNTRACED = "the loop's passes were not traced"
+IN_DIFFERENT_LOOPS = "the backward calls lie in different loops"
 
 
 @dataclass
@@ -167,7 +125,7 @@ class IterationLoop:
         ``last`` marker (``now``: the frame's id and what the loop binds now)."""
         self._append(key, start)
         if last[0] == now[0]:
-            start.number += _skipped(loop, last[1], now[1])
+            start.number += skipped_passes(loop, last[1], now[1])
 
     def _append(self, key: tuple[int, int], start: PassStart) -> None:
         passes = self.passes.get(key)
@@ -204,7 +162,7 @@ class IterationLoop:
             for link in links:
                 seen = tracer.latest.get((link.frame, link.loop.header))
                 if seen is None:
-                    self.unusable = "the loop's passes were not traced"
+                    self.unusable = UNTRACED
                     return False
                 if seen.count > 1:  # passes with no event came first (a replay buffer filling up): pass 1 began
                     self._append(link.key, PassStart(seen.first, calls))  # there, and the ones between are
@@ -217,7 +175,7 @@ class IterationLoop:
             while common < min(len(self.chain), len(keys)) and self.chain[common].key == keys[common]:
                 common += 1
             if common == 0:
-                self.unusable = "the backward calls lie in different loops"
+                self.unusable = IN_DIFFERENT_LOOPS
                 return False
             self._keep(common)
             self.chain[:] = links[:common]  # the same loops, in the frames they run in now (the next epoch's call)
@@ -259,10 +217,10 @@ class IterationLoop:
                 None if id(found) != inner.frame else self._with_outer_loops(found, boundary, calls, since, following)
             )
         if loop.targets and not loop.shadowed:  # told by what the ``for`` binds (no lines needed): _marked's
-            key, bound = inner.key, _bound(found, loop)  # work inline, as it runs at every event of a run
+            key, bound = inner.key, bound_tokens(found, loop)  # work inline, as it runs at every event of a run
             last = self._markers.get(key)
             self._markers[key] = (id(found), bound, ())
-            if last is None or (last[0] == id(found) and _same(last[1], bound)):
+            if last is None or (last[0] == id(found) and same_tokens(last[1], bound)):
                 return False
             passes = self.passes.get(key)
             if not passes:
@@ -270,7 +228,7 @@ class IterationLoop:
                 return True
             number = passes[-1].number + 1  # _append_after's work inline, as this runs at every iteration
             if last[0] == id(found) and loop.counter >= 0:
-                number += _skipped(loop, last[1], bound)
+                number += skipped_passes(loop, last[1], bound)
             passes.append(PassStart(since, calls, -1, number))
             return True
         inward = [(id(found), line)]
@@ -364,7 +322,7 @@ class IterationLoop:
         following: bool,
     ) -> bool:
         """Set ``link``'s marker to this event; True when, not ``following``, this event began a new pass of it."""
-        bound = _bound(frame, link.loop)
+        bound = bound_tokens(frame, link.loop)
         last = self._markers.get(link.key)
         self._markers[link.key] = (id(frame), bound, position)
         if following or last is None:
@@ -372,7 +330,7 @@ class IterationLoop:
         if last[0] != id(frame):
             new = True  # the loop's function was called again: a new pass of it
         elif link.loop.targets and not link.loop.shadowed:
-            new = not _same(last[1], bound)
+            new = not same_tokens(last[1], bound)
         else:  # a while, or a for whose names an inner loop rebinds: back before the last event's line, or at it
             # again where no inner loop of this one repeats it
             new = position < last[2] or (position == last[2] and not nested)
@@ -449,7 +407,7 @@ class IterationLoop:
         self._append(key, start)
         if loop.targets and not loop.shadowed and not loop.rebound.issuperset(loop.targets):  # else what the body
             # binds: the next event's value is the body's
-            self._markers[key] = (id(frame), _bound(frame, loop), ())
+            self._markers[key] = (id(frame), bound_tokens(frame, loop), ())
         else:
             self._markers.pop(key, None)
 
