@@ -239,7 +239,7 @@ def _run(
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
     stdout, pid = sys.stdout, os.getpid()  # the report's: not a log file the script made its stdout
     before = set(threading.enumerate())  # a kernel's or a test runner's threads are not the script's to wait for
-    line = _LineEnd(stdout)
+    line = _LineEnd(stdout, sys.stderr)
     try:
         with watcher, line, _forward_stacks_as_python():
             try:
@@ -335,14 +335,16 @@ def _forward_stacks_as_python() -> Iterator[None]:
 
 
 class _LineEnd:
-    """Whether the script's last write to the command's stdout ended its line: a progress line printed with
-    ``end=""`` (``print(f"\\rstep {i} ...", end="")``) would have the report glued to its end. While entered, the
-    stream's ``write`` is looked up on the stream itself (an instance attribute, as ``print`` finds it) and passes each
-    text on unchanged; its errors are the stream's own, without this frame."""
+    """Whether the script's last write to the terminal's streams (the command's stdout, and stderr) ended its line: a
+    progress line printed with ``end=""`` (``print(f"\\rstep {i} ...", end="")``, or written to stderr as tqdm does)
+    would have the report glued to its end. While entered, each stream's ``write`` is looked up on the stream itself
+    (an instance attribute, as ``print`` finds it) and passes each text on unchanged; its errors are the stream's
+    own, without this frame."""
 
-    def __init__(self, stream: TextIO) -> None:
-        self.stream, self.ended = stream, True
-        self._written: Any = None
+    def __init__(self, *streams: TextIO | None) -> None:
+        self.streams = list({id(stream): stream for stream in streams if stream is not None}.values())
+        self.ended = True
+        self._written: list[tuple[TextIO, Any]] = []
 
     @property
     def opening(self) -> str:
@@ -350,26 +352,29 @@ class _LineEnd:
         return "" if self.ended else "\n"
 
     def __enter__(self) -> None:
-        write = self.stream.write
+        for stream in self.streams:
+            write = stream.write
 
-        def written(text: str) -> int:
-            try:
-                count = write(text)
-            except BaseException as error:  # as the stream raised it (a closed stdout's ValueError)
-                error.__traceback__ = without_tool_frames(error.__traceback__)
-                raise
-            if text:
-                self.ended = text[-1] == "\n"
-            return count
+            def written(text: str, write: Any = write) -> Any:
+                try:
+                    count = write(text)
+                except BaseException as error:  # as the stream raised it (a closed stdout's ValueError)
+                    error.__traceback__ = without_tool_frames(error.__traceback__)
+                    raise
+                if text:
+                    self.ended = text[-1] == "\n"
+                return count  # what the stream's own write returns
 
-        with contextlib.suppress(AttributeError, TypeError):  # a stream that takes no attribute: reports as before
-            self.stream.write = written  # type: ignore[method-assign]
-            self._written = written
+            with contextlib.suppress(AttributeError, TypeError):  # a stream that takes no attribute: as before
+                stream.write = written  # type: ignore[method-assign]
+                self._written.append((stream, written))
 
     def __exit__(self, *exc: object) -> None:
-        if self._written is not None and getattr(self.stream, "__dict__", {}).get("write") is self._written:
-            with contextlib.suppress(AttributeError, TypeError):
-                del self.stream.write
+        for stream, written in self._written:
+            if getattr(stream, "__dict__", {}).get("write") is written:
+                with contextlib.suppress(AttributeError, TypeError):
+                    del stream.write
+        self._written.clear()
 
 
 def _say(stdout: TextIO, text: str) -> None:

@@ -29,8 +29,9 @@ def test_a_script_that_closes_its_stdout_ends_as_python_ends_it(tmp_path: Path) 
 
 
 def test_a_progress_line_printed_without_its_end_is_not_glued_to_the_diagnosis(tmp_path: Path) -> None:
-    """``print(f"\\rstep {i} ...", end="")``, the progress line of many scripts: the report began on that line
-    ("...loss 0.1984backward-twice: healthy"). It begins on its own line; what the script printed is as python's; a
+    """``print(f"\\rstep {i} ...", end="")``, the progress line of many scripts (or written to stderr, as tqdm does,
+    which a terminal shows with stdout): the report began on that line ("...loss 0.1984backward-twice: healthy"). It
+    begins on its own line; what the script printed is as python's; a
     script whose last line ended gets no blank line; a write to a closed stdout fails as python's, no frame of the
     tool's in its traceback."""
     progress = LOOP + "    print(f'\\rstep {weight.sum().item():.3f}', end='', flush=True)\n"
@@ -40,6 +41,10 @@ def test_a_progress_line_printed_without_its_end_is_not_glued_to_the_diagnosis(t
     assert watched.stdout.startswith(python.stdout + "\n" + HEALTHY), watched.stdout
     python, watched = run(tmp_path, LOOP + "print('trained')\n")
     assert watched.stdout.startswith("trained\n" + HEALTHY), watched.stdout
+    on_stderr = LOOP + "    sys.stderr.write(f'\\rstep {weight.sum().item():.3f}')\n"  # tqdm's way: one terminal
+    python, watched = run(tmp_path, "import sys\n" + on_stderr)
+    assert python.stderr.count("step") == 3 and watched.stderr == python.stderr, watched.stderr
+    assert watched.stdout.startswith("\n" + HEALTHY), watched.stdout
     closed = LOOP + "import sys\nsys.stdout.close()\nprint('after')\n"
     python, watched = run(tmp_path, closed)
     assert python.returncode == watched.returncode == 1 and "I/O operation on closed file" in python.stderr
