@@ -3,7 +3,8 @@ as ``python -m``): run an unmodified training script under the recorder (:func:`
 and say what it found.
 
 The script runs as ``python SCRIPT ARGS...`` would run it: as ``__main__`` (a fresh module with the globals python
-gives a script, kept as ``__main__`` for its ``atexit`` functions and threads; a folder runs its ``__main__.py``),
+gives a script, kept as ``__main__`` for its ``atexit`` functions and threads; a folder or a zip archive runs its
+``__main__.py``),
 with ``sys.argv`` set and its (real) folder first on ``sys.path``, so its own imports (a
 ``helpers.py`` of its own included) resolve as they always do: the tool is the package ``backward_twice``, and
 nothing of it is named ``helpers``. It ends as Python would:
@@ -21,9 +22,9 @@ nothing of it is named ``helpers``. It ends as Python would:
   for that check and for its run).
 
 Bad input (no such script, ``--iterations 0``, a ``--json`` folder that does not exist or cannot be written) is
-refused with one line on stderr and status 2, before the script runs (a folder without ``__main__.py``: status 1,
-as python's). ``--json PATH`` (resolved against the folder
-the command was run from) writes the diagnosis as JSON; ``--verbose`` adds the evidence.
+refused with one line on stderr and status 2, before the script runs (a folder or an archive without ``__main__.py``:
+status 1, as python's). ``--json PATH`` (resolved against the folder the command was run from) writes the diagnosis
+as JSON; ``--verbose`` adds the evidence.
 
 Used by notebook 05_your_training_step, and by learners on their own scripts (README, "Bring your own training
 step"). In the notebook's kernel ``main([...])`` is the command.
@@ -45,6 +46,7 @@ import sys
 import threading
 import traceback
 import types
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
@@ -141,11 +143,23 @@ def _refuse(message: str, status: int = 2) -> int:
 
 
 def _script_file(given: str) -> str | None:
-    """The file ``python given`` runs: the script itself, or a folder's ``__main__.py``; None if there is none."""
+    """The file ``python given`` runs: the script itself, a folder's ``__main__.py``, or a zip archive (a zipapp,
+    whose ``__main__.py`` runs as a folder's does); None if there is none."""
     path = os.path.abspath(given)
     if os.path.isdir(path):
         path = os.path.join(path, "__main__.py")
     return path if os.path.isfile(path) else None
+
+
+def _archive(path: str) -> bool:
+    """Whether ``path`` is a zip archive, which python runs as it runs a folder (``python app.pyz``)."""
+    return os.path.isfile(path) and zipfile.is_zipfile(path)
+
+
+def _archive_has_main(path: str) -> bool:
+    with contextlib.suppress(OSError, zipfile.BadZipFile), zipfile.ZipFile(path) as archive:
+        return "__main__.py" in archive.namelist() or "__main__.pyc" in archive.namelist()
+    return False
 
 
 def _json_problem(path: str) -> str | None:
@@ -181,17 +195,21 @@ def main(argv: Sequence[str] | None = None, own_process: bool = False) -> int:
         return _refuse(f"no __main__.py in folder: {options.script}", 1)
     if script is None:
         return _refuse(f"no such script: {options.script}")
+    if _archive(script) and not _archive_has_main(script):
+        return _refuse(f"no __main__.py in archive: {options.script}", 1)
     report_path = os.path.abspath(options.json) if options.json else None  # before the script can chdir
     problem = _json_problem(report_path) if report_path else None
     if problem:
         return _refuse(problem)
+    target = os.path.abspath(options.script)
+    if _archive(script):  # its __main__ found on sys.path[0], as a folder's
+        return _run(options, target, report_path, None, own_process)
     try:
         with open(script, "rb") as file:
             code = compile(file.read(), script, "exec")
     except SyntaxError as error:  # as python reports it, before anything runs
         print("".join(traceback.format_exception_only(type(error), error)), end="", file=sys.stderr)
         return 1
-    target = os.path.abspath(options.script)
     return _run(options, target, report_path, code if script == target else None, own_process)
 
 
@@ -234,7 +252,7 @@ def _run(
     saved_argv, saved_path, saved_main = sys.argv, list(sys.path), sys.modules.get("__main__")
     sys.argv = [options.script, *options.args]  # as given, as python gives it (-m: the module's file)
     # what `python SCRIPT` puts first: a symlinked script's real folder, whose files it imports (-m: the folder)
-    sys.path[0:1] = [target if os.path.isdir(target) else os.path.dirname(os.path.realpath(target))]
+    sys.path[0:1] = [target if os.path.isdir(target) or _archive(target) else os.path.dirname(os.path.realpath(target))]
     watcher, status, raised = Watch(options.iterations, "" if options.verbose else _again_verbose(options)), 0, False
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
     stdout, pid = sys.stdout, os.getpid()  # the report's: not a log file the script made its stdout

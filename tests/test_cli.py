@@ -316,6 +316,24 @@ def test_a_folder_runs_its_main_as_python_does(project: Path) -> None:
     assert done.returncode == 0 and done.stdout.startswith("backward-twice: healthy (3 iterations watched,"), done
 
 
+def test_a_zip_app_runs_its_main_as_python_does(project: Path) -> None:
+    """``python app.pyz`` runs the archive's ``__main__.py`` (a zipapp); the command compiled the archive's bytes
+    as a script ("SyntaxError: source code string cannot contain null bytes", status 1). An archive without one:
+    status 1, as python's "can't find '__main__' module"."""
+    import zipfile
+
+    with zipfile.ZipFile(project / "app.pyz", "w") as archive:
+        archive.writestr("__main__.py", LOOP.format(ending="pass"))
+    with zipfile.ZipFile(project / "empty.zip", "w") as archive:
+        archive.writestr("other.py", "")
+    python = subprocess.run([sys.executable, "app.pyz"], cwd=project, capture_output=True, text=True, timeout=240)
+    done = _run(project, "watch", "app.pyz")
+    assert python.returncode == done.returncode == 0 and python.stdout == "the script's atexit ran\n", done.stderr
+    assert done.stdout.startswith("backward-twice: healthy (3 iterations watched,"), done.stdout
+    missing = _run(project, "watch", "empty.zip")
+    assert missing.returncode == 1 and missing.stderr == "backward-twice watch: no __main__.py in archive: empty.zip\n"
+
+
 @pytest.mark.parametrize("given", ["where.py", "./where.py", "app"])
 def test_the_scripts_argv_and_path_are_as_under_python(tmp_path: Path, given: str) -> None:
     """``sys.argv[0]`` is the path as typed, relative or not, as python gives it (it was the absolute path, which
