@@ -1639,3 +1639,19 @@ def test_a_pruned_weight_read_before_the_forward_that_rebuilds_it_is_read_after_
         f"fix: move line {read + 2} below line {forward + 2} (`output = model(data)`), which builds `model[0].weight`"
     )
     assert "`model[0].weight` carries iteration 1's graph into iteration 2" in text and said in text, text
+
+
+def test_the_audit_of_a_pruned_weights_band_aid_says_the_fix_the_other_ways_print(tmp_path: Any) -> None:
+    """The band-aid on the pruned penalty above: the audit said "once `model[0].weight` is detached, no backward
+    needs them", a fix the other ways no longer print (they say to read it after the forward)."""
+    step = PRUNED.replace("loss.backward()", "loss.backward(retain_graph=True)")
+    body = "\n".join(line[4:] for line in step.split("\n") if line.startswith("        "))  # the loop's body
+    head = step.split("with contextlib.suppress")[0].rstrip()
+    source = (
+        f"{head}\nfrom backward_twice import audit_retain_graph\ndata, target = batches[0]\n"
+        f"def step():\n{body}\naudit = audit_retain_graph(step, models=[model], optimizers=[optimizer])\n"
+    )
+    (tmp_path / "pruned_audit.py").write_text(source)
+    said = str(runpy.run_path(str(tmp_path / "pruned_audit.py"))["audit"])
+    assert "goes with the carried fix" in said and "is read after the call that builds it anew" in said, said
+    assert "is detached" not in said, said

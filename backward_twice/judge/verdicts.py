@@ -187,7 +187,14 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
             # the whole state (``hidden``, not ``hidden[0]``): detaching one of its tensors leaves the other carrying it
             named = next((c for c in carried if c.name), None)
             carrier = f"`{whole_name(named.name, named.container)}`" if named and named.name else "the carried tensor"
-            freed = "cleared" if named is not None and named.fix.startswith("clear ") else "detached"  # a list
+            fixed = named.fix if named is not None else ""
+            freed = (  # a list is cleared; an attribute read before the call that rebuilds it is read after it
+                "cleared"
+                if fixed.startswith("clear ")
+                else "read after the call that builds it anew"
+                if fixed.startswith("move line ")
+                else "detached"
+            )
             why = (
                 f"only a later iteration needs it: {short(later.line)} in iteration "
                 f"{split.iteration_of_call(later.index)} follows {carrier} back into the buffers it kept; once "
