@@ -1655,3 +1655,34 @@ def test_the_audit_of_a_pruned_weights_band_aid_says_the_fix_the_other_ways_prin
     said = str(runpy.run_path(str(tmp_path / "pruned_audit.py"))["audit"])
     assert "goes with the carried fix" in said and "is read after the call that builds it anew" in said, said
     assert "is detached" not in said, said
+
+
+def test_a_total_added_to_with_plus_equals_comes_in_at_that_line(tmp_path: Any) -> None:
+    """``adapt_loss += crit(out, ys)`` then ``adapt_loss.backward()`` (a Reptile port's inner loop): the graph of
+    the last pass comes in at the ``+=``, which reads the old total; the item showed the backward's line twice, as
+    "comes in here" and as the raising line."""
+    (tmp_path / "adapt.py").write_text(
+        textwrap.dedent(
+            """
+            import contextlib
+            import torch
+            from backward_twice import watch
+
+            torch.manual_seed(0)
+            learner = torch.nn.Linear(1, 1)
+            opt = torch.optim.SGD(learner.parameters(), lr=0.02)
+            xs, ys = torch.randn(10, 1), torch.randn(10, 1)
+            adapt_loss = 0.0
+            with contextlib.suppress(RuntimeError), watch() as w:
+                for k in range(3):
+                    opt.zero_grad()
+                    out = learner(xs)
+                    adapt_loss += torch.nn.functional.mse_loss(out, ys)
+                    adapt_loss.backward()
+                    opt.step()
+            """
+        )
+    )
+    text = str(runpy.run_path(str(tmp_path / "adapt.py"))["w"])
+    assert "adapt.py:15 | adapt_loss += torch.nn.functional.mse_loss(out, ys)" in text, text
+    assert "iteration 1's graph comes in here" in text and text.count("adapt.py:16 |") == 1, text

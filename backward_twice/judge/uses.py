@@ -217,13 +217,16 @@ def _no_grad(expression: ast.expr) -> bool:
 
 
 def _reads(tree: ast.Module) -> dict[str, list[int]]:
-    """Each name, attribute chain and subscript the file reads (``h``, ``self.hidden``, ``state['h']``) -> its
-    lines; a test of it alone (``if hidden is None:``, ``if mems:``, ``h if h is not None else ...``'s test) is no
-    read: no graph comes in there."""
+    """Each name, attribute chain and subscript the file reads (``h``, ``self.hidden``, ``state['h']``, the target
+    of a ``+=``) -> its lines; a test of it alone (``if hidden is None:``, ``if mems:``, ``h if h is not None else
+    ...``'s test) is no read: no graph comes in there."""
     parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     found: dict[str, list[int]] = {}
     for node in ast.walk(tree):
-        read = isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Load)
+        augmented = isinstance(parent := parents.get(id(node)), ast.AugAssign) and parent.target is node  # ``+=``
+        read = isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and (
+            isinstance(node.ctx, ast.Load) or augmented  # reads the old value, as ``total = total + ...`` does
+        )
         if read and isinstance(node, ast.expr) and not _only_tested(node, parents):
             found.setdefault(ast.unparse(node), []).append(node.lineno)
     return found
