@@ -611,7 +611,7 @@ def test_a_list_grown_with_an_attribute_is_found_at_its_append(tmp_path: Any) ->
     script.write_text(
         "losses = []\nfor batch in loader:\n    outputs = model(**batch)\n    losses.append(outputs.loss)\n"
     )
-    assert growing_line("losses", str(script)) == (4, "losses.append(outputs.loss)", "outputs.loss")
+    assert growing_line("losses", str(script)) == (4, "losses.append(outputs.loss)", "outputs.loss", "append")
 
 
 def _maml_second_order(meta_steps: int, watched: int | None = None) -> tuple[list[torch.Tensor], Any]:
@@ -1686,3 +1686,38 @@ def test_a_total_added_to_with_plus_equals_comes_in_at_that_line(tmp_path: Any) 
     text = str(runpy.run_path(str(tmp_path / "adapt.py"))["w"])
     assert "adapt.py:15 | adapt_loss += torch.nn.functional.mse_loss(out, ys)" in text, text
     assert "iteration 1's graph comes in here" in text and text.count("adapt.py:16 |") == 1, text
+
+
+def test_a_deque_filled_before_the_loop_and_grown_with_appendleft_is_named_at_the_loops_append(tmp_path: Any) -> None:
+    """A memory bank as ``collections.deque(maxlen=3)`` filled before the loop and given ``bank.appendleft(k)``
+    each pass, ``k`` with its graph: the note pointed at the fill before the loop with the generic "keep a detached
+    tensor instead". The truth: the loop's ``appendleft`` keeps the keys' graphs; detached, none."""
+    (tmp_path / "bank.py").write_text(
+        textwrap.dedent(
+            """
+            import collections
+            import torch
+            from backward_twice import watch
+
+            torch.manual_seed(0)
+            enc, key_enc = torch.nn.Linear(6, 4), torch.nn.Linear(6, 4)
+            opt = torch.optim.SGD(enc.parameters(), lr=0.03)
+            bank = collections.deque(maxlen=3)
+            for _ in range(3):
+                bank.appendleft(torch.randn(4, 4))
+            with watch() as w:
+                for step in range(6):
+                    q, k = enc(torch.randn(4, 6)), key_enc(torch.randn(4, 6))
+                    loss = (q * k).sum() + (q @ torch.cat(list(bank)).detach().T).mean()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    bank.appendleft(k)
+            """
+        )
+    )
+    namespace = runpy.run_path(str(tmp_path / "bank.py"))
+    assert sum(key.grad_fn is not None for key in namespace["bank"]) == 3  # the truth, read without the tool
+    text = str(namespace["w"])
+    assert "1. `bank` keeps the last 3 iterations' graphs alive" in text, text
+    assert "bank.py:19 | bank.appendleft(k)" in text and "keep in mind: `bank.appendleft(k.detach())`" in text, text

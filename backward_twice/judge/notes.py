@@ -177,7 +177,7 @@ def _as_grown(container: str, filename: str) -> str | None:
     tail = re.search(r"(?:^|\.)(\w+)((?:\[[^\]]*\])*)$", container)
     if tail is None:
         return None
-    grows = r"\s*(?:\.append\(|\.extend\(|\.insert\(|\+=)"
+    grows = r"\s*(?:\.append\(|\.appendleft\(|\.extend\(|\.insert\(|\+=)"
     keys = tail.group(2).replace('"', "'")
     whole = container[: len(container) - len(tail.group(2))]
     pattern = re.compile(rf"(?<![\w.])((?:\w+\.)*{tail.group(1)})((?:\[[^\]]*\])*){grows}")
@@ -270,17 +270,26 @@ def _below_a_submodule(name: str) -> bool:
     return re.sub(r"\[[^\]]*\]", "", re.sub(r"^\w+", "", name)).count(".") > 1
 
 
-def growing_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -> tuple[int, str, str | None] | None:
-    """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``losses.append(outputs.loss)``,
-    ``history += [loss]``, ``cache[key] = out``), with what it appends when that is a name or an attribute; one that
-    appends a number (``history.append(loss.item())``, a baseline before the loop) only if no other line grows it."""
+def growing_line(
+    name: str, filename: str, ran: frozenset[int] = frozenset()
+) -> tuple[int, str, str | None, str] | None:
+    """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``bank.appendleft(k)``,
+    ``losses.append(outputs.loss)``, ``history += [loss]``, ``cache[key] = out``), with what it appends when that is
+    a name or an attribute and the method that appends it; one that appends a number (``history.append(loss.item())``,
+    a baseline before the loop) only if no other line grows it, one that appends no name (a fill before the loop:
+    ``bank.appendleft(F.normalize(torch.randn(4, 4)))``) only if no line appends one."""
     pattern = re.compile(
-        rf"(?<![\w.]){re.escape(name)}\s*(\.append\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=)"
+        rf"(?<![\w.]){re.escape(name)}\s*(\.(append|appendleft)\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.appendleft\("
+        r"|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=)"
     )
     lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)  # a comment quoting it: no
-    found = [(number, code.strip(), match.group(2)) for number, code in lines if (match := pattern.search(code))]
-    if any(number in ran for number, _, _ in found):  # a branch that never ran is not where it grows
+    found = [
+        (number, code.strip(), match.group(3), match.group(2) or "append")
+        for number, code in lines
+        if (match := pattern.search(code))
+    ]
+    if any(number in ran for number, _, _, _ in found):  # a branch that never ran is not where it grows
         found = [candidate for candidate in found if candidate[0] in ran]
-    return next(
-        (f for f in found if not re.search(r"\.(item|tolist)\(\)|\bfloat\(", f[1])), found[0] if found else None
-    )
+    tensors = [f for f in found if not re.search(r"\.(item|tolist)\(\)|\bfloat\(", f[1])] or found[:1]
+    named = [f for f in tensors if f[2]]  # a name appended (``bank.appendleft(k)``), not a fill before the loop
+    return (named or tensors)[0] if tensors else None

@@ -106,7 +106,9 @@ def _statements(tree: ast.Module) -> list[tuple[int, frozenset[str], frozenset[s
     return found
 
 
-_GROWS = frozenset({"append", "extend", "insert", "clear"})  # methods that change the list and read no item
+_GROWS = frozenset(
+    {"append", "appendleft", "extend", "extendleft", "insert", "clear"}
+)  # methods that change the list and read no item
 
 
 def computed_again(filename: str, stale: int, loss: str, step: int) -> list[int]:

@@ -383,12 +383,12 @@ def note_item(note: Note) -> Item:
     if not note.one_element:  # `.item()` raises on a tensor of several numbers
         fix = "keep a detached tensor (`.detach()`) instead"
     if grows is not None and filename is not None:
-        number, text, appended = grows
+        number, text, appended, method = grows
         lines = (CodeLine(_short_place(place_of(filename, number)), text, _span(text, note.name), where),)
         if appended and note.one_element:
-            fix = f"`{note.name}.append({appended}.item())`, or `{appended}.detach()` if you need the tensor"
+            fix = f"`{note.name}.{method}({appended}.item())`, or `{appended}.detach()` if you need the tensor"
         elif appended:
-            fix = f"`{note.name}.append({appended}.detach())`"
+            fix = f"`{note.name}.{method}({appended}.detach())`"
     each = f" (about {format_bytes(note.held_bytes)} each)" if note.held_bytes else ""
     if note.bound:  # a deque full of graphs: each append pushes the oldest out, so it holds these, no more
         label = f"`{note.name}` keeps the last {note.bound} iterations' graphs alive"
