@@ -1721,3 +1721,47 @@ def test_a_deque_filled_before_the_loop_and_grown_with_appendleft_is_named_at_th
     text = str(namespace["w"])
     assert "1. `bank` keeps the last 3 iterations' graphs alive" in text, text
     assert "bank.py:19 | bank.appendleft(k)" in text and "keep in mind: `bank.appendleft(k.detach())`" in text, text
+
+
+def test_a_memory_a_checkpointed_transformer_xl_carries_is_one_item_not_two(tmp_path: Any) -> None:
+    """Transformer-XL's memory (kimiyoung/transformer-xl: ``mems`` from the layers' outputs ``hids``) with the
+    forum's band-aid, its layers under ``torch.utils.checkpoint``: a second item "`hids` carries iteration 3's graph",
+    though each pass assigns ``hids`` before it reads it. The truth: ``mems`` detached (the first item's fix) runs
+    and is all it takes."""
+    (tmp_path / "txl.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch.utils.checkpoint import checkpoint
+            from backward_twice import watch
+
+            torch.manual_seed(0)
+            emb, out = torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11)
+            layers = torch.nn.ModuleList(torch.nn.Linear(16, 8) for _ in range(2))
+
+            def model(data, mems):
+                h = emb(data)
+                hids = [h]
+                for layer, mem in zip(layers, mems):
+                    h = checkpoint(lambda a, b: torch.tanh(layer(torch.cat([a, b], -1))), h, mem, use_reentrant=False)
+                    hids.append(h)
+                return out(h), hids
+
+            params = [*emb.parameters(), *layers.parameters(), *out.parameters()]
+            optimizer = torch.optim.Adam(params, lr=1e-3)
+            mems = [torch.zeros(2, 5, 8) for _ in range(2)]
+            with watch() as w:
+                for data, target in [(torch.randint(0, 11, (2, 5)), torch.randint(0, 11, (2, 5))) for _ in range(4)]:
+                    optimizer.zero_grad()
+                    logits, hids = model(data, mems)
+                    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), target.reshape(-1))
+                    loss.backward(retain_graph=True)
+                    optimizer.step()
+                    mems = [(0.5 * m + 0.5 * h) for m, h in zip(mems, hids)]
+            """
+        )
+    )
+    text = str(runpy.run_path(str(tmp_path / "txl.py"))["w"])
+    assert text.startswith("backward-twice: 1 thing to fix (4 iterations watched)"), text
+    assert "`mems` carries iteration 1's graph into iteration 2; retain_graph=True only hides it" in text, text
+    assert "`hids`" not in text, text

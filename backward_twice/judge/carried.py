@@ -176,6 +176,11 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             add(line, _Carried(None, line, built or None, call.line, None, None, iteration, {iteration}, None, chained))
     for key in [key for key, e in found.items() if lists and _bound_from_a_list(recorder, e, lists)]:
         del found[key]
+    rebound = [
+        key for key, e in found.items() if e.name and rebound_each_pass(recorder, whole_name(e.name, e.container))
+    ]
+    for key in rebound if len(rebound) < len(found) else []:  # assigned before any read: it carries nothing into
+        del found[key]  # the next pass (``hids`` of ``logits, hids = model(data, mems)``); what does is another name
     stored_only = recorder.loop.innermost is None and not recorder.by_runs  # a framework's ``fit`` runs the loop
     return [
         CarriedFinding(
