@@ -17,7 +17,7 @@ from typing import Protocol
 
 from backward_twice.judge.uses import bound_in
 from backward_twice.record.in_place import in_place_statement, out_of_place
-from backward_twice.record.learner import lines_of_file, site_of
+from backward_twice.record.learner import lines_of_file, site_of, source_lines
 from backward_twice.record.loops import loop_inside
 from backward_twice.record.sources import function_around, parsed
 
@@ -75,7 +75,7 @@ def _outermost_loop_without(filename: str, line: int, other: int) -> int | None:
 def _read_into_the_loss(name: str, filename: str, added_at: int, backward_at: int) -> bool:
     """Whether a line after ``added_at`` and before the backward at ``backward_at`` reads ``name`` other than to add
     to it: the total is a term of the loss, not a log."""
-    lines = lines_of_file(f"{filename}:{added_at}: ")
+    lines = source_lines(filename)
     reads = re.compile(rf"(?<![\w.]){re.escape(name)}(?![\w])(?!\s*(?:\+=|=[^=]))")
     return any(reads.search(text) for text in lines[added_at : max(added_at, backward_at - 1)])
 
@@ -301,7 +301,7 @@ def read_after_its_build(
     in_body = built[0] == filename and first <= built[1] <= last  # torch's module: built on the loop's call line
     if (in_body and built[1] <= entry[1]) or bound_in(name, body):
         return None
-    lines = lines_of_file(f"{filename}:{entry[1]}: ")
+    lines = source_lines(filename)
     assigned = re.match(r"^([\w\s,]+?)\s*(?:=|\+=)(?!=)", lines[entry[1] - 1] if entry[1] <= len(lines) else "")
     if assigned is None:
         return None

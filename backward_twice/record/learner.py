@@ -56,6 +56,7 @@ __all__ = [
     "site_of",
     "skip_folder",
     "skipped_dirs",
+    "source_lines",
     "without_tool_frames",
 ]
 
@@ -394,7 +395,12 @@ def lines_of_file(line: str) -> list[str]:
     """The lines of the file ``line`` ("file:line: code", a cell's "Cell In[5], line 3: code") names, each without
     its comment and outer spaces; none when :func:`site_of` finds no file."""
     site = site_of(line)
-    return [text.split("#", 1)[0].strip() for text in linecache.getlines(site[0])] if site is not None else []
+    return source_lines(site[0]) if site is not None else []
+
+
+def source_lines(filename: str) -> list[str]:
+    """The lines of ``filename`` (a cell's file too), each without its comment and outer spaces."""
+    return [text.split("#", 1)[0].strip() for text in linecache.getlines(filename)]
 
 
 def short(line: str) -> str:
