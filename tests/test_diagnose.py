@@ -823,3 +823,80 @@ def test_a_list_the_step_fills_from_a_model_of_another_module_is_named_at_the_st
     [item] = diagnosis.items
     assert at(item, "activations.append(net.h)"), str(diagnosis)
     assert item.fix == "`activations.append(net.h.detach())`", str(diagnosis)
+
+
+def reptile_task_step(retain: bool) -> tuple[Callable[[], None], nn.Module]:
+    """One task of Reptile (joschu's reptile-sinewaves-demo.py, a per-task ``copy.deepcopy`` as its ports write it),
+    with the inner loop's loss kept as a running total ``task_loss = task_loss + ...``, as a learner writes it; with
+    ``retain``, the forum's band-aid on its backward."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1))
+    x_all = torch.linspace(-5, 5, 10)[:, None]
+    y_all = torch.sin(x_all + 1.0) * 2.0
+
+    def step() -> None:
+        fast = copy.deepcopy(model)
+        inner_opt = torch.optim.SGD(fast.parameters(), lr=0.02)
+        task_loss = 0
+        for _ in range(2):
+            inner_opt.zero_grad()
+            pred = fast(x_all)
+            task_loss = task_loss + nn.functional.mse_loss(pred, y_all)
+            if retain:
+                task_loss.backward(retain_graph=True)
+            else:
+                task_loss.backward()
+            inner_opt.step()
+        with torch.no_grad():
+            for p, fp in zip(model.parameters(), fast.parameters()):
+                p += 0.1 * (fp - p)
+
+    return step, model
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_a_step_whose_own_loop_carries_a_total_is_judged_by_that_loops_passes(retain: bool) -> None:
+    """Reptile's inner loop inside the step: each run of the step was one iteration, so the total carried from the
+    inner loop's pass 1 into pass 2 read as an in-place error of one iteration ("compute lines N and M again after
+    the step") and the audit said "keep it" for the band-aid, while ``bt.watch`` on the same loop named the total.
+    The truth (no helpers): pass 2's backward walks pass 1's graph through ``task_loss``; the innermost loop around
+    the backward calls is the step's own ``for``, so its passes are the iterations, as in every way in."""
+    step, model = reptile_task_step(retain)
+    result = diagnose(step, models=model)
+    total = "task_loss = task_loss + nn.functional.mse_loss(pred, y_all)"
+    [item] = result.items
+    assert item.kind == "carried" and "`task_loss` carries iteration 1's graph into iteration 2" in item.label
+    assert at(item, total), repr(result)
+    assert result.verdict.startswith("backward-twice: 1 thing to fix (2 iterations watched in 1 run of step;")
+    with pytest.raises(RuntimeError), watch() as watched:
+        step()
+    assert [(i.label, i.lines, i.fix) for i in watched.report.items] == [(item.label, item.lines, item.fix)]
+    if retain:
+        retained = line_of("task_loss.backward(retain_graph=True)")
+        assert item.fix.endswith(f"and remove retain_graph=True at line {retained}")
+        audit = audit_retain_graph(step, models=model)
+        assert [c.verdict for c in audit.calls] == ["goes with the carried fix"], audit
+
+
+def test_a_step_with_a_loop_around_some_of_its_backward_calls_is_judged_by_its_runs() -> None:
+    """A WGAN step: the critic's loop holds D's backward, G's backward comes after it. No loop of the step holds
+    every backward call, so the step's runs stay its iterations."""
+    torch.manual_seed(0)
+    generator, critic = nn.Linear(2, 2), nn.Linear(2, 1)
+    opt_g, opt_d = torch.optim.Adam(generator.parameters()), torch.optim.Adam(critic.parameters())
+
+    def step() -> None:
+        for _ in range(3):
+            opt_d.zero_grad()
+            d_loss = critic(generator(torch.randn(4, 2)).detach()).mean() - critic(torch.randn(4, 2)).mean()
+            d_loss.backward()
+            opt_d.step()
+        opt_g.zero_grad()
+        g_loss = -critic(generator(torch.randn(4, 2))).mean()
+        g_loss.backward()
+        opt_g.step()
+
+    result = diagnose(step, models=[generator, critic], optimizers=[opt_g, opt_d])
+    assert result.healthy and result.verdict.startswith("backward-twice: healthy (3 runs of step, 12 backward calls")

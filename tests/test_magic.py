@@ -245,3 +245,27 @@ def test_a_forward_both_losses_share_is_computed_again_after_the_step_with_both_
     )
     shown = repr(run(shell, f"%%diagnose actor critic actor_opt critic_opt\n{body}").result)
     assert "fix: compute lines 3 and 5 again after the step at line 8" in shown, shown
+
+
+def test_a_cells_own_loop_around_its_backward_splits_the_iterations_as_the_other_ways_do(shell) -> None:
+    """Reptile's task as a cell: the inner loop's running total carried from pass 1 into pass 2 (with the forum's
+    band-aid). The cell ran as one iteration: "compute lines 8 and 9 again after the step at line 11". The truth, as
+    ``bt.watch`` and ``bt.diagnose`` say: ``task_loss`` carries pass 1's graph into pass 2."""
+    run(shell, "model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))")
+    body = (
+        "fast = copy.deepcopy(model)\n"
+        "inner_opt = torch.optim.SGD(fast.parameters(), lr=0.02)\n"
+        "task_loss = 0\n"
+        "for _ in range(2):\n"
+        "    inner_opt.zero_grad()\n"
+        "    pred = fast(x[:, :1])\n"
+        "    task_loss = task_loss + (pred - 1).pow(2).mean()\n"
+        "    task_loss.backward(retain_graph=True)\n"
+        "    inner_opt.step()\n"
+    )
+    run(shell, "import copy")
+    result = run(shell, f"%%diagnose model\n{body}")
+    shown = repr(result.result)
+    assert shown.startswith("backward-twice: 1 thing to fix (2 iterations watched in 1 run of the cell;"), shown
+    assert "`task_loss` carries iteration 1's graph into iteration 2" in shown, shown
+    assert f"Cell In[{result.execution_count}], line 8 | task_loss = task_loss + (pred - 1).pow(2).mean()" in shown

@@ -25,6 +25,8 @@ def bound_tokens(frame: types.FrameType, loop: Loop) -> tuple[Any, ...]:
     tokens: list[Any] = []
     for name in loop.targets:  # one its body rebinds tells nothing (``images = images.reshape(...)``): the others do
         value = names.get(name, _SAME) if name not in loop.rebound or loop.rebound.issuperset(loop.targets) else None
+        if value is _SAME:  # a name the function declares global (a cell's body run as one by ``%%diagnose``)
+            value = frame.f_globals.get(name, _SAME)
         if value is None or isinstance(value, _PLAIN):
             tokens.append(("value", value))
         else:

@@ -21,12 +21,14 @@ Nothing here imports torch, reads a frame's variables or writes to a frame.
 
 Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes`, :mod:`backward_twice.judge.stored`,
 :mod:`backward_twice.record.bound`, :mod:`backward_twice.record.lines`, :mod:`backward_twice.record.pass_stops`,
-:mod:`backward_twice.record.passes`, :mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.stops`.
+:mod:`backward_twice.record.passes`, :mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.stops` and
+:mod:`backward_twice.steps.harness`.
 """
 
 from __future__ import annotations
 
 import ast
+import linecache
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -92,9 +94,10 @@ _EMPTY = _Scope((), ())
 
 
 def _scope_node(tree: ast.Module, code: types.CodeType) -> ast.AST | None:
-    """The AST node whose body is ``code``'s own: the module for top-level code, else the def or lambda that starts
-    on the code's first line (a decorated function's first line is its first decorator's)."""
-    if code.co_name == "<module>":
+    """The AST node whose body is ``code``'s own: the module for top-level code and for the function a cell magic
+    (``%%diagnose``) makes of a cell's body, else the def or lambda that starts on the code's first line (a decorated
+    function's first line is its first decorator's)."""
+    if code.co_name == "<module>" or (code.co_firstlineno == 1 and _under_a_cell_magic(code.co_filename)):
         return tree
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
@@ -104,6 +107,12 @@ def _scope_node(tree: ast.Module, code: types.CodeType) -> ast.AST | None:
         elif isinstance(node, ast.Lambda) and code.co_name == "<lambda>" and node.lineno == code.co_firstlineno:
             return node
     return None
+
+
+def _under_a_cell_magic(filename: str) -> bool:
+    """Whether ``filename``'s lines are a notebook cell's under a cell magic (its first line ``%%diagnose ...``)."""
+    lines = linecache.getlines(filename)
+    return bool(lines) and lines[0].startswith("%%")
 
 
 def _own_nodes(scope: ast.AST) -> list[ast.AST]:

@@ -57,9 +57,12 @@ class Report:
     not_put_back: tuple[str, ...] = ()  # a step tool's runs: what they changed that nothing can put back
 
 
-def build_report(v: Verdicts, runs_of: str | None = None, ended_by: str | None = None) -> Report:
+def build_report(
+    v: Verdicts, runs_of: str | None = None, ended_by: str | None = None, in_runs: str | None = None
+) -> Report:
     """The report of ``v``. ``runs_of``: a step's name, when a tool ran it (then iterations are its runs);
-    ``ended_by``: how the loop ended when not by itself or an error (``SystemExit: 2``, ``KeyboardInterrupt``)."""
+    ``ended_by``: how the loop ended when not by itself or an error (``SystemExit: 2``, ``KeyboardInterrupt``);
+    ``in_runs``: the runs of a step whose own loop's passes are the iterations ("2 runs of step")."""
     band_aids = [line for line in v.lines if line.verdict == GOES_WITH_CARRIED]
     items: list[Item] = []
     groups: dict[str, list[CarriedFinding]] = {}
@@ -87,7 +90,8 @@ def build_report(v: Verdicts, runs_of: str | None = None, ended_by: str | None =
         item = parameters_item(_module_of(model, [note.name for note in notes]), notes)
         if not any(other.lines == item.lines and other.fix == item.fix for other in items):
             items.append(item)
-    return Report(_headline(v, items, runs_of, ended_by), tuple(items), _evidence(v), v.stopped_watching)
+    headline = _headline(v, items, runs_of, ended_by, in_runs)
+    return Report(headline, tuple(items), _evidence(v), v.stopped_watching)
 
 
 def _module_of(root: str, parameters: list[str]) -> str:
@@ -102,11 +106,11 @@ def _module_of(root: str, parameters: list[str]) -> str:
     return "".join(shared) if len(shared) > 1 else root
 
 
-def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str | None) -> str:
+def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str | None, in_runs: str | None) -> str:
     watched = (
         f"{plural(v.iterations_run, 'run')} of {runs_of}"
         if runs_of
-        else plural(v.iterations_run, "iteration") + " watched"
+        else plural(v.iterations_run, "iteration") + " watched" + (f" in {in_runs}" if in_runs else "")
     )
     if v.stopped_after is not None:
         watched += ", then stopped as asked"

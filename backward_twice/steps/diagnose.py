@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from backward_twice.judge.verdicts import plural
 from backward_twice.report.rendering import Item, Report, build_report, render_html, render_text
 from backward_twice.steps.audit import RetainAudit, audit_report
 from backward_twice.steps.carried import CarriedGraphReport, carried_report
@@ -97,7 +98,11 @@ def diagnose(
     e = run.verdicts.error
     name = getattr(step, "__name__", "step")
     runs_of = "the cell" if name == "<cell>" else "the step" if name.startswith("<") else name
-    report = replace(build_report(run.verdicts, runs_of=runs_of), not_put_back=run.not_put_back)
+    if run.recorder.loop.iteration_passes():  # the step's own loop around its backward calls: its passes are the
+        built = build_report(run.verdicts, in_runs=f"{plural(run.runs, 'run')} of {runs_of}")  # iterations
+    else:
+        built = build_report(run.verdicts, runs_of=runs_of)
+    report = replace(built, not_put_back=run.not_put_back)
     return Diagnosis(
         None if e is None else e.kind,
         None if e is None else e.message,

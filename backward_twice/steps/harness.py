@@ -11,7 +11,9 @@ step):
 * the step runs as written, ``iterations`` times, under a :class:`backward_twice.record.recorder.Recorder` with
   ``keep_buffers=True``: no ``retain_graph`` is switched off or on as far as the step can tell (the recorder
   raises PyTorch's own error where the step as written would), and a graph built before the step keeps its
-  buffers, so it is still usable afterwards. Each run is one iteration (``next_iteration()`` after it);
+  buffers, so it is still usable afterwards. Each run is one iteration (``next_iteration()`` after it), unless a
+  loop of the step's own code is the innermost around one of its backward calls (Reptile's inner loop, a TBPTT
+  chunk loop): then, as in a watched loop, that loop's passes are the iterations (a run starts a new one too);
 * before the first run, a :class:`backward_twice.steps.snapshot.CpuSnapshot` copies what the runs may change
   (the models, the optimizers, the random streams, what the step reaches by name) and puts it back after the last;
   an iterator the step reads from is left where the runs leave it (:attr:`StepRun.not_put_back` says how far);
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from backward_twice.judge.verdicts import Verdicts, judge
+from backward_twice.record.loops import holds_a_backward, loops_of
 from backward_twice.record.names import CodeSite
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.step_input import as_items, check_step, hook_owners, known_names
@@ -96,9 +99,9 @@ def run_step(
                 )
 
     recorder.before_step = capture
-    recorder.by_runs = True
-    recorder.outermost = sys._getframe()  # the step's names are inside it; the caller's, outside
     code = getattr(step, "__code__", None)
+    recorder.by_runs = code is None or not any(holds_a_backward(code, loop) for loop in loops_of(code))
+    recorder.outermost = sys._getframe()  # the step's names are inside it; the caller's, outside
     if code is not None:
         recorder.roots_where = CodeSite(code.co_filename, code.co_firstlineno, code.co_name)
     runs = 0
