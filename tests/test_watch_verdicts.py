@@ -853,7 +853,7 @@ def _actor_critic(clear: str) -> list[float]:
         loss.backward()
         optimizer.step()
         if clear == "printed":
-            saved_actions.clear()
+            model.saved_actions.clear()
         if clear == "published":
             del model.saved_actions[:]
 
@@ -873,13 +873,13 @@ def test_an_actor_critics_saved_actions_never_cleared_are_cleared_not_detached_i
     """The example's ``del model.saved_actions[:]`` left out: the list of (log_prob, value) tuples kept every step's
     graph, and each tuple item and the ``for``'s ``log_prob`` and ``value`` were told to detach themselves
     (``saved_actions[0][1] = ...``: a namedtuple takes no item; and a detached log-prob trains nothing). The truth:
-    episode 2 raises; with the printed ``saved_actions.clear()`` it runs to the published example's weights."""
+    episode 2 raises; with the printed ``model.saved_actions.clear()`` it runs to the published example's weights."""
     with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
         _actor_critic(clear="")
     text = str(w)
     assert text.startswith("backward-twice: 1 thing to fix (2 iterations watched"), text
-    assert "1. `saved_actions` carries iteration 1's graph into iteration 2" in text, text
-    assert "fix: clear `saved_actions` after each update (`saved_actions.clear()`)" in text, text
+    assert "1. `model.saved_actions` carries iteration 1's graph into iteration 2" in text, text
+    assert "fix: clear `model.saved_actions` after each update (`model.saved_actions.clear()`)" in text, text
     assert "log_prob" not in text.split("fix:")[-1] and "[0][1]" not in text, text
     assert _actor_critic(clear="printed") == _actor_critic(clear="published")
 

@@ -247,6 +247,13 @@ def carried_fix(
         update = site_of(built_at)
         line = f"line {update[1]}" if update else "the update that built it"
         return f"run {line} under `with torch.no_grad():`, so updating `{name}` records no graph"
+    nested = re.fullmatch(r"(.*?)((?:\[\d+\]){2,})", name)  # an item of an item by position
+    if nested and container in ("tuple", "list") and not _appended_to(name, built_at):
+        # a state of lists and tuples in a tuple (an NTM's ``previous_state = (reads, (h, c), heads)``), rebuilt each
+        # pass: an item of a tuple cannot be assigned, so the whole state is detached, whatever its shape
+        root = nested.group(1)
+        detached = f"torch.utils._pytree.tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, {root})"
+        return f"add `{root} = {detached}` at the end of each iteration"
     item = re.match(r"^(.*)\[[^\]]*\]$", name)
     if item and container == "tuple":
         whole = item.group(1)
@@ -351,11 +358,21 @@ def _starts_as_numbers(whole: str, built_at: str) -> bool:
     return any(numbers.search(text) for text in lines_of_file(built_at))
 
 
+def _appended_to(item: str, built_at: str) -> bool:
+    """Whether the file of ``built_at`` grows the list ``item`` is in (``memory[2].append(...)``, ``+= [...]``)."""
+    whole = re.escape(re.sub(r"\[[^\]]*\]$", "", item))
+    grown = re.compile(rf"(?<![\w.]){whole}\s*(\.append\(|\.extend\(|\.insert\(|\+=)")
+    return any(grown.search(text) for text in lines_of_file(built_at))
+
+
 def _differentiated(name: str, built_at: str) -> bool:
     """Whether the file of ``built_at`` asks for the gradient of ``name`` (``torch.autograd.grad(loss, delta)``,
-    ``backward(inputs=[delta])``): an adversarial perturbation carried across batches, which must stay a leaf."""
+    ``backward(inputs=[delta])``, ``input.grad``): an adversarial perturbation carried across batches, or DeepDream's
+    image, which must stay a leaf."""
     spelled = re.escape(name)
-    asked = re.compile(rf"\bgrad\(\s*[^,()]+,\s*[(\[]?\s*{spelled}\b|\binputs\s*=\s*[(\[]?\s*{spelled}\b")
+    asked = re.compile(
+        rf"\bgrad\(\s*[^,()]+,\s*[(\[]?\s*{spelled}\b|\binputs\s*=\s*[(\[]?\s*{spelled}\b|(?<![\w.]){spelled}\.grad\b"
+    )
     return any(asked.search(text) for text in lines_of_file(built_at))
 
 

@@ -143,6 +143,8 @@ class _Walk:
                     for i, part in enumerate(itertools.islice(item, 8)):
                         if isinstance(part, torch.Tensor):
                             self.graph_of(f"{prefix}{suffix}.{key}[{i}]", part, kind)
+                        elif isinstance(part, (tuple, list)):  # an NTM's ``self.previous_state = (reads, (h, c),
+                            self.into(f"{prefix}{suffix}.{key}[{i}]", part, _MAX_DEPTH - 2, kind)  # heads)``
                 elif isinstance(item, dict):  # self.shadow[name] = ...: an EMA kept by name
                     for entry, part in list(item.items())[:8]:
                         if isinstance(part, torch.Tensor):

@@ -1,0 +1,116 @@
+"""A carried graph's fix, pasted into the learner's loop exactly as the watch prints it, runs and trains as the
+truth does (established here without the tool: the loop detached by hand, or as published)."""
+
+from __future__ import annotations
+
+import re
+import runpy
+import textwrap
+from pathlib import Path
+
+import torch
+
+# An NTM's controller state on its module, as loudinthecloud/pytorch-ntm keeps it (``CopyTaskNTM.forward``:
+# ``o, self.previous_state = self.ntm(x, self.previous_state)``, a tuple of (reads list, (h, c), heads list)), with
+# ``init_sequence`` called once before the loop instead of per batch, and ``y, _ = net(x)`` in the loop.
+NTM = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.LSTMCell(3, 4)
+        self.fc = nn.Linear(4, 1)
+
+    def init_sequence(self):
+        self.previous_state = ([torch.zeros(2, 4)], (torch.zeros(2, 4), torch.zeros(2, 4)), [torch.zeros(2, 6)])
+
+    def forward(self, x):
+        reads, (h, c), heads = self.previous_state
+        h, c = self.cell(x + reads[0][:, :3], (h, c))
+        self.previous_state = ([h * 2], (h, c), [heads[0] + h.sum()])
+        return self.fc(h) + heads[0][:, :1], self.previous_state
+
+
+torch.manual_seed(0)
+net = Net()
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+net.init_sequence()
+for step in range(3):
+    opt.zero_grad()
+    for i in range(2):
+        y, _ = net(torch.randn(2, 3))
+    loss = y.pow(2).mean()
+    loss.backward()
+    opt.step()
+    # END OF ITERATION
+"""
+
+# DeepDream's input optimisation (MultiTrickFox/Unconventional_Image_Manipulation, main.py): the image is what is
+# trained, ``input = clamp(input, ...).detach().requires_grad_(True)`` at the end of each pass; here without the
+# ``.detach()``, as a learner drops it.
+DREAM = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1))
+input = torch.rand(1, 3, 6, 6, requires_grad=True)
+for iteration in range(4):
+    output = features(input)
+    loss = output.pow(2).sum()
+    loss.backward()
+    with torch.no_grad():
+        input -= input.grad * 1e-3
+        input.grad = None
+    input = torch.clamp(input, min=0, max=1).requires_grad_(True)
+    # END OF ITERATION
+"""
+
+
+def _fix_of(source: str, path: Path) -> str:
+    """The statement the watch's carried graph's fix says to add at the end of each iteration."""
+    body = "\n".join(f"    {line}" for line in source.strip("\n").split("\n"))
+    watched = f"try:\n  with watch() as w:\n{body}\nexcept Exception:\n  pass\n"
+    path.write_text(f"from backward_twice.watcher import watch\n{watched}")
+    report = runpy.run_path(str(path))["w"].report
+    [item] = [item for item in report.items if item.kind == "carried"]
+    fix = re.fullmatch(r"add `(.+)` at the end of each iteration", item.fix)
+    assert fix is not None, item
+    return fix.group(1)
+
+
+def _run(source: str, path: Path) -> dict:
+    path.write_text(source)
+    return runpy.run_path(str(path))
+
+
+def test_a_state_of_lists_and_tuples_kept_on_a_module_is_detached_whole_by_the_printed_fix(tmp_path: Path) -> None:
+    """The fix was "add `_[1] = tuple(s.detach() for s in _[1])`" (``_``, the throwaway of ``y, _ = net(x)``; a
+    tuple's item cannot be assigned: a TypeError as printed), with the lists of the state given "keep detached copies
+    (`_[2].append(out.detach())`)". The walk did not look into the module's tuple of tuples. The truth: detaching every
+    tensor of ``net.previous_state`` at the end of each pass runs, and trains as the hand-detached loop."""
+    by_hand = NTM.replace(
+        "    # END OF ITERATION",
+        "    r, cs, hs = net.previous_state\n"
+        "    net.previous_state = ([t.detach() for t in r], tuple(t.detach() for t in cs), [t.detach() for t in hs])",
+    )
+    expected = _run(by_hand, tmp_path / "by_hand.py")["net"].state_dict()
+    fix = _fix_of(NTM, tmp_path / "ntm.py")
+    assert fix.startswith("net.previous_state = "), fix
+    fixed = _run(NTM.replace("    # END OF ITERATION", textwrap.indent(fix, "    ")), tmp_path / "fixed.py")["net"]
+    assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())
+
+
+def test_an_input_the_loop_trains_by_its_grad_keeps_asking_for_it_after_the_printed_detach(tmp_path: Path) -> None:
+    """DeepDream without the ``.detach()``: the fix was "add `input = input.detach()`", which as printed raises at
+    ``input.grad * 1e-3`` (a detached image has no ``.grad``). The truth: ``.detach().requires_grad_()`` runs and
+    gives the published image."""
+    published = DREAM.replace(".requires_grad_(True)\n", ".detach().requires_grad_(True)\n")
+    expected = _run(published, tmp_path / "published.py")["input"]
+    fix = _fix_of(DREAM, tmp_path / "dream.py")
+    assert fix == "input = input.detach().requires_grad_()", fix
+    fixed = _run(DREAM.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")["input"]
+    assert torch.equal(fixed, expected)
