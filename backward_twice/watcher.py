@@ -29,18 +29,22 @@ from typing import Any
 from backward_twice.judge.verdicts import Verdicts, judge
 from backward_twice.record.learner import first_line, place, without_tool_frames
 from backward_twice.record.recorder import Recorder, StopRecording
+from backward_twice.record.thread_stop import ThreadStop
 from backward_twice.report.rendering import Report, build_report, render_html, render_text, report_json
 
 __all__ = ["Watch", "dump_json", "verdicts_json", "watch"]
 
 
-def _stopped_quietly(hook: Any) -> Any:
+def _stopped_quietly(hook: Any, thread_stop: ThreadStop) -> Any:
     """``hook`` (``threading.excepthook``), but silent for the stop of ``iterations=N`` in a thread that runs the
-    loop: that thread ends there, as its loop would after N passes, and prints no traceback of the tool's."""
+    loop: that thread ends there, as its loop would after N passes, and prints no traceback of the tool's; the
+    watch's own thread stops too (``thread_stop``)."""
 
     def excepthook(args: Any) -> None:
         if not isinstance(args.exc_value, StopRecording):
             hook(args)
+        else:
+            thread_stop.spread(args.exc_value)
 
     return excepthook
 
@@ -60,6 +64,7 @@ class Watch:
         self._problem: str | None = None  # the tool's own failure to judge, if it had one
         self._excepthook = threading.excepthook
         self._quiet_hook: Any = None
+        self._thread_stop = ThreadStop()
 
     def __enter__(self) -> Watch:
         self._verdicts = self._report = None
@@ -71,10 +76,13 @@ class Watch:
             self.more = f"`{name}` in a new cell shows the evidence" if in_a_cell else f"print({name}.evidence())"
         self.recorder.__enter__()
         self._excepthook = threading.excepthook
-        self._quiet_hook = threading.excepthook = _stopped_quietly(self._excepthook)
+        self._quiet_hook = threading.excepthook = _stopped_quietly(self._excepthook, self._thread_stop)
+        if self.recorder.iterations is not None:
+            self._thread_stop.arm()
         return self
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        self._thread_stop.disarm()
         self.recorder.__exit__(kind, exc, tb)
         if threading.excepthook is self._quiet_hook:  # a hook the code set meanwhile stays its own
             threading.excepthook = self._excepthook

@@ -1151,8 +1151,9 @@ def test_per_layer_states_kept_in_lists_set_by_index_are_detached_item_by_item(t
 
 def test_iterations_n_stop_a_loop_in_a_thread_quietly_with_the_state_of_n_passes(tmp_path: Path) -> None:
     """A loop run in a thread (an app's ``threading.Thread(target=train)``) under ``--iterations 2``: the stop ended
-    the thread with "Exception in thread ... StopRecording: 2" and a traceback through the tool's lines.py. Now the
-    thread ends there silently; the truth: the main thread goes on and prints what 2 bare passes leave."""
+    the thread with "Exception in thread ... StopRecording: 2" and a traceback through the tool's lines.py; then the
+    thread ended silently and the main thread went on past its ``join()``. Now the whole script stops after 2 passes,
+    as a loop of the main thread's does: the truth is what 2 bare passes print, and nothing after them."""
     script = """
         import threading
         import torch
@@ -1167,17 +1168,56 @@ def test_iterations_n_stop_a_loop_in_a_thread_quietly_with_the_state_of_n_passes
                 optimizer.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
                 optimizer.step()
+                print("checksum", round(sum(p.sum().item() for p in model.parameters()), 6), flush=True)
 
         thread = threading.Thread(target=train)
         thread.start()
         thread.join()
-        print("checksum", round(sum(p.sum().item() for p in model.parameters()), 6))
+        print("after the join")
         """
     bare, _ = run(tmp_path, script.replace("{passes}", "2"))
     _, watched = run(tmp_path, script.replace("{passes}", "6"), "--iterations", "2")
     assert watched.returncode == 0 and watched.stderr == "", watched.stderr
-    assert watched.stdout.splitlines()[0] == bare.stdout.strip()
+    assert watched.stdout.splitlines()[:2] == bare.stdout.splitlines()[:2] and "after the join" in bare.stdout
+    assert "after the join" not in watched.stdout, watched.stdout
     assert "2 iterations watched, then stopped as asked" in watched.stdout, watched.stdout
+
+
+def test_iterations_n_stop_the_main_thread_that_waits_for_a_threads_losses_on_a_queue(tmp_path: Path) -> None:
+    """Training in a worker thread that hands each pass's loss to the main thread on a queue, ``--iterations 1``:
+    the stop ended the worker alone, the main thread waited for the next loss for ever, and no report came (the run
+    hung; in-process ``watch(iterations=1)`` too). The truth: python prints each pass's loss; stopped after pass 1,
+    the script prints pass 1's loss and stops, with the report."""
+    script = """
+        import queue
+        import threading
+        import torch
+
+        torch.manual_seed(0)
+        net = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        losses = queue.Queue()
+
+        def train():
+            for i in range(3):
+                opt.zero_grad()
+                loss = net(torch.randn(8, 4)).pow(2).mean()
+                loss.backward()
+                opt.step()
+                losses.put(f"iteration {i} loss {loss.item():.4f}")
+            losses.put(None)
+
+        threading.Thread(target=train).start()
+        while (message := losses.get()) is not None:
+            print(message, flush=True)
+        print("training finished")
+        """
+    python, watched = run(tmp_path, script, "--iterations", "1")
+    assert python.stdout.splitlines()[-1] == "training finished", python.stdout
+    assert watched.returncode == 0 and watched.stderr == "", watched.stderr
+    assert watched.stdout.splitlines()[0] == python.stdout.splitlines()[0], watched.stdout
+    assert "training finished" not in watched.stdout, watched.stdout
+    assert "1 iteration watched, then stopped as asked" in watched.stdout, watched.stdout
 
 
 def test_a_gan_that_steps_g_before_d_is_told_to_detach_fake_in_ds_loss(tmp_path: Path) -> None:

@@ -856,3 +856,51 @@ def test_iterations_n_stop_an_async_loop_after_the_whole_of_pass_n_and_its_passe
         assert "fix: add `h = h.detach()` before line" in text, text
     told = "iterations: one per pass of your loop at test_watch.py:"
     assert f"{told}{inspect.getsourcelines(_train_async)[1] + 3}: for index, batch in" in w.evidence(), w.evidence()
+
+
+def test_iterations_n_in_a_thread_stop_the_block_waiting_for_its_losses_and_the_code_after_it_runs(
+    tmp_path: Any,
+) -> None:
+    """``with bt.watch(iterations=1):`` around a worker thread that trains and a main thread that prints each
+    pass's loss from a queue: the stop ended the worker alone and the block waited for ever. The truth: after pass
+    1's loss, the block ends as it does for a loop of its own thread, and the code after it runs, the learner's
+    handler of no signal changed."""
+    script = tmp_path / "threaded.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import queue, signal, threading, torch
+            import backward_twice as bt
+
+            torch.manual_seed(0)
+            net = torch.nn.Linear(4, 1)
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            losses = queue.Queue()
+            handlers = [signal.getsignal(s) for s in signal.valid_signals()]
+
+            def train():
+                for i in range(3):
+                    opt.zero_grad()
+                    loss = net(torch.randn(8, 4)).pow(2).mean()
+                    loss.backward()
+                    opt.step()
+                    losses.put(f"iteration {i} loss {loss.item():.4f}")
+                losses.put(None)
+
+            with bt.watch(iterations=1) as w:
+                threading.Thread(target=train).start()
+                while (message := losses.get()) is not None:
+                    print(message, flush=True)
+            print("after the block")
+            print(w)
+            print("handlers kept:", handlers == [signal.getsignal(s) for s in signal.valid_signals()])
+            """
+        )
+    )
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert lines[0] == "iteration 0 loss 0.3066" and lines[1] == "after the block", done.stdout
+    assert "1 iteration watched, then stopped as asked" in lines[2] and lines[-1] == "handlers kept: True"
