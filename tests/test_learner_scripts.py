@@ -2105,3 +2105,66 @@ def test_after_an_earlier_loop_the_state_the_next_pass_reads_is_named_and_detach
     fixed = "\n".join([*lines[: line - 1], f"{indent}{name} = {name}.detach()", *lines[line - 1 :]])
     done = subprocess.run([sys.executable, "-c", fixed], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr  # the fix as printed runs
+
+
+def test_a_script_that_runs_bt_diagnose_itself_is_judged_by_its_own_loop_under_the_command(tmp_path: Path) -> None:
+    """A script that calls ``bt.diagnose(step)`` before its loop, under ``backward-twice watch``: the command's report
+    named "retain_graph=True at line 9 keeps buffers no backward uses" in a script with no retain at all (diagnose's
+    runs keep the buffers, and the command saw them as the script's), and counted diagnose's runs as iterations (6).
+    The truth: the loop is 3 plain passes; the command judges those, diagnose's own report its runs."""
+    script = """
+        import torch
+        import backward_twice as bt
+
+        torch.manual_seed(0)
+        net = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        x = torch.randn(8, 4)
+
+        def step():
+            opt.zero_grad()
+            loss = net(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+
+        print(bt.diagnose(step, models=[net], optimizers=[opt]))
+        for i in range(3):
+            step()
+        """
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    diagnosed = "backward-twice: healthy (3 runs of step, 3 backward calls, nothing carried"
+    assert python.stdout.startswith(diagnosed) and watched.stdout.startswith(diagnosed), watched.stdout
+    last = watched.stdout.strip().splitlines()[-1]
+    assert last.startswith("backward-twice: healthy (3 iterations watched, 3 backward calls, nothing carried"), last
+    assert "retain_graph=True at line" not in watched.stdout, watched.stdout
+
+
+def test_a_scripts_own_watch_with_iterations_stops_where_it_does_under_python(tmp_path: Path) -> None:
+    """A script with ``with bt.watch(iterations=2):`` around its loop, run by ``backward-twice watch``: the command's
+    line tracer left the script's watch none of its own, so its stop came at pass 3's first backward, after pass 3's
+    random draw and its ``zero_grad()`` (the gradients after it: None). The truth: python stops at the top of pass 3;
+    the command's report says the script's own watch judged the loop."""
+    script = """
+        import torch
+        import backward_twice as bt
+
+        torch.manual_seed(0)
+        net = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with bt.watch(iterations=2) as w:
+            for i in range(5):
+                print("top of pass", i + 1)
+                x = torch.randn(8, 4)
+                opt.zero_grad()
+                net(x).pow(2).mean().backward()
+                opt.step()
+        print("grad after the stop:", None if net.weight.grad is None else "kept", torch.rand(1).item())
+        print(w)
+        """
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    lines = watched.stdout.strip().splitlines()
+    assert lines[:-1] == python.stdout.strip().splitlines(), watched.stdout
+    assert "top of pass 3" not in python.stdout and "kept" in python.stdout, python.stdout
+    assert lines[-1].startswith("backward-twice: no backward call seen outside your code's own bt.watch"), lines[-1]

@@ -103,6 +103,7 @@ class Verdicts:
     stopped_after: int | None = None  # watch(iterations=N) ended the loop after N iterations
     stopped_watching: str | None = None
     walks_no_graph: str | None = None  # the line of a backward, when every backward read walked no graph at all
+    nested: int = 0  # the watches and diagnoses of the learner's own code this recording made way for
 
 
 def judge(recorder: Recorder) -> Verdicts:
@@ -133,7 +134,9 @@ def judge(recorder: Recorder) -> Verdicts:
     read = [call for call in calls if call.read]
     # a loss with no graph (made a leaf: ``loss.requires_grad = True`` after a ``.data`` cut it): nothing trains
     leaf = read[0].line if read and not any(call.walked for call in read) and error is None else None
-    return Verdicts(split, run, len(calls), lines, carried, kept, error, stopped, stopped_watching, leaf)
+    return Verdicts(
+        split, run, len(calls), lines, carried, kept, error, stopped, stopped_watching, leaf, recorder.nested
+    )
 
 
 def _earlier_steps_the_source(recorder: Recorder, freer: int, record: ErrorRecord) -> bool | None:

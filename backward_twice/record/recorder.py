@@ -75,6 +75,7 @@ from backward_twice.record.walks import SECOND_TIME, CallRecord, WalkSampling, r
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
 
 _sequence_nr = torch._C._autograd._get_sequence_nr  # the engine's node counter: read at every event
+_ACTIVE: list[Recorder] = []  # the recorders watching now, innermost last: only that one records
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
 
 
@@ -145,10 +146,17 @@ class Recorder:
         # iterations=N without a loop of the learner's: a framework's loop asked to end, else before the step function
         self.step_call, self.framework_stop = stops.StepCallStop(), stops.FrameworkStop()
         self.taken = stops.TakenItem()  # what pass N+1's header changed as it took its item: put back at the stop
+        self.nested = 0  # the tools of the learner's own code (a watch, a diagnose) this one made way for
+        self._outer: Recorder | None = None
+        self._paused: tuple[bool, bool] | None = None  # while a tool the learner's code runs records: off, tracing
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
         refresh()  # a script may have changed since an earlier watch read its loops
+        self._outer = _ACTIVE[-1] if _ACTIVE else None
+        if self._outer is not None:  # a script under the command that runs bt.watch or bt.diagnose itself: theirs
+            self._outer.make_way()  # records (its stops, its runs); this one's sees none of it (a run of diagnose is
+        _ACTIVE.append(self)  # no iteration of the loop, its retains are the tool's)
         self.start = self._last_event_end = torch._C._autograd._get_sequence_nr()
         caller = sys._getframe(1)
         if self.boundary is None:
@@ -178,11 +186,36 @@ class Recorder:
         self._unseen.__exit__(None, None, None)
         self.is_learners.let_go(sys._getframe(1))
         self.boundary = None  # a frame holds its variables: none is kept past the watch
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        if self._outer is not None:
+            self._outer.take_over(sys._getframe(1))
+            self._outer = None
         if isinstance(exc, Exception) and self.error is None:
             try:
                 self.record_error(exc)
             except Exception as error:
                 self.fail("reading the loop's error", error)
+
+    def make_way(self) -> None:
+        """A tool the learner's code runs starts recording (see ``__enter__``): this one sees nothing until it ends."""
+        if self._paused is None:
+            self._paused = (self.off, self.creation.active)
+            self.nested += 1
+            self.off = True
+            self.creation.stop()
+
+    def take_over(self, frame: types.FrameType) -> None:
+        """That tool ended, in ``frame``: this one records again (its line tracer too, if it was following)."""
+        if self._paused is None:
+            return
+        (off, tracing), self._paused = self._paused, None
+        self.off = off or self.failure is not None
+        if tracing and not self.off:
+            try:
+                self.creation.start(frame)
+            except Exception as error:
+                self.fail("following your loop again", error)
 
     def fail(self, where: str, error: BaseException) -> None:
         """Switch off for the rest of the run: the learner's code goes on as bare Python would."""

@@ -120,6 +120,11 @@ def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str
         watched += (
             f"; run {v.error.iteration} raised" if runs_of else f"; the loop raised in iteration {v.error.iteration}"
         )
+    if v.calls == 0 and not items and v.nested:
+        return (
+            "backward-twice: no backward call seen outside your code's own bt.watch or bt.diagnose "
+            "(its report judges those)"
+        )
     if v.calls == 0 and not items:
         return f"backward-twice: no backward call seen ({watched}): nothing to judge"
     fixes = sum(1 for item in items if item.to_fix)
