@@ -900,3 +900,27 @@ def test_a_step_with_a_loop_around_some_of_its_backward_calls_is_judged_by_its_r
 
     result = diagnose(step, models=[generator, critic], optimizers=[opt_g, opt_d])
     assert result.healthy and result.verdict.startswith("backward-twice: healthy (3 runs of step, 12 backward calls")
+
+
+def test_a_step_that_catches_its_backwards_error_is_counted_by_its_runs_and_says_so() -> None:
+    """A step that skips the rest when its backward raises (``except RuntimeError: return``), its hidden state
+    carried: the report said "4 runs of step; run 2 raised" for 3 runs that all returned. The truth: 3 runs, the
+    second one's backward raised and the step went on; the carried state is still the cause."""
+    torch.manual_seed(0)
+    cell = nn.RNNCell(2, 3)
+    optimizer = torch.optim.SGD(cell.parameters(), lr=0.1)
+    state = {"h": torch.zeros(1, 3)}
+
+    def step() -> None:
+        optimizer.zero_grad()
+        state["h"] = cell(torch.randn(1, 2), state["h"])
+        try:
+            state["h"].pow(2).mean().backward()
+        except RuntimeError:
+            return
+        optimizer.step()
+
+    result = diagnose(step, models=cell, optimizers=optimizer)
+    caught = "backward-twice: 1 thing to fix (3 runs of step; a backward raised in run 2, and your code caught it)"
+    assert result.verdict == caught, repr(result)
+    assert result.items[0].kind == "carried" and "`state['h']` carries" in result.items[0].label, repr(result)

@@ -2168,3 +2168,42 @@ def test_a_scripts_own_watch_with_iterations_stops_where_it_does_under_python(tm
     assert lines[:-1] == python.stdout.strip().splitlines(), watched.stdout
     assert "top of pass 3" not in python.stdout and "kept" in python.stdout, python.stdout
     assert lines[-1].startswith("backward-twice: no backward call seen outside your code's own bt.watch"), lines[-1]
+
+
+def test_an_error_a_backward_raises_that_the_script_catches_is_a_note_not_the_loops_error(tmp_path: Path) -> None:
+    """A gradient hook that raises on a bad batch and a ``try:`` around the backward that skips it: the run ended
+    with status 0, and the report said "1 thing to fix (...; the loop raised in iteration 2) ... fix this error first".
+    The truth: python prints the skip and "done"; the loop went on past the error, as written."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        net = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+        def skip_bad_batch(grad):
+            if not torch.isfinite(grad).all():
+                raise FloatingPointError("non-finite gradient")
+
+        net.weight.register_hook(skip_bad_batch)
+        for i in range(4):
+            x = torch.randn(8, 4)
+            if i == 1:
+                x[0, 0] = float("inf")
+            opt.zero_grad()
+            try:
+                net(x).pow(2).mean().backward()
+            except FloatingPointError as error:
+                print(f"iteration {i}: skipped ({error})")
+                continue
+            opt.step()
+        print("done")
+        """
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert watched.stdout.startswith(python.stdout), watched.stdout
+    report = watched.stdout[len(python.stdout) :]
+    headline = "backward-twice: 1 note (4 iterations watched; a backward raised in iteration 2, and your code caught"
+    assert report.startswith(headline), report
+    assert "1. a backward raised FloatingPointError in iteration 2, and your code caught it" in report, report
+    assert "fix this error first" not in report and "to fix" not in report, report

@@ -87,6 +87,7 @@ class ErrorVerdict:
     carried: bool = False
     stale_line: str | None = None  # the learner's line that computed what the step then changed (in place)
     changed_line: str | None = None  # the learner's in-place statement that changed what a node saved
+    caught: bool = False  # the learner's code caught it, and the loop went on
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,9 @@ def judge(recorder: Recorder) -> Verdicts:
         # carried graph, or the parameters' (an EMA teacher's output, through its weights' graph): one cause, one item
         kept = [n for n in kept if not (n.grows and not n.parameter and rebound_each_pass(recorder, n.name))]
     error = _error(recorder, split, carried)
-    raised_in_a_pass = recorder.error is not None and not recorder.error.after_the_loop  # not a ``finally:``'s
+    raised_in_a_pass = (  # not a ``finally:``'s, nor one the loop caught and went on past
+        recorder.error is not None and not recorder.error.after_the_loop and not recorder.error.caught
+    )
     last_end = split.ends[-1] if split.ends else None
     stepped_after = bool(recorder.steps) and (last_end is None or recorder.steps[-1].sequence > last_end.sequence)
     # the last pass ran if a backward or a step came after the last end (a loop with no backward: its steps)
@@ -279,4 +282,6 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
         evidence = "a tensor it saved was changed in place after it was saved"
     caused = bool(carried) and through_carried and kind in ("backward a second time", "in-place version error")
     fix = carried[0].fix if caused else fix  # the walk into an earlier iteration's graph is the cause: its fix
-    return ErrorVerdict(kind, record.message, record.line, iteration, evidence, fix, caused, stale, changed)
+    return ErrorVerdict(
+        kind, record.message, record.line, iteration, evidence, fix, caused, stale, changed, record.caught
+    )

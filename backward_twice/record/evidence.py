@@ -81,6 +81,7 @@ class ErrorRecord:
     through_sources: frozenset[int] = frozenset()  # ids of the leaves (weights) ``reached_through``'s graph reaches
     also_through: tuple[NamedGraph, ...] = ()  # other names held now whose old graph this call reaches (``x_pos``
     # beside ``x_neg``): the engine raised at the first freed node, the others would raise next
+    caught: bool = False  # a backward's error the learner's code caught: the loop went on past it
 
 
 def explain(

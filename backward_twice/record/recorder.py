@@ -147,6 +147,9 @@ class Recorder:
         self.step_call, self.framework_stop = stops.StepCallStop(), stops.FrameworkStop()
         self.taken = stops.TakenItem()  # what pass N+1's header changed as it took its item: put back at the stop
         self.nested = 0  # the tools of the learner's own code (a watch, a diagnose) this one made way for
+        self._raised: tuple[int, type] | None = None  # id and type of the backward's error kept in ``error`` (an
+        # exception takes no weak reference; a strong one would keep its frames)
+        self._let_out = False  # whether the learner's code let that error out (else it caught it)
         self._outer: Recorder | None = None
         self._paused: tuple[bool, bool] | None = None  # while a tool the learner's code runs records: off, tracing
 
@@ -196,6 +199,23 @@ class Recorder:
                 self.record_error(exc)
             except Exception as error:
                 self.fail("reading the loop's error", error)
+        if exc is not None:
+            self.let_out(exc)
+        if self.error is not None and self._raised is not None and not self._let_out:
+            self.error.caught = True  # a backward raised it, and the loop went on past it
+        self._raised = None
+
+    def let_out(self, exc: BaseException) -> None:
+        """The learner's code raised ``exc`` out of the watched code (a step's run, the watched block): whether the
+        backward's error kept in ``error`` went with it (itself, or as the cause or context of another)."""
+        seen: set[int] = set()
+        error: BaseException | None = exc
+        while self._raised is not None and error is not None and id(error) not in seen:
+            if (id(error), type(error)) == self._raised:
+                self._let_out = True
+                return
+            seen.add(id(error))
+            error = error.__cause__ or error.__context__
 
     def make_way(self) -> None:
         """A tool the learner's code runs starts recording (see ``__enter__``): this one sees nothing until it ends."""
@@ -425,6 +445,7 @@ class Recorder:
                 call.error = first_line(exc, 400)
                 if self.error is None:
                     self.error = explain(self, exc, call, walked, caller)
+                    self._raised = (id(exc), type(exc))
                     self.pending = unstepped_optimizers(caller, self.skipped, self.optimizer_key.live_ids())
             except Exception as error:
                 self.fail("reading a backward's error", error)

@@ -306,8 +306,12 @@ def error_item(error: ErrorVerdict) -> Item:
         fix = f"run line {number} under `with torch.no_grad():`"
     else:
         kind, _, said = error.message.partition(": ")
-        label = f"the loop raised {kind}, before retain_graph matters"
         why = f"the error says: {_first_sentence(said or kind)}"
+        if error.caught:  # a hook of the learner's that skips a bad batch: its own choice, a note
+            label = f"a backward raised {kind} in iteration {error.iteration}, and your code caught it"
+            fix = "your loop went on past it, as you wrote it: nothing to change here"
+            return Item("error", label, tuple(lines), why, fix, to_fix=False)
+        label = f"the loop raised {kind}, before retain_graph matters"
         fix = "fix this error first, then run the loop under the tool again"
     return Item("error", label, tuple(lines), why, fix)
 

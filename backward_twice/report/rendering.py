@@ -116,6 +116,9 @@ def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str
         watched += ", then stopped as asked"
     if ended_by is not None:
         watched += f"; {ended_by} ended the run"  # in the loop, or after it: a script's sys.exit(main())
+    elif v.error is not None and v.error.caught:
+        unit = "run" if runs_of else "iteration"
+        watched += f"; a backward raised in {unit} {v.error.iteration}, and your code caught it"
     elif v.error is not None:
         watched += (
             f"; run {v.error.iteration} raised" if runs_of else f"; the loop raised in iteration {v.error.iteration}"
