@@ -269,7 +269,11 @@ def _run(
     except SystemExit as exit_:
         code = exit_.code
         if code is not None and not isinstance(code, int):
-            print(code, file=sys.stderr)  # sys.exit("message"): python prints it and exits 1
+            try:
+                message = str(code)
+            except Exception:  # python prints an empty line when the object's str() raises
+                message = ""
+            print(message, file=sys.stderr)  # sys.exit("message"): python prints it and exits 1
         status = code if isinstance(code, int) else (0 if code is None else 1)
     except KeyboardInterrupt as interrupt:
         _print_traceback(interrupt)  # as python prints it; the diagnosis of what ran follows

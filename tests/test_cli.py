@@ -178,6 +178,8 @@ SCRIPTS = {  # a script's ending -> (its text after the loop's setup, python's e
     "sys.exit(0)": ("sys.exit(0)", 0, ""),
     "sys.exit(3)": ("sys.exit(3)", 3, ""),
     "sys.exit(message)": ("sys.exit('bad config')", 1, "bad config\n"),
+    # an exit object whose str() raises: python prints an empty line (the command printed its own traceback)
+    "sys.exit(no str)": ("sys.exit(type('Status', (), {'__str__': lambda self: 1 / 0})())", 1, "\n"),
     "Ctrl-C": ("raise KeyboardInterrupt", -2, "KeyboardInterrupt"),  # python dies of SIGINT (a shell shows 130)
 }
 LOOP = """
