@@ -2207,3 +2207,39 @@ def test_an_error_a_backward_raises_that_the_script_catches_is_a_note_not_the_lo
     assert report.startswith(headline), report
     assert "1. a backward raised FloatingPointError in iteration 2, and your code caught it" in report, report
     assert "fix this error first" not in report and "to fix" not in report, report
+
+
+def test_a_gan_whose_g_steps_first_with_its_graph_retained_makes_ds_fake_after_gs_step(tmp_path: Path) -> None:
+    """Lightning's basic GAN order, G's backward first with ``retain_graph=True`` (the forum's band-aid for D's
+    second walk through ``fake``), then G's step, then D's loss on the same ``fake``: D's backward raises the in-place
+    error (G's step changed the weights G's forward saved). The fix's hint was "(a GAN: G's loss on a fresh
+    D(fake))", G's advice, for D's backward. The truth: the script raises as written, and runs with ``fake`` made
+    again after G's step, as printed; the band-aid then keeps buffers no backward uses, and the watch says so."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        netG = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6))
+        netD = torch.nn.Sequential(torch.nn.Linear(6, 1), torch.nn.Sigmoid())
+        opt_g, opt_d = torch.optim.Adam(netG.parameters()), torch.optim.Adam(netD.parameters())
+        bce = torch.nn.functional.binary_cross_entropy
+        for step in range(3):
+            real, z = torch.randn(8, 6), torch.randn(8, 4)
+            fake = netG(z)
+            g_loss = bce(netD(fake), torch.ones(8, 1))
+            opt_g.zero_grad()
+            g_loss.backward(retain_graph=True)
+            opt_g.step()
+        {fix}
+            d_loss = bce(netD(real), torch.ones(8, 1)) + bce(netD(fake), torch.zeros(8, 1))
+            opt_d.zero_grad()
+            d_loss.backward()
+            opt_d.step()
+        """
+    python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "modified by an inplace" in python.stderr, python.stderr
+    fix = "fix: compute line 11 again after the step at line 15 (a GAN: D's loss on a fake G made after its step)"
+    assert fix in watched.stdout, watched.stdout
+    python, fixed = run(tmp_path, script.replace("{fix}", "    fake = netG(z)"))
+    assert python.returncode == fixed.returncode == 0, python.stderr
+    assert "1. retain_graph=True at line 14 keeps buffers no backward uses" in fixed.stdout, fixed.stdout  # then

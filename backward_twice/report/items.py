@@ -60,6 +60,8 @@ _ABOUT_THE_KIND = {
     ),
 }
 
+_GENERATOR_STEP = re.compile(r"(?i)\bopt(imizer)?_?g(en)?\b|\boptimizerG\b|\bgenerator")  # G's optimizer's step
+_GENERATOR_LOSS = re.compile(r"(?i)\bg(en)?_?loss|\berrG|\bloss_?G\b|\bgenerator")  # G's own backward
 _DISCRIMINATOR = re.compile(r"\bfake|[Dd]iscriminator|net_?D\b|_D\b|\bD\(|\bD_|\bd_loss|\berrD")
 _SEARCHED = (  # the words of PyTorch's messages that people search for, as a raising line's label
     "Trying to backward through the graph a second time",
@@ -280,6 +282,10 @@ def error_item(error: ErrorVerdict) -> Item:
                     f"this backward goes through line {stale_number}, computed before the step at line {step_number}"
                 )
                 gan = _gan_hint(step_code, raising.code, stale_code)
+                if gan and _GENERATOR_STEP.search(step_code) and not _GENERATOR_LOSS.search(raising.code):
+                    # G stepped first, then D's backward walks G's graph through the fake made before that step
+                    # (Lightning's basic GAN with G's backward retained): not G's loss on a fresh D(fake)
+                    gan = " (a GAN: D's loss on a fake G made after its step)"
                 again = _computed_again(error.stale_line, raising.code, step_number)
                 fix = f"compute {again} again after the step at line {step_number}{gan}"
         elif error.changed_line is not None:
