@@ -904,3 +904,37 @@ def test_iterations_n_in_a_thread_stop_the_block_waiting_for_its_losses_and_the_
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert lines[0] == "iteration 0 loss 0.3066" and lines[1] == "after the block", done.stdout
     assert "1 iteration watched, then stopped as asked" in lines[2] and lines[-1] == "handlers kept: True"
+
+
+def test_a_tensor_subclass_sees_only_the_loops_own_calls_under_the_watch() -> None:
+    """A ``torch.Tensor`` subclass that counts its ``__torch_function__`` calls (a logging or a units wrapper): under
+    the watch it also counted three ``__get__`` calls, the tool's reads of ``.grad_fn`` and ``.shape`` on the loop's
+    tensors. The truth: the counts of the loop run bare."""
+    from collections import Counter
+    from typing import ClassVar
+
+    class Logged(torch.Tensor):
+        calls: ClassVar[Counter] = Counter()
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            cls.calls[getattr(func, "__name__", str(func))] += 1
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    def loop() -> Counter:
+        Logged.calls = Counter()
+        torch.manual_seed(0)
+        net = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for _ in range(3):
+            x = torch.randn(8, 4).as_subclass(Logged)
+            opt.zero_grad()
+            loss = net(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+        return Logged.calls
+
+    bare = loop()
+    with watch() as w:
+        watched = loop()
+    assert watched == bare and w.verdicts.calls == 3, (watched, bare)

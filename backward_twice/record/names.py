@@ -28,6 +28,7 @@ import torch
 from torch.autograd.graph import Node
 
 from backward_twice.record.objects import ATOM_TYPES, ATOMS, graphs_under
+from backward_twice.record.saved import unseen_by_subclasses
 
 __all__ = ["CodeSite", "NamedGraph", "names_holding_graphs", "simpler", "site_of", "unstepped_optimizers"]
 
@@ -181,8 +182,10 @@ def names_holding_graphs(
                 known = best.get(sequence)
                 alike.setdefault(sequence, {})[spelled] = id(tensor)
                 if known is None or _better(spelled, kind, known):
+                    with unseen_by_subclasses():
+                        shape = tuple(tensor.shape)
                     best[sequence] = _Spelling(
-                        spelled, node, bare and (known is None or known.local), kind, tuple(tensor.shape), id(tensor)
+                        spelled, node, bare and (known is None or known.local), kind, shape, id(tensor)
                     )
                 elif not bare:
                     best[sequence] = replace(known, local=False)

@@ -8,12 +8,14 @@
 * :func:`python_walk`: every node a graph reaches from some roots, over ``next_functions``;
 * :func:`grad_fn_of`: a tensor's ``grad_fn``, or None where PyTorch refuses the read.
 
-Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.objects`,
-:mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.walks` and :mod:`helpers.growth`.
+Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.names`,
+:mod:`backward_twice.record.objects`, :mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.walks` and
+:mod:`helpers.growth`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,11 +32,21 @@ _saved_attributes: dict[type, tuple[str, ...]] = {}
 
 def grad_fn_of(tensor: torch.Tensor) -> Node | None:
     """``tensor.grad_fn``, or None where PyTorch refuses to give it: a view of a function that returns several
-    (``unbind``, ``split``, ``chunk``, ``for row in w``) whose base was changed in place raises on the read."""
+    (``unbind``, ``split``, ``chunk``, ``for row in w``) whose base was changed in place raises on the read. Read past
+    a subclass's ``__torch_function__``, which would see the tool's reads among the learner's calls (a counter)."""
     try:
-        return tensor.grad_fn
+        with unseen_by_subclasses():
+            return tensor.grad_fn
     except RuntimeError:
         return None
+
+
+def unseen_by_subclasses() -> contextlib.AbstractContextManager[Any]:
+    """While inside, a tensor subclass's ``__torch_function__`` is not called for what the tool reads."""
+    return _NO_SUBCLASS_FUNCTION()
+
+
+_NO_SUBCLASS_FUNCTION = getattr(torch._C, "DisableTorchFunctionSubclass", contextlib.nullcontext)
 
 
 class _Freed(Exception):
