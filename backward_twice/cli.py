@@ -48,10 +48,10 @@ import traceback
 import types
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import Any
 
-from backward_twice.record.learner import without_tool_frames
 from backward_twice.report.rendering import render_text
+from backward_twice.report.terminal import LineEnd, say
 from backward_twice.watcher import Watch, dump_json
 
 # A script's file runs as python runs it: compiled once (for the syntax check and the run), in a fresh ``__main__``
@@ -257,7 +257,7 @@ def _run(
     watcher.recorder.outermost = sys._getframe()  # the script's names are inside; a kernel's, outside
     stdout, pid = sys.stdout, os.getpid()  # the report's: not a log file the script made its stdout
     before = set(threading.enumerate())  # a kernel's or a test runner's threads are not the script's to wait for
-    line = _LineEnd(stdout, sys.stderr)
+    line = LineEnd(stdout, sys.stderr)
     try:
         with watcher, line, _forward_stacks_as_python():
             try:
@@ -293,9 +293,9 @@ def _run(
     # When it raised, the traceback ends with the diagnosis (a note): printed again only without the traceback. An
     # error before any backward call (a missing import) is Python's alone.
     if not raised or (options.no_traceback and watcher.verdicts.calls):
-        _say(stdout, line.opening + render_text(watcher.report, verbose=options.verbose, more=watcher.more))
+        say(stdout, line.opening + render_text(watcher.report, verbose=options.verbose, more=watcher.more))
     elif options.verbose and watcher.verdicts.calls:
-        _say(stdout, line.opening + "\n".join(["evidence:", *(f"  {kept}" for kept in watcher.report.evidence)]))
+        say(stdout, line.opening + "\n".join(["evidence:", *(f"  {kept}" for kept in watcher.report.evidence)]))
     if report_path:
         try:
             dump_json(watcher, report_path)
@@ -354,63 +354,6 @@ def _forward_stacks_as_python() -> Iterator[None]:
     finally:
         if getattr(owner, "format_stack", None) is format_stack:
             owner.format_stack = original
-
-
-class _LineEnd:
-    """Whether the script's last write to the terminal's streams (the command's stdout, and stderr) ended its line: a
-    progress line printed with ``end=""`` (``print(f"\\rstep {i} ...", end="")``, or written to stderr as tqdm does)
-    would have the report glued to its end. While entered, each stream's ``write`` is looked up on the stream itself
-    (an instance attribute, as ``print`` finds it) and passes each text on unchanged; its errors are the stream's
-    own, without this frame."""
-
-    def __init__(self, *streams: TextIO | None) -> None:
-        self.streams = list({id(stream): stream for stream in streams if stream is not None}.values())
-        self.ended = True
-        self._written: list[tuple[TextIO, Any]] = []
-
-    @property
-    def opening(self) -> str:
-        """What the report starts with: a line end, if the script's last line has none."""
-        return "" if self.ended else "\n"
-
-    def __enter__(self) -> None:
-        for stream in self.streams:
-            write = stream.write
-
-            def written(text: str, write: Any = write) -> Any:
-                try:
-                    count = write(text)
-                except BaseException as error:  # as the stream raised it (a closed stdout's ValueError)
-                    error.__traceback__ = without_tool_frames(error.__traceback__)
-                    raise
-                if text:
-                    self.ended = text[-1] == "\n"
-                return count  # what the stream's own write returns
-
-            with contextlib.suppress(AttributeError, TypeError):  # a stream that takes no attribute: as before
-                stream.write = written  # type: ignore[method-assign]
-                self._written.append((stream, written))
-
-    def __exit__(self, *exc: object) -> None:
-        for stream, written in self._written:
-            if getattr(stream, "__dict__", {}).get("write") is written:
-                with contextlib.suppress(AttributeError, TypeError):
-                    del stream.write
-        self._written.clear()
-
-
-def _say(stdout: TextIO, text: str) -> None:
-    """Print ``text`` where the command's own output goes, though the script closed or replaced ``sys.stdout``; a
-    stdout that takes nothing more (closed, a broken pipe) is left as python leaves it: without a word."""
-    for stream in (stdout, sys.__stdout__):
-        try:
-            if stream is not None and not stream.closed:
-                print(text, file=stream, flush=True)
-                return
-        except (OSError, ValueError):
-            continue
-    with contextlib.suppress(OSError, ValueError), open(1, "w", closefd=False) as fresh:
-        print(text, file=fresh, flush=True)
 
 
 def _run_script(

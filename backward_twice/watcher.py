@@ -35,13 +35,15 @@ from backward_twice.report.rendering import Report, build_report, render_html, r
 __all__ = ["Watch", "dump_json", "verdicts_json", "watch"]
 
 
-def _stopped_quietly(hook: Any, thread_stop: ThreadStop) -> Any:
+def _stopped_quietly(hook: Any, thread_stop: ThreadStop, recorder: Recorder) -> Any:
     """``hook`` (``threading.excepthook``), but silent for the stop of ``iterations=N`` in a thread that runs the
     loop: that thread ends there, as its loop would after N passes, and prints no traceback of the tool's; the
-    watch's own thread stops too (``thread_stop``)."""
+    watch's own thread stops too (``thread_stop``). An error that ends a thread left the learner's code uncaught."""
 
     def excepthook(args: Any) -> None:
         if not isinstance(args.exc_value, StopRecording):
+            if args.exc_value is not None:
+                recorder.caught.let_out(args.exc_value)
             hook(args)
         else:
             thread_stop.spread(args.exc_value)
@@ -76,7 +78,7 @@ class Watch:
             self.more = f"`{name}` in a new cell shows the evidence" if in_a_cell else f"print({name}.evidence())"
         self.recorder.__enter__()
         self._excepthook = threading.excepthook
-        self._quiet_hook = threading.excepthook = _stopped_quietly(self._excepthook, self._thread_stop)
+        self._quiet_hook = threading.excepthook = _stopped_quietly(self._excepthook, self._thread_stop, self.recorder)
         if self.recorder.iterations is not None:
             self._thread_stop.arm()
         return self

@@ -359,9 +359,20 @@ def _starts_as_numbers(whole: str, built_at: str) -> bool:
 
 
 def _appended_to(item: str, built_at: str) -> bool:
-    """Whether the file of ``built_at`` grows the list ``item`` is in (``memory[2].append(...)``, ``+= [...]``)."""
-    whole = re.escape(re.sub(r"\[[^\]]*\]$", "", item))
-    grown = re.compile(rf"(?<![\w.]){whole}\s*(\.append\(|\.extend\(|\.insert\(|\+=)")
+    """Whether the file of ``built_at`` grows a list ``item`` is in, at any depth (``memory[2].append(...)``,
+    ``+= [...]``), spelled as the loop spells it or as a method of its owner does (``self.memory.append(...)`` for
+    ``memory.memory``: a DQN's replay memory)."""
+    holders: set[str] = set()
+    spelled = item
+    while (outer := re.fullmatch(r"(.*)\[[^\]]*\]", spelled)) is not None:
+        spelled = outer.group(1)
+        holders.add(spelled)
+        if "." in spelled:
+            holders.add(f"self.{spelled.split('.', 1)[1]}")
+    if not holders:
+        return False
+    either = "|".join(re.escape(holder) for holder in sorted(holders))
+    grown = re.compile(rf"(?<![\w.])(?:{either})\s*(\.append\(|\.appendleft\(|\.extend\(|\.insert\(|\+=)")
     return any(grown.search(text) for text in lines_of_file(built_at))
 
 

@@ -65,6 +65,7 @@ from backward_twice.record.learner import first_line, intercepting, learners_cod
 from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop
 from backward_twice.record.names import CodeSite, NamedGraph, unstepped_optimizers
+from backward_twice.record.nesting import CaughtErrors, Nesting
 from backward_twice.record.passes import IterationLoop, PassStart, inside_a_step, is_optimizer
 from backward_twice.record.saved import graph_only_bytes
 from backward_twice.record.sources import refresh
@@ -75,7 +76,6 @@ from backward_twice.record.walks import SECOND_TIME, CallRecord, WalkSampling, r
 __all__ = ["Failure", "Growth", "HeldGraph", "Recorder", "StopRecording"]
 
 _sequence_nr = torch._C._autograd._get_sequence_nr  # the engine's node counter: read at every event
-_ACTIVE: list[Recorder] = []  # the recorders watching now, innermost last: only that one records
 STAMP, _RECORDERS = "backward_twice.recorder", itertools.count(1)  # each recorder stamps under STAMP.<n>
 
 
@@ -147,19 +147,12 @@ class Recorder:
         self.step_call, self.framework_stop = stops.StepCallStop(), stops.FrameworkStop()
         self.taken = stops.TakenItem()  # what pass N+1's header changed as it took its item: put back at the stop
         self.nested = 0  # the tools of the learner's own code (a watch, a diagnose) this one made way for
-        self._raised: tuple[int, type] | None = None  # id and type of the backward's error kept in ``error`` (an
-        # exception takes no weak reference; a strong one would keep its frames)
-        self._let_out = False  # whether the learner's code let that error out (else it caught it)
-        self._outer: Recorder | None = None
-        self._paused: tuple[bool, bool] | None = None  # while a tool the learner's code runs records: off, tracing
+        self.nesting, self.caught = Nesting(), CaughtErrors()  # a tool of the learner's inside; an error it caught
 
     # -- entering and leaving ------------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
         refresh()  # a script may have changed since an earlier watch read its loops
-        self._outer = _ACTIVE[-1] if _ACTIVE else None
-        if self._outer is not None:  # a script under the command that runs bt.watch or bt.diagnose itself: theirs
-            self._outer.make_way()  # records (its stops, its runs); this one's sees none of it (a run of diagnose is
-        _ACTIVE.append(self)  # no iteration of the loop, its retains are the tool's)
+        self.nesting.enter(self)  # a script's own bt.watch or bt.diagnose under the command: it records alone
         self.start = self._last_event_end = torch._C._autograd._get_sequence_nr()
         caller = sys._getframe(1)
         if self.boundary is None:
@@ -189,53 +182,16 @@ class Recorder:
         self._unseen.__exit__(None, None, None)
         self.is_learners.let_go(sys._getframe(1))
         self.boundary = None  # a frame holds its variables: none is kept past the watch
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
-        if self._outer is not None:
-            self._outer.take_over(sys._getframe(1))
-            self._outer = None
+        self.nesting.leave(self, sys._getframe(1))
         if isinstance(exc, Exception) and self.error is None:
             try:
                 self.record_error(exc)
             except Exception as error:
                 self.fail("reading the loop's error", error)
         if exc is not None:
-            self.let_out(exc)
-        if self.error is not None and self._raised is not None and not self._let_out:
+            self.caught.let_out(exc)
+        if self.caught.caught() and self.error is not None:
             self.error.caught = True  # a backward raised it, and the loop went on past it
-        self._raised = None
-
-    def let_out(self, exc: BaseException) -> None:
-        """The learner's code raised ``exc`` out of the watched code (a step's run, the watched block): whether the
-        backward's error kept in ``error`` went with it (itself, or as the cause or context of another)."""
-        seen: set[int] = set()
-        error: BaseException | None = exc
-        while self._raised is not None and error is not None and id(error) not in seen:
-            if (id(error), type(error)) == self._raised:
-                self._let_out = True
-                return
-            seen.add(id(error))
-            error = error.__cause__ or error.__context__
-
-    def make_way(self) -> None:
-        """A tool the learner's code runs starts recording (see ``__enter__``): this one sees nothing until it ends."""
-        if self._paused is None:
-            self._paused = (self.off, self.creation.active)
-            self.nested += 1
-            self.off = True
-            self.creation.stop()
-
-    def take_over(self, frame: types.FrameType) -> None:
-        """That tool ended, in ``frame``: this one records again (its line tracer too, if it was following)."""
-        if self._paused is None:
-            return
-        (off, tracing), self._paused = self._paused, None
-        self.off = off or self.failure is not None
-        if tracing and not self.off:
-            try:
-                self.creation.start(frame)
-            except Exception as error:
-                self.fail("following your loop again", error)
 
     def fail(self, where: str, error: BaseException) -> None:
         """Switch off for the rest of the run: the learner's code goes on as bare Python would."""
@@ -445,7 +401,7 @@ class Recorder:
                 call.error = first_line(exc, 400)
                 if self.error is None:
                     self.error = explain(self, exc, call, walked, caller)
-                    self._raised = (id(exc), type(exc))
+                    self.caught.raised(exc)
                     self.pending = unstepped_optimizers(caller, self.skipped, self.optimizer_key.live_ids())
             except Exception as error:
                 self.fail("reading a backward's error", error)

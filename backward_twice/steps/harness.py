@@ -113,7 +113,7 @@ def run_step(
                 except Exception as exc:  # the step's own error is what the tools report
                     if recorder.error is None:
                         recorder.record_error(exc)
-                    recorder.let_out(exc)
+                    recorder.caught.let_out(exc)
                     break
                 if gradients and runs == 1 and not optimizers:
                     for model in models:
