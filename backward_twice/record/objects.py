@@ -149,6 +149,8 @@ class _Walk:
                     for entry, part in list(item.items())[:8]:
                         if isinstance(part, torch.Tensor):
                             self.graph_of(f"{prefix}{suffix}.{key}[{entry!r}]", part, "dict")
+                        elif isinstance(part, (tuple, list)) and isinstance(entry, (str, int)):  # an (h, c) per key
+                            self.into(f"{prefix}{suffix}.{key}[{entry!r}]", part, _MAX_DEPTH - 2, "dict")
             for key, item in module._buffers.items():
                 if item is not None:
                     self.graph_of(f"{prefix}{suffix}.{key}", item, None)
