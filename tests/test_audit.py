@@ -665,3 +665,34 @@ def test_the_band_aid_on_a_list_of_losses_goes_once_the_list_is_cleared_not_deta
     [line] = audit.lines
     assert line.verdict == "goes with the carried fix", repr(audit)
     assert "once `log_probs` is cleared" in line.why, line.why
+
+
+def test_the_audit_of_a_step_that_catches_its_backwards_error_says_the_step_goes_on() -> None:
+    """A step whose gradient hook raises on a bad batch and that skips it (``except FloatingPointError: return``):
+    the audit said "As written the step raises FloatingPointError", where diagnose says the step caught it."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    runs = [0]
+
+    def guard(grad: torch.Tensor) -> None:
+        if not torch.isfinite(grad).all():
+            raise FloatingPointError("non-finite gradient")
+
+    net.weight.register_hook(guard)
+
+    def step() -> None:
+        runs[0] += 1
+        x = torch.randn(8, 4)
+        if runs[0] == 2:
+            x[0, 0] = float("inf")
+        opt.zero_grad()
+        try:
+            net(x).pow(2).mean().backward()
+        except FloatingPointError:
+            return
+        opt.step()
+
+    said = audit_retain_graph(step, models=net, optimizers=opt).summary()
+    assert "As written a backward of the step raises FloatingPointError" in said, said
+    assert "and the step catches it and goes on" in said, said

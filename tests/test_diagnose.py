@@ -924,3 +924,25 @@ def test_a_step_that_catches_its_backwards_error_is_counted_by_its_runs_and_says
     caught = "backward-twice: 1 thing to fix (3 runs of step; a backward raised in run 2, and your code caught it)"
     assert result.verdict == caught, repr(result)
     assert result.items[0].kind == "carried" and "`state['h']` carries" in result.items[0].label, repr(result)
+
+
+def test_a_step_that_accumulates_gradients_over_a_loop_is_one_iteration_a_run_as_the_watch_counts_it() -> None:
+    """Gradient accumulation inside the step (backward in a loop over micro-batches, the optimizer's step after it):
+    diagnose said "9 iterations watched in 3 runs of step" where the watch, around three calls of the same step,
+    says 3 iterations. The step's loop holds its backward calls but not its step: a run is the iteration."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        for _ in range(3):
+            (model(torch.randn(2, 3)).pow(2).mean() / 3).backward()
+        optimizer.step()
+
+    result = diagnose(step, models=model, optimizers=optimizer)
+    assert result.verdict.startswith("backward-twice: healthy (3 runs of step, 9 backward calls"), result.verdict
+    with watch() as watched:
+        for _ in range(3):
+            step()
+    assert str(watched).startswith("backward-twice: healthy (3 iterations watched, 9 backward calls"), str(watched)

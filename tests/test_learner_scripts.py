@@ -2243,3 +2243,41 @@ def test_a_gan_whose_g_steps_first_with_its_graph_retained_makes_ds_fake_after_g
     python, fixed = run(tmp_path, script.replace("{fix}", "    fake = netG(z)"))
     assert python.returncode == fixed.returncode == 0, python.stderr
     assert "1. retain_graph=True at line 14 keeps buffers no backward uses" in fixed.stdout, fixed.stdout  # then
+
+
+def test_an_error_caught_around_the_whole_loop_ended_the_loop(tmp_path: Path) -> None:
+    """A ``try:`` around the call that runs the whole loop (``train()``), the error logged and the script done: the
+    report said the loop "went on past it", a note. The truth: the loop ended at iteration 2; nothing ran after."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        net = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+        def guard(grad):
+            if not torch.isfinite(grad).all():
+                raise FloatingPointError("non-finite gradient")
+
+        net.weight.register_hook(guard)
+
+        def train():
+            for i in range(4):
+                x = torch.randn(8, 4)
+                if i == 1:
+                    x[0, 0] = float("inf")
+                opt.zero_grad()
+                net(x).pow(2).mean().backward()
+                opt.step()
+
+        try:
+            train()
+        except FloatingPointError as error:
+            print("training aborted:", error)
+        """
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert watched.stdout.startswith(python.stdout), watched.stdout
+    report = watched.stdout[len(python.stdout) :]
+    assert report.startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in iteration 2)")
+    assert "caught" not in report, report

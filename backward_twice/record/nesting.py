@@ -7,9 +7,10 @@ report covers what ran outside the inner tool: a run of ``diagnose`` is no itera
 buffers are the tool's, not a ``retain_graph=True`` of the learner's; an inner ``watch(iterations=N)`` needs the
 line tracer to stop at the top of pass N+1, and only one can be set.
 
-A backward's error the watched code caught (a ``try:`` around ``loss.backward()`` that skips a bad batch) is no
-error of the loop's: :class:`CaughtErrors` keeps the raising exception's identity (no reference: it would keep its
-frames) and tells whether it, or an error it caused, left the watched code.
+A backward's error the watched code caught (a ``try:`` around ``loss.backward()`` that skips a bad batch) and went on
+past is no error of the loop's: :class:`CaughtErrors` keeps the raising exception's identity (no reference: it would
+keep its frames) and tells whether it, or an error it caused, left the watched code, and whether a backward ran
+after it.
 
 Used by :mod:`backward_twice.record.recorder`.
 """
@@ -84,10 +85,12 @@ class CaughtErrors:
     def __init__(self) -> None:
         self._raised: tuple[int, type] | None = None  # id and type of the backward's error kept
         self._let_out = False
+        self._calls = 0  # the backward calls by then
+        self.by_runs = False  # a tool's runs of a step: a run that returned caught it (no later backward needed)
 
-    def raised(self, exc: BaseException) -> None:
-        """A backward raised ``exc``, kept as the recorder's error."""
-        self._raised = (id(exc), type(exc))
+    def raised(self, exc: BaseException, calls: int) -> None:
+        """A backward raised ``exc``, kept as the recorder's error, with ``calls`` backward calls by then."""
+        self._raised, self._calls = (id(exc), type(exc)), calls
 
     def let_out(self, exc: BaseException) -> None:
         """The learner's code raised ``exc`` out of the watched code (a step's run, the watched block): whether the
@@ -101,7 +104,9 @@ class CaughtErrors:
             seen.add(id(error))
             error = error.__cause__ or error.__context__
 
-    def caught(self) -> bool:
-        """At the watch's end: a backward's error was kept, and it never left the watched code."""
-        caught, self._raised = self._raised is not None and not self._let_out, None
+    def caught(self, calls: int) -> bool:
+        """At the watch's end, with ``calls`` backward calls: a backward's error was kept, it never left the watched
+        code, and the loop went on past it (a later backward ran: a ``try:`` around the whole loop ends it there)."""
+        caught = self._raised is not None and not self._let_out and (calls > self._calls or self.by_runs)
+        self._raised = None
         return caught

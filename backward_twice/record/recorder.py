@@ -190,7 +190,7 @@ class Recorder:
                 self.fail("reading the loop's error", error)
         if exc is not None:
             self.caught.let_out(exc)
-        if self.caught.caught() and self.error is not None:
+        if self.caught.caught(len(self.calls)) and self.error is not None:
             self.error.caught = True  # a backward raised it, and the loop went on past it
 
     def fail(self, where: str, error: BaseException) -> None:
@@ -401,7 +401,7 @@ class Recorder:
                 call.error = first_line(exc, 400)
                 if self.error is None:
                     self.error = explain(self, exc, call, walked, caller)
-                    self.caught.raised(exc)
+                    self.caught.raised(exc, len(self.calls))
                     self.pending = unstepped_optimizers(caller, self.skipped, self.optimizer_key.live_ids())
             except Exception as error:
                 self.fail("reading a backward's error", error)

@@ -75,6 +75,7 @@ class RetainAudit:
     error_line: str | None = None
     lines: list[LineVerdict] = field(default_factory=list)
     not_put_back: tuple[str, ...] = ()  # what the runs changed that nothing can put back (an iterator moved on)
+    caught: bool = False  # a backward raised ``error`` and the step caught it and went on
 
     def summary(self) -> str:
         retains = [c for c in self.calls if c.needed is not None]
@@ -84,7 +85,12 @@ class RetainAudit:
         failed = (
             ""
             if self.error is None
-            else (f" As written the step raises {self.error.rstrip('.')} at {_short(self.error_line or '?')}")
+            else (
+                f" As written a backward of the step raises {self.error.rstrip('.')} at"
+                f" {_short(self.error_line or '?')}, and the step catches it and goes on"
+                if self.caught
+                else f" As written the step raises {self.error.rstrip('.')} at {_short(self.error_line or '?')}"
+            )
         )
         return (
             f"{len(self.calls)} backward call(s); {len(retains)} retain_graph=True judged: {needed} needed, {goes}"
@@ -184,7 +190,8 @@ def audit_report(run: StepRun) -> RetainAudit:
             )
         )
     error = None if v.error is None else v.error.message
-    return RetainAudit(error, calls, None if v.error is None else v.error.line, list(v.lines), run.not_put_back)
+    raised_at, caught = (None, False) if v.error is None else (v.error.line, v.error.caught)
+    return RetainAudit(error, calls, raised_at, list(v.lines), run.not_put_back, caught)
 
 
 def audit_retain_graph(

@@ -12,8 +12,9 @@ step):
   ``keep_buffers=True``: no ``retain_graph`` is switched off or on as far as the step can tell (the recorder
   raises PyTorch's own error where the step as written would), and a graph built before the step keeps its
   buffers, so it is still usable afterwards. Each run is one iteration (``next_iteration()`` after it), unless a
-  loop of the step's own code is the innermost around one of its backward calls (Reptile's inner loop, a TBPTT
-  chunk loop): then, as in a watched loop, that loop's passes are the iterations (a run starts a new one too);
+  loop of the step's own code holds its backward calls and its optimizers' steps (Reptile's inner loop, a TBPTT
+  chunk loop that steps each chunk): then, as in a watched loop, that loop's passes are the iterations (a run starts
+  a new one too);
 * before the first run, a :class:`backward_twice.steps.snapshot.CpuSnapshot` copies what the runs may change
   (the models, the optimizers, the random streams, what the step reaches by name) and puts it back after the last;
   an iterator the step reads from is left where the runs leave it (:attr:`StepRun.not_put_back` says how far);
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 
 from backward_twice.judge.verdicts import Verdicts, judge
-from backward_twice.record.loops import holds_a_backward, loops_of
+from backward_twice.record.loops import holds_a_backward, loops_of, step_calls
 from backward_twice.record.names import CodeSite
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.step_input import as_items, check_step, hook_owners, known_names
@@ -100,7 +101,8 @@ def run_step(
 
     recorder.before_step = capture
     code = getattr(step, "__code__", None)
-    recorder.by_runs = code is None or not any(holds_a_backward(code, loop) for loop in loops_of(code))
+    recorder.by_runs = code is None or not _a_loop_holds_its_steps(code)
+    recorder.caught.by_runs = True  # a run that returns after its backward raised: the step caught it
     recorder.outermost = sys._getframe()  # the step's names are inside it; the caller's, outside
     if code is not None:
         recorder.roots_where = CodeSite(code.co_filename, code.co_firstlineno, code.co_name)
@@ -124,6 +126,15 @@ def run_step(
         recorder.outermost = None  # a frame holds its variables: not kept past the run
         snapshot.restore()
     return StepRun(recorder, judge(recorder), runs, kept, snapshot.moved(runs))
+
+
+def _a_loop_holds_its_steps(code: types.CodeType) -> bool:
+    """Whether a loop of ``code``'s own is the innermost around one of its backward calls and holds every one of
+    them and every ``.step()`` it calls (Reptile's inner loop, with its inner optimizer's step): the loop a watch
+    takes for the iteration's, around every event. A step whose optimizer steps after the loop (gradient
+    accumulation) or whose second backward comes after it (a WGAN's critic loop, then G's) is one iteration a run."""
+    calls = step_calls(code)
+    return any(holds_a_backward(code, loop) and all(loop.holds(call.line) for call in calls) for loop in loops_of(code))
 
 
 def _reachable(values: Iterable[Any], depth: int = 0) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
