@@ -167,3 +167,43 @@ def test_states_kept_on_a_module_in_a_dict_of_tuples_are_named_and_detached_as_p
     added = "\n".join(f"    {fix.group(1)}" for fix in fixes if fix)
     fixed = _run(STATES.replace("    # END OF ITERATION", added), tmp_path / "fixed.py")["model"]
     assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())
+
+
+# A universal adversarial perturbation kept on an attack object, updated by its method from its own ``.grad``
+# (``self.delta = (self.delta + lr * self.delta.grad).clamp(...)``), without the detach that keeps it a leaf.
+ATTACK = """
+import torch
+from torch import nn
+
+
+class Universal:
+    def __init__(self, model):
+        self.model = model
+        self.delta = torch.zeros(1, 5, requires_grad=True)
+
+    def step(self, batch):
+        score = self.model(batch + self.delta).sum()
+        score.backward()
+        self.delta = (self.delta + 0.01 * self.delta.grad).clamp(-0.05, 0.05)
+
+
+torch.manual_seed(0)
+atk = Universal(nn.Linear(5, 2))
+for b in torch.randn(5, 3, 5):
+    atk.step(b)
+    # END OF ITERATION
+"""
+
+
+def test_an_attribute_a_method_rebuilds_from_its_grad_is_carried_and_kept_a_leaf_by_the_printed_fix(
+    tmp_path: Path,
+) -> None:
+    """The loop raised TypeError at ``self.delta.grad`` (None: a non-leaf), and that was all the report said: the
+    walk into pass 1's ``delta`` was not taken for carried state, the attribute set in a method the loop calls. The
+    truth: detached and asking for its gradient again, as the method's line should, it runs."""
+    by_hand = ATTACK.replace(").clamp(-0.05, 0.05)", ").clamp(-0.05, 0.05).detach().requires_grad_()")
+    expected = _run(by_hand, tmp_path / "by_hand.py")["atk"].delta
+    fix = _fix_of(ATTACK, tmp_path / "attack.py")
+    assert fix == "atk.delta = atk.delta.detach().requires_grad_()", fix
+    fixed = _run(ATTACK.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")["atk"].delta
+    assert torch.equal(fixed, expected)

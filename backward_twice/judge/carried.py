@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from dataclasses import dataclass, replace
 
 from backward_twice.judge.built import (
@@ -234,8 +235,13 @@ def _built_in_an_earlier_pass(recorder: Recorder, split: Split, old: list[int]) 
         return any(split.iteration_of_node(seq) for seq in old)
     for seq in old:
         node = recorder.names.get(seq)
-        if split.iteration_of_node(seq) and node is not None and bound_in(whole_name(node.name, node.container), span):
+        if not split.iteration_of_node(seq) or node is None:
+            continue
+        whole = whole_name(node.name, node.container)
+        if bound_in(whole, span):
             return True
+        if "." in whole and bound_in(whole, (span[0], 1, sys.maxsize)):  # an attribute a method of its object sets
+            return True  # (``atk.step(b)`` sets ``self.delta``), called from the loop: state from pass to pass
     return False
 
 

@@ -379,8 +379,9 @@ def _appended_to(item: str, built_at: str) -> bool:
 def _differentiated(name: str, built_at: str) -> bool:
     """Whether the file of ``built_at`` asks for the gradient of ``name`` (``torch.autograd.grad(loss, delta)``,
     ``backward(inputs=[delta])``, ``input.grad``): an adversarial perturbation carried across batches, or DeepDream's
-    image, which must stay a leaf."""
-    spelled = re.escape(name)
+    image, which must stay a leaf; an attribute also as its object's methods spell it (``self.delta.grad``)."""
+    names = [name, f"self.{name.split('.', 1)[1]}"] if "." in name else [name]
+    spelled = "(?:" + "|".join(re.escape(each) for each in names) + ")"
     asked = re.compile(
         rf"\bgrad\(\s*[^,()]+,\s*[(\[]?\s*{spelled}\b|\binputs\s*=\s*[(\[]?\s*{spelled}\b|(?<![\w.]){spelled}\.grad\b"
     )
