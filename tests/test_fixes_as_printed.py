@@ -207,3 +207,49 @@ def test_an_attribute_a_method_rebuilds_from_its_grad_is_carried_and_kept_a_leaf
     assert fix == "atk.delta = atk.delta.detach().requires_grad_()", fix
     fixed = _run(ATTACK.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")["atk"].delta
     assert torch.equal(fixed, expected)
+
+
+# A stacked LSTM's (h, c) per layer kept on a plain object, the next pass's list built anew in a local list first
+# (``new = []; ... new.append((h, c)); carry.layers = new``), never detached.
+LAYERS = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+cells = nn.ModuleList([nn.LSTMCell(3, 4), nn.LSTMCell(4, 4)])
+head = nn.Linear(4, 1)
+opt = torch.optim.Adam([*cells.parameters(), *head.parameters()], lr=0.01)
+
+
+class Carry:
+    pass
+
+
+carry = Carry()
+carry.layers = [(torch.zeros(2, 4), torch.zeros(2, 4)) for _ in cells]
+for x, y in zip(torch.randn(4, 2, 3), torch.randn(4, 2, 1)):
+    opt.zero_grad()
+    inp, new = x, []
+    for cell, state in zip(cells, carry.layers):
+        h, c = cell(inp, state)
+        new.append((h, c))
+        inp = h
+    carry.layers = new
+    ((head(inp) - y) ** 2).mean().backward()
+    opt.step()
+    # END OF ITERATION
+"""
+
+
+def test_layers_kept_on_a_plain_object_are_named_by_it_not_by_the_list_each_pass_builds(tmp_path: Path) -> None:
+    """The carrier was ``new[0]``, the local list each pass starts empty, and its fix ``new[0] = tuple(...)`` left
+    ``carry.layers`` holding the graph (it still raised). The truth: detaching ``carry.layers`` whole runs, and trains
+    as the loop detached by hand."""
+    by_hand = LAYERS.replace(
+        "    # END OF ITERATION", "    carry.layers = [tuple(t.detach() for t in pair) for pair in carry.layers]"
+    )
+    expected = _run(by_hand, tmp_path / "by_hand.py")["head"].state_dict()
+    fix = _fix_of(LAYERS, tmp_path / "layers.py")
+    assert fix.startswith("carry.layers = "), fix
+    fixed = _run(LAYERS.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")["head"]
+    assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())

@@ -358,7 +358,7 @@ def _carrier(recorder: Recorder, spellings: list[str] | None) -> str | None:
     span = _loop_body(recorder)
     if len(spellings) == 1 or span is None:
         return spellings[0]
-    live = (s for s in spellings if read_first(re.sub(r"\[\d+\]$", "", s), span) is not False)
+    live = (s for s in spellings if read_first(re.sub(r"(\[\d+\])+$", "", s), span) is not False)  # new[0][1]: new
     return next(live, spellings[0])
 
 
