@@ -2281,3 +2281,37 @@ def test_an_error_caught_around_the_whole_loop_ended_the_loop(tmp_path: Path) ->
     report = watched.stdout[len(python.stdout) :]
     assert report.startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in iteration 2)")
     assert "caught" not in report, report
+
+
+def test_a_running_total_backwarded_after_each_micro_batch_is_kept_as_a_number(tmp_path: Path) -> None:
+    """Gradient accumulation written as ``total = total + loss_term; total.backward()`` in the micro-batch loop, the
+    optimizer's step after it: the second micro-batch's backward walks the first's freed terms. The fix was "build
+    `total` inside the loop that runs line 10's backward, or use `total.detach()` there", read as nonsense (it is
+    built there). The truth: the script raises as written, and runs with each micro-batch's loss named and
+    backwarded alone, the total a number."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 1))
+        adam = torch.optim.Adam(net.parameters(), lr=0.01)
+        X, Y = torch.randn(12, 4), torch.randn(12, 1)
+        for epoch in range(3):
+            adam.zero_grad()
+            total = 0
+            for xb, yb in zip(X.split(4), Y.split(4)):
+                {fix}
+            adam.step()
+        """
+    broken = "total = total + ((net(xb) - yb) ** 2).mean()\n                total.backward()"
+    fixed = "loss = ((net(xb) - yb) ** 2).mean()\n                loss.backward()\n                total += loss.item()"
+    printed = (
+        "fix: name this iteration's loss (`loss = ((net(xb) - yb) ** 2).mean()`), call `loss.backward()`, and add a "
+        "number instead (`total += loss.item()`)"
+    )
+    python, watched = run(tmp_path, script.replace("{fix}", broken), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "second time" in python.stderr, python.stderr
+    assert printed in watched.stdout, watched.stdout
+    python, healthy = run(tmp_path, script.replace("{fix}", fixed))
+    assert python.returncode == healthy.returncode == 0, python.stderr
+    assert healthy.stdout.startswith("backward-twice: healthy"), healthy.stdout

@@ -130,6 +130,9 @@ def second_backward_fix(
             f"sum the losses and call backward() once (`sum({losses}).backward()`), or add retain_graph=True to "
             f"each backward but the last: they share {shared_graph}"
         )
+    summed = _summed_in_the_loop(through, raised_at) if freed_at == raised_at else None
+    if summed is not None:  # gradient accumulation written as ``total = total + term; total.backward()``
+        return _total_fix(*summed, raised_at.split(": ", 1)[-1])
     if freed_at == raised_at:
         return (
             f"build `{through}` inside the loop that runs {line}, or use `{through}.detach()` there if this loss "
@@ -154,6 +157,34 @@ def second_backward_fix(
         f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from (a GAN's "
         f"D loss); if it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
     )
+
+
+def _total_fix(summed_name: str, added: str, backward: str) -> str:
+    """The fix for a running total of losses kept as a tensor (``summed_name += added``, or ``= summed_name + added``)
+    that ``backward`` (its code) walks: each backward walks this iteration's loss alone, the total kept as a number."""
+    if re.fullmatch(r"[\w.]+", added):
+        return f"add a number instead (`{summed_name} += {added}.item()`) and call backward() on this iteration's loss"
+    if summed_name == "loss" and re.search(r"(?<![\w.])loss\s*\.backward\(", backward):
+        # ``loss += criterion(...); loss.backward()``: no other name for this iteration's loss
+        return (
+            f"assign instead of adding (`loss = {added}`): each backward() already adds this iteration's "
+            "gradient to the .grad of the weights"
+        )
+    return (  # the term has no name of its own (Reptile's ``task_loss = task_loss + F.mse_loss(...)``): one for it
+        f"name this iteration's loss (`loss = {added}`), call `loss.backward()`, and add a number instead "
+        f"(`{summed_name} += loss.item()`)"
+    )
+
+
+def _summed_in_the_loop(through: str, raised_at: str) -> tuple[str, str] | None:
+    """(the total's name, what is added) where the raising backward's file keeps ``through`` as a running total of
+    losses (``total = total + loss_term`` or ``total += loss_term``) and that backward walks it (``total.backward()``):
+    the same backward line, run again in an inner loop, walks the terms an earlier run of it freed."""
+    if not re.match(rf"\s*{re.escape(through)}\s*\.backward\(", raised_at.split(": ", 1)[-1]):
+        return None
+    total = re.compile(rf"\s*({re.escape(through)})\s*(?:\+=|=\s*{re.escape(through)}\s*\+)\s*(.+)$")
+    found = next(filter(None, map(total.match, lines_of_file(raised_at))), None)
+    return (found.group(1), found.group(2).strip()) if found else None
 
 
 def _losses_iterated(raised_at: str) -> str | None:
@@ -225,22 +256,8 @@ def carried_fix(
             first = _outermost_loop_without(summed[0], summed[1], used[1]) or summed[1]  # an inner rollout's loop
             start = f"set `{total.group(1)} = 0` before line {first}"
             return f"{start}, so each iteration's backward walks only the terms it adds"
-        added, summed_name = total.group(2).strip(), total.group(1)
         backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""
-        if re.fullmatch(r"[\w.]+", added):
-            return (
-                f"add a number instead (`{summed_name} += {added}.item()`) and call backward() on this iteration's loss"
-            )
-        if summed_name == "loss" and re.search(r"(?<![\w.])loss\s*\.backward\(", backward):
-            # ``loss += criterion(...); loss.backward()``: no other name for this iteration's loss
-            return (
-                f"assign instead of adding (`loss = {added}`): each backward() already adds this iteration's "
-                "gradient to the .grad of the weights"
-            )
-        return (  # the term has no name of its own (Reptile's ``task_loss = task_loss + F.mse_loss(...)``): one for it
-            f"name this iteration's loss (`loss = {added}`), call `loss.backward()`, and add a number instead "
-            f"(`{summed_name} += loss.item()`)"
-        )
+        return _total_fix(total.group(1), total.group(2).strip(), backward)
     if name is None:
         return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
     if container == "parameter":  # a parameter is given a graph only by an in-place update autograd recorded
