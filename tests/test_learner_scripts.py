@@ -2315,3 +2315,39 @@ def test_a_running_total_backwarded_after_each_micro_batch_is_kept_as_a_number(t
     python, healthy = run(tmp_path, script.replace("{fix}", fixed))
     assert python.returncode == healthy.returncode == 0, python.stderr
     assert healthy.stdout.startswith("backward-twice: healthy"), healthy.stdout
+
+
+def test_an_error_a_backward_raises_that_the_loop_raises_again_as_another_is_named_as_the_traceback_ends(
+    tmp_path: Path,
+) -> None:
+    """A gradient hook's FloatingPointError, caught and raised again as ``ValueError("bad batch 1") from error``: the
+    report named the FloatingPointError ("the error says: non-finite gradient"), where python's traceback ends with
+    the ValueError that ended the loop."""
+    script = """
+        import torch
+
+        torch.manual_seed(0)
+        net = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+        def guard(grad):
+            if not torch.isfinite(grad).all():
+                raise FloatingPointError("non-finite gradient")
+
+        net.weight.register_hook(guard)
+        for i in range(4):
+            x = torch.randn(8, 4)
+            if i == 1:
+                x[0, 0] = float("inf")
+            opt.zero_grad()
+            try:
+                net(x).pow(2).mean().backward()
+            except FloatingPointError as error:
+                raise ValueError(f"bad batch {i}") from error
+            opt.step()
+        """
+    python, watched = run(tmp_path, script, "--no-traceback")
+    assert python.returncode == watched.returncode == 1, watched.stderr
+    assert python.stderr.strip().endswith("ValueError: bad batch 1"), python.stderr
+    assert "1. the loop raised ValueError, before retain_graph matters" in watched.stdout, watched.stdout
+    assert 'raised "bad batch 1"' in watched.stdout and "non-finite" not in watched.stdout, watched.stdout

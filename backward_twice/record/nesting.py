@@ -87,6 +87,7 @@ class CaughtErrors:
         self._let_out = False
         self._calls = 0  # the backward calls by then
         self.by_runs = False  # a tool's runs of a step: a run that returned caught it (no later backward needed)
+        self.raised_again_as: BaseException | None = None  # another error the code raised from it, that left
 
     def raised(self, exc: BaseException, calls: int) -> None:
         """A backward raised ``exc``, kept as the recorder's error, with ``calls`` backward calls by then."""
@@ -100,6 +101,7 @@ class CaughtErrors:
         while self._raised is not None and error is not None and id(error) not in seen:
             if (id(error), type(error)) == self._raised:
                 self._let_out = True
+                self.raised_again_as = exc if error is not exc else None  # ``raise ValueError(...) from error``
                 return
             seen.add(id(error))
             error = error.__cause__ or error.__context__
@@ -108,5 +110,5 @@ class CaughtErrors:
         """At the watch's end, with ``calls`` backward calls: a backward's error was kept, it never left the watched
         code, and the loop went on past it (a later backward ran: a ``try:`` around the whole loop ends it there)."""
         caught = self._raised is not None and not self._let_out and (calls > self._calls or self.by_runs)
-        self._raised = None
+        self._raised, self.raised_again_as = None, None
         return caught

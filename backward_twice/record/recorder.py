@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
+from backward_twice.common.error_kinds import error_kind
 from backward_twice.record import forks, pass_stops, stops, walks
 from backward_twice.record.events import EventKey, Failure, IterationEnd, OptimizerKeys, StepEvent
 from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop, raised_at, raised_in
@@ -190,6 +191,12 @@ class Recorder:
                 self.fail("reading the loop's error", error)
         if exc is not None:
             self.caught.let_out(exc)
+        again = self.caught.raised_again_as  # an error of no autograd kind, raised again as another: that one ended
+        if isinstance(again, Exception) and self.error is not None and error_kind(self.error.message) == "other":
+            try:  # the loop (``raise ValueError("bad batch") from error``)
+                self.record_error(again)
+            except Exception as error:
+                self.fail("reading the loop's error", error)
         if self.caught.caught(len(self.calls)) and self.error is not None:
             self.error.caught = True  # a backward raised it, and the loop went on past it
 
