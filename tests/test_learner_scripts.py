@@ -42,6 +42,64 @@ def run(folder: Path, script: str, *args: str) -> tuple[subprocess.CompletedProc
     return done[0], done[1]
 
 
+# A linear model whose gradient hook raises on a non-finite gradient, and batches of which batch 1 is bad: the scripts
+# of the tests of a backward's error the learner's code catches (or not).
+GUARDED = """
+import torch
+
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+
+def guard(grad):
+    if not torch.isfinite(grad).all():
+        raise FloatingPointError("non-finite gradient")
+
+
+net.weight.register_hook(guard)
+
+
+def batch(i):
+    x = torch.randn(8, 4)
+    if i == 1:
+        x[0, 0] = float("inf")
+    return x
+"""
+
+
+def _guarded_loop(handler: str) -> str:
+    """``GUARDED``'s loop over 4 batches, with a ``try:`` around the backward whose ``except`` runs ``handler``."""
+    loop = (
+        "for i in range(4):\n    x = batch(i)\n    opt.zero_grad()\n    try:\n        net(x).pow(2).mean().backward()\n"
+        f"    except FloatingPointError as error:\n        {handler}\n    opt.step()\n"
+    )
+    return GUARDED + loop
+
+
+# Training in a worker thread that hands each pass's loss to the main thread on a queue (an app's or a UI's loop).
+QUEUED_TRAINING = """
+import queue
+import threading
+import torch
+
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+losses = queue.Queue()
+
+
+def train():
+    for i in range(3):
+        opt.zero_grad()
+        loss = net(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.put(f"iteration {i} loss {loss.item():.4f}")
+    losses.put(None)
+"""
+
+
 def raises_then_runs(folder: Path, script: str, raised: str, printed: list[str], fix: str) -> str:
     """The truth for a printed fix: ``script`` with ``{fix}`` empty raises ``raised`` bare and watched, the diagnosis
     holds each of ``printed``, and with ``{fix}`` filled in as printed, it runs bare and watched, called healthy.
@@ -1188,30 +1246,14 @@ def test_iterations_n_stop_the_main_thread_that_waits_for_a_threads_losses_on_a_
     the stop ended the worker alone, the main thread waited for the next loss for ever, and no report came (the run
     hung; in-process ``watch(iterations=1)`` too). The truth: python prints each pass's loss; stopped after pass 1,
     the script prints pass 1's loss and stops, with the report."""
-    script = """
-        import queue
-        import threading
-        import torch
-
-        torch.manual_seed(0)
-        net = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        losses = queue.Queue()
-
-        def train():
-            for i in range(3):
-                opt.zero_grad()
-                loss = net(torch.randn(8, 4)).pow(2).mean()
-                loss.backward()
-                opt.step()
-                losses.put(f"iteration {i} loss {loss.item():.4f}")
-            losses.put(None)
-
+    script = QUEUED_TRAINING + textwrap.dedent(
+        """
         threading.Thread(target=train).start()
         while (message := losses.get()) is not None:
             print(message, flush=True)
         print("training finished")
         """
+    )
     python, watched = run(tmp_path, script, "--iterations", "1")
     assert python.stdout.splitlines()[-1] == "training finished", python.stdout
     assert watched.returncode == 0 and watched.stderr == "", watched.stderr
@@ -2174,31 +2216,7 @@ def test_an_error_a_backward_raises_that_the_script_catches_is_a_note_not_the_lo
     """A gradient hook that raises on a bad batch and a ``try:`` around the backward that skips it: the run ended
     with status 0, and the report said "1 thing to fix (...; the loop raised in iteration 2) ... fix this error first".
     The truth: python prints the skip and "done"; the loop went on past the error, as written."""
-    script = """
-        import torch
-
-        torch.manual_seed(0)
-        net = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(net.parameters(), lr=0.1)
-
-        def skip_bad_batch(grad):
-            if not torch.isfinite(grad).all():
-                raise FloatingPointError("non-finite gradient")
-
-        net.weight.register_hook(skip_bad_batch)
-        for i in range(4):
-            x = torch.randn(8, 4)
-            if i == 1:
-                x[0, 0] = float("inf")
-            opt.zero_grad()
-            try:
-                net(x).pow(2).mean().backward()
-            except FloatingPointError as error:
-                print(f"iteration {i}: skipped ({error})")
-                continue
-            opt.step()
-        print("done")
-        """
+    script = _guarded_loop('print(f"iteration {i}: skipped ({error})")\n        continue') + 'print("done")\n'
     python, watched = run(tmp_path, script)
     assert python.returncode == watched.returncode == 0, watched.stderr
     assert watched.stdout.startswith(python.stdout), watched.stdout
@@ -2248,24 +2266,11 @@ def test_a_gan_whose_g_steps_first_with_its_graph_retained_makes_ds_fake_after_g
 def test_an_error_caught_around_the_whole_loop_ended_the_loop(tmp_path: Path) -> None:
     """A ``try:`` around the call that runs the whole loop (``train()``), the error logged and the script done: the
     report said the loop "went on past it", a note. The truth: the loop ended at iteration 2; nothing ran after."""
-    script = """
-        import torch
-
-        torch.manual_seed(0)
-        net = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(net.parameters(), lr=0.1)
-
-        def guard(grad):
-            if not torch.isfinite(grad).all():
-                raise FloatingPointError("non-finite gradient")
-
-        net.weight.register_hook(guard)
-
+    script = GUARDED + textwrap.dedent(
+        """
         def train():
             for i in range(4):
-                x = torch.randn(8, 4)
-                if i == 1:
-                    x[0, 0] = float("inf")
+                x = batch(i)
                 opt.zero_grad()
                 net(x).pow(2).mean().backward()
                 opt.step()
@@ -2275,6 +2280,7 @@ def test_an_error_caught_around_the_whole_loop_ended_the_loop(tmp_path: Path) ->
         except FloatingPointError as error:
             print("training aborted:", error)
         """
+    )
     python, watched = run(tmp_path, script)
     assert python.returncode == watched.returncode == 0, watched.stderr
     assert watched.stdout.startswith(python.stdout), watched.stdout
@@ -2323,29 +2329,7 @@ def test_an_error_a_backward_raises_that_the_loop_raises_again_as_another_is_nam
     """A gradient hook's FloatingPointError, caught and raised again as ``ValueError("bad batch 1") from error``: the
     report named the FloatingPointError ("the error says: non-finite gradient"), where python's traceback ends with
     the ValueError that ended the loop."""
-    script = """
-        import torch
-
-        torch.manual_seed(0)
-        net = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(net.parameters(), lr=0.1)
-
-        def guard(grad):
-            if not torch.isfinite(grad).all():
-                raise FloatingPointError("non-finite gradient")
-
-        net.weight.register_hook(guard)
-        for i in range(4):
-            x = torch.randn(8, 4)
-            if i == 1:
-                x[0, 0] = float("inf")
-            opt.zero_grad()
-            try:
-                net(x).pow(2).mean().backward()
-            except FloatingPointError as error:
-                raise ValueError(f"bad batch {i}") from error
-            opt.step()
-        """
+    script = _guarded_loop('raise ValueError(f"bad batch {i}") from error')
     python, watched = run(tmp_path, script, "--no-traceback")
     assert python.returncode == watched.returncode == 1, watched.stderr
     assert python.stderr.strip().endswith("ValueError: bad batch 1"), python.stderr

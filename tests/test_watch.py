@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_learner_scripts import QUEUED_TRAINING
 
 from backward_twice.watcher import Watch, watch
 
@@ -867,26 +868,13 @@ def test_iterations_n_in_a_thread_stop_the_block_waiting_for_its_losses_and_the_
     handler of no signal changed."""
     script = tmp_path / "threaded.py"
     script.write_text(
-        textwrap.dedent(
+        QUEUED_TRAINING
+        + textwrap.dedent(
             """
-            import queue, signal, threading, torch
+            import signal
             import backward_twice as bt
 
-            torch.manual_seed(0)
-            net = torch.nn.Linear(4, 1)
-            opt = torch.optim.SGD(net.parameters(), lr=0.1)
-            losses = queue.Queue()
             handlers = [signal.getsignal(s) for s in signal.valid_signals()]
-
-            def train():
-                for i in range(3):
-                    opt.zero_grad()
-                    loss = net(torch.randn(8, 4)).pow(2).mean()
-                    loss.backward()
-                    opt.step()
-                    losses.put(f"iteration {i} loss {loss.item():.4f}")
-                losses.put(None)
-
             with bt.watch(iterations=1) as w:
                 threading.Thread(target=train).start()
                 while (message := losses.get()) is not None:
