@@ -375,6 +375,12 @@ def _starts_as_numbers(whole: str, built_at: str) -> bool:
     return any(numbers.search(text) for text in lines_of_file(built_at))
 
 
+def _as_spelled_in_its_methods(name: str) -> list[str]:
+    """``name`` and, for an attribute chain, the same attribute as its object's methods spell it (``atk.delta``:
+    ``self.delta``), the spelling the lines that grow or read it use."""
+    return [name, f"self.{name.split('.', 1)[1]}"] if "." in name else [name]
+
+
 def _appended_to(item: str, built_at: str) -> bool:
     """Whether the file of ``built_at`` grows a list ``item`` is in, at any depth (``memory[2].append(...)``,
     ``+= [...]``), spelled as the loop spells it or as a method of its owner does (``self.memory.append(...)`` for
@@ -383,9 +389,7 @@ def _appended_to(item: str, built_at: str) -> bool:
     spelled = item
     while (outer := re.fullmatch(r"(.*)\[[^\]]*\]", spelled)) is not None:
         spelled = outer.group(1)
-        holders.add(spelled)
-        if "." in spelled:
-            holders.add(f"self.{spelled.split('.', 1)[1]}")
+        holders.update(_as_spelled_in_its_methods(spelled))
     if not holders:
         return False
     either = "|".join(re.escape(holder) for holder in sorted(holders))
@@ -397,8 +401,7 @@ def _differentiated(name: str, built_at: str) -> bool:
     """Whether the file of ``built_at`` asks for the gradient of ``name`` (``torch.autograd.grad(loss, delta)``,
     ``backward(inputs=[delta])``, ``input.grad``): an adversarial perturbation carried across batches, or DeepDream's
     image, which must stay a leaf; an attribute also as its object's methods spell it (``self.delta.grad``)."""
-    names = [name, f"self.{name.split('.', 1)[1]}"] if "." in name else [name]
-    spelled = "(?:" + "|".join(re.escape(each) for each in names) + ")"
+    spelled = "(?:" + "|".join(re.escape(each) for each in _as_spelled_in_its_methods(name)) + ")"
     asked = re.compile(
         rf"\bgrad\(\s*[^,()]+,\s*[(\[]?\s*{spelled}\b|\binputs\s*=\s*[(\[]?\s*{spelled}\b|(?<![\w.]){spelled}\.grad\b"
     )

@@ -138,7 +138,7 @@ def judge(recorder: Recorder) -> Verdicts:
     # a loss with no graph (made a leaf: ``loss.requires_grad = True`` after a ``.data`` cut it): nothing trains
     leaf = read[0].line if read and not any(call.walked for call in read) and error is None else None
     return Verdicts(
-        split, run, len(calls), lines, carried, kept, error, stopped, stopped_watching, leaf, recorder.nested
+        split, run, len(calls), lines, carried, kept, error, stopped, stopped_watching, leaf, recorder.nesting.made_way
     )
 
 

@@ -25,7 +25,6 @@ __all__ = ["CaughtErrors", "Nesting"]
 
 class _Pausable(Protocol):
     off: bool
-    nested: int
     failure: Any
     nesting: Nesting
 
@@ -43,6 +42,7 @@ class Nesting:
 
     def __init__(self) -> None:
         self.outer: _Pausable | None = None
+        self.made_way = 0  # how many tools of the learner's own code (a watch, a diagnose) this one made way for
         self._paused: tuple[bool, bool] | None = None  # while an inner one records: off, tracing
 
     def enter(self, recorder: _Pausable) -> None:
@@ -63,7 +63,7 @@ class Nesting:
     def make_way(self, recorder: _Pausable) -> None:
         if self._paused is None:
             self._paused = (recorder.off, recorder.creation.active)
-            recorder.nested += 1
+            self.made_way += 1
             recorder.off = True
             recorder.creation.stop()
 

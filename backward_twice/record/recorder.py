@@ -147,7 +147,6 @@ class Recorder:
         # iterations=N without a loop of the learner's: a framework's loop asked to end, else before the step function
         self.step_call, self.framework_stop = stops.StepCallStop(), stops.FrameworkStop()
         self.taken = stops.TakenItem()  # what pass N+1's header changed as it took its item: put back at the stop
-        self.nested = 0  # the tools of the learner's own code (a watch, a diagnose) this one made way for
         self.nesting, self.caught = Nesting(), CaughtErrors()  # a tool of the learner's inside; an error it caught
 
     # -- entering and leaving ------------------------------------------------------------------------------
