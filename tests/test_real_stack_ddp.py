@@ -181,7 +181,10 @@ def driver_and_ranks(tmp_path: Path, timeout: float) -> Iterator[tuple[subproces
     leaves running is killed afterwards."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER, encoding="utf-8")
-    driver = subprocess.Popen([sys.executable, str(script), str(timeout)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # a killed driver runs no clean-up: its folder goes with the test's
+    driver = subprocess.Popen(
+        [sys.executable, str(script), str(timeout)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
+    )
     pids: list[int] = []
     try:
         while len(pids) < 2:
