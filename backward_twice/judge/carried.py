@@ -86,6 +86,9 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         if not old or not (walked_again or _built_in_an_earlier_pass(recorder, split, old)):
             continue  # a walk that raised went through what a backward walked before: the earlier one unread
         chained = len({split.iteration_of_node(seq) for seq in old}) > 1
+        if call.create_graph and not walked_again and not chained:
+            continue  # the last update, written in autograd and walked once (hypergradient descent's p - g * alpha):
+            # a create_graph backward differentiates through it by design
         top = [seq for seq in call.frontier if split.iteration_of_node(seq) < iteration]
         candidates = (
             recorder.names.get(seq) or next(filter(None, map(twins.get, _places(split, seq, first))), None)

@@ -13,9 +13,11 @@ Used by :mod:`backward_twice.record.recorder` and :mod:`backward_twice.judge.not
 
 from __future__ import annotations
 
+import re
 import types
+from collections import Counter
 from collections.abc import Callable, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -54,6 +56,9 @@ class Growth:
     newest: int = 0
     newest_bytes: int = 0  # the graph-only bytes of the newest graph when the count last grew
     newest_name: str = ""  # its spelling under the name
+    # how many graphs each list, dict or object under the name held at the last start (``optim.parameters``): the
+    # count grows when one of them holds more, not when another starts holding some (a list a method fills once)
+    by_container: dict[str, int] = field(default_factory=dict)
 
 
 def held_graph(node: Node, sighting: int, holder: str, key: str, reached: list[Node] | None = None) -> HeldGraph:
@@ -78,16 +83,28 @@ def note_growth(
     framework's optimizer step, this step's ``trainer.model.aux_loss`` is newer than any its callback has kept yet)."""
     for name, held in held_under.items():
         grown = growth.setdefault(name, Growth())
-        if len(held) > grown.count and grown.count:
+        containers = Counter(_container_of(spelled) for spelled in held.values())
+        more = {c for c, count in containers.items() if count > grown.by_container.get(c, count)}
+        if len(held) > grown.count and grown.count and more:
             grown.grew += 1
             grown.newest = max(
-                (sequence for sequence, spelled in held.items() if spelled.endswith("]")), default=max(held)
+                (s for s, spelled in held.items() if spelled.endswith("]") and _container_of(spelled) in more),
+                default=max(s for s, spelled in held.items() if _container_of(spelled) in more),
             )
             grown.newest_name = held[grown.newest]
             newest = nodes.get(grown.newest)
             reached = python_walk([newest]) if newest is not None else []
             grown.newest_bytes = graph_only_bytes([n for n in reached if kept(n, key)])
-        grown.count = len(held)
+        grown.count, grown.by_container = len(held), dict(containers)
+
+
+def _container_of(spelled: str) -> str:
+    """The list, dict or object a name's spelling reaches a graph in: ``optim.parameters`` of
+    ``optim.parameters['mu']``, ``model`` of ``model.h``; the name itself when it holds the tensor."""
+    item = re.match(r"^(.+?)\[[^\]]*\]$", spelled)
+    if item is not None:
+        return item.group(1)
+    return spelled.rsplit(".", 1)[0]
 
 
 class Holding(Protocol):
