@@ -253,3 +253,51 @@ def test_layers_kept_on_a_plain_object_are_named_by_it_not_by_the_list_each_pass
     assert fix.startswith("carry.layers = "), fix
     fixed = _run(LAYERS.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")["head"]
     assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())
+
+
+# A recurrent memory kept on the module as a dict of its last state and its history (the shape of memory-augmented
+# models' ``self.memory = {'h': ..., 'past': [...]}``): each pass's state is both ``mem['h']`` and the last item of
+# ``mem['past']``, and nothing is detached.
+MEMORY = """
+import torch
+from torch import nn
+
+
+class MemNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell, self.fc = nn.GRUCell(3, 4), nn.Linear(8, 1)
+        self.mem = {"h": torch.zeros(2, 4), "past": []}
+
+    def forward(self, x):
+        h = self.cell(x, self.mem["h"])
+        self.mem["past"].append(h)
+        context = torch.stack(self.mem["past"]).mean(0)
+        self.mem["h"] = h
+        return self.fc(torch.cat([h, context], 1))
+
+
+torch.manual_seed(0)
+net = MemNet()
+sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+for x, y in zip(torch.randn(4, 2, 3), torch.randn(4, 2, 1)):
+    sgd.zero_grad()
+    ((net(x) - y) ** 2).mean().backward()
+    sgd.step()
+    # END OF ITERATION
+"""
+
+
+def test_one_state_held_under_two_entries_of_a_dict_is_detached_whole_as_printed(tmp_path: Path) -> None:
+    """The command named `net.mem['h']` ("add `net.mem['h'] = net.mem['h'].detach()`", after which iteration 2 still
+    raised through ``mem['past'][0]``), a watch in the script `net.mem['past']` (keep detached copies, after which
+    ``mem['h']`` still carried it). The truth: detaching both entries by hand runs; so does the printed fix."""
+    by_hand = MEMORY.replace(
+        "    # END OF ITERATION",
+        '    net.mem = {"h": net.mem["h"].detach(), "past": [p.detach() for p in net.mem["past"]]}',
+    )
+    expected = _run(by_hand, tmp_path / "by_hand.py")["net"].state_dict()
+    fix = _fix_of(MEMORY, tmp_path / "memory.py")
+    assert fix.startswith("net.mem = torch.utils._pytree.tree_map("), fix
+    fixed = _run(MEMORY.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")["net"]
+    assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())

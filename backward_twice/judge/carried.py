@@ -158,6 +158,9 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                 lists.add(kept.rsplit("[", 1)[0])
             elif container == "list":  # an item of a list: a ``for`` over that list names its items too
                 lists.add(re.sub(r"\[\d+\]$", "", name))
+            state = _one_state(node) if container != "parameter" else None
+            if state is not None:  # one tensor under two entries of one state: detaching one leaves the other's
+                name, container, aliases = state, "state", []
             for spelled in (name, *aliases):
                 add(
                     spelled,
@@ -246,6 +249,17 @@ def _built_in_an_earlier_pass(recorder: Recorder, split: Split, old: list[int]) 
         if "." in whole and bound_in(whole, (span[0], 1, sys.maxsize)):  # an attribute a method of its object sets
             return True  # (``atk.step(b)`` sets ``self.delta``), called from the loop: state from pass to pass
     return False
+
+
+def _one_state(node: NamedGraph) -> str | None:
+    """The dict or object that holds ``node`` under two or more of its entries (``net.mem`` of ``net.mem['h']`` and
+    ``net.mem['past'][0]``, a memory's last state also appended to its history): the whole state is what to detach,
+    as a detach of one entry leaves the graph in the other. None when its spellings share no such state."""
+    spellings = {node.name, *node.same}
+    roots = {spelled.split("[", 1)[0] for spelled in spellings}
+    if len(spellings) < 2 or len(roots) != 1 or not all("[" in spelled for spelled in spellings):
+        return None
+    return roots.pop()
 
 
 def _read_in_the_loop(recorder: Recorder, node: NamedGraph) -> str:

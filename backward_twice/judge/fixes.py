@@ -265,6 +265,9 @@ def carried_fix(
         line = f"line {update[1]}" if update else "the update that built it"
         return f"run {line} under `with torch.no_grad():`, so updating `{name}` records no graph"
     nested = re.fullmatch(r"(.*?)((?:\[\d+\]){2,})", name)  # an item of an item by position
+    if container == "state":  # held under two entries of one dict (a memory's state and its history)
+        detached = f"torch.utils._pytree.tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, {name})"
+        return f"add `{name} = {detached}` at the end of each iteration"
     if nested and container in ("tuple", "list") and not _appended_to(name, built_at):
         # a state of lists and tuples in a tuple (an NTM's ``previous_state = (reads, (h, c), heads)``), rebuilt each
         # pass: an item of a tuple cannot be assigned, so the whole state is detached, whatever its shape
