@@ -20,6 +20,7 @@ Used by learners on their own training step (README, "Bring your own training st
 from __future__ import annotations
 
 import ast
+import inspect
 import linecache
 import sys
 import types
@@ -28,10 +29,12 @@ from typing import Any
 import torch
 
 from backward_twice.steps.diagnose import Diagnosis, diagnose
+from backward_twice.steps.harness import reachable
 
 __all__ = ["diagnose_cell", "load_ipython_extension"]
 
 _STEP_NAME = "_diagnosed_step"
+_MISSING = object()
 
 
 def _assigned_names(body: list[ast.stmt]) -> list[str]:
@@ -47,24 +50,52 @@ def _assigned_names(body: list[ast.stmt]) -> list[str]:
 
 
 def _objects(line: str, namespace: dict[str, Any]) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
+    """The models and optimizers the names after ``%%diagnose`` give: each a variable of the notebook or an attribute
+    of one (``trainer.cell``, read without running a property), a model, an optimizer, or an object that holds some
+    (``trainer``, two levels deep)."""
     models, optimizers = [], []
     for name in line.split():
-        if name not in namespace:
+        root, *attributes = name.split(".")
+        if root not in namespace:
             raise ValueError(
-                f"%%diagnose: no variable named {name!r} in the notebook; name the models and "
+                f"%%diagnose: no variable named {root!r} in the notebook; name the models and "
                 f"optimizers the cell trains, e.g. %%diagnose model optimizer"
             )
-        value = namespace[name]
+        value = namespace[root]
+        for depth, attribute in enumerate(attributes, 1):
+            value = _attribute(value, attribute)
+            if value is _MISSING:
+                known = ".".join([root, *attributes[: depth - 1]])
+                raise ValueError(f"%%diagnose: {known} has no attribute {attribute!r} that holds a model or optimizer")
+        held_models, held_optimizers = (
+            ([], []) if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)) else reachable([value])
+        )
         if isinstance(value, torch.nn.Module):
             models.append(value)
         elif isinstance(value, torch.optim.Optimizer):
             optimizers.append(value)
+        elif held_models or held_optimizers:
+            models += held_models
+            optimizers += held_optimizers
         else:
             raise TypeError(
-                f"%%diagnose: {name} is a {type(value).__name__}; the names after %%diagnose are the "
-                f"models (torch.nn.Module) and optimizers the cell trains"
+                f"%%diagnose: {name} is {_a(type(value).__name__)}; the names after %%diagnose are the "
+                f"models (torch.nn.Module) and optimizers the cell trains, or objects that hold them"
             )
     return models, optimizers
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
+def _attribute(value: Any, name: str) -> Any:
+    """``value.name`` as an object holds it (a submodule of a module, an instance's own attribute), or ``_MISSING``:
+    no property or ``__getattr__`` runs."""
+    if isinstance(value, torch.nn.Module) and name in value._modules:
+        return value._modules[name]
+    found = inspect.getattr_static(value, name, _MISSING)
+    return _MISSING if hasattr(found, "__get__") and not isinstance(found, torch.nn.Module) else found
 
 
 def _cell_file(shell: Any) -> str | None:

@@ -880,6 +880,44 @@ def test_a_step_whose_own_loop_carries_a_total_is_judged_by_that_loops_passes(re
         assert [c.verdict for c in audit.calls] == ["goes with the carried fix"], audit
 
 
+class ChunkTrainer:
+    """Truncated backpropagation over chunks of a sequence, in a method of the learner's trainer, its hidden state
+    kept on itself and never detached."""
+
+    def __init__(self) -> None:
+        self.cell, self.out = nn.GRUCell(3, 4), nn.Linear(4, 1)
+        self.opt = torch.optim.SGD([*self.cell.parameters(), *self.out.parameters()], lr=0.1)
+
+    def train_sequence(self, xs: torch.Tensor, ys: torch.Tensor) -> None:
+        self.h = torch.zeros(2, 4)
+        for t in range(0, len(xs), 2):
+            self.opt.zero_grad()
+            loss: Any = 0
+            for s in range(t, t + 2):
+                self.h = self.cell(xs[s], self.h)
+                loss = loss + ((self.out(self.h) - ys[s]) ** 2).mean()
+            loss.backward()
+            self.opt.step()
+
+
+def test_a_step_that_calls_a_method_whose_loop_holds_its_steps_is_judged_by_that_loops_passes() -> None:
+    """``bt.diagnose(lambda: trainer.train_sequence(xs, ys))`` was "1 run of step; ... build `self.h` inside the
+    loop that runs line N's backward" (one iteration that backwards twice), where a watch around the same call says
+    "`self.h` carries iteration 1's graph into iteration 2" with its detach. The truth (no helpers): pass 2 of the
+    chunk loop raises "a second time"; ``self.h = self.h.detach()`` at the end of its passes runs."""
+    torch.manual_seed(0)
+    trainer = ChunkTrainer()
+    xs, ys = torch.randn(6, 2, 3), torch.randn(6, 2, 1)
+    result = diagnose(lambda: trainer.train_sequence(xs, ys), models=[trainer.cell, trainer.out])
+    headline = "backward-twice: 1 thing to fix (2 iterations watched in 1 run of the step;"
+    assert result.verdict.startswith(headline), result
+    [item] = result.items
+    with pytest.raises(RuntimeError, match="second time"), watch() as watched:
+        trainer.train_sequence(xs, ys)
+    assert [(i.label, i.fix) for i in watched.report.items] == [(item.label, item.fix)]
+    assert item.fix == "add `self.h = self.h.detach()` at the end of each iteration", item.fix
+
+
 def test_a_step_with_a_loop_around_some_of_its_backward_calls_is_judged_by_its_runs() -> None:
     """A WGAN step: the critic's loop holds D's backward, G's backward comes after it. No loop of the step holds
     every backward call, so the step's runs stay its iterations."""

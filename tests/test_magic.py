@@ -63,12 +63,63 @@ def test_a_step_that_detaches_is_healthy(shell) -> None:
         ("cell x", BODY, "x is a Tensor"),
         ("cell optimizer", "   \n", "the cell is empty"),
         ("cell optimizer", "h = = 1", "the cell is not Python"),
+        ("cell.nothing optimizer", BODY, "cell has no attribute 'nothing' that holds a model or optimizer"),
+        ("trainer.model.missing", BODY, "trainer.model has no attribute 'missing'"),
+        ("trainer.busy", BODY, "trainer has no attribute 'busy'"),  # a property: never run
+        ("trainer.steps", BODY, "trainer.steps is an int"),
     ],
 )
 def test_bad_input_is_a_usage_error_with_a_clear_message(shell, capsys, line, body, message) -> None:
+    run(shell, TRAINER)
     result = run(shell, f"%%diagnose {line}\n{body}")
     assert result.result is None
     assert message in capsys.readouterr().err
+    assert shell.user_ns["trainer"].ran == 0  # no property, no step ran
+
+
+# A trainer object that keeps its model and optimizer and trains over chunks of a sequence in its own method, with
+# its hidden state on itself, never detached: the chunk loop's passes are the iterations.
+TRAINER = """
+class Trainer:
+    def __init__(self):
+        self.model = torch.nn.ModuleDict({"cell": torch.nn.GRUCell(3, 4), "out": torch.nn.Linear(4, 1)})
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.steps, self.ran = 0, 0
+
+    @property
+    def busy(self):
+        self.ran += 1
+        return self.model
+
+    def train_sequence(self, xs, ys):
+        self.h = torch.zeros(2, 4)
+        for t in range(0, len(xs), 2):
+            self.opt.zero_grad()
+            loss = 0
+            for s in range(t, t + 2):
+                self.h = self.model["cell"](xs[s], self.h)
+                loss = loss + ((self.model["out"](self.h) - ys[s]) ** 2).mean()
+            loss.backward()
+            self.opt.step()
+
+torch.manual_seed(0)
+trainer = Trainer()
+xs, ys = torch.randn(6, 2, 3), torch.randn(6, 2, 1)
+"""
+
+
+@pytest.mark.parametrize("line", ["trainer", "trainer.model trainer.opt", "trainer.model.cell trainer.opt"])
+def test_the_models_may_be_named_through_the_object_that_holds_them(shell, line) -> None:
+    """``%%diagnose trainer`` was "trainer is a Trainer", ``%%diagnose trainer.model`` "no variable named
+    'trainer.model'": an object that holds the models, and a dotted name, are what a learner with a trainer class
+    types. The method's chunk loop holds every backward and step: its passes are the iterations, as a watch finds."""
+    run(shell, TRAINER)
+    before = shell.user_ns["trainer"].model["cell"].weight_hh.detach().clone()
+    result = run(shell, f"%%diagnose {line}\ntrainer.train_sequence(xs, ys)")
+    shown = repr(result.result)
+    assert shown.startswith("backward-twice: 1 thing to fix (2 iterations watched in 1 run of the cell;"), shown
+    assert "fix: add `self.h = self.h.detach()` at the end of each iteration" in shown, shown
+    assert torch.equal(shell.user_ns["trainer"].model["cell"].weight_hh, before)
 
 
 def test_a_state_set_to_none_in_an_earlier_cell_is_detached_at_the_end_of_each_iteration(shell) -> None:

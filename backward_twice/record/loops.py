@@ -14,6 +14,8 @@ half of that, per code object (a function, a method, a script's or a notebook ce
 * :func:`outermost_loop_around`: the outermost loop that holds a line in a function the iteration's loop calls (where
   a carried state's detach goes, once a call);
 * :func:`holds_a_backward`: whether a loop is, as written, the innermost one around a backward call of its code;
+* :func:`calls_outside_loops`: the calls of a code's own scope that no loop of it holds (a step that calls the
+  learner's ``train_sequence()``, whose own loop is the iteration's);
 * :func:`loop_inside`: the loop, nested in the one that holds a backward, that holds a line of the same function
   (where a total of this iteration's losses is summed, and starts afresh).
 
@@ -38,6 +40,7 @@ from backward_twice.record.sources import function_around, memo, parsed
 __all__ = [
     "Loop",
     "StepCall",
+    "calls_outside_loops",
     "enclosing",
     "holds_a_backward",
     "loop_inside",
@@ -261,6 +264,12 @@ def step_calls(code: types.CodeType) -> tuple[StepCall, ...]:
     """The calls of ``code``'s own scope to ``.backward(``, ``.manual_backward(``, ``autograd.grad(`` and
     ``.step(``, by line."""
     return _scope(code).steps
+
+
+def calls_outside_loops(code: types.CodeType) -> tuple[tuple[str, str | None], ...]:
+    """The calls of ``code``'s own scope outside any loop of it, as (name, attribute): ``("trainer",
+    "train_sequence")`` for ``trainer.train_sequence(xs, ys)``, ``("train", None)`` for ``train()``."""
+    return tuple((name, attribute) for line, name, attribute in _scope(code).calls if not enclosing(code, line))
 
 
 def holds_a_backward(

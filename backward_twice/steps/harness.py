@@ -13,7 +13,8 @@ step):
   raises PyTorch's own error where the step as written would), and a graph built before the step keeps its
   buffers, so it is still usable afterwards. Each run is one iteration (``next_iteration()`` after it), unless a
   loop of the step's own code holds its backward calls and its optimizers' steps (Reptile's inner loop, a TBPTT
-  chunk loop that steps each chunk): then, as in a watched loop, that loop's passes are the iterations (a run starts
+  chunk loop that steps each chunk), or of a function of the learner's that a step with no backward of its own calls
+  (``trainer.train_sequence(xs, ys)``): then, as in a watched loop, that loop's passes are the iterations (a run starts
   a new one too);
 * before the first run, a :class:`backward_twice.steps.snapshot.CpuSnapshot` copies what the runs may change
   (the models, the optimizers, the random streams, what the step reaches by name) and puts it back after the last;
@@ -21,11 +22,13 @@ step):
 * the gradients each optimizer receives are kept (on the CPU) at its first ``step()``; without optimizers, the
   models' ``.grad`` after the first run.
 
-Used by :mod:`backward_twice.steps.audit`, :mod:`backward_twice.steps.carried` and :mod:`backward_twice.steps.diagnose`.
+Used by :mod:`backward_twice.magic`, :mod:`backward_twice.steps.audit`, :mod:`backward_twice.steps.carried` and
+:mod:`backward_twice.steps.diagnose`.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -35,13 +38,13 @@ from typing import Any
 import torch
 
 from backward_twice.judge.verdicts import Verdicts, judge
-from backward_twice.record.loops import holds_a_backward, loops_of, step_calls
+from backward_twice.record.loops import calls_outside_loops, holds_a_backward, loops_of, step_calls
 from backward_twice.record.names import CodeSite
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.step_input import as_items, check_step, hook_owners, known_names
 from backward_twice.steps.snapshot import CpuSnapshot, cpu_copy
 
-__all__ = ["StepRun", "run_step"]
+__all__ = ["StepRun", "reachable", "run_step"]
 
 
 @dataclass
@@ -76,7 +79,7 @@ def run_step(
     models = as_items(models, torch.nn.Module, "models", "torch.nn.Module", who)
     optimizers = as_items(optimizers, torch.optim.Optimizer, "optimizers", "torch.optim.Optimizer", who)
     names = known_names(step)
-    found_models, found_optimizers = _reachable(names.values())  # a wrapper's self._optim, a PPO's policy
+    found_models, found_optimizers = reachable(names.values())  # a wrapper's self._optim, a PPO's policy
     models = tuple({id(m): m for m in (*models, *found_models)}.values())
     optimizers = tuple({id(o): o for o in (*optimizers, *found_optimizers)}.values())
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
@@ -101,7 +104,9 @@ def run_step(
 
     recorder.before_step = capture
     code = getattr(step, "__code__", None)
-    recorder.by_runs = code is None or not _a_loop_holds_its_steps(code)
+    recorder.by_runs = code is None or not (
+        _a_loop_holds_its_steps(code) or _calls_a_loop_that_holds_its_steps(code, names)
+    )
     recorder.caught.by_runs = True  # a run that returns after its backward raised: the step caught it
     recorder.outermost = sys._getframe()  # the step's names are inside it; the caller's, outside
     if code is not None:
@@ -137,10 +142,30 @@ def _a_loop_holds_its_steps(code: types.CodeType) -> bool:
     return any(holds_a_backward(code, loop) and all(loop.holds(call.line) for call in calls) for loop in loops_of(code))
 
 
-def _reachable(values: Iterable[Any], depth: int = 0) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
+def _calls_a_loop_that_holds_its_steps(code: types.CodeType, names: Mapping[str, Any]) -> bool:
+    """Whether a step with no backward of its own calls a function of the learner's whose own loop holds all of its
+    backward and ``.step()`` calls (``trainer.train_sequence(xs, ys)``, truncated backpropagation over chunks): that
+    loop's passes are the iterations, as a watch around the call counts them. ``names``: what the step knows objects
+    by; an object's attribute is read from its class's ``__dict__`` (no property runs), and nothing is called."""
+    if step_calls(code):
+        return False
+    for name, attribute in calls_outside_loops(code):
+        value = names.get(name)
+        try:
+            if attribute is not None:
+                value = inspect.getattr_static(type(value), attribute, None)
+            function = getattr(value, "__func__", value)
+        except Exception:  # an object that refuses to be read: no function of theirs found
+            continue
+        if isinstance(function, types.FunctionType) and _a_loop_holds_its_steps(function.__code__):
+            return True
+    return False
+
+
+def reachable(values: Iterable[Any], depth: int = 0) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
     """The modules and optimizers among ``values``, in their lists, tuples and dicts, and in the attributes of the
     objects they hold, two levels deep (``state["model"]``, ``ppo.policy``, ``pc_adam._optim``), and the optimizers
-    a module keeps as an attribute (``self.meta_optim``)."""
+    a module keeps as an attribute (``self.meta_optim``): what a step's names, or ``%%diagnose trainer``, reach."""
     models: list[torch.nn.Module] = []
     optimizers: list[torch.optim.Optimizer] = []
     for value in values:
@@ -150,11 +175,11 @@ def _reachable(values: Iterable[Any], depth: int = 0) -> tuple[list[torch.nn.Mod
         elif isinstance(value, torch.optim.Optimizer):
             optimizers.append(value)
         elif depth < 2 and isinstance(value, (list, tuple)):
-            inner = _reachable(value[:64], depth + 1)
+            inner = reachable(value[:64], depth + 1)
             models += inner[0]
             optimizers += inner[1]
         elif depth < 2 and isinstance(value, dict):
-            inner = _reachable(list(value.values())[:64], depth + 1)
+            inner = reachable(list(value.values())[:64], depth + 1)
             models += inner[0]
             optimizers += inner[1]
         elif (
@@ -163,7 +188,7 @@ def _reachable(values: Iterable[Any], depth: int = 0) -> tuple[list[torch.nn.Mod
             and not isinstance(value, (type, types.ModuleType))
             and not callable(value)
         ):
-            inner = _reachable(list(vars(value).values())[:64], depth + 1)
+            inner = reachable(list(vars(value).values())[:64], depth + 1)
             models += inner[0]
             optimizers += inner[1]
     return models, optimizers
