@@ -21,7 +21,7 @@ from backward_twice.judge.built import (
     rebinds_from_itself,
     starts_without_a_tensor,
 )
-from backward_twice.judge.fixes import carried_fix, read_after_its_build
+from backward_twice.judge.fixes import carried_fix, read_after_its_build, whole_state, whole_state_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
 from backward_twice.judge.uses import bound_in, first_read, list_use, read_first
 from backward_twice.record.iterations import Split
@@ -55,6 +55,7 @@ class CarriedFinding:
     chained: bool = True  # a backward walked graphs of several earlier iterations at once (False: one at a time)
     stored_at: str | None = None  # without a loop of the learner's: their line that stores it
     detach_after: str | None = None  # and the line the fix goes after (a later line of the step may read it whole)
+    state: str | None = None  # the state its fix detaches whole (``net.mem``), of which ``name`` is an item
 
 
 def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
@@ -205,6 +206,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             e.chained,
             None if stored is None or stored[1] is None or at_entry else learner_line_at(*stored[1]),
             None if stored is None or stored[2] is None or at_entry else learner_line_at(*stored[2]),
+            _detached_whole(name, e, fix),
         )
         for e, named in ((e, as_the_line_names_it(e.name, e.built_at)) for e in _named_first(list(found.values())))
         for stored in (as_stored(named, recorder.creation.ran, site_of(e.built_at)) if stored_only and named else None,)
@@ -216,6 +218,12 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             or carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e), e),
         )
     ]
+
+
+def _detached_whole(name: str | None, carried: _Carried, fix: str) -> str | None:
+    """The state ``fix`` detaches whole (:func:`backward_twice.judge.fixes.whole_state`), if it is that fix."""
+    root = whole_state(name, carried.container, carried.built_at) if name else None
+    return root if root is not None and fix == whole_state_fix(root) else None
 
 
 def _body(recorder: Recorder) -> tuple[str, int, int] | None:

@@ -21,7 +21,15 @@ from backward_twice.record.learner import lines_of_file, site_of, source_lines
 from backward_twice.record.loops import loop_inside
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["ERROR_FIXES", "carried_fix", "in_place_fix", "items_of_one_list", "second_backward_fix"]
+__all__ = [
+    "ERROR_FIXES",
+    "carried_fix",
+    "in_place_fix",
+    "items_of_one_list",
+    "second_backward_fix",
+    "whole_state",
+    "whole_state_fix",
+]
 
 ERROR_FIXES = {
     "backward a second time": "a backward freed this graph's buffers and a later one goes through them: add "
@@ -264,16 +272,9 @@ def carried_fix(
         update = site_of(built_at)
         line = f"line {update[1]}" if update else "the update that built it"
         return f"run {line} under `with torch.no_grad():`, so updating `{name}` records no graph"
-    nested = re.fullmatch(r"(.*?)((?:\[\d+\]){2,})", name)  # an item of an item by position
-    if container == "state":  # held under two entries of one dict (a memory's state and its history)
-        detached = f"torch.utils._pytree.tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, {name})"
-        return f"add `{name} = {detached}` at the end of each iteration"
-    if nested and container in ("tuple", "list") and not _appended_to(name, built_at):
-        # a state of lists and tuples in a tuple (an NTM's ``previous_state = (reads, (h, c), heads)``), rebuilt each
-        # pass: an item of a tuple cannot be assigned, so the whole state is detached, whatever its shape
-        root = nested.group(1)
-        detached = f"torch.utils._pytree.tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, {root})"
-        return f"add `{root} = {detached}` at the end of each iteration"
+    root = whole_state(name, container, built_at)
+    if root is not None:
+        return whole_state_fix(root)
     item = re.match(r"^(.*)\[[^\]]*\]$", name)
     if item and container == "tuple":
         whole = item.group(1)
@@ -382,6 +383,25 @@ def _as_spelled_in_its_methods(name: str) -> list[str]:
     """``name`` and, for an attribute chain, the same attribute as its object's methods spell it (``atk.delta``:
     ``self.delta``), the spelling the lines that grow or read it use."""
     return [name, f"self.{name.split('.', 1)[1]}"] if "." in name else [name]
+
+
+def whole_state(name: str, container: str | None, built_at: str) -> str | None:
+    """The state a carried graph's fix detaches whole, every tensor in it: a dict that holds the tensor under two
+    entries (``container`` "state": a memory's last state, also appended to its history), or the root of an item of an
+    item by position of tuples and lists rebuilt each pass (an NTM's ``previous_state = (reads, (h, c), heads)``: an
+    item of a tuple cannot be assigned). None for any other carrier."""
+    if container == "state":
+        return name
+    nested = re.fullmatch(r"(.*?)((?:\[\d+\]){2,})", name)
+    if nested and container in ("tuple", "list") and not _appended_to(name, built_at):
+        return nested.group(1)
+    return None
+
+
+def whole_state_fix(root: str) -> str:
+    """The fix that detaches every tensor of the state ``root``, whatever its shape of tuples, lists and dicts."""
+    detached = f"torch.utils._pytree.tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, {root})"
+    return f"add `{root} = {detached}` at the end of each iteration"
 
 
 def _appended_to(item: str, built_at: str) -> bool:

@@ -162,9 +162,9 @@ def carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ban
     followed = spelled
     if grouped is not None:  # a cache's layers[i].keys and .values: one spelling, one statement that detaches them
         spelled, followed = grouped[0], "them"
-    state = re.match(r"add `([^`=]+?) = torch\.utils\._pytree\.tree_map\(", first.fix)
-    if state is not None and first.name and all(n.startswith(f"{state.group(1)}[") for n in (name, *others)):
-        spelled = followed = f"`{state.group(1)}`"  # items of one state the fix detaches whole: the state
+    state = first.state
+    if state is not None and first.name and all(n == state or n.startswith(f"{state}[") for n in (name, *others)):
+        spelled = followed = f"`{state}`"  # items of one state the fix detaches whole: the state
         others = []
     origin = "the graph built before the loop" if first.iteration is None else f"iteration {first.iteration}'s graph"
     into = f"iteration {first.reached_from}"
