@@ -91,7 +91,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="backward-twice", description="Backward Twice's tools from the shell.")
     commands = parser.add_subparsers(dest="command", required=True)
     watch = commands.add_parser(
-        "watch", help="run a training script unmodified under the recorder and print what it found"
+        "watch",
+        help="run a training script unmodified under the recorder and print what it found",
+        usage=(
+            "backward-twice watch [-h] [--iterations N] [--json PATH] [--verbose] [--no-traceback] script [args ...]\n"
+            "       backward-twice watch [options] -m module [args ...]   (as python -m)"
+        ),
     )
     watch.add_argument(
         "--iterations", type=int, default=None, metavar="N", help="stop at the top of pass N+1 of the script's loop"
@@ -106,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     watch.add_argument(
         "script", help="the training script (or a folder with __main__.py), as you would pass it to python"
     )
-    watch.add_argument("args", nargs="*", help="the script's own arguments, as given (a leading -- included)")
+    watch.add_argument(
+        "args", nargs="*", default=[], help="the script's own arguments, as given (a leading -- included)"
+    )
     return parser
 
 

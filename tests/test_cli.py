@@ -162,6 +162,9 @@ def test_python_dash_m_backward_twice_is_the_command(project: Path) -> None:
 def test_bad_input_gets_a_clear_message_before_the_script_runs(project: Path) -> None:
     missing = _run(project, "watch", "nothing.py")
     assert missing.returncode == 2 and missing.stderr == "backward-twice watch: no such script: nothing.py\n"
+    none = _run(project, "watch")  # it said "required: script, args", though a script takes none
+    assert none.returncode == 2 and none.stderr.endswith("error: the following arguments are required: script\n")
+    assert "-m module [args ...]" in _run(project, "watch", "--help").stdout  # python -m's way in, which it takes
     zero = _run(project, "watch", "--iterations", "0", "train.py")
     assert zero.returncode == 2 and zero.stderr == "backward-twice watch: --iterations must be 1 or more\n"
     (project / "empty").mkdir()
