@@ -1596,6 +1596,23 @@ def test_iterations_n_end_a_frameworks_own_loop_as_its_step_limit_does(tmp_path:
     assert "2 iterations watched, then stopped as asked" in watched.stdout, watched.stdout
 
 
+@pytest.mark.parametrize("framework", FRAMEWORK_STOPS)
+def test_iterations_n_let_a_frameworks_loop_that_ends_after_n_steps_on_its_own_end_as_it_does(
+    tmp_path: Path, framework: str
+) -> None:
+    """The same loops, limited to 2 optimizer steps by their own ``max_steps``, under ``--iterations 2``: the stop was
+    raised where ``fit()`` / ``train()`` returned, though no pass 3 was to come, and the script's code after it never
+    ran ("then stopped as asked"), where python runs it. The truth: the bare run prints its line after the call."""
+    limited, _ = LIMITS[framework]
+    script = FRAMEWORK_STOPS[framework].replace("{limit}", limited).rstrip() + '\n        print("after the call")\n'
+    bare, watched = run(tmp_path, script, "--iterations", "2")
+    assert bare.returncode == watched.returncode == 0, watched.stderr[-2000:]
+    assert "after the call" in bare.stdout and "after the call" in watched.stdout, watched.stdout
+    told = [line for line in bare.stdout.splitlines() if line.startswith("state")]
+    assert [line for line in watched.stdout.splitlines() if line.startswith("state")] == told
+    assert "backward-twice: healthy (2 iterations watched, 4 backward calls" in watched.stdout, watched.stdout
+
+
 ACCUMULATED = """
     import torch
 

@@ -126,6 +126,7 @@ class FrameworkStop:
         self._returning: types.FrameType | None = None  # the framework's call the learner's code made (``fit``)
         self._stop: Callable[[], BaseException] | None = None
         self._package = ""  # the asked trainer's top package (``pytorch_lightning``, ``transformers``)
+        self.ends_on_its_own = False  # the step that ended iteration N was its last anyway: no stop was raised
 
     def runs_the_loop(self, frame: types.FrameType | None) -> bool:
         """Whether a trainer of a framework the tool knows runs the loop around ``frame`` (looked once a run): its
@@ -153,6 +154,9 @@ class FrameworkStop:
         if found is None:
             return False
         kind, trainer, self._package = found
+        if _ends_with_this_step(kind, trainer):  # its own limit ends it here: nothing to stop, the code after runs
+            self.ends_on_its_own = True
+            return False
         if kind == "lightning" and trainer.should_stop is False:
             trainer.should_stop, self._lightning = True, trainer
             return True
@@ -202,6 +206,28 @@ class FrameworkStop:
         except Exception:  # a framework's change: its flag stays as the stop left it
             pass
         return self.asked
+
+
+def _ends_with_this_step(kind: str, trainer: Any) -> bool:
+    """Whether the trainer's own limits end its loop with the optimizer step that runs now (read in that step, before
+    the trainer counts it): transformers' ``max_steps`` reached; Lightning's ``max_steps``, or the last batch of its
+    last epoch (``max_epochs``, ``limit_train_batches``). A trainer asked to stop there would end as it ends anyway,
+    and the stop raised where its call returns would cut the learner's code after ``fit()`` that python runs. False
+    where a limit cannot be read."""
+    try:
+        if kind == "transformers":
+            state = trainer.state
+            return bool(state.max_steps and state.max_steps > 0 and state.global_step + 1 >= state.max_steps)
+        max_steps = trainer.max_steps
+        if max_steps is not None and max_steps >= 0 and trainer.global_step + 1 >= max_steps:
+            return True
+        batches = trainer.num_training_batches
+        last_batch = trainer.fit_loop.epoch_loop.batch_progress.current.ready >= batches
+        max_epochs = trainer.max_epochs
+        last_epoch = max_epochs is not None and max_epochs >= 0 and trainer.current_epoch + 1 >= max_epochs
+        return bool(last_batch and last_epoch)
+    except Exception:  # a framework's change: asked, as before
+        return False
 
 
 def _trainer_around(frame: types.FrameType | None) -> tuple[str, Any, str] | None:
