@@ -16,7 +16,9 @@ with its end-of-training hooks, where a stop raised into it would run its except
 ``on_exception``, where an ``OnExceptionCheckpoint`` writes a checkpoint). The stop is then raised where the learner's
 call into the framework (``trainer.fit(...)``) returns (:meth:`FrameworkStop.stop_on_return`, on the same profile
 hook): the code after it does not run, as after a loop of the learner's own. If the framework goes on anyway (a
-``min_steps`` not met), the raised stop comes as before.
+``min_steps`` not met), the raised stop comes as before. A trainer whose own limit ends its loop with that very step
+(``max_steps``, the last batch of its last epoch) is neither asked nor stopped: no pass N+1 was to come, and the
+learner's code after ``fit()`` runs, as it does after a loop of their own that ends by itself.
 
 A loop whose backward calls start late (a DQN's ``learning_starts``: no backward in its first thousand passes) is
 not known as the iteration's loop until the first one runs. :func:`stop_before_any_event` stops it at the top of pass
