@@ -22,8 +22,10 @@ from __future__ import annotations
 import ast
 import inspect
 import linecache
+import re
 import sys
 import types
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -141,7 +143,12 @@ def diagnose_cell(line: str, cell: str, shell: Any) -> Diagnosis:
     exec(compile(module, filename, "exec"), namespace, scope)
     step = scope[_STEP_NAME]
     step.__name__ = "<cell>"  # the report says "runs of the cell"
-    return diagnose(step, models=models, optimizers=optimizers)
+    diagnosis = diagnose(step, models=models, optimizers=optimizers)
+    # the diagnosis is the cell's output, Out[n] of its In[n]: no name of the notebook holds it
+    named = shell.compile.format_code_name(filename) or ("", "")
+    number = re.fullmatch(r"In\[(\d+)\]", str(named[1]))
+    output = f"Out[{number.group(1)}]" if number else "_"
+    return replace(diagnosis, more=f"print({output}.evidence()) shows the evidence")
 
 
 def load_ipython_extension(ipython: Any) -> None:

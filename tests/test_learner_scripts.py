@@ -2352,3 +2352,35 @@ def test_an_error_a_backward_raises_that_the_loop_raises_again_as_another_is_nam
     assert python.stderr.strip().endswith("ValueError: bad batch 1"), python.stderr
     assert "1. the loop raised ValueError, before retain_graph matters" in watched.stdout, watched.stdout
     assert 'raised "bad batch 1"' in watched.stdout and "non-finite" not in watched.stdout, watched.stdout
+
+
+RUNNING_TOTAL = """
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    running_loss = 0.0
+    for batch_idx in range(6):
+        if batch_idx % 2 == 0:
+            optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(torch.randn(3, 4)), torch.randint(0, 2, (3,)))
+        loss.backward()
+        if (batch_idx + 1) % 2 == 0:
+            optimizer.step()
+        running_loss += {kept} * 3
+    print("total", round(float(running_loss), 4))
+    """
+
+
+@pytest.mark.parametrize("iterations", [[], ["--iterations", "2"], ["--iterations", "3"]])
+def test_a_running_total_kept_as_a_tensor_is_a_note_however_long_the_watch(tmp_path: Path, iterations: list) -> None:
+    """Gradient accumulation with its running total kept as a tensor (a forum thread's loop, ``loss.item()`` dropped):
+    the whole run gave "`running_loss` keeps one more iteration's graph alive every iteration", ``--iterations 2``
+    "healthy ... nothing carried". Read where the watch stops, the total holds a graph reaching back over both
+    iterations, which no backward walks again: the same note. The total kept as a number is healthy either way."""
+    python, watched = run(tmp_path, RUNNING_TOTAL.replace("{kept}", "loss"), *iterations)
+    assert python.returncode == watched.returncode == 0, watched.stderr
+    assert "1. `running_loss` keeps one more iteration's graph alive every iteration" in watched.stdout, watched.stdout
+    python, watched = run(tmp_path, RUNNING_TOTAL.replace("{kept}", "loss.item()"), *iterations)
+    assert "backward-twice: healthy" in watched.stdout, watched.stdout

@@ -320,3 +320,15 @@ def test_a_cells_own_loop_around_its_backward_splits_the_iterations_as_the_other
     assert shown.startswith("backward-twice: 1 thing to fix (2 iterations watched in 1 run of the cell;"), shown
     assert "`task_loss` carries iteration 1's graph into iteration 2" in shown, shown
     assert f"Cell In[{result.execution_count}], line 8 | task_loss = task_loss + (pred - 1).pow(2).mean()" in shown
+
+
+def test_the_way_to_the_evidence_the_diagnosis_names_runs_in_the_next_cell(shell, capsys) -> None:
+    """Its last line said "more: print(diagnosis.evidence())", a name no cell binds (a NameError as printed). The
+    diagnosis is the cell's output: the line names it as ``Out[n]``, which the next cell can print."""
+    result = run(shell, f"%%diagnose cell optimizer\n{BODY}")
+    more = repr(result.result).splitlines()[-1]
+    assert more == f"more: print(Out[{result.execution_count}].evidence()) shows the evidence", more
+    capsys.readouterr()
+    shown = run(shell, more.removeprefix("more: ").removesuffix(" shows the evidence"))
+    assert shown.error_in_exec is None, shown.error_in_exec
+    assert "evidence:" in capsys.readouterr().out

@@ -77,7 +77,10 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         # built since the last pass's last event and reaching back before it: a total kept across passes
         late = built == held_in and earliest < held_in
         oldest, checked = (earliest, held_graph.earliest) if late else (built, sequence)
-        if not oldest < held_in <= last or walked.get(checked, 0) >= held_in:
+        # read where iterations=N stopped (pass N+1's top): no backward of that pass ran to walk what is held into
+        # it, so only a graph reaching back over several iterations (a total kept across them) tells anything there
+        at_the_stop = recorder.stopped and held_in == last + 1
+        if not (oldest < held_in <= last or at_the_stop) or walked.get(checked, 0) >= held_in:
             continue
         if holder in rebound and earliest < built and walked.get(held_graph.earliest, 0) >= held_in:
             continue  # each pass's graph, reaching back into one later backwards walk: the carried graph's finding
@@ -86,7 +89,10 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
         # a graph built before the loop that each iteration's graph reaches (features = encoder(images)) is the
         # carried graph's finding, not a name's growth: the span counts from iteration 1
-        held.append((holder, sequence, built, held_graph, built - int(late) - max(earliest, 1) + 1))
+        spans = built - int(late) - max(earliest, 1) + 1
+        if at_the_stop and (spans < 2 or oldest >= held_in or walked.get(held_graph.earliest, 0) > earliest):
+            continue  # (what it reaches back to, a later backward walked: state the loop uses, not a total)
+        held.append((holder, sequence, built, held_graph, spans))
     together: dict[tuple[str, int], set[int]] = {}  # (a name's root, a sighting) -> the iterations whose graphs it
     for holder, _, built, held_graph, _ in held:  # held there: a name rebound each iteration holds one at a time
         together.setdefault((_root(holder), held_graph.sighting), set()).add(built)

@@ -50,6 +50,7 @@ class Diagnosis:
     carried: CarriedGraphReport
     audit: RetainAudit
     report: Report
+    more: str = "print(diagnosis.evidence()) shows the evidence"  # how the learner reads the evidence (the magic's Out)
 
     @property
     def items(self) -> tuple[Item, ...]:
@@ -68,7 +69,7 @@ class Diagnosis:
         return render_text(self.report, verbose=True)
 
     def __repr__(self) -> str:
-        return render_text(self.report, more="print(diagnosis.evidence()) shows the evidence")
+        return render_text(self.report, more=self.more)
 
     def _repr_html_(self) -> str:
         return render_html(self.report)
