@@ -984,3 +984,18 @@ def test_a_step_that_accumulates_gradients_over_a_loop_is_one_iteration_a_run_as
         for _ in range(3):
             step()
     assert str(watched).startswith("backward-twice: healthy (3 iterations watched, 9 backward calls"), str(watched)
+
+
+def test_the_way_to_the_evidence_uses_the_learners_own_name_for_the_diagnosis() -> None:
+    """The footer said "print(diagnosis.evidence())" whatever the diagnosis was called (``d = bt.diagnose(step)``: a
+    NameError as printed). It names the caller's variable, and says what to call where none holds it."""
+    model = nn.Linear(2, 1)
+
+    def step() -> None:
+        model(torch.ones(1, 2)).sum().backward(retain_graph=True)  # a retain that can go: one item, and the footer
+
+    d = diagnose(step, models=[model])
+    assert repr(d).splitlines()[-1] == "more: print(d.evidence()) shows the evidence", repr(d)
+    assert repr(diagnose(step, models=[model])).splitlines()[-1] == (
+        "more: .evidence() of this diagnosis shows the evidence"
+    )

@@ -265,8 +265,9 @@ def _one_state(node: NamedGraph) -> str | None:
     as a detach of one entry leaves the graph in the other. None when its spellings share no such state."""
     spellings = {node.name, *node.same}
     roots = {spelled.split("[", 1)[0] for spelled in spellings}
-    if len(spellings) < 2 or len(roots) != 1 or not all("[" in spelled for spelled in spellings):
-        return None
+    items = (re.fullmatch(r"[\w.]+(?:\[[^\]]+\])+", spelled) for spelled in spellings)  # keys and positions only: an
+    if len(spellings) < 2 or len(roots) != 1 or not all(items):  # object's attribute (``state['loader'].labels``) is
+        return None  # out of a tree_map's reach
     return roots.pop()
 
 

@@ -22,6 +22,10 @@ Used by notebooks 05_your_training_step and 06_real_stack, and by learners on th
 
 from __future__ import annotations
 
+import linecache
+import re
+import sys
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -50,7 +54,7 @@ class Diagnosis:
     carried: CarriedGraphReport
     audit: RetainAudit
     report: Report
-    more: str = "print(diagnosis.evidence()) shows the evidence"  # how the learner reads the evidence (the magic's Out)
+    more: str = ".evidence() of this diagnosis shows the evidence"  # in the caller's name for it, if any
 
     @property
     def items(self) -> tuple[Item, ...]:
@@ -111,4 +115,19 @@ def diagnose(
         carried,
         audit,
         report,
+        _way_to_the_evidence(sys._getframe(1)),
+    )
+
+
+def _way_to_the_evidence(caller: types.FrameType) -> str:
+    """The footer's way to the evidence, in the caller's own name for the diagnosis (``d = bt.diagnose(step)``:
+    ``print(d.evidence())``); a diagnosis no name holds is the cell's output in a notebook (``_``)."""
+    code = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
+    assigned = re.match(r"\s*(\w+)\s*=\s*[\w.]*\bdiagnose\(", code)
+    if assigned is not None:
+        return f"print({assigned.group(1)}.evidence()) shows the evidence"
+    ipython = sys.modules.get("IPython")  # never imported here: only a running shell displays its cells' values
+    in_a_shell = ipython is not None and ipython.get_ipython() is not None
+    return (
+        "print(_.evidence()) shows the evidence" if in_a_shell else ".evidence() of this diagnosis shows the evidence"
     )
