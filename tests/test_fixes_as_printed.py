@@ -301,3 +301,44 @@ def test_one_state_held_under_two_entries_of_a_dict_is_detached_whole_as_printed
     assert fix.startswith("net.mem = torch.utils._pytree.tree_map("), fix
     fixed = _run(MEMORY.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")["net"]
     assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())
+
+
+# SAC's automatic entropy tuning (pranz24/pytorch-soft-actor-critic, sac.py: ``self.alpha = args.alpha``, then
+# ``self.alpha = self.log_alpha.exp()`` after each update), its settings unpacked from one tuple as a script does.
+SAC = """
+import torch
+
+torch.manual_seed(0)
+gamma, alpha = 0.99, 0.2
+policy = torch.nn.Linear(3, 1)
+policy_optim = torch.optim.Adam(policy.parameters(), lr=1e-2)
+log_alpha = torch.zeros(1, requires_grad=True)
+alpha_optim = torch.optim.Adam([log_alpha], lr=1e-2)
+for update in range(4):
+    states = torch.randn(8, 3)
+    log_pi = policy(states)
+    policy_loss = (alpha * log_pi - gamma * states.sum(1, keepdim=True)).pow(2).mean()
+    policy_optim.zero_grad()
+    policy_loss.backward()
+    policy_optim.step()
+    alpha_loss = -(log_alpha * (log_pi + 1.0).detach()).mean()
+    alpha_optim.zero_grad()
+    alpha_loss.backward()
+    alpha_optim.step()
+    alpha = log_alpha.exp()
+    # END OF ITERATION
+"""
+
+
+def test_a_carrier_that_starts_as_a_number_unpacked_from_a_tuple_is_detached_after_it_holds_a_tensor(
+    tmp_path: Path,
+) -> None:
+    """The fix was "add `alpha = alpha.detach()` before line 14", where ``alpha`` is still the float 0.2 in the first
+    iteration: an AttributeError as printed (a constant given by ``alpha = 0.2`` was known, one unpacked from a tuple
+    was not). The truth: detaching it where it is assigned trains the same weights; so does the printed fix."""
+    by_hand = SAC.replace("alpha = log_alpha.exp()", "alpha = log_alpha.exp().detach()")
+    expected = _run(by_hand, tmp_path / "by_hand.py")["policy"].state_dict()
+    fix = _fix_of(SAC, tmp_path / "sac.py")
+    assert fix == "alpha = alpha.detach()", fix
+    fixed = _run(SAC.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")["policy"]
+    assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())

@@ -259,6 +259,15 @@ def _assigned_constants(tree: ast.Module) -> frozenset[str]:
                 for part in ast.walk(target):
                     if isinstance(part, (ast.Name, ast.Attribute, ast.Subscript)):
                         found.add(ast.unparse(part))
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List)):  # ``gamma, alpha = 0.99,
+            for target in node.targets:  # 0.2``: each name given a constant of the tuple
+                if isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) == len(node.value.elts):
+                    found.update(
+                        ast.unparse(name)
+                        for name, value in zip(target.elts, node.value.elts)
+                        if isinstance(value, ast.Constant)
+                        and isinstance(name, (ast.Name, ast.Attribute, ast.Subscript))
+                    )
         if isinstance(node, ast.ClassDef):
             for statement in node.body:
                 if isinstance(statement, (ast.Assign, ast.AnnAssign)) and isinstance(statement.value, ast.Constant):
