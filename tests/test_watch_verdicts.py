@@ -1765,3 +1765,27 @@ def test_a_memory_a_checkpointed_transformer_xl_carries_is_one_item_not_two(tmp_
     assert text.startswith("backward-twice: 1 thing to fix (4 iterations watched)"), text
     assert "`mems` carries iteration 1's graph into iteration 2; retain_graph=True only hides it" in text, text
     assert "`hids`" not in text, text
+
+
+def test_an_autograd_error_raised_around_the_batch_loop_is_judged_as_the_loops() -> None:
+    """A hand-written stochastic weight average (the AveragedModel docstring's loop, its average done in place on a
+    deepcopy, without torch.no_grad()), run in the epoch loop after the batch loop: "healthy (...; RuntimeError: a
+    leaf Variable ... (raised after the loop) ended the run)", as if it were the script's own error after training.
+    The truth: the average raises in epoch 3; under torch.no_grad() it runs."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    average = copy.deepcopy(model)
+    loader = [(torch.randn(4, 4), torch.randint(0, 2, (4,))) for _ in range(2)]
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"), watch() as w:
+        for epoch in range(4):
+            for inputs, targets in loader:
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(inputs), targets).backward()
+                optimizer.step()
+            if epoch > 1:
+                for p_average, p in zip(average.parameters(), model.parameters()):
+                    p_average.mul_(0.5).add_(p * 0.5)
+    [item] = w.report.items
+    assert item.label.endswith("changes a tensor that requires grad in place, with autograd recording"), str(w)
+    assert item.fix.startswith("run line ") and item.fix.endswith(" under `with torch.no_grad():`"), item.fix

@@ -3,7 +3,7 @@ panels): a message matched by the text that identifies it, so a reworded message
 
 from __future__ import annotations
 
-__all__ = ["ERROR_KINDS", "error_kind"]
+__all__ = ["ERROR_KINDS", "LEAF_IN_PLACE", "about_autograd", "error_kind"]
 
 # (kind, the text of PyTorch's message that identifies it)
 ERROR_KINDS = (
@@ -21,6 +21,16 @@ ERROR_KINDS = (
     ("DDP ready only once", "Your training graph has changed in this iteration"),
     ("DDP ready only once", "Encountered gradient which is undefined, but still allreduced"),
 )
+
+
+# a parameter's in-place update where autograd records (an EMA written without torch.no_grad()): a kind of its own
+LEAF_IN_PLACE = "a leaf Variable that requires grad is being used in an in-place operation"
+
+
+def about_autograd(message: str) -> bool:
+    """Whether the message is one of the autograd errors the tools judge (a kind above, or a leaf changed in place),
+    wherever the code raised it: a training error, not the script's own."""
+    return error_kind(message) != "other" or LEAF_IN_PLACE in message
 
 
 def error_kind(message: str) -> str:

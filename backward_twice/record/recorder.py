@@ -55,7 +55,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
-from backward_twice.common.error_kinds import error_kind
+from backward_twice.common.error_kinds import about_autograd, error_kind
 from backward_twice.record import forks, pass_stops, stops, walks
 from backward_twice.record.events import EventKey, Failure, IterationEnd, OptimizerKeys, StepEvent
 from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop, raised_at, raised_in
@@ -208,7 +208,11 @@ class Recorder:
 
     def record_error(self, exc: BaseException) -> None:
         """Keep an error the loop raised outside a backward call (a backward's own is kept where it rose)."""
-        after = bool(self.loop.iteration_passes()) and outside_the_loop(exc, self.loop.innermost)
+        after = (  # an autograd error the tools judge is a training error, raised in the passes or around them (an
+            bool(self.loop.iteration_passes())  # average of weights in the epoch loop, outside the batch loop)
+            and outside_the_loop(exc, self.loop.innermost)
+            and not about_autograd(first_line(exc, 400))
+        )
         self.error = ErrorRecord(first_line(exc, 400), raised_at(exc, self._lines), after_the_loop=after)
         self.pending = unstepped_optimizers(raised_in(exc), self.skipped, self.optimizer_key.live_ids())
 

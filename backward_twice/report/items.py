@@ -14,6 +14,7 @@ import functools
 import re
 from dataclasses import dataclass
 
+from backward_twice.common.error_kinds import LEAF_IN_PLACE
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list
@@ -40,7 +41,6 @@ __all__ = [
 _GAN_HINT = "a GAN: G's loss on a fresh D(fake)"
 # The errors whose fix is not a line of the learner's: (one sentence of why, one line of fix). PyTorch's message is
 # shown once, by the traceback and in the evidence, which also holds the full advice (judge.fixes.ERROR_FIXES).
-_LEAF_IN_PLACE = "a leaf Variable that requires grad is being used in an in-place operation"
 _ABOUT_THE_KIND = {
     "donated buffers": (
         "torch.compile compiled this backward for one use: it reuses the saved buffers, so a backward that retains"
@@ -305,7 +305,7 @@ def error_item(error: ErrorVerdict) -> Item:
     elif error.kind in _ABOUT_THE_KIND:
         label = f"the loop raised PyTorch's {error.kind} error"
         why, fix = _ABOUT_THE_KIND[error.kind]
-    elif _LEAF_IN_PLACE in error.message:  # an EMA's update of a parameter, written without torch.no_grad()
+    elif LEAF_IN_PLACE in error.message:  # an EMA's update of a parameter, written without torch.no_grad()
         number = line_number(raising.place)
         label = f"line {number} changes a tensor that requires grad in place, with autograd recording"
         why = "a parameter (a leaf that requires grad) can be changed in place only where autograd does not record"
