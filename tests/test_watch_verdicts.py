@@ -1789,3 +1789,40 @@ def test_an_autograd_error_raised_around_the_batch_loop_is_judged_as_the_loops()
     [item] = w.report.items
     assert item.label.endswith("changes a tensor that requires grad in place, with autograd recording"), str(w)
     assert item.fix.startswith("run line ") and item.fix.endswith(" under `with torch.no_grad():`"), item.fix
+
+
+class _Codebook(torch.nn.Module):
+    """A VQ-VAE quantizer's EMA codebook (rosinality/vq-vae-2-pytorch, vqvae.py ``Quantize``), its buffer updates
+    written without the published ``.data``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("embed", torch.randn(4, 3))
+        self.register_buffer("embed_avg", self.embed.clone())
+
+    def forward(self, flat: torch.Tensor) -> torch.Tensor:
+        onehot = torch.nn.functional.one_hot((flat @ self.embed).argmax(1), 3).float()
+        if self.training:
+            self.embed_avg.mul_(0.9).add_(flat.transpose(0, 1) @ onehot, alpha=0.1)
+            self.embed.copy_(self.embed_avg / 2)
+        return flat + ((onehot @ self.embed.t()) - flat).detach()
+
+
+def test_buffers_an_ema_updates_with_autograd_recording_are_a_graph_that_grows() -> None:
+    """The EMA's buffers updated in place outside torch.no_grad() (``.data`` dropped): "healthy", though each
+    update chains the last one's graph onto the buffers (a submodule's tensors were read as its own bookkeeping,
+    parameters excepted). The truth (no helpers): ``embed_avg.grad_fn`` reaches every earlier update; under
+    torch.no_grad() the buffers hold none."""
+    torch.manual_seed(0)
+    encoder, codebook = torch.nn.Linear(4, 4), _Codebook()
+    optimizer = torch.optim.SGD(encoder.parameters(), lr=0.1)
+    with watch() as w:
+        for _ in range(5):
+            optimizer.zero_grad()
+            codebook(encoder(torch.randn(6, 4))).pow(2).mean().backward()
+            optimizer.step()
+    assert codebook.embed_avg.grad_fn is not None  # the truth: a graph kept on the buffer
+    [item] = w.report.items
+    assert item.label == "`codebook`'s buffers hold a graph that grows every iteration", str(w)
+    first = inspect.getsourcelines(_Codebook.forward)[1] + 3
+    assert item.fix == f"run lines {first} to {first + 1} under `with torch.no_grad():`", item.fix

@@ -51,6 +51,10 @@ class Note:
     bound: int = 0  # a deque full of graphs: it holds the last ``bound`` iterations' graphs at once, no more
     grows_in: str | None = None  # the file of the line that grows it: the code it was read in (a step's, a cell's)
     ran: frozenset[int] = frozenset()  # the lines of ``grows_in`` that ran while traced (where it grows)
+    buffer: bool = False  # ``parameter`` for a registered buffer (an EMA's codebook): the same fix
+
+
+_UPDATED_IN_PLACE = ("parameter", "buffer")  # a module's own state with a graph: only an in-place update gives it one
 
 
 def notes(recorder: Recorder, split: Split) -> list[Note]:
@@ -85,7 +89,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         if holder in rebound and earliest < built and walked.get(held_graph.earliest, 0) >= held_in:
             continue  # each pass's graph, reaching back into one later backwards walk: the carried graph's finding
         named = recorder.names.get(sequence)
-        if _below_a_submodule(holder) and (named is None or named.container != "parameter"):
+        if _below_a_submodule(holder) and (named is None or named.container not in _UPDATED_IN_PLACE):
             continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
         # a graph built before the loop that each iteration's graph reaches (features = encoder(images)) is the
         # carried graph's finding, not a name's growth: the span counts from iteration 1
@@ -118,10 +122,11 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         if twin is not None and recorder.creation.line_of(twin) is not None:  # past the traced passes: iteration
             named = dataclasses.replace(named, sequence=twin)  # 1's node at the same place has its line logged
         line = built_line(named, built == 0, recorder)
-        parameter = named.container == "parameter"
+        parameter = named.container in _UPDATED_IN_PLACE
         one = _one_element(named.shape)
         read_in = named.frame.filename if named.frame else None
         note = Note(holder, line, held_graph.graph_bytes, grows, parameter, grows and holder in reset, one)
+        note = dataclasses.replace(note, buffer=named.container == "buffer")
         known = by_name.setdefault(holder, dataclasses.replace(note, grows_in=read_in))
         if grows and not known.grows:  # a later start showed it growing (running_loss += loss: from pass 3 on)
             known = by_name[holder] = dataclasses.replace(known, grows=True, reset=holder in reset)

@@ -56,7 +56,7 @@ class NamedGraph:
     sequence: int
     local: bool = False
     holder: str | None = None  # the simplest spelling that is not a function's own variable (what keeps it)
-    container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one; "parameter"
+    container: str | None = None  # "tuple", "list" or "dict" when the name is an item of one; "parameter", "buffer"
     shape: tuple[int, ...] | None = None
     aliases: tuple[str, ...] = ()  # other spellings as simple, of a tensor with the same node (an LSTM cell's h, c)
     same: tuple[str, ...] = ()  # other names of this very tensor in that namespace (``smooth = loss``: ``smooth``)

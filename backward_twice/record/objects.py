@@ -151,9 +151,9 @@ class _Walk:
                             self.graph_of(f"{prefix}{suffix}.{key}[{entry!r}]", part, "dict")
                         elif isinstance(part, (tuple, list)) and isinstance(entry, (str, int)):  # an (h, c) per key
                             self.into(f"{prefix}{suffix}.{key}[{entry!r}]", part, _MAX_DEPTH - 2, "dict")
-            for key, item in module._buffers.items():
-                if item is not None:
-                    self.graph_of(f"{prefix}{suffix}.{key}", item, None)
+            for key, item in module._buffers.items():  # one with a graph: an in-place update outside torch.no_grad()
+                if item is not None:  # (a VQ-VAE codebook's EMA without its .data)
+                    self.graph_of(f"{prefix}{suffix}.{key}", item, "buffer" if item.grad_fn is not None else None)
         for suffix, module in tree.modules:  # their own dicts, read now: a parameter replaced since is the new one
             for key, parameter in module._parameters.items():
                 if parameter is not None and parameter.grad_fn is not None:  # an in-place update outside

@@ -421,17 +421,32 @@ def note_item(note: Note) -> Item:
     return Item("note", label, lines, why, fix, to_fix=False)
 
 
-def parameters_item(model: str, notes: list[Note]) -> Item:
-    """Parameters of one model that hold a graph: an in-place update (an EMA's) ran outside ``torch.no_grad()``."""
-    place, code = split_line(notes[0].built_at)
+def _line_order(place: str) -> tuple[str, int]:
     number = line_number(place)
-    line = f"line {number}" if number != "?" else "the update"
-    whose = f"`{model}`'s parameters hold" if len(notes) > 1 else f"`{notes[0].name}` holds"
+    return place.rsplit(":", 1)[0], int(number) if number.isdigit() else 0
+
+
+def parameters_item(model: str, notes: list[Note]) -> Item:
+    """Parameters (or buffers) of one model that hold a graph: an in-place update (an EMA's) ran outside
+    ``torch.no_grad()``. Updates on several lines of one file (a codebook's running average, then the codebook
+    from it) are one span to run under it."""
+    updates = list(dict.fromkeys(note.built_at for note in notes))
+    shown = sorted((split_line(update) for update in updates), key=lambda seen: _line_order(seen[0]))
+    numbers = sorted({line_number(place) for place, _ in shown})
+    files = {place.rsplit(":", 1)[0] for place, _ in shown}
+    if len(numbers) > 1 and len(files) == 1 and all(number.isdigit() for number in numbers):
+        first, last = min(numbers, key=int), max(numbers, key=int)
+        line, runs = f"lines {first} to {last}", "run"
+    else:
+        shown = shown[:1]
+        line, runs = (f"line {numbers[0]}" if numbers and numbers[0] != "?" else "the update"), "runs"
+    state = "buffers" if all(note.buffer for note in notes) else "parameters"
+    whose = f"`{model}`'s {state} hold" if len(notes) > 1 else f"`{notes[0].name}` holds"
     return Item(
         "note",
         f"{whose} a graph that grows every iteration",
-        (CodeLine(place, code, (0, len(code)), "updates them with autograd recording"),),
-        f"{line} runs outside torch.no_grad(): each update adds to the parameters' graph and keeps the old one",
+        tuple(CodeLine(place, code, (0, len(code)), "updates them with autograd recording") for place, code in shown),
+        f"{line} {runs} outside torch.no_grad(): each update adds to the {state}' graph and keeps the old one",
         f"run {line} under `with torch.no_grad():`",
         to_fix=True,
     )
