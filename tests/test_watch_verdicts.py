@@ -1826,3 +1826,30 @@ def test_buffers_an_ema_updates_with_autograd_recording_are_a_graph_that_grows()
     assert item.label == "`codebook`'s buffers hold a graph that grows every iteration", str(w)
     first = inspect.getsourcelines(_Codebook.forward)[1] + 3
     assert item.fix == f"run lines {first} to {first + 1} under `with torch.no_grad():`", item.fix
+
+
+def test_one_loss_differentiated_twice_keeps_its_graph_for_the_second_call() -> None:
+    """DARTS' unrolled step (quark0/darts, cnn/architect.py): ``torch.autograd.grad(loss, arch_parameters())`` then
+    ``torch.autograd.grad(loss, parameters())``, the published retain_graph=True dropped. The fix was "use
+    `loss.detach()` in the loss line N's backward walks ... (a GAN's D loss)": detaching the root leaves nothing to
+    differentiate ("element 0 of tensors does not require grad", as printed). The truth: a retain on the first call
+    runs, as published."""
+    torch.manual_seed(0)
+    weights, alphas = torch.nn.Linear(3, 2), torch.nn.Parameter(torch.zeros(2))
+
+    def unrolled_step(retain: bool) -> None:
+        loss = (weights(torch.randn(4, 3)) * alphas.softmax(0)).pow(2).mean()
+        architecture = torch.autograd.grad(loss, [alphas], retain_graph=retain)
+        network = torch.autograd.grad(loss, list(weights.parameters()))
+        alphas.grad = architecture[0]
+        for p, g in zip(weights.parameters(), network):
+            p.grad = g
+
+    unrolled_step(retain=True)  # the truth: as published it runs
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        for _ in range(2):
+            unrolled_step(retain=False)
+    [item] = w.report.items
+    lines, start = inspect.getsourcelines(test_one_loss_differentiated_twice_keeps_its_graph_for_the_second_call)
+    first = start + next(i for i, text in enumerate(lines) if "architecture = torch.autograd.grad" in text)
+    assert item.fix == f"add retain_graph=True to line {first}'s backward only: both differentiate `loss`", item.fix

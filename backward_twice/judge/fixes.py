@@ -141,6 +141,10 @@ def second_backward_fix(
     summed = _summed_in_the_loop(through, raised_at) if freed_at == raised_at else None
     if summed is not None:  # gradient accumulation written as ``total = total + term; total.backward()``
         return _total_fix(*summed, raised_at.split(": ", 1)[-1])
+    if freed_at != raised_at and _differentiates(through, freer_code) and _differentiates(through, raised_at):
+        # one loss differentiated twice (DARTS: its gradient for the architecture, then for the weights): nothing
+        # to detach, as detaching the root leaves nothing to differentiate
+        return f"add retain_graph=True to {line} only: both differentiate `{through}`"
     if freed_at == raised_at:
         return (
             f"build `{through}` inside the loop that runs {line}, or use `{through}.detach()` there if this loss "
@@ -165,6 +169,13 @@ def second_backward_fix(
         f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from (a GAN's "
         f"D loss); if it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
     )
+
+
+def _differentiates(through: str, line: str) -> bool:
+    """Whether ``line`` (its code) differentiates ``through`` itself: ``through.backward(``, or
+    ``torch.autograd.grad(through, ...)``."""
+    code, name = line.split(": ", 1)[-1], re.escape(through)
+    return bool(re.search(rf"(?<![\w.]){name}\s*\.backward\(|\bgrad\(\s*(?:outputs\s*=\s*)?{name}\s*,", code))
 
 
 def _total_fix(summed_name: str, added: str, backward: str) -> str:
