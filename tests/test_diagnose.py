@@ -999,3 +999,35 @@ def test_the_way_to_the_evidence_uses_the_learners_own_name_for_the_diagnosis() 
     assert repr(diagnose(step, models=[model])).splitlines()[-1] == (
         "more: .evidence() of this diagnosis shows the evidence"
     )
+
+
+def test_a_second_backward_through_a_loss_the_first_walked_gets_one_fix_in_every_way_in() -> None:
+    """SAC's temperature loss without its ``.detach()`` of ``log_pi`` (pranz24/pytorch-soft-actor-critic, sac.py):
+    the watch said "use `log_pi.detach()` in the loss line N's backward walks", diagnose "sum the losses ..., or add
+    retain_graph=True" (which makes the loop raise an in-place error: the policy's step comes between). With every
+    call retaining, diagnose saw the first freed node with saved tensors, past ``log_pi``'s own node (a sum, which
+    saves none), and took ``log_pi`` for a name on the later loss's way only."""
+    torch.manual_seed(0)
+    policy = nn.Linear(3, 1)
+    policy_optim = torch.optim.SGD(policy.parameters(), lr=0.1)
+    log_alpha = torch.zeros(1, requires_grad=True)
+    alpha_optim = torch.optim.SGD([log_alpha], lr=0.1)
+    states = torch.randn(8, 3)
+
+    def update() -> None:
+        log_pi = torch.log(policy(states).sigmoid() + 1e-6).sum(1)
+        policy_loss = (0.2 * log_pi).mean()
+        policy_optim.zero_grad()
+        policy_loss.backward()
+        policy_optim.step()
+        alpha_loss = -(log_alpha * (log_pi - 1.0)).mean()
+        alpha_optim.zero_grad()
+        alpha_loss.backward()
+        alpha_optim.step()
+
+    result = diagnose(update, models=[policy], optimizers=[policy_optim, alpha_optim])
+    with pytest.raises(RuntimeError, match="second time"), watch() as watched:
+        for _ in range(3):
+            update()
+    assert [i.fix for i in result.items] == [i.fix for i in watched.report.items], (result, watched)
+    assert result.items[0].fix.startswith("use `log_pi.detach()` in the loss line "), result.items[0].fix

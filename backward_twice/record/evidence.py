@@ -101,7 +101,8 @@ def explain(
         }
         record.reached_through, record.held_now, at = _through(recorder, walked, freed.position, live)
         # the first node an earlier call walked is the first it freed: a name above it lies on this call's way only
-        record.through_walked = call.first_freed is None or at == freed.position
+        first = call.first_walked_again if call.first_walked_again >= 0 else freed.position
+        record.through_walked = call.first_freed is None or at == first
         through = record.reached_through
         record.through_sources = _leaves(walked[at]) if through is not None and 0 <= at < len(walked) else frozenset()
         learners = _learners_frame(caller, recorder.skipped)

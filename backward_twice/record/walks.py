@@ -94,6 +94,9 @@ class CallRecord:
     error: str | None = None
     first_freed: FreedEarlier | None = None
     read: bool = True  # its walk was read and stamped (:class:`WalkSampling`)
+    # the position of the first node of its walk an earlier call walked without retaining, saved tensors or none
+    # (with keep_buffers, ``first_freed`` is the first that saved some: where the engine as written raises)
+    first_walked_again: int = -1
 
 
 def record_of(
@@ -159,6 +162,8 @@ def stamp_walk(
         # written, a node an earlier call freed raises in the engine itself when it held some; with keep_buffers
         # its buffers are still there to tell.
         earlier, kept_then = stamp
+        if not kept_then and call.first_walked_again < 0:
+            call.first_walked_again = next(i for i, walked in enumerate(order) if walked is node)
         if not kept_then and call.first_freed is None and (not keep_buffers or has_saved_data(node)):
             position = next(i for i, walked in enumerate(order) if walked is node)
             call.first_freed = FreedEarlier(position, earlier)
