@@ -1389,6 +1389,61 @@ def test_iterations_n_stop_a_manual_lightning_step_before_it_moves_its_state_on(
     assert "2 iterations watched, then stopped as asked" in watched.stdout, watched.stdout
 
 
+def test_iterations_n_let_the_last_optimizer_of_a_manual_lightning_step_step_before_stopping(tmp_path: Path) -> None:
+    """Lightning's manual optimization with two optimizers and gradient accumulation (the docs' "Use Multiple
+    Optimizers (like GANs)" with "Gradient Accumulation"): ``--iterations 1`` asked the trainer to stop at D's first
+    step, then raised the stop at G's backward in the same ``training_step`` (G never stepped: a state no bare run
+    has). The truth: the state equals a bare fit limited to 2 batches, where both optimizers stepped once."""
+    script = """
+        import atexit
+        import pytorch_lightning as pl
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class GAN(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+                self.G, self.D = torch.nn.Linear(2, 4), torch.nn.Linear(4, 1)
+
+            def training_step(self, batch, batch_idx):
+                g_opt, d_opt = self.optimizers()
+                x, _ = batch
+                fake = self.G(torch.randn(x.shape[0], 2))
+                self.toggle_optimizer(d_opt)
+                d_loss = (self.D(x).sigmoid().log().mean() + (1 - self.D(fake.detach()).sigmoid()).log().mean()) / 2
+                self.manual_backward(-d_loss)
+                if (batch_idx + 1) % 2 == 0:
+                    d_opt.step()
+                    d_opt.zero_grad()
+                self.untoggle_optimizer(d_opt)
+                self.toggle_optimizer(g_opt)
+                self.manual_backward(-self.D(fake).sigmoid().log().mean() / 2)
+                if (batch_idx + 1) % 2 == 0:
+                    g_opt.step()
+                    g_opt.zero_grad()
+                self.untoggle_optimizer(g_opt)
+
+            def configure_optimizers(self):
+                return [torch.optim.Adam(self.G.parameters(), lr=1e-2), torch.optim.Adam(self.D.parameters(), lr=1e-2)]
+
+
+        torch.manual_seed(0)
+        model = GAN()
+        atexit.register(lambda: print("state", [round(p.sum().item(), 6) for p in model.parameters()]))
+        trainer = pl.Trainer(max_epochs=1, limit_train_batches={batches}, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+        trainer.fit(model, DataLoader(TensorDataset(torch.randn(48, 4), torch.randn(48, 1)), batch_size=4))
+        """
+    bare, _ = run(tmp_path, script.replace("{batches}", "2"))
+    _, watched = run(tmp_path, script.replace("{batches}", "6"), "--iterations", "1")
+    assert bare.returncode == watched.returncode == 0, watched.stderr[-2000:]
+    state = [line for line in bare.stdout.splitlines() if line.startswith("state")]
+    assert state and [line for line in watched.stdout.splitlines() if line.startswith("state")] == state, watched.stdout
+    assert "1 iteration watched, then stopped as asked, 4 backward calls" in watched.stdout, watched.stdout
+
+
 def test_teacher_outputs_cached_before_the_loop_are_one_item_with_the_scripts_own_names(tmp_path: Path) -> None:
     """Knowledge distillation with the teacher's outputs computed once, before the training loop, and kept with
     their graphs (haitongli/knowledge-distillation-pytorch's fetch_teacher_outputs, without its ``.data``): the items

@@ -90,6 +90,8 @@ def stop_without_a_loop(
     iterations = recorder.iterations
     if iterations is None or recorder.stopped or recorder.by_runs or recorder.loop.iteration_passes():
         return None
+    if recorder.framework_stop.armed:  # asked, the framework ends its loop after this step, or the step's next call
+        return None  # stops: the rest of this one (a second optimizer's backward and step) runs, as in a bare run
     ended = len(recorder.marks)  # iterations ended so far by the fallbacks: marks, the closing optimizer's steps
     first_steps = recorder.first_steps
     if not ended and first_steps:

@@ -366,7 +366,8 @@ class Recorder:
             event_names(self, caller, opens=by_steps)
         if by_steps and pass_stops.stop_without_a_loop(self, None, mark=False):  # a framework: asked to end, else
             if self.framework_stop.ask(caller):  # and the learner's code stops where the framework's call returns
-                self.framework_stop.stop_on_return(caller, self.is_learners, lambda: StopRecording(self.iterations))
+                stop, step = (lambda: StopRecording(self.iterations)), self.step_call.code
+                self.framework_stop.stop_on_return(caller, self.is_learners, stop, step)
             self.step_call.arm(lambda: pass_stops.stop_without_a_loop(self, None))
         if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
             read, first = len(self.sightings), self.first_steps

@@ -16,7 +16,9 @@ with its end-of-training hooks, where a stop raised into it would run its except
 ``on_exception``, where an ``OnExceptionCheckpoint`` writes a checkpoint). The stop is then raised where the learner's
 call into the framework (``trainer.fit(...)``) returns (:meth:`FrameworkStop.stop_on_return`, on the same profile
 hook): the code after it does not run, as after a loop of the learner's own. If the framework goes on anyway (a
-``min_steps`` not met), the raised stop comes as before. A trainer whose own limit ends its loop with that very step
+``min_steps`` not met), the stop is raised as the learner's step function (``training_step``) is called again,
+before its first line. Meanwhile no stop is raised at a backward or a step: the rest of the step that ended iteration
+N runs (a second optimizer's backward and step, after the first's, in manual optimization). A trainer whose own limit ends its loop with that very step
 (``max_steps``, the last batch of its last epoch) is neither asked nor stopped: no pass N+1 was to come, and the
 learner's code after ``fit()`` runs, as it does after a loop of their own that ends by itself.
 
@@ -127,6 +129,7 @@ class FrameworkStop:
         self._around: bool | None = None  # whether a trainer runs the loop (looked once)
         self._returning: types.FrameType | None = None  # the framework's call the learner's code made (``fit``)
         self._stop: Callable[[], BaseException] | None = None
+        self._step: types.CodeType | None = None  # the learner's step function: called again, the trainer went on
         self._package = ""  # the asked trainer's top package (``pytorch_lightning``, ``transformers``)
         self.ends_on_its_own = False  # the step that ended iteration N was its last anyway: no stop was raised
 
@@ -167,13 +170,25 @@ class FrameworkStop:
             return True
         return False
 
+    @property
+    def armed(self) -> bool:
+        """Whether the stop waits for the framework's call to return (or for the step function's next call): the
+        rest of the step that ended iteration N runs on (a second optimizer's backward and step, after the first's)."""
+        return self._returning is not None
+
     def stop_on_return(
-        self, frame: types.FrameType, learners: Callable[[types.CodeType], bool], stop: Callable[[], BaseException]
+        self,
+        frame: types.FrameType,
+        learners: Callable[[types.CodeType], bool],
+        stop: Callable[[], BaseException],
+        step: types.CodeType | None = None,
     ) -> None:
         """Once the trainer ends its loop as asked, raise ``stop()`` where the learner's code called into the
         framework (``trainer.fit(...)`` returns into the learner's line as the stop): the code after it does not
         run, as after a loop of the learner's own that stopped. The outermost call from the learner's code into
-        the trainer's package, from ``frame`` out; not armed while a profiler of the learner's runs."""
+        the trainer's package, from ``frame`` out; not armed while a profiler of the learner's runs. If the trainer
+        goes on instead (a ``min_steps`` not met), the stop is raised as the learner's ``step`` function (its
+        ``training_step``) is called again, before its first line."""
         entry = None
         while frame is not None and frame.f_back is not None:
             package = str(frame.f_globals.get("__name__", "")).split(".")[0]
@@ -181,10 +196,15 @@ class FrameworkStop:
                 entry = frame
             frame = frame.f_back
         if entry is not None and real_getprofile() is None:
-            self._returning, self._stop = entry, stop
+            self._returning, self._stop, self._step = entry, stop, step
             sys.setprofile(self._profile)
 
     def _profile(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is self._step and self._step is not None and not resumed(frame):
+            stop = self._stop  # the trainer went on: pass N+1 starts here
+            self._disarm()
+            if stop is not None:
+                raise stop()
         if event != "return" or frame is not self._returning:
             return
         stop = self._stop
@@ -193,7 +213,7 @@ class FrameworkStop:
             raise stop()  # out of the framework's call, into the learner's line
 
     def _disarm(self) -> None:
-        self._returning = self._stop = None
+        self._returning = self._stop = self._step = None
         if real_getprofile() == self._profile:
             sys.setprofile(None)
 
