@@ -18,9 +18,10 @@ call into the framework (``trainer.fit(...)``) returns (:meth:`FrameworkStop.sto
 hook): the code after it does not run, as after a loop of the learner's own. If the framework goes on anyway (a
 ``min_steps`` not met), the stop is raised as the learner's step function (``training_step``) is called again,
 before its first line. Meanwhile no stop is raised at a backward or a step: the rest of the step that ended iteration
-N runs (a second optimizer's backward and step, after the first's, in manual optimization). A trainer whose own limit ends its loop with that very step
-(``max_steps``, the last batch of its last epoch) is neither asked nor stopped: no pass N+1 was to come, and the
-learner's code after ``fit()`` runs, as it does after a loop of their own that ends by itself.
+N runs (a second optimizer's backward and step, after the first's, in manual optimization). A trainer whose own limit
+ends its loop with that very step (``max_steps``, the last batch of its last epoch) is neither asked nor stopped: no
+pass N+1 was to come, and the learner's code after ``fit()`` runs, as it does after a loop of their own that ends by
+itself.
 
 A loop whose backward calls start late (a DQN's ``learning_starts``: no backward in its first thousand passes) is
 not known as the iteration's loop until the first one runs. :func:`stop_before_any_event` stops it at the top of pass
