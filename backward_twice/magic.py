@@ -25,6 +25,7 @@ import linecache
 import re
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -49,6 +50,45 @@ def _assigned_names(body: list[ast.stmt]) -> list[str]:
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 names.add(node.id)
     return sorted(names)
+
+
+def _read_before_bound(body: list[ast.stmt]) -> set[str]:
+    """The names a statement of the body reads before any earlier one (or its own target) binds them: the cell's
+    inputs (``target`` of ``target = one_hot(target)``) and the state it carries (``h`` of ``h = cell(x, h)``)."""
+    bound: set[str] = set()
+    read: set[str] = set()
+    for statement in body:
+        value = statement.value if isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign)) else statement
+        loads = (
+            {n.id for n in ast.walk(value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            if value
+            else set()
+        )
+        if isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
+            loads.add(statement.target.id)
+        read |= loads - bound
+        bound |= {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return read
+
+
+def _fresh_inputs(names: set[str], namespace: dict[str, Any]) -> Callable[[], None]:
+    """What puts back, before each run after the first, the tensors without a graph among ``names`` that the last run
+    rebound to another tensor without one: a batch's ``target`` the cell turns into one-hot, as the loop's header
+    would give each pass a fresh batch. A name that now holds a graph is state the next run must read (a hidden
+    state): it stays."""
+    kept = {
+        name: namespace[name]
+        for name in names
+        if isinstance(namespace.get(name), torch.Tensor) and namespace[name].grad_fn is None
+    }
+
+    def put_back() -> None:
+        for name, value in kept.items():
+            now = namespace.get(name)
+            if now is not value and isinstance(now, torch.Tensor) and now.grad_fn is None:
+                namespace[name] = value
+
+    return put_back
 
 
 def _objects(line: str, namespace: dict[str, Any]) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
@@ -143,6 +183,7 @@ def diagnose_cell(line: str, cell: str, shell: Any) -> Diagnosis:
     exec(compile(module, filename, "exec"), namespace, scope)
     step = scope[_STEP_NAME]
     step.__name__ = "<cell>"  # the report says "runs of the cell"
+    step._before_each_run = _fresh_inputs(_read_before_bound(body) & set(names), namespace)
     diagnosis = diagnose(step, models=models, optimizers=optimizers)
     # the diagnosis is the cell's output, Out[n] of its In[n]: no name of the notebook holds it
     named = shell.compile.format_code_name(filename) or ("", "")

@@ -332,3 +332,21 @@ def test_the_way_to_the_evidence_the_diagnosis_names_runs_in_the_next_cell(shell
     shown = run(shell, more.removeprefix("more: ").removesuffix(" shows the evidence"))
     assert shown.error_in_exec is None, shown.error_in_exec
     assert "evidence:" in capsys.readouterr().out
+
+
+def test_a_cell_that_rebinds_its_batch_reads_the_same_batch_at_every_run(shell) -> None:
+    """A capsule network's loop body (higgsfield/Capsule-Network-Tutorial) turns its labels into one-hot rows,
+    ``target = torch.eye(10).index_select(dim=0, index=target)``: run 2 read run 1's one-hot floats as the index, and
+    the diagnosis was "the loop raised IndexError ... fix this error first", for a loop that never raises. A loop's
+    header gives each pass a fresh batch: the cell's inputs without a graph are put back between its runs (a state
+    with a graph, a hidden ``h``, stays as the last run left it)."""
+    run(shell, "model = torch.nn.Linear(3, 4)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)")
+    run(shell, "target = torch.tensor([0, 3])")
+    body = (
+        "target = torch.eye(4).index_select(dim=0, index=target)\n"
+        "loss = ((model(x) - target) ** 2).mean()\n"
+        "optimizer.zero_grad()\nloss.backward()\noptimizer.step()"
+    )
+    shown = repr(run(shell, f"%%diagnose model optimizer\n{body}").result)
+    assert shown.startswith("backward-twice: healthy (3 runs of the cell, 3 backward calls"), shown
+    assert torch.equal(shell.user_ns["target"], torch.tensor([0, 3]))  # put back, as after any diagnosis

@@ -114,8 +114,11 @@ def run_step(
     runs = 0
     try:
         with recorder:
+            before_each_run = getattr(step, "_before_each_run", None)  # %%diagnose: a fresh batch, as a loop's header
             for runs in range(1, iterations + 1):
                 try:
+                    if runs > 1 and callable(before_each_run):
+                        before_each_run()
                     step()
                 except Exception as exc:  # the step's own error is what the tools report
                     if recorder.error is None:
