@@ -350,3 +350,28 @@ def test_a_cell_that_rebinds_its_batch_reads_the_same_batch_at_every_run(shell) 
     shown = repr(run(shell, f"%%diagnose model optimizer\n{body}").result)
     assert shown.startswith("backward-twice: healthy (3 runs of the cell, 3 backward calls"), shown
     assert torch.equal(shell.user_ns["target"], torch.tensor([0, 3]))  # put back, as after any diagnosis
+
+
+def test_a_loop_cell_run_again_after_it_raised_detaches_the_state_the_last_run_left(shell) -> None:
+    """A learner adds ``hidden = hidden.detach()`` at the end of the loop body and runs the cell again: ``hidden``
+    still holds the graph of the run that raised, and iteration 1 raises. The fix was "compute `hidden` inside the
+    loop", which it is, and the why "which that iteration's backward already freed" (no iteration of this run freed
+    it). The truth: a detach where it comes in runs, as printed."""
+    run(shell, "import backward_twice as bt\nrnn = torch.nn.RNN(3, 5, batch_first=True)")
+    run(shell, "optimizer = torch.optim.SGD(rnn.parameters(), lr=0.1)\nhidden = torch.zeros(1, 2, 5)")
+    run(shell, "loader = [(torch.randn(2, 4, 3), torch.randn(2, 4, 5)) for _ in range(3)]")
+    loop = (
+        "with bt.watch() as w:\n    for inputs, targets in loader:\n        {entry}optimizer.zero_grad()\n"
+        "        output, hidden = rnn(inputs, hidden)\n        loss = ((output - targets) ** 2).mean()\n"
+        "        loss.backward()\n        optimizer.step()\n        hidden = hidden.detach()\n"
+    )
+    assert isinstance(
+        run(shell, loop.replace("hidden = hidden.detach()\n", "").format(entry="")).error_in_exec, Exception
+    )
+    again = run(shell, loop.format(entry=""))
+    assert isinstance(again.error_in_exec, RuntimeError) and "second time" in str(again.error_in_exec)
+    [item] = shell.user_ns["w"].report.items
+    assert item.fix == "add `hidden = hidden.detach()` before line 4", item.fix
+    assert item.why.endswith("into the graph built before the loop, which an earlier backward already freed"), item
+    fixed = run(shell, loop.format(entry="hidden = hidden.detach()\n        "))
+    assert fixed.error_in_exec is None and shell.user_ns["w"].healthy, str(shell.user_ns["w"])

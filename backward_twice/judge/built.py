@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
 
 __all__ = [
+    "assigns_from_itself",
     "bound_names",
     "built_line",
     "function_span",
@@ -298,7 +299,12 @@ def rebinds_from_itself(named: NamedGraph) -> bool:
     (``hidden = cell(x, hidden)``, ``h, c = lstm(x, (h, c))``, ``total += loss``, ``self.hidden = self.rnn(x,
     self.hidden)``, ``state[0] = cell(x, state[0])``): a name that carries its own earlier value on, where
     ``loss = criterion(out, y)`` does not. The name is compared as the code spells it."""
-    span = function_span(named.frame) if named.frame is not None else None
+    return assigns_from_itself(named.name, named.frame)
+
+
+def assigns_from_itself(name: str, frame: CodeSite | None) -> bool:
+    """:func:`rebinds_from_itself` for ``name`` as the code ``frame`` names spells it."""
+    span = function_span(frame) if frame is not None else None
     tree = parsed(span[0]) if span is not None else None
     if span is None or tree is None:
         return False
@@ -306,12 +312,12 @@ def rebinds_from_itself(named: NamedGraph) -> bool:
     for node in ast.walk(tree):
         if not first <= getattr(node, "lineno", 0) <= last:
             continue
-        if isinstance(node, ast.AugAssign) and spelled(node.target) == named.name:
+        if isinstance(node, ast.AugAssign) and spelled(node.target) == name:
             return True
         if (
             isinstance(node, ast.Assign)
-            and any(spelled(target) == named.name for target in bound_names(node.targets))
-            and any(spelled(read) == named.name for read in ast.walk(node.value))
+            and any(spelled(target) == name for target in bound_names(node.targets))
+            and any(spelled(read) == name for read in ast.walk(node.value))
         ):
             return True
     return False

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from backward_twice.judge.built import (
+    assigns_from_itself,
     built_line,
     function_span,
     one_line_loop,
@@ -215,9 +216,16 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for at_entry in (_fix_at_entry(recorder, entry, e, name),)
         for fix in (
             read_after_its_build(name, entry, e.built_at, _body(recorder))
-            or carried_fix(name, e.built_at, e.iteration is None, e.container, _list_use(recorder, e), e),
+            or carried_fix(name, e.built_at, _built_before(e), e.container, _list_use(recorder, e), e),
         )
     ]
+
+
+def _built_before(carried: _Carried) -> bool:
+    """Whether the fix is the one for a graph built before the loop (compute it inside, or detach it once): not for a
+    name the loop assigns from itself (``hidden = model(x, hidden)`` entering with a graph an earlier run of the cell
+    left it), whose detach at the end of each iteration, placed where it comes in, covers the first too."""
+    return carried.iteration is None and not (carried.name and assigns_from_itself(carried.name, carried.frame))
 
 
 def _detached_whole(name: str | None, carried: _Carried, fix: str) -> str | None:

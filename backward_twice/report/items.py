@@ -213,7 +213,10 @@ def carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ban
         why = f"this backward follows {followed} into {origin}, and {changed}"
     elif error is not None:
         freer = re.search(r"freed by the backward at .+? in iteration (\d+)", error.evidence)
-        by = f"iteration {freer.group(1)}'s" if freer and int(freer.group(1)) != first.iteration else "that iteration's"
+        if freer and int(freer.group(1)) != first.iteration:
+            by = f"iteration {freer.group(1)}'s"
+        else:  # built before the loop, and freed before it (an earlier run of the cell): no iteration of this loop
+            by = "an earlier" if first.iteration is None and not freer else "that iteration's"
         why = f"this backward follows {followed} into {origin}, which {by} backward already freed"
     elif first.chained:
         why = f"every backward follows {followed} back into {origin}: memory and time grow with each iteration"
