@@ -2428,14 +2428,26 @@ RUNNING_TOTAL = """
     """
 
 
+def _in_a_function(script: str) -> str:
+    """The script's loop in a ``train()`` of its own, its total a local (accelerate's examples' ``total_loss``)."""
+    head, loop = script.split("    running_loss = 0.0\n")
+    body = textwrap.indent("running_loss = 0.0\n" + textwrap.dedent(loop).replace("print(", "return print("), "    ")
+    return head + textwrap.indent("def train():\n" + body + "\n\ntrain()\n", "    ")
+
+
+@pytest.mark.parametrize("where", ["global", "local"])
 @pytest.mark.parametrize("iterations", [[], ["--iterations", "2"], ["--iterations", "3"]])
-def test_a_running_total_kept_as_a_tensor_is_a_note_however_long_the_watch(tmp_path: Path, iterations: list) -> None:
+def test_a_running_total_kept_as_a_tensor_is_a_note_however_long_the_watch(
+    tmp_path: Path, iterations: list, where: str
+) -> None:
     """Gradient accumulation with its running total kept as a tensor (a forum thread's loop, ``loss.item()`` dropped):
     the whole run gave "`running_loss` keeps one more iteration's graph alive every iteration", ``--iterations 2``
-    "healthy ... nothing carried". Read where the watch stops, the total holds a graph reaching back over both
-    iterations, which no backward walks again: the same note. The total kept as a number is healthy either way."""
-    python, watched = run(tmp_path, RUNNING_TOTAL.replace("{kept}", "loss"), *iterations)
+    "healthy ... nothing carried" (for a total local to the function that runs the loop, ``--iterations 3`` too).
+    Read where the watch stops, the total holds a graph reaching back over both iterations, which no backward walks
+    again: the same note. The total kept as a number is healthy either way."""
+    shaped = _in_a_function if where == "local" else (lambda script: script)
+    python, watched = run(tmp_path, shaped(RUNNING_TOTAL.replace("{kept}", "loss")), *iterations)
     assert python.returncode == watched.returncode == 0, watched.stderr
     assert "1. `running_loss` keeps one more iteration's graph alive every iteration" in watched.stdout, watched.stdout
-    python, watched = run(tmp_path, RUNNING_TOTAL.replace("{kept}", "loss.item()"), *iterations)
+    python, watched = run(tmp_path, shaped(RUNNING_TOTAL.replace("{kept}", "loss.item()")), *iterations)
     assert "backward-twice: healthy" in watched.stdout, watched.stdout

@@ -115,6 +115,8 @@ class Holding(Protocol):
     @property
     def by_runs(self) -> bool: ...
     @property
+    def stopped(self) -> bool: ...
+    @property
     def loop(self) -> IterationLoop: ...
     @property
     def calls(self) -> Sized: ...
@@ -226,8 +228,11 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
         # event, what ran after the last pass's last event (``running_loss += loss`` after the step, a global or
         # the loop's own variable) dates from this pass: held too if its graph reaches back before the pass.
         late = at_start and not held_in and built_before is not None and recorder.loop.iterations_started() >= 2
+        # where iterations=N stopped, pass N+1 will not rebind the loop's own variables: what they hold (a running
+        # total local to a train() function) is read as a global's would be
+        own = named.local and _in_the_loops_frame(recorder, named)
         if (
-            ((held_in and not named.local) or (late and (not named.local or _in_the_loops_frame(recorder, named))))
+            ((held_in and (not named.local or (own and recorder.stopped))) or (late and (not named.local or own)))
             and sequence not in recorder.held_from
             and followed < _HELD_PER_NAME
         ):
