@@ -337,7 +337,9 @@ def test_a_running_total_kept_as_a_tensor_after_the_step_is_a_note_that_grows() 
 
 def test_an_actor_critic_in_place_error_gets_no_gan_advice() -> None:
     """An A2C step whose actor loss reuses the critic's value after the critic's step: the in-place error names the
-    stale forward and the step, and says nothing of a GAN."""
+    stale forward and the step, and says nothing of a GAN. The actor loss trains the actor through ``log_probs`` and
+    reaches the critic only through ``advantage``: its detach is the fix, as pytorch/examples' actor_critic.py keeps
+    the advantage a number (``R - value.item()``)."""
     torch.manual_seed(0)
     actor = torch.nn.Linear(4, 2)
     critic = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -356,7 +358,7 @@ def test_an_actor_critic_in_place_error_gets_no_gan_advice() -> None:
             (-(log_probs * advantage)).mean().backward()
             actor_optimizer.step()
     fix = w.report.items[0].fix
-    assert fix.startswith("compute line ") and "after the step at line " in fix, fix
+    assert fix.startswith("use `advantage.detach()` in the loss line ") and "after the step" not in fix, fix
     assert "GAN" not in str(w), str(w)
 
 
@@ -394,12 +396,14 @@ def _two_critic_calls() -> tuple[Any, str]:
 
 def test_the_stale_line_of_an_in_place_error_is_the_loops_call_not_the_models_return() -> None:
     """The graph the step made stale was built in the model's ``forward`` (``return self.out(features)``), which runs
-    for both critic calls: the report names the loop's call that built it, the line to compute again."""
+    for both critic calls: the report names the loop's call that built it. The actor's loss reaches the critic only
+    through ``value``: its detach is the fix."""
     w, stale = _two_critic_calls()
     item = w.report.items[0]
     number = next(i for i, line in enumerate(inspect.getsource(_two_critic_calls).splitlines()) if stale in line)
     first = inspect.getsourcelines(_two_critic_calls)[1]
-    assert item.fix.startswith(f"compute line {first + number} again after the step at line "), item.fix
+    assert item.label.startswith(f"this backward goes through line {first + number}, computed before the step"), item
+    assert item.fix.startswith("use `value.detach()` in the loss line "), item.fix
     assert any(stale in line.code for line in item.lines), [line.code for line in item.lines]
     assert not any("return self.out(features)" in line.code for line in item.lines), item.lines
 
@@ -1853,3 +1857,30 @@ def test_one_loss_differentiated_twice_keeps_its_graph_for_the_second_call() -> 
     lines, start = inspect.getsourcelines(test_one_loss_differentiated_twice_keeps_its_graph_for_the_second_call)
     first = start + next(i for i, text in enumerate(lines) if "architecture = torch.autograd.grad" in text)
     assert item.fix == f"add retain_graph=True to line {first}'s backward only: both differentiate `loss`", item.fix
+
+
+def test_a_later_loss_that_trains_other_weights_detaches_the_stale_forward_instead_of_computing_it_again() -> None:
+    """SAC's temperature loss on ``log_pi`` without its ``.detach()``, the policy's backward retained as the forum's
+    band-aid (pranz24/pytorch-soft-actor-critic, sac.py): the policy's step changed the weights ``log_pi`` saved, and
+    the fix was "compute line N again after the step", which runs but trains another policy than the published loop.
+    The loss trains ``log_alpha``, and the policy only through ``log_pi``: its detach is the published code, whose
+    weights the truth gives."""
+    torch.manual_seed(0)
+    policy = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    policy_optim = torch.optim.SGD(policy.parameters(), lr=0.1)
+    log_alpha = torch.zeros(1, requires_grad=True)
+    alpha_optim = torch.optim.SGD([log_alpha], lr=0.1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        for _ in range(3):
+            log_pi = torch.log(policy(torch.randn(8, 3)).sigmoid() + 1e-6)
+            policy_loss = (0.2 * log_pi).mean()
+            policy_optim.zero_grad()
+            policy_loss.backward(retain_graph=True)
+            policy_optim.step()
+            alpha_loss = -(log_alpha * (log_pi - 1.0)).mean()
+            alpha_optim.zero_grad()
+            alpha_loss.backward()
+            alpha_optim.step()
+    [item] = w.report.items
+    assert item.fix.startswith("use `log_pi.detach()` in the loss line "), item.fix
+    assert item.fix.endswith("changed the weights `log_pi` comes from, and this loss does not train them"), item.fix

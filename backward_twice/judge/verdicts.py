@@ -88,6 +88,7 @@ class ErrorVerdict:
     stale_line: str | None = None  # the learner's line that computed what the step then changed (in place)
     changed_line: str | None = None  # the learner's in-place statement that changed what a node saved
     caught: bool = False  # the learner's code caught it, and the loop went on
+    stale_through: str | None = None  # the name to detach in the later loss, instead of computing it again
 
 
 @dataclass(frozen=True)
@@ -283,5 +284,15 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
     caused = bool(carried) and through_carried and kind in ("backward a second time", "in-place version error")
     fix = carried[0].fix if caused else fix  # the walk into an earlier iteration's graph is the cause: its fix
     return ErrorVerdict(
-        kind, record.message, record.line, iteration, evidence, fix, caused, stale, changed, record.caught
+        kind,
+        record.message,
+        record.line,
+        iteration,
+        evidence,
+        fix,
+        caused,
+        stale,
+        changed,
+        record.caught,
+        record.stale_through if stale is not None else None,
     )

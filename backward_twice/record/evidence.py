@@ -82,6 +82,9 @@ class ErrorRecord:
     also_through: tuple[NamedGraph, ...] = ()  # other names held now whose old graph this call reaches (``x_pos``
     # beside ``x_neg``): the engine raised at the first freed node, the others would raise next
     caught: bool = False  # a backward's error the learner's code caught: the loop went on past it
+    # after a step changed weights a stale forward saved: the name the walk reaches that forward through, when the
+    # loss also trains weights outside it (SAC's alpha loss on ``log_pi``: detaching it keeps ``log_alpha``'s gradient)
+    stale_through: str | None = None
 
 
 def explain(
@@ -117,6 +120,7 @@ def explain(
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
             record.changed_by_step, record.stale_node = changed
+            record.stale_through = _detachable(recorder, walked, changed[1], caller)
         else:
             record.changed_at = changed_in_place(walked, recorder.creation.line_of)
     return record
@@ -164,6 +168,29 @@ def _through(
         if stale is None and kept is not None:
             stale, stale_at = kept, index
     return (stale, False, stale_at) if stale is not None else (None, False, position)
+
+
+def _detachable(recorder: Seen, walked: list[Node], stale: int, caller: types.FrameType) -> str | None:
+    """The name held now, nearest the loss, whose graph reaches the ``stale`` node and leads to fewer weights than the
+    loss trains: a ``.detach()`` of it leaves the loss its other weights (SAC's ``log_pi``, an actor-critic's
+    ``advantage``), where an actor's loss through a stale critic trains the actor only through it. None otherwise."""
+    target = next((node for node in walked if node._sequence_nr() == stale), None)
+    if target is None or not walked:
+        return None
+    live = {
+        n.sequence: n
+        for n, _ in names_holding_graphs(caller, recorder.skipped, recorder.events, recorder.roots, recorder.outermost)
+    }
+    trained = _leaves(walked[0])
+    for node in walked[1:]:
+        named = live.get(node._sequence_nr())
+        if named is None or named.container is not None or "." in named.name:
+            continue
+        below = python_walk([node])
+        if any(reached is target for reached in below):
+            leads_to = frozenset(id(n.variable) for n in below if hasattr(n, "variable"))
+            return named.name if trained - leads_to else None
+    return None
 
 
 def _leaves(node: Node) -> frozenset[int]:

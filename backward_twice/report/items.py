@@ -291,6 +291,12 @@ def error_item(error: ErrorVerdict) -> Item:
                     gan = " (a GAN: D's loss on a fake G made after its step)"
                 again = _computed_again(error.stale_line, raising.code, step_number)
                 fix = f"compute {again} again after the step at line {step_number}{gan}"
+                if error.stale_through is not None:  # the later loss trains other weights: it must not train these
+                    name, later = error.stale_through, line_number(raising.place)
+                    fix = (
+                        f"use `{name}.detach()` in the loss line {later}'s backward walks: the step at line "
+                        f"{step_number} changed the weights `{name}` comes from, and this loss does not train them"
+                    )
         elif error.changed_line is not None:
             changed_place, changed_code = split_line(error.changed_line)
             lines.insert(0, CodeLine(changed_place, changed_code, (0, len(changed_code)), "changed it in place"))
