@@ -1883,4 +1883,11 @@ def test_a_later_loss_that_trains_other_weights_detaches_the_stale_forward_inste
             alpha_optim.step()
     [item] = w.report.items
     assert item.fix.startswith("use `log_pi.detach()` in the loss line "), item.fix
-    assert item.fix.endswith("changed the weights `log_pi` comes from, and this loss does not train them"), item.fix
+    retained = inspect.getsourcelines(
+        test_a_later_loss_that_trains_other_weights_detaches_the_stale_forward_instead_of_computing_it_again
+    )
+    line = retained[1] + next(i for i, text in enumerate(retained[0]) if "backward(retain_graph=True)" in text)
+    # the band-aid that turned "a second time" into this error goes with the fix: nothing else walks what it kept
+    assert item.fix.endswith(f"this loss does not train them; remove retain_graph=True at line {line}"), item.fix
+    [retain] = w.verdicts.lines
+    assert retain.verdict == "goes with the error's fix", retain

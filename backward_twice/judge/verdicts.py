@@ -45,6 +45,7 @@ from backward_twice.record.sources import parsed
 __all__ = [
     "ERROR_FIXES",
     "GOES_WITH_CARRIED",
+    "GOES_WITH_THE_ERRORS_FIX",
     "CarriedFinding",
     "ErrorVerdict",
     "LineVerdict",
@@ -57,6 +58,8 @@ __all__ = [
 CREATE_GRAPH_NOTE = "create_graph=True: builds a graph of the gradient; not a retain that can go"
 CREATE_GRAPH_KEEPS = "can go: create_graph=True keeps the graph anyway (retain_graph defaults to create_graph)"
 GOES_WITH_CARRIED = "goes with the carried fix"  # a retain only a later iteration's walk into a carried graph needs
+# a retain only the failing backward needs, whose walk into a stale forward the error's fix detaches (SAC's alpha loss)
+GOES_WITH_THE_ERRORS_FIX = "goes with the error's fix"
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,16 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
             )
             fix = f"remove retain_graph=True once {carrier} no longer carries its graph"
             verdicts.append(LineVerdict(line, GOES_WITH_CARRIED, runs, needed, held, why, fix))
+        elif needed and tally.needer_here is not None and _needed_by_the_detached(recorder, tally.needer_here):
+            later = calls[tally.needer_here]
+            name = recorder.error.stale_through if recorder.error is not None else None
+            why = (
+                f"only {short(later.line)} needs the buffers it kept, and its walk through `{name}` into a forward "
+                f"an optimizer step made stale is the error; once that loss uses `{name}.detach()`, no backward "
+                "needs them"
+            )
+            fix = "remove retain_graph=True with the error's fix"
+            verdicts.append(LineVerdict(line, GOES_WITH_THE_ERRORS_FIX, runs, needed, held, why, fix))
         elif needed and tally.needer_here is not None:
             later = calls[tally.needer_here]
             why = (
@@ -226,6 +239,19 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
             )
             verdicts.append(LineVerdict(line, "can go", runs, 0, held, why, "remove retain_graph=True"))
     return verdicts
+
+
+def _needed_by_the_detached(recorder: Recorder, needer: int) -> bool:
+    """Whether the call ``needer`` is the one that raised an in-place error whose fix detaches the stale forward, and
+    with that detach it walks nothing an earlier backward kept."""
+    error = recorder.error
+    return (
+        error is not None
+        and error.call == needer
+        and error.stale_through is not None
+        and error.stale_only_through
+        and not error.after_the_loop
+    )
 
 
 def _writes_retain(site: tuple[str, int]) -> bool:

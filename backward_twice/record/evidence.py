@@ -85,6 +85,8 @@ class ErrorRecord:
     # after a step changed weights a stale forward saved: the name the walk reaches that forward through, when the
     # loss also trains weights outside it (SAC's alpha loss on ``log_pi``: detaching it keeps ``log_alpha``'s gradient)
     stale_through: str | None = None
+    stale_only_through: bool = False  # and the walk reaches nothing older than that step but through that name: with
+    # it detached, the later loss walks no buffers an earlier backward kept (a retain for it can go)
 
 
 def explain(
@@ -120,7 +122,7 @@ def explain(
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
             record.changed_by_step, record.stale_node = changed
-            record.stale_through = _detachable(recorder, walked, changed[1], caller)
+            record.stale_through, record.stale_only_through = _detachable(recorder, walked, changed[1], caller)
         else:
             record.changed_at = changed_in_place(walked, recorder.creation.line_of)
     return record
@@ -170,13 +172,15 @@ def _through(
     return (stale, False, stale_at) if stale is not None else (None, False, position)
 
 
-def _detachable(recorder: Seen, walked: list[Node], stale: int, caller: types.FrameType) -> str | None:
+def _detachable(recorder: Seen, walked: list[Node], stale: int, caller: types.FrameType) -> tuple[str | None, bool]:
     """The name held now, nearest the loss, whose graph reaches the ``stale`` node and leads to fewer weights than the
     loss trains: a ``.detach()`` of it leaves the loss its other weights (SAC's ``log_pi``, an actor-critic's
-    ``advantage``), where an actor's loss through a stale critic trains the actor only through it. None otherwise."""
+    ``advantage``), where an actor's loss through a stale critic trains the actor only through it (None). And
+    whether every node the walk reaches outside that name's graph was built after the stale node's step: then
+    with the detach the loss walks nothing an earlier backward kept."""
     target = next((node for node in walked if node._sequence_nr() == stale), None)
     if target is None or not walked:
-        return None
+        return None, False
     live = {
         n.sequence: n
         for n, _ in names_holding_graphs(caller, recorder.skipped, recorder.events, recorder.roots, recorder.outermost)
@@ -189,8 +193,15 @@ def _detachable(recorder: Seen, walked: list[Node], stale: int, caller: types.Fr
         below = python_walk([node])
         if any(reached is target for reached in below):
             leads_to = frozenset(id(n.variable) for n in below if hasattr(n, "variable"))
-            return named.name if trained - leads_to else None
-    return None
+            if not trained - leads_to:
+                return None, False
+            inside = {id(n) for n in below}
+            built_after = min((step.sequence for step in recorder.steps if step.sequence > stale), default=None)
+            only = built_after is not None and all(
+                n._sequence_nr() >= built_after for n in walked if id(n) not in inside and not hasattr(n, "variable")
+            )
+            return named.name, only
+    return None, False
 
 
 def _leaves(node: Node) -> frozenset[int]:

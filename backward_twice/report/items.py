@@ -258,7 +258,7 @@ def _gan_hint(*code: str) -> str:
     return f" ({_GAN_HINT})" if any(_DISCRIMINATOR.search(line) for line in code) else ""
 
 
-def error_item(error: ErrorVerdict) -> Item:
+def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item:
     raising = _raising_line(error)
     lines = [raising]
     step = re.search(r"optimizer step at (.+)$", error.evidence)
@@ -297,6 +297,8 @@ def error_item(error: ErrorVerdict) -> Item:
                         f"use `{name}.detach()` in the loss line {later}'s backward walks: the step at line "
                         f"{step_number} changed the weights `{name}` comes from, and this loss does not train them"
                     )
+                    if band_aid is not None:  # the forum's band-aid that turned "a second time" into this error
+                        fix += f"; remove retain_graph=True at line {line_number(split_line(band_aid.line)[0])}"
         elif error.changed_line is not None:
             changed_place, changed_code = split_line(error.changed_line)
             lines.insert(0, CodeLine(changed_place, changed_code, (0, len(changed_code)), "changed it in place"))

@@ -25,6 +25,7 @@ from typing import Any
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.verdicts import (
     GOES_WITH_CARRIED,
+    GOES_WITH_THE_ERRORS_FIX,
     CarriedFinding,
     Note,
     Verdicts,
@@ -75,7 +76,8 @@ def build_report(
         error = v.error if explained and first else None
         items.append(carried_item(findings, error, band_aids[0] if band_aids and first else None))
     if v.error is not None and not explained:
-        items.append(error_item(v.error))
+        band_aid = next((line for line in v.lines if line.verdict == GOES_WITH_THE_ERRORS_FIX), None)
+        items.append(error_item(v.error, band_aid))
     items += [no_graph_item(v.walks_no_graph)] if v.walks_no_graph is not None else []
     items += [retain_item(line, v.stopped_after) for line in v.lines if line.verdict == "can go"]
     items += [note_item(n) for n in v.notes if n.grows and not n.parameter]  # freed buffers too: the nodes pile up

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from backward_twice.common.units import format_bytes
-from backward_twice.judge.verdicts import CREATE_GRAPH_NOTE, GOES_WITH_CARRIED, LineVerdict
+from backward_twice.judge.verdicts import CREATE_GRAPH_NOTE, GOES_WITH_CARRIED, GOES_WITH_THE_ERRORS_FIX, LineVerdict
 from backward_twice.record.learner import short
 from backward_twice.steps.harness import StepRun, run_step
 
@@ -50,11 +50,12 @@ class BackwardCall:
     why: str
     fix: str
     band_aid: bool = False
+    with_the_errors_fix: bool = False  # the band-aid for a stale forward's missing detach (SAC's alpha loss)
 
     @property
     def verdict(self) -> str:
         if self.band_aid:
-            return GOES_WITH_CARRIED
+            return GOES_WITH_THE_ERRORS_FIX if self.with_the_errors_fix else GOES_WITH_CARRIED
         if self.needed is not None:
             return "needed" if self.needed else "can go"
         if self.retain_graph and not self.create_graph:
@@ -62,6 +63,9 @@ class BackwardCall:
         if self.create_graph:
             return "not a retain (create_graph)" if self.retain_graph else "not a retain (retain_graph=False)"
         return "not a retain"
+
+
+_BAND_AIDS = (GOES_WITH_CARRIED, GOES_WITH_THE_ERRORS_FIX)
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,14 @@ class RetainAudit:
         retains = [c for c in self.calls if c.needed is not None]
         band_aids = sum(1 for c in retains if c.band_aid)  # needed only through a carried graph: not "needed"
         needed = sum(1 for c in retains if c.needed and not c.band_aid)
-        goes = f"{band_aids} go{'es' if band_aids == 1 else ''} with the carried fix, " if band_aids else ""
+        goes = "".join(
+            f"{count} go{'es' if count == 1 else ''} with the {fix}, "
+            for fix, count in (
+                ("carried fix", sum(1 for c in retains if c.band_aid and not c.with_the_errors_fix)),
+                ("error's fix", sum(1 for c in retains if c.band_aid and c.with_the_errors_fix)),
+            )
+            if count
+        )
         failed = (
             ""
             if self.error is None
@@ -174,7 +185,7 @@ def audit_report(run: StepRun) -> RetainAudit:
             if not needed and line.verdict == "needed":  # another call of the line needs its retain, not this one
                 why = "no later backward walked the buffers this call kept"
                 fix = "the line keeps retain_graph=True for its other call that a later backward needs"
-        band_aid = line is not None and line.verdict == GOES_WITH_CARRIED and bool(c.needed_by)
+        band_aid = line is not None and line.verdict in _BAND_AIDS and bool(c.needed_by)
         calls.append(
             BackwardCall(
                 c.index,
@@ -187,6 +198,7 @@ def audit_report(run: StepRun) -> RetainAudit:
                 why,
                 fix,
                 band_aid,
+                band_aid and line is not None and line.verdict == GOES_WITH_THE_ERRORS_FIX,
             )
         )
     error = None if v.error is None else v.error.message
