@@ -342,3 +342,48 @@ def test_a_carrier_that_starts_as_a_number_unpacked_from_a_tuple_is_detached_aft
     assert fix == "alpha = alpha.detach()", fix
     fixed = _run(SAC.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")["policy"]
     assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())
+
+
+# The same memory on a plain object, rebuilt each pass from the loop's own ``h``: ``st.mem = {'h': h, 'past': [h,
+# st.mem['h']]}``.
+PLAIN_MEMORY = """
+import torch
+from torch import nn
+
+
+class State:
+    pass
+
+
+torch.manual_seed(0)
+st = State()
+cell, head = nn.GRUCell(3, 4), nn.Linear(4, 1)
+opt = torch.optim.Adam([*cell.parameters(), *head.parameters()], lr=0.01)
+st.mem = {"h": torch.zeros(2, 4), "past": []}
+for x, y in zip(torch.randn(5, 2, 3), torch.randn(5, 2, 1)):
+    opt.zero_grad()
+    # COMES IN
+    h = cell(x, st.mem["h"])
+    st.mem = {"h": h, "past": [h, st.mem["h"]]}
+    ((head(h) - y) ** 2).mean().backward()
+    opt.step()
+"""
+
+
+def test_a_state_also_held_by_the_loops_own_variable_is_detached_whole_as_printed(tmp_path: Path) -> None:
+    """The pass's ``h`` is a third name of the state's tensor, rebound before it is read: it carries nothing, yet it
+    hid the state, and the fix was "keep detached copies in `st.mem['past']` (`...append(out.detach())`), or clear
+    it each iteration" (no line appends; cleared, it still raises). The truth: ``st.mem['h'].detach()`` where it is
+    read runs; so does the printed fix, placed where the state comes in."""
+    by_hand = PLAIN_MEMORY.replace('cell(x, st.mem["h"])', 'cell(x, st.mem["h"].detach())')
+    expected = _run(by_hand, tmp_path / "by_hand.py")["cell"].state_dict()
+    path = tmp_path / "memory.py"
+    watched = textwrap.indent(PLAIN_MEMORY, "    ")
+    path.write_text(
+        f"from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n{watched}\nexcept Exception:\n  pass\n"
+    )
+    [item] = [i for i in runpy.run_path(str(path))["w"].report.items if i.kind == "carried"]
+    fix = re.fullmatch(r"add `(.+)` before line \d+", item.fix)
+    assert fix is not None and fix.group(1).startswith("st.mem = torch.utils._pytree.tree_map("), item.fix
+    fixed = _run(PLAIN_MEMORY.replace("    # COMES IN", f"    {fix.group(1)}"), tmp_path / "fixed.py")["cell"]
+    assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())

@@ -160,7 +160,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                 lists.add(kept.rsplit("[", 1)[0])
             elif container == "list":  # an item of a list: a ``for`` over that list names its items too
                 lists.add(re.sub(r"\[\d+\]$", "", name))
-            state = _one_state(node) if container != "parameter" else None
+            state = _one_state(recorder, node) if container != "parameter" else None
             if state is not None:  # one tensor under two entries of one state: detaching one leaves the other's
                 name, container, aliases = state, "state", []
             for spelled in (name, *aliases):
@@ -267,15 +267,21 @@ def _built_in_an_earlier_pass(recorder: Recorder, split: Split, old: list[int]) 
     return False
 
 
-def _one_state(node: NamedGraph) -> str | None:
-    """The dict or object that holds ``node`` under two or more of its entries (``net.mem`` of ``net.mem['h']`` and
+def _one_state(recorder: Recorder, node: NamedGraph) -> str | None:
+    """The dict or list that holds ``node`` under two or more of its entries (``net.mem`` of ``net.mem['h']`` and
     ``net.mem['past'][0]``, a memory's last state also appended to its history): the whole state is what to detach,
-    as a detach of one entry leaves the graph in the other. None when its spellings share no such state."""
+    as a detach of one entry leaves the graph in the other. Another name of it that each pass rebinds before it
+    reads it (the loop's ``h``) carries nothing. None when its spellings share no such state."""
     spellings = {node.name, *node.same}
-    roots = {spelled.split("[", 1)[0] for spelled in spellings}
-    items = (re.fullmatch(r"[\w.]+(?:\[[^\]]+\])+", spelled) for spelled in spellings)  # keys and positions only: an
-    if len(spellings) < 2 or len(roots) != 1 or not all(items):  # object's attribute (``state['loader'].labels``) is
-        return None  # out of a tree_map's reach
+    items = {spelled for spelled in spellings if re.fullmatch(r"[\w.]+(?:\[[^\]]+\])+", spelled)}
+    others = spellings - items  # keys and positions only: an object's attribute inside (``state['loader'].labels``)
+    roots = {spelled.split("[", 1)[0] for spelled in items}  # is out of a tree_map's reach
+    if (
+        len(items) < 2
+        or len(roots) != 1
+        or any("[" in other or not rebound_each_pass(recorder, other) for other in others)
+    ):
+        return None
     return roots.pop()
 
 
