@@ -1891,3 +1891,30 @@ def test_a_later_loss_that_trains_other_weights_detaches_the_stale_forward_inste
     assert item.fix.endswith(f"this loss does not train them; remove retain_graph=True at line {line}"), item.fix
     [retain] = w.verdicts.lines
     assert retain.verdict == "goes with the error's fix", retain
+
+
+def test_a_d_loss_computed_before_gs_step_detaches_the_fake_and_drops_gs_retain() -> None:
+    """A Stack Overflow GAN step ("How does PyTorch's loss.backward() work when retain_graph=True is specified?"):
+    G's and D's losses both computed first, G's backward retained and G stepped, then D's backward through the same
+    ``fake``. The fix was "compute lines N and M again ... (a GAN: G's loss on a fresh D(fake))", on D's loss, with a
+    new draw of noise, and the retain "needed". The accepted answer: ``fake.detach()`` in D's loss, no retain."""
+    torch.manual_seed(0)
+    gen = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    disc = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    optim_g, optim_d = torch.optim.Adam(gen.parameters(), lr=0.01), torch.optim.Adam(disc.parameters(), lr=0.01)
+    criterion = torch.nn.BCEWithLogitsLoss()
+    ones, zeros = torch.ones(4, 1), torch.zeros(4, 1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        for _ in range(3):
+            real, fake = torch.randn(4, 2), gen(torch.randn(4, 2))
+            loss_g = criterion(disc(fake), ones)
+            loss_d = criterion(disc(real), ones) + criterion(disc(fake), zeros)
+            optim_g.zero_grad()
+            loss_g.backward(retain_graph=True)
+            optim_g.step()
+            optim_d.zero_grad()
+            loss_d.backward()
+            optim_d.step()
+    [item] = w.report.items
+    assert item.fix.startswith("use `fake.detach()` in the loss line "), item.fix
+    assert re.search(r"; remove retain_graph=True at line \d+$", item.fix), item.fix

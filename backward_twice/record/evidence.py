@@ -122,7 +122,7 @@ def explain(
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
             record.changed_by_step, record.stale_node = changed
-            record.stale_through, record.stale_only_through = _detachable(recorder, walked, changed[1], caller)
+            record.stale_through, record.stale_only_through = _detachable(recorder, walked, changed[1], caller, call)
         else:
             record.changed_at = changed_in_place(walked, recorder.creation.line_of)
     return record
@@ -172,12 +172,17 @@ def _through(
     return (stale, False, stale_at) if stale is not None else (None, False, position)
 
 
-def _detachable(recorder: Seen, walked: list[Node], stale: int, caller: types.FrameType) -> tuple[str | None, bool]:
+_MAX_KEPT_READ = 256  # as walks lists them: past it the list was cut, and no claim is made that a detach frees all
+
+
+def _detachable(
+    recorder: Seen, walked: list[Node], stale: int, caller: types.FrameType, call: CallRecord
+) -> tuple[str | None, bool]:
     """The name held now, nearest the loss, whose graph reaches the ``stale`` node and leads to fewer weights than the
     loss trains: a ``.detach()`` of it leaves the loss its other weights (SAC's ``log_pi``, an actor-critic's
     ``advantage``), where an actor's loss through a stale critic trains the actor only through it (None). And
-    whether every node the walk reaches outside that name's graph was built after the stale node's step: then
-    with the detach the loss walks nothing an earlier backward kept."""
+    whether every node the walk reached whose buffers an earlier backward kept lies in that name's graph: then with
+    the detach the loss walks nothing an earlier backward kept."""
     target = next((node for node in walked if node._sequence_nr() == stale), None)
     if target is None or not walked:
         return None, False
@@ -195,11 +200,8 @@ def _detachable(recorder: Seen, walked: list[Node], stale: int, caller: types.Fr
             leads_to = frozenset(id(n.variable) for n in below if hasattr(n, "variable"))
             if not trained - leads_to:
                 return None, False
-            inside = {id(n) for n in below}
-            built_after = min((step.sequence for step in recorder.steps if step.sequence > stale), default=None)
-            only = built_after is not None and all(
-                n._sequence_nr() >= built_after for n in walked if id(n) not in inside and not hasattr(n, "variable")
-            )
+            inside = {n._sequence_nr() for n in below}
+            only = len(call.walked_kept) < _MAX_KEPT_READ and all(seq in inside for seq in call.walked_kept)
             return named.name, only
     return None, False
 

@@ -423,6 +423,7 @@ class Recorder:
                 torch._C._set_multithreading_enabled(threaded)
                 handle.remove()
             call.end = self._last_event_end = _sequence_nr()
+        call.walked_kept = ()  # it returned: no error's evidence needs them
         try:
             if call.retain_graph:  # without a retain the engine freed all it walked (create_graph: given it)
                 count = self._retains_at[call.site] = self._retains_at.get(call.site, 0) + 1

@@ -59,6 +59,7 @@ class CallsSoFar(Protocol):
 
 
 _MAX_OLD = 100_000  # nodes of maybe earlier iterations kept per call
+_MAX_KEPT = 256  # nodes whose kept buffers a call walked, listed for its error's evidence (emptied when it returns)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ class CallRecord:
     # the position of the first node of its walk an earlier call walked without retaining, saved tensors or none
     # (with keep_buffers, ``first_freed`` is the first that saved some: where the engine as written raises)
     first_walked_again: int = -1
+    # the nodes it walked whose buffers an earlier call kept (sequence numbers): read if it raises, emptied when it
+    # returns (kept for the error's evidence only)
+    walked_kept: list[int] | tuple[int, ...] = ()
 
 
 def record_of(
@@ -174,6 +178,10 @@ def stamp_walk(
                 return True
         if kept_then and earlier not in needs and has_saved_data(node):
             needs.add(earlier)
+        if kept_then and len(call.walked_kept) < _MAX_KEPT:
+            if not isinstance(call.walked_kept, list):
+                call.walked_kept = []
+            call.walked_kept.append(sequence)
     call.walked = len(order) - leaves
     call.frontier = _frontier(order, boundary) if call.old else ()
     for previous in needs:
