@@ -1918,3 +1918,23 @@ def test_a_d_loss_computed_before_gs_step_detaches_the_fake_and_drops_gs_retain(
     [item] = w.report.items
     assert item.fix.startswith("use `fake.detach()` in the loss line "), item.fix
     assert re.search(r"; remove retain_graph=True at line \d+$", item.fix), item.fix
+
+
+def test_the_band_aid_for_an_lstms_two_states_names_both() -> None:
+    """An LSTM's ``h0`` and ``c0`` carried across batches, "fixed" with ``retain_graph=True`` (a blog's loop, the
+    forum's band-aid): the retain's verdict said "once `h0` no longer carries its graph", though detaching ``h0``
+    alone still raises "a second time" through ``c0``. The truth: both detached, the loop runs without the retain."""
+    torch.manual_seed(0)
+    lstm, head = torch.nn.LSTM(3, 4, batch_first=True), torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD([*lstm.parameters(), *head.parameters()], lr=0.1)
+    h0, c0 = torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)
+    with pytest.raises(RuntimeError), watch() as w:
+        for _ in range(3):
+            out, (h0, c0) = lstm(torch.randn(2, 5, 3), (h0, c0))
+            loss = head(out[:, -1]).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward(retain_graph=True)
+            optimizer.step()
+    [line] = w.verdicts.lines
+    assert line.fix == "remove retain_graph=True once `h0` and `c0` no longer carry their graph", line.fix
+    assert "once `h0` and `c0` are detached" in line.why, line.why

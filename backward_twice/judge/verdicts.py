@@ -196,7 +196,9 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
             later = calls[tally.needer_later]
             # the whole state (``hidden``, not ``hidden[0]``): detaching one of its tensors leaves the other carrying it
             named = next((c for c in carried if c.name), None)
-            carrier = f"`{whole_name(named.name, named.container)}`" if named and named.name else "the carried tensor"
+            wholes = list(dict.fromkeys(whole_name(c.name, c.container) for c in carried if c.name))
+            # every name of the graph (an LSTM's h0 and c0): detaching one leaves the other carrying it
+            carrier = " and ".join(f"`{whole}`" for whole in wholes) if wholes else "the carried tensor"
             fixed = named.fix if named is not None else ""
             freed = (  # a list is cleared; an attribute read before the call that rebuilds it is read after it
                 "cleared"
@@ -208,9 +210,10 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
             why = (
                 f"only a later iteration needs it: {short(later.line)} in iteration "
                 f"{split.iteration_of_call(later.index)} follows {carrier} back into the buffers it kept; once "
-                f"{carrier} is {freed}, no backward needs them"
+                f"{carrier} {'are' if len(wholes) > 1 else 'is'} {freed}, no backward needs them"
             )
-            fix = f"remove retain_graph=True once {carrier} no longer carries its graph"
+            carries = "carry their" if len(wholes) > 1 else "carries its"
+            fix = f"remove retain_graph=True once {carrier} no longer {carries} graph"
             verdicts.append(LineVerdict(line, GOES_WITH_CARRIED, runs, needed, held, why, fix))
         elif needed and tally.needer_here is not None and _needed_by_the_detached(recorder, tally.needer_here):
             later = calls[tally.needer_here]
