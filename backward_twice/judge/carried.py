@@ -9,6 +9,7 @@ Used by :mod:`backward_twice.judge.notes` and :mod:`backward_twice.judge.verdict
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from dataclasses import dataclass, replace
@@ -22,7 +23,8 @@ from backward_twice.judge.built import (
     rebinds_from_itself,
     starts_without_a_tensor,
 )
-from backward_twice.judge.fixes import carried_fix, read_after_its_build, whole_state, whole_state_fix
+from backward_twice.judge.fixes import carried_fix, read_after_its_build
+from backward_twice.judge.states import one_state, whole_state, whole_state_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
 from backward_twice.judge.uses import bound_in, first_read, list_use, read_first
 from backward_twice.record.iterations import Split
@@ -160,7 +162,9 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                 lists.add(kept.rsplit("[", 1)[0])
             elif container == "list":  # an item of a list: a ``for`` over that list names its items too
                 lists.add(re.sub(r"\[\d+\]$", "", name))
-            state = _one_state(recorder, node) if container != "parameter" else None
+            state = (
+                one_state(node, functools.partial(rebound_each_pass, recorder)) if container != "parameter" else None
+            )
             if state is not None:  # one tensor under two entries of one state: detaching one leaves the other's
                 name, container, aliases = state, "state", []
             for spelled in (name, *aliases):
@@ -265,24 +269,6 @@ def _built_in_an_earlier_pass(recorder: Recorder, split: Split, old: list[int]) 
         if "." in whole and bound_in(whole, (span[0], 1, sys.maxsize)):  # an attribute a method of its object sets
             return True  # (``atk.step(b)`` sets ``self.delta``), called from the loop: state from pass to pass
     return False
-
-
-def _one_state(recorder: Recorder, node: NamedGraph) -> str | None:
-    """The dict or list that holds ``node`` under two or more of its entries (``net.mem`` of ``net.mem['h']`` and
-    ``net.mem['past'][0]``, a memory's last state also appended to its history): the whole state is what to detach,
-    as a detach of one entry leaves the graph in the other. Another name of it that each pass rebinds before it
-    reads it (the loop's ``h``) carries nothing. None when its spellings share no such state."""
-    spellings = {node.name, *node.same}
-    items = {spelled for spelled in spellings if re.fullmatch(r"[\w.]+(?:\[[^\]]+\])+", spelled)}
-    others = spellings - items  # keys and positions only: an object's attribute inside (``state['loader'].labels``)
-    roots = {spelled.split("[", 1)[0] for spelled in items}  # is out of a tree_map's reach
-    if (
-        len(items) < 2
-        or len(roots) != 1
-        or any("[" in other or not rebound_each_pass(recorder, other) for other in others)
-    ):
-        return None
-    return roots.pop()
 
 
 def _read_in_the_loop(recorder: Recorder, node: NamedGraph) -> str:

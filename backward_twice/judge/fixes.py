@@ -5,7 +5,7 @@ statement), for a second backward through buffers an earlier backward of the sam
 learner's statement that changed a saved tensor in place (written out of place).
 
 Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.verdicts` and
-:mod:`backward_twice.report.items`.
+:mod:`backward_twice.report.items`. A state detached whole: :mod:`backward_twice.judge.states`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import math
 import re
 from typing import Protocol
 
+from backward_twice.judge.states import as_spelled_in_its_methods, whole_state, whole_state_fix
 from backward_twice.judge.uses import bound_in
 from backward_twice.record.in_place import in_place_statement, out_of_place
 from backward_twice.record.learner import lines_of_file, site_of, source_lines
@@ -27,8 +28,6 @@ __all__ = [
     "in_place_fix",
     "items_of_one_list",
     "second_backward_fix",
-    "whole_state",
-    "whole_state_fix",
 ]
 
 ERROR_FIXES = {
@@ -390,52 +389,11 @@ def _starts_as_numbers(whole: str, built_at: str) -> bool:
     return any(numbers.search(text) for text in lines_of_file(built_at))
 
 
-def _as_spelled_in_its_methods(name: str) -> list[str]:
-    """``name`` and, for an attribute chain, the same attribute as its object's methods spell it (``atk.delta``:
-    ``self.delta``), the spelling the lines that grow or read it use."""
-    return [name, f"self.{name.split('.', 1)[1]}"] if "." in name else [name]
-
-
-def whole_state(name: str, container: str | None, built_at: str) -> str | None:
-    """The state a carried graph's fix detaches whole, every tensor in it: a dict that holds the tensor under two
-    entries (``container`` "state": a memory's last state, also appended to its history), or the root of an item of an
-    item by position of tuples and lists rebuilt each pass (an NTM's ``previous_state = (reads, (h, c), heads)``: an
-    item of a tuple cannot be assigned). None for any other carrier."""
-    if container == "state":
-        return name
-    nested = re.fullmatch(r"(.*?)((?:\[\d+\]){2,})", name)
-    if nested and container in ("tuple", "list") and not _appended_to(name, built_at):
-        return nested.group(1)
-    return None
-
-
-def whole_state_fix(root: str) -> str:
-    """The fix that detaches every tensor of the state ``root``, whatever its shape of tuples, lists and dicts."""
-    detached = f"torch.utils._pytree.tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, {root})"
-    return f"add `{root} = {detached}` at the end of each iteration"
-
-
-def _appended_to(item: str, built_at: str) -> bool:
-    """Whether the file of ``built_at`` grows a list ``item`` is in, at any depth (``memory[2].append(...)``,
-    ``+= [...]``), spelled as the loop spells it or as a method of its owner does (``self.memory.append(...)`` for
-    ``memory.memory``: a DQN's replay memory)."""
-    holders: set[str] = set()
-    spelled = item
-    while (outer := re.fullmatch(r"(.*)\[[^\]]*\]", spelled)) is not None:
-        spelled = outer.group(1)
-        holders.update(_as_spelled_in_its_methods(spelled))
-    if not holders:
-        return False
-    either = "|".join(re.escape(holder) for holder in sorted(holders))
-    grown = re.compile(rf"(?<![\w.])(?:{either})\s*(\.append\(|\.appendleft\(|\.extend\(|\.insert\(|\+=)")
-    return any(grown.search(text) for text in lines_of_file(built_at))
-
-
 def _differentiated(name: str, built_at: str) -> bool:
     """Whether the file of ``built_at`` asks for the gradient of ``name`` (``torch.autograd.grad(loss, delta)``,
     ``backward(inputs=[delta])``, ``input.grad``): an adversarial perturbation carried across batches, or DeepDream's
     image, which must stay a leaf; an attribute also as its object's methods spell it (``self.delta.grad``)."""
-    spelled = "(?:" + "|".join(re.escape(each) for each in _as_spelled_in_its_methods(name)) + ")"
+    spelled = "(?:" + "|".join(re.escape(each) for each in as_spelled_in_its_methods(name)) + ")"
     asked = re.compile(
         rf"\bgrad\(\s*[^,()]+,\s*[(\[]?\s*{spelled}\b|\binputs\s*=\s*[(\[]?\s*{spelled}\b|(?<![\w.]){spelled}\.grad\b"
     )
