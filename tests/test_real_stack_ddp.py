@@ -227,9 +227,12 @@ def test_the_time_limit_stops_both_ranks(tmp_path: Path) -> None:
 
 
 def test_a_rank_ends_itself_when_the_kernel_dies(tmp_path: Path) -> None:
-    """A killed kernel runs no clean-up; the ranks notice that their parent is gone."""
+    """A killed kernel runs no clean-up; the ranks notice that their parent is gone, and remove its folder (each run
+    left a bt-ddp- folder in the temporary directory)."""
     with driver_and_ranks(tmp_path, timeout=300) as (driver, pids):
         time.sleep(1)
+        assert list(tmp_path.glob("bt-ddp-*")), "the runner's folder is where the test looks for it"
         driver.kill()
         driver.wait(timeout=10)
         assert wait_until_gone(pids, 15), "a DDP rank outlived the process that started it"
+        assert not list(tmp_path.glob("bt-ddp-*")), "the runner's folder outlived it"

@@ -4,7 +4,7 @@ It reads ``FOLDER/spec.json`` (the sources of the model classes and the steps, t
 ``FOLDER/batch.pt``, joins the gloo process group on 127.0.0.1, runs every setting on a fresh DDP-wrapped
 copy of its model, and writes ``FOLDER/rankRANK.pt``: per setting, the iteration that raised (or None), the
 error, and the gradients after the first iteration that completed. A rank whose parent process dies ends
-itself.
+itself, and removes the folder the parent's clean-up would have.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -53,20 +54,22 @@ def run_setting(
     return result
 
 
-def exit_with_parent(parent: int) -> None:
+def exit_with_parent(parent: int, folder: str) -> None:
     """End this rank when ``parent``, the process that started it, is gone (a kernel restarted or killed, not
-    interrupted): the runner's clean-up did not run then."""
+    interrupted): the runner's clean-up did not run then, so the rank removes the runner's temporary ``folder`` too
+    (the other rank may have removed it first)."""
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
+        shutil.rmtree(folder, ignore_errors=True)
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
 
 
 def main(folder: str, rank: int, parent: int) -> None:
-    exit_with_parent(parent)
+    exit_with_parent(parent, folder)
     work = Path(folder)
     spec = json.loads((work / "spec.json").read_text(encoding="utf-8"))
     torch.set_num_threads(1)
