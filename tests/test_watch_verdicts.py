@@ -1938,3 +1938,27 @@ def test_the_band_aid_for_an_lstms_two_states_names_both() -> None:
     [line] = w.verdicts.lines
     assert line.fix == "remove retain_graph=True once `h0` and `c0` no longer carry their graph", line.fix
     assert "once `h0` and `c0` are detached" in line.why, line.why
+
+
+def test_a_loss_computed_once_before_the_loop_is_built_there_and_computed_inside() -> None:
+    """makemore's notebook (karpathy/nn-zero-to-hero#31): the forward cell run once, the backward-and-update cell
+    run again. The item showed ``loss.backward()`` twice ("comes in here", then "raised") and never the line that
+    built ``loss``, and the fix offered ``loss = loss.detach()``, after which its backward has no graph at all. The
+    truth: the forward inside the loop runs."""
+    torch.manual_seed(0)
+    xenc, ys = torch.nn.functional.one_hot(torch.tensor([0, 5, 13]), 27).float(), torch.tensor([5, 13, 1])
+    W = torch.randn(27, 27, requires_grad=True)
+    logits = xenc @ W
+    loss = -logits.log_softmax(1)[torch.arange(3), ys].mean()
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        for _ in range(3):
+            W.grad = None
+            loss.backward()
+            W.data += -0.1 * W.grad
+    [item] = w.report.items
+    assert [line.label for line in item.lines] == [
+        "built here, before the loop",
+        'raised "Trying to backward through the graph a second time"',
+    ], item.lines
+    assert "loss = -logits.log_softmax(1)" in item.lines[0].code, item.lines
+    assert item.fix == "compute `loss` inside the loop: its backward needs a graph built in the same iteration"

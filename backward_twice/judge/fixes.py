@@ -312,6 +312,8 @@ def carried_fix(
     owner = re.match(r"^(\w+)\.\w+$", name)
     if before_loop and owner and _builds_an_owner(owner.group(1), built_at):
         return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"
+    if before_loop and walked is not None and re.search(rf"(?<![\w.]){re.escape(name)}\s*\.backward\(", walked.used_at):
+        return f"compute `{name}` inside the loop: its backward needs a graph built in the same iteration"
     if before_loop:
         return f"compute `{name}` inside the loop (or `{name} = {name}.detach()`, if it needs no gradient)"
     if _differentiated(name, built_at):  # ``autograd.grad(loss, delta)``: a detached delta must ask for its gradient

@@ -172,9 +172,13 @@ def carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ban
     label = f"{spelled} {carries} {origin} into {into}" + ("; retain_graph=True only hides it" if band_aid else "")
     place, code = split_line(first.built_at)
     lines = []
-    if first.enters_at is not None:  # the loop's first line that reads it: where the old graph comes in
-        place, code = split_line(first.enters_at)
+    backwarded = first.enters_at is not None and split_line(first.enters_at)[0] == split_line(first.used_at)[0]
+    if first.enters_at is not None and not backwarded:  # the loop's first line that reads it: where the old graph
+        place, code = split_line(first.enters_at)  # comes in
         lines.append(CodeLine(place, code, _span(code, name, load_only=True), f"{origin} comes in here"))
+    elif backwarded and not code.startswith("("):  # it comes in at the backward itself (``loss.backward()`` of a loss
+        built = "built here, before the loop" if first.iteration is None else "built here"  # built before the loop):
+        lines.append(CodeLine(place, code, _span(code, name), built))  # the line that built it, not that line twice
     elif not code.startswith("(") and first.name:
         comes_in = _span(code, name, load_only=True)
         if comes_in is not None and first.iteration is not None and reads_on_line(code, name):
