@@ -387,3 +387,44 @@ def test_a_state_also_held_by_the_loops_own_variable_is_detached_whole_as_printe
     assert fix is not None and fix.group(1).startswith("st.mem = torch.utils._pytree.tree_map("), item.fix
     fixed = _run(PLAIN_MEMORY.replace("    # COMES IN", f"    {fix.group(1)}"), tmp_path / "fixed.py")["cell"]
     assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())
+
+
+# Labels made before the loop from weights that require grad (zhangyu2234/Deep-learning-by-hand, "1.3 Problems I
+# encountered": ``Y = torch.mm(X, true_W) + true_b``), sliced into batches the loop takes as ``y``.
+LABELS = """
+import torch
+
+torch.manual_seed(0)
+X = torch.randn(60, 2)
+true_W, true_b = torch.randn(2, 1, requires_grad=True), torch.randn(1, requires_grad=True)
+Y = torch.mm(X, true_W) + true_b
+loader = [(X[i : i + 20], Y[i : i + 20]) for i in range(0, 60, 20)]
+W, b = torch.zeros(2, 1, requires_grad=True), torch.zeros(1, requires_grad=True)
+for epoch in range(2):
+    for x, y in loader:
+        # BODY BEGINS
+        loss = ((torch.mm(x, W) + b - y) ** 2 / 2).sum()
+        loss.backward()
+        with torch.no_grad():
+            for p in (W, b):
+                p -= 0.01 * p.grad / 20
+                p.grad.zero_()
+"""
+
+
+def test_an_item_the_loop_takes_from_a_graph_built_before_it_is_detached_as_the_body_begins(tmp_path: Path) -> None:
+    """The fix was "compute `y` inside the loop (or `y = y.detach()`, if it needs no gradient)": ``y`` is what the
+    loop's ``for`` gives, and the detach had no place to go. The truth: the labels made without a graph train the
+    same weights as the printed fix."""
+    by_hand = LABELS.replace("Y = torch.mm(X, true_W) + true_b", "Y = (torch.mm(X, true_W) + true_b).detach()")
+    expected = _run(by_hand, tmp_path / "by_hand.py")["W"]
+    path = tmp_path / "labels.py"
+    watched = textwrap.indent(LABELS, "    ")
+    path.write_text(
+        f"from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n{watched}\nexcept Exception:\n  pass\n"
+    )
+    [item] = [i for i in runpy.run_path(str(path))["w"].report.items if i.kind == "carried"]
+    fix = re.fullmatch(r"add `(y = y\.detach\(\))` as the loop's body begins: .+", item.fix)
+    assert fix is not None, item.fix
+    fixed = _run(LABELS.replace("        # BODY BEGINS", f"        {fix.group(1)}"), tmp_path / "fixed.py")["W"]
+    assert torch.equal(fixed, expected)

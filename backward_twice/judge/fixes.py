@@ -314,6 +314,13 @@ def carried_fix(
         return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"
     if before_loop and walked is not None and re.search(rf"(?<![\w.]){re.escape(name)}\s*\.backward\(", walked.used_at):
         return f"compute `{name}` inside the loop: its backward needs a graph built in the same iteration"
+    if before_loop and walked is not None and _taken_by_the_loop(name, walked):
+        # the loop takes ``name`` from what was built before it (``for x, y in loader`` over slices of labels made
+        # from weights that require grad): each pass's item brings that one graph in
+        return (
+            f"add `{name} = {name}.detach()` as the loop's body begins: the loop takes `{name}` from a graph built "
+            "before it (build that inside the loop instead if it must train what it comes from)"
+        )
     if before_loop:
         return f"compute `{name}` inside the loop (or `{name} = {name}.detach()`, if it needs no gradient)"
     if _differentiated(name, built_at):  # ``autograd.grad(loss, delta)``: a detached delta must ask for its gradient
@@ -389,6 +396,22 @@ def _starts_as_numbers(whole: str, built_at: str) -> bool:
     ``[0] * n``): its items become tensors only once added to, and a number has no ``.detach()``."""
     numbers = re.compile(rf"(?<![\w]){re.escape(whole.rsplit('.', 1)[-1])}\s*=\s*\[\s*0")
     return any(numbers.search(text) for text in lines_of_file(built_at))
+
+
+def _taken_by_the_loop(name: str, walked: Walked) -> bool:
+    """Whether the ``for`` whose body holds the backward that walked it binds ``name`` (``for x, y in loader``)."""
+    used = site_of(walked.used_at)
+    tree = parsed(used[0]) if used else None
+    if used is None or tree is None:
+        return False
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, (ast.For, ast.AsyncFor))
+            and node.body[0].lineno <= used[1] <= (node.end_lineno or node.lineno)
+            and name in {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+        ):
+            return True
+    return False
 
 
 def _differentiated(name: str, built_at: str) -> bool:
