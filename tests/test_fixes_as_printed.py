@@ -70,15 +70,21 @@ for iteration in range(4):
 """
 
 
-def _fix_of(source: str, path: Path) -> str:
-    """The statement the watch's carried graph's fix says to add at the end of each iteration."""
+def _carried_fix(source: str, path: Path) -> str:
+    """The fix of the carried graph's item, as a watch around the whole script prints it."""
     body = "\n".join(f"    {line}" for line in source.strip("\n").split("\n"))
     watched = f"try:\n  with watch() as w:\n{body}\nexcept Exception:\n  pass\n"
     path.write_text(f"from backward_twice.watcher import watch\n{watched}")
     report = runpy.run_path(str(path))["w"].report
     [item] = [item for item in report.items if item.kind == "carried"]
-    fix = re.fullmatch(r"add `(.+)` at the end of each iteration", item.fix)
-    assert fix is not None, item
+    return item.fix
+
+
+def _fix_of(source: str, path: Path) -> str:
+    """The statement the watch's carried graph's fix says to add at the end of each iteration."""
+    printed = _carried_fix(source, path)
+    fix = re.fullmatch(r"add `(.+)` at the end of each iteration", printed)
+    assert fix is not None, printed
     return fix.group(1)
 
 
@@ -377,14 +383,9 @@ def test_a_state_also_held_by_the_loops_own_variable_is_detached_whole_as_printe
     read runs; so does the printed fix, placed where the state comes in."""
     by_hand = PLAIN_MEMORY.replace('cell(x, st.mem["h"])', 'cell(x, st.mem["h"].detach())')
     expected = _run(by_hand, tmp_path / "by_hand.py")["cell"].state_dict()
-    path = tmp_path / "memory.py"
-    watched = textwrap.indent(PLAIN_MEMORY, "    ")
-    path.write_text(
-        f"from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n{watched}\nexcept Exception:\n  pass\n"
-    )
-    [item] = [i for i in runpy.run_path(str(path))["w"].report.items if i.kind == "carried"]
-    fix = re.fullmatch(r"add `(.+)` before line \d+", item.fix)
-    assert fix is not None and fix.group(1).startswith("st.mem = torch.utils._pytree.tree_map("), item.fix
+    printed = _carried_fix(PLAIN_MEMORY, tmp_path / "memory.py")
+    fix = re.fullmatch(r"add `(.+)` before line \d+", printed)
+    assert fix is not None and fix.group(1).startswith("st.mem = torch.utils._pytree.tree_map("), printed
     fixed = _run(PLAIN_MEMORY.replace("    # COMES IN", f"    {fix.group(1)}"), tmp_path / "fixed.py")["cell"]
     assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())
 
@@ -418,13 +419,8 @@ def test_an_item_the_loop_takes_from_a_graph_built_before_it_is_detached_as_the_
     same weights as the printed fix."""
     by_hand = LABELS.replace("Y = torch.mm(X, true_W) + true_b", "Y = (torch.mm(X, true_W) + true_b).detach()")
     expected = _run(by_hand, tmp_path / "by_hand.py")["W"]
-    path = tmp_path / "labels.py"
-    watched = textwrap.indent(LABELS, "    ")
-    path.write_text(
-        f"from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n{watched}\nexcept Exception:\n  pass\n"
-    )
-    [item] = [i for i in runpy.run_path(str(path))["w"].report.items if i.kind == "carried"]
-    fix = re.fullmatch(r"add `(y = y\.detach\(\))` as the loop's body begins: .+", item.fix)
-    assert fix is not None, item.fix
+    printed = _carried_fix(LABELS, tmp_path / "labels.py")
+    fix = re.fullmatch(r"add `(y = y\.detach\(\))` as the loop's body begins: .+", printed)
+    assert fix is not None, printed
     fixed = _run(LABELS.replace("        # BODY BEGINS", f"        {fix.group(1)}"), tmp_path / "fixed.py")["W"]
     assert torch.equal(fixed, expected)
