@@ -93,6 +93,13 @@ def _run(source: str, path: Path) -> dict:
     return runpy.run_path(str(path))
 
 
+def _trains_as_by_hand(source: str, by_hand: str, fix: str, name: str, tmp_path: Path) -> None:
+    """The loop with ``fix`` added at the end of each iteration trains ``name`` as the loop fixed ``by_hand`` does."""
+    expected = _run(by_hand, tmp_path / "by_hand.py")[name].state_dict()
+    fixed = _run(source.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")[name]
+    assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())
+
+
 def test_a_state_of_lists_and_tuples_kept_on_a_module_is_detached_whole_by_the_printed_fix(tmp_path: Path) -> None:
     """The fix was "add `_[1] = tuple(s.detach() for s in _[1])`" (``_``, the throwaway of ``y, _ = net(x)``; a
     tuple's item cannot be assigned: a TypeError as printed), with the lists of the state given "keep detached copies
@@ -122,6 +129,19 @@ def test_an_input_the_loop_trains_by_its_grad_keeps_asking_for_it_after_the_prin
     assert torch.equal(fixed, expected)
 
 
+# A module of recurrent state trained on a few batches: the loop the state tests below share.
+TRAINED = """
+
+torch.manual_seed(0)
+model = {cls}()
+optim = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in zip(torch.randn(4, 2, 3), torch.randn(4, 2, 1)):
+    optim.zero_grad()
+    ((model(x) - y) ** 2).mean().backward()
+    optim.step()
+    # END OF ITERATION
+"""
+
 # A seq2seq's encoder and decoder states kept on the module by name (``self.states = {'enc': (h, c), 'dec': (h,
 # c)}``), rebuilt each pass from the last one's: never detached.
 STATES = """
@@ -141,16 +161,8 @@ class Seq2(nn.Module):
         self.states = {"enc": (he, ce), "dec": (hd, cd)}
         return self.fc(hd)
 
-
-torch.manual_seed(0)
-model = Seq2()
-optim = torch.optim.SGD(model.parameters(), lr=0.1)
-for x, y in zip(torch.randn(4, 2, 3), torch.randn(4, 2, 1)):
-    optim.zero_grad()
-    ((model(x) - y) ** 2).mean().backward()
-    optim.step()
-    # END OF ITERATION
 """
+STATES += TRAINED.format(cls="Seq2")
 
 
 def test_states_kept_on_a_module_in_a_dict_of_tuples_are_named_and_detached_as_printed(tmp_path: Path) -> None:
@@ -254,11 +266,9 @@ def test_layers_kept_on_a_plain_object_are_named_by_it_not_by_the_list_each_pass
     by_hand = LAYERS.replace(
         "    # END OF ITERATION", "    carry.layers = [tuple(t.detach() for t in pair) for pair in carry.layers]"
     )
-    expected = _run(by_hand, tmp_path / "by_hand.py")["head"].state_dict()
     fix = _fix_of(LAYERS, tmp_path / "layers.py")
     assert fix.startswith("carry.layers = "), fix
-    fixed = _run(LAYERS.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")["head"]
-    assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())
+    _trains_as_by_hand(LAYERS, by_hand, fix, "head", tmp_path)
 
 
 # A recurrent memory kept on the module as a dict of its last state and its history (the shape of memory-augmented
@@ -282,31 +292,21 @@ class MemNet(nn.Module):
         self.mem["h"] = h
         return self.fc(torch.cat([h, context], 1))
 
-
-torch.manual_seed(0)
-net = MemNet()
-sgd = torch.optim.SGD(net.parameters(), lr=0.1)
-for x, y in zip(torch.randn(4, 2, 3), torch.randn(4, 2, 1)):
-    sgd.zero_grad()
-    ((net(x) - y) ** 2).mean().backward()
-    sgd.step()
-    # END OF ITERATION
 """
+MEMORY += TRAINED.format(cls="MemNet")
 
 
 def test_one_state_held_under_two_entries_of_a_dict_is_detached_whole_as_printed(tmp_path: Path) -> None:
-    """The command named `net.mem['h']` ("add `net.mem['h'] = net.mem['h'].detach()`", after which iteration 2 still
-    raised through ``mem['past'][0]``), a watch in the script `net.mem['past']` (keep detached copies, after which
-    ``mem['h']`` still carried it). The truth: detaching both entries by hand runs; so does the printed fix."""
+    """The command named `model.mem['h']` ("add `model.mem['h'] = model.mem['h'].detach()`", after which iteration 2
+    still raised through ``mem['past'][0]``), a watch in the script `model.mem['past']` (keep detached copies, after
+    which ``mem['h']`` still carried it). The truth: detaching both entries by hand runs; so does the printed fix."""
     by_hand = MEMORY.replace(
         "    # END OF ITERATION",
-        '    net.mem = {"h": net.mem["h"].detach(), "past": [p.detach() for p in net.mem["past"]]}',
+        '    model.mem = {"h": model.mem["h"].detach(), "past": [p.detach() for p in model.mem["past"]]}',
     )
-    expected = _run(by_hand, tmp_path / "by_hand.py")["net"].state_dict()
     fix = _fix_of(MEMORY, tmp_path / "memory.py")
-    assert fix.startswith("net.mem = torch.utils._pytree.tree_map("), fix
-    fixed = _run(MEMORY.replace("    # END OF ITERATION", f"    {fix}"), tmp_path / "fixed.py")["net"]
-    assert all(torch.equal(fixed.state_dict()[key], value) for key, value in expected.items())
+    assert fix.startswith("model.mem = torch.utils._pytree.tree_map("), fix
+    _trains_as_by_hand(MEMORY, by_hand, fix, "model", tmp_path)
 
 
 # SAC's automatic entropy tuning (pranz24/pytorch-soft-actor-critic, sac.py: ``self.alpha = args.alpha``, then
