@@ -125,8 +125,16 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         parameter = named.container in _UPDATED_IN_PLACE
         one = _one_element(named.shape)
         read_in = named.frame.filename if named.frame else None
-        note = Note(holder, line, held_graph.graph_bytes, grows, parameter, grows and holder in reset, one)
-        note = dataclasses.replace(note, buffer=named.container == "buffer")
+        note = Note(
+            holder,
+            line,
+            held_graph.graph_bytes,
+            grows,
+            parameter,
+            grows and holder in reset,
+            one,
+            buffer=named.container == "buffer",
+        )
         known = by_name.setdefault(holder, dataclasses.replace(note, grows_in=read_in))
         if grows and not known.grows:  # a later start showed it growing (running_loss += loss: from pass 3 on)
             known = by_name[holder] = dataclasses.replace(known, grows=True, reset=holder in reset)
