@@ -531,3 +531,53 @@ def test_a_gan_d_loss_built_in_a_function_of_the_fake_detaches_the_functions_par
     model = _CycleGan(detached=True)
     for real_A, real_B in batches:
         model.optimize_parameters(real_A, real_B)
+
+
+def _reinforce_updated_twice_per_episode(fill_inside: bool) -> list[float]:
+    """pytorch/examples#151: reinforce.py's ``finish_episode()`` called more than once on one episode's
+    ``saved_log_probs``; ``fill_inside``: the printed fix, the episode's rollout moved into the update loop."""
+    torch.manual_seed(0)
+    policy = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    saved_log_probs: list[torch.Tensor] = []
+    rewards: list[float] = []
+
+    def rollout() -> None:
+        for _ in range(4):
+            m = torch.distributions.Categorical(logits=policy(torch.randn(4)))
+            action = m.sample()
+            saved_log_probs.append(m.log_prob(action))
+            rewards.append(float(action))
+
+    def finish_episode() -> None:
+        returns = torch.tensor(rewards)
+        policy_loss = [-log_prob * r for log_prob, r in zip(saved_log_probs, returns)]
+        optimizer.zero_grad()
+        torch.stack(policy_loss).sum().backward()
+        optimizer.step()
+
+    for _ in range(2):
+        if not fill_inside:
+            rollout()
+        for _ in range(2):
+            if fill_inside:
+                rollout()
+            finish_episode()
+            if fill_inside:
+                del saved_log_probs[:], rewards[:]
+        del saved_log_probs[:], rewards[:]
+    return [value for parameter in policy.parameters() for value in parameter.flatten().tolist()]
+
+
+def test_a_list_filled_before_the_update_loop_is_filled_inside_it_not_cleared_after_each_update() -> None:
+    """The list the episode's rollout fills before a loop of updates on it: "clear `saved_log_probs` after each
+    update" left the second update ``torch.stack([])`` (a ValueError). The truth: bare, the second update raises;
+    clearing after each update raises; a retain raises the in-place error (the first step changed the weights the
+    graph saved); with the rollout inside the update loop, as printed, it runs."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _reinforce_updated_twice_per_episode(fill_inside=False)
+    text = str(w)
+    assert "1. `saved_log_probs` carries the graph built before the loop into iteration 2" in text, text
+    assert "fix: fill `saved_log_probs` inside the loop, so each backward walks items built in its own" in text, text
+    assert "clear()" not in text, text
+    assert len(_reinforce_updated_twice_per_episode(fill_inside=True)) == 10

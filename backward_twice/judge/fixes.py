@@ -294,6 +294,12 @@ def carried_fix(
         if use == "rebound":
             kept = "m.detach() if torch.is_tensor(m) else m" if _starts_as_numbers(whole, built_at) else "m.detach()"
             return f"add `{whole} = [{kept} for m in {whole}]` at the end of each iteration"
+        if use == "whole" and before_loop:  # filled before the loop (an episode's rollout, then updates on it):
+            # cleared after the first update, the next one has nothing to walk
+            return (
+                f"fill `{whole}` inside the loop, so each backward walks items built in its own iteration (the "
+                "first backward freed the graph of the items built before the loop)"
+            )
         if use == "whole":
             return f"clear `{whole}` after each update (`{whole}.clear()`): each backward walks this iteration's items"
         grown = re.compile(rf"(?<![\w.]){re.escape(whole)}\.append\((.+)\)\s*$")
