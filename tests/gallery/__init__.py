@@ -52,4 +52,8 @@ LOOPS = [
     "dqn_target_net",
     "mean_teacher_ema",
     "transformer_xl_mems",
+    "sac_auto_entropy",
+    "vqvae2_ema_codebook",
+    "darts_unrolled_architect",
+    "td3_delayed_policy",
 ]
