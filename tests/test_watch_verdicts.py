@@ -1962,3 +1962,44 @@ def test_a_loss_computed_once_before_the_loop_is_built_there_and_computed_inside
     ], item.lines
     assert "loss = -logits.log_softmax(1)" in item.lines[0].code, item.lines
     assert item.fix == "compute `loss` inside the loop: its backward needs a graph built in the same iteration"
+
+
+def _epoch_total_after_batch_steps(batch_steps: bool = True, epoch_update: bool = True) -> None:
+    """A batch loop that steps after each batch's retained backward, then an epoch-level backward of the batches'
+    total; the flags drop one of the two updates (the printed fix's two ways)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    inputs, targets = torch.randn(3, 4, 3), torch.randn(3, 4, 1)
+    for _ in range(2):
+        total = 0
+        for x, y in zip(inputs, targets):
+            opt.zero_grad()
+            loss = ((model(x) - y) ** 2).mean() + 0.01 * (model.weight**2).sum()
+            loss.backward(retain_graph=True)
+            if batch_steps:
+                opt.step()
+            total = total + loss
+        if epoch_update:
+            opt.zero_grad()
+            (0.1 * total).backward()
+            opt.step()
+
+
+def test_a_total_of_losses_from_passes_a_step_came_between_keeps_one_update_not_computed_again() -> None:
+    """The epoch's backward walks every batch's loss, and each batch's step changed the weights the earlier ones
+    saved: "compute line N again after the step" still raised as printed (the next batch's step changes them
+    again). The truth: bare, the in-place error; without the batch step, or without the epoch's update, it runs."""
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        _epoch_total_after_batch_steps()
+    [fix] = [line for line in str(w).splitlines() if line.lstrip().startswith("fix:")]
+    source, first = inspect.getsourcelines(_epoch_total_after_batch_steps)
+    number = {key: first + next(i for i, line in enumerate(source) if key in line) for key in ("for x", "opt.step()")}
+    backward = first + next(i for i, line in enumerate(source) if "(0.1 * total).backward()" in line)
+    assert fix.strip() == (
+        f"fix: `total` adds up losses of every pass of the loop at line {number['for x']}, and line "
+        f"{number['opt.step()']}'s step changes the weights between them: keep one of the two updates (line "
+        f"{number['opt.step()']}'s step, or line {backward}'s backward and the step after it)"
+    ), fix
+    _epoch_total_after_batch_steps(batch_steps=False)
+    _epoch_total_after_batch_steps(epoch_update=False)

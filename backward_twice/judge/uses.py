@@ -7,7 +7,8 @@ it assigns it (a name assigned first, ``loss = ...``, brings nothing of an earli
 whether lines assign or grow it. :func:`list_use` tells a list rebound every iteration (``pred, mems = model(x,
 mems)``) from one the loss is built from whole (``zip(policy.saved_log_probs, returns)``) and from one read by index
 or slice (``bank[-4:]``). :func:`computed_again` gives the lines a loss is computed through from a forward an
-optimizer step then changed.
+optimizer step then changed; :func:`summed_over_steps` the total a backward walks that adds up losses from passes
+an optimizer step came between.
 
 Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes` and
 :mod:`backward_twice.report.items`.
@@ -20,9 +21,9 @@ import functools
 import re
 from collections.abc import Collection
 
-from backward_twice.record.sources import memo, parsed
+from backward_twice.record.sources import function_around, memo, parsed
 
-__all__ = ["bound_in", "computed_again", "first_read", "list_use", "read_first", "without_grad"]
+__all__ = ["bound_in", "computed_again", "first_read", "list_use", "read_first", "summed_over_steps", "without_grad"]
 
 
 def first_read(
@@ -131,6 +132,37 @@ def computed_again(filename: str, stale: int, loss: str, step: int) -> list[int]
             chain.append(line)
             needed |= reading
     return sorted(chain) if stale in chain else [stale]
+
+
+def summed_over_steps(filename: str, stale: int, step: int, backward: int) -> tuple[str, int] | None:
+    """``(total, header)`` where the failing backward at line ``backward`` walks ``total``, which a line of the loop
+    at ``header`` adds to in each pass, and that loop (the outermost of the function's loops that hold ``step`` and
+    not ``backward``) holds the forward at ``stale`` too (an epoch's ``(0.1 * total).backward()`` after per-batch
+    steps): each pass's step changed the weights the earlier passes' losses saved, so no line computed again after
+    one step mends it. None for any other lines."""
+    tree = parsed(filename)
+    if tree is None or function_around(tree, step) is not function_around(tree, backward):
+        return None
+    holding = [
+        node
+        for node in ast.walk(function_around(tree, step))
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While))
+        and node.body[0].lineno <= step <= (node.end_lineno or 0)
+        and not node.lineno <= backward <= (node.end_lineno or 0)
+    ]
+    if not holding:
+        return None
+    loop = min(holding, key=lambda node: node.lineno)
+    header, first, last = loop.lineno, loop.body[0].lineno, loop.end_lineno or loop.lineno
+    if not first <= stale <= last:
+        return None
+    statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
+    walked = set().union(*(reads for line, reads, _ in statements if line == backward))
+    for line, reads, writes in statements:
+        if first <= line <= last:
+            for total in sorted(walked & reads & writes):
+                return total, header
+    return None
 
 
 def bound_in(spelled: str, span: tuple[str, int, int]) -> bool:

@@ -19,7 +19,7 @@ from backward_twice.common.units import format_bytes
 from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list
 from backward_twice.judge.notes import growing_line
-from backward_twice.judge.uses import computed_again
+from backward_twice.judge.uses import computed_again, summed_over_steps
 from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note
 from backward_twice.record.learner import place as place_of
 from backward_twice.record.learner import site_of
@@ -295,6 +295,14 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
                     gan = " (a GAN: D's loss on a fake G made after its step)"
                 again = _computed_again(error.stale_line, raising.code, step_number)
                 fix = f"compute {again} again after the step at line {step_number}{gan}"
+                summed = _summed_over_steps(error.stale_line, error.line, step_number)
+                if summed is not None:
+                    total, header = summed
+                    fix = (
+                        f"`{total}` adds up losses of every pass of the loop at line {header}, and line "
+                        f"{step_number}'s step changes the weights between them: keep one of the two updates (line "
+                        f"{step_number}'s step, or line {line_number(raising.place)}'s backward and the step after it)"
+                    )
                 if error.stale_through is not None:  # the later loss trains other weights: it must not train these
                     name, later = error.stale_through, line_number(raising.place)
                     fix = (
@@ -346,6 +354,14 @@ def _computed_again(stale_line: str, raising_code: str, step: str) -> str:
     if len(lines) < 2:
         return f"line {line_number(split_line(stale_line)[0])}"
     return f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
+
+
+def _summed_over_steps(stale_line: str, raising_line: str, step: str) -> tuple[str, int] | None:
+    """What :func:`.summed_over_steps` finds for these lines (a total of losses from passes a step came between)."""
+    stale, raising = site_of(stale_line), site_of(raising_line)
+    if stale is None or raising is None or stale[0] != raising[0] or not step.isdigit():
+        return None
+    return summed_over_steps(stale[0], stale[1], int(step), raising[1])
 
 
 def _first_sentence(message: str, most: int = 110) -> str:
