@@ -71,21 +71,31 @@ def _read_before_bound(body: list[ast.stmt]) -> set[str]:
     return read
 
 
+def _version_of(tensor: torch.Tensor) -> int:
+    """Its version counter; -1 for a tensor that keeps none (made under ``torch.inference_mode()``)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return -1
+
+
 def _fresh_inputs(names: set[str], namespace: dict[str, Any]) -> Callable[[], None]:
     """What puts back, before each run after the first, the tensors without a graph among ``names`` that the last run
     rebound to another tensor without one: a batch's ``target`` the cell turns into one-hot, as the loop's header
     would give each pass a fresh batch. A name that now holds a graph is state the next run must read (a hidden
-    state): it stays."""
+    state): it stays; so does one whose first tensor the run changed (fast FGSM's ``delta``, filled in place, made to
+    require grad, then rebound to its detached copy): put back, it would bring the run's changes into the next."""
     kept = {
-        name: namespace[name]
+        name: (value, _version_of(value), value.requires_grad)
         for name in names
-        if isinstance(namespace.get(name), torch.Tensor) and namespace[name].grad_fn is None
+        if isinstance(value := namespace.get(name), torch.Tensor) and value.grad_fn is None
     }
 
     def put_back() -> None:
-        for name, value in kept.items():
+        for name, (value, version, requires_grad) in kept.items():
             now = namespace.get(name)
-            if now is not value and isinstance(now, torch.Tensor) and now.grad_fn is None:
+            changed = _version_of(value) != version or value.requires_grad != requires_grad
+            if now is not value and isinstance(now, torch.Tensor) and now.grad_fn is None and not changed:
                 namespace[name] = value
 
     return put_back

@@ -352,6 +352,33 @@ def test_a_cell_that_rebinds_its_batch_reads_the_same_batch_at_every_run(shell) 
     assert torch.equal(shell.user_ns["target"], torch.tensor([0, 3]))  # put back, as after any diagnosis
 
 
+def test_a_cell_that_changes_its_first_tensor_and_rebinds_it_carries_the_rebound_one_into_the_next_run(shell) -> None:
+    """Fast FGSM's loop body (locuslab/fast_adversarial, CIFAR10/train_fgsm.py): ``delta`` is filled in place, made to
+    require grad, then rebound to its detached copy. The first ``delta`` was put back between runs as a fresh batch,
+    changed by run 1 (it required grad now), and run 2 raised "a leaf Variable that requires grad is being used in an
+    in-place operation", where the cell run again by hand runs (as do ``bt.watch`` and ``bt.diagnose``)."""
+    run(shell, "model = torch.nn.Linear(6, 3)\nopt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)")
+    run(shell, "X, y = torch.rand(4, 6), torch.tensor([0, 1, 2, 0])\ndelta = torch.zeros(4, 6)\neps = 8 / 255")
+    body = (
+        "delta.uniform_(-eps, eps)\n"
+        "delta.requires_grad = True\n"
+        "loss = torch.nn.functional.cross_entropy(model(X + delta), y)\n"
+        "loss.backward()\n"
+        "delta.data = (delta + 1.25 * eps * torch.sign(delta.grad.detach())).clamp(-eps, eps)\n"
+        "delta = delta.detach()\n"
+        "loss = torch.nn.functional.cross_entropy(model(X + delta), y)\n"
+        "opt.zero_grad()\nloss.backward()\nopt.step()"
+    )
+    for _ in range(3):  # the truth: the cell run again by hand
+        assert run(shell, body).error_in_exec is None
+    run(shell, "delta = torch.zeros(4, 6)")
+    first = shell.user_ns["delta"]
+    shown = repr(run(shell, f"%%diagnose model opt\n{body}").result)
+    assert shown.startswith("backward-twice: healthy (3 runs of the cell, 6 backward calls"), shown
+    assert shell.user_ns["delta"] is first and not first.requires_grad, shell.user_ns["delta"]  # put back
+    assert torch.equal(first, torch.zeros(4, 6))
+
+
 def test_a_loop_cell_run_again_after_it_raised_detaches_the_state_the_last_run_left(shell) -> None:
     """A learner adds ``hidden = hidden.detach()`` at the end of the loop body and runs the cell again: ``hidden``
     still holds the graph of the run that raised, and iteration 1 raises. The fix was "compute `hidden` inside the
