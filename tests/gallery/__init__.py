@@ -56,4 +56,8 @@ LOOPS = [
     "vqvae2_ema_codebook",
     "darts_unrolled_architect",
     "td3_delayed_policy",
+    "fc_gan_retain",
+    "byol_ema_target",
+    "fixmatch_pseudo_labels",
+    "npid_memory_bank",
 ]
