@@ -413,13 +413,20 @@ def _print_traceback(error: BaseException) -> None:
         _through_the_scripts_hook(error, ours)
         return
     shown = traceback.TracebackException.from_exception(error)
-    shown.stack = traceback.StackSummary.from_list(
-        [
-            frame
-            for frame in shown.stack
+    frames = list(shown.stack)
+    leading = next(
+        (
+            index
+            for index, frame in enumerate(frames)
             if not os.path.dirname(os.path.abspath(frame.filename)).startswith(ours)
             and not frame.filename.startswith("<frozen")
-        ]
+        ),
+        len(frames),
+    )
+    # the standard library's frames below the script's are python's to show (asyncio.run, contextlib); the tool's
+    # own anywhere are not
+    shown.stack = traceback.StackSummary.from_list(
+        [frame for frame in frames[leading:] if not os.path.abspath(frame.filename).startswith(ours[0])]
     )
     print("".join(shown.format()), end="", file=sys.stderr)
 

@@ -392,3 +392,27 @@ def test_a_module_of_a_package_runs_as_python_m_runs_it(tmp_path: Path) -> None:
     assert watched.stdout.startswith(python.stdout + HEALTHY), watched.stdout
     missing = subprocess.run([str(COMMAND), "watch", "-m", "pkg.nosuch"], cwd=tmp_path, capture_output=True, text=True)
     assert missing.returncode == 1 and missing.stderr == "backward-twice watch: No module named pkg.nosuch\n"
+
+
+def test_the_standard_librarys_frames_between_the_script_and_its_loop_stay_in_the_traceback(tmp_path: Path) -> None:
+    """``asyncio.run(train())`` with the hidden state carried: the traceback lost asyncio's three frames
+    (``runners.py``, ``base_events.py``) between the script's line and the loop's, which python prints. Only the
+    command's and runpy's leading frames go."""
+    script = """
+        import asyncio
+        import torch
+        cell = torch.nn.RNNCell(3, 4)
+        async def train():
+            h = torch.zeros(2, 4)
+            for x in torch.randn(3, 2, 3):
+                await asyncio.sleep(0)
+                h = cell(x, h)
+                h.pow(2).mean().backward()
+        asyncio.run(train())
+        """
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 1, watched.stderr
+    assert "asyncio/runners.py" in python.stderr and "base_events.py" in python.stderr, python.stderr
+    said = watched.stderr.replace("/watched/", "/python/")
+    assert said.startswith(python.stderr), said
+    assert "1. `h` carries iteration 1's graph into iteration 2" in said[len(python.stderr) :], said
