@@ -2003,3 +2003,43 @@ def test_a_total_of_losses_from_passes_a_step_came_between_keeps_one_update_not_
     ), fix
     _epoch_total_after_batch_steps(batch_steps=False)
     _epoch_total_after_batch_steps(epoch_update=False)
+
+
+def _hidden_kept_walkable(iterations: int) -> torch.Tensor:
+    """A hidden state carried with the forum's band-aid, the weight rebuilt out of place each pass (no in-place
+    error): each backward walks every earlier iteration's graph once there are three."""
+    torch.manual_seed(0)
+    weight = torch.randn(4, 4, requires_grad=True)
+    h = torch.zeros(2, 4)
+    for _ in range(iterations):
+        h = torch.tanh(torch.randn(2, 4) + h @ weight)
+        loss = h.pow(2).mean()
+        loss.backward(retain_graph=True)
+        weight = (weight - 0.01 * weight.grad).detach().requires_grad_()
+    return h
+
+
+def _nodes_reachable(tensor: torch.Tensor) -> int:
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return len(seen)
+
+
+def test_a_carried_graph_seen_for_two_iterations_of_a_stopped_run_is_not_said_never_to_pile_up() -> None:
+    """``iterations=2`` on a hidden state kept walkable: "one graph at a time (it does not pile up)", where the third
+    pass's backward walks both earlier graphs (the truth: the nodes reachable from ``h`` grow by the same count each
+    pass; the whole run says "memory and time grow")."""
+    counts = [_nodes_reachable(_hidden_kept_walkable(n)) for n in (2, 4, 6)]
+    assert counts[2] - counts[1] == counts[1] - counts[0] > 0, counts
+    with watch(iterations=2) as w:
+        _hidden_kept_walkable(6)
+    [item] = w.report.items
+    assert "does not pile up" not in item.why, item.why
+    assert item.why.endswith("the run stopped after 2 iterations, and a longer one shows whether these graphs pile up")
+    with watch() as whole:
+        _hidden_kept_walkable(6)
+    assert whole.report.items[0].why.endswith("memory and time grow with each iteration"), str(whole)

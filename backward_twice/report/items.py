@@ -20,7 +20,7 @@ from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list
 from backward_twice.judge.notes import growing_line
 from backward_twice.judge.uses import computed_again, summed_over_steps
-from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note
+from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note, plural
 from backward_twice.record.learner import place as place_of
 from backward_twice.record.learner import site_of
 
@@ -152,7 +152,12 @@ def _holder(finding: CarriedFinding) -> str:
     return item.group(1) if item and finding.container in ("tuple", "list") else name
 
 
-def carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, band_aid: LineVerdict | None) -> Item:
+def carried_item(
+    findings: list[CarriedFinding],
+    error: ErrorVerdict | None,
+    band_aid: LineVerdict | None,
+    stopped_after: int | None = None,
+) -> Item:
     first = findings[0]
     name = _holder(first)
     # the other names of the same graph (an LSTM cell's hx beside cx): each one left holding it still carries it
@@ -230,6 +235,12 @@ def carried_item(findings: list[CarriedFinding], error: ErrorVerdict | None, ban
             f"every backward follows {followed} back into {older}, one graph at a time (it does not pile up), and "
             "sends gradient into what that graph was built from"
         )
+        if stopped_after is not None:  # a third iteration's backward walking two graphs at once may be yet to come
+            why = (
+                f"every backward follows {followed} back into {older} and sends gradient into what that graph was "
+                f"built from; the run stopped after {plural(stopped_after, 'iteration')}, and a longer one shows "
+                "whether these graphs pile up"
+            )
     fix = _carried_fix(first, place if first.fix_at_entry and lines[0].label.endswith("comes in here") else None)
     added = re.match(r"add `[^`]+`", fix)
     detaches = (re.match(r"add (`[^`]+`)", f.fix) for f in findings[1:] if f.name and _holder(f) in others)

@@ -74,7 +74,7 @@ def build_report(
     for index, findings in enumerate(groups.values()):
         first = index == 0
         error = v.error if explained and first else None
-        items.append(carried_item(findings, error, band_aids[0] if band_aids and first else None))
+        items.append(carried_item(findings, error, band_aids[0] if band_aids and first else None, v.stopped_after))
     if v.error is not None and not explained:
         band_aid = next((line for line in v.lines if line.verdict == GOES_WITH_THE_ERRORS_FIX), None)
         items.append(error_item(v.error, band_aid))
