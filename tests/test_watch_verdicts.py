@@ -2019,21 +2019,11 @@ def _hidden_kept_walkable(iterations: int) -> torch.Tensor:
     return h
 
 
-def _nodes_reachable(tensor: torch.Tensor) -> int:
-    seen, stack = set(), [tensor.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is not None and node not in seen:
-            seen.add(node)
-            stack.extend(next_node for next_node, _ in node.next_functions)
-    return len(seen)
-
-
 def test_a_carried_graph_seen_for_two_iterations_of_a_stopped_run_is_not_said_never_to_pile_up() -> None:
     """``iterations=2`` on a hidden state kept walkable: "one graph at a time (it does not pile up)", where the third
     pass's backward walks both earlier graphs (the truth: the nodes reachable from ``h`` grow by the same count each
     pass; the whole run says "memory and time grow")."""
-    counts = [_nodes_reachable(_hidden_kept_walkable(n)) for n in (2, 4, 6)]
+    counts = [_nodes(_hidden_kept_walkable(n)) for n in (2, 4, 6)]
     assert counts[2] - counts[1] == counts[1] - counts[0] > 0, counts
     with watch(iterations=2) as w:
         _hidden_kept_walkable(6)
