@@ -424,3 +424,60 @@ def test_an_item_the_loop_takes_from_a_graph_built_before_it_is_detached_as_the_
     assert fix is not None, printed
     fixed = _run(LABELS.replace("        # BODY BEGINS", f"        {fix.group(1)}"), tmp_path / "fixed.py")["W"]
     assert torch.equal(fixed, expected)
+
+
+# zhirongw/lemniscate.pytorch's LinearAverage with its memory update moved from the Function's backward (on
+# ``x.data``) into the forward, on ``x``: the buffer saved by ``mm`` is changed in place, from values with a graph.
+MEMORY_BANK = """
+import torch
+import torch.nn.functional as F
+
+
+class LinearAverage(torch.nn.Module):
+    def __init__(self, size, count, momentum=0.5):
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("memory", F.normalize(torch.rand(count, size), dim=1))
+
+    def forward(self, x, y):
+        out = torch.mm(x, self.memory.t()) / 0.07
+        weight_pos = self.memory.index_select(0, y) * self.momentum + x * (1 - self.momentum)
+        updated_weight = F.normalize(weight_pos, dim=1)
+        self.memory.index_copy_(0, y, updated_weight)
+        return out
+
+
+torch.manual_seed(0)
+net = torch.nn.Linear(6, 4)
+lemniscate = LinearAverage(4, 10)
+optimizer = torch.optim.SGD(net.parameters(), lr=0.03, momentum=0.9)
+for inputs, indexes in [(torch.randn(3, 6), torch.tensor([1, 4, 7])) for _ in range(3)]:
+    optimizer.zero_grad()
+    loss = F.cross_entropy(lemniscate(F.normalize(net(inputs), dim=1), indexes), indexes)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_buffer_changed_in_place_from_values_with_a_graph_is_written_out_of_place_detached(tmp_path: Path) -> None:
+    """ "write line N out of place: `self.memory = self.memory.index_copy(0, y, updated_weight)`": as printed,
+    iteration 2 raised "backward through the graph a second time" (the buffer carried iteration 1's graph). The
+    truth: out of place from detached values (as the published update on ``x.data``) runs; the printed fix trains
+    as that does."""
+    path = tmp_path / "npid.py"
+    body = "\n".join(f"    {line}" for line in MEMORY_BANK.strip("\n").split("\n"))
+    path.write_text(
+        f"from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n{body}\nexcept Exception:\n  pass\n"
+    )
+    [item] = runpy.run_path(str(path))["w"].report.items
+    changed = "self.memory.index_copy_(0, y, updated_weight)"
+    line = 4 + MEMORY_BANK.strip("\n").split("\n").index(f"        {changed}")  # below the watch's three lines
+    printed = "self.memory = self.memory.index_copy(0, y, updated_weight).detach()"
+    assert item.fix == f"write line {line} out of place, detached: `{printed}`", item.fix
+    by_hand = _run(
+        MEMORY_BANK.replace(changed, "self.memory = self.memory.index_copy(0, y, updated_weight.detach())"),
+        tmp_path / "hand.py",
+    )
+    fixed = _run(MEMORY_BANK.replace(changed, printed), tmp_path / "fixed.py")
+    assert all(torch.equal(a, b) for a, b in zip(by_hand["net"].parameters(), fixed["net"].parameters()))
+    assert torch.equal(by_hand["lemniscate"].memory, fixed["lemniscate"].memory)

@@ -488,4 +488,15 @@ def in_place_fix(filename: str, line: int) -> str:
         return f"write line {line} out of place: a new tensor, not a change of the one the forward saved"
     if rewritten.endswith(".clone()"):
         return f"add `{rewritten}` before line {line}"
+    changed = re.match(r"(?:self|\w+)\.(\w+) = ", rewritten)
+    if changed and _a_buffer(filename, changed.group(1)):
+        # a module's buffer lives on into the next iteration: written from values with a graph, out of place alone
+        # would carry that graph there (NPID's memory bank updated in the forward from ``x``, not ``x.data``)
+        return f"write line {line} out of place, detached: `{rewritten}.detach()`"
     return f"write line {line} out of place: `{rewritten}`"
+
+
+def _a_buffer(filename: str, attribute: str) -> bool:
+    """Whether ``filename`` registers a module buffer named ``attribute`` (``self.register_buffer("memory", ...)``)."""
+    registers = re.compile(rf"\.register_buffer\(\s*['\"]{re.escape(attribute)}['\"]")
+    return any(registers.search(text) for text in source_lines(filename))
