@@ -2033,3 +2033,46 @@ def test_a_carried_graph_seen_for_two_iterations_of_a_stopped_run_is_not_said_ne
     with watch() as whole:
         _hidden_kept_walkable(6)
     assert whole.report.items[0].why.endswith("memory and time grow with each iteration"), str(whole)
+
+
+def _euler_ode_fit(in_place: bool) -> None:
+    """torchdiffeq's ode_demo loop with a fixed-step Euler solver written inline, the state stepped in place
+    (``y += dt * func(t0, y)``) or out of place (the printed fix)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+    def func(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return net(y**3)
+
+    def odeint_euler(y0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        ys, y = [y0], y0.clone()
+        for t0, t1 in zip(t[:-1], t[1:]):  # noqa: RUF007  # as the demo writes it
+            dt = t1 - t0
+            if in_place:
+                y += dt * func(t0, y)
+            else:
+                y = y + dt * func(t0, y)
+            ys.append(y.clone())
+        return torch.stack(ys)
+
+    optimizer = torch.optim.RMSprop(net.parameters(), lr=1e-3)
+    true_y = torch.randn(5, 1, 2)
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = torch.mean(torch.abs(odeint_euler(torch.tensor([[2.0, 0.0]]), torch.linspace(0, 1, 5)) - true_y))
+        loss.backward()
+        optimizer.step()
+
+
+def test_a_tensor_the_caller_changes_in_place_after_a_function_saved_it_is_shown_at_the_callers_line() -> None:
+    """The Euler step's ``y += dt * func(t0, y)``, where ``func`` saved ``y`` (``y**3``): the item was the generic
+    "a tensor the graph saved was changed in place (x += ..., relu_(), optimizer.step())", no line of the learner's
+    named. The truth: as written it raises; out of place, as printed, it runs."""
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        _euler_ode_fit(in_place=True)
+    [item] = w.report.items
+    source, first = inspect.getsourcelines(_euler_ode_fit)
+    line = first + next(i for i, text in enumerate(source) if text.strip() == "y += dt * func(t0, y)")
+    assert item.label == f"line {line} changed in place a tensor this backward needs", item
+    assert item.fix == f"write line {line} out of place: `y = y + dt * func(t0, y)`", item.fix
+    _euler_ode_fit(in_place=False)

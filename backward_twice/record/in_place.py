@@ -39,7 +39,18 @@ def changed_in_place(walked: list[Node], line_of: Callable[[int], tuple[str, int
         elsewhere = _attribute_changed_elsewhere(*site) if site is not None else None
         if elsewhere is not None:
             return elsewhere
-    return None
+    # or a tensor passed to the function that saved it, changed in place by its caller (an Euler step's ``y += dt *
+    # func(t, y)``, ``func`` saving ``y``): the one in-place statement of the learner's that built nodes since
+    earliest = min((node._sequence_nr() for node in stale), default=None)
+    sites = {
+        site
+        for node in walked
+        if earliest is not None
+        and node._sequence_nr() > earliest
+        and (site := line_of(node._sequence_nr())) is not None
+        and in_place_statement(*site) is not None
+    }
+    return sites.pop() if len(sites) == 1 else None
 
 
 def _attribute_changed_elsewhere(filename: str, line: int) -> tuple[str, int] | None:
