@@ -6,6 +6,7 @@ two names, a list's fix that would have stopped the learning, one cause reported
 from __future__ import annotations
 
 import inspect
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -581,3 +582,64 @@ def test_a_list_filled_before_the_update_loop_is_filled_inside_it_not_cleared_af
     assert "fix: fill `saved_log_probs` inside the loop, so each backward walks items built in its own" in text, text
     assert "clear()" not in text, text
     assert len(_reinforce_updated_twice_per_episode(fill_inside=True)) == 10
+
+
+DEEP_SVDD = """
+import torch
+import backward_twice as bt
+
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False), torch.nn.LeakyReLU(), torch.nn.Linear(8, 4, bias=False))
+optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+train_loader = [torch.randn(5, 6) for _ in range(3)]
+
+
+def init_center_c(train_loader, net, eps=0.1):
+    c = torch.zeros(4)
+    for inputs in train_loader:
+        c += torch.sum(net(inputs), dim=0)
+    c /= 15
+    return c
+
+
+c = init_center_c(train_loader, net)
+
+
+def step(inputs):
+    optimizer.zero_grad()
+    loss = torch.mean(torch.sum((net(inputs) - c) ** 2, dim=1))
+    loss.backward()
+    optimizer.step()
+
+
+try:
+    with bt.watch() as w:
+        for inputs in train_loader:
+            step(inputs)
+except RuntimeError:
+    pass
+diagnosis = bt.diagnose(lambda: step(train_loader[0]), models=net, optimizers=optimizer)
+
+
+def step_inline():
+    optimizer.zero_grad()
+    loss = torch.mean(torch.sum((net(train_loader[0]) - c) ** 2, dim=1))
+    loss.backward()
+    optimizer.step()
+
+
+inline = bt.diagnose(step_inline, models=net, optimizers=optimizer)
+"""
+
+
+def test_a_center_a_function_sums_before_the_loop_gets_one_fix_from_the_watch_and_from_diagnose(tmp_path: Path) -> None:
+    """Deep SVDD (lukasruff/Deep-SVDD-PyTorch, deepSVDD_trainer.py) with ``init_center_c`` run without
+    ``torch.no_grad()``: the watch said "add `c = c.detach()` at the end of each iteration", ``bt.diagnose`` "compute
+    `c` inside the loop (or `c = c.detach()`, ...)". The watch read the function's own ``c += ...`` as the module's
+    ``c`` carrying itself on. One graph built before the loop, one fix."""
+    path = tmp_path / "svdd.py"
+    path.write_text(DEEP_SVDD)
+    names = runpy.run_path(str(path))
+    [watched] = [item for item in names["w"].report.items if item.kind == "carried"]
+    [diagnosed] = [item for item in names["diagnosis"].report.items if item.kind == "carried"]
+    assert watched.fix == diagnosed.fix == "compute `c` inside the loop (or `c = c.detach()`, if it needs no gradient)"

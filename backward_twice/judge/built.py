@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from backward_twice.judge.uses import without_grad
 from backward_twice.record.learner import place
+from backward_twice.record.loops import own_nodes
 from backward_twice.record.names import CodeSite, NamedGraph
 from backward_twice.record.sources import memo, parsed
 
@@ -309,7 +310,9 @@ def assigns_from_itself(name: str, frame: CodeSite | None) -> bool:
     if span is None or tree is None:
         return False
     first, last = span[1], span[2]
-    for node in ast.walk(tree):
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    scope = next((n for n in ast.walk(tree) if isinstance(n, functions) and n.lineno == first), tree)
+    for node in own_nodes(scope):  # not a function it defines (Deep SVDD's ``init_center_c`` adds to its own ``c``)
         if not first <= getattr(node, "lineno", 0) <= last:
             continue
         if isinstance(node, ast.AugAssign) and spelled(node.target) == name:

@@ -21,10 +21,10 @@ half of that, per code object (a function, a method, a script's or a notebook ce
 
 Nothing here imports torch, reads a frame's variables or writes to a frame.
 
-Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes`, :mod:`backward_twice.judge.stored`,
-:mod:`backward_twice.record.bound`, :mod:`backward_twice.record.lines`, :mod:`backward_twice.record.pass_stops`,
-:mod:`backward_twice.record.passes`, :mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.stops` and
-:mod:`backward_twice.steps.harness`.
+Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes`,
+:mod:`backward_twice.judge.stored`, :mod:`backward_twice.record.bound`, :mod:`backward_twice.record.lines`,
+:mod:`backward_twice.record.pass_stops`, :mod:`backward_twice.record.passes`, :mod:`backward_twice.record.recorder`,
+:mod:`backward_twice.record.stops` and :mod:`backward_twice.steps.harness`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ __all__ = [
     "loop_inside",
     "loops_of",
     "outermost_loop_around",
+    "own_nodes",
     "step_calls",
 ]
 
@@ -118,7 +119,7 @@ def _under_a_cell_magic(filename: str) -> bool:
     return bool(lines) and lines[0].startswith("%%")
 
 
-def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+def own_nodes(scope: ast.AST) -> list[ast.AST]:
     """The nodes of ``scope`` outside the functions, classes and lambdas nested in it."""
     found: list[ast.AST] = []
     nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -170,7 +171,7 @@ def _read_scope(code: types.CodeType) -> _Scope:
         return _EMPTY
     loops, steps = [], []
     calls: list[tuple[int, str, str | None]] = []
-    for child in _own_nodes(node):
+    for child in own_nodes(node):
         if isinstance(child, (ast.For, ast.AsyncFor, ast.While)) and child.body:
             last = max(getattr(statement, "end_lineno", None) or statement.lineno for statement in child.body)
             kind = "while" if isinstance(child, ast.While) else "for"
@@ -307,7 +308,7 @@ def loop_inside(filename: str, line: int, outer_line: int) -> int | None:
     function = function_around(tree, line)
     if function is not function_around(tree, outer_line):
         return None
-    loops = [node for node in _own_nodes(function) if isinstance(node, (ast.For, ast.AsyncFor, ast.While))]
+    loops = [node for node in own_nodes(function) if isinstance(node, (ast.For, ast.AsyncFor, ast.While))]
     holding = [
         (node, node.body[0].lineno <= outer_line <= (node.end_lineno or 0))
         for node in loops
@@ -327,7 +328,7 @@ def innermost_loop_body(filename: str, line: int) -> tuple[int, int] | None:
     scope = function_around(tree, line)
     holding = [
         node
-        for node in _own_nodes(scope)
+        for node in own_nodes(scope)
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While))
         and node.body[0].lineno <= line <= (node.body[-1].end_lineno or node.body[-1].lineno)
     ]
@@ -359,7 +360,7 @@ def outermost_loop_around(filename: str, line: int, unless_in: types.CodeType) -
         return None
     headers = [
         node.lineno
-        for node in _own_nodes(function)
+        for node in own_nodes(function)
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While))
         and node.body[0].lineno <= line <= (node.end_lineno or 0)
     ]

@@ -37,6 +37,8 @@ __all__ = [
     "name_bindings",
 ]
 
+_CALLEES_READ = 16  # functions of the step's module whose globals are read, the step's own included
+
 
 @dataclass(frozen=True)
 class NameBinding:
@@ -132,7 +134,8 @@ def code_reached(function: Callable[..., Any]) -> list[types.CodeType]:
 
 
 def known_names(step: Callable[[], Any]) -> dict[str, Any]:
-    """The names the step knows objects by: a method's ``self``, its closure's variables, the globals it reads."""
+    """The names the step knows objects by: a method's ``self``, its closure's variables, the globals it reads, and
+    those the functions of its module it names read (a few levels down)."""
     code = getattr(step, "__code__", None)
     if code is None:
         return {}
@@ -142,8 +145,20 @@ def known_names(step: Callable[[], Any]) -> dict[str, Any]:
             known[name] = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-    names = [n for c in (code, *(c for c in code.co_consts if inspect.iscode(c))) for n in c.co_names]
-    known.update((n, step.__globals__[n]) for n in names if n in step.__globals__ and n not in known)
+    namespace = step.__globals__
+    codes, seen = [code], {id(code)}
+    while codes and len(seen) <= _CALLEES_READ:
+        current = codes.pop(0)
+        for name in (n for c in (current, *(c for c in current.co_consts if inspect.iscode(c))) for n in c.co_names):
+            if name not in namespace or name in known:
+                continue
+            value = known[name] = namespace[name]
+            # a function of the same module the step calls (``lambda: step(batch)``): the globals it reads are the
+            # step's too (Deep SVDD's centre ``c``), as that module spells them
+            callee = getattr(value, "__code__", None) if inspect.isfunction(value) else None
+            if callee is not None and value.__globals__ is namespace and id(callee) not in seen:
+                seen.add(id(callee))
+                codes.append(callee)
     return known
 
 
