@@ -19,8 +19,8 @@ from backward_twice.judge.states import as_spelled_in_its_methods, whole_state, 
 from backward_twice.judge.uses import bound_in
 from backward_twice.record.in_place import in_place_statement, out_of_place
 from backward_twice.record.learner import lines_of_file, site_of, source_lines
-from backward_twice.record.loops import loop_inside
-from backward_twice.record.sources import function_around, parsed
+from backward_twice.record.loops import loop_inside, outermost_loop_without
+from backward_twice.record.sources import parsed
 
 __all__ = [
     "ERROR_FIXES",
@@ -59,24 +59,6 @@ ERROR_FIXES = {
 
 
 _D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
-
-
-def _outermost_loop_without(filename: str, line: int, other: int) -> int | None:
-    """The header of the outermost loop of the function around ``line`` that holds ``line`` and not ``other`` (the
-    rollout loop that adds a term each step, not the update's backward after it); None if there is none."""
-    tree = parsed(filename)
-    if tree is None:
-        return None
-    function = function_around(tree, line)
-    headers = [
-        node.lineno
-        for node in ast.walk(function)
-        if isinstance(node, (ast.For, ast.AsyncFor, ast.While))
-        and node.body[0].lineno <= line <= (node.end_lineno or node.lineno)
-        and not node.lineno <= other <= (node.end_lineno or node.lineno)
-        and function_around(tree, node.lineno) is function
-    ]
-    return min(headers, default=None)
 
 
 def _read_into_the_loss(name: str, filename: str, added_at: int, backward_at: int) -> bool:
@@ -271,7 +253,7 @@ def carried_fix(
         ):
             # a regulariser the loss reads (A2C's ``entropy += ...``, then ``loss = ... - 0.01 * entropy``): its
             # gradient is wanted, this iteration's terms only
-            first = _outermost_loop_without(summed[0], summed[1], used[1]) or summed[1]  # an inner rollout's loop
+            first = outermost_loop_without(summed[0], summed[1], used[1]) or summed[1]  # an inner rollout's loop
             start = f"set `{total.group(1)} = 0` before line {first}"
             return f"{start}, so each iteration's backward walks only the terms it adds"
         backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""

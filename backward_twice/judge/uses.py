@@ -21,6 +21,7 @@ import functools
 import re
 from collections.abc import Collection
 
+from backward_twice.record.loops import outermost_loop_without
 from backward_twice.record.sources import function_around, memo, parsed
 
 __all__ = ["bound_in", "computed_again", "first_read", "list_use", "read_first", "summed_over_steps", "without_grad"]
@@ -143,25 +144,19 @@ def summed_over_steps(filename: str, stale: int, step: int, backward: int) -> tu
     tree = parsed(filename)
     if tree is None or function_around(tree, step) is not function_around(tree, backward):
         return None
-    holding = [
-        node
-        for node in ast.walk(function_around(tree, step))
-        if isinstance(node, (ast.For, ast.AsyncFor, ast.While))
-        and node.body[0].lineno <= step <= (node.end_lineno or 0)
-        and not node.lineno <= backward <= (node.end_lineno or 0)
-    ]
-    if not holding:
+    header = outermost_loop_without(filename, step, backward)
+    loop = next(
+        (n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.AsyncFor, ast.While)) and n.lineno == header), None
+    )
+    if loop is None or not loop.body[0].lineno <= stale <= (loop.end_lineno or 0):
         return None
-    loop = min(holding, key=lambda node: node.lineno)
-    header, first, last = loop.lineno, loop.body[0].lineno, loop.end_lineno or loop.lineno
-    if not first <= stale <= last:
-        return None
+    first, last = loop.body[0].lineno, loop.end_lineno or loop.lineno
     statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
     walked = set().union(*(reads for line, reads, _ in statements if line == backward))
     for line, reads, writes in statements:
         if first <= line <= last:
             for total in sorted(walked & reads & writes):
-                return total, header
+                return total, loop.lineno
     return None
 
 

@@ -22,9 +22,9 @@ half of that, per code object (a function, a method, a script's or a notebook ce
 Nothing here imports torch, reads a frame's variables or writes to a frame.
 
 Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes`,
-:mod:`backward_twice.judge.stored`, :mod:`backward_twice.record.bound`, :mod:`backward_twice.record.lines`,
-:mod:`backward_twice.record.pass_stops`, :mod:`backward_twice.record.passes`, :mod:`backward_twice.record.recorder`,
-:mod:`backward_twice.record.stops` and :mod:`backward_twice.steps.harness`.
+:mod:`backward_twice.judge.stored`, :mod:`backward_twice.judge.uses`, :mod:`backward_twice.record.bound`,
+:mod:`backward_twice.record.lines`, :mod:`backward_twice.record.pass_stops`, :mod:`backward_twice.record.passes`,
+:mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.stops` and :mod:`backward_twice.steps.harness`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ __all__ = [
     "loop_inside",
     "loops_of",
     "outermost_loop_around",
+    "outermost_loop_without",
     "own_nodes",
     "step_calls",
 ]
@@ -317,6 +318,24 @@ def loop_inside(filename: str, line: int, outer_line: int) -> int | None:
     if not any(both for _, both in holding):
         return None
     return min((node.lineno for node, both in holding if not both), default=None)
+
+
+def outermost_loop_without(filename: str, line: int, other: int) -> int | None:
+    """The header of the outermost loop of the function around ``line`` that holds ``line`` and not ``other`` (the
+    rollout loop that adds a term each step, not the update's backward after it); None if there is none."""
+    tree = parsed(filename)
+    if tree is None:
+        return None
+    function = function_around(tree, line)
+    headers = [
+        node.lineno
+        for node in ast.walk(function)
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While))
+        and node.body[0].lineno <= line <= (node.end_lineno or node.lineno)
+        and not node.lineno <= other <= (node.end_lineno or node.lineno)
+        and function_around(tree, node.lineno) is function
+    ]
+    return min(headers, default=None)
 
 
 def innermost_loop_body(filename: str, line: int) -> tuple[int, int] | None:
