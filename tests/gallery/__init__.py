@@ -60,4 +60,8 @@ LOOPS = [
     "byol_ema_target",
     "fixmatch_pseudo_labels",
     "npid_memory_bank",
+    "capsule_net_routing",
+    "nca_sample_pool",
+    "lightning_tbptt_manual",
+    "hf_distillation_trainer",
 ]

@@ -538,6 +538,8 @@ def detaching(
     def hook(number: int, state: dict) -> None:
         for name in names:
             owner, attr = resolve_owner(module, state, name)
+            if not isinstance(owner, dict) and not hasattr(owner, attr):
+                continue  # not made yet (pix2pix's `self.fake_B` before the first `forward`): nothing to detach
             value = owner[attr] if isinstance(owner, dict) else getattr(owner, attr)
             fresh = detach(value)
             if isinstance(owner, dict):
