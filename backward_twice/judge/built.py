@@ -52,6 +52,11 @@ def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
     link = recorder.loop.innermost
     if before_loop and site is not None and link is not None:  # the loop's code's line (``net.generate()``), not
         site = recorder.creation.call_line_of(named.sequence, (link.loop.filename, link.loop.header))  # a forward's
+    elif site is not None and not _gives_the_name(*site, named.name):
+        # the line that gave the variable its graph, of the calls it was built under (pix2pix's ``self.fake_B =
+        # self.netG(self.real_A)``, not the ``return self.model(x)`` every U-Net block runs)
+        lines = recorder.creation.call_lines_of(named.sequence)
+        site = next((line for line in lines if _gives_the_name(*line, named.name)), site)
     if site is not None:
         return f"{place(*site)}: {linecache.getline(*site).strip()}"
     # Where the name was found, then the code the step was given in (a notebook: another cell, perhaps).
@@ -82,6 +87,26 @@ def built_line(named: NamedGraph, before_loop: bool, recorder: Recorder) -> str:
         return f"(the name {named.name})"
     filename, first_line, code_name = places[0]
     return f"{place(filename, first_line)} ({named.name}, {code_name})"
+
+
+def _gives_the_name(filename: str, line: int, name: str) -> bool:
+    """Whether the statement at ``line`` of ``filename`` assigns (or adds to) what ``name`` ends in: ``fake_B`` of
+    ``model.fake_B``, ``h`` of ``h[0]``; as a target spells it (``self.fake_B = ...``, ``a, h = ...``)."""
+    parts = [key or attribute for key, attribute in re.findall(r"\[['\"](\w+)['\"]\]|\.(\w+)", name)]
+    last = parts[-1] if parts else re.split(r"\W", name, maxsplit=1)[0]
+    tree = parsed(filename)
+    if tree is None or not last:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.lineno <= line <= (
+            node.end_lineno or node.lineno
+        ):
+            targets: list[ast.expr] = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in bound_names(targets):
+                spelled_target = ast.unparse(target)
+                if re.search(rf"(?:^|\.|\[['\"]){re.escape(last)}(?:['\"]\])?$", spelled_target):
+                    return True
+    return False
 
 
 def _parameters_updated_in_place(filename: str, module: str) -> int | None:
@@ -256,7 +281,7 @@ def _assigned_constants(tree: ast.Module) -> frozenset[str]:
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            targets: list[ast.expr] = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 for part in ast.walk(target):
                     if isinstance(part, (ast.Name, ast.Attribute, ast.Subscript)):

@@ -393,6 +393,17 @@ class LineTracer:
                 return code.co_filename, line
         return own
 
+    def call_lines_of(self, sequence: int) -> list[tuple[str, int]]:
+        """(file, line) of the learner's lines node ``sequence`` was built under, innermost first: :meth:`line_of`,
+        then the line of each traced call around it (``return self.model(x)`` of a U-Net block, then ``self.fake_B
+        = self.netG(self.real_A)``, then the loop's ``model.optimize_parameters()``)."""
+        own = self.line_of(sequence)
+        if own is None:
+            return []
+        around = [call for call in self.built_in_calls if call[0] <= sequence < call[1]]
+        around.sort(key=lambda call: call[1] - call[0])
+        return [own, *((code.co_filename, line) for _, _, code, line in around)]
+
 
 def _runs_line(code: types.CodeType, line: int) -> bool:
     """Whether ``line`` is one of ``code``'s own statements (not one of a function defined in it)."""

@@ -60,6 +60,7 @@ LOOPS = [
     "byol_ema_target",
     "fixmatch_pseudo_labels",
     "npid_memory_bank",
+    "pix2pix",
     "capsule_net_routing",
     "nca_sample_pool",
     "lightning_tbptt_manual",
