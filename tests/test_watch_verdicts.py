@@ -2076,3 +2076,42 @@ def test_a_tensor_the_caller_changes_in_place_after_a_function_saved_it_is_shown
     assert item.label == f"line {line} changed in place a tensor this backward needs", item
     assert item.fix == f"write line {line} out of place: `y = y + dt * func(t0, y)`", item.fix
     _euler_ode_fit(in_place=False)
+
+
+def _laplace_pinn(neumann_inside: bool) -> None:
+    """A PINN for Laplace's equation (a Q&A's "Solving 2D Laplace Equation with PINNs in PyTorch"): the Neumann term
+    ``du/dy`` at the bottom edge from ``torch.autograd.grad`` before the loop, or (the accepted answer) inside it."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+    x_range, y_zeros = torch.linspace(0.2, 0.8, 4), torch.zeros(4, requires_grad=True)
+
+    def bottom() -> torch.Tensor:
+        u_bottom = net(torch.stack([x_range, y_zeros], 1))
+        return torch.autograd.grad(u_bottom.sum(), y_zeros, create_graph=True)[0]
+
+    du_dy_bottom = bottom()
+    for _ in range(3):
+        optimizer.zero_grad()
+        if neumann_inside:
+            du_dy_bottom = bottom()
+        xy = torch.rand(10, 2, requires_grad=True)
+        u_xy = torch.autograd.grad(net(xy).sum(), xy, create_graph=True)[0]
+        loss = u_xy.pow(2).mean() + du_dy_bottom.pow(2).mean()
+        loss.backward()
+        optimizer.step()
+
+
+def test_a_gradient_taken_before_the_loop_is_the_graph_built_before_the_loop_not_iteration_1s() -> None:
+    """The ``autograd.grad`` call before the loop, outside every loop, made the loop unusable ("iterations: by
+    Adam.step()"): "`du_dy_bottom` carries iteration 1's graph into iteration 2 ... add `du_dy_bottom =
+    du_dy_bottom.detach()` at the end of each iteration", which as printed silently stops the boundary term training
+    (a watch started after that call said "built before the loop"). The truth: as written, iteration 2 raises;
+    computed inside the loop, it runs."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _laplace_pinn(neumann_inside=False)
+    [item] = w.report.items
+    assert item.label.startswith("`du_dy_bottom` carries the graph built before the loop into iteration"), item
+    assert item.fix.startswith("compute `du_dy_bottom` inside the loop"), item.fix
+    assert "one per pass of your loop" in w.evidence(), w.evidence()
+    _laplace_pinn(neumann_inside=True)

@@ -84,6 +84,9 @@ UNTRACED = "the loop's passes were not traced"
 IN_DIFFERENT_LOOPS = "the backward calls lie in different loops"
 
 
+_LOOPLESS_CALLS = 8  # backward calls outside every loop, none inside one yet: then no loop splits the run
+
+
 @dataclass
 class IterationLoop:
     """The chain of loops every event lies in, and the passes of each (see the module's docstring)."""
@@ -93,6 +96,8 @@ class IterationLoop:
     chain: list[Link] | None = None
     passes: dict[tuple[int, int], list[PassStart]] = field(default_factory=dict)  # by Link.key
     unusable: str | None = None  # why no loop can split the run (None: one can, or no event came yet)
+    loopless: int = 0  # backward calls outside every loop of the learner's before any inside one (a PINN's boundary
+    # term from ``autograd.grad`` before its loop): before the loop, while a later one may yet come in a loop
     _markers: dict[tuple[int, int], _Marker] = field(default_factory=dict)
 
     @property
@@ -143,11 +148,14 @@ class IterationLoop:
         calls: int,
         since: int,
         line: int = 0,
+        step: bool = False,
     ) -> bool:
-        """An event (a backward call, an optimizer step) ran in ``frame`` (at ``line``, if known: then ``frame`` is
+        """An event (a backward call, an optimizer ``step``) ran in ``frame`` (at ``line``, if known: then ``frame`` is
         the learner's): narrow the chain to the loops it lies in; unless the tracer follows the passes, tell whether a
         chain loop began a new pass (dated ``since``: the end of the previous event). True when the iteration's loop
-        did: this is the first event of a new iteration."""
+        did: this is the first event of a new iteration. Backward calls outside every loop before the first inside
+        one are the run's before its loop; a step outside every loop (a framework's), or many such calls, and no
+        loop splits the run."""
         if self.unusable is not None:
             return False
         settled = self._settled(frame, boundary, calls, since, tracer.active, line)
@@ -157,7 +165,9 @@ class IterationLoop:
         links = [link for link, _ in path]
         if self.chain is None:
             if not path:
-                self.unusable = "no loop of yours encloses the backward calls"
+                self.loopless += 1
+                if step or self.loopless >= _LOOPLESS_CALLS:
+                    self.unusable = "no loop of yours encloses the backward calls"
                 return False
             for link in links:
                 seen = tracer.latest.get((link.frame, link.loop.header))

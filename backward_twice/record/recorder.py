@@ -284,7 +284,14 @@ class Recorder:
             return []
         known = self.loop.chain is not None
         began = self.loop.saw_event(
-            frame, self.boundary, self._boundary_line, self.creation, self.calls.count, self._last_event_end, line
+            frame,
+            self.boundary,
+            self._boundary_line,
+            self.creation,
+            self.calls.count,
+            self._last_event_end,
+            line,
+            step=not may_stop,
         )
         passes = self.loop.iteration_passes()
         if not passes:
