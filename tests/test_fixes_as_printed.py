@@ -481,3 +481,65 @@ def test_a_buffer_changed_in_place_from_values_with_a_graph_is_written_out_of_pl
     fixed = _run(MEMORY_BANK.replace(changed, printed), tmp_path / "fixed.py")
     assert all(torch.equal(a, b) for a, b in zip(by_hand["net"].parameters(), fixed["net"].parameters()))
     assert torch.equal(by_hand["lemniscate"].memory, fixed["lemniscate"].memory)
+
+
+# MoCo's queue (facebookresearch/moco, builder.py) written in the forward, from keys the key encoder built with
+# autograd recording (no ``torch.no_grad()`` around it), after ``l_neg`` saved the queue.
+QUEUE = """
+import torch
+import torch.nn.functional as F
+
+
+class Moco(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_enc, self.k_enc = torch.nn.Linear(5, 4), torch.nn.Linear(5, 4)
+        self.register_buffer("queue", F.normalize(torch.randn(4, 6), dim=0))
+        self.ptr = 0
+
+    def forward(self, xq, xk):
+        q, k = F.normalize(self.q_enc(xq), dim=1), F.normalize(self.k_enc(xk), dim=1)
+        logits = torch.cat([(q * k).sum(1, keepdim=True), q @ self.queue], 1) / 0.07
+        p = self.ptr
+        self.queue[:, p:p + 2] = k.T
+        self.ptr = (p + 2) % 6
+        return logits
+
+
+torch.manual_seed(0)
+model = Moco()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(4):
+    x = torch.randn(2, 5)
+    loss = F.cross_entropy(model(x, x + 0.1 * torch.randn(2, 5)), torch.zeros(2, dtype=torch.long))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_buffer_changed_by_item_assignment_from_values_with_a_graph_is_copied_and_given_detached_ones(
+    tmp_path: Path,
+) -> None:
+    """ "add `self.queue = self.queue.clone()` before line N": as printed, iteration 2 raised "backward through the
+    graph a second time" (the copy took the keys' graph into the next iteration). The truth: the copy, storing
+    detached keys, trains as the queue kept out of autograd does."""
+    path = tmp_path / "moco.py"
+    body = "\n".join(f"    {line}" for line in QUEUE.strip("\n").split("\n"))
+    path.write_text(
+        f"from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n{body}\nexcept Exception:\n  pass\n"
+    )
+    [item] = runpy.run_path(str(path))["w"].report.items
+    changed = "self.queue[:, p:p + 2] = k.T"
+    line = 4 + QUEUE.strip("\n").split("\n").index(f"        {changed}")  # below the watch's three lines
+    assert item.fix == (
+        f"add `self.queue = self.queue.clone()` before line {line}, and store a detached value there: "
+        "`self.queue[:, p:p + 2] = k.T.detach()`"
+    ), item.fix
+    printed = "self.queue = self.queue.clone()\n        self.queue[:, p:p + 2] = k.T.detach()"
+    by_hand = _run(  # the queue rebuilt out of place from the detached keys
+        QUEUE.replace(changed, "self.queue = torch.cat([self.queue[:, :p], k.T.detach(), self.queue[:, p + 2 :]], 1)"),
+        tmp_path / "hand.py",
+    )
+    fixed = _run(QUEUE.replace(changed, printed), tmp_path / "fixed.py")
+    assert all(torch.equal(a, b) for a, b in zip(by_hand["model"].parameters(), fixed["model"].parameters()))

@@ -1964,25 +1964,31 @@ def test_a_loss_computed_once_before_the_loop_is_built_there_and_computed_inside
     assert item.fix == "compute `loss` inside the loop: its backward needs a graph built in the same iteration"
 
 
-def _epoch_total_after_batch_steps(batch_steps: bool = True, epoch_update: bool = True) -> None:
+def _epoch_total_after_batch_steps(batch_steps: bool = True, epoch_update: bool = True, listed: bool = False) -> None:
     """A batch loop that steps after each batch's retained backward, then an epoch-level backward of the batches'
-    total; the flags drop one of the two updates (the printed fix's two ways)."""
+    total (``listed``: their list, stacked); the flags drop one of the two updates (the printed fix's two ways)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     inputs, targets = torch.randn(3, 4, 3), torch.randn(3, 4, 1)
     for _ in range(2):
-        total = 0
+        total, losses = 0, []
         for x, y in zip(inputs, targets):
             opt.zero_grad()
             loss = ((model(x) - y) ** 2).mean() + 0.01 * (model.weight**2).sum()
             loss.backward(retain_graph=True)
             if batch_steps:
                 opt.step()
-            total = total + loss
+            if listed:
+                losses.append(loss)
+            else:
+                total = total + loss
         if epoch_update:
             opt.zero_grad()
-            (0.1 * total).backward()
+            if listed:
+                torch.stack(losses).mean().backward()
+            else:
+                (0.1 * total).backward()
             opt.step()
 
 
@@ -2003,6 +2009,13 @@ def test_a_total_of_losses_from_passes_a_step_came_between_keeps_one_update_not_
     ), fix
     _epoch_total_after_batch_steps(batch_steps=False)
     _epoch_total_after_batch_steps(epoch_update=False)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as listed:
+        _epoch_total_after_batch_steps(listed=True)  # a list the loop appends each batch's loss to, stacked
+    [fix] = [line for line in str(listed).splitlines() if line.lstrip().startswith("fix:")]
+    assert fix.strip().startswith(
+        f"fix: `losses` adds up losses of every pass of the loop at line {number['for x']}"
+    ), fix
+    _epoch_total_after_batch_steps(batch_steps=False, listed=True)
 
 
 def _hidden_kept_walkable(iterations: int) -> torch.Tensor:
@@ -2035,7 +2048,7 @@ def test_a_carried_graph_seen_for_two_iterations_of_a_stopped_run_is_not_said_ne
     assert whole.report.items[0].why.endswith("memory and time grow with each iteration"), str(whole)
 
 
-def _euler_ode_fit(in_place: bool) -> None:
+def _euler_ode_fit(in_place: bool, decay: bool = False) -> None:
     """torchdiffeq's ode_demo loop with a fixed-step Euler solver written inline, the state stepped in place
     (``y += dt * func(t0, y)``) or out of place (the printed fix)."""
     torch.manual_seed(0)
@@ -2052,6 +2065,8 @@ def _euler_ode_fit(in_place: bool) -> None:
                 y += dt * func(t0, y)
             else:
                 y = y + dt * func(t0, y)
+            if decay:  # a second in-place statement, on what no function saved
+                y *= 0.9
             ys.append(y.clone())
         return torch.stack(ys)
 
@@ -2076,6 +2091,10 @@ def test_a_tensor_the_caller_changes_in_place_after_a_function_saved_it_is_shown
     assert item.label == f"line {line} changed in place a tensor this backward needs", item
     assert item.fix == f"write line {line} out of place: `y = y + dt * func(t0, y)`", item.fix
     _euler_ode_fit(in_place=False)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as decayed:
+        _euler_ode_fit(in_place=True, decay=True)  # two in-place lines: the first after the save is the one
+    assert decayed.report.items[0].fix == item.fix, decayed.report.items[0].fix
+    _euler_ode_fit(in_place=False, decay=True)
 
 
 def _laplace_pinn(neumann_inside: bool) -> None:

@@ -468,10 +468,15 @@ def in_place_fix(filename: str, line: int) -> str:
     rewritten = out_of_place(statement) if statement is not None else None
     if rewritten is None:
         return f"write line {line} out of place: a new tensor, not a change of the one the forward saved"
+    changed = re.match(r"(?:self|\w+)\.(\w+) = ", rewritten)
+    buffer = changed is not None and _a_buffer(filename, changed.group(1))
+    if rewritten.endswith(".clone()") and buffer and isinstance(statement, ast.Assign):
+        # the copy would take the stored value's graph into the next iteration (MoCo's queue written in the forward)
+        stored = f"{ast.unparse(statement.targets[0])} = {ast.unparse(statement.value)}.detach()"
+        return f"add `{rewritten}` before line {line}, and store a detached value there: `{stored}`"
     if rewritten.endswith(".clone()"):
         return f"add `{rewritten}` before line {line}"
-    changed = re.match(r"(?:self|\w+)\.(\w+) = ", rewritten)
-    if changed and _a_buffer(filename, changed.group(1)):
+    if buffer:
         # a module's buffer lives on into the next iteration: written from values with a graph, out of place alone
         # would carry that graph there (NPID's memory bank updated in the forward from ``x``, not ``x.data``)
         return f"write line {line} out of place, detached: `{rewritten}.detach()`"

@@ -155,7 +155,8 @@ def summed_over_steps(filename: str, stale: int, step: int, backward: int) -> tu
     walked = set().union(*(reads for line, reads, _ in statements if line == backward))
     for line, reads, writes in statements:
         if first <= line <= last:
-            for total in sorted(walked & reads & writes):
+            grown = {name.rsplit(".", 1)[0] for name in reads if name.endswith((".append", ".extend"))}
+            for total in sorted(walked & ((reads & writes) | grown)):  # ``total += loss``, ``losses.append(loss)``
                 return total, loop.lineno
     return None
 

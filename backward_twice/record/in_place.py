@@ -40,17 +40,15 @@ def changed_in_place(walked: list[Node], line_of: Callable[[int], tuple[str, int
         if elsewhere is not None:
             return elsewhere
     # or a tensor passed to the function that saved it, changed in place by its caller (an Euler step's ``y += dt *
-    # func(t, y)``, ``func`` saving ``y``): the one in-place statement of the learner's that built nodes since
+    # func(t, y)``, ``func`` saving ``y``): the in-place statement of the learner's that built nodes since
+    # (of two, the first to run after the function saved it: ``state += ...`` before ``state *= 0.9``)
     earliest = min((node._sequence_nr() for node in stale), default=None)
-    sites = {
-        site
-        for node in walked
-        if earliest is not None
-        and node._sequence_nr() > earliest
-        and (site := line_of(node._sequence_nr())) is not None
-        and in_place_statement(*site) is not None
-    }
-    return sites.pop() if len(sites) == 1 else None
+    after = sorted(node._sequence_nr() for node in walked if earliest is not None and node._sequence_nr() > earliest)
+    for sequence in after:
+        site = line_of(sequence)
+        if site is not None and in_place_statement(*site) is not None:
+            return site
+    return None
 
 
 def _attribute_changed_elsewhere(filename: str, line: int) -> tuple[str, int] | None:
