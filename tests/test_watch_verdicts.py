@@ -2134,3 +2134,39 @@ def test_a_gradient_taken_before_the_loop_is_the_graph_built_before_the_loop_not
     assert item.fix.startswith("compute `du_dy_bottom` inside the loop"), item.fix
     assert "one per pass of your loop" in w.evidence(), w.evidence()
     _laplace_pinn(neumann_inside=True)
+
+
+def _bigram(forward_inside: bool) -> None:
+    """nn-zero-to-hero's bigram (karpathy/nn-zero-to-hero#31): the forward pass cell run once, the loss printed, the
+    backward and update cell run again; ``forward_inside``: the forward run in each pass."""
+    g = torch.Generator().manual_seed(2147483647)
+    xs, ys = torch.tensor([0, 5, 13, 13, 1]), torch.tensor([5, 13, 13, 1, 0])
+    W = torch.randn((27, 27), generator=g, requires_grad=True)
+    xenc = torch.nn.functional.one_hot(xs, num_classes=27).float()
+
+    def forward() -> torch.Tensor:
+        counts = (xenc @ W).exp()
+        prob = counts / counts.sum(1, keepdims=True)
+        return -prob[torch.arange(5), ys].log().mean()
+
+    loss = forward()
+    for _ in range(3):
+        if forward_inside:
+            loss = forward()
+        print(loss.item())
+        W.grad = None
+        loss.backward()
+        W.data += -0.1 * W.grad
+
+
+def test_a_read_for_a_number_is_not_where_a_graph_comes_in(capsys: pytest.CaptureFixture) -> None:
+    """``print(loss.item())``, the body's first line, was shown as where "the graph built before the loop comes in
+    here": ``.item()`` gives a number. The loss's own line, before the loop, is shown instead; computed inside the
+    loop, as printed, it runs."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _bigram(forward_inside=False)
+    [item] = w.report.items
+    assert [line.code for line in item.lines] == ["loss = forward()", "loss.backward()"], item.lines
+    assert item.lines[0].label == "built here, before the loop", item.lines[0]
+    assert item.fix.startswith("compute `loss` inside the loop"), item.fix
+    _bigram(forward_inside=True)

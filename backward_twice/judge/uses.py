@@ -249,7 +249,7 @@ def _no_grad(expression: ast.expr) -> bool:
 def _reads(tree: ast.Module) -> dict[str, list[int]]:
     """Each name, attribute chain and subscript the file reads (``h``, ``self.hidden``, ``state['h']``, the target
     of a ``+=``) -> its lines; a test of it alone (``if hidden is None:``, ``if mems:``, ``h if h is not None else
-    ...``'s test) is no read: no graph comes in there."""
+    ...``'s test) is no read, nor is ``loss.item()``: no graph comes in there."""
     parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     found: dict[str, list[int]] = {}
     for node in ast.walk(tree):
@@ -257,9 +257,19 @@ def _reads(tree: ast.Module) -> dict[str, list[int]]:
         read = isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and (
             isinstance(node.ctx, ast.Load) or augmented  # reads the old value, as ``total = total + ...`` does
         )
-        if read and isinstance(node, ast.expr) and not _only_tested(node, parents):
+        if read and isinstance(node, ast.expr) and not _only_tested(node, parents) and not _no_graph_of(node, parents):
             found.setdefault(ast.unparse(node), []).append(node.lineno)
     return found
+
+
+# what reading them gives holds no graph: ``print(loss.item())`` brings none in
+_NO_GRAPH = frozenset({"item", "tolist", "numpy", "detach", "shape", "size", "dtype", "device", "ndim", "dim"})
+
+
+def _no_graph_of(node: ast.expr, parents: dict[int, ast.AST]) -> bool:
+    """Whether ``node`` is read only for a number, a copy without its graph or its shape (``loss.item()``)."""
+    parent = parents.get(id(node))
+    return isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in _NO_GRAPH
 
 
 def _only_tested(node: ast.expr, parents: dict[int, ast.AST]) -> bool:
