@@ -2170,3 +2170,40 @@ def test_a_read_for_a_number_is_not_where_a_graph_comes_in(capsys: pytest.Captur
     assert item.lines[0].label == "built here, before the loop", item.lines[0]
     assert item.fix.startswith("compute `loss` inside the loop"), item.fix
     _bigram(forward_inside=True)
+
+
+def _classify(form: str, fixed: bool) -> None:
+    """A classifier whose loss is computed from ``softmax(...).argmax(...)`` (a forum's), or from numbers rewrapped
+    in a tensor; ``fixed``: from what the cutting operation was applied to, as the printed fix says."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in zip(torch.randn(2, 6, 4), torch.randint(0, 3, (2, 6))):
+        if form == "argmax" and not fixed:
+            preds = torch.softmax(model(x), dim=1).argmax(dim=1).float()
+            loss = torch.nn.functional.mse_loss(preds, y.float())
+        elif form == "argmax":
+            loss = torch.nn.functional.cross_entropy(model(x), y)  # the scores the argmax was taken of
+        elif not fixed:
+            sums = torch.tensor(model(x).sum(1).tolist())
+            loss = torch.nn.functional.mse_loss(sums, y.float())
+        else:
+            loss = torch.nn.functional.mse_loss(model(x).sum(1), y.float())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize(("form", "operation"), [("argmax", "`.argmax()`"), ("rewrapped", "`torch.tensor()`")])
+def test_a_loss_without_a_graph_names_the_line_whose_operation_cut_it(form: str, operation: str) -> None:
+    """ "element 0 of tensors does not require grad" for a loss on ``softmax(...).argmax(...)`` (a forum's
+    classifier): the why said "computed under torch.no_grad(), or from .detach()ed tensors or .item() numbers", none of
+    which the loop has. The item names the line and the operation; the loss computed from what it was applied to
+    runs."""
+    with pytest.raises(RuntimeError, match="does not require grad"), watch() as w:
+        _classify(form, fixed=False)
+    [item] = w.report.items
+    assert item.label.endswith(f"{operation} gives values with no gradient"), item.label
+    assert operation.strip("`").rstrip("()") in item.lines[0].code, item.lines
+    assert item.fix.startswith("compute the loss from what line"), item.fix
+    _classify(form, fixed=True)

@@ -8,23 +8,33 @@ whether lines assign or grow it. :func:`list_use` tells a list rebound every ite
 mems)``) from one the loss is built from whole (``zip(policy.saved_log_probs, returns)``) and from one read by index
 or slice (``bank[-4:]``). :func:`computed_again` gives the lines a loss is computed through from a forward an
 optimizer step then changed; :func:`summed_over_steps` the total a backward walks that adds up losses from passes
-an optimizer step came between.
+an optimizer step came between; :func:`graph_cut` the line whose operation left a loss without a graph.
 
-Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes` and
-:mod:`backward_twice.report.items`.
+Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes`,
+:mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.error_item`.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import linecache
 import re
 from collections.abc import Collection
 
 from backward_twice.record.loops import outermost_loop_without
 from backward_twice.record.sources import function_around, memo, parsed
 
-__all__ = ["bound_in", "computed_again", "first_read", "list_use", "read_first", "summed_over_steps", "without_grad"]
+__all__ = [
+    "bound_in",
+    "computed_again",
+    "first_read",
+    "graph_cut",
+    "list_use",
+    "read_first",
+    "summed_over_steps",
+    "without_grad",
+]
 
 
 def first_read(
@@ -158,6 +168,43 @@ def summed_over_steps(filename: str, stale: int, step: int, backward: int) -> tu
             grown = {name.rsplit(".", 1)[0] for name in reads if name.endswith((".append", ".extend"))}
             for total in sorted(walked & ((reads & writes) | grown)):  # ``total += loss``, ``losses.append(loss)``
                 return total, loop.lineno
+    return None
+
+
+# what gives values without a gradient: indices, rounded or cast values, numbers, a copy without the graph
+_CUTS = re.compile(
+    r"\.(argmax|argmin|argsort|round|floor|ceil|sign|long|int|bool|item|detach|numpy|tolist)\(|\.(data)\b"
+    r"|torch\.(argmax|argmin|argsort|round|floor|ceil|sign|tensor|from_numpy|as_tensor)\("
+)
+
+
+def graph_cut(filename: str, backward: int, ran: Collection[tuple[str, int]] = ()) -> tuple[int, str] | None:
+    """``(line, operation)`` of the statement, among those the loss the backward at line ``backward`` is computed
+    through (before it, in its function), whose operation gives values without a gradient (``.argmax()``, ``.item()``,
+    ``.detach()``, ``.data``, ``torch.tensor(...)``) or that runs under ``torch.no_grad()``; None if none does.
+    ``ran``: the lines the tracer saw run; where it saw some of the function's, a branch that did not run is passed
+    over."""
+    tree = parsed(filename)
+    if tree is None:
+        return None
+    statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
+    quiet = memo(filename, ("without grad",), functools.partial(without_grad, tree))
+    scope = function_around(tree, backward)
+    needed = set().union(*(reads for line, reads, _ in statements if line == backward))
+    lines = linecache.getlines(filename)
+    own = [entry for entry in statements if entry[0] < backward and function_around(tree, entry[0]) is scope]
+    if any((filename, line) in ran for line, _, _ in own):
+        own = [entry for entry in own if (filename, entry[0]) in ran]
+    for line, reads, writes in reversed(own):
+        if not writes & needed:
+            continue
+        if line in quiet:
+            return line, "torch.no_grad()"
+        cut = _CUTS.search(lines[line - 1].split("#", 1)[0]) if line <= len(lines) else None
+        if cut is not None:
+            name = next(group for group in cut.groups() if group)
+            return line, ".data" if name == "data" else f"torch.{name}()" if cut[0][0] == "t" else f".{name}()"
+        needed |= reads
     return None
 
 

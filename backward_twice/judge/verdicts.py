@@ -13,8 +13,9 @@
   one every iteration, a running total) a note to show;
 * the error, by kind (:func:`backward_twice.common.error_kinds.error_kind`), with the recorder's evidence.
 
-Used by :mod:`backward_twice.report.items`, :mod:`backward_twice.report.rendering`, :mod:`backward_twice.steps.audit`,
-:mod:`backward_twice.steps.diagnose`, :mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.
+Used by :mod:`backward_twice.report.error_item`, :mod:`backward_twice.report.items`,
+:mod:`backward_twice.report.rendering`, :mod:`backward_twice.steps.audit`, :mod:`backward_twice.steps.diagnose`,
+:mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ from backward_twice.judge.carried import (
 )
 from backward_twice.judge.fixes import ERROR_FIXES, in_place_fix, second_backward_fix
 from backward_twice.judge.notes import Note, notes
+from backward_twice.judge.uses import graph_cut
 from backward_twice.record.evidence import ErrorRecord
 from backward_twice.record.folds import CallLog, count_retains
 from backward_twice.record.iterations import Split, split_iterations
-from backward_twice.record.learner import learner_line_at, short
+from backward_twice.record.learner import learner_line_at, short, site_of
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.sources import parsed
 
@@ -92,6 +94,7 @@ class ErrorVerdict:
     changed_line: str | None = None  # the learner's in-place statement that changed what a node saved
     caught: bool = False  # the learner's code caught it, and the loop went on
     stale_through: str | None = None  # the name to detach in the later loss, instead of computing it again
+    cut: tuple[str, str] | None = None  # no graph: the learner's line whose operation cut it, and that operation
 
 
 @dataclass(frozen=True)
@@ -324,4 +327,12 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
         changed,
         record.caught,
         record.stale_through if stale is not None else None,
+        _graph_cut(recorder, record.line) if kind == "no graph" else None,
     )
+
+
+def _graph_cut(recorder: Recorder, line: str) -> tuple[str, str] | None:
+    """("file:line: code", operation) of :func:`backward_twice.judge.uses.graph_cut` for the backward at ``line``."""
+    site = site_of(line)
+    cut = graph_cut(*site, ran=recorder.creation.ran) if site is not None else None
+    return (learner_line_at(site[0], cut[0]), cut[1]) if site is not None and cut is not None else None

@@ -1,10 +1,12 @@
-"""The items of a diagnosis, each built from one verdict: a graph carried into a later iteration (with the backward
-it broke, and a ``retain_graph=True`` that only served it: the forum's band-aid), an error no carried graph explains,
-a ``retain_graph=True`` that can go, a name that keeps more graphs alive every iteration, and a model's parameters
-given a graph. Each is the learner's lines with a caret under what matters (:class:`CodeLine`), one sentence of why
-and one line of fix in their own names (:class:`Item`).
+"""The items of a diagnosis, each built from one verdict: a graph carried into a later iteration (with the backward it
+broke, and a ``retain_graph=True`` that only served it: the forum's band-aid), a ``retain_graph=True`` that can go, a
+name that keeps more graphs alive every iteration, and a model's parameters given a graph. Each is the learner's lines
+with a caret under what matters (:class:`CodeLine`), one sentence of why and one line of fix in their own names
+(:class:`Item`).
 
-Used by :mod:`backward_twice.report.rendering`.
+The item of an error no carried graph explains is :mod:`backward_twice.report.error_item`'s, from these parts.
+
+Used by :mod:`backward_twice.report.error_item` and :mod:`backward_twice.report.rendering`.
 """
 
 from __future__ import annotations
@@ -14,55 +16,28 @@ import functools
 import re
 from dataclasses import dataclass
 
-from backward_twice.common.error_kinds import LEAF_IN_PLACE
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list
 from backward_twice.judge.notes import growing_line
-from backward_twice.judge.uses import computed_again, summed_over_steps
 from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note, plural
 from backward_twice.record.learner import place as place_of
-from backward_twice.record.learner import site_of
 
 __all__ = [
     "CodeLine",
     "Item",
     "carried_item",
-    "error_item",
     "line_number",
     "no_graph_item",
     "note_item",
     "parameters_item",
+    "raising_line",
     "retain_item",
+    "span_of",
     "split_line",
 ]
 
 
-_GAN_HINT = "a GAN: G's loss on a fresh D(fake)"
-# The errors whose fix is not a line of the learner's: (one sentence of why, one line of fix). PyTorch's message is
-# shown once, by the traceback and in the evidence, which also holds the full advice (judge.fixes.ERROR_FIXES).
-_ABOUT_THE_KIND = {
-    "donated buffers": (
-        "torch.compile compiled this backward for one use: it reuses the saved buffers, so a backward that retains"
-        " them is refused",
-        "call backward() once per forward, on the sum of the losses",
-    ),
-    "DDP ready only once": (
-        "DistributedDataParallel averages the gradients once per forward; a second backward through the same"
-        " parameters breaks that",
-        "call backward() once per forward, on the sum of the losses (not static_graph=True or"
-        " find_unused_parameters=True)",
-    ),
-    "no graph": (
-        "the loss has no graph back to the weights: computed under torch.no_grad(), or from .detach()ed tensors or"
-        " .item() numbers",
-        "compute the loss outside torch.no_grad(), from the model's output as it is",
-    ),
-}
-
-_GENERATOR_STEP = re.compile(r"(?i)\bopt(imizer)?_?g(en)?\b|\boptimizerG\b|\bgenerator")  # G's optimizer's step
-_GENERATOR_LOSS = re.compile(r"(?i)\bg(en)?_?loss|\berrG|\bloss_?G\b|\bgenerator")  # G's own backward
-_DISCRIMINATOR = re.compile(r"\bfake|[Dd]iscriminator|net_?D\b|_D\b|\bD\(|\bD_|\bd_loss|\berrD")
 _SEARCHED = (  # the words of PyTorch's messages that people search for, as a raising line's label
     "Trying to backward through the graph a second time",
     "modified by an inplace operation",
@@ -114,7 +89,7 @@ def line_number(place: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)  # a parse per line and name; the same lines come back in every report
-def _span(code: str, wanted: str, load_only: bool = False) -> tuple[int, int] | None:
+def span_of(code: str, wanted: str, load_only: bool = False) -> tuple[int, int] | None:
     """Where ``wanted`` (a name, ``model.hidden``, ``retain_graph=True``) stands in ``code``: where it is read, for a
     name read and assigned on one line (``out, h = rnn(x, h)``: the ``h`` going in), else its first occurrence."""
     if load_only:
@@ -140,7 +115,7 @@ def _searched_words(message: str) -> str:
     return re.split(r"(?<=[.;])\s|\s\(", text, maxsplit=1)[0][:80]
 
 
-def _raising_line(error: ErrorVerdict) -> CodeLine:
+def raising_line(error: ErrorVerdict) -> CodeLine:
     place, code = split_line(error.line)
     return CodeLine(place, code, (0, len(code)) if code else None, f'raised "{_searched_words(error.message)}"')
 
@@ -180,25 +155,25 @@ def carried_item(
     backwarded = first.enters_at is not None and split_line(first.enters_at)[0] == split_line(first.used_at)[0]
     if first.enters_at is not None and not backwarded:  # the loop's first line that reads it: where the old graph
         place, code = split_line(first.enters_at)  # comes in
-        lines.append(CodeLine(place, code, _span(code, name, load_only=True), f"{origin} comes in here"))
+        lines.append(CodeLine(place, code, span_of(code, name, load_only=True), f"{origin} comes in here"))
     elif backwarded and not code.startswith("("):  # it comes in at the backward itself (``loss.backward()`` of a loss
         built = "built here, before the loop" if first.iteration is None else "built here"  # built before the loop):
-        lines.append(CodeLine(place, code, _span(code, name), built))  # the line that built it, not that line twice
+        lines.append(CodeLine(place, code, span_of(code, name), built))  # the line that built it, not that line twice
     elif not code.startswith("(") and first.name:
-        comes_in = _span(code, name, load_only=True)
+        comes_in = span_of(code, name, load_only=True)
         if comes_in is not None and first.iteration is not None and reads_on_line(code, name):
             lines.append(CodeLine(place, code, comes_in, f"{origin} comes in here"))
         else:
             built = "built here, before the loop" if first.iteration is None else "built here"
-            lines.append(CodeLine(place, code, _span(code, name), built))
+            lines.append(CodeLine(place, code, span_of(code, name), built))
     if first.stored_at is not None and first.name:  # no loop of theirs: their line that keeps it for the next step
         stored_place, stored_code = split_line(first.stored_at)
         if stored_place not in (line.place for line in lines):
-            lines.append(CodeLine(stored_place, stored_code, _span(stored_code, name), "kept for the next step here"))
-    raising = _raising_line(error) if error is not None else None
+            lines.append(CodeLine(stored_place, stored_code, span_of(stored_code, name), "kept for the next step here"))
+    raising = raising_line(error) if error is not None else None
     if band_aid is not None:
         retain_place, retain_code = split_line(band_aid.line)
-        retain = _span(retain_code, "retain_graph=True")
+        retain = span_of(retain_code, "retain_graph=True")
         if raising is not None and raising.place == retain_place:  # one line: the retain, where it raised
             raising = CodeLine(retain_place, retain_code, retain, raising.label)
         else:
@@ -267,125 +242,6 @@ def _carried_fix(finding: CarriedFinding, place: str | None) -> str:
     return finding.fix.replace(" at the end of each iteration", f" before line {line_number(place)}")
 
 
-def _gan_hint(*code: str) -> str:
-    """`` (a GAN: G's loss on a fresh D(fake))`` where the lines speak of a discriminator (``fake``, ``netD``,
-    ``opt_D``, ``discriminator``); nothing for an actor and a critic, or a generator's own stale forward."""
-    return f" ({_GAN_HINT})" if any(_DISCRIMINATOR.search(line) for line in code) else ""
-
-
-def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item:
-    raising = _raising_line(error)
-    lines = [raising]
-    step = re.search(r"optimizer step at (.+)$", error.evidence)
-    freed = re.search(r"freed by the backward at (.+?) in iteration", error.evidence)
-    fix = _first_clause(error.fix)
-    if error.kind == "in-place version error":
-        why = "backward needs the values the forward saved; an in-place change replaced them"
-        label = "a tensor this backward needs was changed in place after the forward saved it"
-        if step is not None:
-            step_place, step_code = split_line(step.group(1))
-            step_number = line_number(step_place)
-            lines.insert(0, CodeLine(step_place, step_code, (0, len(step_code)), "changed the weights it saved"))
-            label = f"this backward needs weights that the optimizer step at line {step_number} changed"
-            why = f"this backward goes through a forward computed before line {step_number}'s step changed its weights"
-            gan = _gan_hint(step_code, raising.code)
-            fix = f"compute the forward again after line {step_number}'s step{gan}"
-            if error.stale_line is not None:
-                stale_place, stale_code = split_line(error.stale_line)
-                stale_number = line_number(stale_place)
-                lines.insert(
-                    0, CodeLine(stale_place, stale_code, (0, len(stale_code)), "computed with the old weights")
-                )
-                label = (
-                    f"this backward goes through line {stale_number}, computed before the step at line {step_number}"
-                )
-                gan = _gan_hint(step_code, raising.code, stale_code)
-                if gan and _GENERATOR_STEP.search(step_code) and not _GENERATOR_LOSS.search(raising.code):
-                    # G stepped first, then D's backward walks G's graph through the fake made before that step
-                    # (Lightning's basic GAN with G's backward retained): not G's loss on a fresh D(fake)
-                    gan = " (a GAN: D's loss on a fake G made after its step)"
-                again = _computed_again(error.stale_line, raising.code, step_number)
-                fix = f"compute {again} again after the step at line {step_number}{gan}"
-                summed = _summed_over_steps(error.stale_line, error.line, step_number)
-                if summed is not None:
-                    total, header = summed
-                    fix = (
-                        f"`{total}` adds up losses of every pass of the loop at line {header}, and line "
-                        f"{step_number}'s step changes the weights between them: keep one of the two updates (line "
-                        f"{step_number}'s step, or line {line_number(raising.place)}'s backward and the step after it)"
-                    )
-                if error.stale_through is not None:  # the later loss trains other weights: it must not train these
-                    name, later = error.stale_through, line_number(raising.place)
-                    fix = (
-                        f"use `{name}.detach()` in the loss line {later}'s backward walks: the step at line "
-                        f"{step_number} changed the weights `{name}` comes from, and this loss does not train them"
-                    )
-                    if band_aid is not None:  # the forum's band-aid that turned "a second time" into this error
-                        fix += f"; remove retain_graph=True at line {line_number(split_line(band_aid.line)[0])}"
-        elif error.changed_line is not None:
-            changed_place, changed_code = split_line(error.changed_line)
-            lines.insert(0, CodeLine(changed_place, changed_code, (0, len(changed_code)), "changed it in place"))
-            changed_number = line_number(changed_place)
-            label = f"line {changed_number} changed in place a tensor this backward needs"
-            why = f"the forward saved that tensor for the backward; line {changed_number} replaced its values"
-    elif error.kind == "backward a second time":
-        if freed is not None:
-            freed_place, freed_code = split_line(freed.group(1))
-            lines.insert(0, CodeLine(freed_place, freed_code, (0, len(freed_code)), "freed the buffers"))
-            label = f"a second backward through the graph that line {line_number(freed_place)}'s backward freed"
-        else:
-            label = "a second backward through a graph whose buffers were freed"
-        why = "a backward frees the saved tensors it walked; this one needs them again"
-    elif error.kind in _ABOUT_THE_KIND:
-        label = f"the loop raised PyTorch's {error.kind} error"
-        why, fix = _ABOUT_THE_KIND[error.kind]
-    elif LEAF_IN_PLACE in error.message:  # an EMA's update of a parameter, written without torch.no_grad()
-        number = line_number(raising.place)
-        label = f"line {number} changes a tensor that requires grad in place, with autograd recording"
-        why = "a parameter (a leaf that requires grad) can be changed in place only where autograd does not record"
-        fix = f"run line {number} under `with torch.no_grad():`"
-    else:
-        kind, _, said = error.message.partition(": ")
-        why = f"the error says: {_first_sentence(said or kind)}"
-        if error.caught:  # a hook of the learner's that skips a bad batch: its own choice, a note
-            label = f"a backward raised {kind} in iteration {error.iteration}, and your code caught it"
-            fix = "your loop went on past it, as you wrote it: nothing to change here"
-            return Item("error", label, tuple(lines), why, fix, to_fix=False)
-        label = f"the loop raised {kind}, before retain_graph matters"
-        fix = "fix this error first, then run the loop under the tool again"
-    return Item("error", label, tuple(lines), why, fix)
-
-
-def _computed_again(stale_line: str, raising_code: str, step: str) -> str:
-    """ "line 32", or "lines 32, 34 and 36" when the loss the raising backward starts from was computed from line 32
-    before the step too: recomputing line 32 alone leaves that loss on the old forward."""
-    site = site_of(stale_line)
-    loss = re.match(r"\s*([\w.]+)\s*\.backward\(", raising_code)
-    lines = computed_again(site[0], site[1], loss.group(1), int(step)) if site and loss and step.isdigit() else []
-    if len(lines) < 2:
-        return f"line {line_number(split_line(stale_line)[0])}"
-    return f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
-
-
-def _summed_over_steps(stale_line: str, raising_line: str, step: str) -> tuple[str, int] | None:
-    """What :func:`.summed_over_steps` finds for these lines (a total of losses from passes a step came between)."""
-    stale, raising = site_of(stale_line), site_of(raising_line)
-    if stale is None or raising is None or stale[0] != raising[0] or not step.isdigit():
-        return None
-    return summed_over_steps(stale[0], stale[1], int(step), raising[1])
-
-
-def _first_sentence(message: str, most: int = 110) -> str:
-    """The first sentence of an error's message, cut at ``most`` characters: the whole message is in the evidence."""
-    sentence = re.split(r"(?<=[.!?])\s", message.strip(), maxsplit=1)[0]
-    return sentence if len(sentence) <= most else sentence[: most - 3].rstrip() + "..."
-
-
-def _first_clause(fix: str) -> str:
-    """A fix's first sentence, without the notebook pointer: the rest is evidence."""
-    return re.sub(r"\s*\(notebook \d+, section \d+\)$", "", fix.split(". ")[0]).rstrip(".")
-
-
 def no_graph_item(line: str) -> Item:
     """The backward of a loss that has no graph: it trains nothing (the forum's ``loss.requires_grad = True``, or
     ``Variable(loss, requires_grad=True)``, after a ``.data`` or ``.detach()`` cut the graph to the model)."""
@@ -411,7 +267,7 @@ def retain_item(line: LineVerdict, stopped_after: int | None = None) -> Item:
         return Item(  # a note: written or not, the loop runs the same (WGAN-GP's published penalty writes it)
             "retain can go",
             f"retain_graph=True at line {line_number(place)} adds nothing: create_graph=True keeps the graph anyway",
-            (CodeLine(place, code, _span(code, "retain_graph=True"), "create_graph=True already keeps it"),),
+            (CodeLine(place, code, span_of(code, "retain_graph=True"), "create_graph=True already keeps it"),),
             "retain_graph defaults to create_graph: with create_graph=True the buffers are kept whether or not "
             "retain_graph=True is written",
             f"remove retain_graph=True at line {line_number(place)} if you like: the loop runs the same",
@@ -420,7 +276,7 @@ def retain_item(line: LineVerdict, stopped_after: int | None = None) -> Item:
     return Item(
         "retain can go",
         f"retain_graph=True at line {line_number(place)} keeps buffers no backward uses",
-        (CodeLine(place, code, _span(code, "retain_graph=True"), kept),),
+        (CodeLine(place, code, span_of(code, "retain_graph=True"), kept),),
         f"in {runs}, no later backward walked what it kept: without it the loop runs the same"
         if stopped_after is None
         else f"in {runs}, no later backward walked what it kept; the run stopped after {stopped_after} iterations, "
@@ -440,7 +296,7 @@ def note_item(note: Note) -> Item:
         fix = "keep a detached tensor (`.detach()`) instead"
     if grows is not None and filename is not None:
         number, text, appended, method = grows
-        lines = (CodeLine(_short_place(place_of(filename, number)), text, _span(text, note.name), where),)
+        lines = (CodeLine(_short_place(place_of(filename, number)), text, span_of(text, note.name), where),)
         if appended and note.one_element:
             fix = f"`{note.name}.{method}({appended}.item())`, or `{appended}.detach()` if you need the tensor"
         elif appended:

@@ -6,10 +6,10 @@ the same items (``bt.watch``'s ``w``, the note on the loop's own exception, ``ba
 and ``%%diagnose``): :func:`render_text` (``verbose`` adds the evidence), :func:`render_html` (the evidence in a
 ``<details>``), and :func:`report_json` (the items in order, then everything the verdicts hold).
 
-One item per cause (:mod:`backward_twice.report.items` builds each): a graph carried into a later iteration, an error
-no carried graph explains, a ``retain_graph=True`` that can go, and a name that keeps more graphs alive every
-iteration. A retain a later backward of the same iteration needs, a ``create_graph``, a graph held one iteration and
-released: evidence, not items.
+One item per cause (:mod:`backward_twice.report.items` builds each, :mod:`backward_twice.report.error_item` an error's):
+a graph carried into a later iteration, an error no carried graph explains, a ``retain_graph=True`` that can go, and a
+name that keeps more graphs alive every iteration. A retain a later backward of the same iteration needs, a
+``create_graph``, a graph held one iteration and released: evidence, not items.
 
 Used by :mod:`backward_twice.cli`, :mod:`backward_twice.steps.diagnose` and :mod:`backward_twice.watcher`.
 """
@@ -31,11 +31,11 @@ from backward_twice.judge.verdicts import (
     Verdicts,
     plural,
 )
+from backward_twice.report.error_item import error_item
 from backward_twice.report.items import (
     CodeLine,
     Item,
     carried_item,
-    error_item,
     line_number,
     no_graph_item,
     note_item,

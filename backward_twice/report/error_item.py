@@ -1,0 +1,177 @@
+"""The item of an error no carried graph explains: the learner's line that raised, with what caused it where the
+recording shows it (the optimizer step that changed the weights a stale forward saved, the learner's in-place
+statement, the backward that freed the buffers, the operation that left a loss without a graph), one sentence of
+why and one line of fix in their own names.
+
+Used by :mod:`backward_twice.report.rendering`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from backward_twice.common.error_kinds import LEAF_IN_PLACE
+from backward_twice.judge.uses import computed_again, summed_over_steps
+from backward_twice.judge.verdicts import ErrorVerdict, LineVerdict
+from backward_twice.record.learner import site_of
+from backward_twice.report.items import CodeLine, Item, line_number, raising_line, span_of, split_line
+
+__all__ = ["error_item"]
+
+_GAN_HINT = "a GAN: G's loss on a fresh D(fake)"
+# The errors whose fix is not a line of the learner's: (one sentence of why, one line of fix). PyTorch's message is
+# shown once, by the traceback and in the evidence, which also holds the full advice (judge.fixes.ERROR_FIXES).
+_ABOUT_THE_KIND = {
+    "donated buffers": (
+        "torch.compile compiled this backward for one use: it reuses the saved buffers, so a backward that retains"
+        " them is refused",
+        "call backward() once per forward, on the sum of the losses",
+    ),
+    "DDP ready only once": (
+        "DistributedDataParallel averages the gradients once per forward; a second backward through the same"
+        " parameters breaks that",
+        "call backward() once per forward, on the sum of the losses (not static_graph=True or"
+        " find_unused_parameters=True)",
+    ),
+    "no graph": (
+        "the loss has no graph back to the weights: computed under torch.no_grad(), or from .detach()ed tensors or"
+        " .item() numbers",
+        "compute the loss outside torch.no_grad(), from the model's output as it is",
+    ),
+}
+
+_GENERATOR_STEP = re.compile(r"(?i)\bopt(imizer)?_?g(en)?\b|\boptimizerG\b|\bgenerator")  # G's optimizer's step
+_GENERATOR_LOSS = re.compile(r"(?i)\bg(en)?_?loss|\berrG|\bloss_?G\b|\bgenerator")  # G's own backward
+_DISCRIMINATOR = re.compile(r"\bfake|[Dd]iscriminator|net_?D\b|_D\b|\bD\(|\bD_|\bd_loss|\berrD")
+
+
+def _gan_hint(*code: str) -> str:
+    """`` (a GAN: G's loss on a fresh D(fake))`` where the lines speak of a discriminator (``fake``, ``netD``,
+    ``opt_D``, ``discriminator``); nothing for an actor and a critic, or a generator's own stale forward."""
+    return f" ({_GAN_HINT})" if any(_DISCRIMINATOR.search(line) for line in code) else ""
+
+
+def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item:
+    raising = raising_line(error)
+    lines = [raising]
+    step = re.search(r"optimizer step at (.+)$", error.evidence)
+    freed = re.search(r"freed by the backward at (.+?) in iteration", error.evidence)
+    fix = _first_clause(error.fix)
+    if error.kind == "in-place version error":
+        why = "backward needs the values the forward saved; an in-place change replaced them"
+        label = "a tensor this backward needs was changed in place after the forward saved it"
+        if step is not None:
+            step_place, step_code = split_line(step.group(1))
+            step_number = line_number(step_place)
+            lines.insert(0, CodeLine(step_place, step_code, (0, len(step_code)), "changed the weights it saved"))
+            label = f"this backward needs weights that the optimizer step at line {step_number} changed"
+            why = f"this backward goes through a forward computed before line {step_number}'s step changed its weights"
+            gan = _gan_hint(step_code, raising.code)
+            fix = f"compute the forward again after line {step_number}'s step{gan}"
+            if error.stale_line is not None:
+                stale_place, stale_code = split_line(error.stale_line)
+                stale_number = line_number(stale_place)
+                lines.insert(
+                    0, CodeLine(stale_place, stale_code, (0, len(stale_code)), "computed with the old weights")
+                )
+                label = (
+                    f"this backward goes through line {stale_number}, computed before the step at line {step_number}"
+                )
+                gan = _gan_hint(step_code, raising.code, stale_code)
+                if gan and _GENERATOR_STEP.search(step_code) and not _GENERATOR_LOSS.search(raising.code):
+                    # G stepped first, then D's backward walks G's graph through the fake made before that step
+                    # (Lightning's basic GAN with G's backward retained): not G's loss on a fresh D(fake)
+                    gan = " (a GAN: D's loss on a fake G made after its step)"
+                again = _computed_again(error.stale_line, raising.code, step_number)
+                fix = f"compute {again} again after the step at line {step_number}{gan}"
+                summed = _summed_over_steps(error.stale_line, error.line, step_number)
+                if summed is not None:
+                    total, header = summed
+                    fix = (
+                        f"`{total}` adds up losses of every pass of the loop at line {header}, and line "
+                        f"{step_number}'s step changes the weights between them: keep one of the two updates (line "
+                        f"{step_number}'s step, or line {line_number(raising.place)}'s backward and the step after it)"
+                    )
+                if error.stale_through is not None:  # the later loss trains other weights: it must not train these
+                    name, later = error.stale_through, line_number(raising.place)
+                    fix = (
+                        f"use `{name}.detach()` in the loss line {later}'s backward walks: the step at line "
+                        f"{step_number} changed the weights `{name}` comes from, and this loss does not train them"
+                    )
+                    if band_aid is not None:  # the forum's band-aid that turned "a second time" into this error
+                        fix += f"; remove retain_graph=True at line {line_number(split_line(band_aid.line)[0])}"
+        elif error.changed_line is not None:
+            changed_place, changed_code = split_line(error.changed_line)
+            lines.insert(0, CodeLine(changed_place, changed_code, (0, len(changed_code)), "changed it in place"))
+            changed_number = line_number(changed_place)
+            label = f"line {changed_number} changed in place a tensor this backward needs"
+            why = f"the forward saved that tensor for the backward; line {changed_number} replaced its values"
+    elif error.kind == "backward a second time":
+        if freed is not None:
+            freed_place, freed_code = split_line(freed.group(1))
+            lines.insert(0, CodeLine(freed_place, freed_code, (0, len(freed_code)), "freed the buffers"))
+            label = f"a second backward through the graph that line {line_number(freed_place)}'s backward freed"
+        else:
+            label = "a second backward through a graph whose buffers were freed"
+        why = "a backward frees the saved tensors it walked; this one needs them again"
+    elif error.kind == "no graph" and (cut := error.cut) is not None:
+        cut_place, cut_code = split_line(cut[0])
+        lines.insert(0, CodeLine(cut_place, cut_code, span_of(cut_code, cut[1].rstrip("()")), "no gradient from here"))
+        number, what = line_number(cut_place), f"`{cut[1]}`"
+        label = f"the loss has no graph: line {number}'s {what} gives values with no gradient"
+        why = f"the loss is computed from line {number}, and {what} there cuts the graph back to the weights"
+        fix = (
+            f"run line {number} outside torch.no_grad()"
+            if cut[1] == "torch.no_grad()"
+            else (
+                f"compute the loss from what line {number} applies {what} to (for classes: cross-entropy on the scores)"
+            )
+        )
+    elif error.kind in _ABOUT_THE_KIND:
+        label = f"the loop raised PyTorch's {error.kind} error"
+        why, fix = _ABOUT_THE_KIND[error.kind]
+    elif LEAF_IN_PLACE in error.message:  # an EMA's update of a parameter, written without torch.no_grad()
+        number = line_number(raising.place)
+        label = f"line {number} changes a tensor that requires grad in place, with autograd recording"
+        why = "a parameter (a leaf that requires grad) can be changed in place only where autograd does not record"
+        fix = f"run line {number} under `with torch.no_grad():`"
+    else:
+        kind, _, said = error.message.partition(": ")
+        why = f"the error says: {_first_sentence(said or kind)}"
+        if error.caught:  # a hook of the learner's that skips a bad batch: its own choice, a note
+            label = f"a backward raised {kind} in iteration {error.iteration}, and your code caught it"
+            fix = "your loop went on past it, as you wrote it: nothing to change here"
+            return Item("error", label, tuple(lines), why, fix, to_fix=False)
+        label = f"the loop raised {kind}, before retain_graph matters"
+        fix = "fix this error first, then run the loop under the tool again"
+    return Item("error", label, tuple(lines), why, fix)
+
+
+def _computed_again(stale_line: str, raising_code: str, step: str) -> str:
+    """ "line 32", or "lines 32, 34 and 36" when the loss the raising backward starts from was computed from line 32
+    before the step too: recomputing line 32 alone leaves that loss on the old forward."""
+    site = site_of(stale_line)
+    loss = re.match(r"\s*([\w.]+)\s*\.backward\(", raising_code)
+    lines = computed_again(site[0], site[1], loss.group(1), int(step)) if site and loss and step.isdigit() else []
+    if len(lines) < 2:
+        return f"line {line_number(split_line(stale_line)[0])}"
+    return f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
+
+
+def _summed_over_steps(stale_line: str, raising_line: str, step: str) -> tuple[str, int] | None:
+    """What :func:`.summed_over_steps` finds for these lines (a total of losses from passes a step came between)."""
+    stale, raising = site_of(stale_line), site_of(raising_line)
+    if stale is None or raising is None or stale[0] != raising[0] or not step.isdigit():
+        return None
+    return summed_over_steps(stale[0], stale[1], int(step), raising[1])
+
+
+def _first_sentence(message: str, most: int = 110) -> str:
+    """The first sentence of an error's message, cut at ``most`` characters: the whole message is in the evidence."""
+    sentence = re.split(r"(?<=[.!?])\s", message.strip(), maxsplit=1)[0]
+    return sentence if len(sentence) <= most else sentence[: most - 3].rstrip() + "..."
+
+
+def _first_clause(fix: str) -> str:
+    """A fix's first sentence, without the notebook pointer: the rest is evidence."""
+    return re.sub(r"\s*\(notebook \d+, section \d+\)$", "", fix.split(". ")[0]).rstrip(".")
