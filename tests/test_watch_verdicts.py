@@ -2207,3 +2207,33 @@ def test_a_loss_without_a_graph_names_the_line_whose_operation_cut_it(form: str,
     assert operation.strip("`").rstrip("()") in item.lines[0].code, item.lines
     assert item.fix.startswith("compute the loss from what line"), item.fix
     _classify(form, fixed=True)
+
+
+def test_the_band_aids_in_place_error_a_pass_later_says_which_graphs_the_backward_went_through() -> None:
+    """An ``RNNCell``'s state carried with the forum's band-aid: iteration 2 runs (iteration 1's graph saves no
+    weight on the state's path, its state being zeros), iteration 3 raises the in-place error in iteration 2's graph.
+    The why said "follows `h` into iteration 1's graph, and `opt.step()` changed the weights it saved". The truth:
+    detached after pass 1 only, it raises in pass 4; after every pass, all run."""
+
+    def run(detach_after: Callable[[int], bool]) -> None:
+        torch.manual_seed(0)
+        rnn = torch.nn.RNNCell(3, 4)
+        opt = torch.optim.SGD(rnn.parameters(), lr=0.1)
+        h = torch.zeros(2, 4)
+        for i in range(1, 5):
+            out = rnn(torch.randn(2, 3), h)
+            loss = out.pow(2).mean()
+            loss.backward(retain_graph=True)
+            opt.step()
+            opt.zero_grad()
+            h = out.detach() if detach_after(i) else out
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        run(lambda i: False)
+    [item] = w.report.items
+    assert w.report.headline.endswith("(3 iterations watched; the loop raised in iteration 3)"), w.report.headline
+    assert item.why.startswith("this backward follows `h` into the graphs of iterations 1 and 2, and `opt.step()`")
+    assert item.why.endswith("changed weights one of them saved"), item.why
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        run(lambda i: i == 1)
+    run(lambda i: True)

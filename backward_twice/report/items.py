@@ -194,6 +194,14 @@ def carried_item(
             changed = f"`{step_code}` (line {line_number(step_place)}) changed the weights it saved"
         else:
             changed = "a tensor it saved was changed in place since"
+        if first.iteration is not None and error.iteration > first.iteration + 1:  # kept walkable: the chain is longer
+            last = error.iteration - 1
+            origin = (
+                f"the graphs of iterations {first.iteration} {'and' if last == first.iteration + 1 else 'to'} {last}"
+            )
+            changed = changed.replace("the weights it saved", "weights one of them saved").replace(
+                "a tensor it saved", "a tensor one of them saved"
+            )
         why = f"this backward follows {followed} into {origin}, and {changed}"
     elif error is not None:
         freer = re.search(r"freed by the backward at .+? in iteration (\d+)", error.evidence)
