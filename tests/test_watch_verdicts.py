@@ -2237,3 +2237,47 @@ def test_the_band_aids_in_place_error_a_pass_later_says_which_graphs_the_backwar
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         run(lambda i: i == 1)
     run(lambda i: True)
+
+
+def _train_then_fine_tune(detach_context: bool) -> float:
+    """One step function called from a training loop, then from a fine-tuning loop that feeds each output back as
+    the next step's context (``loss, ctx = train_step(b, ctx)``); ``detach_context``: the printed fix."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = [torch.randn(3, 4) for _ in range(4)]
+
+    def train_step(batch: torch.Tensor, ctx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        opt.zero_grad()
+        out = model(batch if ctx is None else batch + ctx)
+        loss = out.pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss, out
+
+    for _ in range(2):
+        for b in data:
+            train_step(b)
+    ctx = torch.zeros(3, 4)
+    for b in data:
+        if detach_context:
+            ctx = ctx.detach()
+        loss, ctx = train_step(b, ctx)
+        print(f"fine-tune loss {loss.item():.4f}")
+    return model.weight.sum().item()
+
+
+def test_a_state_a_helper_takes_as_a_parameter_is_named_by_the_loop_that_feeds_it_back() -> None:
+    """The helper's ``ctx`` parameter held the graph when the fine-tuning loop's second call raised: "a tensor no
+    name of yours holds carries iteration 9's graph ... detach the tensor that carries it", though the evidence said
+    "reached them through ctx" (a detach in the helper, on its parameter, would break the training loop's calls,
+    where it is None). The truth: detached where the loop feeds it back, it runs."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _train_then_fine_tune(detach_context=False)
+    [item] = w.report.items
+    source, first = inspect.getsourcelines(_train_then_fine_tune)
+    line = first + next(i for i, text in enumerate(source) if text.strip() == "loss, ctx = train_step(b, ctx)")
+    assert item.label.startswith("`ctx` carries"), item.label
+    assert item.fix == f"add `ctx = ctx.detach()` before line {line}", item.fix
+    assert item.lines[0].code == "loss, ctx = train_step(b, ctx)", item.lines
+    _train_then_fine_tune(detach_context=True)

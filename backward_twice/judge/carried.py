@@ -108,7 +108,9 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             # the names were not read at this pass (only at some): the failing call's own read found the name it
             # reached them through, one each pass assigns from itself (``hidden = cell(x, hidden)``), or one the loop
             # reads and never binds (a parameter ``x_pos`` of the function whose loop it is: built before the loop)
-            body = _loop_body(recorder)
+            body, outer = _loop_body(recorder), recorder.error.outer_through
+            if not _kept_on(through, body) and outer is not None and _kept_on(outer, body):
+                through = outer  # a helper's parameter: the caller's name carries it (``loss, ctx = step(b, ctx)``)
             kept_on = _kept_on(through, body)
             named = [replace(through, sequence=max(top or old))] if kept_on else []
             named += [other for other in recorder.error.also_through if kept_on and _kept_on(other, body)]

@@ -55,6 +55,12 @@ def first_read(
             continue
         reads = memo(filename, ("reads",), functools.partial(_reads, tree))
         lines = sorted(line for line in reads.get(spelled, ()) if first <= line <= last)
+        owner = next(
+            (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno == first),
+            None,
+        ) or function_around(tree, first)
+        # the span's own reads, not a function's it defines (a helper's parameter ``ctx`` is not the script's)
+        lines = [line for line in lines if function_around(tree, line) is owner] or lines
         if a_list:
             uses = memo(filename, ("list uses",), functools.partial(_list_uses, tree)).get(spelled, ())
             reading = {line for line, kind in uses if kind != "grown"}

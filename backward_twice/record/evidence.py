@@ -82,6 +82,8 @@ class ErrorRecord:
     also_through: tuple[NamedGraph, ...] = ()  # other names held now whose old graph this call reaches (``x_pos``
     # beside ``x_neg``): the engine raised at the first freed node, the others would raise next
     caught: bool = False  # a backward's error the learner's code caught: the loop went on past it
+    outer_through: NamedGraph | None = None  # ``reached_through``'s node under a name of an outer frame of the
+    # learner's (the loop's ``ctx`` of ``loss, ctx = train_step(b, ctx)``, where the helper's parameter ``ctx`` held it)
     # after a step changed weights a stale forward saved: the name the walk reaches that forward through, when the
     # loss also trains weights outside it (SAC's alpha loss on ``log_pi``: detaching it keeps ``log_alpha``'s gradient)
     stale_through: str | None = None
@@ -118,6 +120,7 @@ def explain(
             for seq in call.frontier
             if seq in live and through is not None and live[seq].name != through.name and not live[seq].aliases
         )
+        record.outer_through = _outer_name(recorder, learners, through) if through and learners else None
     elif kind == "in-place version error":
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
@@ -209,6 +212,20 @@ def _detachable(
 def _leaves(node: Node) -> frozenset[int]:
     """The ids of the tensors whose gradients the graph under ``node`` accumulates (the weights it trains)."""
     return frozenset(id(n.variable) for n in python_walk([node]) if hasattr(n, "variable"))
+
+
+def _outer_name(recorder: Seen, learners: types.FrameType, through: NamedGraph) -> NamedGraph | None:
+    """``through``'s node under a name of the nearest frame of the learner's outside ``learners`` that names it."""
+    frame = learners.f_back
+    while frame is not None and frame is not recorder.outermost:
+        if site_of(frame, recorder.skipped, outward=False)[0]:
+            for named, _ in names_holding_graphs(
+                frame, recorder.skipped, recorder.events, recorder.roots, recorder.outermost
+            ):
+                if named.sequence == through.sequence and named.frame != through.frame:
+                    return named
+        frame = frame.f_back
+    return None
 
 
 def _learners_frame(frame: types.FrameType | None, skipped: tuple[str, ...]) -> types.FrameType | None:
