@@ -2281,3 +2281,102 @@ def test_a_state_a_helper_takes_as_a_parameter_is_named_by_the_loop_that_feeds_i
     assert item.fix == f"add `ctx = ctx.detach()` before line {line}", item.fix
     assert item.lines[0].code == "loss, ctx = train_step(b, ctx)", item.lines
     _train_then_fine_tune(detach_context=True)
+
+
+class _SAM(torch.optim.Optimizer):
+    """davda54/sam's optimizer (sam.py), its ``first_step`` climbing to the worst nearby weights in place and
+    ``second_step`` stepping the base optimizer from the original ones."""
+
+    def __init__(self, params: Any, base_optimizer: Any, rho: float = 0.05, **kwargs: Any) -> None:
+        super().__init__(params, dict(rho=rho, **kwargs))
+        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
+
+    @torch.no_grad()
+    def first_step(self, zero_grad: bool = False) -> None:
+        grad_norm = torch.norm(torch.stack([p.grad.norm(p=2) for g in self.param_groups for p in g["params"]]), p=2)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["old_p"] = p.data.clone()
+                p.add_(p.grad * group["rho"] / (grad_norm + 1e-12))
+        if zero_grad:
+            self.zero_grad()
+
+    @torch.no_grad()
+    def second_step(self, zero_grad: bool = False) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.data = self.state[p]["old_p"]
+        self.base_optimizer.step()
+        if zero_grad:
+            self.zero_grad()
+
+
+def _sam_one_forward(forward_again: bool) -> list[torch.Tensor]:
+    """davda54/sam#45: the example's two forward-backward passes written with one forward (``forward_again``: the
+    printed fix, the forward computed again after ``first_step``)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    optimizer = _SAM(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+    for images, target in [(torch.randn(4, 6), torch.randint(0, 3, (4,))) for _ in range(3)]:
+        output = model(images)
+        loss = torch.nn.functional.cross_entropy(output, target)
+        loss.backward()
+        optimizer.first_step(zero_grad=True)
+        if forward_again:
+            output = model(images)
+        torch.nn.functional.cross_entropy(output, target).backward()
+        optimizer.second_step(zero_grad=True)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_second_backward_after_an_optimizers_own_step_computes_the_forward_again() -> None:
+    """SAM's two backward calls on one forward (davda54/sam#45): "use `output.detach()` in the loss ... or add
+    retain_graph=True to line N's backward only", each of which fails as printed (no gradient; the in-place error,
+    as ``first_step`` changed the weights the graph saved), and no ``step()`` hook sees ``first_step``. The truth:
+    the forward computed again after it runs."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _sam_one_forward(forward_again=False)
+    [item] = w.report.items
+    source, first = inspect.getsourcelines(_sam_one_forward)
+    step = first + next(i for i, text in enumerate(source) if "first_step(" in text)
+    assert item.fix.startswith(f"compute `output` again after line {step}'s step: line "), item.fix
+    assert item.fix.endswith("and that step changed the weights it saved"), item.fix
+    _sam_one_forward(forward_again=True)
+
+
+def _reinforce_update_twice(once: bool) -> None:
+    """REINFORCE's ``finish_episode()`` called twice in a row on one episode's log-probabilities (``once``: the
+    printed fix)."""
+    torch.manual_seed(0)
+    policy = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    saved_log_probs: list[torch.Tensor] = []
+
+    def finish_episode() -> None:
+        loss = torch.cat([-log_prob.view(1) for log_prob in saved_log_probs]).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(2):
+        for _ in range(3):
+            m = torch.distributions.Categorical(logits=policy(torch.randn(4)))
+            saved_log_probs.append(m.log_prob(m.sample()))
+        finish_episode()
+        if not once:
+            finish_episode()
+        saved_log_probs.clear()
+
+
+def test_an_update_run_twice_on_one_episode_runs_once_per_graph() -> None:
+    """The update written twice in a row (not in a loop): "build `log_prob` inside the loop that runs line N's
+    backward, or use `log_prob.detach()`", where the episode's loop already builds it and a detach leaves no policy
+    gradient. The truth: a retain raises the in-place error (the step changed the weights); once per episode runs."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _reinforce_update_twice(once=False)
+    [item] = w.report.items
+    assert item.fix.startswith("run line "), item.fix
+    assert "once per graph: run again, it walks the graph its first run freed, whose weights the step at line" in (
+        item.fix
+    ), item.fix
+    _reinforce_update_twice(once=True)

@@ -1,8 +1,8 @@
 """The fix a verdict gives, in the learner's own names: for each kind of PyTorch error, for a graph carried into a
 later iteration (by the carrier's kind: a tensor, a tuple of states, a list rebound, built from whole or read by
 slice; the same attributes of each item of one list, a cache's ``layers[i].keys`` and ``.values``, detached by one
-statement), for a second backward through buffers an earlier backward of the same iteration freed, and for the
-learner's statement that changed a saved tensor in place (written out of place).
+statement), and for a second backward through buffers an earlier backward of the same iteration freed. The learner's
+statement that changed a saved tensor in place: :mod:`backward_twice.judge.in_place_fix`.
 
 Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.verdicts` and
 :mod:`backward_twice.report.items`. A state detached whole: :mod:`backward_twice.judge.states`.
@@ -17,7 +17,6 @@ from typing import Protocol
 
 from backward_twice.judge.states import as_spelled_in_its_methods, whole_state, whole_state_fix
 from backward_twice.judge.uses import bound_in
-from backward_twice.record.in_place import in_place_statement, out_of_place
 from backward_twice.record.learner import lines_of_file, site_of, source_lines
 from backward_twice.record.loops import loop_inside, outermost_loop_without
 from backward_twice.record.sources import parsed
@@ -25,7 +24,6 @@ from backward_twice.record.sources import parsed
 __all__ = [
     "ERROR_FIXES",
     "carried_fix",
-    "in_place_fix",
     "items_of_one_list",
     "second_backward_fix",
 ]
@@ -76,6 +74,7 @@ def second_backward_fix(
     shared: bool = True,
     parameter: str | None = None,
     earlier_steps_its_source: bool | None = None,
+    stepped: str | None = None,
 ) -> str:
     """The fix for a backward through buffers an earlier backward of the same iteration freed, reached through the
     learner's ``through``: the same backward line run twice (an inner loop, a WGAN's critic steps on one ``fake``)
@@ -87,7 +86,10 @@ def second_backward_fix(
     ``through`` comes from: then the later loss detaches it (a world model's encoder trained by its own loss first),
     else the earlier one (a GAN's D loss). A D loss built
     in a function from its ``parameter`` (CycleGAN's ``backward_D_basic(netD, real, fake)``) detaches the parameter:
-    one change for every call of it."""
+    one change for every call of it. ``stepped``: the line of a step between the two that changed the weights
+    ``through``'s graph saved, where the later loss trains nothing but through it (SAM's ``first_step``, a REINFORCE
+    update run twice): no retain keeps that graph usable and no detach leaves a gradient, so ``through`` is built
+    again."""
     freer = site_of(freed_at)
     line = f"line {freer[1]}'s backward" if freer else "the earlier backward"
     freer_code = freed_at.split(": ", 1)[-1]
@@ -97,6 +99,18 @@ def second_backward_fix(
         return f"remove `retain_graph=False` from {where}: with create_graph=True the graph is kept unless it says so"
     raiser = site_of(raised_at)
     later = raiser[1] if raiser is not None and ": " in raised_at else None
+    step = site_of(stepped) if stepped is not None else None
+    if step is not None and freed_at == raised_at:
+        whole = re.sub(r"\[\d+\]$", "", through)  # the list an episode fills, not its item
+        return (
+            f"run {line} once per graph: run again, it walks the graph its first run freed, whose weights the step "
+            f"at line {step[1]} changed (or build `{whole}` again after that step)"
+        )
+    if step is not None:
+        return (
+            f"compute `{through}` again after line {step[1]}'s step: line {later}'s backward needs the graph {line} "
+            "freed, and that step changed the weights it saved"
+        )
     if later is not None and _D_LOSS.search(raised_at.split(": ", 1)[-1]) and not _D_LOSS.search(freed_at):
         # G's backward first, then D's through the same fake: D's loss is the one to detach it in
         if parameter is not None and parameter != through:
@@ -459,31 +473,3 @@ def items_of_one_list(names: list[str]) -> tuple[str, str] | None:
     detached = ", ".join(f"{item}.{attribute}.detach()" for attribute in attributes)
     numbers = ", ".join(str(index) for index in indices)
     return f"{spelled} (i = {numbers})", f"for {item} in {owner}: {targets} = {detached}"
-
-
-def in_place_fix(filename: str, line: int) -> str:
-    """The fix for the learner's in-place statement at ``line``: that statement written out of place, in their names
-    (``h = h + 1``), or a copy made before it (``h = h.clone()`` before ``h[mask] = 0``)."""
-    statement = in_place_statement(filename, line)
-    rewritten = out_of_place(statement) if statement is not None else None
-    if rewritten is None:
-        return f"write line {line} out of place: a new tensor, not a change of the one the forward saved"
-    changed = re.match(r"(?:self|\w+)\.(\w+) = ", rewritten)
-    buffer = changed is not None and _a_buffer(filename, changed.group(1))
-    if rewritten.endswith(".clone()") and buffer and isinstance(statement, ast.Assign):
-        # the copy would take the stored value's graph into the next iteration (MoCo's queue written in the forward)
-        stored = f"{ast.unparse(statement.targets[0])} = {ast.unparse(statement.value)}.detach()"
-        return f"add `{rewritten}` before line {line}, and store a detached value there: `{stored}`"
-    if rewritten.endswith(".clone()"):
-        return f"add `{rewritten}` before line {line}"
-    if buffer:
-        # a module's buffer lives on into the next iteration: written from values with a graph, out of place alone
-        # would carry that graph there (NPID's memory bank updated in the forward from ``x``, not ``x.data``)
-        return f"write line {line} out of place, detached: `{rewritten}.detach()`"
-    return f"write line {line} out of place: `{rewritten}`"
-
-
-def _a_buffer(filename: str, attribute: str) -> bool:
-    """Whether ``filename`` registers a module buffer named ``attribute`` (``self.register_buffer("memory", ...)``)."""
-    registers = re.compile(rf"\.register_buffer\(\s*['\"]{re.escape(attribute)}['\"]")
-    return any(registers.search(text) for text in source_lines(filename))

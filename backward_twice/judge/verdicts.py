@@ -34,7 +34,8 @@ from backward_twice.judge.carried import (
     twin_in_iteration_1,
     whole_name,
 )
-from backward_twice.judge.fixes import ERROR_FIXES, in_place_fix, second_backward_fix
+from backward_twice.judge.fixes import ERROR_FIXES, second_backward_fix
+from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
 from backward_twice.judge.uses import graph_cut
 from backward_twice.record.evidence import ErrorRecord
@@ -295,8 +296,16 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
         )
         if name is not None:
             source = _earlier_steps_the_source(recorder, freer.index, record)
+            hooked = next((s.line for s in recorder.steps if freer.index < s.calls <= (record.call or 0)), None)
+            stepped = (hooked if source else None) or record.stepped_between
             fix = second_backward_fix(
-                freer.line, record.line, name, record.through_walked, record.parameter_through, source
+                freer.line,
+                record.line,
+                name,
+                record.through_walked,
+                record.parameter_through,
+                source,
+                stepped if record.only_through else None,
             )
     elif record.changed_by_step is not None:
         evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.changed_by_step)}"

@@ -8,6 +8,7 @@ Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.record.rec
 
 from __future__ import annotations
 
+import ast
 import inspect
 import traceback
 import types
@@ -25,6 +26,7 @@ from backward_twice.record.in_place import changed_in_place
 from backward_twice.record.learner import LearnersCode, first_line, learner_line, learner_line_at, skipped_dirs
 from backward_twice.record.names import NamedGraph, names_holding_graphs, site_of
 from backward_twice.record.saved import grad_fn_of, python_walk, saved_data
+from backward_twice.record.sources import parsed
 from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
 
 if TYPE_CHECKING:
@@ -82,6 +84,9 @@ class ErrorRecord:
     also_through: tuple[NamedGraph, ...] = ()  # other names held now whose old graph this call reaches (``x_pos``
     # beside ``x_neg``): the engine raised at the first freed node, the others would raise next
     caught: bool = False  # a backward's error the learner's code caught: the loop went on past it
+    only_through: bool = False  # the loss trains no weight but through ``reached_through``: a detach of it leaves none
+    stepped_between: str | None = None  # "file:line: code" of a call of an optimizer's own method (SAM's
+    # ``first_step``) between the backward that freed the buffers and this one, in the raising function
     outer_through: NamedGraph | None = None  # ``reached_through``'s node under a name of an outer frame of the
     # learner's (the loop's ``ctx`` of ``loss, ctx = train_step(b, ctx)``, where the helper's parameter ``ctx`` held it)
     # after a step changed weights a stale forward saved: the name the walk reaches that forward through, when the
@@ -121,6 +126,10 @@ def explain(
             if seq in live and through is not None and live[seq].name != through.name and not live[seq].aliases
         )
         record.outer_through = _outer_name(recorder, learners, through) if through and learners else None
+        record.only_through = bool(through) and 0 <= at < len(walked) and _leaves(walked[0]) <= record.through_sources
+        freer = recorder.calls.record(freed.freed_by)
+        if learners is not None and freer is not None:
+            record.stepped_between = _optimizer_call_between(freer.site, call.site, learners)
     elif kind == "in-place version error":
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
@@ -212,6 +221,33 @@ def _detachable(
 def _leaves(node: Node) -> frozenset[int]:
     """The ids of the tensors whose gradients the graph under ``node`` accumulates (the weights it trains)."""
     return frozenset(id(n.variable) for n in python_walk([node]) if hasattr(n, "variable"))
+
+
+def _optimizer_call_between(
+    freed_at: tuple[str, int], raised_at: tuple[str, int], frame: types.FrameType
+) -> str | None:
+    """The learner's line, between ``freed_at`` and ``raised_at`` in the function ``frame`` runs, that calls a method
+    of an optimizer that changes its weights (SAM's ``optimizer.first_step()``, which no ``step()`` hook sees)."""
+    filename = raised_at[0]
+    tree = parsed(filename) if freed_at[0] == filename == frame.f_code.co_filename else None
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and freed_at[1] < node.lineno < raised_at[1]
+            and node.func.attr not in _KEEPS_THE_WEIGHTS
+        ):
+            continue
+        owner = frame.f_locals.get(node.func.value.id, frame.f_globals.get(node.func.value.id))
+        if isinstance(owner, torch.optim.Optimizer):
+            return learner_line_at(filename, node.lineno)
+    return None
+
+
+_KEEPS_THE_WEIGHTS = frozenset({"zero_grad", "state_dict", "add_param_group", "register_step_pre_hook"})
 
 
 def _outer_name(recorder: Seen, learners: types.FrameType, through: NamedGraph) -> NamedGraph | None:
