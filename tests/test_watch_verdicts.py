@@ -2380,3 +2380,51 @@ def test_an_update_run_twice_on_one_episode_runs_once_per_graph() -> None:
         item.fix
     ), item.fix
     _reinforce_update_twice(once=True)
+
+
+class _AverageMeter:
+    """pytorch/examples' imagenet ``AverageMeter``, as published."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.val: Any = 0
+        self.avg: Any = 0
+        self.sum: Any = 0
+        self.count = 0
+
+    def update(self, val: Any, n: int = 1) -> None:
+        self.val = val
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+
+def test_a_meter_fed_the_loss_tensor_is_one_note_at_the_line_that_feeds_it() -> None:
+    """``losses.update(loss, n)`` without ``.item()`` (imagenet's meter, as learners often call it): two notes,
+    "`losses.avg` keeps ..." and "`self.sum` keeps ..." at the meter's own lines, for one cause. The truth: fed the
+    number, nothing is held (the meter's ``sum`` holds no graph)."""
+
+    def train(as_number: bool) -> _AverageMeter:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = _AverageMeter()
+        for _ in range(5):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            value = loss.item() if as_number else loss
+            losses.update(value, 8)
+        return losses
+
+    with watch() as w:
+        train(as_number=False)
+    [item] = w.report.items
+    assert item.label == "`losses` keeps one more iteration's graph alive every iteration", item.label
+    assert [line.code for line in item.lines] == ["losses.update(value, 8)"], item.lines
+    assert item.fix == "`losses.update(value.item(), 8)`", item.fix
+    assert "`losses.avg` and `losses.sum` hold them all" in item.why or "`losses.sum` and `losses.avg`" in item.why
+    assert not torch.is_tensor(train(as_number=True).sum)

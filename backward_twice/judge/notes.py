@@ -52,6 +52,8 @@ class Note:
     grows_in: str | None = None  # the file of the line that grows it: the code it was read in (a step's, a cell's)
     ran: frozenset[int] = frozenset()  # the lines of ``grows_in`` that ran while traced (where it grows)
     buffer: bool = False  # ``parameter`` for a registered buffer (an EMA's codebook): the same fix
+    attributes: tuple[str, ...] = ()  # an object whose attributes grow together (a meter's ``sum`` and ``avg``): one
+    # note of the object, whose method the loop feeds the tensor to
 
 
 _UPDATED_IN_PLACE = ("parameter", "buffer")  # a module's own state with a graph: only an in-place update gives it one
@@ -147,6 +149,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
             by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one, grows_in=read_in))
     found = [_bounded(note, recorder, split) for note in _one_per_line(_one_per_container(list(by_name.values())))]
+    found = _one_per_object(found)
     spelled = [_where_it_grows(note, recorder) for note in found]
     return list({note.name: note for note in reversed(spelled)}.values())[::-1]  # one list reached two ways: one
 
@@ -230,6 +233,40 @@ def _one_per_container(found: list[Note]) -> list[Note]:
                 held = sum(part.held_bytes for part in parts)
                 kept.append(Note(whole, parts[-1].built_at, held, grows, one_element=one, grows_in=parts[-1].grows_in))
     return kept
+
+
+def _one_per_object(found: list[Note]) -> list[Note]:
+    """The growing notes of two or more attributes of one plain object (an ``AverageMeter``'s ``losses.sum`` and
+    ``losses.avg``, fed the loss tensor by ``losses.update(loss, n)``) as one note of the object: one line to change."""
+    owners = Counter(note.name.rsplit(".", 1)[0] for note in found if _attribute_of_an_object(note))
+    kept: list[Note] = []
+    for note in found:
+        owner = note.name.rsplit(".", 1)[0] if _attribute_of_an_object(note) else None
+        if owner is None or owners[owner] < 2:
+            kept.append(note)
+        elif owner not in (other.name for other in kept):
+            parts = [part for part in found if part.name.rsplit(".", 1)[0] == owner and _attribute_of_an_object(part)]
+            held = max(part.held_bytes for part in parts)
+            attributes = tuple(part.name for part in parts)
+            kept.append(dataclasses.replace(parts[0], name=owner, held_bytes=held, attributes=attributes))
+    return kept
+
+
+def _attribute_of_an_object(note: Note) -> bool:
+    """Whether ``note`` is a growing attribute of a name (``losses.avg``), not an item, a parameter or a buffer."""
+    return note.grows and not note.parameter and re.fullmatch(r"\w+\.\w+", note.name) is not None
+
+
+def fed_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -> tuple[int, str, str] | None:
+    """The line of ``filename`` that feeds the object ``name`` a value by one of its methods (``losses.update(loss,
+    images.size(0))``), with that call written to feed it a number (``losses.update(loss.item(), images.size(0))``)."""
+    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\.\w+\(\s*([\w.]+(?:\[[^\]]*\])?)\s*(?=[,)])")
+    for number, text in enumerate((line.split("#", 1)[0] for line in linecache.getlines(filename)), 1):
+        match = pattern.search(text)
+        if match is not None and (not ran or number in ran):
+            fed = text[: match.start(1)] + f"{match.group(1)}.item()" + text[match.end(1) :]
+            return number, text.strip(), fed.strip()
+    return None
 
 
 def _one_per_line(found: list[Note]) -> list[Note]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list
-from backward_twice.judge.notes import growing_line
+from backward_twice.judge.notes import fed_line, growing_line
 from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note, plural
 from backward_twice.record.learner import place as place_of
 
@@ -296,7 +296,7 @@ def retain_item(line: LineVerdict, stopped_after: int | None = None) -> Item:
 def note_item(note: Note) -> Item:
     place, code = split_line(note.built_at)
     filename = note.grows_in
-    grows = growing_line(note.name, filename, note.ran) if filename is not None else None
+    grows = growing_line(note.name, filename, note.ran) if filename is not None and not note.attributes else None
     lines = (CodeLine(place, code, None, "each iteration's graph starts here"),)
     where = "each graph goes in here" if note.bound else "grows here"
     fix = "keep a number (`.item()`) or a detached tensor (`.detach()`) instead"
@@ -310,7 +310,16 @@ def note_item(note: Note) -> Item:
         elif appended:
             fix = f"`{note.name}.{method}({appended}.detach())`"
     each = f" (about {format_bytes(note.held_bytes)} each)" if note.held_bytes else ""
-    if note.bound:  # a deque full of graphs: each append pushes the oldest out, so it holds these, no more
+    fed = fed_line(note.name, filename, note.ran) if note.attributes and filename is not None else None
+    if fed is not None and filename is not None:  # a meter fed the loss: the call that feeds it is the line to change
+        number, text, as_number = fed
+        lines = (CodeLine(_short_place(place_of(filename, number)), text, (0, len(text)), "each graph goes in here"),)
+        fix = f"`{as_number}`" if note.one_element else f"`{as_number.replace('.item()', '.detach()')}`"
+    if note.attributes:  # an object whose attributes grow together
+        label = f"`{note.name}` keeps one more iteration's graph alive every iteration"
+        held = " and ".join(f"`{attribute}`" for attribute in note.attributes)
+        why = f"no later backward walks them, but {held} hold them all{each}"
+    elif note.bound:  # a deque full of graphs: each append pushes the oldest out, so it holds these, no more
         label = f"`{note.name}` keeps the last {note.bound} iterations' graphs alive"
         why = f"no later backward walks them, but `{note.name}` holds them until newer ones push them out{each}"
     elif note.entries > 1:  # one line builds each entry of a dict: one note, the dict's
