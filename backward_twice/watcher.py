@@ -51,6 +51,13 @@ def _stopped_quietly(hook: Any, thread_stop: ThreadStop, recorder: Recorder) -> 
     return excepthook
 
 
+def _in_a_terminal() -> bool:
+    """Whether the cells run in IPython's terminal, which shows a value as text (no evidence), not in a notebook."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "TerminalInteractiveShell"
+
+
 class Watch:
     """What :func:`watch` returns: the recorder while the block runs, the diagnosis (``.verdicts``, ``.report``)
     after it."""
@@ -75,7 +82,8 @@ class Watch:
         if not self._more_given:
             name = _with_name(caller) or "w"
             in_a_cell = place(caller.f_code.co_filename, 1).startswith("Cell ")  # a script has no new cell
-            self.more = f"`{name}` in a new cell shows the evidence" if in_a_cell else f"print({name}.evidence())"
+            shown = in_a_cell and not _in_a_terminal()  # a notebook shows ``w`` as HTML, its evidence included
+            self.more = f"`{name}` in a new cell shows the evidence" if shown else f"print({name}.evidence())"
         self.recorder.__enter__()
         self._excepthook = threading.excepthook
         self._quiet_hook = threading.excepthook = _stopped_quietly(self._excepthook, self._thread_stop, self.recorder)

@@ -402,3 +402,36 @@ def test_a_loop_cell_run_again_after_it_raised_detaches_the_state_the_last_run_l
     assert item.why.endswith("into the graph built before the loop, which an earlier backward already freed"), item
     fixed = run(shell, loop.format(entry="hidden = hidden.detach()\n        "))
     assert fixed.error_in_exec is None and shell.user_ns["w"].healthy, str(shell.user_ns["w"])
+
+
+WATCHED_CELL = """
+import torch, backward_twice as bt
+rnn = torch.nn.RNNCell(3, 4); h = torch.zeros(2, 4)
+try:
+    with bt.watch() as w:
+        for x in torch.randn(3, 2, 3):
+            h = rnn(x, h); h.pow(2).mean().backward()
+except RuntimeError:
+    pass
+print(repr(w.more))
+print("evidence:" in repr(w))
+"""
+
+
+def test_the_way_to_a_watchs_evidence_in_ipythons_terminal_prints_it(tmp_path) -> None:
+    """In IPython's terminal the report said "more: `w` in a new cell shows the evidence", and ``w`` in a new cell
+    shows the report as text, without the evidence (a notebook shows it as HTML, the evidence included). There the
+    line says ``print(w.evidence())``, which does."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ipython = Path(sys.executable).with_name("ipython")
+    shown = subprocess.run(
+        [str(ipython), "--no-banner", "--colors=nocolor", "-c", WATCHED_CELL],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert shown.stdout.splitlines()[-2:] == ["'print(w.evidence())'", "False"], shown.stdout + shown.stderr
