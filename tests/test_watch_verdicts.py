@@ -2428,3 +2428,87 @@ def test_a_meter_fed_the_loss_tensor_is_one_note_at_the_line_that_feeds_it() -> 
     assert item.fix == "`losses.update(value.item(), 8)`", item.fix
     assert "`losses.avg` and `losses.sum` hold them all" in item.why or "`losses.sum` and `losses.avg`" in item.why
     assert not torch.is_tensor(train(as_number=True).sum)
+
+
+class _TinyDiscriminator(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.nn.functional.leaky_relu(self.l1(x.flatten(1)), 0.2))
+
+
+def _d_r1_loss(real_pred: torch.Tensor, real_img: torch.Tensor) -> torch.Tensor:
+    (grad_real,) = torch.autograd.grad(outputs=real_pred.sum(), inputs=real_img, create_graph=True)
+    return (grad_real.view(grad_real.shape[0], -1).norm(2, dim=1) ** 2).mean()
+
+
+def _stylegan2_r1(predict_again: bool) -> None:
+    """rosinality/stylegan2-pytorch's train.py at an early commit (0832b16f): D's step, then its lazy R1 penalty
+    through ``real_pred`` from before the step (``predict_again``: the printed fix, ``real_pred`` computed again)."""
+    torch.manual_seed(0)
+    discriminator = _TinyDiscriminator()
+    d_optim = torch.optim.Adam(discriminator.parameters(), lr=0.002, betas=(0.0, 0.99))
+    for i in range(3):
+        real_img, fake_img = torch.randn(4, 1, 2, 2), torch.randn(4, 1, 2, 2)
+        fake_pred = discriminator(fake_img)
+        d_regularize = i % 2 == 0
+        if d_regularize:
+            real_img.requires_grad = True
+        real_pred = discriminator(real_img)
+        d_loss = torch.nn.functional.softplus(-real_pred).mean() + torch.nn.functional.softplus(fake_pred).mean()
+        discriminator.zero_grad()
+        d_loss.backward(retain_graph=d_regularize)
+        d_optim.step()
+        if d_regularize:
+            if predict_again:
+                real_pred = discriminator(real_img)
+            r1_loss = _d_r1_loss(real_pred, real_img)
+            discriminator.zero_grad()
+            (5 * r1_loss).backward()
+            d_optim.step()
+
+
+def test_a_penalty_whose_function_takes_a_stale_forward_names_the_loops_line_and_no_gan_loss() -> None:
+    """StyleGAN2's R1 penalty (``autograd.grad`` in ``d_r1_loss``) through ``real_pred`` from before D's step: "compute
+    line N again after the step (a GAN: G's loss on a fresh D(fake))", line N the discriminator's ``forward`` (which
+    the raising function never called) and no G loss in sight. The truth: ``real_pred`` computed again runs."""
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        _stylegan2_r1(predict_again=False)
+    [item] = w.report.items
+    assert item.lines[0].code == "real_pred = discriminator(real_img)", item.lines
+    assert item.fix.startswith("compute line ") and "GAN" not in item.fix, item.fix
+    _stylegan2_r1(predict_again=True)
+
+
+def _pretrain_then_train(detach_after_pretraining: bool) -> None:
+    """An encoder's output pretrained with a backward and a step of its own before the loop, then read by every pass
+    of the loop (``detach_after_pretraining``: the printed fix's second way)."""
+    torch.manual_seed(0)
+    enc, head = torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD([*enc.parameters(), *head.parameters()], lr=0.1)
+    emb = enc(torch.randn(8, 4))
+    emb.pow(2).mean().backward()
+    opt.step()
+    if detach_after_pretraining:
+        emb = emb.detach()
+    for _ in range(3):
+        loss = (head(emb) - torch.randn(8, 1)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_a_pretraining_step_before_the_loop_is_before_the_loop_not_its_first_iteration() -> None:
+    """A backward and an optimizer step of the learner's before the loop (outside every loop) made the loop unusable,
+    the pretraining became iteration 1 and the fix "add `emb = emb.detach()` before line N", which as printed left
+    the pretraining's backward no graph. The truth: the loop's first pass raises; detached after the pretraining, it
+    runs."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _pretrain_then_train(detach_after_pretraining=False)
+    [item] = w.report.items
+    assert w.report.headline.endswith("(1 iteration watched; the loop raised in iteration 1)"), w.report.headline
+    assert item.label == "`emb` carries the graph built before the loop into iteration 1", item.label
+    assert "`emb = emb.detach()`" in item.fix, item.fix  # at the loop's line, or after the pretraining: both run
+    _pretrain_then_train(detach_after_pretraining=True)

@@ -315,6 +315,11 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
             site = recorder.creation.call_line_of(record.stale_node, raised)
             twin = twin_in_iteration_1(recorder, split, record.stale_node) if site is None else None
             site = recorder.creation.call_line_of(twin, raised) if twin is not None else site
+            link = recorder.loop.innermost
+            if site is not None and link is not None and site == recorder.creation.line_of(record.stale_node):
+                # the raising code did not call what built it (StyleGAN2's R1 ``autograd.grad`` in its own function):
+                # the loop's line that did (``real_pred = discriminator(real_img)``), not the model's ``forward``
+                site = recorder.creation.call_line_of(record.stale_node, (link.loop.filename, link.loop.header))
         stale = learner_line_at(*site) if site is not None else None
     elif record.changed_at is not None:
         changed = learner_line_at(*record.changed_at)

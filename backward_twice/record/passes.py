@@ -84,6 +84,15 @@ UNTRACED = "the loop's passes were not traced"
 IN_DIFFERENT_LOOPS = "the backward calls lie in different loops"
 
 
+def _stepped_by_the_learner(frame: types.FrameType | None, is_learners: Callable[[types.CodeType], bool]) -> bool:
+    """Whether the learner's code called the optimizer step ``frame`` (torch's own step wrapper) runs in: their
+    pretraining step at their script's top level, not a framework's step from inside its loop."""
+    while frame is not None and frame.f_code.co_filename.startswith(_TORCH):
+        frame = frame.f_back
+    return frame is not None and is_learners(frame.f_code)
+
+
+_TORCH = os.path.dirname(torch.__file__)
 _LOOPLESS_CALLS = 8  # backward calls outside every loop, none inside one yet: then no loop splits the run
 
 
@@ -153,9 +162,9 @@ class IterationLoop:
         """An event (a backward call, an optimizer ``step``) ran in ``frame`` (at ``line``, if known: then ``frame`` is
         the learner's): narrow the chain to the loops it lies in; unless the tracer follows the passes, tell whether a
         chain loop began a new pass (dated ``since``: the end of the previous event). True when the iteration's loop
-        did: this is the first event of a new iteration. Backward calls outside every loop before the first inside
-        one are the run's before its loop; a step outside every loop (a framework's), or many such calls, and no
-        loop splits the run."""
+        did: this is the first event of a new iteration. Backward calls and steps of the learner's outside every loop
+        before the first inside one are the run's before its loop; a ``step`` a framework called outside every loop of
+        the learner's, or many such calls, and no loop splits the run."""
         if self.unusable is not None:
             return False
         settled = self._settled(frame, boundary, calls, since, tracer.active, line)
@@ -166,7 +175,7 @@ class IterationLoop:
         if self.chain is None:
             if not path:
                 self.loopless += 1
-                if step or self.loopless >= _LOOPLESS_CALLS:
+                if (step and not _stepped_by_the_learner(frame, self.is_learners)) or self.loopless >= _LOOPLESS_CALLS:
                     self.unusable = "no loop of yours encloses the backward calls"
                 return False
             for link in links:

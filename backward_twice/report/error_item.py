@@ -40,8 +40,10 @@ _ABOUT_THE_KIND = {
     ),
 }
 
-_GENERATOR_STEP = re.compile(r"(?i)\bopt(imizer)?_?g(en)?\b|\boptimizerG\b|\bgenerator")  # G's optimizer's step
-_GENERATOR_LOSS = re.compile(r"(?i)\bg(en)?_?loss|\berrG|\bloss_?G\b|\bgenerator")  # G's own backward
+# G's optimizer's step: opt_G, optimizerG, g_optim, gen_opt
+_GENERATOR_STEP = re.compile(r"(?i)\bopt(im|imizer)?_?g(en)?\b|\boptimizerG\b|\bgenerator|\bg(en)?_?opt(im|imizer)?\b")
+_ON_A_FAKE = re.compile(r"(?i)fake|\berrG|\bg(en)?_?loss|\bloss_?G\b")  # a forward of D on G's output, or G's loss
+_D_BACKWARD = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD|[Dd]iscriminator")  # D's loss is what raised
 _DISCRIMINATOR = re.compile(r"\bfake|[Dd]iscriminator|net_?D\b|_D\b|\bD\(|\bD_|\bd_loss|\berrD")
 
 
@@ -78,10 +80,15 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
                     f"this backward goes through line {stale_number}, computed before the step at line {step_number}"
                 )
                 gan = _gan_hint(step_code, raising.code, stale_code)
-                if gan and _GENERATOR_STEP.search(step_code) and not _GENERATOR_LOSS.search(raising.code):
+                if gan and not _ON_A_FAKE.search(stale_code + " " + raising.code):  # D's own penalty on real data
+                    gan = ""  # (StyleGAN2's R1 ``autograd.grad`` of ``real_pred``): no G loss on a fresh D(fake)
+                if gan and _GENERATOR_STEP.search(step_code):
                     # G stepped first, then D's backward walks G's graph through the fake made before that step
-                    # (Lightning's basic GAN with G's backward retained): not G's loss on a fresh D(fake)
-                    gan = " (a GAN: D's loss on a fake G made after its step)"
+                    # (Lightning's basic GAN with G's backward retained): not G's loss on a fresh D(fake); G's own
+                    # regularizer (StyleGAN2's path length on ``fake_img``) is no D's loss at all
+                    gan = (
+                        " (a GAN: D's loss on a fake G made after its step)" if _D_BACKWARD.search(raising.code) else ""
+                    )
                 again = _computed_again(error.stale_line, raising.code, step_number)
                 fix = f"compute {again} again after the step at line {step_number}{gan}"
                 summed = _summed_over_steps(error.stale_line, error.line, step_number)
