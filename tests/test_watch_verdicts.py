@@ -2512,3 +2512,18 @@ def test_a_pretraining_step_before_the_loop_is_before_the_loop_not_its_first_ite
     assert item.label == "`emb` carries the graph built before the loop into iteration 1", item.label
     assert "`emb = emb.detach()`" in item.fix, item.fix  # at the loop's line, or after the pretraining: both run
     _pretrain_then_train(detach_after_pretraining=True)
+
+
+def test_a_number_read_through_a_chain_of_calls_is_not_where_a_graph_comes_in() -> None:
+    """``print(h.norm().item())`` before ``h = rnn(x, h)``: the print was shown as where "iteration 1's graph comes
+    in here", and the detach placed before it (which runs, at the wrong line). The state's own line is shown."""
+    torch.manual_seed(0)
+    rnn = torch.nn.RNNCell(3, 4)
+    h = torch.zeros(2, 4)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        for x in torch.randn(3, 2, 3):
+            print(h.norm().item(), h.detach().sum())
+            h = rnn(x, h)
+            h.pow(2).mean().backward()
+    [item] = w.report.items
+    assert item.lines[0].code == "h = rnn(x, h)" and item.lines[0].label.endswith("comes in here"), item.lines

@@ -319,10 +319,17 @@ def _reads(tree: ast.Module) -> dict[str, list[int]]:
 _NO_GRAPH = frozenset({"item", "tolist", "numpy", "detach", "shape", "size", "dtype", "device", "ndim", "dim"})
 
 
-def _no_graph_of(node: ast.expr, parents: dict[int, ast.AST]) -> bool:
-    """Whether ``node`` is read only for a number, a copy without its graph or its shape (``loss.item()``)."""
+def _no_graph_of(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    """Whether ``node`` is read only for a number, a copy without its graph or its shape, at the end of a chain of
+    calls on it (``loss.item()``, ``h.norm().item()``, ``h.detach().cpu()``)."""
     parent = parents.get(id(node))
-    return isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in _NO_GRAPH
+    while (isinstance(parent, ast.Attribute) and parent.value is node) or (
+        isinstance(parent, ast.Call) and parent.func is node
+    ):
+        if isinstance(parent, ast.Attribute) and parent.attr in _NO_GRAPH:
+            return True
+        node, parent = parent, parents.get(id(parent))
+    return False
 
 
 def _only_tested(node: ast.expr, parents: dict[int, ast.AST]) -> bool:
