@@ -2527,3 +2527,37 @@ def test_a_number_read_through_a_chain_of_calls_is_not_where_a_graph_comes_in() 
             h.pow(2).mean().backward()
     [item] = w.report.items
     assert item.lines[0].code == "h = rnn(x, h)" and item.lines[0].label.endswith("comes in here"), item.lines
+
+
+def _epoch_of_listed_losses(retain: bool, batch_steps: bool = True) -> None:
+    """The batches' losses appended to a list, each batch stepped, then ``total = torch.stack(losses).sum()`` and its
+    backward and step after the loop (``retain``: each batch's backward keeps its graph)."""
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(mlp.parameters(), lr=0.1)
+    for batches in torch.randn(2, 3, 4, 3):
+        losses = []
+        for xb in batches:
+            optimizer.zero_grad()
+            loss = mlp(xb).pow(2).mean()
+            loss.backward(retain_graph=retain)
+            if batch_steps:
+                optimizer.step()
+            losses.append(loss)
+        total = torch.stack(losses).sum()
+        total.backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("retain", [True, False])
+def test_an_epochs_total_computed_from_a_list_after_the_loop_keeps_one_update(retain: bool) -> None:
+    """``total = torch.stack(losses).sum()`` after the batch loop, then ``total.backward()``: "compute line N again
+    after the step" (with the retain: the in-place error) or "compute `loss` again after line M's step" (without:
+    "a second time"), neither of which runs as printed. The truth: without the batches' steps it runs."""
+    error = "modified by an inplace operation" if retain else "backward through the graph a second time"
+    with pytest.raises(RuntimeError, match=error), watch() as w:
+        _epoch_of_listed_losses(retain)
+    [item] = w.report.items
+    assert item.fix.startswith("`losses` adds up losses of every pass of the loop at line "), item.fix
+    assert "keep one of the two updates" in item.fix, item.fix
+    _epoch_of_listed_losses(retain=True, batch_steps=False)

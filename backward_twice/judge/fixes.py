@@ -16,7 +16,7 @@ import re
 from typing import Protocol
 
 from backward_twice.judge.states import as_spelled_in_its_methods, whole_state, whole_state_fix
-from backward_twice.judge.uses import bound_in
+from backward_twice.judge.uses import bound_in, summed_over_steps
 from backward_twice.record.learner import lines_of_file, site_of, source_lines
 from backward_twice.record.loops import loop_inside, outermost_loop_without
 from backward_twice.record.sources import parsed
@@ -106,6 +106,9 @@ def second_backward_fix(
             f"run {line} once per graph: run again, it walks the graph its first run freed, whose weights the step "
             f"at line {step[1]} changed (or build `{whole}` again after that step)"
         )
+    epoch = summed_over_steps(freer[0], freer[1], step[1], later) if step and freer and later else None
+    if step is not None and epoch is not None and later is not None:  # an epoch's backward of the batches' losses,
+        return keep_one_update(*epoch, step[1], later)  # each batch stepped
     if step is not None:
         return (
             f"compute `{through}` again after line {step[1]}'s step: line {later}'s backward needs the graph {line} "
@@ -163,6 +166,16 @@ def second_backward_fix(
     return (
         f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from (a GAN's "
         f"D loss); if it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
+    )
+
+
+def keep_one_update(total: str, header: int, step: int | str, backward: int | str) -> str:
+    """The fix for an epoch's backward of ``total``, which the loop at ``header`` adds each batch's loss to, where
+    each batch also steps at line ``step``: the two updates cannot both stand on the batches' graphs."""
+    return (
+        f"`{total}` adds up losses of every pass of the loop at line {header}, and line {step}'s step changes the "
+        f"weights between them: keep one of the two updates (line {step}'s step, or line {backward}'s backward and "
+        "the step after it)"
     )
 
 

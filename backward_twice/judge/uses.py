@@ -169,6 +169,9 @@ def summed_over_steps(filename: str, stale: int, step: int, backward: int) -> tu
     first, last = loop.body[0].lineno, loop.end_lineno or loop.lineno
     statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
     walked = set().union(*(reads for line, reads, _ in statements if line == backward))
+    for line, reads, writes in reversed(statements):  # what it is computed from after the loop (``total =
+        if last < line < backward and writes & walked:  # torch.stack(losses).sum()``)
+            walked |= reads
     for line, reads, writes in statements:
         if first <= line <= last:
             grown = {name.rsplit(".", 1)[0] for name in reads if name.endswith((".append", ".extend"))}

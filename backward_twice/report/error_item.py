@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from backward_twice.common.error_kinds import LEAF_IN_PLACE
+from backward_twice.judge.fixes import keep_one_update
 from backward_twice.judge.uses import computed_again, summed_over_steps
 from backward_twice.judge.verdicts import ErrorVerdict, LineVerdict
 from backward_twice.record.learner import site_of
@@ -93,12 +94,7 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
                 fix = f"compute {again} again after the step at line {step_number}{gan}"
                 summed = _summed_over_steps(error.stale_line, error.line, step_number)
                 if summed is not None:
-                    total, header = summed
-                    fix = (
-                        f"`{total}` adds up losses of every pass of the loop at line {header}, and line "
-                        f"{step_number}'s step changes the weights between them: keep one of the two updates (line "
-                        f"{step_number}'s step, or line {line_number(raising.place)}'s backward and the step after it)"
-                    )
+                    fix = keep_one_update(*summed, step_number, line_number(raising.place))
                 if error.stale_through is not None:  # the later loss trains other weights: it must not train these
                     name, later = error.stale_through, line_number(raising.place)
                     fix = (
