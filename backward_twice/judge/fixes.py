@@ -1,11 +1,12 @@
-"""The fix a verdict gives, in the learner's own names: for each kind of PyTorch error, for a graph carried into a
-later iteration (by the carrier's kind: a tensor, a tuple of states, a list rebound, built from whole or read by
-slice; the same attributes of each item of one list, a cache's ``layers[i].keys`` and ``.values``, detached by one
-statement), and for a second backward through buffers an earlier backward of the same iteration freed. The learner's
-statement that changed a saved tensor in place: :mod:`backward_twice.judge.in_place_fix`.
+"""The fix a verdict gives, in the learner's own names: for each kind of PyTorch error, for a graph carried into a later
+iteration (by the carrier's kind: a tensor, a tuple of states, a list rebound, built from whole or read by slice; the
+same attributes of each item of one list, a cache's ``layers[i].keys`` and ``.values``, detached by one statement), and
+for a second backward through buffers an earlier backward of the same iteration freed. The learner's statement that
+changed a saved tensor in place: :mod:`backward_twice.judge.in_place_fix`.
 
-Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.verdicts` and
-:mod:`backward_twice.report.items`. A state detached whole: :mod:`backward_twice.judge.states`.
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.verdicts`,
+:mod:`backward_twice.report.error_item` and :mod:`backward_twice.report.items`. A state detached whole:
+:mod:`backward_twice.judge.states`.
 """
 
 from __future__ import annotations
