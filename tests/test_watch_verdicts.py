@@ -2184,9 +2184,13 @@ def _classify(form: str, fixed: bool) -> None:
             loss = torch.nn.functional.mse_loss(preds, y.float())
         elif form == "argmax":
             loss = torch.nn.functional.cross_entropy(model(x), y)  # the scores the argmax was taken of
+        elif form == "rewrapped" and not fixed:
+            number = torch.nn.functional.mse_loss(model(x).sum(1), y.float()).item()
+            loss = torch.tensor(number)  # the number made a tensor again: no graph, from the line before
+        elif form == "rewrapped":
+            loss = torch.nn.functional.mse_loss(model(x).sum(1), y.float())
         elif not fixed:
-            sums = torch.tensor(model(x).sum(1).tolist())
-            loss = torch.nn.functional.mse_loss(sums, y.float())
+            loss = _evaluated(model, x, y)
         else:
             loss = torch.nn.functional.mse_loss(model(x).sum(1), y.float())
         optimizer.zero_grad()
@@ -2194,7 +2198,14 @@ def _classify(form: str, fixed: bool) -> None:
         optimizer.step()
 
 
-@pytest.mark.parametrize(("form", "operation"), [("argmax", "`.argmax()`"), ("rewrapped", "`torch.tensor()`")])
+def _evaluated(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.nn.functional.mse_loss(model(x).sum(1), y.float())
+
+
+@pytest.mark.parametrize(
+    ("form", "operation"), [("argmax", "`.argmax()`"), ("rewrapped", "`.item()`"), ("evaluated", "`torch.no_grad()`")]
+)
 def test_a_loss_without_a_graph_names_the_line_whose_operation_cut_it(form: str, operation: str) -> None:
     """ "element 0 of tensors does not require grad" for a loss on ``softmax(...).argmax(...)`` (a forum's
     classifier): the why said "computed under torch.no_grad(), or from .detach()ed tensors or .item() numbers", none of
@@ -2203,9 +2214,15 @@ def test_a_loss_without_a_graph_names_the_line_whose_operation_cut_it(form: str,
     with pytest.raises(RuntimeError, match="does not require grad"), watch() as w:
         _classify(form, fixed=False)
     [item] = w.report.items
-    assert item.label.endswith(f"{operation} gives values with no gradient"), item.label
-    assert operation.strip("`").rstrip("()") in item.lines[0].code, item.lines
-    assert item.fix.startswith("compute the loss from what line"), item.fix
+    if form == "evaluated":  # the loss a function of the learner's computes under torch.no_grad()
+        assert item.label.endswith("runs under `torch.no_grad()`"), item.label
+        assert item.fix.startswith("run line ") and item.fix.endswith(" outside torch.no_grad()"), item.fix
+    else:
+        assert item.label.endswith(f"{operation} gives values with no gradient"), item.label
+        assert item.fix.startswith("compute the loss from what line"), item.fix
+    marked = "under torch.no_grad()" if form == "evaluated" else "no gradient from here"
+    assert item.lines[0].label == marked, item.lines
+    assert form == "evaluated" or operation.strip("`").rstrip("()") in item.lines[0].code, item.lines
     _classify(form, fixed=True)
 
 

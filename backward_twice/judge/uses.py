@@ -187,12 +187,15 @@ _CUTS = re.compile(
 )
 
 
-def graph_cut(filename: str, backward: int, ran: Collection[tuple[str, int]] = ()) -> tuple[int, str] | None:
+def graph_cut(
+    filename: str, backward: int, ran: Collection[tuple[str, int]] = (), depth: int = 0
+) -> tuple[int, str] | None:
     """``(line, operation)`` of the statement, among those the loss the backward at line ``backward`` is computed
     through (before it, in its function), whose operation gives values without a gradient (``.argmax()``, ``.item()``,
     ``.detach()``, ``.data``, ``torch.tensor(...)``) or that runs under ``torch.no_grad()``; None if none does.
     ``ran``: the lines the tracer saw run; where it saw some of the function's, a branch that did not run is passed
-    over."""
+    over. A statement that calls a function of the same file (``l = compute_loss(net, x, y)``) is followed into what
+    that function returns, two calls deep."""
     tree = parsed(filename)
     if tree is None:
         return None
@@ -201,20 +204,84 @@ def graph_cut(filename: str, backward: int, ran: Collection[tuple[str, int]] = (
     scope = function_around(tree, backward)
     needed = set().union(*(reads for line, reads, _ in statements if line == backward))
     lines = linecache.getlines(filename)
-    own = [entry for entry in statements if entry[0] < backward and function_around(tree, entry[0]) is scope]
+    functions = memo(filename, ("function spans",), functools.partial(_function_spans, tree))
+    own = [  # its own statements, not a function's it defines
+        entry
+        for entry in statements
+        if entry[0] < backward
+        and max((f for f in functions if f[0] <= entry[0] <= f[1]), key=lambda f: f[0], default=(0, 0, tree))[2]
+        is scope
+    ]
     if any((filename, line) in ran for line, _, _ in own):
         own = [entry for entry in own if (filename, entry[0]) in ran]
+    rewrapped: tuple[int, str] | None = None  # ``torch.tensor(batch_loss)``: the cut is where that number came from
     for line, reads, writes in reversed(own):
         if not writes & needed:
             continue
         if line in quiet:
             return line, "torch.no_grad()"
-        cut = _CUTS.search(lines[line - 1].split("#", 1)[0]) if line <= len(lines) else None
+        cuts = (
+            [_operation(cut) for cut in _CUTS.finditer(lines[line - 1].split("#", 1)[0])] if line <= len(lines) else []
+        )
+        cut = next((op for op in cuts if op not in _REWRAPS), None)  # ``.tolist()`` inside ``torch.tensor(...)``
         if cut is not None:
-            name = next(group for group in cut.groups() if group)
-            return line, ".data" if name == "data" else f"torch.{name}()" if cut[0][0] == "t" else f".{name}()"
+            return line, cut
+        rewrapped = rewrapped or ((line, cuts[0]) if cuts else None)
+        inside = _cut_in_a_call(tree, filename, line, ran, depth) if depth < 2 else None
+        if inside is not None:
+            return inside
         needed |= reads
+    return rewrapped
+
+
+def _cut_in_a_call(
+    tree: ast.Module, filename: str, line: int, ran: Collection[tuple[str, int]], depth: int
+) -> tuple[int, str] | None:
+    """:func:`graph_cut` in the functions of ``filename`` the statement at ``line`` calls, from their ``return``."""
+    calls, returns = memo(filename, ("calls and returns",), functools.partial(_calls_and_returns, tree))
+    quiet = memo(filename, ("without grad",), functools.partial(without_grad, tree))
+    for name in calls.get(line, ()):
+        for returned in returns.get(name, ()):
+            text = linecache.getline(filename, returned.lineno).split("#", 1)[0]
+            here = next((_operation(cut) for cut in _CUTS.finditer(text)), None)
+            here = "torch.no_grad()" if returned.lineno in quiet else here
+            found = (returned.lineno, here) if here else graph_cut(filename, returned.lineno, ran, depth + 1)
+            if found is not None:
+                return found
     return None
+
+
+def _function_spans(tree: ast.Module) -> list[tuple[int, int, ast.AST]]:
+    """(first line of its body, last line, the node) of each function of ``tree``: :func:`function_around`'s answer
+    for many lines at once (the innermost span that holds a line; none: the module)."""
+    return [
+        (node.body[0].lineno, node.end_lineno or 0, node)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+
+
+def _calls_and_returns(tree: ast.Module) -> tuple[dict[int, set[str]], dict[str, list[ast.Return]]]:
+    """The names each line calls (``compute_loss`` of ``l = compute_loss(net, x, y)``), and each function's
+    ``return`` statements that return a value, by the function's name."""
+    calls: dict[int, set[str]] = {}
+    returns: dict[str, list[ast.Return]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            calls.setdefault(node.lineno, set()).add(node.func.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found = [n for n in ast.walk(node) if isinstance(n, ast.Return) and n.value is not None]
+            returns.setdefault(node.name, []).extend(found)
+    return calls, returns
+
+
+_REWRAPS = frozenset({"torch.tensor()", "torch.as_tensor()", "torch.from_numpy()"})  # numbers made a tensor again
+
+
+def _operation(cut: re.Match[str]) -> str:
+    """How an operation ``_CUTS`` matched is spelled in a diagnosis: ``.argmax()``, ``.data``, ``torch.tensor()``."""
+    name = next(group for group in cut.groups() if group)
+    return ".data" if name == "data" else f"torch.{name}()" if cut[0].startswith("torch.") else f".{name}()"
 
 
 def bound_in(spelled: str, span: tuple[str, int, int]) -> bool:

@@ -119,15 +119,23 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
         why = "a backward frees the saved tensors it walked; this one needs them again"
     elif error.kind == "no graph" and (cut := error.cut) is not None:
         cut_place, cut_code = split_line(cut[0])
-        lines.insert(0, CodeLine(cut_place, cut_code, span_of(cut_code, cut[1].rstrip("()")), "no gradient from here"))
+        under = cut[1] == "torch.no_grad()"
+        marked = "under torch.no_grad()" if under else "no gradient from here"
+        lines.insert(
+            0, CodeLine(cut_place, cut_code, None if under else span_of(cut_code, cut[1].rstrip("()")), marked)
+        )
         number, what = line_number(cut_place), f"`{cut[1]}`"
         label = f"the loss has no graph: line {number}'s {what} gives values with no gradient"
         why = f"the loss is computed from line {number}, and {what} there cuts the graph back to the weights"
+        if under:
+            label = f"the loss has no graph: line {number} runs under `torch.no_grad()`"
+            why = f"the loss is computed from line {number}, and autograd records nothing under `torch.no_grad()`"
         fix = (
             f"run line {number} outside torch.no_grad()"
-            if cut[1] == "torch.no_grad()"
+            if under
             else (
-                f"compute the loss from what line {number} applies {what} to (for classes: cross-entropy on the scores)"
+                f"compute the loss from what line {number} applies {what} to"
+                + (" (for classes: cross-entropy on the scores)" if cut[1].startswith((".arg", "torch.arg")) else "")
             )
         )
     elif error.kind in _ABOUT_THE_KIND:
