@@ -2578,3 +2578,24 @@ def test_an_epochs_total_computed_from_a_list_after_the_loop_keeps_one_update(re
     assert item.fix.startswith("`losses` adds up losses of every pass of the loop at line "), item.fix
     assert "keep one of the two updates" in item.fix, item.fix
     _epoch_of_listed_losses(retain=True, batch_steps=False)
+
+
+def test_a_retained_backward_again_after_an_optimizers_own_step_names_that_step() -> None:
+    """SAM's one forward with the first backward retained (davda54/sam#45's variant): the second backward raises the
+    in-place error, and the item was the generic "a tensor the graph saved was changed in place (x += ...,
+    relu_(), optimizer.step()) ... (a GAN: G's loss on a fresh netD(fake))". ``first_step`` is named as the step that
+    changed the weights; the forward computed again after it runs (the other test's printed fix)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    optimizer = _SAM(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+    images, target = torch.randn(4, 6), torch.randint(0, 3, (4,))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        for _ in range(2):
+            loss = torch.nn.functional.cross_entropy(model(images), target)
+            loss.backward(retain_graph=True)
+            optimizer.first_step(zero_grad=True)
+            loss.backward()
+            optimizer.second_step(zero_grad=True)
+    [item] = w.report.items
+    assert item.lines[0].code == "optimizer.first_step(zero_grad=True)", item.lines
+    assert item.fix.startswith("compute the forward again after line ") and "GAN" not in item.fix, item.fix

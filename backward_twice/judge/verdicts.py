@@ -307,6 +307,9 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
                 source,
                 stepped if record.only_through else None,
             )
+    elif record.changed_by_step is None and record.changed_at is None and record.stepped_between is not None:
+        # an optimizer's own method no step() hook sees (SAM's ``first_step``) changed the weights in place
+        evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.stepped_between)}"
     elif record.changed_by_step is not None:
         evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.changed_by_step)}"
         site = None

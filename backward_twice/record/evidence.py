@@ -137,6 +137,10 @@ def explain(
             record.stale_through, record.stale_only_through = _detachable(recorder, walked, changed[1], caller, call)
         else:
             record.changed_at = changed_in_place(walked, recorder.creation.line_of)
+        earlier = recorder.calls.record(call.index - 1) if call.index else None
+        learners = _learners_frame(caller, recorder.skipped)
+        if record.changed_at is None and earlier is not None and learners is not None:  # SAM's ``first_step``
+            record.stepped_between = _optimizer_call_between(earlier.site, call.site, learners)
     return record
 
 
