@@ -170,12 +170,20 @@ def diagnose_cell(line: str, cell: str, shell: Any) -> Diagnosis:
     namespace = shell.user_ns
     models, optimizers = _objects(line, namespace)
     source = f"%%diagnose {line}\n{cell}"
+    python = shell.transform_cell(cell)  # ``!ls`` lines: one call each, as IPython runs them
     try:
-        tree = ast.parse(cell)
+        tree = ast.parse(python)
     except SyntaxError as exc:
         raise SyntaxError(
             f"%%diagnose: the cell is not Python: {exc.msg} (cell line {(exc.lineno or 0) + 1})"
         ) from None
+    for node in ast.walk(tree):  # a line magic runs its statement in a scope of its own: what it binds is lost
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "run_line_magic":
+            written = cell.splitlines()[node.lineno - 1].strip()
+            raise ValueError(
+                f"%%diagnose: cell line {node.lineno + 1} is an IPython magic ({written}); the cell runs as one "
+                "Python function: write that line without the magic"
+            )
     ast.increment_lineno(tree, 1)  # the %%diagnose line comes first in the cell
     body: list[ast.stmt] = list(tree.body)
     names = _assigned_names(body)

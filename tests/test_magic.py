@@ -67,6 +67,8 @@ def test_a_step_that_detaches_is_healthy(shell) -> None:
         ("trainer.model.missing", BODY, "trainer.model has no attribute 'missing'"),
         ("trainer.busy", BODY, "trainer has no attribute 'busy'"),  # a property: never run
         ("trainer.steps", BODY, "trainer.steps is an int"),
+        # a line magic runs its statement in a scope of its own: what it binds would not reach the next line
+        ("cell optimizer", f"%time {BODY}", "cell line 2 is an IPython magic (%time "),
     ],
 )
 def test_bad_input_is_a_usage_error_with_a_clear_message(shell, capsys, line, body, message) -> None:
@@ -435,3 +437,13 @@ def test_the_way_to_a_watchs_evidence_in_ipythons_terminal_prints_it(tmp_path) -
         cwd=tmp_path,
     )
     assert shown.stdout.splitlines()[-2:] == ["'print(w.evidence())'", "False"], shown.stdout + shown.stderr
+
+
+def test_a_shell_line_in_the_cell_runs_as_ipython_runs_it(shell) -> None:
+    """A ``!true`` line in the cell (valid IPython, as ``%time`` is): "the cell is not Python: invalid syntax". It runs
+    as IPython runs it, once per run of the cell."""
+    run(shell, "model = torch.nn.Linear(3, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)")
+    run(shell, "x = torch.randn(4, 3)")
+    body = "optimizer.zero_grad()\n!true\nloss = model(x).pow(2).mean()\nloss.backward()\noptimizer.step()"
+    shown = repr(run(shell, f"%%diagnose model optimizer\n{body}").result)
+    assert shown.startswith("backward-twice: healthy (3 runs of the cell"), shown
