@@ -251,8 +251,8 @@ def test_a_gans_second_backward_names_the_earlier_line_and_the_loss_to_detach_in
     )
     shown = repr(shell.run_cell(f"%%diagnose netG netD optD optG\n{body}", store_history=False).result)
     assert "1. a second backward through the graph that line 6's backward freed" in shown, shown
-    fix = "fix: use `fake.detach()` in the loss line 6's backward walks: the step after it does not train what `fake`"
-    assert fix in shown, shown
+    fix = "fix: use `fake.detach()` at line 5 (`errD_fake = criterion(netD(fake), zeros)`): the step after line 6's"
+    assert fix in shown, shown  # the line to change, where D's loss reads ``fake``
 
 
 def test_a_running_term_set_in_an_earlier_cell_is_set_to_zero_before_the_cells_loop(shell) -> None:

@@ -445,7 +445,7 @@ def _critic_steps(detach: bool) -> None:
 @pytest.mark.parametrize(
     ("loop", "fix"),
     [
-        (_gan, "use `fake.detach()` in the loss line "),
+        (_gan, "use `fake.detach()` at line "),  # where D's loss reads it
         (_critic_steps, "build `fake` inside the loop that runs line "),
     ],
 )

@@ -12,12 +12,13 @@ Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.verdicts
 from __future__ import annotations
 
 import ast
+import linecache
 import math
 import re
 from typing import Protocol
 
 from backward_twice.judge.states import as_spelled_in_its_methods, whole_state, whole_state_fix
-from backward_twice.judge.uses import bound_in, summed_over_steps
+from backward_twice.judge.uses import bound_in, read_in_the_loss, summed_over_steps
 from backward_twice.record.learner import lines_of_file, site_of, source_lines
 from backward_twice.record.loops import loop_inside, outermost_loop_without
 from backward_twice.record.sources import parsed
@@ -159,6 +160,13 @@ def second_backward_fix(
             return (
                 f"use `{through}.detach()` in the loss line {later}'s backward walks: the step after {line} "
                 f"trains what `{through}` comes from, and this later loss must not"
+            )
+        read = read_in_the_loss(freer[0], freer[1], through) if freer else None
+        if freer is not None and read is not None and read != freer[1]:  # the line to change: where D's loss reads it
+            code = linecache.getline(freer[0], read).split("#", 1)[0].strip()
+            return (
+                f"use `{through}.detach()` at line {read} (`{code}`): the step after {line} does not train what "
+                f"`{through}` comes from (a GAN's D loss)"
             )
         return (
             f"use `{through}.detach()` in the loss {line} walks: the step after it does not train what `{through}` "

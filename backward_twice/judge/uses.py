@@ -20,7 +20,7 @@ import ast
 import functools
 import linecache
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from backward_twice.record.loops import outermost_loop_without
 from backward_twice.record.sources import function_around, memo, parsed
@@ -32,6 +32,7 @@ __all__ = [
     "graph_cut",
     "list_use",
     "read_first",
+    "read_in_the_loss",
     "summed_over_steps",
     "without_grad",
 ]
@@ -204,14 +205,9 @@ def graph_cut(
     scope = function_around(tree, backward)
     needed = set().union(*(reads for line, reads, _ in statements if line == backward))
     lines = linecache.getlines(filename)
-    functions = memo(filename, ("function spans",), functools.partial(_function_spans, tree))
-    own = [  # its own statements, not a function's it defines
-        entry
-        for entry in statements
-        if entry[0] < backward
-        and max((f for f in functions if f[0] <= entry[0] <= f[1]), key=lambda f: f[0], default=(0, 0, tree))[2]
-        is scope
-    ]
+    around = _scopes(filename, tree)
+    own = [entry for entry in statements if entry[0] < backward and around(entry[0]) is scope]  # not a function's
+    # it defines
     if any((filename, line) in ran for line, _, _ in own):
         own = [entry for entry in own if (filename, entry[0]) in ran]
     rewrapped: tuple[int, str] | None = None  # ``torch.tensor(batch_loss)``: the cut is where that number came from
@@ -234,6 +230,25 @@ def graph_cut(
     return rewrapped
 
 
+def read_in_the_loss(filename: str, backward: int, name: str) -> int | None:
+    """The line, before the backward at line ``backward`` in its function, of the last statement the loss it starts
+    from is computed through that reads ``name`` (``errD_fake = criterion(netD(fake), zeros)`` for ``fake``)."""
+    tree = parsed(filename)
+    if tree is None:
+        return None
+    statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
+    needed = set().union(*(reads for line, reads, _ in statements if line == backward))
+    if name in needed:
+        return backward
+    scope, around = function_around(tree, backward), _scopes(filename, tree)
+    for line, reads, writes in reversed(statements):
+        if line < backward and writes & needed and around(line) is scope:
+            if name in reads:
+                return line
+            needed |= reads
+    return None
+
+
 def _cut_in_a_call(
     tree: ast.Module, filename: str, line: int, ran: Collection[tuple[str, int]], depth: int
 ) -> tuple[int, str] | None:
@@ -249,6 +264,17 @@ def _cut_in_a_call(
             if found is not None:
                 return found
     return None
+
+
+def _scopes(filename: str, tree: ast.Module) -> Callable[[int], ast.AST]:
+    """:func:`function_around` for many lines of one file: the innermost function whose body holds a line."""
+    functions = memo(filename, ("function spans",), functools.partial(_function_spans, tree))
+
+    def around(line: int) -> ast.AST:
+        holding = [span for span in functions if span[0] <= line <= span[1]]
+        return max(holding, key=lambda span: span[0])[2] if holding else tree
+
+    return around
 
 
 def _function_spans(tree: ast.Module) -> list[tuple[int, int, ast.AST]]:
