@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from backward_twice.record.learner import without_tool_frames
 from backward_twice.steps.diagnose import Diagnosis, diagnose
 from backward_twice.steps.harness import reachable
 
@@ -219,5 +220,8 @@ def load_ipython_extension(ipython: Any) -> None:
             return diagnose_cell(line, cell, ipython)
         except (TypeError, ValueError, SyntaxError) as exc:  # a clear message, not a traceback from in here
             raise UsageError(str(exc)) from None
+        except (KeyboardInterrupt, SystemExit) as exc:  # the cell's own: its traceback as the cell's, not the tool's
+            exc.__traceback__ = without_tool_frames(exc.__traceback__)
+            raise
 
     ipython.register_magic_function(magic, magic_kind="cell", magic_name="diagnose")

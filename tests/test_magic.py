@@ -447,3 +447,17 @@ def test_a_shell_line_in_the_cell_runs_as_ipython_runs_it(shell) -> None:
     body = "optimizer.zero_grad()\n!true\nloss = model(x).pow(2).mean()\nloss.backward()\noptimizer.step()"
     shown = repr(run(shell, f"%%diagnose model optimizer\n{body}").result)
     assert shown.startswith("backward-twice: healthy (3 runs of the cell"), shown
+
+
+def test_an_interrupt_in_the_cell_propagates_with_the_cells_frames_not_the_tools(shell) -> None:
+    """``raise KeyboardInterrupt`` inside a ``%%diagnose`` cell: it propagates (and the state is put back), but its
+    traceback showed the tool's own frames (magic.py, diagnose.py, harness.py) above the cell's line."""
+    import traceback
+
+    run(shell, "model = torch.nn.Linear(3, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)")
+    run(shell, "x, runs = torch.randn(4, 3), []")
+    body = "optimizer.zero_grad()\nmodel(x).pow(2).mean().backward()\nruns.append(1)\nraise KeyboardInterrupt"
+    error = run(shell, f"%%diagnose model optimizer\n{body}").error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    files = [frame.filename for frame in traceback.extract_tb(error.__traceback__)]
+    assert not any("backward_twice" in name for name in files), files
