@@ -92,7 +92,7 @@ def _stepped_by_the_learner(frame: types.FrameType | None, is_learners: Callable
     return frame is not None and is_learners(frame.f_code)
 
 
-_TORCH = os.path.dirname(torch.__file__)
+_TORCH = os.path.dirname(torch.__file__) + os.sep  # not torchvision's, beside it
 _LOOPLESS_CALLS = 8  # backward calls outside every loop, none inside one yet: then no loop splits the run
 
 
