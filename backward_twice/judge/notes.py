@@ -238,7 +238,7 @@ def _one_per_container(found: list[Note]) -> list[Note]:
 def _one_per_object(found: list[Note]) -> list[Note]:
     """The growing notes of two or more attributes of one plain object (an ``AverageMeter``'s ``losses.sum`` and
     ``losses.avg``, fed the loss tensor by ``losses.update(loss, n)``) as one note of the object: one line to change."""
-    owners = Counter(note.name.rsplit(".", 1)[0] for note in found if _attribute_of_an_object(note))
+    owners = Counter(owner for owner, _ in {tuple(n.name.rsplit(".", 1)) for n in found if _attribute_of_an_object(n)})
     kept: list[Note] = []
     for note in found:
         owner = note.name.rsplit(".", 1)[0] if _attribute_of_an_object(note) else None
@@ -247,14 +247,15 @@ def _one_per_object(found: list[Note]) -> list[Note]:
         elif owner not in (other.name for other in kept):
             parts = [part for part in found if part.name.rsplit(".", 1)[0] == owner and _attribute_of_an_object(part)]
             held = max(part.held_bytes for part in parts)
-            attributes = tuple(part.name for part in parts)
+            attributes = tuple(dict.fromkeys(part.name for part in parts))
             kept.append(dataclasses.replace(parts[0], name=owner, held_bytes=held, attributes=attributes))
     return kept
 
 
 def _attribute_of_an_object(note: Note) -> bool:
     """Whether ``note`` is a growing attribute of a name (``losses.avg``), not an item, a parameter or a buffer."""
-    return note.grows and not note.parameter and re.fullmatch(r"\w+\.\w+", note.name) is not None
+    plain = note.grows and not note.parameter and not note.bound  # a deque's note is its own (the last N graphs)
+    return plain and re.fullmatch(r"\w+\.\w+", note.name) is not None
 
 
 def fed_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -> tuple[int, str, str] | None:
