@@ -20,7 +20,7 @@ import ast
 import functools
 import linecache
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 
 from backward_twice.record.loops import outermost_loop_without
 from backward_twice.record.sources import function_around, memo, parsed
@@ -56,12 +56,10 @@ def first_read(
             continue
         reads = memo(filename, ("reads",), functools.partial(_reads, tree))
         lines = sorted(line for line in reads.get(spelled, ()) if first <= line <= last)
-        owner = next(
-            (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno == first),
-            None,
-        ) or function_around(tree, first)
+        around = _scopes(filename, tree)
+        owner = next((span[2] for span in _spans_of(filename, tree) if span[2].lineno == first), None) or around(first)
         # the span's own reads, not a function's it defines (a helper's parameter ``ctx`` is not the script's)
-        lines = [line for line in lines if function_around(tree, line) is owner] or lines
+        lines = [line for line in lines if around(line) is owner] or lines
         if a_list:
             uses = memo(filename, ("list uses",), functools.partial(_list_uses, tree)).get(spelled, ())
             reading = {line for line, kind in uses if kind != "grown"}
@@ -200,20 +198,10 @@ def graph_cut(
     tree = parsed(filename)
     if tree is None:
         return None
-    statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
     quiet = memo(filename, ("without grad",), functools.partial(without_grad, tree))
-    scope = function_around(tree, backward)
-    needed = set().union(*(reads for line, reads, _ in statements if line == backward))
     lines = linecache.getlines(filename)
-    around = _scopes(filename, tree)
-    own = [entry for entry in statements if entry[0] < backward and around(entry[0]) is scope]  # not a function's
-    # it defines
-    if any((filename, line) in ran for line, _, _ in own):
-        own = [entry for entry in own if (filename, entry[0]) in ran]
     rewrapped: tuple[int, str] | None = None  # ``torch.tensor(batch_loss)``: the cut is where that number came from
-    for line, reads, writes in reversed(own):
-        if not writes & needed:
-            continue
+    for line, _ in _computed_through(filename, tree, backward, ran):
         if line in quiet:
             return line, "torch.no_grad()"
         cuts = (
@@ -226,7 +214,6 @@ def graph_cut(
         inside = _cut_in_a_call(tree, filename, line, ran, depth) if depth < 2 else None
         if inside is not None:
             return inside
-        needed |= reads
     return rewrapped
 
 
@@ -236,17 +223,26 @@ def read_in_the_loss(filename: str, backward: int, name: str) -> int | None:
     tree = parsed(filename)
     if tree is None:
         return None
+    return next((line for line, reads in _computed_through(filename, tree, backward) if name in reads), None)
+
+
+def _computed_through(
+    filename: str, tree: ast.Module, backward: int, ran: Collection[tuple[str, int]] = ()
+) -> Iterator[tuple[int, frozenset[str]]]:
+    """(line, what it reads) of the backward's own statement at line ``backward``, then of each statement before it
+    in its function (not a function it defines) that the loss it starts from is computed through, latest first.
+    ``ran``: where the tracer saw some of the function's lines run, a branch that did not run is passed over."""
     statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
     needed = set().union(*(reads for line, reads, _ in statements if line == backward))
-    if name in needed:
-        return backward
+    yield backward, frozenset(needed)
     scope, around = function_around(tree, backward), _scopes(filename, tree)
-    for line, reads, writes in reversed(statements):
-        if line < backward and writes & needed and around(line) is scope:
-            if name in reads:
-                return line
+    own = [entry for entry in statements if entry[0] < backward and around(entry[0]) is scope]
+    if any((filename, line) in ran for line, _, _ in own):
+        own = [entry for entry in own if (filename, entry[0]) in ran]
+    for line, reads, writes in reversed(own):
+        if writes & needed:
+            yield line, reads
             needed |= reads
-    return None
 
 
 def _cut_in_a_call(
@@ -268,7 +264,7 @@ def _cut_in_a_call(
 
 def _scopes(filename: str, tree: ast.Module) -> Callable[[int], ast.AST]:
     """:func:`function_around` for many lines of one file: the innermost function whose body holds a line."""
-    functions = memo(filename, ("function spans",), functools.partial(_function_spans, tree))
+    functions = _spans_of(filename, tree)
 
     def around(line: int) -> ast.AST:
         holding = [span for span in functions if span[0] <= line <= span[1]]
@@ -277,7 +273,12 @@ def _scopes(filename: str, tree: ast.Module) -> Callable[[int], ast.AST]:
     return around
 
 
-def _function_spans(tree: ast.Module) -> list[tuple[int, int, ast.AST]]:
+def _spans_of(filename: str, tree: ast.Module) -> list[tuple[int, int, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """:func:`_function_spans` of ``filename``, read once per version of the file."""
+    return memo(filename, ("function spans",), functools.partial(_function_spans, tree))
+
+
+def _function_spans(tree: ast.Module) -> list[tuple[int, int, ast.FunctionDef | ast.AsyncFunctionDef]]:
     """(first line of its body, last line, the node) of each function of ``tree``: :func:`function_around`'s answer
     for many lines at once (the innermost span that holds a line; none: the module)."""
     return [
