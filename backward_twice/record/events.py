@@ -64,13 +64,18 @@ class OptimizerKeys:
         self._keys: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._taken: set[int] = set()
         self._fresh = itertools.count(-1, -1)
+        self._last: tuple[weakref.ref[Any], int] | None = None  # the last one asked (one optimizer steps each time)
 
     def __call__(self, optimizer: Any) -> int:
+        last = self._last
+        if last is not None and last[0]() is optimizer:
+            return last[1]
         key = self._keys.get(optimizer)
         if key is None:
             key = id(optimizer) if id(optimizer) not in self._taken else next(self._fresh)
             self._keys[optimizer] = key
             self._taken.add(key)
+        self._last = (weakref.ref(optimizer), key)
         return key
 
     def live_ids(self) -> set[int]:

@@ -158,7 +158,8 @@ class Recorder:
         if self.boundary is None:
             self.boundary = caller
         self._boundary_line = self.boundary.f_lineno
-        self._context = intercepting(self._on_backward, self._on_step, self._before_step)
+        before = self._before_step if self.iterations is not None or self.before_step is not None else None
+        self._context = intercepting(self._on_backward, self._on_step, before)  # a hook less at every step
         self._context.__enter__()
         self._unseen = hooks_unseen()  # the tracer's and the stops' hooks: not the learner's sys.gettrace()'s
         self._unseen.__enter__()
@@ -333,16 +334,21 @@ class Recorder:
         if self.off:
             return
         try:
-            key = self.optimizer_key(optimizer)
-            if key not in self.optimizers_seen:
-                self.optimizer_kinds.setdefault(key, type(optimizer).__name__)
-                self.optimizers_seen[key] = weakref.ref(optimizer)
+            self._saw_optimizer(optimizer)
             if self.before_step is not None:
                 self.before_step(optimizer)
             if stop := pass_stops.stop_without_a_loop(self, None):
                 raise stop
         except Exception as error:
             self.fail("before an optimizer step", error)
+
+    def _saw_optimizer(self, optimizer: torch.optim.Optimizer) -> int:
+        """The optimizer's key, its kind and a weak reference to it kept the first time it steps."""
+        key = self.optimizer_key(optimizer)
+        if key not in self.optimizers_seen:
+            self.optimizer_kinds.setdefault(key, type(optimizer).__name__)
+            self.optimizers_seen[key] = weakref.ref(optimizer)
+        return key
 
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.off:
@@ -358,7 +364,7 @@ class Recorder:
             self.fail("after an optimizer step", error)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, caller: types.FrameType) -> None:
-        line, key, loop = self.is_learners.site(caller, self._lines)[1], self.optimizer_key(optimizer), self.loop
+        line, key, loop = self.is_learners.site(caller, self._lines)[1], self._saw_optimizer(optimizer), self.loop
         end = _sequence_nr()  # the last event's end stays the previous one's: a pass this step tells began there
         number = self.step_counts[key] = self.step_counts.get(key, 0) + 1
         by_steps = not loop.iteration_passes()  # split by steps, without a loop: where each one ended
