@@ -65,4 +65,9 @@ LOOPS = [
     "nca_sample_pool",
     "lightning_tbptt_manual",
     "hf_distillation_trainer",
+    "learned_lstm_optimizer",
+    "deep_image_prior_denoising",
+    "infogan_info_loss",
+    "dann_gradient_reversal",
+    "trades_adversarial",
 ]
