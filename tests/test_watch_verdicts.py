@@ -7,6 +7,7 @@ tests/test_learner_scripts.py, where they are a script's.)"""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import inspect
@@ -2445,6 +2446,99 @@ def test_a_meter_fed_the_loss_tensor_is_one_note_at_the_line_that_feeds_it() -> 
     assert item.fix == "`losses.update(value.item(), 8)`", item.fix
     assert "`losses.avg` and `losses.sum` hold them all" in item.why or "`losses.sum` and `losses.avg`" in item.why
     assert not torch.is_tensor(train(as_number=True).sum)
+
+
+class _Logger:
+    """A learner's logger: one running total, grown in a method of its own."""
+
+    def __init__(self) -> None:
+        self.total: Any = 0.0
+        self.steps = 0
+
+    def log(self, loss: Any) -> None:
+        self.total += loss
+        self.steps += 1
+
+
+class _Trainer:
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=0.01)
+        self.logger = _Logger()
+
+    def train(self, as_number: bool) -> None:
+        for _ in range(5):
+            self.opt.zero_grad()
+            batch_loss = (self.net(torch.randn(8, 4)) - 1).pow(2).mean()
+            batch_loss.backward()
+            self.opt.step()
+            value = batch_loss.item() if as_number else batch_loss
+            self.logger.log(value)
+
+
+def test_a_logger_a_trainer_feeds_the_loss_tensor_is_one_note_at_the_trainers_call() -> None:
+    """``self.logger.log(batch_loss)`` in a trainer's ``train()``, the logger's ``log`` growing ``self.total += loss``:
+    "healthy", as a total two attribute levels below the loop's ``self`` was read as a submodule's bookkeeping; and
+    fed at the script's top level, the note was ``self.total`` at the logger's own line. The truth: the total's
+    graph reaches back to iteration 1, and fed the number it holds none."""
+    trainer = _Trainer()
+    with watch() as w:
+        trainer.train(as_number=False)
+    assert trainer.logger.total.grad_fn is not None
+    [item] = w.report.items
+    assert item.label == "`self.logger` keeps one more iteration's graph alive every iteration", item.label
+    assert [line.code for line in item.lines] == ["self.logger.log(value)"], item.lines
+    assert item.fix == "`self.logger.log(value.item())`", item.fix
+    assert "`self.logger.total` holds them all" in item.why, item.why
+    fed = _Trainer()
+    with watch() as w:
+        fed.train(as_number=True)
+    assert not torch.is_tensor(fed.logger.total) and not w.report.items, w.report.items
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    logger, top = _Logger(), _AverageMeter()
+    with watch() as w:
+        for _ in range(5):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            logger.log(loss)
+            top.update(loss, 1)
+            loss.backward()
+            opt.step()
+    labels = [item.label for item in w.report.items]
+    assert labels == [
+        "`logger` keeps one more iteration's graph alive every iteration",
+        "`top` keeps one more iteration's graph alive every iteration",
+    ], labels
+    assert [item.fix for item in w.report.items] == ["`logger.log(loss.item())`", "`top.update(loss.item(), 1)`"]
+
+
+def test_a_history_dict_of_lists_in_the_loops_function_is_a_note() -> None:
+    """``history = defaultdict(list)`` in a ``fit()`` function, ``history["loss"].append(l)``: "healthy" from the
+    watch, as a function's dict was read as one rebuilt each pass (bt.diagnose on the same body gave the note). The
+    truth: every loss it keeps has its graph."""
+
+    def fit(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, list[Any]]:
+        history: dict[str, list[Any]] = collections.defaultdict(list)
+        for _ in range(5):
+            opt.zero_grad()
+            l = torch.nn.functional.cross_entropy(model(torch.randn(6, 5)), torch.randint(0, 3, (6,)))  # noqa: E741
+            history["loss"].append(l)
+            l.backward()
+            opt.step()
+        return history
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(5, 3)
+    with watch() as w:
+        history = fit(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    assert all(loss.grad_fn is not None for loss in history["loss"])
+    [item] = w.report.items
+    assert item.label == '`history["loss"]` keeps one more iteration\'s graph alive every iteration', item.label
+    assert item.fix.startswith('`history["loss"].append(l.item())`'), item.fix
 
 
 class _TinyDiscriminator(torch.nn.Module):

@@ -90,12 +90,13 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             continue
         if holder in rebound and earliest < built and walked.get(held_graph.earliest, 0) >= held_in:
             continue  # each pass's graph, reaching back into one later backwards walk: the carried graph's finding
-        named = recorder.names.get(sequence)
-        if _below_a_submodule(holder) and (named is None or named.container not in _UPDATED_IN_PLACE):
-            continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is)
         # a graph built before the loop that each iteration's graph reaches (features = encoder(images)) is the
         # carried graph's finding, not a name's growth: the span counts from iteration 1
         spans = built - int(late) - max(earliest, 1) + 1
+        named = recorder.names.get(sequence)
+        if _below_a_submodule(holder) and spans < 2 and (named is None or named.container not in _UPDATED_IN_PLACE):
+            continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is); a
+            # total two levels down that spans iterations (a trainer's self.logger.total += loss) is the loop's
         if at_the_stop and (spans < 2 or oldest >= held_in or walked.get(held_graph.earliest, 0) > earliest):
             continue  # (what it reaches back to, a later backward walked: state the loop uses, not a total)
         held.append((holder, sequence, built, held_graph, spans))
@@ -150,7 +151,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one, grows_in=read_in))
     found = [_bounded(note, recorder, split) for note in _one_per_line(_one_per_container(list(by_name.values())))]
     found = _one_per_object(found)
-    spelled = [_where_it_grows(note, recorder) for note in found]
+    spelled = [_fed_object(_where_it_grows(note, recorder), note) for note in found]
     return list({note.name: note for note in reversed(spelled)}.values())[::-1]  # one list reached two ways: one
 
 
@@ -250,6 +251,19 @@ def _one_per_object(found: list[Note]) -> list[Note]:
             attributes = tuple(dict.fromkeys(part.name for part in parts))
             kept.append(dataclasses.replace(parts[0], name=owner, held_bytes=held, attributes=attributes))
     return kept
+
+
+def _fed_object(placed: Note, note: Note) -> Note:
+    """A plain object's attribute that grows only in a method of its own (``self.total += loss`` in a logger's
+    ``log``), fed the loss by a call of the loop's (``logger.log(batch_loss)``): the object's note, at that call, as
+    a meter's; ``placed`` (``note`` placed where its name grows) as it is otherwise."""
+    plain = note.grows and not note.parameter and not note.bound and not note.attributes
+    owner = re.fullmatch(r"(\w+(?:\.\w+)*)\.\w+", note.name) if plain else None
+    if owner is None or not placed.name.startswith("self.") or placed.grows_in is None:
+        return placed
+    if fed_line(owner.group(1), placed.grows_in, placed.ran) is None:
+        return placed
+    return dataclasses.replace(placed, name=owner.group(1), attributes=(note.name,))
 
 
 def _attribute_of_an_object(note: Note) -> bool:

@@ -16,8 +16,10 @@ Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, 
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
+import itertools
 import os
 import re
 import types
@@ -318,5 +320,8 @@ _NOT_NAMES = (types.ModuleType, type, types.FunctionType)  # what a namespace na
 def _grows_in_place(value: Any) -> bool:
     """Whether a function's variable can hold more graphs at each pass while it keeps its value: a list, or an
     object whose attributes do (grad-cam's ``ActivationsAndGradients``); a dict of a pass's values (a step's
-    outputs) is rebuilt each pass, and gains keys as the first passes run."""
-    return isinstance(value, list) or not isinstance(value, (torch.Tensor, dict, tuple, *ATOM_TYPES))
+    outputs) is rebuilt each pass, and gains keys as the first passes run, unless it holds lists (a history kept as
+    ``defaultdict(list)``, whose lists grow)."""
+    if isinstance(value, dict):
+        return any(isinstance(item, (list, collections.deque)) for item in itertools.islice(value.values(), 64))
+    return isinstance(value, list) or not isinstance(value, (torch.Tensor, tuple, *ATOM_TYPES))

@@ -318,7 +318,8 @@ def note_item(note: Note) -> Item:
     if note.attributes:  # an object whose attributes grow together
         label = f"`{note.name}` keeps one more iteration's graph alive every iteration"
         held = " and ".join(f"`{attribute}`" for attribute in note.attributes)
-        why = f"no later backward walks them, but {held} hold them all{each}"
+        hold = "hold" if len(note.attributes) > 1 else "holds"
+        why = f"no later backward walks them, but {held} {hold} them all{each}"
     elif note.bound:  # a deque full of graphs: each append pushes the oldest out, so it holds these, no more
         label = f"`{note.name}` keeps the last {note.bound} iterations' graphs alive"
         why = f"no later backward walks them, but `{note.name}` holds them until newer ones push them out{each}"
