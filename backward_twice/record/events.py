@@ -14,6 +14,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import torch
+
 __all__ = ["EventKey", "Failure", "IterationEnd", "OptimizerKeys", "StepEvent"]
 
 # an event the recorder saw: ("mark" or "call", its index among its kind; a step keeps its own)
@@ -65,6 +67,10 @@ class OptimizerKeys:
         self._taken: set[int] = set()
         self._fresh = itertools.count(-1, -1)
         self._last: tuple[weakref.ref[Any], int] | None = None  # the last one asked (one optimizer steps each time)
+        self.kinds: dict[int, str] = {}  # of those that stepped, by key: the class's name
+        self.seen: dict[
+            int, weakref.ref[torch.optim.Optimizer]
+        ] = {}  # and a weak reference, to read their parameters later
 
     def __call__(self, optimizer: Any) -> int:
         last = self._last
@@ -76,6 +82,14 @@ class OptimizerKeys:
             self._keys[optimizer] = key
             self._taken.add(key)
         self._last = (weakref.ref(optimizer), key)
+        return key
+
+    def stepped(self, optimizer: torch.optim.Optimizer) -> int:
+        """The key of an optimizer that steps, its kind and a weak reference to it kept the first time."""
+        key = self(optimizer)
+        if key not in self.seen:
+            self.kinds.setdefault(key, type(optimizer).__name__)
+            self.seen[key] = weakref.ref(optimizer)
         return key
 
     def live_ids(self) -> set[int]:

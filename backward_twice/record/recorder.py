@@ -48,7 +48,6 @@ import functools
 import itertools
 import sys
 import types
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -105,9 +104,8 @@ class Recorder:
         self.calls = CallLog()  # a long run's older plain iterations are folded into counts (.folds)
         self._folder, self.step_folder = Folder(), StepFolder()  # a loop's passes; the steps, without one
         self.steps: list[StepEvent] = []
-        self.optimizer_kinds: dict[int, str] = {}
-        self.optimizers_seen: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # to read their parameters later
         self.optimizer_key = OptimizerKeys()  # the records' key of each optimizer (never a dead one's id)
+        self.optimizer_kinds, self.optimizers_seen = self.optimizer_key.kinds, self.optimizer_key.seen
         self.marks: list[IterationEnd] = []  # where next_iteration() was called
         self.names: dict[int, NamedGraph] = {}  # node sequence number -> the name that held it
         self.held_from: dict[int, HeldGraph] = {}  # node sequence number -> when and how the loop first held it
@@ -334,21 +332,13 @@ class Recorder:
         if self.off:
             return
         try:
-            self._saw_optimizer(optimizer)
+            self.optimizer_key.stepped(optimizer)
             if self.before_step is not None:
                 self.before_step(optimizer)
             if stop := pass_stops.stop_without_a_loop(self, None):
                 raise stop
         except Exception as error:
             self.fail("before an optimizer step", error)
-
-    def _saw_optimizer(self, optimizer: torch.optim.Optimizer) -> int:
-        """The optimizer's key, its kind and a weak reference to it kept the first time it steps."""
-        key = self.optimizer_key(optimizer)
-        if key not in self.optimizers_seen:
-            self.optimizer_kinds.setdefault(key, type(optimizer).__name__)
-            self.optimizers_seen[key] = weakref.ref(optimizer)
-        return key
 
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.off:
@@ -364,7 +354,8 @@ class Recorder:
             self.fail("after an optimizer step", error)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, caller: types.FrameType) -> None:
-        line, key, loop = self.is_learners.site(caller, self._lines)[1], self._saw_optimizer(optimizer), self.loop
+        line, key = self.is_learners.site(caller, self._lines)[1], self.optimizer_key.stepped(optimizer)
+        loop = self.loop
         end = _sequence_nr()  # the last event's end stays the previous one's: a pass this step tells began there
         number = self.step_counts[key] = self.step_counts.get(key, 0) + 1
         by_steps = not loop.iteration_passes()  # split by steps, without a loop: where each one ended
