@@ -543,3 +543,81 @@ def test_a_buffer_changed_by_item_assignment_from_values_with_a_graph_is_copied_
     )
     fixed = _run(QUEUE.replace(changed, printed), tmp_path / "fixed.py")
     assert all(torch.equal(a, b) for a, b in zip(by_hand["model"].parameters(), fixed["model"].parameters()))
+
+
+# A temporal graph network's node memory (memgraph/mage PR #121's TGN): a dict of each node's state by node id, kept
+# across batches on a memory object, without the ``detach_tensor_grads()`` the thread's answer calls after each step.
+TGN = """
+import torch
+from torch import nn
+
+
+class Memory:
+    def __init__(self, memory_dimension):
+        self.memory_dimension = memory_dimension
+        self.memory_container = {}
+
+    def get_node_memory(self, node):
+        if node not in self.memory_container:
+            self.memory_container[node] = torch.zeros(self.memory_dimension)
+        return self.memory_container[node]
+
+    def set_node_memory(self, node, value):
+        self.memory_container[node] = value
+
+    def detach_tensor_grads(self):
+        for node in self.memory_container:
+            self.memory_container[node] = self.memory_container[node].detach()
+
+
+torch.manual_seed(0)
+memory = Memory(4)
+updater = nn.GRUCell(3, 4)
+head = nn.Linear(8, 1)
+optimizer = torch.optim.Adam(list(updater.parameters()) + list(head.parameters()), lr=1e-2)
+for src, dst in [(0, 1), (1, 2), (0, 2), (2, 3)]:
+    msg = torch.randn(1, 3)
+    for node in (src, dst):
+        new = updater(msg, memory.get_node_memory(node)[None])[0]
+        memory.set_node_memory(node, new)
+    emb = torch.cat([memory.get_node_memory(src), memory.get_node_memory(dst)])
+    loss = (head(emb) - 1.0).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    # END OF ITERATION
+"""
+
+
+def test_a_memory_kept_in_a_dict_by_node_id_is_detached_entry_by_entry_as_printed(tmp_path: Path) -> None:
+    """The fix was "add `memory.memory_container = [m.detach() for m in memory.memory_container]`" (a dict read as a
+    list: its keys are numbers; as printed, "'int' object has no attribute 'detach'"), and bt.diagnose detached
+    ``memory.memory_container[0]`` alone (node 1's entry then raised). The truth: the thread's answer,
+    ``memory.detach_tensor_grads()`` after each step, runs; the printed fix trains as it does."""
+    fix = _fix_of(TGN, tmp_path / "tgn.py")
+    assert fix.startswith("for key in memory.memory_container: "), fix
+    by_hand = TGN.replace("    # END OF ITERATION", "    memory.detach_tensor_grads()")
+    _trains_as_by_hand(TGN, by_hand, fix, "head", tmp_path)
+    _trains_as_by_hand(TGN, by_hand, fix, "updater", tmp_path)
+    setup = TGN.split("for src, dst in")[0]
+    step = textwrap.dedent(
+        """
+        def step():
+            src, dst = 0, 1
+            msg = torch.randn(1, 3)
+            for node in (src, dst):
+                new = updater(msg, memory.get_node_memory(node)[None])[0]
+                memory.set_node_memory(node, new)
+            emb = torch.cat([memory.get_node_memory(src), memory.get_node_memory(dst)])
+            loss = (head(emb) - 1.0).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+        diagnosis = diagnose(step, models=[updater, head], optimizers=[optimizer])
+        """
+    )
+    (tmp_path / "tgn_step.py").write_text(f"from backward_twice import diagnose\n{setup}{step}")
+    [item] = runpy.run_path(str(tmp_path / "tgn_step.py"))["diagnosis"].items
+    assert item.fix == f"add `{fix}` at the end of each iteration", item.fix

@@ -24,7 +24,7 @@ from backward_twice.judge.built import (
     starts_without_a_tensor,
 )
 from backward_twice.judge.fixes import carried_fix, read_after_its_build
-from backward_twice.judge.states import one_state, whole_state, whole_state_fix
+from backward_twice.judge.states import one_state, whole_name, whole_state, whole_state_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
 from backward_twice.judge.uses import bound_in, first_read, list_use, read_first
 from backward_twice.record.iterations import Split
@@ -35,7 +35,7 @@ from backward_twice.record.passes import IN_DIFFERENT_LOOPS, UNTRACED, Link
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["CarriedFinding", "carried_findings", "rebound_each_pass", "twin_in_iteration_1", "when", "whole_name"]
+__all__ = ["CarriedFinding", "carried_findings", "rebound_each_pass", "twin_in_iteration_1", "when"]
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,8 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                 name, container, carrier = through.name, through.container, None
             elif carrier is not None and carrier != name:  # out = model(x); outputs.append(out): outputs[0] carries
                 name = carrier
-                container = "list" if re.search(r"\[\d+\]$", carrier) and container is None else container
+                if re.search(r"\[\d+\]$", carrier) and container is None:  # an item: of the kind its name was read in
+                    container = _container_named(recorder, carrier) or "list"
             if name == node.name:
                 name = _read_in_the_loop(recorder, node)
             if (  # read after the step, untraced (``prev = pred`` comes after it): what the failing call reached it
@@ -390,9 +391,10 @@ def _carrier(recorder: Recorder, spellings: list[str] | None) -> str | None:
     return next(live, spellings[0])
 
 
-def whole_name(name: str, container: str | None) -> str:
-    """``state`` of ``state[0]`` when the name is an item of a tuple or a list: what the loop reads and rebinds."""
-    return re.sub(r"\[\d+\]$", "", name) if container in ("tuple", "list") else name
+def _container_named(recorder: Recorder, item: str) -> str | None:
+    """The kind of container (a list, a dict, ...) the names read saw ``item``'s container hold items as, if any."""
+    entry = re.compile(re.escape(re.sub(r"\[[^\]]*\]$", "", item)) + r"\[[^\]]*\]")
+    return next((named.container for named in recorder.names.values() if entry.fullmatch(named.name)), None)
 
 
 def _entry(recorder: Recorder, carried: _Carried) -> tuple[str, int] | None:

@@ -304,6 +304,9 @@ def carried_fix(
     if root is not None:
         return whole_state_fix(root)
     item = re.match(r"^(.*)\[[^\]]*\]$", name)
+    if item and container == "dict" and re.search(r"\[\d+\]$", name):  # a memory kept per node id: every entry
+        whole = item.group(1)
+        return f"add `for key in {whole}: {whole}[key] = {whole}[key].detach()` at the end of each iteration"
     if item and container == "tuple":
         whole = item.group(1)
         return f"add `{whole} = tuple(s.detach() for s in {whole})` at the end of each iteration"

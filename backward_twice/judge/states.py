@@ -3,7 +3,7 @@
 state also appended to its history; an NTM's ``previous_state = (reads, (h, c), heads)``, whose tuple items cannot be
 assigned).
 
-Used by :mod:`backward_twice.judge.carried` and :mod:`backward_twice.judge.fixes`.
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes` and :mod:`backward_twice.judge.verdicts`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from backward_twice.record.learner import lines_of_file
 from backward_twice.record.names import NamedGraph
 
-__all__ = ["as_spelled_in_its_methods", "one_state", "whole_state", "whole_state_fix"]
+__all__ = ["as_spelled_in_its_methods", "one_state", "whole_name", "whole_state", "whole_state_fix"]
 
 
 def one_state(node: NamedGraph, rebound_each_pass: Callable[[str], bool]) -> str | None:
@@ -36,6 +36,12 @@ def as_spelled_in_its_methods(name: str) -> list[str]:
     """``name`` and, for an attribute chain, the same attribute as its object's methods spell it (``atk.delta``:
     ``self.delta``), the spelling the lines that grow or read it use."""
     return [name, f"self.{name.split('.', 1)[1]}"] if "." in name else [name]
+
+
+def whole_name(name: str, container: str | None) -> str:
+    """``state`` of ``state[0]`` when the name is an item of a tuple or a list, or an entry of a dict by a number (a
+    memory kept per node id): what the loop reads and rebinds."""
+    return re.sub(r"\[\d+\]$", "", name) if container in ("tuple", "list", "dict") else name
 
 
 def whole_state(name: str, container: str | None, built_at: str) -> str | None:

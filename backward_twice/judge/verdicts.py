@@ -32,11 +32,11 @@ from backward_twice.judge.carried import (
     carried_findings,
     rebound_each_pass,
     twin_in_iteration_1,
-    whole_name,
 )
 from backward_twice.judge.fixes import ERROR_FIXES, second_backward_fix
 from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
+from backward_twice.judge.states import whole_name
 from backward_twice.judge.uses import graph_cut
 from backward_twice.record.evidence import ErrorRecord
 from backward_twice.record.folds import CallLog, count_retains

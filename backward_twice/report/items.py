@@ -121,10 +121,12 @@ def raising_line(error: ErrorVerdict) -> CodeLine:
 
 
 def _holder(finding: CarriedFinding) -> str:
-    """The whole the fix detaches: ``state`` of ``state[0]`` when the state is a tuple, else the name."""
+    """The whole the fix detaches: ``state`` of ``state[0]`` when the state is a tuple (or a dict by numbers: a
+    memory per node id), else the name."""
     name = finding.name or "the tensor"
     item = re.match(r"^(.*)\[[^\]]*\]$", name)
-    return item.group(1) if item and finding.container in ("tuple", "list") else name
+    by_number = finding.container == "dict" and re.search(r"\[\d+\]$", name) is not None
+    return item.group(1) if item and (finding.container in ("tuple", "list") or by_number) else name
 
 
 def carried_item(
