@@ -70,4 +70,8 @@ LOOPS = [
     "infogan_info_loss",
     "dann_gradient_reversal",
     "trades_adversarial",
+    "unrolled_gan",
+    "mdrnn_world_models",
+    "seq2seq_attention_tutorial",
+    "accelerate_gradient_accumulation",
 ]
