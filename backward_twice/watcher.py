@@ -143,7 +143,8 @@ class Watch:
         return {**report_json(self.report), **verdicts_json(self.verdicts)}
 
     def __str__(self) -> str:
-        return self._problem or render_text(self.report)
+        """The report as text; outside a notebook (a script, IPython's terminal), with where its evidence is."""
+        return self._problem or render_text(self.report, more=self.more if self.more.startswith("print(") else "")
 
     __repr__ = __str__
 

@@ -417,13 +417,15 @@ except RuntimeError:
     pass
 print(repr(w.more))
 print("evidence:" in repr(w))
+print(repr(w).splitlines()[-1])
 """
 
 
 def test_the_way_to_a_watchs_evidence_in_ipythons_terminal_prints_it(tmp_path) -> None:
     """In IPython's terminal the report said "more: `w` in a new cell shows the evidence", and ``w`` in a new cell
     shows the report as text, without the evidence (a notebook shows it as HTML, the evidence included). There the
-    line says ``print(w.evidence())``, which does."""
+    line says ``print(w.evidence())``, which does; and ``w`` shown there, or printed, ends with it (it ended at the fix:
+    only the traceback's note said where the evidence was)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -436,7 +438,9 @@ def test_the_way_to_a_watchs_evidence_in_ipythons_terminal_prints_it(tmp_path) -
         timeout=120,
         cwd=tmp_path,
     )
-    assert shown.stdout.splitlines()[-2:] == ["'print(w.evidence())'", "False"], shown.stdout + shown.stderr
+    assert shown.stdout.splitlines()[-3:] == ["'print(w.evidence())'", "False", "more: print(w.evidence())"], (
+        shown.stdout + shown.stderr
+    )
 
 
 def test_a_shell_line_in_the_cell_runs_as_ipython_runs_it(shell) -> None:
