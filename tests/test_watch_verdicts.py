@@ -2693,3 +2693,33 @@ def test_a_retained_backward_again_after_an_optimizers_own_step_names_that_step(
     [item] = w.report.items
     assert item.lines[0].code == "optimizer.first_step(zero_grad=True)", item.lines
     assert item.fix.startswith("compute the forward again after line ") and "GAN" not in item.fix, item.fix
+
+
+def _encoder_decoder(detach_at_the_decoders_loss: bool) -> torch.nn.Module:
+    """An autoencoder's decoder step, then its encoder's, on one ``z`` (two optimizers, not a GAN)."""
+    torch.manual_seed(0)
+    encoder, decoder = torch.nn.Linear(6, 2), torch.nn.Linear(2, 6)
+    opt_enc = torch.optim.SGD(encoder.parameters(), lr=0.1)
+    opt_dec = torch.optim.SGD(decoder.parameters(), lr=0.1)
+    for x in torch.randn(3, 4, 6):
+        z = encoder(x)
+        opt_dec.zero_grad()
+        recon_loss = ((decoder(z.detach() if detach_at_the_decoders_loss else z) - x) ** 2).mean()
+        recon_loss.backward()
+        opt_dec.step()
+        opt_enc.zero_grad()
+        enc_loss = ((decoder(z) - x) ** 2).mean() + 0.01 * z.pow(2).mean()
+        enc_loss.backward()
+        opt_enc.step()
+    return encoder
+
+
+def test_a_second_backward_through_an_encoders_output_is_not_called_a_gans() -> None:
+    """The fix ended "(a GAN's D loss)" on an encoder and a decoder trained by two optimizers. The truth: the detach
+    the fix names runs, and nothing there is a GAN."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _encoder_decoder(detach_at_the_decoders_loss=False)
+    [item] = w.report.items
+    assert item.fix.startswith("use `z.detach()` at line "), item.fix
+    assert "GAN" not in item.fix and "GAN" not in item.why, item
+    assert _encoder_decoder(detach_at_the_decoders_loss=True).weight.isfinite().all()

@@ -59,6 +59,7 @@ ERROR_FIXES = {
 
 
 _D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
+_GAN = re.compile(r"(?i)fake|discriminator|\bnet_?D\b|\bD\(|\berrD|\bd_?loss|\bloss_?D\b|\bgen(erated)?_")  # G, D
 
 
 def _read_into_the_loss(name: str, filename: str, added_at: int, backward_at: int) -> bool:
@@ -162,19 +163,16 @@ def second_backward_fix(
                 f"trains what `{through}` comes from, and this later loss must not"
             )
         read = read_in_the_loss(freer[0], freer[1], through) if freer else None
+        code = linecache.getline(freer[0], read).split("#", 1)[0].strip() if freer and read else ""
+        gan = " (a GAN's D loss)" if _GAN.search(f"{freer_code} {code} {through}") else ""  # not an encoder's
+        untrained = f"does not train what `{through}` comes from{gan}"
         if freer is not None and read is not None and read != freer[1]:  # the line to change: where D's loss reads it
-            code = linecache.getline(freer[0], read).split("#", 1)[0].strip()
-            return (
-                f"use `{through}.detach()` at line {read} (`{code}`): the step after {line} does not train what "
-                f"`{through}` comes from (a GAN's D loss)"
-            )
-        return (
-            f"use `{through}.detach()` in the loss {line} walks: the step after it does not train what `{through}` "
-            "comes from (a GAN's D loss)"
-        )
+            return f"use `{through}.detach()` at line {read} (`{code}`): the step after {line} {untrained}"
+        return f"use `{through}.detach()` in the loss {line} walks: the step after it {untrained}"
+    gan = " (a GAN's D loss)" if _GAN.search(f"{freer_code} {through}") else ""
     return (
-        f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from (a GAN's "
-        f"D loss); if it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
+        f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from{gan}; if "
+        f"it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
     )
 
 
