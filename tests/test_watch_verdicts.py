@@ -2190,6 +2190,8 @@ def _classify(form: str, fixed: bool) -> None:
             loss = torch.tensor(number)  # the number made a tensor again: no graph, from the line before
         elif form == "rewrapped":
             loss = torch.nn.functional.mse_loss(model(x).sum(1), y.float())
+        elif form == "method" and not fixed:
+            loss = _Evaluator(model).loss(x, y)
         elif not fixed:
             loss = _evaluated(model, x, y)
         else:
@@ -2204,27 +2206,82 @@ def _evaluated(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torc
         return torch.nn.functional.mse_loss(model(x).sum(1), y.float())
 
 
+class _Evaluator:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            scores = self.model(x).sum(1)
+        return torch.nn.functional.mse_loss(scores, y.float())
+
+
 @pytest.mark.parametrize(
-    ("form", "operation"), [("argmax", "`.argmax()`"), ("rewrapped", "`.item()`"), ("evaluated", "`torch.no_grad()`")]
+    ("form", "operation"),
+    [
+        ("argmax", "`.argmax()`"),
+        ("rewrapped", "`.item()`"),
+        ("evaluated", "`torch.no_grad()`"),
+        ("method", "`torch.no_grad()`"),
+    ],
 )
 def test_a_loss_without_a_graph_names_the_line_whose_operation_cut_it(form: str, operation: str) -> None:
     """ "element 0 of tensors does not require grad" for a loss on ``softmax(...).argmax(...)`` (a forum's
     classifier): the why said "computed under torch.no_grad(), or from .detach()ed tensors or .item() numbers", none of
     which the loop has. The item names the line and the operation; the loss computed from what it was applied to
-    runs."""
+    runs. A method of the learner's (``self.loss(x, y)``) is followed as a function is (its torch.no_grad() got the
+    generic item)."""
     with pytest.raises(RuntimeError, match="does not require grad"), watch() as w:
         _classify(form, fixed=False)
     [item] = w.report.items
-    if form == "evaluated":  # the loss a function of the learner's computes under torch.no_grad()
+    if form in ("evaluated", "method"):  # the loss a function of the learner's computes under torch.no_grad()
         assert item.label.endswith("runs under `torch.no_grad()`"), item.label
         assert item.fix.startswith("run line ") and item.fix.endswith(" outside torch.no_grad()"), item.fix
     else:
         assert item.label.endswith(f"{operation} gives values with no gradient"), item.label
         assert item.fix.startswith("compute the loss from what line"), item.fix
-    marked = "under torch.no_grad()" if form == "evaluated" else "no gradient from here"
+    marked = "under torch.no_grad()" if form in ("evaluated", "method") else "no gradient from here"
     assert item.lines[0].label == marked, item.lines
-    assert form == "evaluated" or operation.strip("`").rstrip("()") in item.lines[0].code, item.lines
+    assert form in ("evaluated", "method") or operation.strip("`").rstrip("()") in item.lines[0].code, item.lines
+    assert form != "method" or item.lines[0].code == "scores = self.model(x).sum(1)", item.lines
     _classify(form, fixed=True)
+
+
+def _forums_leaf(as_written: bool) -> torch.Tensor:
+    """The forum's "fix" for "does not require grad": the loss's number made a tensor that requires grad, which runs
+    and trains nothing; ``as_written`` False: the loss itself, as the printed fix says."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in zip(torch.randn(3, 6, 4), torch.randn(3, 6, 1)):
+        if as_written:
+            mse = ((model(x) - y) ** 2).mean().item()
+            loss = torch.tensor(mse, requires_grad=True)
+        else:
+            loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.weight.detach().clone()
+
+
+def test_a_number_made_a_leaf_that_requires_grad_names_the_line_that_made_it_a_number() -> None:
+    """``torch.tensor(loss.item(), requires_grad=True)``: "find where the loss's inputs lose their graph", where the
+    same loop without requires_grad=True names the ``.item()`` line. The truth: as written the weights never move;
+    the loss computed from that line without ``.item()`` trains them."""
+    with watch() as w:
+        untrained = _forums_leaf(as_written=True)
+    [item] = w.report.items
+    assert item.lines[0].code == "mse = ((model(x) - y) ** 2).mean().item()", item.lines
+    assert (
+        item.fix
+        == "compute the loss from line {} without `.item()`; then drop `requires_grad = True` on the loss".format(
+            item.lines[0].place.rsplit(":", 1)[1]
+        )
+    ), item.fix
+    torch.manual_seed(0)
+    assert torch.equal(untrained, torch.nn.Linear(4, 1).weight.detach())
+    assert not torch.equal(_forums_leaf(as_written=False), untrained)
 
 
 def test_the_band_aids_in_place_error_a_pass_later_says_which_graphs_the_backward_went_through() -> None:

@@ -294,8 +294,9 @@ def _calls_and_returns(tree: ast.Module) -> tuple[dict[int, set[str]], dict[str,
     calls: dict[int, set[str]] = {}
     returns: dict[str, list[ast.Return]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            calls.setdefault(node.lineno, set()).add(node.func.id)
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):  # a method's too
+            called = node.func.id if isinstance(node.func, ast.Name) else node.func.attr  # (self.compute_loss)
+            calls.setdefault(node.lineno, set()).add(called)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             found = [n for n in ast.walk(node) if isinstance(n, ast.Return) and n.value is not None]
             returns.setdefault(node.name, []).extend(found)

@@ -113,6 +113,7 @@ class Verdicts:
     stopped_watching: str | None = None
     walks_no_graph: str | None = None  # the line of a backward, when every backward read walked no graph at all
     nested: int = 0  # the watches and diagnoses of the learner's own code this recording made way for
+    walks_no_graph_cut: tuple[str, str] | None = None  # ("file:line: code", operation) that cut that loss's graph
 
 
 def judge(recorder: Recorder) -> Verdicts:
@@ -145,8 +146,20 @@ def judge(recorder: Recorder) -> Verdicts:
     read = [call for call in calls if call.read]
     # a loss with no graph (made a leaf: ``loss.requires_grad = True`` after a ``.data`` cut it): nothing trains
     leaf = read[0].line if read and not any(call.walked for call in read) and error is None else None
+    cut = _graph_cut(recorder, leaf) if leaf is not None else None  # the forum's requires_grad=True on a cut loss
     return Verdicts(
-        split, run, len(calls), lines, carried, kept, error, stopped, stopped_watching, leaf, recorder.nesting.made_way
+        split,
+        run,
+        len(calls),
+        lines,
+        carried,
+        kept,
+        error,
+        stopped,
+        stopped_watching,
+        leaf,
+        recorder.nesting.made_way,
+        cut,
     )
 
 

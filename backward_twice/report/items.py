@@ -252,18 +252,31 @@ def _carried_fix(finding: CarriedFinding, place: str | None) -> str:
     return finding.fix.replace(" at the end of each iteration", f" before line {line_number(place)}")
 
 
-def no_graph_item(line: str) -> Item:
+def no_graph_item(line: str, cut: tuple[str, str] | None = None) -> Item:
     """The backward of a loss that has no graph: it trains nothing (the forum's ``loss.requires_grad = True``, or
-    ``Variable(loss, requires_grad=True)``, after a ``.data`` or ``.detach()`` cut the graph to the model)."""
+    ``Variable(loss, requires_grad=True)``, after a ``.data`` or ``.detach()`` cut the graph to the model);
+    ``cut``: ("file:line: code", operation) of the line that cut it, if known (``.item()``, ``torch.no_grad()``)."""
     place, code = split_line(line)
+    lines = [CodeLine(place, code, (0, len(code)), "walks no graph: no weight gets a gradient")]
+    fix = "find where the loss's inputs lose their graph and compute them with autograd on"
+    if cut is not None:
+        cut_place, cut_code = split_line(cut[0])
+        under = cut[1] == "torch.no_grad()"
+        span = None if under else span_of(cut_code, cut[1].rstrip("()"))
+        lines.insert(0, CodeLine(cut_place, cut_code, span, "under torch.no_grad()" if under else "cuts the graph"))
+        number = line_number(cut_place)
+        fix = (
+            f"run line {number} outside torch.no_grad()"
+            if under
+            else f"compute the loss from line {number} without `{cut[1]}`"
+        )
     return Item(
         "no graph",
         "the backward trains nothing: the loss it is called on has no graph",
-        (CodeLine(place, code, (0, len(code)), "walks no graph: no weight gets a gradient"),),
+        tuple(lines),
         "the loss is a leaf that requires grad (`loss.requires_grad = True`, `Variable(loss, requires_grad=True)`): "
         "no graph leads from it to the model, so no weight gets a gradient, and the error that said so is gone",
-        "find where the loss's inputs lose their graph and compute them with autograd on; then drop "
-        "`requires_grad = True` on the loss",
+        f"{fix}; then drop `requires_grad = True` on the loss",
     )
 
 

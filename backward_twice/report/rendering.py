@@ -78,7 +78,7 @@ def build_report(
     if v.error is not None and not explained:
         band_aid = next((line for line in v.lines if line.verdict == GOES_WITH_THE_ERRORS_FIX), None)
         items.append(error_item(v.error, band_aid))
-    items += [no_graph_item(v.walks_no_graph)] if v.walks_no_graph is not None else []
+    items += [no_graph_item(v.walks_no_graph, v.walks_no_graph_cut)] if v.walks_no_graph is not None else []
     items += [retain_item(line, v.stopped_after) for line in v.lines if line.verdict == "can go"]
     items += [note_item(n) for n in v.notes if n.grows and not n.parameter]  # freed buffers too: the nodes pile up
     by_model: dict[str, list[Note]] = {}
