@@ -2780,3 +2780,41 @@ def test_a_second_backward_through_an_encoders_output_is_not_called_a_gans() -> 
     assert item.fix.startswith("use `z.detach()` at line "), item.fix
     assert "GAN" not in item.fix and "GAN" not in item.why, item
     assert _encoder_decoder(detach_at_the_decoders_loss=True).weight.isfinite().all()
+
+
+def _generator_first(detach_in_ds_loss: bool) -> torch.nn.Module:
+    """eriklindernoren/PyTorch-GAN's gan.py order: G's step first, then D's loss on the same ``gen_imgs``."""
+    torch.manual_seed(0)
+    generator, discriminator = torch.nn.Linear(2, 4), torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Sigmoid())
+    optimizer_g = torch.optim.Adam(generator.parameters(), lr=0.01)
+    optimizer_d = torch.optim.Adam(discriminator.parameters(), lr=0.01)
+    adversarial_loss = torch.nn.BCELoss()
+    for imgs in torch.randn(3, 5, 4):
+        valid, fake = torch.ones(5, 1), torch.zeros(5, 1)
+        optimizer_g.zero_grad()
+        gen_imgs = generator(torch.randn(5, 2))
+        g_loss = adversarial_loss(discriminator(gen_imgs), valid)
+        g_loss.backward()
+        optimizer_g.step()
+        optimizer_d.zero_grad()
+        real_loss = adversarial_loss(discriminator(imgs), valid)
+        fake_loss = adversarial_loss(discriminator(gen_imgs.detach() if detach_in_ds_loss else gen_imgs), fake)
+        d_loss = (real_loss + fake_loss) / 2
+        d_loss.backward()
+        optimizer_d.step()
+    return discriminator
+
+
+def test_a_d_loss_after_gs_step_is_told_the_line_where_it_reads_gs_output() -> None:
+    """G's step first, then D's ``d_loss = (real_loss + fake_loss) / 2`` through the same ``gen_imgs``: the fix said
+    "use `gen_imgs.detach()` in the loss line N's backward walks", not the line that reads it. The truth: detached
+    there, the loop runs."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _generator_first(detach_in_ds_loss=False)
+    [item] = w.report.items
+    assert re.fullmatch(
+        r"use `gen_imgs.detach\(\)` at line \d+ \(`fake_loss = adversarial_loss\(discriminator\(gen_imgs.detach\(\) if "
+        r"detach_in_ds_loss else gen_imgs\), fake\)`\): a GAN's D loss must not train what `gen_imgs` comes from",
+        item.fix,
+    ), item.fix
+    _generator_first(detach_in_ds_loss=True)

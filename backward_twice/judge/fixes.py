@@ -124,10 +124,10 @@ def second_backward_fix(
                 f"use `{parameter}.detach()` in the loss line {later}'s backward walks (a GAN's D loss must "
                 f"not train what `{parameter}` comes from: `{through}` here)"
             )
-        return (
-            f"use `{through}.detach()` in the loss line {later}'s backward walks (a GAN's D loss must not "
-            f"train what `{through}` comes from)"
-        )
+        read = read_in_the_loss(raiser[0], later, through) if raiser is not None else None
+        code = linecache.getline(raiser[0], read).split("#", 1)[0].strip() if raiser and read else ""
+        where = f"at line {read} (`{code}`)" if read and read != later else f"in the loss line {later}'s backward walks"
+        return f"use `{through}.detach()` {where}: a GAN's D loss must not train what `{through}` comes from"
     losses = _losses_iterated(raised_at) if freed_at == raised_at else None
     if losses is not None:  # ``for loss in outputs: loss.backward()``: the losses of one forward, one by one
         shared_graph = (
