@@ -2818,3 +2818,50 @@ def test_a_d_loss_after_gs_step_is_told_the_line_where_it_reads_gs_output() -> N
         item.fix,
     ), item.fix
     _generator_first(detach_in_ds_loss=True)
+
+
+def _reinforce_with_baseline(forward_inside: bool) -> None:
+    """sweetice/Deep-reinforcement-learning-with-pytorch's REINFORCE with baseline as its issue #37 posts it: an
+    episode's log-probs kept before the update loop, an update per step, and an Adam made each pass over the policy's
+    weights where the value network's were meant (its step changes nothing: none of them gets a gradient);
+    ``forward_inside``: each update's log-prob computed in its own pass, from the states and actions kept."""
+    torch.manual_seed(1)
+    policy = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    value = torch.nn.Linear(4, 1)
+    optimizer_theta = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    states = list(torch.randn(4, 1, 4))
+    log_act_prob, actions = [], []
+    for state in states:
+        m = torch.distributions.Categorical(torch.softmax(policy(state), dim=1))
+        action = m.sample()
+        log_act_prob.append(m.log_prob(action))
+        actions.append(action)
+    for i in range(len(states)):
+        delta = 1.0 - value(states[i])
+        optimizer_w = torch.optim.Adam(policy.parameters(), lr=1e-3)
+        optimizer_w.zero_grad()
+        (-delta).sum().backward(retain_graph=True)
+        optimizer_w.step()
+        optimizer_theta.zero_grad()
+        if forward_inside:
+            log_prob = torch.distributions.Categorical(torch.softmax(policy(states[i]), dim=1)).log_prob(actions[i])
+        else:
+            log_prob = log_act_prob[i]
+        policy_loss_theta = (-log_prob * delta).sum()
+        policy_loss_theta.backward(retain_graph=True)
+        optimizer_theta.step()
+
+
+def test_the_step_that_changed_saved_weights_is_the_one_that_updated_them() -> None:
+    """Two Adams over the policy's weights, one of which never updates them: the why named `optimizer_w.step()`, and
+    the fix was "add `log_act_prob[-1] = log_act_prob[-1].detach()` after line N's backward", which still raises (and
+    would stop the policy learning). The truth: removing optimizer_w's step still raises; each log-prob computed in
+    its own pass runs."""
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        _reinforce_with_baseline(forward_inside=False)
+    item = w.report.items[0]
+    assert "`optimizer_theta.step()` (line " in item.why, item.why
+    assert item.fix == (
+        "build the `log_act_prob` item each pass reads inside the loop: each backward walks a graph of its own"
+    ), item.fix
+    _reinforce_with_baseline(forward_inside=True)

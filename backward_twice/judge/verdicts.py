@@ -127,6 +127,8 @@ def judge(recorder: Recorder) -> Verdicts:
         # carried graph, or the parameters' (an EMA teacher's output, through its weights' graph): one cause, one item
         kept = [n for n in kept if not (n.grows and not n.parameter and rebound_each_pass(recorder, n.name))]
     error = _error(recorder, split, carried)
+    if error is not None and error.carried and _items_stale_after_a_step(recorder, carried[0]):
+        carried[0] = replace(carried[0], fix=_build_each_item_inside(carried[0]))
     raised_in_a_pass = (  # not a ``finally:``'s, nor one the loop caught and went on past
         recorder.error is not None and not recorder.error.after_the_loop and not recorder.error.caught
     )
@@ -172,6 +174,19 @@ def _earlier_steps_the_source(recorder: Recorder, freer: int, record: ErrorRecor
     if live is None:
         return None
     return any(id(p) in record.through_sources for group in live.param_groups for p in group["params"])
+
+
+def _items_stale_after_a_step(recorder: Recorder, finding: CarriedFinding) -> bool:
+    """Whether the items of a list built before the loop (an episode's log-probs, then an update per item) went
+    stale when a step changed the weights their graphs saved: their gradient is wanted, so no detach fixes it."""
+    error = recorder.error
+    stale = error is not None and error.changed_by_step is not None
+    return stale and finding.iteration in (None, 0) and finding.container == "list" and finding.name is not None
+
+
+def _build_each_item_inside(finding: CarriedFinding) -> str:
+    whole = whole_name(finding.name or "", finding.container)
+    return f"build the `{whole}` item each pass reads inside the loop: each backward walks a graph of its own"
 
 
 def _one_of(name: str, names: set[str]) -> bool:

@@ -296,18 +296,21 @@ def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | 
     stepped = {step.optimizer: step for step in recorder.steps}  # each optimizer's last step
     if not stepped:
         return None
-    params: dict[int, int] = {}  # a parameter's storage -> the optimizer that steps it
-    for optimizer_id in stepped:
+    params: dict[int, list[int]] = {}  # a parameter's storage -> the optimizers that step it, those that kept a state
+    for optimizer_id in stepped:  # for it first (an Adam made over the wrong model's weights steps none of them)
         reference = recorder.optimizers_seen.get(optimizer_id)
         optimizer = reference() if reference is not None else None
         for group in optimizer.param_groups if optimizer is not None else ():
             for p in group["params"]:
-                params[p.untyped_storage().data_ptr()] = optimizer_id
+                owners = params.setdefault(p.untyped_storage().data_ptr(), [])
+                owners.insert(0, optimizer_id) if optimizer is not None and optimizer.state.get(p) else owners.append(
+                    optimizer_id
+                )
     for node in walked:
         for tensor in saved_data(node) or ():
-            owner = params.get(tensor.untyped_storage().data_ptr())
-            if owner is not None and stepped[owner].sequence > node._sequence_nr():
-                return stepped[owner].line, node._sequence_nr()
+            for owner in params.get(tensor.untyped_storage().data_ptr(), ()):
+                if stepped[owner].sequence > node._sequence_nr():
+                    return stepped[owner].line, node._sequence_nr()
     return None
 
 
