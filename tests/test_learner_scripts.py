@@ -1288,9 +1288,8 @@ def test_a_gan_that_steps_g_before_d_is_told_to_detach_fake_in_ds_loss(tmp_path:
         """
     python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
     assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
-    assert "fix: use `fake.detach()` in the loss line 17's backward walks (a GAN's D loss" in watched.stdout, (
-        watched.stdout
-    )
+    assert "fix: use `fake.detach()` at line 15 (`d_loss = " in watched.stdout, watched.stdout
+    assert "`): a GAN's D loss must not train what `fake` comes from" in watched.stdout, watched.stdout
     python, watched = run(tmp_path, script.replace("{fix}", ".detach()"))
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout

@@ -259,8 +259,8 @@ def _fed_object(placed: Note, note: Note) -> Note:
     a meter's; ``placed`` (``note`` placed where its name grows) as it is otherwise."""
     plain = note.grows and not note.parameter and not note.bound and not note.attributes
     owner = re.fullmatch(r"(\w+(?:\.\w+)*)\.\w+", note.name) if plain else None
-    if owner is None or not placed.name.startswith("self.") or placed.grows_in is None:
-        return placed
+    if owner is None or owner.group(1) == "self" or not placed.name.startswith("self.") or placed.grows_in is None:
+        return placed  # (a method's own ``self``: what it feeds itself, ``self.log(...)``, is no object of the loop's)
     if fed_line(owner.group(1), placed.grows_in, placed.ran) is None:
         return placed
     return dataclasses.replace(placed, name=owner.group(1), attributes=(note.name,))
