@@ -2455,3 +2455,98 @@ def test_a_running_total_kept_as_a_tensor_is_a_note_however_long_the_watch(
     assert "1. `running_loss` keeps one more iteration's graph alive every iteration" in watched.stdout, watched.stdout
     python, watched = run(tmp_path, shaped(RUNNING_TOTAL.replace("{kept}", "loss.item()")), *iterations)
     assert "backward-twice: healthy" in watched.stdout, watched.stdout
+
+
+def test_a_backward_lightning_runs_raises_at_the_training_steps_return_not_at_trainer_fit(tmp_path: Path) -> None:
+    """A hidden state kept on the module across batches under automatic optimization (Lightning issue #655, without
+    its detach): the line shown raising was ``trainer.fit(...)``, the learner's nearest frame to Lightning's
+    backward. It is the ``return loss`` of the ``training_step`` whose loss that backward walked. The truth: python
+    raises in the second batch; with the printed detach, it runs."""
+    script = """
+        import pytorch_lightning as pl
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Model(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.rnn = torch.nn.GRU(4, 4, batch_first=True)
+                self.previous_hidden = None
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                output, hidden = self.rnn(x, self.previous_hidden)
+                self.previous_hidden = hidden{fix}
+                loss = torch.nn.functional.mse_loss(output, y)
+                return loss
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(16, 3, 4), torch.randn(16, 3, 4))
+        trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, accelerator="cpu")
+        trainer.fit(Model(), DataLoader(data, batch_size=4))
+        """
+    python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    assert "train.py:18 | return loss" in watched.stdout, watched.stdout
+    assert 'its backward raised "Trying to backward through the graph a second time"' in watched.stdout, watched.stdout
+    assert "trainer.fit(" not in watched.stdout, watched.stdout
+    assert "fix: add `self.previous_hidden = self.previous_hidden.detach()` after line 16" in watched.stdout
+    python, watched = run(tmp_path, script.replace("{fix}", ".detach()"))
+    assert python.returncode == watched.returncode == 0, python.stderr
+
+
+def test_a_regulariser_a_trainer_builds_once_in_its_init_is_computed_in_compute_loss(tmp_path: Path) -> None:
+    """A Hugging Face ``Trainer`` subclass that builds an L2 term from the weights in ``__init__`` and adds it in
+    ``compute_loss``: the fix detached it after its line, which runs but trains nothing through it (the weights end as
+    with the term's weight 0), and the error was shown at ``trainer.train()``. The truth: python raises at step 2; the
+    term computed in ``compute_loss`` runs and trains other weights than without it."""
+    script = """
+        import torch
+        from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+
+        class RegTrainer(Trainer):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.l2_penalty = sum(p.pow(2).sum() for p in self.model.parameters())
+
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                outputs = model(**inputs)
+                loss = outputs.loss + 0.5 * {penalty}
+                return (loss, outputs) if return_outputs else loss
+
+
+        class ToyData(torch.utils.data.Dataset):
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, i):
+                return {"input_ids": torch.arange(i, i + 4) % 20, "labels": torch.tensor(i % 2)}
+
+
+        torch.manual_seed(0)
+        config = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=8, max_position_embeddings=8, num_labels=2)
+        model = BertForSequenceClassification(config)
+        args = TrainingArguments(output_dir="out", max_steps=2, per_device_train_batch_size=4, report_to="none",
+                                 use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0)
+        trainer = RegTrainer(model=model, args=args, train_dataset=ToyData())
+        trainer.train()
+        print("final", round(sum(float(p.sum()) for p in model.parameters()), 6))
+        """
+    python, watched = run(tmp_path, script.replace("{penalty}", "self.l2_penalty"), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "backward through the graph a second time" in python.stderr
+    assert "return (loss, outputs) if return_outputs else loss" in watched.stdout, watched.stdout
+    assert "trainer.train()" not in watched.stdout, watched.stdout
+    assert "fix: compute `self.l2_penalty` in `compute_loss` (line 11), from each step's weights" in watched.stdout
+    inside = script.replace("{penalty}", "sum(p.pow(2).sum() for p in model.parameters())")
+    python, _ = run(tmp_path, inside)
+    without, _ = run(tmp_path, script.replace("{penalty}", "0"))
+    assert python.returncode == without.returncode == 0, python.stderr + without.stderr
+    assert python.stdout.split("final")[-1] != without.stdout.split("final")[-1], python.stdout

@@ -1,7 +1,6 @@
 """Graphs a later iteration's backward walks: a node built in an earlier iteration or before the first, found in
-the recorder's walks, with the name that held it at an iteration's start
-(:class:`backward_twice.record.names.NamedGraph`) for the fix's variable, and
-:func:`backward_twice.judge.built.built_line` for the line that built it. One :class:`CarriedFinding` per name.
+the recorder's walks, with the name that held it at an iteration's start (its ``NamedGraph``) for the fix's variable,
+and :func:`backward_twice.judge.built.built_line` for the line that built it. One :class:`CarriedFinding` per name.
 
 Used by :mod:`backward_twice.judge.notes` and :mod:`backward_twice.judge.verdicts`.
 """
@@ -24,6 +23,7 @@ from backward_twice.judge.built import (
     starts_without_a_tensor,
 )
 from backward_twice.judge.fixes import carried_fix, read_after_its_build
+from backward_twice.judge.returned import computed_in_the_step
 from backward_twice.judge.states import one_state, whole_name, whole_state, whole_state_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
 from backward_twice.judge.uses import bound_in, first_read, list_use, read_first
@@ -223,6 +223,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for at_entry in (_fix_at_entry(recorder, entry, e, name),)
         for fix in (
             read_after_its_build(name, entry, e.built_at, _body(recorder))
+            or computed_in_the_step(name, e.built_at)
             or carried_fix(name, e.built_at, _built_before(e), e.container, _list_use(recorder, e), e),
         )
     ]

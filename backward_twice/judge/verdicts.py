@@ -36,6 +36,7 @@ from backward_twice.judge.carried import (
 from backward_twice.judge.fixes import ERROR_FIXES, second_backward_fix
 from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
+from backward_twice.judge.returned import loss_returned_at
 from backward_twice.judge.states import whole_name
 from backward_twice.judge.uses import graph_cut
 from backward_twice.record.evidence import ErrorRecord
@@ -96,6 +97,7 @@ class ErrorVerdict:
     caught: bool = False  # the learner's code caught it, and the loop went on
     stale_through: str | None = None  # the name to detach in the later loss, instead of computing it again
     cut: tuple[str, str] | None = None  # no graph: the learner's line whose operation cut it, and that operation
+    returned_at: str | None = None  # a framework's backward: the learner's return of the loss it walked
 
 
 @dataclass(frozen=True)
@@ -373,6 +375,7 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
         record.caught,
         record.stale_through if stale is not None else None,
         _graph_cut(recorder, record.line) if kind == "no graph" else None,
+        loss_returned_at(record.line, recorder.creation.ran) if record.call is not None else None,
     )
 
 

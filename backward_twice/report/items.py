@@ -116,8 +116,12 @@ def _searched_words(message: str) -> str:
 
 
 def raising_line(error: ErrorVerdict) -> CodeLine:
-    place, code = split_line(error.line)
-    return CodeLine(place, code, (0, len(code)) if code else None, f'raised "{_searched_words(error.message)}"')
+    """The learner's line where the error rose; for a backward a framework ran, the return of the loss it walked."""
+    place, code = split_line(error.returned_at or error.line)
+    raised = f'raised "{_searched_words(error.message)}"'
+    return CodeLine(
+        place, code, (0, len(code)) if code else None, f"its backward {raised}" if error.returned_at else raised
+    )
 
 
 def _holder(finding: CarriedFinding) -> str:
