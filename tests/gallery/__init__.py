@@ -74,4 +74,8 @@ LOOPS = [
     "mdrnn_world_models",
     "seq2seq_attention_tutorial",
     "accelerate_gradient_accumulation",
+    "gan_tutorial_inplace_dropout",
+    "wgan_generator_on_critic_fakes",
+    "percnn_upscaler_state_kept",
+    "conditional_gan_d_step_first",
 ]
