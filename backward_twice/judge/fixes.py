@@ -1,24 +1,24 @@
 """The fix a verdict gives, in the learner's own names: for each kind of PyTorch error, for a graph carried into a later
 iteration (by the carrier's kind: a tensor, a tuple of states, a list rebound, built from whole or read by slice; the
-same attributes of each item of one list, a cache's ``layers[i].keys`` and ``.values``, detached by one statement), and
-for a second backward through buffers an earlier backward of the same iteration freed. The learner's statement that
-changed a saved tensor in place: :mod:`backward_twice.judge.in_place_fix`.
+same attributes of each item of one list, a cache's ``layers[i].keys`` and ``.values``, detached by one statement). A
+second backward through buffers an earlier backward of the same iteration freed:
+:mod:`backward_twice.judge.second_backward`; the learner's statement that changed a saved tensor in place:
+:mod:`backward_twice.judge.in_place_fix`.
 
-Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.verdicts`,
-:mod:`backward_twice.report.error_item` and :mod:`backward_twice.report.items`. A state detached whole:
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.second_backward`,
+:mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.items`. A state detached whole:
 :mod:`backward_twice.judge.states`.
 """
 
 from __future__ import annotations
 
 import ast
-import linecache
 import math
 import re
 from typing import Protocol
 
 from backward_twice.judge.states import as_spelled_in_its_methods, whole_state, whole_state_fix
-from backward_twice.judge.uses import bound_in, read_in_the_loss, summed_over_steps
+from backward_twice.judge.uses import bound_in
 from backward_twice.record.learner import lines_of_file, site_of, source_lines
 from backward_twice.record.loops import loop_inside, outermost_loop_without
 from backward_twice.record.sources import parsed
@@ -27,7 +27,7 @@ __all__ = [
     "ERROR_FIXES",
     "carried_fix",
     "items_of_one_list",
-    "second_backward_fix",
+    "total_fix",
 ]
 
 ERROR_FIXES = {
@@ -58,10 +58,6 @@ ERROR_FIXES = {
 }
 
 
-_D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
-_GAN = re.compile(r"(?i)fake|discriminator|\bnet_?D\b|\bD\(|\berrD|\bd_?loss|\bloss_?D\b|\bgen(erated)?_")  # G, D
-
-
 def _read_into_the_loss(name: str, filename: str, added_at: int, backward_at: int) -> bool:
     """Whether a line after ``added_at`` and before the backward at ``backward_at`` reads ``name`` other than to add
     to it: the total is a term of the loss, not a log."""
@@ -70,130 +66,7 @@ def _read_into_the_loss(name: str, filename: str, added_at: int, backward_at: in
     return any(reads.search(text) for text in lines[added_at : max(added_at, backward_at - 1)])
 
 
-def second_backward_fix(
-    freed_at: str,
-    raised_at: str,
-    through: str,
-    shared: bool = True,
-    parameter: str | None = None,
-    earlier_steps_its_source: bool | None = None,
-    stepped: str | None = None,
-) -> str:
-    """The fix for a backward through buffers an earlier backward of the same iteration freed, reached through the
-    learner's ``through``: the same backward line run twice (an inner loop, a WGAN's critic steps on one ``fake``)
-    wants ``through`` built inside that loop or detached there; two backward lines (a GAN's D loss on ``fake``, then
-    G's) want the earlier loss on ``through.detach()``, unless that loss must train what ``through`` comes from: then
-    retain in the earlier backward only, as for two losses. When the earlier backward never walked ``through``
-    (``shared`` False: two heads' losses meet inside a model's ``forward``), no detach of it applies. Where an
-    optimizer stepped between the two backward calls, ``earlier_steps_its_source`` says whether it trains what
-    ``through`` comes from: then the later loss detaches it (a world model's encoder trained by its own loss first),
-    else the earlier one (a GAN's D loss). A D loss built
-    in a function from its ``parameter`` (CycleGAN's ``backward_D_basic(netD, real, fake)``) detaches the parameter:
-    one change for every call of it. ``stepped``: the line of a step between the two that changed the weights
-    ``through``'s graph saved, where the later loss trains nothing but through it (SAM's ``first_step``, a REINFORCE
-    update run twice): no retain keeps that graph usable and no detach leaves a gradient, so ``through`` is built
-    again."""
-    freer = site_of(freed_at)
-    line = f"line {freer[1]}'s backward" if freer else "the earlier backward"
-    freer_code = freed_at.split(": ", 1)[-1]
-    if re.search(r"\bcreate_graph\s*=\s*True", freer_code) and re.search(r"\bretain_graph\s*=\s*False", freer_code):
-        # MAML's inner step: create_graph=True keeps the graph for the outer backward, unless told not to
-        where = f"line {freer[1]}" if freer else "the earlier call"
-        return f"remove `retain_graph=False` from {where}: with create_graph=True the graph is kept unless it says so"
-    raiser = site_of(raised_at)
-    later = raiser[1] if raiser is not None and ": " in raised_at else None
-    step = site_of(stepped) if stepped is not None else None
-    if step is not None and freed_at == raised_at:
-        whole = re.sub(r"\[\d+\]$", "", through)  # the list an episode fills, not its item
-        return (
-            f"run {line} once per graph: run again, it walks the graph its first run freed, whose weights the step "
-            f"at line {step[1]} changed (or build `{whole}` again after that step)"
-        )
-    epoch = summed_over_steps(freer[0], freer[1], step[1], later) if step and freer and later else None
-    if step is not None and epoch is not None and later is not None:  # an epoch's backward of the batches' losses,
-        return keep_one_update(*epoch, step[1], later)  # each batch stepped
-    if step is not None:
-        return (
-            f"compute `{through}` again after line {step[1]}'s step: line {later}'s backward needs the graph {line} "
-            "freed, and that step changed the weights it saved"
-        )
-    if later is not None and _D_LOSS.search(raised_at.split(": ", 1)[-1]) and not _D_LOSS.search(freed_at):
-        # G's backward first, then D's through the same fake: D's loss is the one to detach it in
-        if parameter is not None and parameter != through:
-            return (
-                f"use `{parameter}.detach()` in the loss line {later}'s backward walks (a GAN's D loss must "
-                f"not train what `{parameter}` comes from: `{through}` here)"
-            )
-        read = read_in_the_loss(raiser[0], later, through) if raiser is not None else None
-        code = linecache.getline(raiser[0], read).split("#", 1)[0].strip() if raiser and read else ""
-        where = f"at line {read} (`{code}`)" if read and read != later else f"in the loss line {later}'s backward walks"
-        return f"use `{through}.detach()` {where}: a GAN's D loss must not train what `{through}` comes from"
-    losses = _losses_iterated(raised_at) if freed_at == raised_at else None
-    if losses is not None:  # ``for loss in outputs: loss.backward()``: the losses of one forward, one by one
-        shared_graph = (
-            "one forward's graph"
-            if re.match(rf"\s*{re.escape(through)}\s*\.", raised_at.split(": ", 1)[-1])
-            else f"the graph `{through}` was built from"
-        )
-        return (
-            f"sum the losses and call backward() once (`sum({losses}).backward()`), or add retain_graph=True to "
-            f"each backward but the last: they share {shared_graph}"
-        )
-    summed = _summed_in_the_loop(through, raised_at) if freed_at == raised_at else None
-    if summed is not None:  # gradient accumulation written as ``total = total + term; total.backward()``
-        return _total_fix(*summed, raised_at.split(": ", 1)[-1])
-    if freed_at != raised_at and _differentiates(through, freer_code) and _differentiates(through, raised_at):
-        # one loss differentiated twice (DARTS: its gradient for the architecture, then for the weights): nothing
-        # to detach, as detaching the root leaves nothing to differentiate
-        return f"add retain_graph=True to {line} only: both differentiate `{through}`"
-    if freed_at == raised_at:
-        return (
-            f"build `{through}` inside the loop that runs {line}, or use `{through}.detach()` there if this loss "
-            f"needs no gradient through it"
-        )
-    if not shared:
-        return (
-            f"sum the losses and call backward() once, or add retain_graph=True to {line} only: both walk the graph "
-            f"`{through}` was built from"
-        )
-    if earlier_steps_its_source is not None and later is not None:  # the step between the two backward calls tells
-        if earlier_steps_its_source:  # which loss trains what ``through`` comes from: the other one must not
-            return (
-                f"use `{through}.detach()` in the loss line {later}'s backward walks: the step after {line} "
-                f"trains what `{through}` comes from, and this later loss must not"
-            )
-        read = read_in_the_loss(freer[0], freer[1], through) if freer else None
-        code = linecache.getline(freer[0], read).split("#", 1)[0].strip() if freer and read else ""
-        gan = " (a GAN's D loss)" if _GAN.search(f"{freer_code} {code} {through}") else ""  # not an encoder's
-        untrained = f"does not train what `{through}` comes from{gan}"
-        if freer is not None and read is not None and read != freer[1]:  # the line to change: where D's loss reads it
-            return f"use `{through}.detach()` at line {read} (`{code}`): the step after {line} {untrained}"
-        return f"use `{through}.detach()` in the loss {line} walks: the step after it {untrained}"
-    gan = " (a GAN's D loss)" if _GAN.search(f"{freer_code} {through}") else ""
-    return (
-        f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from{gan}; if "
-        f"it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
-    )
-
-
-def keep_one_update(total: str, header: int, step: int | str, backward: int | str) -> str:
-    """The fix for an epoch's backward of ``total``, which the loop at ``header`` adds each batch's loss to, where
-    each batch also steps at line ``step``: the two updates cannot both stand on the batches' graphs."""
-    return (
-        f"`{total}` adds up losses of every pass of the loop at line {header}, and line {step}'s step changes the "
-        f"weights between them: keep one of the two updates (line {step}'s step, or line {backward}'s backward and "
-        "the step after it)"
-    )
-
-
-def _differentiates(through: str, line: str) -> bool:
-    """Whether ``line`` (its code) differentiates ``through`` itself: ``through.backward(``, or
-    ``torch.autograd.grad(through, ...)``."""
-    code, name = line.split(": ", 1)[-1], re.escape(through)
-    return bool(re.search(rf"(?<![\w.]){name}\s*\.backward\(|\bgrad\(\s*(?:outputs\s*=\s*)?{name}\s*,", code))
-
-
-def _total_fix(summed_name: str, added: str, backward: str) -> str:
+def total_fix(summed_name: str, added: str, backward: str) -> str:
     """The fix for a running total of losses kept as a tensor (``summed_name += added``, or ``= summed_name + added``)
     that ``backward`` (its code) walks: each backward walks this iteration's loss alone, the total kept as a number."""
     if re.fullmatch(r"[\w.]+", added):
@@ -208,36 +81,6 @@ def _total_fix(summed_name: str, added: str, backward: str) -> str:
         f"name this iteration's loss (`loss = {added}`), call `loss.backward()`, and add a number instead "
         f"(`{summed_name} += loss.item()`)"
     )
-
-
-def _summed_in_the_loop(through: str, raised_at: str) -> tuple[str, str] | None:
-    """(the total's name, what is added) where the raising backward's file keeps ``through`` as a running total of
-    losses (``total = total + loss_term`` or ``total += loss_term``) and that backward walks it (``total.backward()``):
-    the same backward line, run again in an inner loop, walks the terms an earlier run of it freed."""
-    if not re.match(rf"\s*{re.escape(through)}\s*\.backward\(", raised_at.split(": ", 1)[-1]):
-        return None
-    total = re.compile(rf"\s*({re.escape(through)})\s*(?:\+=|=\s*{re.escape(through)}\s*\+)\s*(.+)$")
-    found = next(filter(None, map(total.match, lines_of_file(raised_at))), None)
-    return (found.group(1), found.group(2).strip()) if found else None
-
-
-def _losses_iterated(raised_at: str) -> str | None:
-    """What the ``for`` around the raising line iterates, when its backward is called on that loop's own item
-    (``for loss in outputs: loss.backward()``): the losses of one forward, each walked in turn; None otherwise."""
-    site = site_of(raised_at)
-    receiver = re.match(r"\s*(\w+)\s*\.backward\(", raised_at.split(": ", 1)[-1])
-    tree = parsed(site[0]) if site is not None else None
-    if tree is None or site is None or receiver is None:
-        return None
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, (ast.For, ast.AsyncFor))
-            and isinstance(node.target, ast.Name)
-            and node.target.id == receiver.group(1)
-            and node.body[0].lineno <= site[1] <= (node.end_lineno or node.lineno)
-        ):
-            return ast.unparse(node.iter)
-    return None
 
 
 class Walked(Protocol):
@@ -291,7 +134,7 @@ def carried_fix(
             start = f"set `{total.group(1)} = 0` before line {first}"
             return f"{start}, so each iteration's backward walks only the terms it adds"
         backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""
-        return _total_fix(total.group(1), total.group(2).strip(), backward)
+        return total_fix(total.group(1), total.group(2).strip(), backward)
     if name is None:
         return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
     if container == "parameter":  # a parameter is given a graph only by an in-place update autograd recorded

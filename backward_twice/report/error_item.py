@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from backward_twice.common.error_kinds import LEAF_IN_PLACE
-from backward_twice.judge.fixes import keep_one_update
+from backward_twice.judge.second_backward import keep_one_update
 from backward_twice.judge.uses import computed_again, summed_over_steps
 from backward_twice.judge.verdicts import ErrorVerdict, LineVerdict
 from backward_twice.record.learner import site_of
