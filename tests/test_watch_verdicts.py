@@ -2865,3 +2865,44 @@ def test_the_step_that_changed_saved_weights_is_the_one_that_updated_them() -> N
         "build the `log_act_prob` item each pass reads inside the loop: each backward walks a graph of its own"
     ), item.fix
     _reinforce_with_baseline(forward_inside=True)
+
+
+def _gan_scoring_fake_once(fixed: bool) -> torch.nn.Module:
+    """The Lightning basic GAN's manual step written with one ``d_fake = discriminator(fake)`` for both losses;
+    ``fixed``: as the printed fix says (D's loss on ``fake.detach()``, ``d_fake`` again after D's step)."""
+    torch.manual_seed(0)
+    generator = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    discriminator = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.LeakyReLU(0.2), torch.nn.Linear(8, 1))
+    optimizer_g = torch.optim.Adam(generator.parameters(), lr=2e-4)
+    optimizer_d = torch.optim.Adam(discriminator.parameters(), lr=2e-4)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    for real in torch.randn(3, 4, 2):
+        fake = generator(torch.randn(4, 4))
+        d_fake = discriminator(fake.detach() if fixed else fake)
+        d_loss = (bce(discriminator(real), torch.ones(4, 1)) + bce(d_fake, torch.zeros(4, 1))) / 2
+        optimizer_d.zero_grad()
+        d_loss.backward()
+        optimizer_d.step()
+        if fixed:
+            d_fake = discriminator(fake)
+        g_loss = bce(d_fake, torch.ones(4, 1))
+        optimizer_g.zero_grad()
+        g_loss.backward()
+        optimizer_g.step()
+    return generator
+
+
+def test_a_gans_d_output_on_fake_used_by_both_losses_is_detached_for_d_and_computed_again_for_g() -> None:
+    """The fix was "compute `d_fake` again after line N's step", which still raises as printed: D's backward walked
+    G's graph behind ``fake`` too. The truth: ``fake.detach()`` where D's loss scores it, and ``d_fake`` computed
+    again for G's loss after D's step, runs."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _gan_scoring_fake_once(fixed=False)
+    [item] = w.report.items
+    assert re.fullmatch(
+        r"use `fake.detach\(\)` at line \d+ \(`d_fake = discriminator\(fake.detach\(\) if fixed else fake\)`\), and "
+        r"compute `d_fake` again from `fake` after line \d+'s step for line \d+'s backward: a GAN's D loss must not "
+        r"train what `fake` comes from",
+        item.fix,
+    ), item.fix
+    _gan_scoring_fake_once(fixed=True)

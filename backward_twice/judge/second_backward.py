@@ -13,13 +13,14 @@ import linecache
 import re
 
 from backward_twice.judge.fixes import total_fix
-from backward_twice.judge.uses import read_in_the_loss, summed_over_steps
+from backward_twice.judge.uses import assigned_in_the_loss, read_in_the_loss, summed_over_steps
 from backward_twice.record.learner import lines_of_file, site_of
 from backward_twice.record.sources import parsed
 
 __all__ = ["keep_one_update", "second_backward_fix"]
 
 _D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
+_G_OUTPUT = re.compile(r"(?i)^(?:self\.)?(?:fake\w*|gen(?:erated)?_\w+|\w*_fake)$")  # a generator's output, by name
 _GAN = re.compile(r"(?i)fake|discriminator|\bnet_?D\b|\bD\(|\berrD|\bd_?loss|\bloss_?D\b|\bgen(erated)?_")  # G, D
 
 
@@ -65,6 +66,14 @@ def second_backward_fix(
     epoch = summed_over_steps(freer[0], freer[1], step[1], later) if step and freer and later else None
     if step is not None and epoch is not None and later is not None:  # an epoch's backward of the batches' losses,
         return keep_one_update(*epoch, step[1], later)  # each batch stepped
+    made = assigned_in_the_loss(freer[0], freer[1], through) if step is not None and freer is not None else None
+    fake = next((name for name in sorted(made[1]) if _G_OUTPUT.search(name)), None) if made is not None else None
+    if step is not None and freer is not None and made is not None and fake is not None:  # D's output on G's
+        code = linecache.getline(freer[0], made[0]).split("#", 1)[0].strip()  # ``fake`` in both losses: D's
+        return (  # loss walked G's graph too
+            f"use `{fake}.detach()` at line {made[0]} (`{code}`), and compute `{through}` again from `{fake}` after "
+            f"line {step[1]}'s step for line {later}'s backward: a GAN's D loss must not train what `{fake}` comes from"
+        )
     if step is not None:
         return (
             f"compute `{through}` again after line {step[1]}'s step: line {later}'s backward needs the graph {line} "

@@ -27,6 +27,7 @@ from backward_twice.record.loops import outermost_loop_without
 from backward_twice.record.sources import function_around, memo, parsed
 
 __all__ = [
+    "assigned_in_the_loss",
     "bound_in",
     "computed_again",
     "first_read",
@@ -225,6 +226,20 @@ def read_in_the_loss(filename: str, backward: int, name: str) -> int | None:
     if tree is None:
         return None
     return next((line for line, reads in _computed_through(filename, tree, backward) if name in reads), None)
+
+
+def assigned_in_the_loss(filename: str, backward: int, name: str) -> tuple[int, frozenset[str]] | None:
+    """(line, what it reads) of the statement the loss of the backward at line ``backward`` is computed through that
+    assigns ``name`` (``d_fake = self.discriminator(fake)``), if any."""
+    tree = parsed(filename)
+    if tree is None:
+        return None
+    statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
+    writes = {line: assigned for line, _, assigned in statements}
+    return next(
+        ((line, reads) for line, reads in _computed_through(filename, tree, backward) if name in writes.get(line, ())),
+        None,
+    )
 
 
 def _computed_through(
