@@ -2906,3 +2906,39 @@ def test_a_gans_d_output_on_fake_used_by_both_losses_is_detached_for_d_and_compu
         item.fix,
     ), item.fix
     _gan_scoring_fake_once(fixed=True)
+
+
+def test_a_list_of_a_models_outputs_each_a_dict_of_tensors_is_a_note_of_the_list() -> None:
+    """``self.step_outputs.append(outputs)`` of a Hugging Face model's outputs (a dict of ``loss`` and ``logits``
+    each step): "healthy", as each new item was counted as a container of its own, holding two graphs as the last
+    did. The truth: the list holds every step's graphs; detached entries hold none."""
+
+    class Keeper:
+        def __init__(self) -> None:
+            self.step_outputs: list[dict[str, torch.Tensor]] = []
+
+        def compute_loss(self, model: torch.nn.Module, x: torch.Tensor, detach: bool) -> torch.Tensor:
+            logits = model(x)
+            outputs = {"loss": logits.pow(2).mean(), "logits": logits}
+            kept = {key: value.detach() for key, value in outputs.items()} if detach else outputs
+            self.step_outputs.append(kept)
+            return outputs["loss"]
+
+    def train(detach: bool) -> Keeper:
+        torch.manual_seed(0)
+        model, keeper = torch.nn.Linear(4, 2), Keeper()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in torch.randn(5, 3, 4):
+            opt.zero_grad()
+            keeper.compute_loss(model, x, detach).backward()
+            opt.step()
+        return keeper
+
+    with watch() as w:
+        keeper = train(detach=False)
+    assert all(out["logits"].grad_fn is not None for out in keeper.step_outputs)
+    [item] = w.report.items
+    assert item.label == "`self.step_outputs` keeps one more iteration's graph alive every iteration", item.label
+    assert item.fix.startswith("`self.step_outputs.append(kept['"), item.fix
+    assert item.fix.endswith("].detach())`, with each entry you read detached"), item.fix
+    assert all(out["logits"].grad_fn is None for out in train(detach=True).step_outputs)

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING
 
 from backward_twice.judge.built import built_line
 from backward_twice.judge.carried import twin_in_iteration_1
-from backward_twice.record.held import HeldGraph
+from backward_twice.record.held import HeldGraph, item_of
 from backward_twice.record.iterations import Split
 from backward_twice.record.learner import site_of
+from backward_twice.record.sources import function_around, parsed
 
 if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
@@ -54,6 +55,7 @@ class Note:
     buffer: bool = False  # ``parameter`` for a registered buffer (an EMA's codebook): the same fix
     attributes: tuple[str, ...] = ()  # an object whose attributes grow together (a meter's ``sum`` and ``avg``): one
     # note of the object, whose method the loop feeds the tensor to
+    entry: str = ""  # the key, in the items it keeps, of the newest graph (``'logits'`` of a model's outputs kept)
 
 
 _UPDATED_IN_PLACE = ("parameter", "buffer")  # a module's own state with a graph: only an in-place update gives it one
@@ -115,7 +117,9 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             built = split.iteration_of_node(grown.newest)
             line = built_line(named, built == 0, recorder)
             grower = _container(grown.newest_name or named.name, name)
+            keys = re.match(r"\[\d+\](\['[^\]]*'\])", (grown.newest_name or named.name)[len(grower) :])
             note = Note(grower, line, grown.newest_bytes, True, one_element=_one_element(named.shape))
+            note = dataclasses.replace(note, entry=keys.group(1)[1:-1] if keys else "")  # an item's entry: a dict's
             by_name[grower] = dataclasses.replace(note, grows_in=named.frame.filename if named.frame else None)
     from_before: set[str] = set()  # names whose note's line is where their graph began, before the loop
     for holder, sequence, built, held_graph, spans in held:
@@ -188,9 +192,9 @@ def _ran_in(recorder: Recorder, filename: str) -> frozenset[int]:
 
 def _container(newest: str, root: str) -> str:
     """The list or dict that holds a name's newest graph, ``newest``: ``self.history['losses']`` of
-    ``self.history['losses'][7]``; ``root``, the name whose count grew, when that graph is not an item of one."""
-    whole = re.match(r"^(.+?)\[[^\]]*\]$", newest)
-    return whole.group(1) if whole is not None else root
+    ``self.history['losses'][7]``, ``trainer.step_outputs`` of ``trainer.step_outputs[5]['logits']``; ``root``, the
+    name whose count grew, when that graph is not an item of one."""
+    return item_of(newest) or root
 
 
 def _as_grown(container: str, filename: str) -> str | None:
@@ -261,9 +265,23 @@ def _fed_object(placed: Note, note: Note) -> Note:
     owner = re.fullmatch(r"(\w+(?:\.\w+)*)\.\w+", note.name) if plain else None
     if owner is None or owner.group(1) == "self" or not placed.name.startswith("self.") or placed.grows_in is None:
         return placed  # (a method's own ``self``: what it feeds itself, ``self.log(...)``, is no object of the loop's)
+    grows = growing_line(placed.name, placed.grows_in, placed.ran)
+    if grows is None or not _from_a_parameter(placed.grows_in, grows[0], grows[1]):
+        return placed  # grown from what the method computes itself (a step's outputs it keeps): the attribute's note
     if fed_line(owner.group(1), placed.grows_in, placed.ran) is None:
         return placed
     return dataclasses.replace(placed, name=owner.group(1), attributes=(note.name,))
+
+
+def _from_a_parameter(filename: str, line: int, code: str) -> bool:
+    """Whether what the statement ``code`` at ``line`` adds or appends reads a parameter of the method it is in
+    (``self.total += loss`` in ``def log(self, loss)``): the value the caller feeds it."""
+    tree = parsed(filename)
+    function = function_around(tree, line) if tree is not None else None
+    arguments = getattr(function, "args", None)
+    names = [a.arg for a in arguments.args[1:] + arguments.kwonlyargs] if arguments is not None else []
+    added = re.split(r"\+=|\.append\(|\.appendleft\(|\.extend\(", code, maxsplit=1)[-1]
+    return any(re.search(rf"(?<![\w.]){re.escape(name)}\b", added) for name in names)
 
 
 def _attribute_of_an_object(note: Note) -> bool:

@@ -28,7 +28,7 @@ from backward_twice.record.passes import IterationLoop
 from backward_twice.record.saved import graph_only_bytes, python_walk
 from backward_twice.record.walks import kept
 
-__all__ = ["Growth", "HeldGraph", "Holding", "event_names", "held_graph", "note_growth", "note_names"]
+__all__ = ["Growth", "HeldGraph", "Holding", "event_names", "held_graph", "item_of", "note_growth", "note_names"]
 
 _MAX_NAMES, _HELD_PER_NAME = 50_000, 8  # names kept; graphs a name is followed into (at passes 2-4, 8, ..., 128)
 _CARRIER_SPELLINGS = 8  # names kept per graph held into an iteration
@@ -101,10 +101,19 @@ def note_growth(
 def _container_of(spelled: str) -> str:
     """The list, dict or object a name's spelling reaches a graph in: ``optim.parameters`` of
     ``optim.parameters['mu']``, ``model`` of ``model.h``; the name itself when it holds the tensor."""
-    item = re.match(r"^(.+?)\[[^\]]*\]$", spelled)
-    if item is not None:
-        return item.group(1)
-    return spelled.rsplit(".", 1)[0]
+    return item_of(spelled) or spelled.rsplit(".", 1)[0]
+
+
+def item_of(spelled: str) -> str | None:
+    """The list (or dict by numbers) whose item a spelling ends in, before any keys of the item's own: ``outputs`` of
+    ``outputs[3]['logits']`` (a list of a model's outputs), ``history['losses']`` of ``history['losses'][7]``;
+    ``optim.parameters`` of ``optim.parameters['mu']``, a dict's entry; None for no item."""
+    chain = re.match(r"^(.+?)((?:\[[^\]]*\])+)$", spelled)
+    if chain is None:
+        return None
+    keys = re.findall(r"\[[^\]]*\]", chain.group(2))
+    first = next((i for i, key in enumerate(keys) if re.fullmatch(r"\[\d+\]", key)), len(keys) - 1)
+    return chain.group(1) + "".join(keys[:first])
 
 
 class Holding(Protocol):

@@ -324,7 +324,9 @@ def note_item(note: Note) -> Item:
     if grows is not None and filename is not None:
         number, text, appended, method = grows
         lines = (CodeLine(_short_place(place_of(filename, number)), text, span_of(text, note.name), where),)
-        if appended and note.one_element:
+        if appended and note.entry:  # an item with entries (a model's outputs): what is read of it, detached
+            fix = f"`{note.name}.{method}({appended}[{note.entry}].detach())`, with each entry you read detached"
+        elif appended and note.one_element:
             fix = f"`{note.name}.{method}({appended}.item())`, or `{appended}.detach()` if you need the tensor"
         elif appended:
             fix = f"`{note.name}.{method}({appended}.detach())`"
