@@ -2267,21 +2267,47 @@ def _forums_leaf(as_written: bool) -> torch.Tensor:
 
 def test_a_number_made_a_leaf_that_requires_grad_names_the_line_that_made_it_a_number() -> None:
     """``torch.tensor(loss.item(), requires_grad=True)``: "find where the loss's inputs lose their graph", where the
-    same loop without requires_grad=True names the ``.item()`` line. The truth: as written the weights never move;
-    the loss computed from that line without ``.item()`` trains them."""
+    same loop without requires_grad=True names the ``.item()`` line; and "compute ... without `.item()`; then drop
+    `requires_grad = True`" still trained nothing as printed (a new tensor made from a tensor has no graph either).
+    The truth: as written the weights never move; backward on that line's loss, without ``.item()``, trains them."""
     with watch() as w:
         untrained = _forums_leaf(as_written=True)
     [item] = w.report.items
     assert item.lines[0].code == "mse = ((model(x) - y) ** 2).mean().item()", item.lines
-    assert (
-        item.fix
-        == "compute the loss from line {} without `.item()`; then drop `requires_grad = True` on the loss".format(
-            item.lines[0].place.rsplit(":", 1)[1]
-        )
+    number = item.lines[0].place.rsplit(":", 1)[1]
+    assert item.fix == (
+        f"call backward on the loss line {number} computes, without `.item()`, not on a new tensor made from its value"
     ), item.fix
     torch.manual_seed(0)
     assert torch.equal(untrained, torch.nn.Linear(4, 1).weight.detach())
     assert not torch.equal(_forums_leaf(as_written=False), untrained)
+
+
+def test_a_loss_made_a_new_leaf_from_its_own_number_in_one_line_is_removed() -> None:
+    """``loss = torch.tensor(loss.item(), requires_grad=True)`` on one line: the fix was "compute the loss from line N
+    without `.item()`; then drop `requires_grad = True`", which trains nothing as printed either. The truth: without
+    that line the weights train."""
+
+    def train(as_written: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in zip(torch.randn(3, 8, 4), torch.randn(3, 8, 1)):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if as_written:
+                loss = torch.tensor(loss.item(), requires_grad=True)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return model.weight.detach().clone()
+
+    with watch() as w:
+        untrained = train(as_written=True)
+    [item] = w.report.items
+    assert item.lines[0].code == "loss = torch.tensor(loss.item(), requires_grad=True)", item.lines
+    number = item.lines[0].place.rsplit(":", 1)[1]
+    assert item.fix == f"remove line {number}: call backward on the loss it makes a new tensor of", item.fix
+    assert not torch.equal(train(as_written=False), untrained)
 
 
 def test_the_band_aids_in_place_error_a_pass_later_says_which_graphs_the_backward_went_through() -> None:

@@ -262,25 +262,36 @@ def no_graph_item(line: str, cut: tuple[str, str] | None = None) -> Item:
     ``cut``: ("file:line: code", operation) of the line that cut it, if known (``.item()``, ``torch.no_grad()``)."""
     place, code = split_line(line)
     lines = [CodeLine(place, code, (0, len(code)), "walks no graph: no weight gets a gradient")]
-    fix = "find where the loss's inputs lose their graph and compute them with autograd on"
+    fix = (
+        "find where the loss's inputs lose their graph and compute them with autograd on; then drop "
+        "`requires_grad = True` on the loss"
+    )
     if cut is not None:
         cut_place, cut_code = split_line(cut[0])
         under = cut[1] == "torch.no_grad()"
         span = None if under else span_of(cut_code, cut[1].rstrip("()"))
         lines.insert(0, CodeLine(cut_place, cut_code, span, "under torch.no_grad()" if under else "cuts the graph"))
         number = line_number(cut_place)
-        fix = (
-            f"run line {number} outside torch.no_grad()"
-            if under
-            else f"compute the loss from line {number} without `{cut[1]}`"
-        )
+        if under:
+            fix = f"run line {number} outside torch.no_grad(); then drop `requires_grad = True` on the loss"
+        elif "requires_grad" in cut_code:  # ``loss = torch.tensor(loss.item(), requires_grad=True)``: the leaf, made
+            fix = f"remove line {number}: call backward on the loss it makes a new tensor of"  # from the loss itself
+        elif cut[1] in (".data", ".detach()"):  # the loss itself made a leaf (``loss.requires_grad = True``)
+            fix = (
+                f"compute the loss from line {number} without `{cut[1]}`; then drop `requires_grad = True` on the loss"
+            )
+        else:  # a number made a new tensor (``torch.tensor(mse, requires_grad=True)``)
+            fix = (
+                f"call backward on the loss line {number} computes, without `{cut[1]}`, not on a new tensor made "
+                "from its value"
+            )
     return Item(
         "no graph",
         "the backward trains nothing: the loss it is called on has no graph",
         tuple(lines),
-        "the loss is a leaf that requires grad (`loss.requires_grad = True`, `Variable(loss, requires_grad=True)`): "
-        "no graph leads from it to the model, so no weight gets a gradient, and the error that said so is gone",
-        f"{fix}; then drop `requires_grad = True` on the loss",
+        "the loss is a leaf that requires grad (`requires_grad = True`), made from values without a graph: no graph "
+        "leads from it to the model, so no weight gets a gradient, and the error that said so is gone",
+        fix,
     )
 
 
