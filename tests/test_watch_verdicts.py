@@ -2968,3 +2968,36 @@ def test_a_list_of_a_models_outputs_each_a_dict_of_tensors_is_a_note_of_the_list
     assert item.fix.startswith("`self.step_outputs.append(kept['"), item.fix
     assert item.fix.endswith("].detach())`, with each entry you read detached"), item.fix
     assert all(out["logits"].grad_fn is None for out in train(detach=True).step_outputs)
+
+
+_MEMORY: dict[int, torch.Tensor] = {}
+
+
+def _memory_step(encoder: torch.nn.Module, optimizer: torch.optim.Optimizer, nodes: list[int]) -> None:
+    """A node memory updated per node of a batch, a node met twice in one batch updated twice."""
+    optimizer.zero_grad()
+    out = []
+    for j, n in enumerate(nodes):
+        old = _MEMORY[n] if n in _MEMORY else torch.zeros(4)
+        upd = torch.tanh(encoder(torch.cat([old, torch.full((4,), float(j))])))
+        _MEMORY[n] = upd
+        out.append(upd.sum())
+    torch.stack(out).pow(2).mean().backward()
+    optimizer.step()
+
+
+def test_diagnose_places_a_memorys_detach_after_the_steps_loop_over_nodes_not_inside_it() -> None:
+    """bt.diagnose placed "add `for key in memory: ...detach()`" before the line inside the step's loop over a
+    batch's nodes, where it cuts the gradient between two updates of one node met twice in a batch (the watch said
+    "at the end of each iteration")."""
+    from backward_twice import diagnose
+
+    _MEMORY.clear()
+    torch.manual_seed(0)
+    encoder = torch.nn.Linear(8, 4)
+    optimizer = torch.optim.SGD(encoder.parameters(), lr=0.05)
+    diagnosis = diagnose(lambda: _memory_step(encoder, optimizer, [4, 4, 3]), models=[encoder], optimizers=[optimizer])
+    [item] = diagnosis.items
+    assert item.fix == "add `for key in _MEMORY: _MEMORY[key] = _MEMORY[key].detach()` at the end of each iteration", (
+        item.fix
+    )

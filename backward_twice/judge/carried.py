@@ -424,8 +424,8 @@ def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _C
     link = _live_link(recorder)
     if link is not None and outermost_loop_around(*entry, link.code) is not None:  # in a loop of a function it calls
         return False
-    if link is None or entry[0] != link.loop.filename:
-        return True
+    if link is None or entry[0] != link.loop.filename:  # a step's runs: not in a loop of the step's own (per node)
+        return link is not None or not recorder.by_runs or innermost_loop_body(*entry) is None
     code = link.code  # a parameter of the loop's function (``beta`` of ``train(..., beta)``) may come in as a number
     if whole in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
         return False
