@@ -3001,3 +3001,40 @@ def test_diagnose_places_a_memorys_detach_after_the_steps_loop_over_nodes_not_in
     assert item.fix == "add `for key in _MEMORY: _MEMORY[key] = _MEMORY[key].detach()` at the end of each iteration", (
         item.fix
     )
+
+
+def _finish_episode(forward_inside: bool) -> None:
+    """REINFORCE's update as a learner writes it: an update per step of an episode, over ``zip(saved_log_probs,
+    returns)`` collected before the loop; ``forward_inside``: each log-prob computed in its own pass instead."""
+    torch.manual_seed(0)
+    policy = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    states, actions, saved_log_probs = list(torch.randn(3, 4)), [], []
+    for s in states:
+        m = torch.distributions.Categorical(torch.softmax(policy(s), -1))
+        actions.append(m.sample())
+        saved_log_probs.append(m.log_prob(actions[-1]))
+    returns = [1.0, 0.5, 1.0]
+    if forward_inside:
+        for s, a, ret in zip(states, actions, returns):
+            log_prob = torch.distributions.Categorical(torch.softmax(policy(s), -1)).log_prob(a)
+            optimizer.zero_grad()
+            (-log_prob * ret).backward()
+            optimizer.step()
+        return
+    for log_prob, ret in zip(saved_log_probs, returns):
+        optimizer.zero_grad()
+        policy_loss = -log_prob * ret
+        policy_loss.backward()
+        optimizer.step()
+
+
+def test_log_probs_the_update_loop_takes_from_before_it_are_built_in_each_pass_not_detached() -> None:
+    """The fix was "add `log_prob = log_prob.detach()` as the loop's body begins", which raises "does not require
+    grad" as printed: the policy's loss trains it only through the log-prob. The truth: each log-prob computed in its
+    own pass runs."""
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        _finish_episode(forward_inside=False)
+    [item] = w.report.items
+    assert item.fix == "build `log_prob` inside the loop: each backward walks a graph of its own", item.fix
+    _finish_episode(forward_inside=True)

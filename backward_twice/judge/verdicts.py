@@ -183,13 +183,14 @@ def _items_stale_after_a_step(recorder: Recorder, finding: CarriedFinding) -> bo
     """Whether the items of a list built before the loop (an episode's log-probs, then an update per item) went
     stale when a step changed the weights their graphs saved: their gradient is wanted, so no detach fixes it."""
     error = recorder.error
-    stale = error is not None and error.changed_by_step is not None
-    return stale and finding.iteration in (None, 0) and finding.container == "list" and finding.name is not None
+    stale = error is not None and error.changed_by_step is not None and finding.iteration in (None, 0)
+    return stale and finding.name is not None and (finding.container == "list" or "the loop takes `" in finding.fix)
 
 
 def _build_each_item_inside(finding: CarriedFinding) -> str:
     whole = whole_name(finding.name or "", finding.container)
-    return f"build the `{whole}` item each pass reads inside the loop: each backward walks a graph of its own"
+    item = f"the `{whole}` item each pass reads" if finding.container == "list" else f"`{whole}`"  # or the loop's
+    return f"build {item} inside the loop: each backward walks a graph of its own"  # ``for`` takes it
 
 
 def _one_of(name: str, names: set[str]) -> bool:
