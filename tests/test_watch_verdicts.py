@@ -3038,3 +3038,21 @@ def test_log_probs_the_update_loop_takes_from_before_it_are_built_in_each_pass_n
     [item] = w.report.items
     assert item.fix == "build `log_prob` inside the loop: each backward walks a graph of its own", item.fix
     _finish_episode(forward_inside=True)
+
+
+def test_a_retain_written_as_an_expression_is_named_as_written() -> None:
+    """``loss.backward(retain_graph=(i == 0))``: the item said "retain_graph=True at line N ... remove
+    retain_graph=True", words the line does not have. The truth: removed, the loop runs the same."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch() as w:
+        for i, x in enumerate(torch.randn(3, 2, 4)):
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward(retain_graph=(i == 0))
+            opt.step()
+    [item] = w.report.items
+    assert item.label.startswith("retain_graph=(i == 0) at line "), item.label
+    assert item.fix.startswith("remove retain_graph=(i == 0) at line "), item.fix
+    assert item.lines[0].span is not None and item.lines[0].code[slice(*item.lines[0].span)] == "retain_graph=(i == 0)"

@@ -311,16 +311,30 @@ def retain_item(line: LineVerdict, stopped_after: int | None = None) -> Item:
             f"remove retain_graph=True at line {line_number(place)} if you like: the loop runs the same",
             to_fix=False,
         )
+    written = _retain_as_written(code)  # ``retain_graph=(i == 0)``: the words the line has
     return Item(
         "retain can go",
-        f"retain_graph=True at line {line_number(place)} keeps buffers no backward uses",
-        (CodeLine(place, code, span_of(code, "retain_graph=True"), kept),),
+        f"{written} at line {line_number(place)} keeps buffers no backward uses",
+        (CodeLine(place, code, span_of(code, written), kept),),
         f"in {runs}, no later backward walked what it kept: without it the loop runs the same"
         if stopped_after is None
         else f"in {runs}, no later backward walked what it kept; the run stopped after {stopped_after} iterations, "
         "and a later one may (watch the whole run to be sure)",
-        f"remove retain_graph=True at line {line_number(place)}",
+        f"remove {written} at line {line_number(place)}",
     )
+
+
+def _retain_as_written(code: str) -> str:
+    """``retain_graph=...`` as the call in ``code`` writes it (``retain_graph=(i == 0)``); else ``retain_graph=True``
+    (a retain passed positionally, or in another line)."""
+    found = re.search(r"retain_graph\s*=\s*", code)
+    if found is None or code[found.end() :].startswith("True"):
+        return "retain_graph=True"
+    depth, end = 0, found.end()
+    while end < len(code) and (depth or code[end] not in ",)"):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(code[end], 0)
+        end += 1
+    return code[found.start() : end].strip() or "retain_graph=True"
 
 
 def note_item(note: Note) -> Item:
