@@ -199,7 +199,7 @@ def test_a_loop_inside_the_closure_an_optimizer_step_calls_is_not_the_iteration(
             optimizer.zero_grad()
     text = str(w)
     assert text.startswith("backward-twice: 1 thing to fix (3 iterations watched)"), text
-    assert "retain_graph=True at line" in text and "note" not in text
+    assert "`retain_graph=backward_idx == 0` at line" in text and "note" not in text
 
 
 def test_a_loop_whose_body_rebinds_its_own_variable_counts_its_passes_and_stops_where_asked() -> None:
@@ -3053,6 +3053,6 @@ def test_a_retain_written_as_an_expression_is_named_as_written() -> None:
             loss.backward(retain_graph=(i == 0))
             opt.step()
     [item] = w.report.items
-    assert item.label.startswith("retain_graph=(i == 0) at line "), item.label
-    assert item.fix.startswith("remove retain_graph=(i == 0) at line "), item.fix
+    assert item.label.startswith("`retain_graph=(i == 0)` at line "), item.label
+    assert item.fix.startswith("remove `retain_graph=(i == 0)` at line "), item.fix
     assert item.lines[0].span is not None and item.lines[0].code[slice(*item.lines[0].span)] == "retain_graph=(i == 0)"

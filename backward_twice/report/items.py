@@ -312,15 +312,16 @@ def retain_item(line: LineVerdict, stopped_after: int | None = None) -> Item:
             to_fix=False,
         )
     written = _retain_as_written(code)  # ``retain_graph=(i == 0)``: the words the line has
+    shown = written if written == "retain_graph=True" else f"`{written}`"
     return Item(
         "retain can go",
-        f"{written} at line {line_number(place)} keeps buffers no backward uses",
+        f"{shown} at line {line_number(place)} keeps buffers no backward uses",
         (CodeLine(place, code, span_of(code, written), kept),),
         f"in {runs}, no later backward walked what it kept: without it the loop runs the same"
         if stopped_after is None
         else f"in {runs}, no later backward walked what it kept; the run stopped after {stopped_after} iterations, "
         "and a later one may (watch the whole run to be sure)",
-        f"remove {written} at line {line_number(place)}",
+        f"remove {shown} at line {line_number(place)}",
     )
 
 
