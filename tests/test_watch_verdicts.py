@@ -3056,3 +3056,23 @@ def test_a_retain_written_as_an_expression_is_named_as_written() -> None:
     assert item.label.startswith("`retain_graph=(i == 0)` at line "), item.label
     assert item.fix.startswith("remove `retain_graph=(i == 0)` at line "), item.fix
     assert item.lines[0].span is not None and item.lines[0].code[slice(*item.lines[0].span)] == "retain_graph=(i == 0)"
+
+
+def test_a_total_that_grows_is_a_note_in_a_loop_of_three_passes() -> None:
+    """A logger's running total fed after each step, in a loop of three passes: "healthy", as what the last pass's
+    start held was read as a pass that never ran (the loop's last pass has no end of its own). The truth: at the end
+    the total's graph reaches back to pass 1."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    logger = _Logger()
+    with watch() as w:
+        for x in torch.randn(3, 8, 4):
+            optimizer.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            logger.log(loss)
+    assert logger.total.grad_fn is not None
+    [item] = w.report.items
+    assert item.label == "`logger` keeps one more iteration's graph alive every iteration", item.label

@@ -69,7 +69,9 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         iteration = split.iteration_of_call(call.index)
         for sequence in call.old:
             walked[sequence] = max(walked.get(sequence, 0), iteration)
-    last = max(1, split.count + (1 if recorder.error is not None else 0))
+    last_end = split.ends[-1] if split.ends else None  # the last pass ran (its backward calls) though no end came:
+    ran_on = len(recorder.calls) > (last_end.calls if last_end is not None else 0)  # the loop finished there
+    last = max(1, split.count + (1 if recorder.error is not None or ran_on else 0))
     # (holder, node, built, what it holds, how many iterations its graph spans): a late graph (built after the last
     # event of its pass: ``return loss / 3`` after the step) counts as the next pass's, so its span starts a pass later
     held: list[tuple[str, int, int, HeldGraph, int]] = []
