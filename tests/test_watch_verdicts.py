@@ -3076,3 +3076,37 @@ def test_a_total_that_grows_is_a_note_in_a_loop_of_three_passes() -> None:
     assert logger.total.grad_fn is not None
     [item] = w.report.items
     assert item.label == "`logger` keeps one more iteration's graph alive every iteration", item.label
+
+
+def _shared_backbone(features_again: bool) -> torch.Tensor:
+    """A student's and a teacher's head on one backbone, each optimizer stepping the backbone too; ``features_again``:
+    the features computed again after the student's step, as the printed fix says."""
+    torch.manual_seed(0)
+    backbone = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+    student_head, teacher_head = torch.nn.Linear(8, 3), torch.nn.Linear(8, 3)
+    opt_student = torch.optim.SGD([*backbone.parameters(), *student_head.parameters()], lr=0.1)
+    opt_teacher = torch.optim.SGD([*backbone.parameters(), *teacher_head.parameters()], lr=0.1)
+    for x, y in zip(torch.randn(3, 5, 4), torch.randint(0, 3, (3, 5))):
+        feats = backbone(x)
+        s_loss = torch.nn.functional.cross_entropy(student_head(feats), y)
+        opt_student.zero_grad()
+        s_loss.backward()
+        opt_student.step()
+        if features_again:
+            feats = backbone(x)
+        t_loss = torch.nn.functional.cross_entropy(teacher_head(feats), y)
+        opt_teacher.zero_grad()
+        t_loss.backward()
+        opt_teacher.step()
+    return backbone[0].weight.detach().clone()
+
+
+def test_features_two_optimizers_both_train_are_computed_again_not_detached() -> None:
+    """The fix was "use `feats.detach()` in the later loss: the step after ... trains what `feats` comes from, and this
+    later loss must not", false when the later loss's own optimizer steps the backbone too: applied, the teacher's
+    loss no longer trains it. The truth: computed again after the student's step, it runs."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _shared_backbone(features_again=False)
+    [item] = w.report.items
+    assert re.fullmatch(r"compute `feats` again after line \d+'s step: .*", item.fix), item.fix
+    _shared_backbone(features_again=True)

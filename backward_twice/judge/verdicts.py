@@ -337,7 +337,7 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
                 record.through_walked,
                 record.parameter_through,
                 source,
-                stepped if record.only_through else None,
+                stepped if record.only_through or (source and record.another_trains) else None,
             )
     elif record.changed_by_step is None and record.changed_at is None and record.stepped_between is not None:
         # an optimizer's own method no step() hook sees (SAM's ``first_step``) changed the weights in place

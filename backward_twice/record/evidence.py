@@ -94,6 +94,8 @@ class ErrorRecord:
     stale_through: str | None = None
     stale_only_through: bool = False  # and the walk reaches nothing older than that step but through that name: with
     # it detached, the later loss walks no buffers an earlier backward kept (a retain for it can go)
+    another_trains: bool = False  # an optimizer of the learner's that did not step between the two backward calls holds
+    # a weight ``reached_through``'s graph reaches (a backbone a student's and a teacher's optimizer both step)
 
 
 def explain(
@@ -130,6 +132,7 @@ def explain(
         freer = recorder.calls.record(freed.freed_by)
         if learners is not None and freer is not None:
             record.stepped_between = _optimizer_call_between(freer.site, call.site, learners)
+        record.another_trains = _another_trains(recorder, caller, record.through_sources, freed.freed_by, call.index)
     elif kind == "in-place version error":
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
@@ -142,6 +145,28 @@ def explain(
         if record.changed_at is None and earlier is not None and learners is not None:  # SAM's ``first_step``
             record.stepped_between = _optimizer_call_between(earlier.site, call.site, learners)
     return record
+
+
+def _another_trains(
+    recorder: Seen, frame: types.FrameType | None, sources: frozenset[int], freer: int, call: int
+) -> bool:
+    """Whether an optimizer the learner's frames from ``frame`` out name, other than those that stepped between call
+    ``freer`` and ``call``, holds one of the weights ``sources``: the later loss's own optimizer trains them too."""
+    between = {recorder.optimizers_seen.get(step.optimizer) for step in recorder.steps if freer < step.calls <= call}
+    stepped = {id(optimizer) for reference in between if reference is not None and (optimizer := reference())}
+    while sources and frame is not None:
+        if site_of(frame, recorder.skipped, outward=False)[0]:
+            names = frame.f_locals
+            for name in (*frame.f_code.co_varnames, *frame.f_code.co_names):
+                value = names.get(name, frame.f_globals.get(name))
+                if isinstance(value, torch.optim.Optimizer) and id(value) not in stepped and _holds(value, sources):
+                    return True
+        frame = frame.f_back
+    return False
+
+
+def _holds(optimizer: torch.optim.Optimizer, weights: frozenset[int]) -> bool:
+    return any(id(p) in weights for group in optimizer.param_groups for p in group["params"])
 
 
 def _freed_unread(recorder: Seen, call: CallRecord, walked: list[Node]) -> FreedEarlier | None:
