@@ -3110,3 +3110,17 @@ def test_features_two_optimizers_both_train_are_computed_again_not_detached() ->
     [item] = w.report.items
     assert re.fullmatch(r"compute `feats` again after line \d+'s step: .*", item.fix), item.fix
     _shared_backbone(features_again=True)
+
+
+def test_the_step_that_changed_saved_weights_is_named_by_its_statement_on_a_line_of_several() -> None:
+    """``opt.zero_grad(); h = rnn(x, h); ...; opt.step()`` on one line: the why named the whole line as the step that
+    changed the weights. The truth: the step is ``opt.step()``; the item's line stays the whole line."""
+    torch.manual_seed(0)
+    rnn = torch.nn.RNNCell(3, 4)
+    opt = torch.optim.SGD(rnn.parameters(), lr=0.1)
+    h = torch.zeros(2, 4)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), watch() as w:
+        for x in torch.randn(4, 2, 3):
+            opt.zero_grad(); h = rnn(x, h); h.pow(2).mean().backward(retain_graph=True); opt.step()  # noqa: E702  # fmt: skip
+    [item] = w.report.items
+    assert "`opt.step()` (line " in item.why, item.why

@@ -197,6 +197,8 @@ def carried_item(
     if error is not None and error.kind == "in-place version error":
         if step is not None:
             step_place, step_code = split_line(step.group(1))
+            statements = step_code.split("#", 1)[0].split(";")  # the statement of several on the line, no comment
+            step_code = next((part.strip() for part in statements if ".step(" in part), step_code)
             changed = f"`{step_code}` (line {line_number(step_place)}) changed the weights it saved"
         else:
             changed = "a tensor it saved was changed in place since"
