@@ -268,8 +268,9 @@ def _fed_object(placed: Note, note: Note) -> Note:
     if owner is None or owner.group(1) == "self" or not placed.name.startswith("self.") or placed.grows_in is None:
         return placed  # (a method's own ``self``: what it feeds itself, ``self.log(...)``, is no object of the loop's)
     grows = growing_line(placed.name, placed.grows_in, placed.ran)
-    if grows is None or not _from_a_parameter(placed.grows_in, grows[0], grows[1]):
-        return placed  # grown from what the method computes itself (a step's outputs it keeps): the attribute's note
+    if grows is None or "+=" not in grows[1] or not _from_a_parameter(placed.grows_in, grows[0], grows[1]):
+        return placed  # a total the caller feeds; not what the method computes itself (a step's outputs it keeps), nor
+        # a queue it appends to (``self.queue.append(keys)``: its own line is where the graphs go in)
     if fed_line(owner.group(1), placed.grows_in, placed.ran) is None:
         return placed
     return dataclasses.replace(placed, name=owner.group(1), attributes=(note.name,))
