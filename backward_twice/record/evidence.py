@@ -24,7 +24,7 @@ from backward_twice.common.error_kinds import error_kind
 from backward_twice.record.events import StepEvent
 from backward_twice.record.in_place import changed_in_place
 from backward_twice.record.learner import LearnersCode, first_line, learner_line, learner_line_at, skipped_dirs
-from backward_twice.record.names import NamedGraph, names_holding_graphs, site_of
+from backward_twice.record.names import NamedGraph, named_optimizers, names_holding_graphs, site_of
 from backward_twice.record.saved import grad_fn_of, python_walk, saved_data
 from backward_twice.record.sources import parsed
 from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
@@ -154,15 +154,8 @@ def _another_trains(
     ``freer`` and ``call``, holds one of the weights ``sources``: the later loss's own optimizer trains them too."""
     between = {recorder.optimizers_seen.get(step.optimizer) for step in recorder.steps if freer < step.calls <= call}
     stepped = {id(optimizer) for reference in between if reference is not None and (optimizer := reference())}
-    while sources and frame is not None:
-        if site_of(frame, recorder.skipped, outward=False)[0]:
-            names = frame.f_locals
-            for name in (*frame.f_code.co_varnames, *frame.f_code.co_names):
-                value = names.get(name, frame.f_globals.get(name))
-                if isinstance(value, torch.optim.Optimizer) and id(value) not in stepped and _holds(value, sources):
-                    return True
-        frame = frame.f_back
-    return False
+    others = (optimizer for _, optimizer in named_optimizers(frame, recorder.skipped) if id(optimizer) not in stepped)
+    return bool(sources) and any(_holds(optimizer, sources) for optimizer in others)
 
 
 def _holds(optimizer: torch.optim.Optimizer, weights: frozenset[int]) -> bool:

@@ -33,7 +33,15 @@ from torch.autograd.graph import Node
 from backward_twice.record.objects import ATOM_TYPES, ATOMS, graphs_under
 from backward_twice.record.saved import unseen_by_subclasses
 
-__all__ = ["CodeSite", "NamedGraph", "names_holding_graphs", "simpler", "site_of", "unstepped_optimizers"]
+__all__ = [
+    "CodeSite",
+    "NamedGraph",
+    "named_optimizers",
+    "names_holding_graphs",
+    "simpler",
+    "site_of",
+    "unstepped_optimizers",
+]
 
 
 class CodeSite(NamedTuple):
@@ -89,16 +97,25 @@ def unstepped_optimizers(frame: types.FrameType | None, skipped: tuple[str, ...]
     """ "name (kind)" of each optimizer the learner's code in the frames from ``frame`` out names whose id is not in
     ``stepped``: at an error, the optimizers that never stepped because the loop raised before the end of its
     first cycle (a GAN's generator step never came)."""
-    pending = []
+    return [
+        f"{name} ({type(value).__name__})"
+        for name, value in named_optimizers(frame, skipped)
+        if id(_unwrapped(value, stepped)) not in stepped
+    ]
+
+
+def named_optimizers(
+    frame: types.FrameType | None, skipped: tuple[str, ...]
+) -> Iterator[tuple[str, torch.optim.Optimizer]]:
+    """(name, optimizer) of each optimizer the learner's code in the frames from ``frame`` out names."""
     while frame is not None:
         if site_of(frame, skipped, outward=False)[0]:
             code = frame.f_code
             for name in (*code.co_varnames, *code.co_names):
                 value = frame.f_locals.get(name, frame.f_globals.get(name))
-                if isinstance(value, torch.optim.Optimizer) and id(_unwrapped(value, stepped)) not in stepped:
-                    pending.append(f"{name} ({type(value).__name__})")
+                if isinstance(value, torch.optim.Optimizer):
+                    yield name, value
         frame = frame.f_back
-    return pending
 
 
 def _unwrapped(optimizer: torch.optim.Optimizer, stepped: Container[int]) -> torch.optim.Optimizer:
