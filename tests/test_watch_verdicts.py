@@ -3124,3 +3124,26 @@ def test_the_step_that_changed_saved_weights_is_named_by_its_statement_on_a_line
             opt.zero_grad(); h = rnn(x, h); h.pow(2).mean().backward(retain_graph=True); opt.step()  # noqa: E702  # fmt: skip
     [item] = w.report.items
     assert "`opt.step()` (line " in item.why, item.why
+
+
+def test_an_error_of_the_loops_own_after_a_carried_graph_does_not_say_retain_graph_never_mattered() -> None:
+    """A hidden state carried with the forum's retain, then the loop's own ValueError in pass 3: its item read "the
+    loop raised ValueError, before retain_graph matters", false after two passes the retain kept walkable. The truth:
+    the carried item stands for the passes that ran (detached, the retain can go), and the error is named as raised."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    h = torch.zeros(5, 1)
+    with pytest.raises(ValueError, match="bad batch"), watch() as w:
+        for i in range(4):
+            h = model(torch.randn(5, 3)) + h
+            opt.zero_grad()
+            h.pow(2).mean().backward(retain_graph=True)
+            opt.step()
+            if i == 2:
+                raise ValueError("bad batch")
+    carried, error = w.report.items
+    assert carried.fix.startswith("add `h = h.detach()` before line "), carried.fix
+    assert error.label == "the loop raised ValueError", error.label
+    assert "retain_graph" not in error.label + error.why + error.fix, error
+    assert str(w).startswith("backward-twice: 2 things to fix (3 iterations watched; the loop raised in iteration 3)")

@@ -54,7 +54,7 @@ ERROR_FIXES = {
     "gradients and fail one iteration later (notebook 06, section 3)",
     "no graph": "the loss was computed without a graph (under torch.no_grad(), from .detach() or .item(), or "
     "from tensors that need no gradient): compute it from the model's output with grad enabled",
-    "other": "the loop fails before retain_graph matters: fix this error first",
+    "other": "the loop stopped at this error: fix it first, then run the loop under the tool again",
 }
 
 

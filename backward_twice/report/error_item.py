@@ -153,7 +153,8 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
             label = f"a backward raised {kind} in iteration {error.iteration}, and your code caught it"
             fix = "your loop went on past it, as you wrote it: nothing to change here"
             return Item("error", label, tuple(lines), why, fix, to_fix=False)
-        label = f"the loop raised {kind}, before retain_graph matters"
+        # Not "before retain_graph matters": a retain or a carried graph may have mattered in the passes before it.
+        label = f"the loop raised {kind}"
         fix = "fix this error first, then run the loop under the tool again"
     return Item("error", label, tuple(lines), why, fix)
 
