@@ -1030,4 +1030,5 @@ def test_a_second_backward_through_a_loss_the_first_walked_gets_one_fix_in_every
         for _ in range(3):
             update()
     assert [i.fix for i in result.items] == [i.fix for i in watched.report.items], (result, watched)
-    assert result.items[0].fix.startswith("use `log_pi.detach()` in the loss line "), result.items[0].fix
+    assert result.items[0].fix.startswith("use `log_pi.detach()` at line "), result.items[0].fix
+    assert "(`alpha_loss = -(log_alpha * (log_pi - 1.0)).mean()`)" in result.items[0].fix, result.items[0].fix

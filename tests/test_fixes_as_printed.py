@@ -8,12 +8,14 @@ import runpy
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 # An NTM's controller state on its module, as loudinthecloud/pytorch-ntm keeps it (``CopyTaskNTM.forward``:
 # ``o, self.previous_state = self.ntm(x, self.previous_state)``, a tuple of (reads list, (h, c), heads list)), with
 # ``init_sequence`` called once before the loop instead of per batch, and ``y, _ = net(x)`` in the loop.
 NTM = """
+import pytest
 import torch
 from torch import nn
 
@@ -52,6 +54,7 @@ for step in range(3):
 # trained, ``input = clamp(input, ...).detach().requires_grad_(True)`` at the end of each pass; here without the
 # ``.detach()``, as a learner drops it.
 DREAM = """
+import pytest
 import torch
 from torch import nn
 
@@ -145,6 +148,7 @@ for x, y in zip(torch.randn(4, 2, 3), torch.randn(4, 2, 1)):
 # A seq2seq's encoder and decoder states kept on the module by name (``self.states = {'enc': (h, c), 'dec': (h,
 # c)}``), rebuilt each pass from the last one's: never detached.
 STATES = """
+import pytest
 import torch
 from torch import nn
 
@@ -190,6 +194,7 @@ def test_states_kept_on_a_module_in_a_dict_of_tuples_are_named_and_detached_as_p
 # A universal adversarial perturbation kept on an attack object, updated by its method from its own ``.grad``
 # (``self.delta = (self.delta + lr * self.delta.grad).clamp(...)``), without the detach that keeps it a leaf.
 ATTACK = """
+import pytest
 import torch
 from torch import nn
 
@@ -230,6 +235,7 @@ def test_an_attribute_a_method_rebuilds_from_its_grad_is_carried_and_kept_a_leaf
 # A stacked LSTM's (h, c) per layer kept on a plain object, the next pass's list built anew in a local list first
 # (``new = []; ... new.append((h, c)); carry.layers = new``), never detached.
 LAYERS = """
+import pytest
 import torch
 from torch import nn
 
@@ -275,6 +281,7 @@ def test_layers_kept_on_a_plain_object_are_named_by_it_not_by_the_list_each_pass
 # models' ``self.memory = {'h': ..., 'past': [...]}``): each pass's state is both ``mem['h']`` and the last item of
 # ``mem['past']``, and nothing is detached.
 MEMORY = """
+import pytest
 import torch
 from torch import nn
 
@@ -312,6 +319,7 @@ def test_one_state_held_under_two_entries_of_a_dict_is_detached_whole_as_printed
 # SAC's automatic entropy tuning (pranz24/pytorch-soft-actor-critic, sac.py: ``self.alpha = args.alpha``, then
 # ``self.alpha = self.log_alpha.exp()`` after each update), its settings unpacked from one tuple as a script does.
 SAC = """
+import pytest
 import torch
 
 torch.manual_seed(0)
@@ -353,6 +361,7 @@ def test_a_carrier_that_starts_as_a_number_unpacked_from_a_tuple_is_detached_aft
 # The same memory on a plain object, rebuilt each pass from the loop's own ``h``: ``st.mem = {'h': h, 'past': [h,
 # st.mem['h']]}``.
 PLAIN_MEMORY = """
+import pytest
 import torch
 from torch import nn
 
@@ -393,6 +402,7 @@ def test_a_state_also_held_by_the_loops_own_variable_is_detached_whole_as_printe
 # Labels made before the loop from weights that require grad (zhangyu2234/Deep-learning-by-hand, "1.3 Problems I
 # encountered": ``Y = torch.mm(X, true_W) + true_b``), sliced into batches the loop takes as ``y``.
 LABELS = """
+import pytest
 import torch
 
 torch.manual_seed(0)
@@ -429,6 +439,7 @@ def test_an_item_the_loop_takes_from_a_graph_built_before_it_is_detached_as_the_
 # zhirongw/lemniscate.pytorch's LinearAverage with its memory update moved from the Function's backward (on
 # ``x.data``) into the forward, on ``x``: the buffer saved by ``mm`` is changed in place, from values with a graph.
 MEMORY_BANK = """
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -486,6 +497,7 @@ def test_a_buffer_changed_in_place_from_values_with_a_graph_is_written_out_of_pl
 # MoCo's queue (facebookresearch/moco, builder.py) written in the forward, from keys the key encoder built with
 # autograd recording (no ``torch.no_grad()`` around it), after ``l_neg`` saved the queue.
 QUEUE = """
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -548,6 +560,7 @@ def test_a_buffer_changed_by_item_assignment_from_values_with_a_graph_is_copied_
 # A temporal graph network's node memory (memgraph/mage PR #121's TGN): a dict of each node's state by node id, kept
 # across batches on a memory object, without the ``detach_tensor_grads()`` the thread's answer calls after each step.
 TGN = """
+import pytest
 import torch
 from torch import nn
 
@@ -621,3 +634,57 @@ def test_a_memory_kept_in_a_dict_by_node_id_is_detached_entry_by_entry_as_printe
     (tmp_path / "tgn_step.py").write_text(f"from backward_twice import diagnose\n{setup}{step}")
     [item] = runpy.run_path(str(tmp_path / "tgn_step.py"))["diagnosis"].items
     assert item.fix == f"add `{fix}` at the end of each iteration", item.fix
+
+
+# Deep mutual learning (Zhang et al., 2018) as a learner writes it: each network's loss reads the other's output,
+# one step after each backward. Its published code detaches both peers' outputs.
+MUTUAL = """
+import pytest
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+net1, net2 = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+opt1 = torch.optim.SGD(net1.parameters(), lr=0.1)
+opt2 = torch.optim.SGD(net2.parameters(), lr=0.1)
+for i in range(3):
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    out1, out2 = net1(x), net2(x)
+    kl1 = F.kl_div(F.log_softmax(out1, -1), F.softmax(out2, -1), reduction="batchmean")
+    loss1 = F.cross_entropy(out1, y) + kl1
+    opt1.zero_grad()
+    loss1.backward()
+    opt1.step()
+    kl2 = F.kl_div(F.log_softmax(out2, -1), F.softmax(out1, -1), reduction="batchmean")
+    loss2 = F.cross_entropy(out2, y) + kl2
+    opt2.zero_grad()
+    loss2.backward()
+    opt2.step()
+"""
+
+
+def test_two_losses_that_each_read_the_others_output_get_both_detaches_as_printed(tmp_path: Path) -> None:
+    """The fix named one detach (`out2` in the first loss): applied, the next run raised at the same line, through
+    `out1`. The truth: both detached, it runs and trains as the published code does; either one alone raises."""
+    path = tmp_path / "mutual.py"
+    watched = f"try:\n  with watch() as w:\n{textwrap.indent(MUTUAL, '    ')}\nexcept RuntimeError:\n  pass\n"
+    path.write_text(f"from backward_twice.watcher import watch\n{watched}")
+    [item] = runpy.run_path(str(path))["w"].report.items
+    detaches = re.findall(r"use `(\w+)\.detach\(\)` at line (\d+) \(`", item.fix)
+    assert sorted(name for name, _ in detaches) == ["out1", "out2"], item.fix
+    lines = MUTUAL.split("\n")
+    for name, number in detaches:  # the watched file has 3 lines more above the loop's source
+        index = int(number) - 4
+        assert "kl" in lines[index], (lines[index], item.fix)
+        lines[index] = re.sub(rf"\b{name}\b", f"{name}.detach()", lines[index])
+    fixed = _run("\n".join(lines), tmp_path / "fixed.py")
+    by_hand = MUTUAL.replace("F.softmax(out2, -1)", "F.softmax(out2.detach(), -1)").replace(
+        "F.softmax(out1, -1)", "F.softmax(out1.detach(), -1)"
+    )
+    expected = _run(by_hand, tmp_path / "by_hand.py")
+    for net in ("net1", "net2"):
+        assert torch.equal(fixed[net].weight, expected[net].weight)
+    for alone in ("F.softmax(out2, -1)", "F.softmax(out1, -1)"):
+        one = MUTUAL.replace(alone, alone.replace(", -1", ".detach(), -1"))
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            _run(one, tmp_path / "one.py")

@@ -86,9 +86,7 @@ def second_backward_fix(
                 f"use `{parameter}.detach()` in the loss line {later}'s backward walks (a GAN's D loss must "
                 f"not train what `{parameter}` comes from: `{through}` here)"
             )
-        read = read_in_the_loss(raiser[0], later, through) if raiser is not None else None
-        code = linecache.getline(raiser[0], read).split("#", 1)[0].strip() if raiser and read else ""
-        where = f"at line {read} (`{code}`)" if read and read != later else f"in the loss line {later}'s backward walks"
+        where = _where_the_later_loss_reads(raiser, later, through)
         return f"use `{through}.detach()` {where}: a GAN's D loss must not train what `{through}` comes from"
     losses = _losses_iterated(raised_at) if freed_at == raised_at else None
     if losses is not None:  # ``for loss in outputs: loss.backward()``: the losses of one forward, one by one
@@ -120,9 +118,10 @@ def second_backward_fix(
         )
     if earlier_steps_its_source is not None and later is not None:  # the step between the two backward calls tells
         if earlier_steps_its_source:  # which loss trains what ``through`` comes from: the other one must not
+            where = _where_the_later_loss_reads(raiser, later, through)
             return (
-                f"use `{through}.detach()` in the loss line {later}'s backward walks: the step after {line} "
-                f"trains what `{through}` comes from, and this later loss must not"
+                f"use `{through}.detach()` {where}: the step after {line} trains what `{through}` comes from, and this "
+                "later loss must not"
             )
         read = read_in_the_loss(freer[0], freer[1], through) if freer else None
         code = linecache.getline(freer[0], read).split("#", 1)[0].strip() if freer and read else ""
@@ -136,6 +135,15 @@ def second_backward_fix(
         f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from{gan}; if "
         f"it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
     )
+
+
+def _where_the_later_loss_reads(raiser: tuple[str, int] | None, later: int, through: str) -> str:
+    """Where to put ``through.detach()`` in the loss the backward at line ``later`` walks: "at line 16 (`kl2 =
+    ...`)", the line of it that reads ``through``, else "in the loss line 19's backward walks"."""
+    read = read_in_the_loss(raiser[0], later, through) if raiser is not None else None
+    if raiser is None or not read or read == later:
+        return f"in the loss line {later}'s backward walks"
+    return f"at line {read} (`{linecache.getline(raiser[0], read).split('#', 1)[0].strip()}`)"
 
 
 def keep_one_update(total: str, header: int, step: int | str, backward: int | str) -> str:

@@ -179,6 +179,24 @@ def _earlier_steps_the_source(recorder: Recorder, freer: int, record: ErrorRecor
     return any(id(p) in record.through_sources for group in live.param_groups for p in group["params"])
 
 
+def _with_the_other_ways(recorder: Recorder, freer: int, record: ErrorRecord, fix: str) -> str:
+    """``fix`` (a detach of the name the walk reached the freed buffers through), and the detach each other way into
+    them wants, where two losses each read what the other trains from (mutual learning: ``out2`` in the first loss,
+    ``out1`` in the second): with the first alone, the next run raises at the same line."""
+    between = [step for step in recorder.steps if freer < step.calls <= (record.call or 0)]
+    optimizer = recorder.optimizers_seen.get(between[0].optimizer) if between else None
+    live = optimizer() if optimizer is not None else None
+    if live is None or not fix.startswith("use `") or record.call is None:
+        return fix
+    stepped = {id(p) for group in live.param_groups for p in group["params"]}
+    freed_at, raised_at = recorder.calls[freer].line, record.line
+    others = [
+        second_backward_fix(freed_at, raised_at, named.name, True, None, bool(stepped & sources), None)
+        for named, sources in record.freed_also_through
+    ]
+    return "; and ".join([fix, *(other for other in others if other.startswith("use `"))])
+
+
 def _items_stale_after_a_step(recorder: Recorder, finding: CarriedFinding) -> bool:
     """Whether the items of a list built before the loop (an episode's log-probs, then an update per item) went
     stale when a step changed the weights their graphs saved: their gradient is wanted, so no detach fixes it."""
@@ -339,6 +357,7 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
                 source,
                 stepped if record.only_through or (source and record.another_trains) else None,
             )
+            fix = _with_the_other_ways(recorder, freer.index, record, fix)
     elif record.changed_by_step is None and record.changed_at is None and record.stepped_between is not None:
         # an optimizer's own method no step() hook sees (SAM's ``first_step``) changed the weights in place
         evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.stepped_between)}"

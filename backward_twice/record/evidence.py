@@ -96,6 +96,9 @@ class ErrorRecord:
     # it detached, the later loss walks no buffers an earlier backward kept (a retain for it can go)
     another_trains: bool = False  # an optimizer of the learner's that did not step between the two backward calls holds
     # a weight ``reached_through``'s graph reaches (a backbone a student's and a teacher's optimizer both step)
+    # other names held now through which the walk reaches buffers the same call freed, on a way of their own (mutual
+    # learning: each network's loss reads the other's output), with the ids of the weights each one's graph reaches
+    freed_also_through: tuple[tuple[NamedGraph, frozenset[int]], ...] = ()
 
 
 def explain(
@@ -133,6 +136,8 @@ def explain(
         if learners is not None and freer is not None:
             record.stepped_between = _optimizer_call_between(freer.site, call.site, learners)
         record.another_trains = _another_trains(recorder, caller, record.through_sources, freed.freed_by, call.index)
+        if through is not None and 0 <= at < len(walked):
+            record.freed_also_through = _other_ways_in(walked, at, set(call.freed_seen), live)
     elif kind == "in-place version error":
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
@@ -145,6 +150,37 @@ def explain(
         if record.changed_at is None and earlier is not None and learners is not None:  # SAM's ``first_step``
             record.stepped_between = _optimizer_call_between(earlier.site, call.site, learners)
     return record
+
+
+_MOST_OTHER_WAYS = 32  # names looked below, in walk order: an error's one-off cost
+
+
+def _other_ways_in(
+    walked: list[Node], at: int, freed: set[int], live: dict[int, NamedGraph]
+) -> tuple[tuple[NamedGraph, frozenset[int]], ...]:
+    """The names held now, other than the one at ``walked[at]`` and neither above nor below it, whose graphs reach a
+    node of ``freed`` that the name at ``at`` does not: detaching that name alone, the walk still reaches freed
+    buffers through them. The nearest the freed buffers of each way, with the weights its graph reaches."""
+    through = walked[at]
+    under_through = {id(n) for n in python_walk([through])}
+    ways: list[tuple[NamedGraph, list[Node]]] = []
+    for node in walked[1:]:
+        named = live.get(node._sequence_nr())
+        if named is None or id(node) in under_through or named.sequence == through._sequence_nr():
+            continue
+        below = python_walk([node])
+        if any(n is through for n in below):
+            continue
+        if any(n._sequence_nr() in freed and id(n) not in under_through for n in below):
+            ways.append((named, below))
+        if len(ways) >= _MOST_OTHER_WAYS:
+            break
+    nearest = [
+        (named, below)
+        for named, below in ways
+        if not any(other is not named and any(n._sequence_nr() == other.sequence for n in below) for other, _ in ways)
+    ]
+    return tuple((named, _weights_in(below)) for named, below in nearest)
 
 
 def _another_trains(
@@ -242,7 +278,11 @@ def _detachable(
 
 def _leaves(node: Node) -> frozenset[int]:
     """The ids of the tensors whose gradients the graph under ``node`` accumulates (the weights it trains)."""
-    return frozenset(id(n.variable) for n in python_walk([node]) if hasattr(n, "variable"))
+    return _weights_in(python_walk([node]))
+
+
+def _weights_in(nodes: list[Node]) -> frozenset[int]:
+    return frozenset(id(n.variable) for n in nodes if hasattr(n, "variable"))
 
 
 def _optimizer_call_between(

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
-__all__ = ["grad_fn_of", "graph_only_bytes", "has_saved_data", "python_walk", "saved_data"]
+__all__ = ["grad_fn_of", "graph_only_bytes", "has_saved_data", "python_walk", "saved_data", "saves_tensors"]
 
 _storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 _saved_attributes: dict[type, tuple[str, ...]] = {}
@@ -79,6 +79,12 @@ def has_saved_data(node: Node) -> bool:
         return any(data is not None for data in _saved_items(node))
     except _Freed:
         return False
+
+
+def saves_tensors(node: Node) -> bool:
+    """Whether ``node``'s kind saves tensors for its backward (read from its type: a node whose buffers a backward
+    freed still tells)."""
+    return bool(_raw_names(type(node)))
 
 
 def _raw_names(kind: type) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch.autograd.graph import Node
 
-from backward_twice.record.saved import has_saved_data, python_walk
+from backward_twice.record.saved import has_saved_data, python_walk, saves_tensors
 
 __all__ = [
     "SECOND_TIME",
@@ -101,6 +101,9 @@ class CallRecord:
     # the nodes it walked whose buffers an earlier call kept (sequence numbers): read if it raises, emptied when it
     # returns (kept for the error's evidence only)
     walked_kept: list[int] | tuple[int, ...] = ()
+    # the nodes it walked that the call of ``first_freed`` freed and that saved tensors (sequence numbers): where the
+    # walk reaches freed buffers, the first and others past it (two losses each reading the other's output)
+    freed_seen: list[int] | tuple[int, ...] = ()
 
 
 def record_of(
@@ -175,7 +178,10 @@ def stamp_walk(
                 metadata[key] = stamp  # as written the engine stops here: this call walks it no further
                 call.walked = position + 1 - leaves
                 call.frontier = _frontier(order, boundary) if call.old else ()
+                call.freed_seen = [sequence, *_freed_past(order[position + 1 :], key, earlier)]
                 return True
+        if not kept_then and call.first_freed is not None and earlier == call.first_freed.freed_by:
+            _note_freed(call, node, sequence)
         if kept_then and earlier not in needs and has_saved_data(node):
             needs.add(earlier)
         if kept_then and len(call.walked_kept) < _MAX_KEPT:
@@ -193,6 +199,28 @@ def stamp_walk(
             earlier_call.needed_by = []
         earlier_call.needed_by.append(call.index)
     return False
+
+
+def _note_freed(call: CallRecord, node: Node, sequence: int) -> None:
+    """Note in ``call.freed_seen`` a node the call of its ``first_freed`` freed, if it saved tensors (by its kind:
+    freed, they cannot be read)."""
+    if len(call.freed_seen) < _MAX_KEPT and saves_tensors(node):
+        if not isinstance(call.freed_seen, list):
+            call.freed_seen = []
+        call.freed_seen.append(sequence)
+
+
+def _freed_past(order: list[Node], key: str, freer: int) -> list[int]:
+    """The nodes of ``order`` (the rest of a walk the engine as written stops before) whose stamp says call
+    ``freer`` freed them, and that still hold saved tensors (with keep_buffers nothing is freed)."""
+    found = []
+    for node in order:
+        stamp: _Stamp | None = _metadata(node).get(key)
+        if stamp is not None and stamp == (freer, False) and has_saved_data(node):
+            found.append(node._sequence_nr())
+            if len(found) >= _MAX_KEPT:
+                break
+    return found
 
 
 def stamped(node: Node, key: str) -> bool:
