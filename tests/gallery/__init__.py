@@ -78,4 +78,6 @@ LOOPS = [
     "wgan_generator_on_critic_fakes",
     "percnn_upscaler_state_kept",
     "conditional_gan_d_step_first",
+    "minddpm_mnist",
+    "barlow_twins_lars",
 ]
