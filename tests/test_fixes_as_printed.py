@@ -688,3 +688,48 @@ def test_two_losses_that_each_read_the_others_output_get_both_detaches_as_printe
         one = MUTUAL.replace(alone, alone.replace(", -1", ".detach(), -1"))
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
             _run(one, tmp_path / "one.py")
+
+
+# snntorch's Leaky neuron with init_hidden=True keeps its membrane on the module (``self.mem``), and a learner's
+# network puts its neurons among other layers (jeshraghian/snntorch#250); nothing resets them between batches.
+SPIKING = """
+import torch
+from torch import nn
+
+
+class Leaky(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mem = torch.zeros(0)
+
+    def forward(self, x):
+        if self.mem.shape != x.shape:
+            self.mem = torch.zeros_like(x)
+        self.mem = 0.5 * self.mem + x
+        return torch.sigmoid(self.mem - 1.0)
+
+
+torch.manual_seed(0)
+net = nn.Sequential(
+    nn.Linear(4, 6), Leaky(), nn.Linear(6, 3), nn.ReLU(), Leaky(), nn.Flatten(), nn.Linear(3, 2), Leaky()
+)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for batch in range(3):
+    x = torch.randn(5, 4)
+    loss = sum(net(x) for step in range(2)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    # END OF ITERATION
+"""
+
+
+def test_neurons_among_other_layers_are_detached_by_their_indices_as_printed(tmp_path: Path) -> None:
+    """The fix was "add `for item in net: item.mem = item.mem.detach()`", which raises "'Linear' object has no
+    attribute 'mem'": only some items of the list keep a state. The truth: those items detached by hand, it trains."""
+    fix = _fix_of(SPIKING, tmp_path / "spiking.py")
+    assert fix == "for i in (1, 4, 7): net[i].mem = net[i].mem.detach()", fix
+    by_hand = SPIKING.replace(
+        "    # END OF ITERATION", "    for layer in (net[1], net[4], net[7]):\n        layer.mem = layer.mem.detach()"
+    )
+    _trains_as_by_hand(SPIKING, by_hand, fix, "net", tmp_path)

@@ -322,7 +322,8 @@ def items_of_one_list(names: list[str]) -> tuple[str, str] | None:
     """Names that are the same attributes of each item of one list (``cache.layers[0].keys``, ``.values``, then
     ``cache.layers[1].keys``, ...: every attribute of every item) as one spelling (```cache.layers[i].keys` and
     `cache.layers[i].values` (i = 0, 1)``) and one statement that detaches them all (``for layer in cache.layers:
-    layer.keys, layer.values = layer.keys.detach(), layer.values.detach()``); None for any other names."""
+    layer.keys, layer.values = layer.keys.detach(), layer.values.detach()``), or, for some items only, one over their
+    indices (``for i in (2, 5, 8): net[i].mem = net[i].mem.detach()``); None for any other names."""
     parts = [re.fullmatch(r"(.+)\[(\d+)\]\.(\w+)", name) for name in names]
     if len(names) < 3 or any(part is None for part in parts):
         return None
@@ -335,7 +336,12 @@ def items_of_one_list(names: list[str]) -> tuple[str, str] | None:
     last = re.split(r"[.\[\]']+", owner.rstrip("]'"))[-1]
     item = last[:-1] if last.endswith("s") and len(last) > 1 and last[:-1].isidentifier() else "item"
     spelled = " and ".join(f"`{owner}[i].{attribute}`" for attribute in attributes)
+    numbers = ", ".join(str(index) for index in indices)
+    if indices != list(range(len(indices))):  # some items only (a spiking net's neurons among its layers): the
+        # others may lack the attribute
+        targets = ", ".join(f"{owner}[i].{attribute}" for attribute in attributes)
+        detached = ", ".join(f"{owner}[i].{attribute}.detach()" for attribute in attributes)
+        return f"{spelled} (i = {numbers})", f"for i in ({numbers}): {targets} = {detached}"
     targets = ", ".join(f"{item}.{attribute}" for attribute in attributes)
     detached = ", ".join(f"{item}.{attribute}.detach()" for attribute in attributes)
-    numbers = ", ".join(str(index) for index in indices)
     return f"{spelled} (i = {numbers})", f"for {item} in {owner}: {targets} = {detached}"
