@@ -733,3 +733,48 @@ def test_neurons_among_other_layers_are_detached_by_their_indices_as_printed(tmp
         "    # END OF ITERATION", "    for layer in (net[1], net[4], net[7]):\n        layer.mem = layer.mem.detach()"
     )
     _trains_as_by_hand(SPIKING, by_hand, fix, "net", tmp_path)
+
+
+# Karpathy's bigram model as a learner runs its notebook cells (karpathy/nn-zero-to-hero#31): the forward cell once,
+# then the backward-and-update cell in a loop.
+BIGRAM = """
+import torch
+import torch.nn.functional as F
+
+g = torch.Generator().manual_seed(2147483647)
+xs, ys = torch.tensor([0, 5, 13, 13, 1]), torch.tensor([5, 13, 13, 1, 0])
+W = torch.randn((27, 27), generator=g, requires_grad=True)
+xenc = F.one_hot(xs, num_classes=27).float()
+logits = xenc @ W
+counts = logits.exp()
+prob = counts / counts.sum(1, keepdim=True)
+loss = -prob[torch.arange(5), ys].log().mean()
+for k in range(3):
+    W.grad = None
+    loss.backward()
+    W.data += -0.1 * W.grad
+"""
+
+
+def test_a_loss_built_before_the_loop_names_every_line_its_graph_was_built_by(tmp_path: Path) -> None:
+    """The fix was "compute `loss` inside the loop": moved alone, the loss still walks ``prob``'s graph, built before
+    the loop too, and the loop raises at its second pass. The truth: the four lines of the forward moved into the
+    loop (the lecture's own loop) run; the leaf ``W`` and the one-hot input, which built no graph, stay before it."""
+    path = tmp_path / "bigram.py"
+    watched = f"try:\n  with watch() as w:\n{textwrap.indent(BIGRAM, '    ')}\nexcept RuntimeError:\n  pass\n"
+    path.write_text(f"from backward_twice.watcher import watch\n{watched}")
+    [item] = runpy.run_path(str(path))["w"].report.items
+    lines = re.search(r"with lines (\d+) to (\d+) that it comes from", item.fix)
+    assert lines is not None and item.fix.startswith("compute `loss` inside the loop, with lines "), item.fix
+    source = BIGRAM.split("\n")
+    first, last = int(lines.group(1)) - 4, int(lines.group(2)) - 4  # the watched file has 3 lines above the source
+    assert source[first].startswith("logits = ") and source[last].startswith("loss = "), item.fix
+    moved = [f"    {line}" for line in source[first : last + 1]]
+    header = source.index("for k in range(3):")
+    fixed = _run("\n".join([*source[:first], source[header], *moved, *source[header + 1 :]]), tmp_path / "fixed.py")
+    assert fixed["W"].grad is not None
+    alone = BIGRAM.replace("loss = -prob", "for k in range(3):\n    loss = -prob").replace(
+        "for k in range(3):\n    W", "    W", 1
+    )
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _run(alone, tmp_path / "alone.py")

@@ -1833,9 +1833,10 @@ def test_two_names_of_a_graph_built_before_the_loop_are_both_in_the_fix(tmp_path
     python, watched = run(tmp_path, script.replace("{fix}", ""), "--no-traceback")
     assert python.returncode == watched.returncode == 1 and "second time" in python.stderr
     both = "`b_advantages = b_advantages.detach()` and `b_returns = b_returns.detach()`"
-    assert f"fix: compute `b_advantages` and `b_returns` inside the loop (or {both}, if they" in watched.stdout, (
-        watched.stdout
-    )
+    moved = "with lines 7 to 9 that they come from"  # the forward too: moved alone, they raise the same
+    assert (
+        f"fix: compute `b_advantages` and `b_returns` inside the loop, {moved} (or {both}, if they" in watched.stdout
+    ), watched.stdout
     python, watched = run(tmp_path, script.replace("{fix}", both.replace("` and `", "; ").strip("`")))
     assert python.returncode == watched.returncode == 0, python.stderr
     assert watched.stdout.startswith("backward-twice: healthy"), watched.stdout

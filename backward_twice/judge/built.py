@@ -22,10 +22,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from backward_twice.judge.uses import without_grad
-from backward_twice.record.learner import place
+from backward_twice.record.learner import place, site_of
 from backward_twice.record.loops import own_nodes
 from backward_twice.record.names import CodeSite, NamedGraph
-from backward_twice.record.sources import memo, parsed
+from backward_twice.record.sources import function_around, memo, parsed
 
 if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
@@ -35,6 +35,7 @@ __all__ = [
     "bound_names",
     "built_line",
     "function_span",
+    "lines_built_before",
     "one_line_loop",
     "reads_on_line",
     "rebinds_from_itself",
@@ -301,6 +302,28 @@ def _assigned_constants(tree: ast.Module) -> frozenset[str]:
                     targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
                     found.update(f"self.{target.id}" for target in targets if isinstance(target, ast.Name))
     return frozenset(found)
+
+
+_MOST_NODES_READ = 10_000  # of a graph built before the loop, read for the lines that built it
+
+
+def lines_built_before(recorder: Recorder, nodes: list[int], built_at: str) -> tuple[int, ...]:
+    """The lines of the function ``built_at``'s line is in, up to that line, that built ``nodes`` (a graph built
+    before the loop, by sequence number), each by the call of that function's code that built it: Karpathy's
+    ``logits = xenc @ W`` to ``loss = -prob[...].log().mean()``, which must all move into the loop, where a line that
+    makes a leaf (``W = torch.randn(..., requires_grad=True)``) built no node and must not."""
+    site = site_of(built_at)
+    tree = parsed(site[0]) if site is not None else None
+    if site is None or tree is None:
+        return ()
+    function = function_around(tree, site[1])
+    first = function.body[0].lineno if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) else 1
+    lines = set()
+    for sequence in nodes[:_MOST_NODES_READ]:
+        line = recorder.creation.call_line_of(sequence, site)
+        if line is not None and line[0] == site[0] and first <= line[1] <= site[1]:
+            lines.add(line[1])
+    return tuple(sorted(lines))
 
 
 def function_span(where: CodeSite) -> tuple[str, int, int] | None:

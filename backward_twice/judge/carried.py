@@ -17,6 +17,7 @@ from backward_twice.judge.built import (
     assigns_from_itself,
     built_line,
     function_span,
+    lines_built_before,
     one_line_loop,
     reads_on_line,
     rebinds_from_itself,
@@ -170,22 +171,11 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             )
             if state is not None:  # one tensor under two entries of one state: detaching one leaves the other's
                 name, container, aliases = state, "state", []
+            earlier = [s for s in old if not split.iteration_of_node(s)] if not built else []
+            before = lines_built_before(recorder, earlier, line) if earlier else ()
             for spelled in (name, *aliases):
-                add(
-                    spelled,
-                    _Carried(
-                        spelled,
-                        line,
-                        built or None,
-                        call.line,
-                        container,
-                        node.shape,
-                        iteration,
-                        {iteration},
-                        node.frame,
-                        chained,
-                    ),
-                )
+                seen = (spelled, line, built or None, call.line, container, node.shape, iteration, {iteration})
+                add(spelled, _Carried(*seen, node.frame, chained, before))
         if not named:
             built = split.iteration_of_node(max(old))
             line = f"(no name the loop holds; built {when(built)})"
@@ -493,6 +483,7 @@ class _Carried:
     times: set[int]
     frame: CodeSite | None = None  # the code the name was found in
     chained: bool = False  # a backward walked graphs of two or more earlier iterations at once: they pile up
+    lines_before: tuple[int, ...] = ()  # built before the loop: the lines of the code that built it (all move in)
 
 
 def when(iteration: int) -> str:

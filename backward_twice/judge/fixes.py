@@ -88,6 +88,7 @@ class Walked(Protocol):
 
     shape: tuple[int, ...] | None
     used_at: str
+    lines_before: tuple[int, ...]  # built before the loop: the lines of the code that built it
 
 
 def carried_fix(
@@ -180,8 +181,9 @@ def carried_fix(
     owner = re.match(r"^(\w+)\.\w+$", name)
     if before_loop and owner and _builds_an_owner(owner.group(1), built_at):
         return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"
+    with_lines = _with_the_lines(walked.lines_before if walked is not None else (), built_at)
     if before_loop and walked is not None and re.search(rf"(?<![\w.]){re.escape(name)}\s*\.backward\(", walked.used_at):
-        return f"compute `{name}` inside the loop: its backward needs a graph built in the same iteration"
+        return f"compute `{name}` inside the loop{with_lines}: its backward needs a graph built in the same iteration"
     if before_loop and walked is not None and _taken_by_the_loop(name, walked):
         # the loop takes ``name`` from what was built before it (``for x, y in loader`` over slices of labels made
         # from weights that require grad): each pass's item brings that one graph in
@@ -190,7 +192,7 @@ def carried_fix(
             "before it (build that inside the loop instead if it must train what it comes from)"
         )
     if before_loop:
-        return f"compute `{name}` inside the loop (or `{name} = {name}.detach()`, if it needs no gradient)"
+        return f"compute `{name}` inside the loop{with_lines} (or `{name} = {name}.detach()`, if it needs no gradient)"
     if _differentiated(name, built_at):  # ``autograd.grad(loss, delta)``: a detached delta must ask for its gradient
         return f"add `{name} = {name}.detach().requires_grad_()` at the end of each iteration"
     return f"add `{name} = {name}.detach()` at the end of each iteration"
@@ -245,7 +247,21 @@ def _read_again(lines: list[str], appended: re.Match[str], backward: int) -> boo
     return any(re.search(rf"(?<![\w.]){re.escape(item)}\b", text) for text in lines[start:backward])
 
 
-_COMPUTE = re.compile(r"compute (`[^`]+`) inside the loop \(or (`[^`]+`), if it needs no gradient\)")
+_COMPUTE = re.compile(
+    r"compute (`[^`]+`) inside the loop(, with lines [^(]+ that it comes from)? "
+    r"\(or (`[^`]+`), if it needs no gradient\)"
+)
+
+
+def _with_the_lines(lines: tuple[int, ...], built_at: str) -> str:
+    """The clause ", with lines 29 to 32 that it comes from" where the graph built before the loop took more lines
+    than the one that gave the name its tensor: computing that one alone in the loop still walks the others' graph."""
+    built = site_of(built_at)
+    if len(lines) < 2 or built is None or built[1] not in lines:
+        return ""
+    if list(lines) == list(range(lines[0], lines[-1] + 1)):
+        return f", with lines {lines[0]} to {lines[-1]} that it comes from"
+    return f", with lines {', '.join(map(str, lines[:-1]))} and {lines[-1]} that it comes from"
 
 
 def computed_inside(fixes: list[str]) -> str | None:
@@ -255,8 +271,9 @@ def computed_inside(fixes: list[str]) -> str | None:
     matches = [_COMPUTE.fullmatch(fix) for fix in fixes]
     if len(matches) < 2 or not all(matches):
         return None
-    names, detached = (" and ".join(dict.fromkeys(m.group(i) for m in matches if m)) for i in (1, 2))
-    return f"compute {names} inside the loop (or {detached}, if they need no gradient)"
+    names, detached = (" and ".join(dict.fromkeys(m.group(i) for m in matches if m)) for i in (1, 3))
+    lines = next((m.group(2) for m in matches if m and m.group(2)), "").replace("it comes", "they come")
+    return f"compute {names} inside the loop{lines} (or {detached}, if they need no gradient)"
 
 
 def _starts_as_numbers(whole: str, built_at: str) -> bool:
