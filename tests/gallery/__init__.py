@@ -80,4 +80,8 @@ LOOPS = [
     "conditional_gan_d_step_first",
     "minddpm_mnist",
     "barlow_twins_lars",
+    "cfc_hidden_state_retain",
+    "torchflows_latent_fit",
+    "prototypical_episodes",
+    "triplet_batch_hard",
 ]
