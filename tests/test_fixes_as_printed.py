@@ -778,3 +778,40 @@ def test_a_loss_built_before_the_loop_names_every_line_its_graph_was_built_by(tm
     )
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         _run(alone, tmp_path / "alone.py")
+
+
+# The RNN regressor of MorvanZhou's tutorial with its hidden state in a dict that starts it as None (as ncps#62's CfC
+# loop keeps ``state["hx"]``), and no ``.detach()``.
+STATE_IN_A_DICT = """
+import torch
+from torch import nn
+
+
+def build():
+    torch.manual_seed(0)
+    rnn, head = nn.RNN(1, 8, batch_first=True), nn.Linear(8, 1)
+    opt = torch.optim.Adam([*rnn.parameters(), *head.parameters()], lr=0.02)
+    return {"rnn": rnn, "head": head, "opt": opt, "h_state": None}
+
+
+state = build()
+rnn, head = state["rnn"], state["head"]
+for step in range(3):
+    x, y = torch.randn(1, 4, 1), torch.randn(1, 4, 1)
+    out, state["h_state"] = rnn(x, state["h_state"])
+    loss = ((head(out) - y) ** 2).mean()
+    state["opt"].zero_grad()
+    loss.backward()
+    state["opt"].step()
+    # END OF ITERATION
+"""
+
+
+def test_a_state_a_dict_starts_as_none_is_detached_where_it_holds_a_tensor_as_printed(tmp_path: Path) -> None:
+    """The fix was "add `state['h_state'] = state['h_state'].detach()` before line 19", which raises "'NoneType' object
+    has no attribute 'detach'" in iteration 1: the dict is made with ``"h_state": None``. The truth: detached after
+    each pass's step, it runs and trains as the tutorial's own detach."""
+    fix = _fix_of(STATE_IN_A_DICT, tmp_path / "state.py")
+    assert fix == "state['h_state'] = state['h_state'].detach()", fix
+    by_hand = STATE_IN_A_DICT.replace("    # END OF ITERATION", "    state['h_state'] = state['h_state'].detach()")
+    _trains_as_by_hand(STATE_IN_A_DICT, by_hand, fix, "rnn", tmp_path)

@@ -267,18 +267,22 @@ def _binds(target: ast.AST, wanted: set[str]) -> bool:
 
 def starts_without_a_tensor(spelled: str, filename: str) -> bool:
     """Whether the file assigns ``spelled`` (``beta``, ``self.hidden``) a constant somewhere (``beta = 0``,
-    ``self.hidden = None``): then it may hold no tensor in the first iteration, and a ``.detach()`` there fails. In
-    a notebook, any cell the kernel ran may have assigned it (``h_state = None`` in the cell before the loop's)."""
+    ``self.hidden = None``, ``{"hidden": None}`` for ``state["hidden"]``): then it may hold no tensor in the first
+    iteration, and a ``.detach()`` there fails. In a notebook, any cell the kernel ran may have assigned it
+    (``h_state = None`` in the cell before the loop's)."""
+    entry = re.sub(r"^[\w.]+(?=\[['\"][^\]]*\]$)", "*", spelled)  # ``state['h']`` as any dict's entry ``*['h']``
     for file in [filename, *_other_cells(filename)]:
         tree = parsed(file)
-        if tree is not None and spelled in memo(file, ("constants",), functools.partial(_assigned_constants, tree)):
+        constants = memo(file, ("constants",), functools.partial(_assigned_constants, tree)) if tree else frozenset()
+        if spelled in constants or entry in constants:
             return True
     return False
 
 
 def _assigned_constants(tree: ast.Module) -> frozenset[str]:
-    """What the file assigns a constant, as spelled (``beta``, ``self.hidden``, ``state['h']``), and for a class's
-    own attribute (``aux_total = 0.0`` in its body) also as its methods read it (``self.aux_total``)."""
+    """What the file assigns a constant, as spelled (``beta``, ``self.hidden``, ``state['h']``; ``*['h']`` for an
+    entry a dict is made with: ``{"h": None}``), and for a class's own attribute (``aux_total = 0.0`` in its body)
+    also as its methods read it (``self.aux_total``)."""
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
@@ -287,6 +291,12 @@ def _assigned_constants(tree: ast.Module) -> frozenset[str]:
                 for part in ast.walk(target):
                     if isinstance(part, (ast.Name, ast.Attribute, ast.Subscript)):
                         found.add(ast.unparse(part))
+        if isinstance(node, ast.Dict):  # ``{"hidden": None, ...}``, returned by ``build()`` and read as
+            found.update(  # ``state["hidden"]`` elsewhere: any dict's entry by that key
+                f"*[{ast.unparse(key)}]"
+                for key, value in zip(node.keys, node.values)
+                if isinstance(key, ast.Constant) and isinstance(value, ast.Constant)
+            )
         if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List)):  # ``gamma, alpha = 0.99,
             for target in node.targets:  # 0.2``: each name given a constant of the tuple
                 if isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) == len(node.value.elts):
