@@ -815,3 +815,57 @@ def test_a_state_a_dict_starts_as_none_is_detached_where_it_holds_a_tensor_as_pr
     assert fix == "state['h_state'] = state['h_state'].detach()", fix
     by_hand = STATE_IN_A_DICT.replace("    # END OF ITERATION", "    state['h_state'] = state['h_state'].detach()")
     _trains_as_by_hand(STATE_IN_A_DICT, by_hand, fix, "rnn", tmp_path)
+
+
+# Relativistic AdvGAN's train_batch (GiorgosKarantonis/Adversarial-Attacks-with-Relativistic-AdvGAN#8): the G forward
+# made once, in D's steps, then n_steps_G steps of G's loss on it, which also trains the target model's weights.
+ADVGAN = """
+import torch
+
+torch.manual_seed(0)
+G = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+D, target = torch.nn.Linear(4, 1), torch.nn.Linear(4, 3)
+opt_G = torch.optim.Adam(G.parameters(), lr=1e-3)
+opt_D = torch.optim.Adam(D.parameters(), lr=1e-3)
+for batch in range(2):
+    x = torch.randn(8, 4)
+    perturbation = G(x)
+    adv_images = (perturbation.clamp(-0.3, 0.3) + x).clamp(0, 1)
+    real_scores = D(x)
+    opt_D.zero_grad()
+    loss_D = (real_scores - 1).pow(2).mean() + D(adv_images.detach()).pow(2).mean()
+    loss_D.backward()
+    opt_D.step()
+    for i in range(2):
+        opt_G.zero_grad()
+        loss_adv = target(adv_images).softmax(1)[:, 0].sum()
+        loss_gan = (D(adv_images) - 1).pow(2).mean()
+        loss_G = loss_gan + loss_adv + perturbation.norm()
+        loss_G.backward(retain_graph=True)
+        opt_G.step()
+        # END OF ITERATION
+"""
+
+
+def test_a_forward_the_losss_own_step_left_stale_is_computed_again_as_printed(tmp_path: Path) -> None:
+    """The fix was "use `loss_gan.detach()` ...: this loss does not train them", which still raises, and with the G
+    loss's GAN term cut would train G less: G's own step, in the G loop, changed the forward made before it. The
+    truth: the G forward and what the loop reads of it made again after each G step runs, as the issue's fix does."""
+    path = tmp_path / "advgan.py"
+    watched = f"try:\n  with watch() as w:\n{textwrap.indent(ADVGAN, '    ')}\nexcept RuntimeError:\n  pass\n"
+    path.write_text(f"from backward_twice.watcher import watch\n{watched}")
+    [item] = runpy.run_path(str(path))["w"].report.items
+    printed = re.fullmatch(r"compute lines (\d+) and (\d+) again after the step at line \d+", item.fix)
+    assert printed is not None, item.fix
+    source = ADVGAN.split("\n")
+    again = [source[int(number) - 4].strip() for number in printed.groups()]  # 3 lines above the source
+    assert again == [line.strip() for line in source[10:12]], (again, item.fix)
+    fixed = ADVGAN.replace("        # END OF ITERATION", "\n".join(f"        {line}" for line in again))
+    by_hand = ADVGAN.replace(
+        "        opt_G.zero_grad()", "        opt_G.zero_grad()\n" + "\n".join(f"        {line}" for line in again)
+    )
+    assert torch.equal(
+        _run(fixed, tmp_path / "fixed.py")["G"][0].weight, _run(by_hand, tmp_path / "hand.py")["G"][0].weight
+    )
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _run(ADVGAN.replace("loss_gan + loss_adv", "loss_gan.detach() + loss_adv"), tmp_path / "detached.py")

@@ -23,7 +23,7 @@ import linecache
 import re
 from collections.abc import Callable, Collection, Iterator
 
-from backward_twice.record.loops import outermost_loop_without
+from backward_twice.record.loops import innermost_loop_body, outermost_loop_without
 from backward_twice.record.sources import function_around, memo, parsed
 
 __all__ = [
@@ -130,7 +130,7 @@ _GROWS = frozenset(
 )  # methods that change the list and read no item
 
 
-def computed_again(filename: str, stale: int, loss: str, step: int) -> list[int]:
+def computed_again(filename: str, stale: int, loss: str, step: int, backward: int | None = None) -> list[int]:
     """The lines to compute again after an optimizer step at line ``step`` when a forward at line ``stale`` saved the
     weights it changed: ``stale`` itself, and, when ``loss`` (what the failing backward starts from) was assigned
     before the step too, each statement from ``stale`` to that assignment that the loss reads through (``prob =
@@ -139,6 +139,9 @@ def computed_again(filename: str, stale: int, loss: str, step: int) -> list[int]
     if tree is None:
         return [stale]
     statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
+    body = innermost_loop_body(filename, backward) if backward is not None and backward < step else None
+    if body is not None and body[0] <= step <= body[1] and stale < body[0]:
+        return _read_by_the_loop(statements, stale, body)
     window = [entry for entry in statements if stale <= entry[0] < step]
     assigned = [entry for entry in window if loss in entry[2]]
     if not assigned:
@@ -150,6 +153,33 @@ def computed_again(filename: str, stale: int, loss: str, step: int) -> list[int]
             chain.append(line)
             needed |= reading
     return sorted(chain) if stale in chain else [stale]
+
+
+def _read_by_the_loop(
+    statements: list[tuple[int, frozenset[str], frozenset[str]]], stale: int, body: tuple[int, int]
+) -> list[int]:
+    """The lines from ``stale`` to the loop whose ``body`` (first, last line) holds a backward and, after it, the step
+    that changed what ``stale`` saved (AdvGAN's G steps on a ``perturbation`` made before them): ``stale`` and each
+    line after it that computes from it what the loop reads (``adv_images``), not what reads it for another use (the
+    D loss); the loop's own lines compute again in its next pass."""
+    before = [entry for entry in statements if stale <= entry[0] < body[0] - 1]
+    tainted, chain = set(before[0][2]) if before else set(), [stale]
+    for line, reads, writes in before[1:]:
+        if reads & tainted:
+            chain.append(line)
+            tainted |= writes
+    needed: set[str] = set()
+    assigned: set[str] = set()  # what the loop reads before it assigns it: what comes in from before it
+    for line, reads, writes in statements:
+        if body[0] <= line <= body[1]:
+            needed |= reads - assigned
+            assigned |= writes
+    kept: list[int] = []
+    for line, reads, writes in reversed([entry for entry in before if entry[0] in chain]):
+        if writes & needed or line == stale:
+            kept.append(line)
+            needed |= reads
+    return sorted(kept)
 
 
 def summed_over_steps(filename: str, stale: int, step: int, backward: int) -> tuple[str, int] | None:

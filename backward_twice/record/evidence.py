@@ -24,9 +24,10 @@ from backward_twice.common.error_kinds import error_kind
 from backward_twice.record.events import StepEvent
 from backward_twice.record.in_place import changed_in_place
 from backward_twice.record.learner import LearnersCode, first_line, learner_line, learner_line_at, skipped_dirs
+from backward_twice.record.learner import site_of as site_of_line
 from backward_twice.record.names import NamedGraph, named_optimizers, names_holding_graphs, site_of
 from backward_twice.record.saved import grad_fn_of, python_walk, saved_data
-from backward_twice.record.sources import parsed
+from backward_twice.record.sources import function_around, parsed
 from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
 
 if TYPE_CHECKING:
@@ -142,7 +143,10 @@ def explain(
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
             record.changed_by_step, record.stale_node = changed
-            record.stale_through, record.stale_only_through = _detachable(recorder, walked, changed[1], caller, call)
+            if not _the_losss_own_step(changed[0], call.site):  # else the loss trains what went stale: no detach
+                record.stale_through, record.stale_only_through = _detachable(
+                    recorder, walked, changed[1], caller, call
+                )
         else:
             record.changed_at = changed_in_place(walked, recorder.creation.line_of)
         earlier = recorder.calls.record(call.index - 1) if call.index else None
@@ -346,6 +350,27 @@ def _parameter_through(caller: types.FrameType, freed: Node) -> str | None:
         if node is not None and any(reached is freed for reached in python_walk([node])):
             return name
     return None
+
+
+def _the_losss_own_step(step_line: str, raised_at: tuple[str, int]) -> bool:
+    """Whether the step at ``step_line`` is the first optimizer step after the raising backward at ``raised_at`` in
+    its function (AdvGAN's G steps: ``loss_G.backward(); optimizer_G.step()``, the G forward computed once before
+    them): an earlier pass's step of the loss's own optimizer changed the weights, which this loss is to train, so it
+    must compute them again, not detach them (SAC's alpha loss after the policy's step detaches ``log_pi``)."""
+    step = site_of_line(step_line)
+    tree = parsed(raised_at[0]) if step is not None and step[0] == raised_at[0] else None
+    if tree is None or step is None:
+        return False
+    function = function_around(tree, raised_at[1])
+    steps = [
+        node.lineno
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "step"
+        and node.lineno > raised_at[1]
+    ]
+    return min(steps, default=None) == step[1]
 
 
 def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | None:

@@ -90,7 +90,7 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
                     gan = (
                         " (a GAN: D's loss on a fake G made after its step)" if _D_BACKWARD.search(raising.code) else ""
                     )
-                again = _computed_again(error.stale_line, raising.code, step_number)
+                again = _computed_again(error.stale_line, raising.code, step_number, error.line)
                 fix = f"compute {again} again after the step at line {step_number}{gan}"
                 summed = _summed_over_steps(error.stale_line, error.line, step_number)
                 if summed is not None:
@@ -159,12 +159,18 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
     return Item("error", label, tuple(lines), why, fix)
 
 
-def _computed_again(stale_line: str, raising_code: str, step: str) -> str:
+def _computed_again(stale_line: str, raising_code: str, step: str, raising_line: str) -> str:
     """ "line 32", or "lines 32, 34 and 36" when the loss the raising backward starts from was computed from line 32
-    before the step too: recomputing line 32 alone leaves that loss on the old forward."""
-    site = site_of(stale_line)
+    before the step too: recomputing line 32 alone leaves that loss on the old forward (or, the step after the
+    backward in a loop, each line from 32 to that loop the loop reads)."""
+    site, raised = site_of(stale_line), site_of(raising_line)
+    backward = raised[1] if site and raised and raised[0] == site[0] else None
     loss = re.match(r"\s*([\w.]+)\s*\.backward\(", raising_code)
-    lines = computed_again(site[0], site[1], loss.group(1), int(step)) if site and loss and step.isdigit() else []
+    lines = (
+        computed_again(site[0], site[1], loss.group(1), int(step), backward)
+        if site is not None and loss is not None and step.isdigit()
+        else []
+    )
     if len(lines) < 2:
         return f"line {line_number(split_line(stale_line)[0])}"
     return f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
