@@ -84,4 +84,6 @@ LOOPS = [
     "torchflows_latent_fit",
     "prototypical_episodes",
     "triplet_batch_hard",
+    "nst_adam_tuning_step",
+    "a2c_n_step_returns",
 ]
