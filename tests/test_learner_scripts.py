@@ -2551,3 +2551,57 @@ def test_a_regulariser_a_trainer_builds_once_in_its_init_is_computed_in_compute_
     without, _ = run(tmp_path, script.replace("{penalty}", "0"))
     assert python.returncode == without.returncode == 0, python.stderr + without.stderr
     assert python.stdout.split("final")[-1] != without.stdout.split("final")[-1], python.stdout
+
+
+LIGHTNING_RUNNING_TOTAL = """
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Regressor(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+        self.running_loss = 0.0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+{fix}        self.running_loss = self.running_loss + loss
+        return self.running_loss / (batch_idx + 1)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(12, 4), torch.randn(12, 1))
+model = Regressor()
+trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, accelerator="cpu")
+trainer.fit(model, DataLoader(data, batch_size=4))
+print(model.net.weight.sum().item())
+"""
+
+
+def test_a_running_total_a_lightning_step_returns_is_started_again_at_a_line_of_training_step(tmp_path: Path) -> None:
+    """A running mean of the losses kept on ``self`` and returned (Lightning-AI/pytorch-lightning#9336): the fix was
+    "add `self.running_loss = self.running_loss.detach()` at the end of each iteration", which Lightning's loop has
+    no line for (placed before the ``return``, the step's loss has no graph). The truth: the total set to 0 before
+    the line that adds to it, each step's backward walks its own loss, the weights those of the detach in an
+    ``on_train_batch_end`` hook (the only place it runs)."""
+    python, watched = run(tmp_path, LIGHTNING_RUNNING_TOTAL.format(fix=""), "--no-traceback")
+    assert python.returncode == watched.returncode == 1 and "second time" in python.stderr, python.stderr[-2000:]
+    assert "fix: set `self.running_loss = 0` before line 16, so each iteration's backward" in watched.stdout, (
+        watched.stdout
+    )
+    fixed, watched = run(tmp_path, LIGHTNING_RUNNING_TOTAL.format(fix="        self.running_loss = 0\n"))
+    assert fixed.returncode == watched.returncode == 0, fixed.stderr[-2000:]
+    assert watched.stdout.split("\n")[0] == fixed.stdout.strip() and "backward-twice: healthy" in watched.stdout
+    hook = "    def on_train_batch_end(self, *args):\n        self.running_loss = self.running_loss.detach()\n\n"
+    by_hand = LIGHTNING_RUNNING_TOTAL.format(fix="").replace(
+        "    def configure_optimizers", f"{hook}    def configure_optimizers"
+    )
+    python, _ = run(tmp_path, by_hand)
+    assert python.returncode == 0 and python.stdout == fixed.stdout, (python.stdout, fixed.stdout)

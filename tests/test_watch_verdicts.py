@@ -3147,3 +3147,35 @@ def test_an_error_of_the_loops_own_after_a_carried_graph_does_not_say_retain_gra
     assert error.label == "the loop raised ValueError", error.label
     assert "retain_graph" not in error.label + error.why + error.fix, error
     assert str(w).startswith("backward-twice: 2 things to fix (3 iterations watched; the loop raised in iteration 3)")
+
+
+class _TrainerWithATotal:
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.net = torch.nn.Linear(4, 1)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+        self.total_loss: Any = 0.0
+
+    def train(self, as_printed: bool) -> None:
+        for _ in range(3):
+            loss = torch.nn.functional.mse_loss(self.net(torch.randn(5, 4)), torch.randn(5, 1))
+            self.opt.zero_grad()
+            if as_printed:
+                self.total_loss += loss.item()
+                loss.backward()
+            else:
+                self.total_loss += loss
+                self.total_loss.backward()
+            self.opt.step()
+
+
+def test_a_total_of_losses_kept_on_self_gets_the_fix_a_total_under_a_plain_name_gets() -> None:
+    """``self.total_loss += loss; self.total_loss.backward()`` in a trainer's method: "add `self.total_loss =
+    self.total_loss.detach()` at the end of each iteration", where ``total_loss += loss`` gets "add a number
+    instead": one mistake, two fixes by how the total is spelled. The truth: the number, and the iteration's own loss
+    backpropagated, runs."""
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        _TrainerWithATotal().train(as_printed=False)
+    [item] = w.report.items
+    assert item.fix.startswith("add a number instead (`self.total_loss += loss.item()`)"), item.fix
+    _TrainerWithATotal().train(as_printed=True)

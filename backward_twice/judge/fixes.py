@@ -21,7 +21,7 @@ from backward_twice.judge.states import as_spelled_in_its_methods, whole_state, 
 from backward_twice.judge.uses import bound_in
 from backward_twice.record.learner import lines_of_file, site_of, source_lines
 from backward_twice.record.loops import loop_inside, outermost_loop_without
-from backward_twice.record.sources import parsed
+from backward_twice.record.sources import function_around, parsed
 
 __all__ = [
     "ERROR_FIXES",
@@ -56,6 +56,22 @@ ERROR_FIXES = {
     "from tensors that need no gradient): compute it from the model's output with grad enabled",
     "other": "the loop stopped at this error: fix it first, then run the loop under the tool again",
 }
+
+
+def _a_term_kept_on_an_object(total: str, summed: tuple[str, int] | None, used: tuple[str, int] | None) -> bool:
+    """Whether ``total`` (``self.aux_total``) is an attribute a later line of the loss reads as a term, and the
+    function that adds to it does not return it (a framework's step returns the loss it is a term of): its graph is
+    cut after that line, keeping the value it holds, where a running total returned as the loss (``return
+    self.running_loss / (batch_idx + 1)``) starts again at 0."""
+    if "." not in total or summed is None or used is None or summed[0] != used[0]:
+        return False
+    if not _read_into_the_loss(total, summed[0], summed[1], used[1]):
+        return False
+    tree = parsed(summed[0])
+    function = function_around(tree, summed[1]) if tree is not None else None
+    reads = re.compile(rf"(?<![\w.]){re.escape(total)}(?![\w])")
+    returns = [n for n in ast.walk(function) if isinstance(n, ast.Return) and n.value] if function else []
+    return bool(returns) and not any(reads.search(ast.unparse(n.value)) for n in returns if n.value is not None)
 
 
 def _read_into_the_loss(name: str, filename: str, added_at: int, backward_at: int) -> bool:
@@ -113,10 +129,10 @@ def carried_fix(
     (gradient accumulation written as ``loss += ...; loss.backward()``) is assigned, not added to; any other is kept
     as a number."""
     code = built_at.split(": ", 1)[-1]
-    total = re.match(r"(\w+)\s*(?:\+=|=\s*\1\s*\+)\s*(.*)$", code)
+    total = re.match(r"([\w.]+)\s*(?:\+=|=\s*\1\s*\+)\s*(.*)$", code)
     one_number = walked is None or walked.shape is None or math.prod(walked.shape) == 1
-    if not before_loop and total and one_number:
-        summed, used = site_of(built_at), site_of(walked.used_at if walked is not None else "")
+    summed, used = site_of(built_at), site_of(walked.used_at if walked is not None else "")
+    if not before_loop and total and one_number and not _a_term_kept_on_an_object(total.group(1), summed, used):
         inside = loop_inside(summed[0], summed[1], used[1]) if summed and used and summed[0] == used[0] else None
         if inside is not None:
             return (
