@@ -813,7 +813,8 @@ def test_a_state_a_dict_starts_as_none_is_detached_where_it_holds_a_tensor_as_pr
     each pass's step, it runs and trains as the tutorial's own detach."""
     fix = _fix_of(STATE_IN_A_DICT, tmp_path / "state.py")
     assert fix == "state['h_state'] = state['h_state'].detach()", fix
-    by_hand = STATE_IN_A_DICT.replace("    # END OF ITERATION", "    state['h_state'] = state['h_state'].detach()")
+    guarded = '    if state["h_state"] is not None:\n        state["h_state"] = state["h_state"].detach()\n    out, '
+    by_hand = STATE_IN_A_DICT.replace("    out, ", guarded, 1)  # detached as each pass begins, once it is a tensor
     _trains_as_by_hand(STATE_IN_A_DICT, by_hand, fix, "rnn", tmp_path)
 
 
@@ -869,3 +870,17 @@ def test_a_forward_the_losss_own_step_left_stale_is_computed_again_as_printed(tm
     )
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         _run(ADVGAN.replace("loss_gan + loss_adv", "loss_gan.detach() + loss_adv"), tmp_path / "detached.py")
+
+
+def test_a_state_a_nested_dict_starts_as_none_is_detached_where_it_holds_a_tensor_as_printed(tmp_path: Path) -> None:
+    """The same state one dict further in (``"memory": {"h_state": None}``, read as ``state["memory"]["h_state"]``):
+    "before line 19" again, "'NoneType' object has no attribute 'detach'" in iteration 1 as printed."""
+    nested = STATE_IN_A_DICT.replace('"h_state": None}', '"memory": {"h_state": None}}').replace(
+        'state["h_state"]', 'state["memory"]["h_state"]'
+    )
+    fix = _fix_of(nested, tmp_path / "state.py")
+    assert fix == "state['memory']['h_state'] = state['memory']['h_state'].detach()", fix
+    memory = 'state["memory"]["h_state"]'
+    guarded = f"    if {memory} is not None:\n        {memory} = {memory}.detach()\n    out, "
+    by_hand = nested.replace("    out, ", guarded, 1)  # detached as each pass begins, once it holds a tensor
+    _trains_as_by_hand(nested, by_hand, fix, "rnn", tmp_path)

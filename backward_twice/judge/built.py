@@ -270,7 +270,7 @@ def starts_without_a_tensor(spelled: str, filename: str) -> bool:
     ``self.hidden = None``, ``{"hidden": None}`` for ``state["hidden"]``): then it may hold no tensor in the first
     iteration, and a ``.detach()`` there fails. In a notebook, any cell the kernel ran may have assigned it
     (``h_state = None`` in the cell before the loop's)."""
-    entry = re.sub(r"^[\w.]+(?=\[['\"][^\]]*\]$)", "*", spelled)  # ``state['h']`` as any dict's entry ``*['h']``
+    entry = re.sub(r"^.+?(?=\[['\"][^\]]*\]$)", "*", spelled)  # ``s['mem']['h']``: any dict's entry ``*['h']``
     for file in [filename, *_other_cells(filename)]:
         tree = parsed(file)
         constants = memo(file, ("constants",), functools.partial(_assigned_constants, tree)) if tree else frozenset()
