@@ -86,4 +86,8 @@ LOOPS = [
     "triplet_batch_hard",
     "nst_adam_tuning_step",
     "a2c_n_step_returns",
+    "vrnn_repackaged_inside",
+    "reptile_sine",
+    "pointnet_feature_transform",
+    "fmri_lstm_hidden_kept",
 ]
