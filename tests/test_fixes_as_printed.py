@@ -884,3 +884,62 @@ def test_a_state_a_nested_dict_starts_as_none_is_detached_where_it_holds_a_tenso
     guarded = f"    if {memory} is not None:\n        {memory} = {memory}.detach()\n    out, "
     by_hand = nested.replace("    out, ", guarded, 1)  # detached as each pass begins, once it holds a tensor
     _trains_as_by_hand(nested, by_hand, fix, "rnn", tmp_path)
+
+
+# SAM's two forward-backward passes over a multi-task loss, the second pass's tasks added onto the first pass's
+# total (davda54/sam#10); SAM's ``first_step`` is the perturbation it makes between the passes.
+SAM_TOTAL = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def step():
+    x, y = torch.randn(6, 4), torch.randint(0, 2, (6, 3)).float()
+    output = model(x)
+    loss = 0
+    for t in range(3):
+        loss += torch.nn.functional.binary_cross_entropy_with_logits(output[:, t], y[:, t])
+    optimizer.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * p.grad)
+{restart}    output = model(x)
+    for t in range(3):
+        loss += torch.nn.functional.binary_cross_entropy_with_logits(output[:, t], y[:, t])
+    loss.backward()
+    optimizer.step()
+
+
+for i in range(3):
+    step()
+"""
+
+
+def test_a_total_added_to_again_after_the_first_backward_is_started_again_as_printed(tmp_path: Path) -> None:
+    """SAM#10: the second pass's ``loss += loss_t`` onto the first pass's total. The watch said "compute `loss` again
+    after line N's step", diagnose "sum the losses ..., or add retain_graph=True to line N only" (the perturbation
+    then raises the in-place error). The truth: the total started again at 0 before the second pass's tasks runs, as
+    a second name for the second pass's total does; both ways print that."""
+    script = SAM_TOTAL.format(restart="")
+    path = tmp_path / "sam.py"
+    watched = f"try:\n  with watch() as w:\n{textwrap.indent(script, '    ')}\nexcept RuntimeError:\n  pass\n"
+    path.write_text(f"from backward_twice.watcher import watch\n{watched}")
+    [item] = runpy.run_path(str(path))["w"].report.items
+    printed = re.match(
+        r"set `loss = 0` before line (\d+), so line \d+'s backward walks only the losses added", item.fix
+    )
+    assert printed is not None, item.fix
+    assert script.split("\n")[int(printed.group(1)) - 4] == "    for t in range(3):", item.fix  # the second pass's
+    setup = script.split("for i in range(3):")[0]
+    path.write_text(f"from backward_twice import diagnose\n{setup}diagnosis = diagnose(step, models=model)\n")
+    [diagnosed] = runpy.run_path(str(path))["diagnosis"].items
+    assert re.sub(r"\d+", "N", diagnosed.fix) == re.sub(r"\d+", "N", item.fix), (diagnosed.fix, item.fix)
+    fixed = _run(SAM_TOTAL.format(restart="    loss = 0\n"), tmp_path / "fixed.py")
+    first, second = SAM_TOTAL.split("{restart}")
+    second = second.replace("loss +=", "loss2 +=").replace("    loss.backward()", "    loss2.backward()")
+    by_hand = _run(f"{first}    loss2 = 0\n{second}", tmp_path / "hand.py")  # the second pass's total by its own name
+    assert all(torch.equal(a, b) for a, b in zip(fixed["model"].parameters(), by_hand["model"].parameters()))

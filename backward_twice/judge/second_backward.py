@@ -15,7 +15,7 @@ import re
 from backward_twice.judge.fixes import total_fix
 from backward_twice.judge.uses import assigned_in_the_loss, read_in_the_loss, summed_over_steps
 from backward_twice.record.learner import lines_of_file, site_of
-from backward_twice.record.sources import parsed
+from backward_twice.record.sources import function_around, parsed
 
 __all__ = ["keep_one_update", "second_backward_fix"]
 
@@ -56,6 +56,14 @@ def second_backward_fix(
         return f"remove `retain_graph=False` from {where}: with create_graph=True the graph is kept unless it says so"
     raiser = site_of(raised_at)
     later = raiser[1] if raiser is not None and ": " in raised_at else None
+    root = re.match(r"\s*(\w+)\s*\.backward\(", raised_at.split(": ", 1)[-1])  # what both backward calls start
+    total = root.group(1) if root and re.match(rf"\s*{root.group(1)}\s*\.backward\(", freer_code) else through
+    restart = _added_to_between(total, freer, later) if freer is not None and freed_at != raised_at else None
+    if restart is not None:  # SAM#10: ``loss += loss_t`` again after the first backward, the first pass's in it
+        return (
+            f"set `{total} = 0` before line {restart}, so line {later}'s backward walks only the losses added after "
+            f"{line}: `{total}` still holds the ones that backward freed"
+        )
     step = site_of(stepped) if stepped is not None else None
     if step is not None and freed_at == raised_at:
         whole = re.sub(r"\[\d+\]$", "", through)  # the list an episode fills, not its item
@@ -135,6 +143,37 @@ def second_backward_fix(
         f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from{gan}; if "
         f"it must, sum the losses and call backward() once, or add retain_graph=True to {line} only"
     )
+
+
+def _added_to_between(through: str, freer: tuple[str, int], later: int | None) -> int | None:
+    """The line to start ``through`` again at, where the code adds to it (``loss += loss_t``) between the backward at
+    ``freer`` and the one at ``later`` in one function without assigning it: the loop that adds (its header), or the
+    addition itself; None for any other code."""
+    tree = parsed(freer[0])
+    if tree is None or later is None or not through.isidentifier():
+        return None
+    function = function_around(tree, later)
+    between = [n for n in ast.walk(function) if isinstance(n, ast.stmt) and freer[1] < n.lineno < later]
+    assigned = any(
+        isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == through for t in n.targets)
+        for n in between
+    )
+    added = [
+        n
+        for n in between
+        if isinstance(n, ast.AugAssign)
+        and isinstance(n.op, ast.Add)
+        and isinstance(n.target, ast.Name)
+        and n.target.id == through
+    ]
+    if assigned or not added or function_around(tree, freer[1]) is not function:
+        return None
+    loops = [
+        n
+        for n in between
+        if isinstance(n, (ast.For, ast.While)) and n.lineno <= added[0].lineno <= (n.end_lineno or n.lineno)
+    ]
+    return min((n.lineno for n in loops), default=added[0].lineno)
 
 
 def _where_the_later_loss_reads(raiser: tuple[str, int] | None, later: int, through: str) -> str:
