@@ -1,7 +1,8 @@
 """The fix for a second backward through buffers an earlier backward of the same iteration freed, in the learner's own
 names: a loss built inside the loop that runs the backward line twice, a GAN's D loss on ``fake.detach()``, a retain in
 the earlier backward only, the losses summed, the stale graph computed again after the step that changed its weights,
-or one of two updates kept (an epoch's total after per-batch steps).
+one of two updates kept (an epoch's total after per-batch steps), or a total added to again after its first backward
+started again at 0 (SAM's second pass).
 
 Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.error_item`.
 """

@@ -1,6 +1,7 @@
 """What the recorder can say about an error a backward raised, from what it saw: for "backward through the graph a
-second time", the earlier call that freed the buffers and the name the walk reached them through; for the version
-check, the optimizer step that changed a saved tensor in place, or else the learner's in-place statement that did; and
+second time", the earlier call that freed the buffers, the name the walk reached them through and the other names it
+reached them through on ways of their own; for the version check, the optimizer step that changed a saved tensor in
+place (and whether it was the raising loss's own optimizer's), or else the learner's in-place statement that did; and
 where an error the loop raised outside a backward rose in the learner's code (:func:`raised_at`).
 
 Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.record.recorder`.
