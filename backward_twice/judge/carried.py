@@ -80,6 +80,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
     through = recorder.error.reached_through if recorder.error is not None else None
     lists: set[str] = set()  # lists found keeping items an earlier iteration built (``saved_actions``)
     twins: dict[tuple[str, int], NamedGraph] = {}
+    befores: dict[str, tuple[int, ...]] = {}  # a graph built before the loop: the lines that built it, by its line
     first = _iteration_1_start(recorder)
     for call in recorder.calls:
         iteration = split.iteration_of_call(call.index)
@@ -171,8 +172,10 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             )
             if state is not None:  # one tensor under two entries of one state: detaching one leaves the other's
                 name, container, aliases = state, "state", []
-            earlier = [s for s in old if not split.iteration_of_node(s)] if not built else []
-            before = lines_built_before(recorder, earlier, line) if earlier else ()
+            if not built and line not in befores:  # read once per line: every pass's walk reaches the same graph
+                earlier = [s for s in old if not split.iteration_of_node(s)]
+                befores[line] = lines_built_before(recorder, earlier, line) if earlier else ()
+            before = befores.get(line, ()) if not built else ()
             for spelled in (name, *aliases):
                 seen = (spelled, line, built or None, call.line, container, node.shape, iteration, {iteration})
                 add(spelled, _Carried(*seen, node.frame, chained, before))

@@ -171,24 +171,26 @@ def judge(recorder: Recorder) -> Verdicts:
 def _earlier_steps_the_source(recorder: Recorder, freer: int, record: ErrorRecord) -> bool | None:
     """Whether the optimizer that stepped between the backward that freed the buffers (call ``freer``) and the one
     that raised trains a weight the carrier's graph reaches; None when none stepped between, or nothing is known."""
+    stepped = _weights_stepped_between(recorder, freer, record) if record.through_sources else None
+    return None if stepped is None else bool(stepped & record.through_sources)
+
+
+def _weights_stepped_between(recorder: Recorder, freer: int, record: ErrorRecord) -> frozenset[int] | None:
+    """The ids of the weights of the first optimizer that stepped between call ``freer`` and the raising call; None
+    when none did, or it is gone."""
     between = [step for step in recorder.steps if freer < step.calls <= (record.call or 0)]
-    optimizer = recorder.optimizers_seen.get(between[0].optimizer) if between and record.through_sources else None
+    optimizer = recorder.optimizers_seen.get(between[0].optimizer) if between else None
     live = optimizer() if optimizer is not None else None
-    if live is None:
-        return None
-    return any(id(p) in record.through_sources for group in live.param_groups for p in group["params"])
+    return None if live is None else frozenset(id(p) for group in live.param_groups for p in group["params"])
 
 
 def _with_the_other_ways(recorder: Recorder, freer: int, record: ErrorRecord, fix: str) -> str:
     """``fix`` (a detach of the name the walk reached the freed buffers through), and the detach each other way into
     them wants, where two losses each read what the other trains from (mutual learning: ``out2`` in the first loss,
     ``out1`` in the second): with the first alone, the next run raises at the same line."""
-    between = [step for step in recorder.steps if freer < step.calls <= (record.call or 0)]
-    optimizer = recorder.optimizers_seen.get(between[0].optimizer) if between else None
-    live = optimizer() if optimizer is not None else None
-    if live is None or not fix.startswith("use `") or record.call is None:
+    stepped = _weights_stepped_between(recorder, freer, record)
+    if stepped is None or not fix.startswith("use `") or record.call is None:
         return fix
-    stepped = {id(p) for group in live.param_groups for p in group["params"]}
     freed_at, raised_at = recorder.calls[freer].line, record.line
     others = [
         second_backward_fix(freed_at, raised_at, named.name, True, None, bool(stepped & sources), None)
