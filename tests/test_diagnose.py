@@ -19,6 +19,7 @@ from torch import nn
 
 from backward_twice.report.rendering import Item
 from backward_twice.steps.audit import audit_retain_graph
+from backward_twice.steps.carried import find_carried_graph
 from backward_twice.steps.diagnose import Diagnosis, diagnose
 from backward_twice.watcher import watch
 
@@ -1032,3 +1033,43 @@ def test_a_second_backward_through_a_loss_the_first_walked_gets_one_fix_in_every
     assert [i.fix for i in result.items] == [i.fix for i in watched.report.items], (result, watched)
     assert result.items[0].fix.startswith("use `log_pi.detach()` at line "), result.items[0].fix
     assert "(`alpha_loss = -(log_alpha * (log_pi - 1.0)).mean()`)" in result.items[0].fix, result.items[0].fix
+
+
+def _state_carried_into_two_roots() -> tuple[Callable[[], None], list[nn.Module], torch.optim.Optimizer]:
+    """A step whose one backward call takes two losses (``torch.autograd.backward([l1, l2])``), with its state kept by
+    ``.clone()`` (which keeps the graph): as written, run 2's call walks run 1's freed graph."""
+    torch.manual_seed(0)
+    cell, head = nn.Linear(4, 4), nn.Linear(4, 1)
+    optimizer = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.1)
+    x, state = torch.randn(3, 4), {"h": torch.zeros(3, 4)}
+
+    def step() -> None:
+        optimizer.zero_grad()
+        h = torch.tanh(cell(x) + state["h"])
+        l1, l2 = head(h).pow(2).mean(), h.abs().mean()
+        torch.autograd.backward([l1, l2])
+        optimizer.step()
+        state["h"] = h.clone()
+
+    return step, [cell, head], optimizer
+
+
+def test_one_backward_call_of_two_losses_raises_where_the_step_as_written_does() -> None:
+    """The tools walk a call of several roots before the engine runs: where the step as written raises, that walk
+    raised inside the recorder, which switched itself off ("an error of its own"), gave a second item (retain or sum
+    the losses, each of which still raises), an audit with no error, and find_carried_graph's "Iteration 3 raised".
+    The truth: bare Python raises "backward through the graph a second time" at run 2, and a detach of the state
+    fixes it."""
+    step, models, optimizer = _state_carried_into_two_roots()
+    result = diagnose(step, models=models, optimizers=optimizer)
+    assert "stopped watching" not in result.verdict and result.error_kind == "backward a second time", result.verdict
+    [item] = result.items
+    assert item.kind == "carried" and item.fix.startswith("add `state['h'] = state['h'].detach()`"), item.fix
+    assert result.verdict.startswith("backward-twice: 1 thing to fix (2 runs of step; run 2 raised)"), result.verdict
+    audit = audit_retain_graph(step, models=models, optimizers=optimizer)
+    assert audit.error is not None and "backward through the graph a second time" in audit.error, audit.error
+    carried = find_carried_graph(step, models=models, optimizers=optimizer)
+    assert carried.iterations_run == 2 and "Iteration 2 raised" in carried.verdict(), carried.verdict()
+    step()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        step()  # bare Python, from the state the tools put back

@@ -3149,6 +3149,33 @@ def test_an_error_of_the_loops_own_after_a_carried_graph_does_not_say_retain_gra
     assert str(w).startswith("backward-twice: 2 things to fix (3 iterations watched; the loop raised in iteration 3)")
 
 
+@pytest.mark.parametrize("passes", [3, 5])
+def test_a_pass_that_raises_before_its_first_backward_is_counted_as_its_own_iteration(passes: int) -> None:
+    """A GRU's hidden state sized for full batches, and a short last batch: the forward of the last pass raises
+    before its backward. Past the passes the line tracer follows (the third on), the error was put in the pass
+    before it ("3 iterations watched; the loop raised in iteration 2" of a loop that ran its third pass). The truth:
+    bare Python raises in the pass of the short batch, after the passes before it ran their backward."""
+    torch.manual_seed(0)
+    rnn, head = torch.nn.GRU(3, 8, batch_first=True), torch.nn.Linear(8, 1)
+    opt = torch.optim.Adam([*rnn.parameters(), *head.parameters()], lr=0.01)
+    batches = [torch.randn(4, 5, 3) for _ in range(passes - 1)] + [torch.randn(2, 5, 3)]
+    backwards = 0
+    with pytest.raises(RuntimeError, match="Expected hidden size"), watch() as w:
+        hidden = torch.zeros(1, 4, 8)
+        for x in batches:
+            hidden = hidden.detach()
+            out, hidden = rnn(x, hidden)
+            loss = head(out[:, -1]).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            backwards += 1
+            opt.step()
+    assert backwards == passes - 1
+    [error] = w.report.items
+    assert error.label == "the loop raised RuntimeError", error.label
+    assert f"; the loop raised in iteration {passes})" in str(w).split("\n")[0], str(w)
+
+
 class _TrainerWithATotal:
     def __init__(self) -> None:
         torch.manual_seed(0)

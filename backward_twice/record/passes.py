@@ -411,6 +411,23 @@ class IterationLoop:
             frame = frame.f_back
         return False
 
+    def saw_error(self, frames: list[tuple[types.FrameType, int]], calls: int, since: int) -> None:
+        """The loop raised outside an event (``frames``: its traceback's frames and lines): a pass of the iteration's
+        loop that raised before its first event (a shape error in the forward of a short last batch) is a new pass
+        where its ``for`` binds new values since the last event. The tracer, while it followed the loop, set the
+        marker at the pass's start: then nothing changed."""
+        inner = self.innermost
+        if inner is None or self.unusable is not None or not inner.loop.targets or inner.loop.shadowed:
+            return
+        frame = next((f for f, line in frames if id(f) == inner.frame and inner.loop.holds(line)), None)
+        last = self._markers.get(inner.key)
+        if frame is None or last is None or last[0] != id(frame):
+            return
+        bound = bound_tokens(frame, inner.loop)
+        if not same_tokens(last[1], bound):
+            self._markers[inner.key] = (id(frame), bound, ())
+            self._append_after(inner.key, inner.loop, last, (id(frame), bound), PassStart(since, calls))
+
     def role(self, frame: types.FrameType, loop: Loop) -> str | None:
         """ "iteration" for the chain's innermost loop, "outer" for another of its loops, None otherwise."""
         if self.unusable is not None or (id(frame.f_code), loop.header) not in self.passes:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import itertools
 import sys
+import traceback
 import types
 from collections.abc import Callable
 from typing import Any
@@ -213,6 +214,8 @@ class Recorder:
             and not about_autograd(first_line(exc, 400))
         )
         self.error = ErrorRecord(first_line(exc, 400), raised_at(exc, self._lines), after_the_loop=after)
+        if not after and not self.by_runs:  # a pass that raised before its first event is a pass too
+            self.loop.saw_error(list(traceback.walk_tb(exc.__traceback__)), self.calls.count, self._last_event_end)
         self.pending = unstepped_optimizers(raised_in(exc), self.skipped, self.optimizer_key.live_ids())
 
     # -- iterations ----------------------------------------------------------------------------------------
@@ -408,6 +411,8 @@ class Recorder:
         if handle is not None:  # the engine lists what it walks only on the calling thread
             torch._C._set_multithreading_enabled(False)
         try:
+            if handle is walks.RAISES_AT_THE_CALL:  # several roots, walked before it: as written, this call raises
+                raise RuntimeError(SECOND_TIME)
             result = engine(outputs, *args, **kwargs)
         except Exception as exc:
             try:

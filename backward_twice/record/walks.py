@@ -25,6 +25,7 @@ from torch.autograd.graph import Node
 from backward_twice.record.saved import has_saved_data, python_walk, saves_tensors
 
 __all__ = [
+    "RAISES_AT_THE_CALL",
     "SECOND_TIME",
     "CallRecord",
     "CallsSoFar",
@@ -268,8 +269,23 @@ def read_walk(outputs: Any, look: Callable[[list[Node]], None]) -> Any:
         # torch's stub lacks this private binding: the engine's own list of the nodes it will run
         return roots[0].register_prehook(lambda grads: look(torch._C._current_graph_task_execution_order()))  # type: ignore[attr-defined]
     if roots:
-        look(python_walk(roots))
+        try:
+            look(python_walk(roots))
+        except RuntimeError as error:  # keep_buffers, where the step as written raises: before the engine runs,
+            if str(error) != SECOND_TIME:  # so the call itself raises it (:data:`RAISES_AT_THE_CALL`)
+                raise
+            return RAISES_AT_THE_CALL
     return None
+
+
+class _RaisesAtTheCall:
+    """The handle :func:`read_walk` gives for several roots whose walk found where the step as written raises."""
+
+    def remove(self) -> None:
+        """Nothing to remove: no hook was registered."""
+
+
+RAISES_AT_THE_CALL = _RaisesAtTheCall()
 
 
 def walk_now(outputs: Any, look: Callable[[list[Node]], None]) -> None:
