@@ -780,6 +780,55 @@ def test_a_loss_built_before_the_loop_names_every_line_its_graph_was_built_by(tm
         _run(alone, tmp_path / "alone.py")
 
 
+# Two names of one graph built before the loop: ``base`` is computed from ``act``, and each is read by the loop's loss.
+TWO_NAMES_BEFORE = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+x, y = torch.randn(10, 4), torch.randn(10, 2)
+feat = net[0](x)
+act = net[1](feat)
+base = act.mean(0, keepdim=True)
+opt = torch.optim.SGD(net.parameters(), lr=0.05)
+for epoch in range(3):
+    pred = net[2](act)
+    loss = ((pred - y) ** 2).mean() + 0.1 * base.pow(2).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_two_names_of_one_graph_built_before_the_loop_are_one_item_whose_fix_moves_every_line(tmp_path: Path) -> None:
+    """Two items were given, one per name: "compute `act` inside the loop, with lines 8 to 9" (computed inside alone,
+    ``base`` still walks the freed graph: the loop raises at its second pass) and, for ``base``, "one graph at a time
+    (it does not pile up)" though the loop raised. The truth: the three lines moved into the loop run and train the
+    first layer; ``act``'s two lines alone still raise."""
+    path = tmp_path / "two_names.py"
+    watched = f"try:\n  with watch() as w:\n{textwrap.indent(TWO_NAMES_BEFORE, '    ')}\nexcept RuntimeError:\n  pass\n"
+    path.write_text(f"from backward_twice.watcher import watch\n{watched}")
+    [item] = runpy.run_path(str(path))["w"].report.items
+    assert item.label.startswith("`act` and `base` carry the graph built before the loop"), item.label
+    lines = re.match(r"compute `act` and `base` inside the loop, with lines (\d+) to (\d+) that they come", item.fix)
+    assert lines is not None, item.fix
+    source = TWO_NAMES_BEFORE.split("\n")
+    first, last = int(lines.group(1)) - 4, int(lines.group(2)) - 4  # the watched file has 3 lines above the source
+    assert source[first].startswith("feat = ") and source[last].startswith("base = "), item.fix
+    header = source.index("for epoch in range(3):")
+
+    def inside(start: int, end: int, moved: bool = True) -> str:
+        before = [line for n, line in enumerate(source[:header]) if not (moved and start <= n <= end)]
+        computed = [f"    {line}" for line in source[start : end + 1]]
+        return "\n".join([*before, source[header], *computed, *source[header + 1 :]])
+
+    fixed = _run(inside(first, last), tmp_path / "fixed.py")
+    assert fixed["net"][0].weight.grad is not None  # the first layer trains, through the lines moved in
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):  # ``act``'s lines alone
+        _run(inside(first, last - 1, moved=False), tmp_path / "alone.py")
+
+
 # The RNN regressor of MorvanZhou's tutorial with its hidden state in a dict that starts it as None (as ncps#62's CfC
 # loop keeps ``state["hx"]``), and no ``.detach()``.
 STATE_IN_A_DICT = """
@@ -943,3 +992,123 @@ def test_a_total_added_to_again_after_the_first_backward_is_started_again_as_pri
     second = second.replace("loss +=", "loss2 +=").replace("    loss.backward()", "    loss2.backward()")
     by_hand = _run(f"{first}    loss2 = 0\n{second}", tmp_path / "hand.py")  # the second pass's total by its own name
     assert all(torch.equal(a, b) for a, b in zip(fixed["model"].parameters(), by_hand["model"].parameters()))
+
+
+# Recurrent cells at several depths of a ModuleList (one inside a nested block), run by an inner ``for layer in net``.
+CELLS_AT_SEVERAL_DEPTHS = """
+import torch
+from torch import nn
+
+
+class Cell(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+        self.hidden = torch.zeros(3, n)
+
+    def forward(self, x):
+        self.hidden = torch.tanh(self.lin(x) + self.hidden)
+        return self.hidden
+
+
+class Block(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(n, n), Cell(n)])
+
+    def forward(self, x):
+        for l in self.layers:
+            x = l(x)
+        return x
+
+
+torch.manual_seed(0)
+net = nn.ModuleList([Cell(6), nn.Linear(6, 6), Block(6), nn.Linear(6, 6), Cell(6)])
+head = nn.Linear(6, 1)
+xs, ys = torch.randn(4, 3, 6), torch.randn(4, 3, 1)
+opt = torch.optim.SGD([*net.parameters(), *head.parameters()], lr=0.05)
+for t in range(4):
+    h = xs[t]
+    for layer in net:
+        h = layer(h)
+    loss = ((head(h) - ys[t]) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    # END OF ITERATION
+"""
+
+
+def test_a_cell_last_run_by_an_inner_loop_is_named_by_its_module_path(tmp_path: Path) -> None:
+    """The last cell was named `layer.hidden`, the inner loop's variable, which the next pass rebinds to each layer
+    in turn (its fix works only while the cell stays last). The truth: every cell detached at the end of each pass,
+    by hand, trains as the printed fixes applied; each fix names the cell by its path in ``net``."""
+    path = tmp_path / "cells.py"
+    body = "\n".join(f"    {line}" for line in CELLS_AT_SEVERAL_DEPTHS.strip("\n").split("\n"))
+    path.write_text(
+        f"from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n{body}\nexcept Exception:\n  pass\n"
+    )
+    fixes = [item.fix for item in runpy.run_path(str(path))["w"].report.items if item.kind == "carried"]
+    statements = [s for fix in fixes for s in re.findall(r"`([^`]+ = [^`]+)`", fix)]
+    assert not any(s.startswith("layer.") for s in statements), fixes
+    assert {s.split(" = ")[0] for s in statements} == {"net[0].hidden", "net[2].layers[1].hidden", "net[4].hidden"}
+    by_hand = CELLS_AT_SEVERAL_DEPTHS.replace(
+        "    # END OF ITERATION",
+        "    for m in net.modules():\n        if isinstance(m, Cell):\n            m.hidden = m.hidden.detach()",
+    )
+    expected = _run(by_hand, tmp_path / "by_hand.py")["net"].state_dict()
+    printed = CELLS_AT_SEVERAL_DEPTHS.replace("    # END OF ITERATION", "".join(f"    {s}\n" for s in statements))
+    fixed = _run(printed, tmp_path / "fixed.py")["net"].state_dict()
+    assert all(torch.equal(fixed[key], value) for key, value in expected.items())
+
+
+# Influence functions' LiSSA recursion (nimarb/pytorch_influence_functions, s_test; its issues #5 and #6): ``v``, a
+# list of gradients taken with create_graph before the loop, and ``h_estimate`` built from it and from each pass's
+# Hessian-vector product.
+LISSA = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+params = list(model.parameters())
+v = list(torch.autograd.grad(model(torch.randn(1, 6)).pow(2).sum(), params, create_graph=True))
+# BEFORE THE LOOP
+h_estimate = v.copy()
+for _ in range(4):
+    loss = model(torch.randn(4, 6)).pow(2).mean()
+    first = torch.autograd.grad(loss, params, create_graph=True)
+    hv = torch.autograd.grad(sum((g * h).sum() for g, h in zip(first, h_estimate)), params, create_graph=True)
+    h_estimate = [a + 0.99 * b - c / 25 for a, b, c in zip(v, h_estimate, hv)]
+    # END OF ITERATION
+"""
+
+
+def test_a_list_built_before_the_loop_and_walked_without_error_gets_its_detach_and_no_word_of_freeing(
+    tmp_path: Path,
+) -> None:
+    """``v``'s item read "(the first backward freed the graph of the items built before the loop)" and "memory and
+    time grow with each iteration", where nothing was freed (every call has create_graph) and ``v``'s one graph does
+    not pile up; its one fix, "fill `v` inside the loop", keeps ``v``'s gradient in every product. The truth: with
+    ``h_estimate`` detached each pass and ``v`` detached before the loop as printed, the estimate is the one of the
+    hand fix that detaches both as each pass begins."""
+    path = tmp_path / "lissa.py"
+    body = "\n".join(f"    {line}" for line in LISSA.strip("\n").split("\n"))
+    path.write_text(f"from backward_twice.watcher import watch\nwith watch() as w:\n{body}\n")
+    items = {item.label.split("`")[1]: item for item in runpy.run_path(str(path))["w"].report.items}
+    assert set(items) == {"h_estimate", "v"}, list(items)
+    v = items["v"]
+    assert "freed" not in v.why + v.fix and "grow" not in v.why, v
+    detach_v = re.search(r"`(v = \[m\.detach\(\) for m in v\])` before it", v.fix)
+    detach_h = re.fullmatch(r"add `(.+)` (?:at the end of each iteration|before line \d+)", items["h_estimate"].fix)
+    assert detach_v is not None and detach_h is not None, (v.fix, items["h_estimate"].fix)
+    printed = LISSA.replace("# BEFORE THE LOOP", detach_v.group(1)).replace(
+        "    # END OF ITERATION", f"    {detach_h.group(1)}"
+    )
+    by_hand = LISSA.replace(
+        "    loss = model",
+        "    v = [t.detach() for t in v]\n    h_estimate = [t.detach() for t in h_estimate]\n    loss = model",
+    )
+    fixed, expected = _run(printed, tmp_path / "fixed.py"), _run(by_hand, tmp_path / "by_hand.py")
+    assert all(torch.allclose(a, b) for a, b in zip(fixed["h_estimate"], expected["h_estimate"]))
+    as_written = _run(LISSA, tmp_path / "as_written.py")["h_estimate"]
+    assert not all(torch.allclose(a, b) for a, b in zip(as_written, expected["h_estimate"]))  # v's gradient counted

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from backward_twice.report.items import line_number
 from backward_twice.watcher import watch
 
 
@@ -3206,3 +3207,77 @@ def test_a_total_of_losses_kept_on_self_gets_the_fix_a_total_under_a_plain_name_
     [item] = w.report.items
     assert item.fix.startswith("add a number instead (`self.total_loss += loss.item()`)"), item.fix
     _TrainerWithATotal().train(as_printed=True)
+
+
+def test_a_retain_written_on_a_later_line_of_its_call_is_named_at_that_line() -> None:
+    """WGAN-GP's penalty, and GAIL's, spread ``autograd.grad(...)`` over several lines with ``retain_graph=True`` on
+    the last: the item named the call's first line ("retain_graph=True at line 22"), whose code has no retain. The
+    truth: removing the keyword from the line that holds it runs the same (create_graph keeps the graph)."""
+    torch.manual_seed(0)
+    critic = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(critic.parameters(), lr=0.01)
+    with watch() as w:
+        for _ in range(3):
+            x = torch.randn(6, 2, requires_grad=True)
+            out = critic(x)
+            gradients = torch.autograd.grad(
+                outputs=out,
+                inputs=x,
+                grad_outputs=torch.ones_like(out),
+                create_graph=True,
+                retain_graph=True,
+            )[0]
+            penalty = ((gradients.norm(2, dim=1) - 1) ** 2).mean()
+            opt.zero_grad()
+            (out.mean() + penalty).backward()
+            opt.step()
+    [item] = w.report.items
+    [line] = item.lines
+    assert line.code.strip() == "retain_graph=True," and line.code[slice(*line.span)] == "retain_graph=True", line
+    assert f"line {line_number(line.place)}" in item.label and f"line {line_number(line.place)}" in item.fix, item
+
+
+LOSSES_KEPT = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loss_dict, sizes = {}, []
+with watch() as w:
+    for i in range(8):
+        loss = model(torch.randn(5, 4)).pow(2).mean()
+        if i % 2 == 0:
+            loss_dict["reg"] = model.weight.pow(2).sum() * 0.1
+            loss = loss + loss_dict["reg"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        KEEP
+        sizes.append(sum(nodes_reached(t) for v in loss_dict.values() for t in (v if isinstance(v, list) else [v])))
+"""
+
+
+@pytest.mark.parametrize(
+    ("keep", "grows"),
+    [
+        ('loss_dict["loss"] = loss', False),
+        ("loss_dict[i] = loss", True),
+        ('loss_dict.setdefault("all", []).append(loss)', False),
+    ],
+)
+def test_a_dict_of_losses_overwritten_every_iteration_is_no_growing_note(keep: str, grows: bool, tmp_path: Any) -> None:
+    """StyleGAN2's ``loss_dict``: each iteration's losses stored under fixed keys, a regulariser's every second
+    iteration, so the dict holds graphs of two iterations at a pass's start and one at its first backward. The item
+    read "`loss_dict` keeps one more iteration's graph alive every iteration ... holds them all". The truth (the
+    nodes the dict reaches, counted by a probe after each pass): they stay level over the run; a dict given a new key
+    each iteration grows, and is still a note."""
+    path = tmp_path / "losses_kept.py"
+    path.write_text(f"from backward_twice.watcher import watch\n{LOSSES_KEPT.replace('KEEP', keep)}")
+    ran = runpy.run_path(str(path), init_globals={"nodes_reached": _nodes})
+    sizes, w = ran["sizes"], ran["w"]
+    if "append" in keep:  # a list under a fixed key that grows: the note names it
+        assert sizes[-1] > sizes[2] and any("loss_dict['all']" in item.label for item in w.report.items), str(w)
+        return
+    assert (max(sizes[2:]) > max(sizes[:2])) == grows, sizes  # the probe
+    growing = [item for item in w.report.items if "loss_dict" in item.label and "every iteration" in item.label]
+    assert bool(growing) == grows, str(w)

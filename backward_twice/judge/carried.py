@@ -381,7 +381,12 @@ def _carrier(recorder: Recorder, spellings: list[str] | None) -> str | None:
     span = _loop_body(recorder)
     if len(spellings) == 1 or span is None:
         return spellings[0]
-    live = (s for s in spellings if read_first(re.sub(r"(\[\d+\])+$", "", s), span) is not False)  # new[0][1]: new
+    live = (  # new[0][1]: new; ``layer.hidden`` of ``for layer in net``: the loop rebinds ``layer``
+        s
+        for s in spellings
+        if read_first(re.sub(r"(\[\d+\])+$", "", s), span) is not False
+        and read_first(re.split(r"[.\[]", s, maxsplit=1)[0], span) is not False
+    )
     return next(live, spellings[0])
 
 

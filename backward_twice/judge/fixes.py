@@ -6,7 +6,8 @@ second backward through buffers an earlier backward of the same iteration freed:
 :mod:`backward_twice.judge.in_place_fix`.
 
 Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.second_backward`,
-:mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.items`. A state detached whole:
+:mod:`backward_twice.judge.verdicts`, :mod:`backward_twice.report.items` and :mod:`backward_twice.report.rendering`. A
+state detached whole:
 :mod:`backward_twice.judge.states`.
 """
 
@@ -176,8 +177,8 @@ def carried_fix(
         if use == "whole" and before_loop:  # filled before the loop (an episode's rollout, then updates on it):
             # cleared after the first update, the next one has nothing to walk
             return (
-                f"fill `{whole}` inside the loop, so each backward walks items built in its own iteration (the "
-                "first backward freed the graph of the items built before the loop)"
+                f"fill `{whole}` inside the loop, so each backward walks items built in its own iteration (or "
+                f"`{whole} = [m.detach() for m in {whole}]` before it, if its items need no gradient)"
             )
         if use == "whole":
             return f"clear `{whole}` after each update (`{whole}.clear()`): each backward walks this iteration's items"
@@ -280,15 +281,41 @@ def _with_the_lines(lines: tuple[int, ...], built_at: str) -> str:
     return f", with lines {', '.join(map(str, lines[:-1]))} and {lines[-1]} that it comes from"
 
 
+def _lines_named(clause: str) -> set[int]:
+    """The lines of a clause ", with lines 29 to 32 that it comes from" (or "lines 7, 9 and 10")."""
+    span = re.search(r"lines (\d+) to (\d+)", clause)
+    if span:
+        return set(range(int(span.group(1)), int(span.group(2)) + 1))
+    return {int(number) for number in re.findall(r"\d+", clause)}
+
+
+def one_graph_before_the_loop(fix: str, built_at: str, other_fix: str, other_built_at: str) -> bool:
+    """Whether two names each to be computed inside the loop hold one graph built before it: the lines that built one
+    hold the line that built the other (``act = relu(feat)``, then ``base = act.mean(0)``): moved in alone, either
+    still leaves the other's part of the graph behind."""
+    mine, other = _COMPUTE.fullmatch(fix), _COMPUTE.fullmatch(other_fix)
+    built, other_built = site_of(built_at), site_of(other_built_at)
+    if mine is None or other is None or built is None or other_built is None or built[0] != other_built[0]:
+        return False
+    lines = _lines_named(mine.group(2) or "") | {built[1]}
+    other_lines = _lines_named(other.group(2) or "") | {other_built[1]}
+    return built[1] in other_lines or other_built[1] in lines
+
+
 def computed_inside(fixes: list[str]) -> str | None:
     """The fixes of several names of one graph built before the loop (``compute `X` inside the loop (or ...)``), as
-    one that changes each (PPO's ``b_advantages`` and ``b_returns``); None unless there are several, all of that
-    form."""
+    one that changes each (PPO's ``b_advantages`` and ``b_returns``), with every line any of them comes from; None
+    unless there are several, all of that form."""
     matches = [_COMPUTE.fullmatch(fix) for fix in fixes]
     if len(matches) < 2 or not all(matches):
         return None
     names, detached = (" and ".join(dict.fromkeys(m.group(i) for m in matches if m)) for i in (1, 3))
-    lines = next((m.group(2) for m in matches if m and m.group(2)), "").replace("it comes", "they come")
+    numbers = sorted(set().union(*(_lines_named(m.group(2)) for m in matches if m and m.group(2))))
+    lines = ""
+    if len(numbers) > 1 and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        lines = f", with lines {numbers[0]} to {numbers[-1]} that they come from"
+    elif len(numbers) > 1:
+        lines = f", with lines {', '.join(map(str, numbers[:-1]))} and {numbers[-1]} that they come from"
     return f"compute {names} inside the loop{lines} (or {detached}, if they need no gradient)"
 
 

@@ -105,9 +105,12 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             continue  # (what it reaches back to, a later backward walked: state the loop uses, not a total)
         held.append((holder, sequence, built, held_graph, spans))
     together: dict[tuple[str, int], set[int]] = {}  # (a name's root, a sighting) -> the iterations whose graphs it
-    for holder, _, built, held_graph, _ in held:  # held there: a name rebound each iteration holds one at a time
+    entries: dict[tuple[str, int], set[str]] = {}  # held there: a name rebound each iteration holds one at a time;
+    for holder, _, built, held_graph, _ in held:  # and the names under it that held them
         together.setdefault((_root(holder), held_graph.sighting), set()).add(built)
-    growing = {root for (root, _), built in together.items() if len(built) > 1}
+        entries.setdefault((_root(holder), held_graph.sighting), set()).add(holder)
+    several = {root for (root, _), built in together.items() if len(built) > 1}
+    growing = {root for root in several if _more_entries(root, entries)}
     reach_back: dict[str, list[tuple[int, int]]] = {}  # holder -> (sighting, how many iterations its graph spans)
     for holder, _, _, held_graph, spans in held:
         reach_back.setdefault(holder, []).append((held_graph.sighting, spans))
@@ -348,6 +351,14 @@ def _one_element(shape: tuple[int, ...] | None) -> bool:
 def _dropped(spans: list[int]) -> bool:
     """Whether a later start saw fewer iterations' graphs than an earlier one (``total = 0`` every few passes)."""
     return any(later < earlier for earlier, later in itertools.pairwise(spans))
+
+
+def _more_entries(root: str, entries: dict[tuple[str, int], set[str]]) -> bool:
+    """Whether more of ``root``'s entries hold graphs at its last sighting than at its first (a list appended to),
+    or it was seen once: a fixed set of keys each overwritten in its own iterations (StyleGAN2's ``loss_dict``, a
+    regulariser's loss every second iteration) holds graphs of several iterations at once, and no more over a run."""
+    counts = [len(names) for (name, _), names in sorted(entries.items(), key=lambda kv: kv[0][1]) if name == root]
+    return len(counts) < 2 or counts[-1] > counts[0]
 
 
 def _root(holder: str) -> str:

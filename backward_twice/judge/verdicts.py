@@ -237,7 +237,7 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
     count_retains(calls, lambda index, later: _same_iteration(split, index, later), tallies)
     verdicts = []
     for tally in sorted(tallies.values(), key=lambda t: t.first):
-        line, runs, needed, held = tally.line, tally.runs, tally.needed, tally.held
+        line, runs, needed, held = retain_written_at(tally.line, tally.site), tally.runs, tally.needed, tally.held
         if tally.create_graph:
             written = _writes_retain(tally.site)  # written out, yet create_graph implies it
             kind, why, fix = (
@@ -311,6 +311,22 @@ def _needed_by_the_detached(recorder: Recorder, needer: int) -> bool:
         and error.stale_only_through
         and not error.after_the_loop
     )
+
+
+def retain_written_at(line: str, site: tuple[str, int]) -> str:
+    """``line`` ("file:12: code" of the call at ``site``), or, for a call spread over several lines (WGAN-GP's
+    ``autograd.grad(..., retain_graph=True)``), its line that writes ``retain_graph=``: the line the learner edits."""
+    tree = parsed(site[0])
+    spread = (
+        node
+        for node in (ast.walk(tree) if tree is not None else ())
+        if isinstance(node, ast.Call) and node.lineno == site[1] and (node.end_lineno or node.lineno) > site[1]
+    )
+    for call in sorted(spread, key=lambda node: (node.end_lineno or node.lineno) - node.lineno):
+        written = next((k.value.lineno for k in call.keywords if k.arg == "retain_graph"), site[1])
+        if written != site[1]:
+            return learner_line_at(site[0], written)
+    return line
 
 
 def _writes_retain(site: tuple[str, int]) -> bool:

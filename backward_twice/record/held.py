@@ -59,6 +59,9 @@ class Growth:
     # how many graphs each list, dict or object under the name held at the last start (``optim.parameters``): the
     # count grows when one of them holds more, not when another starts holding some (a list a method fills once)
     by_container: dict[str, int] = field(default_factory=dict)
+    # the spellings that held a graph at some start (up to _SPELLINGS_SEEN): a count that grows by those alone is a
+    # fixed set of keys each rewritten in its own iterations (StyleGAN2's ``loss_dict``), not a name that grows
+    seen: set[str] = field(default_factory=set)
 
 
 def held_graph(node: Node, sighting: int, holder: str, key: str, reached: list[Node] | None = None) -> HeldGraph:
@@ -84,7 +87,11 @@ def note_growth(
     for name, held in held_under.items():
         grown = growth.setdefault(name, Growth())
         containers = Counter(_container_of(spelled) for spelled in held.values())
-        more = {c for c, count in containers.items() if count > grown.by_container.get(c, count)}
+        full = len(grown.seen) >= _SPELLINGS_SEEN
+        new = {_container_of(spelled) for spelled in held.values() if full or spelled not in grown.seen}
+        more = {c for c, count in containers.items() if count > grown.by_container.get(c, count) and c in new}
+        if not full:
+            grown.seen.update(held.values())
         if len(held) > grown.count and grown.count and more:
             grown.grew += 1
             grown.newest = max(
@@ -96,6 +103,9 @@ def note_growth(
             reached = python_walk([newest]) if newest is not None else []
             grown.newest_bytes = graph_only_bytes([n for n in reached if kept(n, key)])
         grown.count, grown.by_container = len(held), dict(containers)
+
+
+_SPELLINGS_SEEN = 64  # past as many, a name's growth is read from its counts alone
 
 
 def _container_of(spelled: str) -> str:

@@ -218,7 +218,7 @@ def carried_item(
         else:  # built before the loop, and freed before it (an earlier run of the cell): no iteration of this loop
             by = "an earlier" if first.iteration is None and not freer else "that iteration's"
         why = f"this backward follows {followed} into {origin}, which {by} backward already freed"
-    elif first.chained:
+    elif first.chained and first.iteration is not None:  # one graph built before the loop does not pile up
         why = f"every backward follows {followed} back into {origin}: memory and time grow with each iteration"
     else:  # SAC's alpha = log_alpha.exp(): one old graph at a time, rebuilt each iteration
         older = "the graph built before the loop" if first.iteration is None else "the previous iteration's graph"
@@ -302,7 +302,7 @@ def retain_item(line: LineVerdict, stopped_after: int | None = None) -> Item:
     one's backward is not known to need it either (a DQN's replay batch reaching an old graph at pass 5)."""
     place, code = split_line(line.line)
     kept = f"kept {format_bytes(line.held_bytes)} no backward used" if line.held_bytes else "no backward uses it"
-    runs = f"{line.runs} run{'s' if line.runs != 1 else ''}"
+    runs = "once" if line.runs == 1 else f"{line.runs} times"
     if line.why == CREATE_GRAPH_KEEPS:  # a later backward may well walk what it kept: create_graph kept it anyway
         return Item(  # a note: written or not, the loop runs the same (WGAN-GP's published penalty writes it)
             "retain can go",
@@ -319,10 +319,10 @@ def retain_item(line: LineVerdict, stopped_after: int | None = None) -> Item:
         "retain can go",
         f"{shown} at line {line_number(place)} keeps buffers no backward uses",
         (CodeLine(place, code, span_of(code, written), kept),),
-        f"in {runs}, no later backward walked what it kept: without it the loop runs the same"
+        f"it kept buffers {runs}, and no later backward walked them: without it the loop runs the same"
         if stopped_after is None
-        else f"in {runs}, no later backward walked what it kept; the run stopped after {stopped_after} iterations, "
-        "and a later one may (watch the whole run to be sure)",
+        else f"it kept buffers {runs}, and no later backward walked them; the run stopped after {stopped_after} "
+        "iterations, and a later one may (watch the whole run to be sure)",
         f"remove {shown} at line {line_number(place)}",
     )
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from backward_twice.common.units import format_bytes
+from backward_twice.judge.fixes import one_graph_before_the_loop
 from backward_twice.judge.verdicts import (
     GOES_WITH_CARRIED,
     GOES_WITH_THE_ERRORS_FIX,
@@ -67,8 +68,10 @@ def build_report(
     band_aids = [line for line in v.lines if line.verdict == GOES_WITH_CARRIED]
     items: list[Item] = []
     groups: dict[str, list[CarriedFinding]] = {}
-    for finding in v.carried:  # one item per graph (an LSTM's h and c come from one line) and per fix (the items of
-        same = (key for key, found in groups.items() if finding.name and found[0].fix == finding.fix)  # one list)
+    # one item per graph (an LSTM's h and c come from one line; two names of one graph built before the loop) and
+    # per fix (the items of one list)
+    for finding in v.carried:
+        same = (key for key, found in groups.items() if finding.name and _one_graph(found[0], finding))
         groups.setdefault(next(same, finding.built_at), []).append(finding)
     explained = v.error is not None and v.error.carried
     for index, findings in enumerate(groups.values()):
@@ -94,6 +97,15 @@ def build_report(
             items.append(item)
     headline = _headline(v, items, runs_of, ended_by, in_runs)
     return Report(headline, tuple(items), _evidence(v), v.stopped_watching)
+
+
+def _one_graph(first: CarriedFinding, finding: CarriedFinding) -> bool:
+    """Whether ``finding`` belongs to the item of ``first``: the same fix (the items of one list), or two names of one
+    graph built before the loop, each to be computed inside it."""
+    if first.fix == finding.fix:
+        return True
+    before = first.iteration is None and finding.iteration is None and first.name is not None
+    return before and one_graph_before_the_loop(first.fix, first.built_at, finding.fix, finding.built_at)
 
 
 def _module_of(root: str, parameters: list[str]) -> str:

@@ -26,7 +26,13 @@ from typing import Any
 import torch
 
 from backward_twice.common.units import format_bytes
-from backward_twice.judge.verdicts import CREATE_GRAPH_NOTE, GOES_WITH_CARRIED, GOES_WITH_THE_ERRORS_FIX, LineVerdict
+from backward_twice.judge.verdicts import (
+    CREATE_GRAPH_NOTE,
+    GOES_WITH_CARRIED,
+    GOES_WITH_THE_ERRORS_FIX,
+    LineVerdict,
+    retain_written_at,
+)
 from backward_twice.record.learner import short
 from backward_twice.steps.harness import StepRun, run_step
 
@@ -156,7 +162,7 @@ def audit_report(run: StepRun) -> RetainAudit:
     first = [c for c in recorder.calls if v.split.iteration_of_call(c.index) == 1]
     calls = []
     for c in first:
-        line = by_line.get(c.line)
+        line = by_line.get(retain_written_at(c.line, c.site))
         code = c.line.split(": ", 1)[-1]
         function = (
             "torch.autograd.grad"
