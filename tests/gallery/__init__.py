@@ -90,4 +90,7 @@ LOOPS = [
     "reptile_sine",
     "pointnet_feature_transform",
     "fmri_lstm_hidden_kept",
+    "gail_discriminator_grad_pen",
+    "gumbel_softmax_vae",
+    "simsiam_stop_gradient",
 ]
