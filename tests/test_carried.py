@@ -634,3 +634,30 @@ def test_a_tensor_kept_only_for_logging_is_no_finding() -> None:
 
     report = find_carried_graph(step, models=model, optimizers=optimizer)
     assert not report.found and report.error is None and report.iterations_run == 3
+
+
+def test_an_error_the_step_catches_is_named_at_the_run_that_first_raised_it() -> None:
+    """A step that skips a batch whose backward raises (``try: ... except RuntimeError``) around a hidden state never
+    detached: the report read "in 3 iterations. Iteration 3 raised", the last run, where run 2 raised first and the
+    step went on. The truth: bare Python's step raises (and catches) at its second call and at every call after."""
+    torch.manual_seed(0)
+    cell = nn.RNNCell(4, 8)
+    h = torch.zeros(1, 8)
+    skipped = []
+
+    def step() -> None:
+        nonlocal h
+        h = cell(torch.randn(1, 4), h)
+        try:
+            h.pow(2).sum().backward()
+        except RuntimeError:
+            skipped.append(len(skipped))
+
+    report = find_carried_graph(step, models=cell)
+    assert report.iterations_run == 3 and SECOND_TIME in (report.error or ""), str(report)
+    assert "Iteration 2 raised" in report.verdict() and "caught" in report.verdict(), report.verdict()
+    skipped.clear()
+    h = torch.zeros(1, 8)
+    for _ in range(3):
+        step()
+    assert len(skipped) == 2  # runs 2 and 3, as bare Python runs them

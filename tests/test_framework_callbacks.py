@@ -198,3 +198,113 @@ def test_a_transformers_callback_in_a_trainer_that_main_holds_is_judged_as_one_a
         assert "1. `self.aux_history` keeps one more iteration's graph alive every iteration" in said, said
     else:
         assert said.startswith("backward-twice: healthy (4 iterations watched"), said
+
+
+# Lightning's automatic optimization, an auxiliary loss backpropagated in ``on_train_batch_end`` after Lightning's own
+# backward and step, with the backward overridden to retain (Lightning-AI/pytorch-lightning#356, #1771).
+LIGHTNING_AUX_AFTER_THE_STEP = """
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+
+
+class TwoHeads(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.trunk = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8))
+        self.main_head, self.aux_head = torch.nn.Linear(8, 1), torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        feats = self.trunk(x)
+        return {"loss": F.mse_loss(self.main_head(feats), y), "aux": F.mse_loss(self.aux_head(feats), y.abs())}
+
+    def backward(self, loss, *args, **kwargs):
+        loss.backward(retain_graph=True)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        outputs["aux"].backward()
+        opt.step()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+x = torch.randn(12, 4)
+data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(TwoHeads(), torch.utils.data.DataLoader(data, batch_size=4))
+"""
+
+
+def test_a_backward_in_a_hook_after_the_frameworks_step_is_that_steps_iteration(tmp_path: Path) -> None:
+    """The iterations were split at each optimizer step, so the hook's backward of the first batch's outputs came
+    in iteration 2: "a tensor no name of yours holds carries iteration 1's graph into iteration 2; retain_graph=True
+    only hides it". The truth: bare Python raises the in-place error at the first batch, in the hook's backward,
+    after Lightning's step changed the weights the trunk's forward saved; no graph is carried (nothing of batch 1 is
+    read by batch 2). An iteration begins with its forward: the hook's calls belong to the step before them."""
+    pytest.importorskip("pytorch_lightning")
+    python, watched = run(tmp_path, LIGHTNING_AUX_AFTER_THE_STEP)
+    assert python.returncode == watched.returncode == 1
+    assert "modified by an inplace operation" in python.stderr.splitlines()[-1], python.stderr[-400:]
+    said = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert said.startswith("backward-twice: 1 thing to fix (1 iteration watched; the loop raised in iteration 1)"), said
+    assert "carries" not in said and "computed with the old weights" in said, said
+
+
+# A Lightning module that sums its losses on ``self`` for an epoch-end log, with tensors (not ``.item()``).
+LIGHTNING_LOSS_SUMMED_ON_SELF = """
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+
+
+class Reg(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        self.epoch_loss = 0.0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self.net(x), y)
+        self.epoch_loss = self.epoch_loss + loss
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+state = {"model": Reg()}
+trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+with watch() as w:
+    trainer.fit(state["model"], torch.utils.data.DataLoader(data, batch_size=4))
+"""
+
+
+def test_a_total_a_lightning_step_sums_on_self_is_named_as_the_step_spells_it(tmp_path: Path) -> None:
+    """The note named the total by the script's own path to the module, `state['model'].epoch_loss`, though the line
+    it quotes, where the learner changes it, reads ``self.epoch_loss = self.epoch_loss + loss``. The truth (plain
+    Python after the run): the total's graph reaches the loss of each of the 4 steps."""
+    pytest.importorskip("pytorch_lightning")
+    path = tmp_path / "cell.py"
+    path.write_text(LIGHTNING_LOSS_SUMMED_ON_SELF)
+    namespace: dict[str, Any] = {"__name__": "__main__", "watch": watch}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    todo, seen = [namespace["state"]["model"].epoch_loss.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo.extend(child for child, _ in node.next_functions)
+    assert sum(type(node).__name__ == "MseLossBackward0" for node in seen) == 4
+    [note] = [item for item in namespace["w"].report.items if "epoch_loss" in item.label]
+    assert note.label.startswith("`self.epoch_loss` keeps one more iteration's graph alive"), note.label
+    assert "`self.epoch_loss`" in note.why and "state[" not in note.why + note.fix, note

@@ -3177,6 +3177,33 @@ def test_a_pass_that_raises_before_its_first_backward_is_counted_as_its_own_iter
     assert f"; the loop raised in iteration {passes})" in str(w).split("\n")[0], str(w)
 
 
+@pytest.mark.parametrize("passes", [3, 6])
+def test_a_pass_of_a_while_loop_that_raises_before_its_first_backward_is_counted_as_its_own_iteration(
+    passes: int,
+) -> None:
+    """A ``while`` over a dataset in slices of 3 against a fixed projection made for 3 rows: the last, short slice
+    raises in its forward. Its pass, told by the lines a ``while``'s events come back to, was put in the pass before it
+    ("2 iterations watched; the loop raised in iteration 2" of a loop that printed "pass 3"). The truth: bare Python
+    raises in the pass of the short slice."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    projection, data = torch.randn(3, 2), torch.randn(3 * passes - 1, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    started = []
+    with pytest.raises(RuntimeError, match="size of tensor"), watch() as w:
+        start = 0
+        while start < len(data):
+            started.append(start)
+            batch = data[start : start + 3]
+            start += 3
+            loss = (model(batch) * projection).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert len(started) == passes
+    assert f"; the loop raised in iteration {passes})" in str(w).split("\n")[0], str(w)
+
+
 class _TrainerWithATotal:
     def __init__(self) -> None:
         torch.manual_seed(0)

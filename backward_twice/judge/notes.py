@@ -213,10 +213,12 @@ def _as_grown(container: str, filename: str) -> str | None:
     keys = tail.group(2).replace('"', "'")
     whole = container[: len(container) - len(tail.group(2))]
     pattern = re.compile(rf"(?<![\w.])((?:\w+\.)*{tail.group(1)})((?:\[[^\]]*\])*){grows}")
+    # an attribute summed as ``self.epoch_loss = self.epoch_loss + loss``
+    summed = re.compile(rf"(?<![\w.])((?:\w+\.)+{tail.group(1)})((?:\[[^\]]*\])*)\s*=\s*\1\2\s*\+")
     found = [
         (spelling.group(1) == whole, spelling.group(1) + spelling.group(2))
         for text in linecache.getlines(filename)
-        for spelling in [pattern.search(text.split("#", 1)[0])]
+        for spelling in [pattern.search(text.split("#", 1)[0]) or summed.search(text.split("#", 1)[0])]
         if spelling is not None and spelling.group(2).replace('"', "'") == keys
     ]
     return max(found, key=lambda candidate: candidate[0])[1] if found else None
@@ -377,13 +379,13 @@ def growing_line(
     name: str, filename: str, ran: frozenset[int] = frozenset()
 ) -> tuple[int, str, str | None, str] | None:
     """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``bank.appendleft(k)``,
-    ``losses.append(outputs.loss)``, ``history += [loss]``, ``cache[key] = out``), with what it appends when that is
-    a name or an attribute and the method that appends it; one that appends a number (``history.append(loss.item())``,
-    a baseline before the loop) only if no other line grows it, one that appends no name (a fill before the loop:
-    ``bank.appendleft(F.normalize(torch.randn(4, 4)))``) only if no line appends one."""
+    ``losses.append(outputs.loss)``, ``history += [loss]``, ``cache[key] = out``, ``total = total + loss``), with
+    what it appends when that is a name or an attribute and the method that appends it; one that appends a number
+    (``history.append(loss.item())``, a baseline before the loop) only if no other line grows it, one that appends no
+    name (a fill before the loop: ``bank.appendleft(F.normalize(torch.randn(4, 4)))``) only if no line appends one."""
     pattern = re.compile(
         rf"(?<![\w.]){re.escape(name)}\s*(\.(append|appendleft)\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.appendleft\("
-        r"|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=)"
+        rf"|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=|=\s*{re.escape(name)}\s*\+)"
     )
     lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)  # a comment quoting it: no
     found = [

@@ -132,10 +132,13 @@ def judge(recorder: Recorder) -> Verdicts:
     error = _error(recorder, split, carried)
     if error is not None and error.carried and _items_stale_after_a_step(recorder, carried[0]):
         carried[0] = replace(carried[0], fix=_build_each_item_inside(carried[0]))
-    raised_in_a_pass = (  # not a ``finally:``'s, nor one the loop caught and went on past
-        recorder.error is not None and not recorder.error.after_the_loop and not recorder.error.caught
-    )
     last_end = split.ends[-1] if split.ends else None
+    raised_in_a_pass = (  # not a ``finally:``'s, nor one the loop caught and went on past, nor a call of an
+        recorder.error is not None  # iteration that ended (a framework's hook after its step, the step's own)
+        and not recorder.error.after_the_loop
+        and not recorder.error.caught
+        and (recorder.error.call is None or last_end is None or recorder.error.call >= last_end.calls)
+    )
     stepped_after = bool(recorder.steps) and (last_end is None or recorder.steps[-1].sequence > last_end.sequence)
     # the last pass ran if a backward or a step came after the last end (a loop with no backward: its steps)
     partial = len(calls) > (last_end.calls if last_end else 0) or stepped_after or raised_in_a_pass

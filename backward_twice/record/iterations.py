@@ -140,7 +140,7 @@ def split_iterations(recorder: Recording) -> Split:
         return Split(f"by {recorder.pending[0]}.step(), which never came before the error", (), recorder.start)
     if recorder.steps:
         closing = closing_optimizer(recorder.steps, recorder.step_folder.closing)
-        closing_steps = [step for step in recorder.steps if step.optimizer == closing]
+        closing_steps = _with_what_follows(recorder, [step for step in recorder.steps if step.optimizer == closing])
         kind = recorder.optimizer_kinds.get(closing, "optimizer")
         unread = len(recorder.sightings)  # a step taken while a loop of the learner's split the run
         return Split(
@@ -162,6 +162,26 @@ def split_iterations(recorder: Recording) -> Split:
     return _at_events(
         recorder, f"at each call of {short(calls[0].line)} (no optimizer step and no next_iteration())", repeats
     )
+
+
+def _with_what_follows(recorder: Recording, closing_steps: list[StepEvent]) -> list[StepEvent]:
+    """The closing steps as iteration ends, an iteration beginning with its forward: the backward calls and steps
+    that follow a step before any new node is built are its iteration's (a framework's hook that backpropagates the
+    step's own outputs after the framework's optimizer step, Lightning's ``on_train_batch_end``)."""
+    ends: list[StepEvent] = []
+    merged = 0
+    for step in closing_steps:
+        if ends and step.sequence == ends[-1].sequence:  # no forward between the two: one iteration, ended here
+            ends[-1] = step._replace(number=ends[-1].number)
+            merged += 1
+        else:
+            ends.append(step._replace(number=step.number - merged))
+    for position, step in enumerate(ends):
+        calls = step.calls
+        while (call := recorder.calls.get(calls)) is not None and call.start <= step.sequence:
+            calls += 1
+        ends[position] = step._replace(calls=calls)
+    return ends
 
 
 def closing_optimizer(steps: list[StepEvent], folded_by: int | None) -> int:

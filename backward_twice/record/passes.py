@@ -414,17 +414,22 @@ class IterationLoop:
     def saw_error(self, frames: list[tuple[types.FrameType, int]], calls: int, since: int) -> None:
         """The loop raised outside an event (``frames``: its traceback's frames and lines): a pass of the iteration's
         loop that raised before its first event (a shape error in the forward of a short last batch) is a new pass
-        where its ``for`` binds new values since the last event. The tracer, while it followed the loop, set the
-        marker at the pass's start: then nothing changed."""
+        where its ``for`` binds new values since the last event, or, for a ``while``, where it raised before the line
+        of the last event. The tracer, while it followed the loop, set the marker at the pass's start: then nothing
+        changed."""
         inner = self.innermost
-        if inner is None or self.unusable is not None or not inner.loop.targets or inner.loop.shadowed:
+        if inner is None or self.unusable is not None:
             return
-        frame = next((f for f, line in frames if id(f) == inner.frame and inner.loop.holds(line)), None)
+        frame, line = next(((f, n) for f, n in frames if id(f) == inner.frame and inner.loop.holds(n)), (None, 0))
         last = self._markers.get(inner.key)
         if frame is None or last is None or last[0] != id(frame):
             return
         bound = bound_tokens(frame, inner.loop)
-        if not same_tokens(last[1], bound):
+        if not inner.loop.targets or inner.loop.shadowed:  # a ``while``: raised before the last event's line
+            if last[2] and line < last[2][0]:
+                self._markers[inner.key] = (id(frame), bound, (line,))
+                self._append_after(inner.key, inner.loop, last, (id(frame), bound), PassStart(since, calls))
+        elif not same_tokens(last[1], bound):
             self._markers[inner.key] = (id(frame), bound, ())
             self._append_after(inner.key, inner.loop, last, (id(frame), bound), PassStart(since, calls))
 

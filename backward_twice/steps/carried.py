@@ -80,6 +80,8 @@ class CarriedGraphReport:
     iterations_run: int
     error: str | None
     not_put_back: tuple[str, ...] = ()  # what the runs changed that nothing can put back (an iterator moved on)
+    error_iteration: int | None = None  # the run that raised ``error`` first (None: the last one run)
+    caught: bool = False  # a backward raised ``error`` and the step caught it and went on
 
     @property
     def found(self) -> bool:
@@ -94,7 +96,9 @@ class CarriedGraphReport:
             )
         if self.error is None:
             return text
-        return f"{text} Iteration {self.iterations_run} raised: {self.error.split('. ')[0].rstrip('.')}."
+        raised = self.error_iteration or self.iterations_run
+        caught = ", and the step caught it and went on" if self.caught else ""
+        return f"{text} Iteration {raised} raised: {self.error.split('. ')[0].rstrip('.')}{caught}."
 
     def __str__(self) -> str:
         notes = [f"note: {sentence}" for sentence in self.not_put_back]
@@ -176,7 +180,8 @@ def carried_report(run: StepRun) -> CarriedGraphReport:
         for f in v.carried
     )
     error = None if v.error is None else v.error.message
-    return CarriedGraphReport(findings, run.runs, error, run.not_put_back)
+    raised, caught = (None, False) if v.error is None else (v.error.iteration, v.error.caught)
+    return CarriedGraphReport(findings, run.runs, error, run.not_put_back, raised, caught)
 
 
 def find_carried_graph(
