@@ -93,4 +93,6 @@ LOOPS = [
     "gail_discriminator_grad_pen",
     "gumbel_softmax_vae",
     "simsiam_stop_gradient",
+    "evolvegcno_weight_on_module",
+    "infini_attention_segments",
 ]
