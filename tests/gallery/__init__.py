@@ -95,4 +95,5 @@ LOOPS = [
     "simsiam_stop_gradient",
     "evolvegcno_weight_on_module",
     "infini_attention_segments",
+    "timegan_joint_embedder_freed",
 ]
