@@ -289,13 +289,15 @@ with watch() as w:
 """
 
 
-def test_a_total_a_lightning_step_sums_on_self_is_named_as_the_step_spells_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("summed", ["self.epoch_loss + loss", "loss + self.epoch_loss", "self.epoch_loss * 0.9 + loss"])
+def test_a_total_a_lightning_step_sums_on_self_is_named_as_the_step_spells_it(summed: str, tmp_path: Path) -> None:
     """The note named the total by the script's own path to the module, `state['model'].epoch_loss`, though the line
-    it quotes, where the learner changes it, reads ``self.epoch_loss = self.epoch_loss + loss``. The truth (plain
-    Python after the run): the total's graph reaches the loss of each of the 4 steps."""
+    it quotes, where the learner changes it, reads ``self.epoch_loss = self.epoch_loss + loss`` (or ``loss +
+    self.epoch_loss``, or a decayed sum). The truth (plain Python after the run): the total's graph reaches the loss of
+    each of the 4 steps."""
     pytest.importorskip("pytorch_lightning")
     path = tmp_path / "cell.py"
-    path.write_text(LIGHTNING_LOSS_SUMMED_ON_SELF)
+    path.write_text(LIGHTNING_LOSS_SUMMED_ON_SELF.replace("self.epoch_loss + loss", summed))
     namespace: dict[str, Any] = {"__name__": "__main__", "watch": watch}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
     todo, seen = [namespace["state"]["model"].epoch_loss.grad_fn], set()
@@ -308,3 +310,44 @@ def test_a_total_a_lightning_step_sums_on_self_is_named_as_the_step_spells_it(tm
     [note] = [item for item in namespace["w"].report.items if "epoch_loss" in item.label]
     assert note.label.startswith("`self.epoch_loss` keeps one more iteration's graph alive"), note.label
     assert "`self.epoch_loss`" in note.why and "state[" not in note.why + note.fix, note
+
+
+# The auxiliary loss kept on self by ``training_step`` and backpropagated in ``on_after_backward``, after Lightning's
+# own backward of the returned loss freed the trunk's buffers the two share.
+LIGHTNING_AUX_AFTER_BACKWARD = LIGHTNING_AUX_AFTER_THE_STEP.replace(
+    'return {"loss": F.mse_loss(self.main_head(feats), y), "aux": F.mse_loss(self.aux_head(feats), y.abs())}',
+    "self.aux = F.mse_loss(self.aux_head(feats), y.abs())\n        return F.mse_loss(self.main_head(feats), y)",
+).replace(
+    """    def backward(self, loss, *args, **kwargs):
+        loss.backward(retain_graph=True)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        outputs["aux"].backward()
+        opt.step()
+""",
+    """    def on_after_backward(self):
+        self.aux.backward()
+""",
+)
+
+
+def test_a_second_backward_after_the_frameworks_own_is_fixed_in_the_loss_the_step_returns(tmp_path: Path) -> None:
+    """The fix read "add retain_graph=True to line 42's backward only", line 42 being ``trainer.fit(...)``: applied,
+    a TypeError. The truth: bare Python raises at the first batch's hook; returning ``main + self.aux`` from the step
+    (one backward) runs."""
+    pytest.importorskip("pytorch_lightning")
+    assert "on_after_backward" in LIGHTNING_AUX_AFTER_BACKWARD and "self.aux = " in LIGHTNING_AUX_AFTER_BACKWARD
+    python, watched = run(tmp_path, LIGHTNING_AUX_AFTER_BACKWARD)
+    assert python.returncode == watched.returncode == 1
+    assert "backward through the graph a second time" in python.stderr.splitlines()[-1], python.stderr[-400:]
+    said = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert "the graph the framework's backward freed" in said, said
+    assert "fix: add `self.aux` to the loss your step returns" in said and "retain_graph" not in said, said
+    summed = LIGHTNING_AUX_AFTER_BACKWARD.replace(
+        "return F.mse_loss(self.main_head(feats), y)", "return F.mse_loss(self.main_head(feats), y) + self.aux"
+    ).replace("        self.aux.backward()\n", "        pass\n")
+    (tmp_path / "fixed").mkdir()
+    fixed, _ = run(tmp_path / "fixed", summed)
+    assert fixed.returncode == 0, fixed.stderr[-400:]

@@ -3308,3 +3308,78 @@ def test_a_dict_of_losses_overwritten_every_iteration_is_no_growing_note(keep: s
     assert (max(sizes[2:]) > max(sizes[:2])) == grows, sizes  # the probe
     growing = [item for item in w.report.items if "loss_dict" in item.label and "every iteration" in item.label]
     assert bool(growing) == grows, str(w)
+
+
+TOTAL_CAUGHT = """
+import torch
+from backward_twice.watcher import watch
+
+torch.manual_seed(0)
+net = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+total, caught = 0, []
+
+
+def step():
+    global total
+    opt.zero_grad()
+    loss = (net(torch.randn(4, 3)) - 1).pow(2).mean()
+    total = total + loss  # COMMENT
+    try:
+        total.backward()
+    except RuntimeError as error:
+        caught.append(str(error))
+        total = 0
+    opt.step()
+
+
+with watch() as w:
+    for _ in range(3):
+        step()
+"""
+
+
+def test_a_totals_fix_quotes_code_without_the_lines_comment(tmp_path: Any) -> None:
+    """A step's running total of losses kept as a tensor, backpropagated, its error caught and the total reset: the
+    fix read "name this iteration's loss (`loss = loss  # the epoch's total`)", the line's comment taken as the term
+    added. The truth: without the comment the line is the same code, and gets the same fix."""
+    fixes = []
+    for comment in ("# the epoch's total", ""):
+        path = tmp_path / f"total{len(fixes)}.py"
+        path.write_text(TOTAL_CAUGHT.replace("# COMMENT", comment))
+        ran = runpy.run_path(str(path))
+        assert ran["caught"] and "second time" in ran["caught"][0]  # bare Python's step catches its error
+        fixes.append(next(item.fix for item in ran["w"].report.items if item.to_fix))
+    assert "#" not in fixes[0] and fixes[0] == fixes[1], fixes
+
+
+def test_a_step_called_by_the_loop_has_its_own_forward_lines_named_for_the_stale_graph() -> None:
+    """A step function (called by the watched loop) that steps between two backward calls of one forward, its error
+    caught: the fix read "compute line N again", N the loop's line ``step()``. The truth: the forward is the step's
+    own ``out = net(x)``; computed again after the step, the second backward runs."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = torch.randn(4, 3), torch.randn(4, 1)
+    caught = []
+
+    def step() -> None:
+        opt.zero_grad()
+        out = net(x)
+        first, second = (out - y).pow(2).mean(), out.abs().mean()
+        first.backward(retain_graph=True)
+        opt.step()
+        try:
+            second.backward()
+        except RuntimeError as error:
+            caught.append(error)
+
+    with watch() as w:
+        for _ in range(3):
+            step()
+    assert len(caught) == 3
+    [item] = w.report.items
+    lines = [int(n) for n in re.findall(r"\d+", item.fix.split(" again")[0])]
+    source, first = inspect.getsourcelines(step)
+    named = [source[n - first].strip() for n in lines]
+    assert named and named[0] == "out = net(x)" and not any(code == "step()" for code in named), (item.fix, named)

@@ -86,6 +86,7 @@ def _read_into_the_loss(name: str, filename: str, added_at: int, backward_at: in
 def total_fix(summed_name: str, added: str, backward: str) -> str:
     """The fix for a running total of losses kept as a tensor (``summed_name += added``, or ``= summed_name + added``)
     that ``backward`` (its code) walks: each backward walks this iteration's loss alone, the total kept as a number."""
+    added = added.split("#", 1)[0].strip()  # the code, without the line's comment
     if re.fullmatch(r"[\w.]+", added):
         return f"add a number instead (`{summed_name} += {added}.item()`) and call backward() on this iteration's loss"
     if summed_name == "loss" and re.search(r"(?<![\w.])loss\s*\.backward\(", backward):

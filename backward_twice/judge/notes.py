@@ -180,9 +180,10 @@ def _where_it_grows(note: Note, recorder: Recorder) -> Note:
     that built the graph may lie in another module or cell), else the file of the line that built it."""
     built = site_of(note.built_at)
     files = [file for file in dict.fromkeys((note.grows_in, built[0] if built else None)) if file is not None]
+    framework = recorder.loop.innermost is None and not recorder.by_runs  # the learner's step has the only name
     placed = [
         dataclasses.replace(
-            note, name=_as_grown(note.name, file) or note.name, grows_in=file, ran=_ran_in(recorder, file)
+            note, name=_as_grown(note.name, file, framework) or note.name, grows_in=file, ran=_ran_in(recorder, file)
         )
         for file in files
     ]
@@ -202,10 +203,11 @@ def _container(newest: str, root: str) -> str:
     return item_of(newest) or root
 
 
-def _as_grown(container: str, filename: str) -> str | None:
+def _as_grown(container: str, filename: str, framework: bool = False) -> str | None:
     """``container`` as the line of ``filename`` that grows it spells it: ``self.history["losses"]`` for
     ``self.history['losses']``, ``self.outputs`` for a framework's ``trainer._connector.strategy._model.outputs``
-    (the same last attribute and keys); None when no line of ``filename`` grows it."""
+    (the same last attribute and keys), and, in a ``framework``'s loop, where no loop of the learner's names it,
+    ``self.epoch_loss`` of a step's ``self.epoch_loss = loss + self.epoch_loss``; None when no line grows it."""
     tail = re.search(r"(?:^|\.)(\w+)((?:\[[^\]]*\])*)$", container)
     if tail is None:
         return None
@@ -213,12 +215,15 @@ def _as_grown(container: str, filename: str) -> str | None:
     keys = tail.group(2).replace('"', "'")
     whole = container[: len(container) - len(tail.group(2))]
     pattern = re.compile(rf"(?<![\w.])((?:\w+\.)*{tail.group(1)})((?:\[[^\]]*\])*){grows}")
-    # an attribute summed as ``self.epoch_loss = self.epoch_loss + loss``
-    summed = re.compile(rf"(?<![\w.])((?:\w+\.)+{tail.group(1)})((?:\[[^\]]*\])*)\s*=\s*\1\2\s*\+")
+    # an attribute summed as ``self.epoch_loss = self.epoch_loss + loss`` (or ``loss + self.epoch_loss``)
+    summed = re.compile(
+        rf"(?<![\w.])((?:\w+\.)+{tail.group(1)})((?:\[[^\]]*\])*)\s*=(?!=)[^#]*?"
+        r"(?:[-+*]\s*\1\2(?![\w.(\[])|(?<![\w.])\1\2\s*[-+*])"
+    )
     found = [
         (spelling.group(1) == whole, spelling.group(1) + spelling.group(2))
-        for text in linecache.getlines(filename)
-        for spelling in [pattern.search(text.split("#", 1)[0]) or summed.search(text.split("#", 1)[0])]
+        for code in (text.split("#", 1)[0] for text in linecache.getlines(filename))
+        for spelling in [pattern.search(code) or (summed.search(code) if framework else None)]
         if spelling is not None and spelling.group(2).replace('"', "'") == keys
     ]
     return max(found, key=lambda candidate: candidate[0])[1] if found else None
@@ -385,7 +390,8 @@ def growing_line(
     name (a fill before the loop: ``bank.appendleft(F.normalize(torch.randn(4, 4)))``) only if no line appends one."""
     pattern = re.compile(
         rf"(?<![\w.]){re.escape(name)}\s*(\.(append|appendleft)\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.appendleft\("
-        rf"|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=|=\s*{re.escape(name)}\s*\+)"
+        rf"|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=|=(?!=)[^#]*?(?:[-+*]\s*{re.escape(name)}(?![\w.(\[])"
+        rf"|(?<![\w.]){re.escape(name)}\s*[-+*]))"
     )
     lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)  # a comment quoting it: no
     found = [

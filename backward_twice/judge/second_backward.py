@@ -55,6 +55,13 @@ def second_backward_fix(
         # MAML's inner step: create_graph=True keeps the graph for the outer backward, unless told not to
         where = f"line {freer[1]}" if freer else "the earlier call"
         return f"remove `retain_graph=False` from {where}: with create_graph=True the graph is kept unless it says so"
+    if freer is not None and not re.search(r"(?:backward|grad)\s*\(", freer_code):  # a framework's backward
+        loss = re.match(r"\s*([\w.]+(?:\[[^\]]*\])?)\s*\.backward\(", raised_at.split(": ", 1)[-1])  # (``fit``)
+        added = f"`{loss.group(1)}`" if loss else "this loss"
+        return (
+            f"add {added} to the loss your step returns, so the framework's one backward walks both: a backward of "
+            "its own after the framework's finds the buffers they share freed"
+        )
     raiser = site_of(raised_at)
     later = raiser[1] if raiser is not None and ": " in raised_at else None
     root = re.match(r"\s*(\w+)\s*\.backward\(", raised_at.split(": ", 1)[-1])  # what both backward calls start

@@ -45,7 +45,7 @@ from backward_twice.record.folds import CallLog, count_retains
 from backward_twice.record.iterations import Split, split_iterations
 from backward_twice.record.learner import learner_line_at, short, site_of
 from backward_twice.record.recorder import Recorder
-from backward_twice.record.sources import parsed
+from backward_twice.record.sources import function_around, parsed
 
 __all__ = [
     "ERROR_FIXES",
@@ -303,6 +303,17 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
     return verdicts
 
 
+def _in_the_function_of(site: tuple[str, int], raised: tuple[str, int]) -> bool:
+    """Whether ``site`` lies in the function of the line ``raised`` (a step that built its forward and raised)."""
+    tree = parsed(raised[0]) if site[0] == raised[0] else None
+    if tree is None:
+        return False
+    function = function_around(tree, raised[1])
+    return isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and function.body[0].lineno <= site[1] <= (
+        function.end_lineno or 0
+    )
+
+
 def _needed_by_the_detached(recorder: Recorder, needer: int) -> bool:
     """Whether the call ``needer`` is the one that raised an in-place error whose fix detaches the stale forward, and
     with that detach it walks nothing an earlier backward kept."""
@@ -391,7 +402,13 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
             twin = twin_in_iteration_1(recorder, split, record.stale_node) if site is None else None
             site = recorder.creation.call_line_of(twin, raised) if twin is not None else site
             link = recorder.loop.innermost
-            if site is not None and link is not None and site == recorder.creation.line_of(record.stale_node):
+            own = site is not None and _in_the_function_of(site, raised)  # a step's own forward, its loop outside
+            if (
+                site is not None
+                and link is not None
+                and not own
+                and site == recorder.creation.line_of(record.stale_node)
+            ):
                 # the raising code did not call what built it (StyleGAN2's R1 ``autograd.grad`` in its own function):
                 # the loop's line that did (``real_pred = discriminator(real_img)``), not the model's ``forward``
                 site = recorder.creation.call_line_of(record.stale_node, (link.loop.filename, link.loop.header))

@@ -114,6 +114,8 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
             freed_place, freed_code = split_line(freed.group(1))
             lines.insert(0, CodeLine(freed_place, freed_code, (0, len(freed_code)), "freed the buffers"))
             label = f"a second backward through the graph that line {line_number(freed_place)}'s backward freed"
+            if not re.search(r"(?:backward|grad)\s*\(", freed_code):  # ``trainer.fit(...)``: the framework's
+                label = "a second backward through the graph the framework's backward freed"
         else:
             label = "a second backward through a graph whose buffers were freed"
         why = "a backward frees the saved tensors it walked; this one needs them again"
