@@ -202,6 +202,15 @@ def test_a_transformers_callback_in_a_trainer_that_main_holds_is_judged_as_one_a
 
 # Lightning's automatic optimization, an auxiliary loss backpropagated in ``on_train_batch_end`` after Lightning's own
 # backward and step, with the backward overridden to retain (Lightning-AI/pytorch-lightning#356, #1771).
+HOOKS_AFTER_THE_STEP = """    def backward(self, loss, *args, **kwargs):
+        loss.backward(retain_graph=True)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        outputs["aux"].backward()
+        opt.step()
+"""
 LIGHTNING_AUX_AFTER_THE_STEP = """
 import pytorch_lightning as pl
 import torch
@@ -219,15 +228,7 @@ class TwoHeads(pl.LightningModule):
         feats = self.trunk(x)
         return {"loss": F.mse_loss(self.main_head(feats), y), "aux": F.mse_loss(self.aux_head(feats), y.abs())}
 
-    def backward(self, loss, *args, **kwargs):
-        loss.backward(retain_graph=True)
-
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        opt = self.optimizers()
-        opt.zero_grad()
-        outputs["aux"].backward()
-        opt.step()
-
+HOOKS
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -238,7 +239,7 @@ data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
 trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
                      enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(TwoHeads(), torch.utils.data.DataLoader(data, batch_size=4))
-"""
+""".replace("HOOKS", HOOKS_AFTER_THE_STEP)
 
 
 def test_a_backward_in_a_hook_after_the_frameworks_step_is_that_steps_iteration(tmp_path: Path) -> None:
@@ -318,15 +319,7 @@ LIGHTNING_AUX_AFTER_BACKWARD = LIGHTNING_AUX_AFTER_THE_STEP.replace(
     'return {"loss": F.mse_loss(self.main_head(feats), y), "aux": F.mse_loss(self.aux_head(feats), y.abs())}',
     "self.aux = F.mse_loss(self.aux_head(feats), y.abs())\n        return F.mse_loss(self.main_head(feats), y)",
 ).replace(
-    """    def backward(self, loss, *args, **kwargs):
-        loss.backward(retain_graph=True)
-
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        opt = self.optimizers()
-        opt.zero_grad()
-        outputs["aux"].backward()
-        opt.step()
-""",
+    HOOKS_AFTER_THE_STEP,
     """    def on_after_backward(self):
         self.aux.backward()
 """,
