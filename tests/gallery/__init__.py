@@ -96,4 +96,8 @@ LOOPS = [
     "evolvegcno_weight_on_module",
     "infini_attention_segments",
     "timegan_joint_embedder_freed",
+    "time_sequence_lbfgs",
+    "mnist_forward_forward",
+    "regression_leaf_inplace",
+    "fast_neural_style_gram",
 ]
