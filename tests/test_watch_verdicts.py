@@ -3344,13 +3344,14 @@ def test_a_totals_fix_quotes_code_without_the_lines_comment(tmp_path: Any) -> No
     fix read "name this iteration's loss (`loss = loss  # the epoch's total`)", the line's comment taken as the term
     added. The truth: without the comment the line is the same code, and gets the same fix."""
     fixes = []
-    for comment in ("# the epoch's total", ""):
+    for comment in ("# the epoch's total", "", '* float("1#2".count("#"))  # a hash in a string is code'):
         path = tmp_path / f"total{len(fixes)}.py"
         path.write_text(TOTAL_CAUGHT.replace("# COMMENT", comment))
         ran = runpy.run_path(str(path))
         assert ran["caught"] and "second time" in ran["caught"][0]  # bare Python's step catches its error
         fixes.append(next(item.fix for item in ran["w"].report.items if item.to_fix))
     assert "#" not in fixes[0] and fixes[0] == fixes[1], fixes
+    assert 'float("1#2".count("#"))`' in fixes[2], fixes  # the whole expression, its own hashes in their strings
 
 
 def test_a_step_called_by_the_loop_has_its_own_forward_lines_named_for_the_stale_graph() -> None:

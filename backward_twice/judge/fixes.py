@@ -83,10 +83,23 @@ def _read_into_the_loss(name: str, filename: str, added_at: int, backward_at: in
     return any(reads.search(text) for text in lines[added_at : max(added_at, backward_at - 1)])
 
 
+def _without_comment(code: str) -> str:
+    """``code`` without a trailing comment (a ``#`` inside a string, ``w["mse#1"]``, is code)."""
+    quote = ""
+    for position, char in enumerate(code):
+        if quote:
+            quote = "" if char == quote and code[position - 1] != "\\" else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#":
+            return code[:position].strip()
+    return code.strip()
+
+
 def total_fix(summed_name: str, added: str, backward: str) -> str:
     """The fix for a running total of losses kept as a tensor (``summed_name += added``, or ``= summed_name + added``)
     that ``backward`` (its code) walks: each backward walks this iteration's loss alone, the total kept as a number."""
-    added = added.split("#", 1)[0].strip()  # the code, without the line's comment
+    added = _without_comment(added)
     if re.fullmatch(r"[\w.]+", added):
         return f"add a number instead (`{summed_name} += {added}.item()`) and call backward() on this iteration's loss"
     if summed_name == "loss" and re.search(r"(?<![\w.])loss\s*\.backward\(", backward):

@@ -57,10 +57,14 @@ def second_backward_fix(
         return f"remove `retain_graph=False` from {where}: with create_graph=True the graph is kept unless it says so"
     if freer is not None and not re.search(r"(?:backward|grad)\s*\(", freer_code):  # a framework's backward
         loss = re.match(r"\s*([\w.]+(?:\[[^\]]*\])?)\s*\.backward\(", raised_at.split(": ", 1)[-1])  # (``fit``)
-        added = f"`{loss.group(1)}`" if loss else "this loss"
+        spelled = loss.group(1) if loss else None
+        own = re.sub(r"^\w+\.", "self.", spelled) if spelled and "." in spelled else spelled  # a callback's
+        added = "this loss" if own is None else f"`{own}`" + (f" (`{spelled}` here)" if own != spelled else "")
+        raiser = site_of(raised_at)
+        backward = f" and remove the backward at line {raiser[1]}" if raiser else ""
         return (
-            f"add {added} to the loss your step returns, so the framework's one backward walks both: a backward of "
-            "its own after the framework's finds the buffers they share freed"
+            f"add {added} to the loss your step returns{backward}, so the framework's one backward walks both: a "
+            "backward of its own after the framework's finds the buffers they share freed"
         )
     raiser = site_of(raised_at)
     later = raiser[1] if raiser is not None and ": " in raised_at else None
