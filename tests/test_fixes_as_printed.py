@@ -1112,3 +1112,46 @@ def test_a_list_built_before_the_loop_and_walked_without_error_gets_its_detach_a
     assert all(torch.allclose(a, b) for a, b in zip(fixed["h_estimate"], expected["h_estimate"]))
     as_written = _run(LISSA, tmp_path / "as_written.py")["h_estimate"]
     assert not all(torch.allclose(a, b) for a, b in zip(as_written, expected["h_estimate"]))  # v's gradient counted
+
+
+# A step whose second loss, written after the optimizer step, reads a feature made from the model's output before it.
+LOSS_AFTER_THE_STEP = """
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(3)]
+for x, y in data:
+    opt.zero_grad()
+    out = model(x)
+    feats = out.tanh()
+    F.mse_loss(feats, y).backward(retain_graph=True)
+    opt.step()
+    # RECOMPUTED
+    loss_smooth = feats.pow(2).mean()
+    loss_smooth.backward()
+    opt.step()
+"""
+
+
+def test_a_loss_written_after_the_step_gets_every_line_it_reads_through_computed_again(tmp_path: Path) -> None:
+    """The fix read "compute line 12 again after the step at line 15" (``out = model(x)``): applied, the loss still
+    read ``feats`` of the old ``out`` and raised the same error, and the tool then named the same line. The truth:
+    ``out`` and ``feats`` computed again after the step, the second backward runs."""
+    path = tmp_path / "after.py"
+    body = "\n".join(f"    {line}" for line in LOSS_AFTER_THE_STEP.strip("\n").split("\n"))
+    path.write_text(
+        f"from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n{body}\nexcept RuntimeError:\n  pass\n"
+    )
+    [item] = runpy.run_path(str(path))["w"].report.items
+    again = re.fullmatch(r"compute lines (\d+) and (\d+) again after the step at line \d+", item.fix)
+    assert again is not None, item.fix
+    source = LOSS_AFTER_THE_STEP.strip("\n").split("\n")
+    named = [source[int(n) - 4].strip() for n in again.groups()]  # 3 lines above the source in the watched file
+    assert named == ["out = model(x)", "feats = out.tanh()"], named
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _run(LOSS_AFTER_THE_STEP, tmp_path / "as_written.py")
+    fixed = LOSS_AFTER_THE_STEP.replace("    # RECOMPUTED", "".join(f"    {code}\n" for code in named).rstrip("\n"))
+    assert _run(fixed, tmp_path / "fixed.py")["loss_smooth"].grad_fn is not None

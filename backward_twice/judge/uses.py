@@ -134,7 +134,8 @@ def computed_again(filename: str, stale: int, loss: str, step: int, backward: in
     """The lines to compute again after an optimizer step at line ``step`` when a forward at line ``stale`` saved the
     weights it changed: ``stale`` itself, and, when ``loss`` (what the failing backward starts from) was assigned
     before the step too, each statement from ``stale`` to that assignment that the loss reads through (``prob =
-    D(fake)``, ``score = torch.log(1 - prob)``, ``G_loss = torch.mean(score)``: not the D loss between them)."""
+    D(fake)``, ``score = torch.log(1 - prob)``, ``G_loss = torch.mean(score)``: not the D loss between them); assigned
+    after the step (before ``backward``), each statement before the step that it reads through."""
     tree = parsed(filename)
     if tree is None:
         return [stale]
@@ -144,10 +145,13 @@ def computed_again(filename: str, stale: int, loss: str, step: int, backward: in
         return _read_by_the_loop(statements, stale, body)
     window = [entry for entry in statements if stale <= entry[0] < step]
     assigned = [entry for entry in window if loss in entry[2]]
-    if not assigned:
+    after = [e for e in statements if step < e[0] < (backward or 0) and loss in e[2]] if not assigned else []
+    if not assigned and not after:
         return [stale]
-    last, reads, _ = assigned[-1]
-    needed, chain = set(reads), [last]
+    # the loss assigned after the step from what lines before it computed (``loss = feats.pow(2).mean()``, where
+    # ``feats = out.tanh()`` and ``out = model(x)`` came before it): those lines, each read through
+    last, reads, _ = assigned[-1] if assigned else (step, after[-1][1], after[-1][2])
+    needed, chain = set(reads), [last] if assigned else []
     for line, reading, writing in reversed(window):
         if line < last and writing & needed:
             chain.append(line)
