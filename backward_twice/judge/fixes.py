@@ -290,9 +290,14 @@ def _with_the_lines(lines: tuple[int, ...], built_at: str) -> str:
     built = site_of(built_at)
     if len(lines) < 2 or built is None or built[1] not in lines:
         return ""
-    if list(lines) == list(range(lines[0], lines[-1] + 1)):
-        return f", with lines {lines[0]} to {lines[-1]} that it comes from"
-    return f", with lines {', '.join(map(str, lines[:-1]))} and {lines[-1]} that it comes from"
+    return _lines_clause(list(lines), "it comes")
+
+
+def _lines_clause(lines: list[int], comes: str) -> str:
+    """ ", with lines 29 to 32 that it comes from" (or "lines 7, 9 and 10"; ``comes``: "it comes", "they come")."""
+    if lines == list(range(lines[0], lines[-1] + 1)):
+        return f", with lines {lines[0]} to {lines[-1]} that {comes} from"
+    return f", with lines {', '.join(map(str, lines[:-1]))} and {lines[-1]} that {comes} from"
 
 
 def _lines_named(clause: str) -> set[int]:
@@ -325,11 +330,7 @@ def computed_inside(fixes: list[str]) -> str | None:
         return None
     names, detached = (" and ".join(dict.fromkeys(m.group(i) for m in matches if m)) for i in (1, 3))
     numbers = sorted(set().union(*(_lines_named(m.group(2)) for m in matches if m and m.group(2))))
-    lines = ""
-    if len(numbers) > 1 and numbers == list(range(numbers[0], numbers[-1] + 1)):
-        lines = f", with lines {numbers[0]} to {numbers[-1]} that they come from"
-    elif len(numbers) > 1:
-        lines = f", with lines {', '.join(map(str, numbers[:-1]))} and {numbers[-1]} that they come from"
+    lines = _lines_clause(numbers, "they come") if len(numbers) > 1 else ""
     return f"compute {names} inside the loop{lines} (or {detached}, if they need no gradient)"
 
 
