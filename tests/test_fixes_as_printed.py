@@ -1140,18 +1140,61 @@ def test_a_loss_written_after_the_step_gets_every_line_it_reads_through_computed
     """The fix read "compute line 12 again after the step at line 15" (``out = model(x)``): applied, the loss still
     read ``feats`` of the old ``out`` and raised the same error, and the tool then named the same line. The truth:
     ``out`` and ``feats`` computed again after the step, the second backward runs."""
-    path = tmp_path / "after.py"
-    body = "\n".join(f"    {line}" for line in LOSS_AFTER_THE_STEP.strip("\n").split("\n"))
+    named = _computed_again_as_printed(LOSS_AFTER_THE_STEP, tmp_path)
+    assert named == ["out = model(x)", "feats = out.tanh()"], named
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _run(LOSS_AFTER_THE_STEP, tmp_path / "as_written.py")
+    fixed = LOSS_AFTER_THE_STEP.replace("    # RECOMPUTED", "".join(f"    {code}\n" for code in named).rstrip("\n"))
+    assert _run(fixed, tmp_path / "fixed.py")["loss_smooth"].grad_fn is not None
+
+
+TWO_MODULES_AFTER_THE_STEP = """
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+enc = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.{activation}, torch.nn.Linear(8, 8))
+dec = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD([*enc.parameters(), *dec.parameters()], lr=0.1)
+data = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(3)]
+for x, y in data:
+    opt.zero_grad()
+    h = enc(x)
+    out = dec(h)
+    F.mse_loss(out, y).backward(retain_graph=True)
+    opt.step()
+    # RECOMPUTED
+    loss_reg = 0.1 * out.pow(2).mean()
+    loss_reg.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("activation", ["Tanh()", "ReLU()"])
+def test_a_stale_forward_through_two_modules_is_computed_again_from_the_first(tmp_path: Path, activation: str) -> None:
+    """The fix read "compute line 14 again" (``out = dec(h)``, whose saved weights the backward met first): applied,
+    the backward still went through ``h = enc(x)`` of the old weights, raising again (Tanh saves its output) or,
+    with ReLU, giving ``enc`` the gradient of the old forward. The truth: ``h`` and ``out`` computed again after the
+    step trains as the hand fix."""
+    source = TWO_MODULES_AFTER_THE_STEP.replace("{activation}", activation)
+    named = _computed_again_as_printed(source, tmp_path)
+    assert named == ["h = enc(x)", "out = dec(h)"], named
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _run(source, tmp_path / "as_written.py")
+    printed = _run(source.replace("    # RECOMPUTED", "\n".join(f"    {code}" for code in named)), tmp_path / "p.py")
+    assert printed["loss_reg"].grad_fn is not None
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in printed["enc"].parameters())
+
+
+def _computed_again_as_printed(source: str, tmp_path: Path) -> list[str]:
+    """The lines of ``source`` that the watched loop's one item says to compute again after the step."""
+    path = tmp_path / "watched.py"
+    body = "\n".join(f"    {line}" for line in source.strip("\n").split("\n"))
     path.write_text(
         f"from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n{body}\nexcept RuntimeError:\n  pass\n"
     )
     [item] = runpy.run_path(str(path))["w"].report.items
     again = re.fullmatch(r"compute lines (\d+) and (\d+) again after the step at line \d+", item.fix)
     assert again is not None, item.fix
-    source = LOSS_AFTER_THE_STEP.strip("\n").split("\n")
-    named = [source[int(n) - 4].strip() for n in again.groups()]  # 3 lines above the source in the watched file
-    assert named == ["out = model(x)", "feats = out.tanh()"], named
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        _run(LOSS_AFTER_THE_STEP, tmp_path / "as_written.py")
-    fixed = LOSS_AFTER_THE_STEP.replace("    # RECOMPUTED", "".join(f"    {code}\n" for code in named).rstrip("\n"))
-    assert _run(fixed, tmp_path / "fixed.py")["loss_smooth"].grad_fn is not None
+    lines = source.strip("\n").split("\n")
+    return [lines[int(n) - 4].strip() for n in again.groups()]  # 3 lines above the source in the watched file

@@ -376,7 +376,9 @@ def _the_losss_own_step(step_line: str, raised_at: tuple[str, int]) -> bool:
 
 def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | None:
     """The learner's line of the last optimizer step whose parameters a walked node saved, if one stepped after
-    that node was built, and that node's sequence number."""
+    that node was built, and that node's sequence number: of the oldest such node built since the step before the
+    one nearest the loss, or that reads such a parameter itself (``h = enc(x)`` under ``out = dec(h)``: computing
+    ``out`` again alone would leave ``h`` on the old weights)."""
     stepped = {step.optimizer: step for step in recorder.steps}  # each optimizer's last step
     if not stepped:
         return None
@@ -390,12 +392,23 @@ def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | 
                 owners.insert(0, optimizer_id) if optimizer is not None and optimizer.state.get(p) else owners.append(
                     optimizer_id
                 )
+    found: tuple[str, int] | None = None
+    since = -1  # where the nearest stale node's stretch began: the step before it
     for node in walked:
-        for tensor in saved_data(node) or ():
-            for owner in params.get(tensor.untyped_storage().data_ptr(), ()):
-                if stepped[owner].sequence > node._sequence_nr():
-                    return stepped[owner].line, node._sequence_nr()
-    return None
+        sequence = node._sequence_nr()
+        if found is not None and (sequence >= found[1] or sequence <= since):
+            continue
+        tensors = list(saved_data(node) or ())
+        if found is not None:  # an older node that reads a weight the step changed (``Linear(x)``, no grad for
+            tensors += [leaf for n, _ in node.next_functions if (leaf := getattr(n, "variable", None)) is not None]
+        for tensor in tensors:
+            owners = [o for o in params.get(tensor.untyped_storage().data_ptr(), ()) if stepped[o].sequence > sequence]
+            if owners:
+                if found is None:
+                    since = max((s.sequence for s in recorder.steps if s.sequence < sequence), default=-1)
+                found = stepped[owners[0]].line, sequence
+                break
+    return found
 
 
 def outside_the_loop(exc: BaseException, loop: Link | None) -> bool:
