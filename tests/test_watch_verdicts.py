@@ -1834,6 +1834,41 @@ def test_buffers_an_ema_updates_with_autograd_recording_are_a_graph_that_grows()
     assert item.fix == f"run lines {first} to {first + 1} under `with torch.no_grad():`", item.fix
 
 
+class _SpectralNormed(torch.nn.Linear):
+    """rosinality/igebm-pytorch's ``SpectralNorm`` (model.py), power iteration left out: a forward pre-hook assigns
+    the registered buffer ``weight`` afresh from the parameter ``weight_orig`` at every forward."""
+
+    def __init__(self) -> None:
+        super().__init__(3, 1)
+        weight = self.weight
+        del self._parameters["weight"]
+        self.register_parameter("weight_orig", weight)
+        self.register_buffer("weight", weight.detach().clone())
+        self.register_forward_pre_hook(_normalise_weight)
+
+
+def _normalise_weight(module: torch.nn.Module, _: object) -> None:
+    module.weight = module.weight_orig / module.weight_orig.norm()
+
+
+def test_a_buffer_a_pre_hook_assigns_afresh_each_forward_holds_no_growing_graph() -> None:
+    """IGEBM's spectral norm: "`lin.weight` holds a graph that grows every iteration ... run line N under `with
+    torch.no_grad():`", which cuts the only way a gradient reaches ``weight_orig``: it never trains. The truth (no
+    helpers): at each iteration's start the buffer's graph has the same nodes (one pass's); detaching it there
+    trains the same weights."""
+    torch.manual_seed(0)
+    layer, x, y = _SpectralNormed(), torch.randn(8, 3), torch.randn(8, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    with watch() as w:
+        for _ in range(4):
+            optimizer.zero_grad()
+            ((layer(x) - y) ** 2).mean().backward()
+            optimizer.step()
+    assert layer.weight.grad_fn is not None and layer.weight_orig.grad is not None  # the truth: it trains
+    assert w.report.items == (), str(w)
+    assert str(w).startswith("backward-twice: healthy"), str(w)
+
+
 def test_one_loss_differentiated_twice_keeps_its_graph_for_the_second_call() -> None:
     """DARTS' unrolled step (quark0/darts, cnn/architect.py): ``torch.autograd.grad(loss, arch_parameters())`` then
     ``torch.autograd.grad(loss, parameters())``, the published retain_graph=True dropped. The fix was "use

@@ -30,6 +30,7 @@ from backward_twice.record.learner import site_of
 from backward_twice.record.sources import function_around, parsed
 
 if TYPE_CHECKING:
+    from backward_twice.record.names import NamedGraph
     from backward_twice.record.recorder import Recorder
 
 __all__ = ["Note", "growing_line", "notes"]
@@ -58,7 +59,11 @@ class Note:
     entry: str = ""  # the key, in the items it keeps, of the newest graph (``'logits'`` of a model's outputs kept)
 
 
-_UPDATED_IN_PLACE = ("parameter", "buffer")  # a module's own state with a graph: only an in-place update gives it one
+def _updated_in_place(named: NamedGraph | None, grows: bool) -> bool:
+    """Whether a module's own state holds a graph its update gave it: a parameter with a graph always (only an
+    in-place update gives one), a buffer when its graph grows (a buffer a forward hook assigns afresh each pass,
+    ``self.weight = self.weight_orig / sigma``, holds one pass's graph, as a name rebound each pass does)."""
+    return named is not None and (named.container == "parameter" or (named.container == "buffer" and grows))
 
 
 def notes(recorder: Recorder, split: Split) -> list[Note]:
@@ -98,7 +103,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         # carried graph's finding, not a name's growth: the span counts from iteration 1
         spans = built - int(late) - max(earliest, 1) + 1
         named = recorder.names.get(sequence)
-        if _below_a_submodule(holder) and spans < 2 and (named is None or named.container not in _UPDATED_IN_PLACE):
+        if _below_a_submodule(holder) and spans < 2 and not _updated_in_place(named, False):
             continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is); a
             # total two levels down that spans iterations (a trainer's self.logger.total += loss) is the loop's
         if at_the_stop and (spans < 2 or oldest >= held_in or walked.get(held_graph.earliest, 0) > earliest):
@@ -134,7 +139,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         if twin is not None and recorder.creation.line_of(twin) is not None:  # past the traced passes: iteration
             named = dataclasses.replace(named, sequence=twin)  # 1's node at the same place has its line logged
         line = built_line(named, built == 0, recorder)
-        parameter = named.container in _UPDATED_IN_PLACE
+        parameter = _updated_in_place(named, grows)
         one = _one_element(named.shape)
         read_in = named.frame.filename if named.frame else None
         note = Note(
@@ -149,7 +154,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         )
         known = by_name.setdefault(holder, dataclasses.replace(note, grows_in=read_in))
         if grows and not known.grows:  # a later start showed it growing (running_loss += loss: from pass 3 on)
-            known = by_name[holder] = dataclasses.replace(known, grows=True, reset=holder in reset)
+            known = by_name[holder] = dataclasses.replace(known, grows=True, reset=holder in reset, parameter=parameter)
         if grows and built > 0 and holder in from_before and line != known.built_at:
             # it started before the loop (``ema.shadow['w'] = w.clone()``); the line each pass adds from is the one
             by_name[holder] = dataclasses.replace(known, built_at=line)  # to change (the update in ``forward``)
