@@ -100,4 +100,11 @@ LOOPS = [
     "mnist_forward_forward",
     "regression_leaf_inplace",
     "fast_neural_style_gram",
+    "jem_sgld_replay_buffer",
+    "igebm_langevin_buffer",
+    "deep_svdd_center",
+    "neural_ode_demo",
+    "lightning_manual_backward_twice",
+    "lightning_backward_hook_retain",
+    "accelerate_minimax_two_backward",
 ]
