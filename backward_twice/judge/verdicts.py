@@ -394,7 +394,8 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
         # an optimizer's own method no step() hook sees (SAM's ``first_step``) changed the weights in place
         evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.stepped_between)}"
     elif record.changed_by_step is not None:
-        evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.changed_by_step)}"
+        by = "your update" if record.updated_by_hand else "the optimizer step"
+        evidence = f"a tensor it saved was changed in place by {by} at {short(record.changed_by_step)}"
         site = None
         if record.stale_node is not None:
             raised = calls[record.call].site if record.call is not None else ("", 0)

@@ -23,6 +23,7 @@ from torch.autograd.graph import Node
 
 from backward_twice.common.error_kinds import error_kind
 from backward_twice.record.events import StepEvent
+from backward_twice.record.hand_update import hand_update
 from backward_twice.record.in_place import changed_in_place
 from backward_twice.record.learner import LearnersCode, first_line, learner_line, learner_line_at, skipped_dirs
 from backward_twice.record.learner import site_of as site_of_line
@@ -33,7 +34,7 @@ from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
 
 if TYPE_CHECKING:
     from backward_twice.record.lines import LineTracer
-    from backward_twice.record.passes import Link
+    from backward_twice.record.passes import IterationLoop, Link
 
 __all__ = ["ErrorRecord", "Seen", "explain", "outside_the_loop", "raised_at", "raised_in"]
 
@@ -60,6 +61,8 @@ class Seen(Protocol):
     def calls(self) -> CallsSoFar: ...
     @property
     def creation(self) -> LineTracer: ...
+    @property
+    def loop(self) -> IterationLoop: ...
 
 
 @dataclass
@@ -101,6 +104,7 @@ class ErrorRecord:
     # other names held now through which the walk reaches buffers the same call freed, on a way of their own (mutual
     # learning: each network's loss reads the other's output), with the ids of the weights each one's graph reaches
     freed_also_through: tuple[tuple[NamedGraph, frozenset[int]], ...] = ()
+    updated_by_hand: bool = False  # ``changed_by_step``: the learner's own update under no_grad (``p -= lr * p.grad``)
 
 
 def explain(
@@ -154,6 +158,13 @@ def explain(
         learners = _learners_frame(caller, recorder.skipped)
         if record.changed_at is None and earlier is not None and learners is not None:  # SAM's ``first_step``
             record.stepped_between = _optimizer_call_between(earlier.site, call.site, learners)
+        if record.changed_by_step is None and record.changed_at is None and record.stepped_between is None:
+            passes = recorder.loop.iteration_passes()
+            since = passes[-1].sequence if passes else -1
+            by_hand = hand_update(walked, recorder.creation.line_of, call.site, learners, since)
+            if by_hand is not None:
+                record.changed_by_step, record.stale_node = learner_line_at(*by_hand[0]), by_hand[1]
+                record.updated_by_hand = True
     return record
 
 
@@ -396,7 +407,7 @@ def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | 
     since = -1  # where the nearest stale node's stretch began: the step before it
     for node in walked:
         sequence = node._sequence_nr()
-        if found is not None and (sequence >= found[1] or sequence <= since):
+        if found is not None and (sequence >= found[1] or sequence < since):
             continue
         tensors = list(saved_data(node) or ())
         if found is not None:  # an older node that reads a weight the step changed (``Linear(x)``, no grad for
@@ -405,7 +416,7 @@ def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | 
             owners = [o for o in params.get(tensor.untyped_storage().data_ptr(), ()) if stepped[o].sequence > sequence]
             if owners:
                 if found is None:
-                    since = max((s.sequence for s in recorder.steps if s.sequence < sequence), default=-1)
+                    since = max((s.sequence for s in recorder.steps if s.sequence <= sequence), default=-1)
                 found = stepped[owners[0]].line, sequence
                 break
     return found

@@ -4,7 +4,8 @@ changed (reading it raises the same check) and the node of the learner's in-plac
 (``h += 1``, ``h.mul_(2)``, ``h[mask] = 0``: an in-place change of a tensor that needs a gradient adds a node), and
 :func:`out_of_place` writes that statement out of place, as the fix.
 
-Used by :mod:`backward_twice.judge.in_place_fix` and :mod:`backward_twice.record.evidence`.
+Used by :mod:`backward_twice.judge.in_place_fix`, :mod:`backward_twice.record.evidence` and
+:mod:`backward_twice.record.hand_update`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from torch.autograd.graph import Node
 
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["changed_in_place", "in_place_statement", "out_of_place"]
+__all__ = ["changed_in_place", "in_place_statement", "out_of_place", "saved_changed"]
 
 
 def changed_in_place(walked: list[Node], line_of: Callable[[int], tuple[str, int] | None]) -> tuple[str, int] | None:
     """(file, line) of the learner's in-place statement that changed a tensor a node of ``walked`` saved, given
     ``line_of`` (a node's sequence number -> the learner's line that built it); None when no such node is found."""
-    stale = [node for node in walked if _saved_changed(node)]
+    stale = [node for node in walked if saved_changed(node)]
     for node in walked:
         if not any(before is not None and before in stale for before, _ in node.next_functions):
             continue
@@ -110,7 +111,7 @@ def _changed_name(statement: ast.stmt) -> str | None:
     return ast.unparse(target) if isinstance(target, (ast.Name, ast.Attribute)) else None
 
 
-def _saved_changed(node: Node) -> bool:
+def saved_changed(node: Node) -> bool:
     """Whether reading a tensor ``node`` saved raises the version check (it was changed in place since)."""
     for name in dir(node):
         if name.startswith("_saved_"):

@@ -57,7 +57,7 @@ def _gan_hint(*code: str) -> str:
 def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item:
     raising = raising_line(error)
     lines = [raising]
-    step = re.search(r"optimizer step at (.+)$", error.evidence)
+    step = re.search(r"(?:optimizer step|your update) at (.+)$", error.evidence)
     freed = re.search(r"freed by the backward at (.+?) in iteration", error.evidence)
     fix = _first_clause(error.fix)
     if error.kind == "in-place version error":

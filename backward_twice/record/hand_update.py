@@ -1,0 +1,135 @@
+"""Where the learner's own update of the weights, written by hand under ``torch.no_grad()`` (``p -= lr * p.grad``),
+changed a weight a forward had saved, when a later backward through that forward then raised the version check:
+no optimizer step was seen, and an update under no_grad builds no node to find it by.
+
+:func:`hand_update` finds the statement in the source, between the line that saved the weight and the raising
+backward, and the oldest node of the walk that reads a weight that statement changes (``h = tanh(x @ w1)`` under
+``out = h @ w2``: computing ``out`` again alone leaves ``h`` on the old ``w1``).
+
+Used by :mod:`backward_twice.record.evidence`.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.autograd.graph import Node
+
+from backward_twice.record.in_place import in_place_statement, saved_changed
+from backward_twice.record.sources import function_around, parsed
+
+__all__ = ["hand_update"]
+
+
+def hand_update(
+    walked: list[Node],
+    line_of: Callable[[int], tuple[str, int] | None],
+    raised: tuple[str, int],
+    frame: types.FrameType | None,
+    since: int,
+) -> tuple[tuple[str, int], int] | None:
+    """((file, line) of the update, the sequence number of the oldest node built since ``since`` that reads a
+    weight it changes), for the nearest node of ``walked`` whose saved weight (a leaf) was changed, when an in-place
+    statement under ``torch.no_grad()`` of the raising function (``raised``) runs between the line that built that
+    node and the raising one; None otherwise. ``frame``: the raising function's, where the update's loop names its
+    weights (``for p in (w1, w2)``, ``for p in model.parameters()``)."""
+    nearest = next((node for node in walked if _leaves_of(node) and saved_changed(node)), None)
+    site = line_of(nearest._sequence_nr()) if nearest is not None else None
+    if nearest is None or site is None or site[0] != raised[0] or not site[1] < raised[1]:
+        return None
+    tree = parsed(raised[0])
+    scope = function_around(tree, raised[1]) if tree is not None else None
+    if scope is None or function_around(tree, site[1]) is not scope:  # type: ignore[arg-type]
+        return None
+    update = next(
+        (
+            statement
+            for statement in _under_no_grad(scope)
+            if site[1] < statement.lineno < raised[1]
+            and in_place_statement(raised[0], statement.lineno) is statement
+            and not _changes_a_grad(statement)
+        ),
+        None,
+    )
+    if update is None:
+        return None
+    changed = {id(leaf) for leaf in _leaves_of(nearest)} | _leaves_its_loop_names(scope, update, frame)
+    oldest = nearest._sequence_nr()
+    for node in walked:
+        sequence = node._sequence_nr()
+        if since <= sequence < oldest and any(id(leaf) in changed for leaf in _leaves_of(node)):
+            oldest = sequence
+    return (raised[0], update.lineno), oldest
+
+
+def _leaves_of(node: Node) -> list[torch.Tensor]:
+    """The weights (leaves that require grad) ``node`` reads directly."""
+    return [leaf for next_node, _ in node.next_functions if (leaf := getattr(next_node, "variable", None)) is not None]
+
+
+def _under_no_grad(scope: ast.AST) -> Iterator[ast.stmt]:
+    """The statements of ``scope`` inside a ``with torch.no_grad():`` block, in the order of their lines."""
+    blocks = [
+        node
+        for node in ast.walk(scope)
+        if isinstance(node, ast.With)
+        and any(ast.unparse(item.context_expr).endswith("no_grad()") for item in node.items)
+    ]
+    inside = {id(s): s for block in blocks for s in ast.walk(block) if isinstance(s, ast.stmt) and s is not block}
+    return iter(sorted(inside.values(), key=lambda statement: statement.lineno))
+
+
+def _changes_a_grad(statement: ast.stmt) -> bool:
+    """``p.grad.zero_()``, ``p.grad -= ...``: a change of a gradient, not of the weight a forward saved."""
+    target: ast.expr | None = statement.target if isinstance(statement, ast.AugAssign) else None
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        func = statement.value.func
+        target = func.value if isinstance(func, ast.Attribute) else None
+    return isinstance(target, ast.Attribute) and target.attr == "grad"
+
+
+def _leaves_its_loop_names(scope: ast.AST, update: ast.stmt, frame: types.FrameType | None) -> set[int]:
+    """Ids of the weights the ``for`` loop around ``update`` runs over, where it names them plainly: a tuple or list
+    of names (``(w1, w2)``) or a module's ``.parameters()``, read in ``frame`` without running the learner's code."""
+    loop = max(
+        (node for node in ast.walk(scope) if isinstance(node, ast.For) and any(s is update for s in ast.walk(node))),
+        key=lambda node: node.lineno,
+        default=None,
+    )  # the innermost
+    if loop is None or frame is None:
+        return set()
+    iterable = loop.iter
+    if isinstance(iterable, (ast.Tuple, ast.List)):
+        values = [_looked_up(element, frame) for element in iterable.elts]
+        return {id(value) for value in values if isinstance(value, torch.Tensor)}
+    if (
+        isinstance(iterable, ast.Call)
+        and isinstance(iterable.func, ast.Attribute)
+        and iterable.func.attr == "parameters"
+        and not iterable.args
+        and isinstance(module := _looked_up(iterable.func.value, frame), torch.nn.Module)
+    ):
+        return {id(parameter) for parameter in module.parameters()}
+    return set()
+
+
+def _looked_up(expression: ast.expr, frame: types.FrameType) -> object:
+    """The value of a name or a chain of attributes (``self.net``) in ``frame``, read from the objects' own
+    dictionaries (a module's parameters and submodules too), so nothing the learner wrote runs; None otherwise."""
+    if isinstance(expression, ast.Name):
+        if expression.id in frame.f_locals:
+            return frame.f_locals[expression.id]
+        return frame.f_globals.get(expression.id)
+    if isinstance(expression, ast.Attribute):
+        owner = _looked_up(expression.value, frame)
+        own = getattr(owner, "__dict__", None)
+        if isinstance(own, dict) and expression.attr in own:
+            return own[expression.attr]
+        if isinstance(owner, torch.nn.Module):
+            for kept in (owner._modules, owner._parameters, owner._buffers):
+                if expression.attr in kept:
+                    return kept[expression.attr]
+    return None
