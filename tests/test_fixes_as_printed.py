@@ -1140,7 +1140,7 @@ def test_a_loss_written_after_the_step_gets_every_line_it_reads_through_computed
     """The fix read "compute line 12 again after the step at line 15" (``out = model(x)``): applied, the loss still
     read ``feats`` of the old ``out`` and raised the same error, and the tool then named the same line. The truth:
     ``out`` and ``feats`` computed again after the step, the second backward runs."""
-    named = _computed_again_as_printed(LOSS_AFTER_THE_STEP, tmp_path)
+    *named, _ = _computed_again_as_printed(LOSS_AFTER_THE_STEP, tmp_path)
     assert named == ["out = model(x)", "feats = out.tanh()"], named
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         _run(LOSS_AFTER_THE_STEP, tmp_path / "as_written.py")
@@ -1177,7 +1177,7 @@ def test_a_stale_forward_through_two_modules_is_computed_again_from_the_first(tm
     with ReLU, giving ``enc`` the gradient of the old forward. The truth: ``h`` and ``out`` computed again after the
     step trains as the hand fix."""
     source = TWO_MODULES_AFTER_THE_STEP.replace("{activation}", activation)
-    named = _computed_again_as_printed(source, tmp_path)
+    *named, _ = _computed_again_as_printed(source, tmp_path)
     assert named == ["h = enc(x)", "out = dec(h)"], named
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         _run(source, tmp_path / "as_written.py")
@@ -1187,14 +1187,115 @@ def test_a_stale_forward_through_two_modules_is_computed_again_from_the_first(tm
 
 
 def _computed_again_as_printed(source: str, tmp_path: Path) -> list[str]:
-    """The lines of ``source`` that the watched loop's one item says to compute again after the step."""
+    """The lines of ``source`` that the watched loop's one item says to compute again after the step, and the step's
+    line last."""
     path = tmp_path / "watched.py"
     body = "\n".join(f"    {line}" for line in source.strip("\n").split("\n"))
     path.write_text(
         f"from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n{body}\nexcept RuntimeError:\n  pass\n"
     )
     [item] = runpy.run_path(str(path))["w"].report.items
-    again = re.fullmatch(r"compute lines (\d+) and (\d+) again after the step at line \d+", item.fix)
+    again = re.fullmatch(r"compute lines ([\d, ]+) and (\d+) again after the step at line (\d+)", item.fix)
     assert again is not None, item.fix
     lines = source.strip("\n").split("\n")
-    return [lines[int(n) - 4].strip() for n in again.groups()]  # 3 lines above the source in the watched file
+    numbers = [*again.group(1).split(", "), again.group(2), again.group(3)]
+    return [lines[int(n) - 4].strip() for n in numbers]  # 3 lines above the source in the watched file: the lines
+    # to compute again, then the step's
+
+
+UPDATED_BY_HAND_BETWEEN = """
+import torch
+
+torch.manual_seed(0)
+w1 = (0.5 * torch.randn(3, 6)).requires_grad_()
+w2 = (0.5 * torch.randn(6, 2)).requires_grad_()
+for it in range(4):
+    x, y = torch.randn(10, 3), torch.randn(10, 2)
+    h = torch.tanh(x @ w1)
+    out = h @ w2
+    loss1 = ((out - y) ** 2).mean()
+    loss2 = out.abs().mean()
+    loss1.backward(retain_graph=True)
+    with torch.no_grad():
+        for p in (w1, w2):
+            p -= 0.1 * p.grad
+            p.grad.zero_()
+    # RECOMPUTED
+    loss2.backward()
+    with torch.no_grad():
+        for p in (w1, w2):
+            p -= 0.1 * p.grad
+            p.grad.zero_()
+"""
+
+
+def test_a_hand_written_update_between_two_backward_calls_is_the_step_whose_forward_is_computed_again(
+    tmp_path: Path,
+) -> None:
+    """``p -= lr * p.grad`` under no_grad between the two backward calls: "a tensor the graph saved was changed in
+    place (x += ..., relu_(), optimizer.step()) ...: use the out-of-place form", which, applied to the update
+    (``p = p - lr * p.grad``), leaves the weights untrained. The truth (no helpers): the forward computed again
+    after the update runs, and trains as the same loop with ``torch.optim.SGD``."""
+    *named, update = _computed_again_as_printed(UPDATED_BY_HAND_BETWEEN, tmp_path)
+    assert named == ["h = torch.tanh(x @ w1)", "out = h @ w2", "loss2 = out.abs().mean()"], named
+    assert update == "p -= 0.1 * p.grad", update
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _run(UPDATED_BY_HAND_BETWEEN, tmp_path / "as_written.py")
+    recomputed = UPDATED_BY_HAND_BETWEEN.replace("    # RECOMPUTED", "\n".join(f"    {c}" for c in named))
+    fixed = _run(recomputed, tmp_path / "f.py")
+    update = "    with torch.no_grad():\n        for p in (w1, w2):\n            p -= 0.1 * p.grad\n"
+    by_optimizer = (
+        recomputed.replace("for it in", "opt = torch.optim.SGD([w1, w2], lr=0.1)\nfor it in")
+        .replace(update, "    opt.step()\n")
+        .replace("            p.grad.zero_()", "    opt.zero_grad(set_to_none=False)")
+    )
+    assert "p -= " not in by_optimizer
+    with_sgd = _run(by_optimizer, tmp_path / "sgd.py")
+    assert torch.allclose(fixed["w1"], with_sgd["w1"]) and torch.allclose(fixed["w2"], with_sgd["w2"])
+
+
+TOTAL_READ_AS_A_TENSOR = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+total_loss = 0.0
+logged = []
+for step in range(5):
+    x, y = torch.randn(6, 4), torch.randn(6, 1)
+    loss = ((model(x) - y) ** 2).mean()
+    total_loss += loss
+    opt.zero_grad()
+    total_loss.backward()
+    opt.step()
+    logged.append(total_loss.item())
+"""
+
+
+def test_a_total_the_loop_reads_with_item_is_kept_a_tensor_without_its_graph(tmp_path: Path) -> None:
+    """``total_loss += loss; total_loss.backward()``, the total logged with ``total_loss.item()``: the fix "add a
+    number instead (`total_loss += loss.item()`) and call backward() on this iteration's loss", applied, made the
+    learner's own ``total_loss.item()`` raise AttributeError on a float. The truth (no helpers): the detached copy
+    and ``loss.backward()`` run, and train as that fix by hand."""
+    with pytest.raises(RuntimeError, match="second time"):
+        _run(TOTAL_READ_AS_A_TENSOR, tmp_path / "as_written.py")
+    path = tmp_path / "watched.py"
+    path.write_text(
+        "from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n"
+        + "\n".join(f"    {line}" for line in TOTAL_READ_AS_A_TENSOR.strip("\n").split("\n"))
+        + "\nexcept RuntimeError:\n  pass\n"
+    )
+    [item] = runpy.run_path(str(path))["w"].report.items
+    printed = re.fullmatch(
+        r"add a copy without its graph instead \(`(.+)`\) and call backward\(\) on this iter.+", item.fix
+    )
+    assert printed is not None, item.fix
+    fixed = TOTAL_READ_AS_A_TENSOR.replace("total_loss += loss", printed.group(1)).replace(
+        "total_loss.backward()", "loss.backward()"
+    )
+    ran = _run(fixed, tmp_path / "fixed.py")
+    assert len(ran["logged"]) == 5 and not ran["total_loss"].requires_grad
+    as_a_number = fixed.replace(".detach()", ".item()")
+    with pytest.raises(AttributeError, match="'float' object has no attribute 'item'"):
+        _run(as_a_number, tmp_path / "number.py")

@@ -96,11 +96,18 @@ def _without_comment(code: str) -> str:
     return code.strip()
 
 
-def total_fix(summed_name: str, added: str, backward: str) -> str:
+def total_fix(summed_name: str, added: str, backward: str, read_in: tuple[str, int] | None = None) -> str:
     """The fix for a running total of losses kept as a tensor (``summed_name += added``, or ``= summed_name + added``)
-    that ``backward`` (its code) walks: each backward walks this iteration's loss alone, the total kept as a number."""
+    that ``backward`` (its code) walks: each backward walks this iteration's loss alone, the total kept as a number,
+    or as a tensor without a graph where the function around ``read_in`` (file, line) reads it as a tensor
+    (``total_loss.item()`` for its log)."""
     added = _without_comment(added)
     if re.fullmatch(r"[\w.]+", added):
+        if read_in is not None and _read_as_a_tensor(summed_name, *read_in):
+            return (
+                f"add a copy without its graph instead (`{summed_name} += {added}.detach()`) and call backward() "
+                "on this iteration's loss"
+            )
         return f"add a number instead (`{summed_name} += {added}.item()`) and call backward() on this iteration's loss"
     if summed_name == "loss" and re.search(r"(?<![\w.])loss\s*\.backward\(", backward):
         # ``loss += criterion(...); loss.backward()``: no other name for this iteration's loss
@@ -108,9 +115,30 @@ def total_fix(summed_name: str, added: str, backward: str) -> str:
             f"assign instead of adding (`loss = {added}`): each backward() already adds this iteration's "
             "gradient to the .grad of the weights"
         )
+    kept = (
+        "a copy without its graph instead (`{} += loss.detach()`)"
+        if read_in is not None and _read_as_a_tensor(summed_name, *read_in)
+        else "a number instead (`{} += loss.item()`)"
+    )
     return (  # the term has no name of its own (Reptile's ``task_loss = task_loss + F.mse_loss(...)``): one for it
-        f"name this iteration's loss (`loss = {added}`), call `loss.backward()`, and add a number instead "
-        f"(`{summed_name} += loss.item()`)"
+        f"name this iteration's loss (`loss = {added}`), call `loss.backward()`, and add {kept.format(summed_name)}"
+    )
+
+
+_TENSOR_ONLY = frozenset({"item", "detach", "cpu", "cuda", "to", "numpy", "tolist", "clone", "mean", "sum", "float"})
+
+
+def _read_as_a_tensor(name: str, filename: str, line: int) -> bool:
+    """Whether the function around ``line`` calls a method only a tensor has on ``name`` (``total_loss.item()``):
+    with a float there, the learner's own line would raise."""
+    tree = parsed(filename)
+    scope = function_around(tree, line) if tree is not None else None
+    return scope is not None and any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _TENSOR_ONLY
+        and ast.unparse(node.func.value) == name
+        for node in ast.walk(scope)
     )
 
 
@@ -166,7 +194,7 @@ def carried_fix(
             start = f"set `{total.group(1)} = 0` before line {first}"
             return f"{start}, so each iteration's backward walks only the terms it adds"
         backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""
-        return total_fix(total.group(1), total.group(2).strip(), backward)
+        return total_fix(total.group(1), total.group(2).strip(), backward, summed)
     if name is None:
         return "detach the tensor that carries it at the end of each iteration, or build it inside the loop"
     if container == "parameter":  # a parameter is given a graph only by an in-place update autograd recorded

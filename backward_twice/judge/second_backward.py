@@ -121,7 +121,7 @@ def second_backward_fix(
         )
     summed = _summed_in_the_loop(through, raised_at) if freed_at == raised_at else None
     if summed is not None:  # gradient accumulation written as ``total = total + term; total.backward()``
-        return total_fix(*summed, raised_at.split(": ", 1)[-1])
+        return total_fix(*summed, raised_at.split(": ", 1)[-1], site_of(raised_at))
     if freed_at != raised_at and _differentiates(through, freer_code) and _differentiates(through, raised_at):
         # one loss differentiated twice (DARTS: its gradient for the architecture, then for the weights): nothing
         # to detach, as detaching the root leaves nothing to differentiate
