@@ -2,7 +2,7 @@
 the recorder's walks, with the name that held it at an iteration's start (its ``NamedGraph``) for the fix's variable,
 and :func:`backward_twice.judge.built.built_line` for the line that built it. One :class:`CarriedFinding` per name.
 
-Used by :mod:`backward_twice.judge.notes` and :mod:`backward_twice.judge.verdicts`.
+Used by :mod:`backward_twice.judge.verdicts`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from backward_twice.judge.fixes import carried_fix, read_after_its_build
 from backward_twice.judge.returned import computed_in_the_step
 from backward_twice.judge.states import one_state, whole_name, whole_state, whole_state_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
+from backward_twice.judge.twins import iteration_1_start, places, twin_in_iteration_1
 from backward_twice.judge.uses import bound_in, first_read, list_use, read_first
 from backward_twice.record.iterations import Split
 from backward_twice.record.learner import learner_line_at, lines_of_file, site_of
@@ -36,7 +37,7 @@ from backward_twice.record.passes import IN_DIFFERENT_LOOPS, UNTRACED, Link
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["CarriedFinding", "carried_findings", "rebound_each_pass", "twin_in_iteration_1", "when"]
+__all__ = ["CarriedFinding", "carried_findings", "rebound_each_pass", "when"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
     lists: set[str] = set()  # lists found keeping items an earlier iteration built (``saved_actions``)
     twins: dict[tuple[str, int], NamedGraph] = {}
     befores: dict[str, tuple[int, ...]] = {}  # a graph built before the loop: the lines that built it, by its line
-    first = _iteration_1_start(recorder)
+    first = iteration_1_start(recorder)
     for call in recorder.calls:
         iteration = split.iteration_of_call(call.index)
         # not what passes without a backward built for this one (gradient accumulation: losses.append(...) each pass,
@@ -97,7 +98,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             # a create_graph backward differentiates through it by design
         top = [seq for seq in call.frontier if split.iteration_of_node(seq) < iteration]
         candidates = (
-            recorder.names.get(seq) or next(filter(None, map(twins.get, _places(split, seq, first))), None)
+            recorder.names.get(seq) or next(filter(None, map(twins.get, places(split, seq, first))), None)
             for seq in top
         )
         named = [node for node in candidates if node is not None]
@@ -117,7 +118,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             named = [replace(through, sequence=max(top or old))] if kept_on else []
             named += [other for other in recorder.error.also_through if kept_on and _kept_on(other, body)]
         for node in named:  # a later iteration's node at the same place is this one's twin (read after the loop
-            for place in _places(split, node.sequence, first):  # rebound the name that held it)
+            for place in places(split, node.sequence, first):  # rebound the name that held it)
                 twins.setdefault(place, node)
         for node in named:
             built = split.iteration_of_node(node.sequence)
@@ -339,37 +340,6 @@ def _named_first(found: list[_Carried]) -> list[_Carried]:
     outer = {(e.name.split(".", 1)[1], e.built_at) for e in named if e.name and "." in e.name and e.name[:5] != "self."}
     kept = [e for e in named if not (e.name and e.name[:5] == "self." and (e.name[5:], e.built_at) in outer)]
     return kept or found
-
-
-def _places(split: Split, sequence: int, first: int | None) -> list[tuple[str, int]]:
-    """Where a node sits in the iteration that built it: how many nodes that iteration built before it, and after it
-    (``first``: where iteration 1 began, when a loop's pass tells). A steady loop builds the same nodes in the same
-    order each iteration, so the node a carrier holds sits at the same place in each; iteration 1 may build fewer
-    before it (``0.9 * running_mean`` of a tensor with no graph yet builds no node), or fewer after it. None of
-    either for a node built before the loop, or where the iteration's ends were folded."""
-    built = split.iteration_of_node(sequence)
-    ends = {end.iteration: end.sequence for end in split.ends if built - 1 <= end.iteration <= built}
-    start = first if built == 1 else ends.get(built - 1) if built else None
-    places = [] if start is None else [("from its start", sequence - start)]
-    return places + ([("to its end", ends[built] - sequence)] if built and built in ends else [])
-
-
-def _iteration_1_start(recorder: Recorder) -> int | None:
-    """The node counter where iteration 1 began, when a loop's pass tells it (a long run's folds keep pass 1)."""
-    passes = recorder.loop.iteration_passes()
-    return passes[0].sequence if passes and passes[0].number == 1 else None
-
-
-def twin_in_iteration_1(recorder: Recorder, split: Split, sequence: int) -> int | None:
-    """The node at the same place in iteration 1 as node ``sequence`` in its own, later iteration: a steady loop
-    builds the same nodes in the same order each iteration, and iteration 1's lines are the ones the tracer logged
-    (TD3's actor update every second iteration raises in iteration 2, past the traced pass)."""
-    first = _iteration_1_start(recorder)
-    end = next((end.sequence for end in split.ends if end.iteration == 1), None)
-    if first is None or end is None or split.iteration_of_node(sequence) < 2:
-        return None
-    offset = dict(_places(split, sequence, first)).get("from its start")
-    return first + offset if offset is not None and first + offset < end else None
 
 
 def _carrier(recorder: Recorder, spellings: list[str] | None) -> str | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backward_twice.judge.built import built_line
-from backward_twice.judge.carried import twin_in_iteration_1
+from backward_twice.judge.twins import twin_in_iteration_1
 from backward_twice.record.held import HeldGraph, item_of
 from backward_twice.record.iterations import Split
 from backward_twice.record.learner import site_of

@@ -27,18 +27,14 @@ from dataclasses import dataclass, field, replace
 
 from backward_twice.common.error_kinds import error_kind
 from backward_twice.common.units import format_bytes
-from backward_twice.judge.carried import (
-    CarriedFinding,
-    carried_findings,
-    rebound_each_pass,
-    twin_in_iteration_1,
-)
+from backward_twice.judge.carried import CarriedFinding, carried_findings, rebound_each_pass
 from backward_twice.judge.fixes import ERROR_FIXES
 from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
 from backward_twice.judge.returned import loss_returned_at
 from backward_twice.judge.second_backward import second_backward_fix
 from backward_twice.judge.states import whole_name
+from backward_twice.judge.twins import twin_in_iteration_1
 from backward_twice.judge.uses import graph_cut
 from backward_twice.record.evidence import ErrorRecord
 from backward_twice.record.folds import CallLog, count_retains
