@@ -3419,3 +3419,35 @@ def test_a_step_called_by_the_loop_has_its_own_forward_lines_named_for_the_stale
     source, first = inspect.getsourcelines(step)
     named = [source[n - first].strip() for n in lines]
     assert named and named[0] == "out = net(x)" and not any(code == "step()" for code in named), (item.fix, named)
+
+
+def _two_cells_carried(detach: tuple[str, ...]) -> None:
+    """An encoder's and a decoder's states kept in one dict across batches, ``detach`` the ones detached first."""
+    torch.manual_seed(0)
+    cells = torch.nn.ModuleDict({"enc": torch.nn.RNNCell(3, 5), "dec": torch.nn.RNNCell(5, 5)})
+    optimizer = torch.optim.SGD(cells.parameters(), lr=0.05)
+    states = {"enc": torch.zeros(1, 5), "dec": torch.zeros(1, 5)}
+    for _ in range(3):
+        for key in detach:
+            states[key] = states[key].detach()
+        states["enc"] = cells["enc"](torch.randn(1, 3), states["enc"])
+        states["dec"] = cells["dec"](states["enc"], states["dec"])
+        optimizer.zero_grad()
+        states["dec"].pow(2).mean().backward()
+        optimizer.step()
+
+
+def test_a_second_carrier_the_raising_backward_reached_freed_is_not_called_harmless() -> None:
+    """Two states carried, the backward raising in iteration 2: the second item said "every backward follows
+    `states['dec']` back into the previous iteration's graph, one graph at a time (it does not pile up)", as if
+    it were harmless. The truth (no helpers): detaching either state alone still raises; both, it runs."""
+    for alone in ("enc", "dec"):
+        with pytest.raises(RuntimeError, match="second time"):
+            _two_cells_carried((alone,))
+    _two_cells_carried(("enc", "dec"))
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        _two_cells_carried(())
+    first, second = w.report.items
+    assert "which that iteration's backward already freed" in first.why, str(w)
+    assert second.why.endswith("already freed: with only the item above fixed, it still raises"), str(w)
+    assert "does not pile up" not in str(w)

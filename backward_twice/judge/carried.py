@@ -61,6 +61,8 @@ class CarriedFinding:
     stored_at: str | None = None  # without a loop of the learner's: their line that stores it
     detach_after: str | None = None  # and the line the fix goes after (a later line of the step may read it whole)
     state: str | None = None  # the state its fix detaches whole (``net.mem``), of which ``name`` is an item
+    freed: bool = False  # the backward that raised reached its graph's buffers an earlier backward freed (two
+    # carriers, each iteration's ``states['enc']`` and ``states['dec']``: detaching one, the other still raises)
 
 
 def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
@@ -77,6 +79,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         else:
             known.times.add(sighting.reached_from)
             known.chained = known.chained or sighting.chained
+            known.freed = known.freed or sighting.freed
 
     through = recorder.error.reached_through if recorder.error is not None else None
     lists: set[str] = set()  # lists found keeping items an earlier iteration built (``saved_actions``)
@@ -120,6 +123,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for node in named:  # a later iteration's node at the same place is this one's twin (read after the loop
             for place in places(split, node.sequence, first):  # rebound the name that held it)
                 twins.setdefault(place, node)
+        freed = set(call.freed_seen) if recorder.error is not None and recorder.error.call == call.index else set()
         for node in named:
             built = split.iteration_of_node(node.sequence)
             traced = (
@@ -179,7 +183,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             before = befores.get(line, ()) if not built else ()
             for spelled in (name, *aliases):
                 seen = (spelled, line, built or None, call.line, container, node.shape, iteration, {iteration})
-                add(spelled, _Carried(*seen, node.frame, chained, before))
+                add(spelled, _Carried(*seen, node.frame, chained, before, node.sequence in freed))
         if not named:
             built = split.iteration_of_node(max(old))
             line = f"(no name the loop holds; built {when(built)})"
@@ -209,6 +213,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             None if stored is None or stored[1] is None or at_entry else learner_line_at(*stored[1]),
             None if stored is None or stored[2] is None or at_entry else learner_line_at(*stored[2]),
             _detached_whole(name, e, fix),
+            e.freed,
         )
         for e, named in ((e, as_the_line_names_it(e.name, e.built_at)) for e in _named_first(list(found.values())))
         for stored in (as_stored(named, recorder.creation.ran, site_of(e.built_at)) if stored_only and named else None,)
@@ -462,6 +467,7 @@ class _Carried:
     frame: CodeSite | None = None  # the code the name was found in
     chained: bool = False  # a backward walked graphs of two or more earlier iterations at once: they pile up
     lines_before: tuple[int, ...] = ()  # built before the loop: the lines of the code that built it (all move in)
+    freed: bool = False
 
 
 def when(iteration: int) -> str:

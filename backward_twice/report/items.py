@@ -218,6 +218,11 @@ def carried_item(
         else:  # built before the loop, and freed before it (an earlier run of the cell): no iteration of this loop
             by = "an earlier" if first.iteration is None and not freer else "that iteration's"
         why = f"this backward follows {followed} into {origin}, which {by} backward already freed"
+    elif first.freed:  # a second carrier the raising backward reached too: fixing the first alone, it raises
+        why = (
+            f"this backward follows {followed} into {origin} too, which that iteration's backward already freed: "
+            "with only the item above fixed, it still raises"
+        )
     elif first.chained and first.iteration is not None:  # one graph built before the loop does not pile up
         why = f"every backward follows {followed} back into {origin}: memory and time grow with each iteration"
     else:  # SAC's alpha = log_alpha.exp(): one old graph at a time, rebuilt each iteration
