@@ -4,6 +4,7 @@ renderings."""
 
 from __future__ import annotations
 
+import functools
 import html
 import importlib.util
 import inspect
@@ -1073,3 +1074,41 @@ def test_one_backward_call_of_two_losses_raises_where_the_step_as_written_does()
     step()
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         step()  # bare Python, from the state the tools put back
+
+
+class _LoggingTrainer:
+    """A trainer whose step keeps a running total of its losses, and a count, on itself."""
+
+    def __init__(self) -> None:
+        self.model = nn.Linear(3, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.running_loss = 0.0
+        self.steps = 0
+
+    def train_step(self, batch: torch.Tensor) -> None:
+        self.optimizer.zero_grad()
+        loss = self.model(batch).pow(2).mean()
+        loss.backward()
+        self.optimizer.step()
+        self.running_loss += loss
+        self.steps += 1
+
+
+@pytest.mark.parametrize("tool", [diagnose, audit_retain_graph, find_carried_graph])
+def test_a_partial_of_a_trainers_method_is_read_and_put_back_as_the_method_is(tool: Callable[..., Any]) -> None:
+    """``functools.partial(trainer.train_step, batch)``: "healthy", the total kept on the trainer unseen, and the
+    runs left ``trainer.running_loss`` a tensor holding their graphs and ``trainer.steps`` at 3 (the same method
+    through a lambda was read and put back). The truth (no helpers): three plain calls leave ``running_loss`` with a
+    graph (``AddBackward0``)."""
+    torch.manual_seed(0)
+    trainer, batch = _LoggingTrainer(), torch.randn(4, 3)
+    truth = _LoggingTrainer()
+    for _ in range(3):
+        truth.train_step(batch)
+    assert truth.running_loss.grad_fn is not None
+    weights = trainer.model.weight.detach().clone()
+    result = tool(functools.partial(trainer.train_step, batch))
+    assert trainer.running_loss == 0.0 and trainer.steps == 0, vars(trainer)
+    assert torch.equal(trainer.model.weight, weights)
+    if tool is diagnose:
+        assert any("running_loss" in item.label for item in result.report.items), str(result)

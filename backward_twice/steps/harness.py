@@ -28,6 +28,8 @@ Used by :mod:`backward_twice.magic`, :mod:`backward_twice.steps.audit`, :mod:`ba
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import sys
 import types
@@ -78,15 +80,18 @@ def run_step(
         optimizers = list(optimizers.values())
     models = as_items(models, torch.nn.Module, "models", "torch.nn.Module", who)
     optimizers = as_items(optimizers, torch.optim.Optimizer, "optimizers", "torch.optim.Optimizer", who)
-    names = known_names(step)
+    written, given = _as_written(step)  # a ``functools.partial(trainer.train_step, batch)``: the method, its batch
+    names = {**given, **known_names(written)}
     found_models, found_optimizers = reachable(names.values())  # a wrapper's self._optim, a PPO's policy
     models = tuple({id(m): m for m in (*models, *found_models)}.values())
     optimizers = tuple({id(o): o for o in (*optimizers, *found_optimizers)}.values())
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise ValueError(f"{who}: iterations must be a whole number from 1 up, got {iterations!r}")
-    hooked = hook_owners(step, models)  # what the models' hooks write to (a list of activations), by its name
-    snapshot = CpuSnapshot(step, models, optimizers, hooked)
-    recorder = Recorder(keep_buffers=True, roots=lambda: [*known_names(step).items(), *hooked], on_leaf=snapshot.keep)
+    hooked = hook_owners(written, models)  # what the models' hooks write to (a list of activations), by its name
+    snapshot = CpuSnapshot(written, models, optimizers, [*hooked, *given.items()])
+    recorder = Recorder(
+        keep_buffers=True, roots=lambda: [*known_names(written).items(), *given.items(), *hooked], on_leaf=snapshot.keep
+    )
     kept: dict[str, torch.Tensor | None] = {}
     labels = _parameter_labels(names, models, optimizers)
     stepped: set[int] = set()
@@ -103,7 +108,7 @@ def run_step(
                 )
 
     recorder.before_step = capture
-    code = getattr(step, "__code__", None)
+    code = getattr(written, "__code__", None)
     recorder.by_runs = code is None or not (
         _a_loop_holds_its_steps(code) or _calls_a_loop_that_holds_its_steps(code, names)
     )
@@ -134,6 +139,19 @@ def run_step(
         recorder.outermost = None  # a frame holds its variables: not kept past the run
         snapshot.restore()
     return StepRun(recorder, judge(recorder), runs, kept, snapshot.moved(runs))
+
+
+def _as_written(step: Callable[[], Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """The function a ``functools.partial`` (of a partial) calls, and the arguments it gives it, by the names of
+    that function's parameters: what the step's code reads (``self`` of a bound method, ``batch``); ``step`` itself
+    and nothing else for any other callable."""
+    given: dict[str, Any] = {}
+    while isinstance(step, functools.partial):
+        with contextlib.suppress(TypeError, ValueError):  # a builtin with no signature: its arguments stay unnamed
+            bound = inspect.signature(step.func).bind_partial(*step.args, **step.keywords)
+            given = {**bound.arguments, **given}
+        step = step.func
+    return step, given
 
 
 def _a_loop_holds_its_steps(code: types.CodeType) -> bool:
