@@ -347,3 +347,79 @@ def test_a_second_backward_after_the_frameworks_own_is_fixed_in_the_loss_the_ste
     (tmp_path / "fixed").mkdir()
     fixed, _ = run(tmp_path / "fixed", summed)
     assert fixed.returncode == 0, fixed.stderr[-400:]
+
+
+HF_STEP_OVERRIDE_AUX_BACKWARD = """
+import os
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
+import torch.nn.functional as F
+from transformers import Trainer, TrainingArguments
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk, self.head = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, x, labels=None):
+        feats = torch.tanh(self.trunk(x))
+        return {"loss": F.cross_entropy(self.head(feats), labels), "feats": feats}
+
+
+class AuxTrainer(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(**inputs)
+        self.aux = outputs["feats"].pow(2).mean()
+        loss = outputs["loss"]
+        return (loss, outputs) if return_outputs else loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.aux.backward()
+        return loss
+
+
+torch.manual_seed(0)
+x, y = torch.randn(12, 6), torch.randint(0, 3, (12,))
+data = [{"x": x[i], "labels": y[i]} for i in range(12)]
+with tempfile.TemporaryDirectory() as output_dir:
+    args = TrainingArguments(output_dir=output_dir, max_steps=3, per_device_train_batch_size=4, report_to=[],
+                             save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True,
+                             remove_unused_columns=False)
+    trainer = AuxTrainer(model=Net(), args=args, train_dataset=data)
+    trainer.train()
+print("trained", float(trainer.model.trunk.weight.sum()))
+"""
+
+
+def test_a_trainers_step_override_with_a_second_backward_is_fixed_in_the_loss_compute_loss_returns(
+    tmp_path: Path,
+) -> None:
+    """A Hugging Face ``Trainer`` subclass whose ``training_step`` calls ``super().training_step`` and then
+    ``self.aux.backward()``: the fix read "add `self.aux` to the loss your step returns", the loss that step
+    returns being the detached one the framework already backpropagated (added there, the aux trains nothing). The
+    truth (no helpers): bare Python raises at the first step; ``compute_loss`` returning ``loss + self.aux``, the
+    hook's backward removed, runs."""
+    pytest.importorskip("transformers")
+    python, watched = run(tmp_path, HF_STEP_OVERRIDE_AUX_BACKWARD)
+    assert python.returncode == watched.returncode == 1
+    assert "backward through the graph a second time" in python.stderr.splitlines()[-1], python.stderr[-400:]
+    said = watched.stderr[watched.stderr.index("backward-twice:") :]
+    fix = re.search(
+        r"fix: add `self.aux` to the loss `compute_loss` returns \(line (\d+)\) and remove the backward at line (\d+)",
+        said,
+    )
+    assert fix is not None, said
+    lines = HF_STEP_OVERRIDE_AUX_BACKWARD.split("\n")
+    assert lines[int(fix.group(1)) - 1].strip() == "return (loss, outputs) if return_outputs else loss", said
+    assert lines[int(fix.group(2)) - 1].strip() == "self.aux.backward()", said
+    summed = HF_STEP_OVERRIDE_AUX_BACKWARD.replace(
+        "        return (loss, outputs) if return_outputs else loss",
+        "        loss = loss + self.aux\n        return (loss, outputs) if return_outputs else loss",
+    ).replace("        self.aux.backward()\n", "")
+    (tmp_path / "fixed").mkdir()
+    fixed, _ = run(tmp_path / "fixed", summed)
+    assert fixed.returncode == 0 and "trained" in fixed.stdout, fixed.stderr[-400:]

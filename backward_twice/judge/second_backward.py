@@ -62,8 +62,12 @@ def second_backward_fix(
         added = "this loss" if own is None else f"`{own}`" + (f" (`{spelled}` here)" if own != spelled else "")
         raiser = site_of(raised_at)
         backward = f" and remove the backward at line {raiser[1]}" if raiser else ""
+        returned = "the loss your step returns"
+        if re.search(r"\.training_step\(", freer_code):  # a Hugging Face ``Trainer``'s step: it returns the loss
+            computed = _compute_loss_return(raiser) if raiser else None  # detached; ``compute_loss``'s is walked
+            returned = "the loss `compute_loss` returns" + (f" (line {computed})" if computed else "")
         return (
-            f"add {added} to the loss your step returns{backward}, so the framework's one backward walks both: a "
+            f"add {added} to {returned}{backward}, so the framework's one backward walks both: a "
             "backward of its own after the framework's finds the buffers they share freed"
         )
     raiser = site_of(raised_at)
@@ -241,4 +245,17 @@ def _losses_iterated(raised_at: str) -> str | None:
             and node.body[0].lineno <= site[1] <= (node.end_lineno or node.lineno)
         ):
             return ast.unparse(node.iter)
+    return None
+
+
+def _compute_loss_return(raiser: tuple[str, int]) -> int | None:
+    """The line of the first ``return`` of the ``compute_loss`` method of the class whose method raised (a Hugging
+    Face ``Trainer`` subclass's), None where that class does not define one."""
+    tree = parsed(raiser[0])
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.ClassDef) and node.lineno <= raiser[1] <= (node.end_lineno or 0):
+            for method in node.body:
+                if isinstance(method, ast.FunctionDef) and method.name == "compute_loss":
+                    returns = [n.lineno for n in ast.walk(method) if isinstance(n, ast.Return) and n.value]
+                    return min(returns, default=None)
     return None
