@@ -1299,3 +1299,16 @@ def test_a_total_the_loop_reads_with_item_is_kept_a_tensor_without_its_graph(tmp
     as_a_number = fixed.replace(".detach()", ".item()")
     with pytest.raises(AttributeError, match="'float' object has no attribute 'item'"):
         _run(as_a_number, tmp_path / "number.py")
+
+
+def test_a_stale_forward_written_over_two_lines_is_computed_again_from_its_statements_first(tmp_path: Path) -> None:
+    """Dreamer's ``imaginated_values = \\`` / ``value_model(...)`` before the value step, the actor's loss written
+    after it from ``lambda_value_target`` (cross32768/Dreamer_PyTorch#2): "compute line 421 again" named the second
+    line of the statement, and, applied, the loss still read the old target and raised the same error. The truth
+    (no helpers): both statements computed again after the step run."""
+    source = LOSS_AFTER_THE_STEP.replace("    out = model(x)", "    out = \\\n        model(x)")
+    *named, _ = _computed_again_as_printed(source, tmp_path)
+    assert named == ["out = \\", "feats = out.tanh()"], named
+    statements = ["out = model(x)", "feats = out.tanh()"]
+    fixed = _run(source.replace("    # RECOMPUTED", "\n".join(f"    {code}" for code in statements)), tmp_path / "f.py")
+    assert fixed["loss_smooth"].grad_fn is not None

@@ -140,6 +140,14 @@ def computed_again(filename: str, stale: int, loss: str, step: int, backward: in
     if tree is None:
         return [stale]
     statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
+    stale = next(  # a line inside a statement of several lines (``value_model(...)`` of ``values = \``): its first
+        (
+            n.lineno
+            for n in ast.walk(tree)
+            if isinstance(n, ast.stmt) and n.lineno < stale <= (n.end_lineno or 0) and not hasattr(n, "body")
+        ),
+        stale,
+    )
     body = innermost_loop_body(filename, backward) if backward is not None and backward < step else None
     if body is not None and body[0] <= step <= body[1] and stale < body[0]:
         return _read_by_the_loop(statements, stale, body)
