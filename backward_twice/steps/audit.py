@@ -99,14 +99,15 @@ class RetainAudit:
             )
             if count
         )
+        error = (self.error or "").split(". ")[0].rstrip(".")  # its first sentence: the whole is in ``error``
         failed = (
             ""
             if self.error is None
             else (
-                f" As written a backward of the step raises {self.error.rstrip('.')} at"
+                f" As written a backward of the step raises {error} at"
                 f" {_short(self.error_line or '?')}, and the step catches it and goes on"
                 if self.caught
-                else f" As written the step raises {self.error.rstrip('.')} at {_short(self.error_line or '?')}"
+                else f" As written the step raises {error} at {_short(self.error_line or '?')}"
             )
         )
         return (

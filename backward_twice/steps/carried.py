@@ -88,12 +88,11 @@ class CarriedGraphReport:
         return bool(self.findings)
 
     def verdict(self) -> str:
+        runs = f"{self.iterations_run} iteration{'' if self.iterations_run == 1 else 's'}"
         if not self.found:
-            text = f"No graph carried across iterations in {self.iterations_run} iterations."
+            text = f"No graph carried across iterations in {runs}."
         else:
-            text = (
-                f"Graph carried across iterations: {len(self.findings)} tensor(s) in {self.iterations_run} iterations."
-            )
+            text = f"Graph carried across iterations: {len(self.findings)} tensor(s) in {runs}."
         if self.error is None:
             return text
         raised = self.error_iteration or self.iterations_run
