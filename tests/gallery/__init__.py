@@ -107,4 +107,8 @@ LOOPS = [
     "lightning_manual_backward_twice",
     "lightning_backward_hook_retain",
     "accelerate_minimax_two_backward",
+    "dreamer_value_step_before_action",
+    "pymarl_qmix_hidden_states",
+    "spinningup_ddpg_frozen_critic",
+    "recurrent_ppo_rollout_storage",
 ]
