@@ -3451,3 +3451,39 @@ def test_a_second_carrier_the_raising_backward_reached_freed_is_not_called_harml
     assert "which that iteration's backward already freed" in first.why, str(w)
     assert second.why.endswith("already freed: with only the item above fixed, it still raises"), str(w)
     assert "does not pile up" not in str(w)
+
+
+class _RunningMean(torch.nn.Module):
+    """A layer keeping a running mean of its outputs in a registered buffer, updated with autograd recording."""
+
+    def __init__(self, in_place: bool) -> None:
+        super().__init__()
+        self.linear, self.in_place = torch.nn.Linear(3, 4), in_place
+        self.register_buffer("avg", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        if self.in_place:
+            self.avg.mul_(0.9).add_(0.1 * h.mean(0))
+        else:
+            self.avg = 0.9 * self.avg + 0.1 * h.mean(0)
+        return h
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_buffer_updated_from_itself_is_a_growing_graph_in_a_loop_of_two_passes(in_place: bool) -> None:
+    """A running mean kept in a buffer with autograd recording, in a loop of 2 passes: "healthy" (its graph spans one
+    pass at the only later start the loop reaches); from 3 passes on, "holds a graph that grows". The truth (no
+    helpers): after pass 2 the buffer's graph reaches pass 1's nodes; under no_grad it holds none."""
+    torch.manual_seed(0)
+    layer = _RunningMean(in_place)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    with watch() as w:
+        for _ in range(2):
+            optimizer.zero_grad()
+            layer(torch.randn(5, 3)).pow(2).mean().backward()
+            optimizer.step()
+    assert layer.avg.grad_fn is not None  # the truth: the buffer keeps a graph, pass 1's inside pass 2's
+    [item] = w.report.items
+    assert item.label == "`layer.avg` holds a graph that grows every iteration", str(w)
+    assert item.fix.endswith(" under `with torch.no_grad():`"), item.fix

@@ -13,6 +13,7 @@ Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.ite
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import itertools
 import linecache
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 from backward_twice.judge.built import built_line
 from backward_twice.judge.twins import twin_in_iteration_1
 from backward_twice.record.held import HeldGraph, item_of
+from backward_twice.record.in_place import in_place_statement
 from backward_twice.record.iterations import Split
 from backward_twice.record.learner import site_of
 from backward_twice.record.sources import function_around, parsed
@@ -59,11 +61,34 @@ class Note:
     entry: str = ""  # the key, in the items it keeps, of the newest graph (``'logits'`` of a model's outputs kept)
 
 
-def _updated_in_place(named: NamedGraph | None, grows: bool) -> bool:
+def _updated_in_place(named: NamedGraph | None, grows: bool, recorder: Recorder | None = None) -> bool:
     """Whether a module's own state holds a graph its update gave it: a parameter with a graph always (only an
-    in-place update gives one), a buffer when its graph grows (a buffer a forward hook assigns afresh each pass,
-    ``self.weight = self.weight_orig / sigma``, holds one pass's graph, as a name rebound each pass does)."""
-    return named is not None and (named.container == "parameter" or (named.container == "buffer" and grows))
+    in-place update gives one), a buffer when its graph grows, or when the line that built it updates it from
+    itself (``self.avg.mul_(0.9).add_(x)``, ``self.avg = 0.9 * self.avg + x``: it grows from the next pass on,
+    which a loop of 2 passes never reaches); a buffer a forward hook assigns afresh each pass (``self.weight =
+    self.weight_orig / sigma``) holds one pass's graph, as a name rebound each pass does."""
+    if named is None or named.container not in ("parameter", "buffer"):
+        return False
+    if named.container == "parameter" or grows:
+        return True
+    site = site_of(built_line(named, False, recorder)) if recorder is not None else None
+    return site is not None and _updates_itself(*site)
+
+
+def _updates_itself(filename: str, line: int) -> bool:
+    """Whether the statement at ``line`` changes a tensor in place or assigns a name from an expression reading it."""
+    if in_place_statement(filename, line) is not None:
+        return True
+    tree = parsed(filename)
+    assigned = (
+        next((n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno <= line <= (n.end_lineno or 0)), None)
+        if tree is not None
+        else None
+    )
+    if assigned is None:
+        return False
+    read = {ast.unparse(n) for n in ast.walk(assigned.value) if isinstance(n, (ast.Name, ast.Attribute))}
+    return any(ast.unparse(target) in read for target in assigned.targets)
 
 
 def notes(recorder: Recorder, split: Split) -> list[Note]:
@@ -103,7 +128,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         # carried graph's finding, not a name's growth: the span counts from iteration 1
         spans = built - int(late) - max(earliest, 1) + 1
         named = recorder.names.get(sequence)
-        if _below_a_submodule(holder) and spans < 2 and not _updated_in_place(named, False):
+        if _below_a_submodule(holder) and spans < 2 and not _updated_in_place(named, False, recorder):
             continue  # a loss module's self.loss: the model's own bookkeeping (a parameter with a graph never is); a
             # total two levels down that spans iterations (a trainer's self.logger.total += loss) is the loop's
         if at_the_stop and (spans < 2 or oldest >= held_in or walked.get(held_graph.earliest, 0) > earliest):
@@ -139,7 +164,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         if twin is not None and recorder.creation.line_of(twin) is not None:  # past the traced passes: iteration
             named = dataclasses.replace(named, sequence=twin)  # 1's node at the same place has its line logged
         line = built_line(named, built == 0, recorder)
-        parameter = _updated_in_place(named, grows)
+        parameter = _updated_in_place(named, grows, recorder)
         one = _one_element(named.shape)
         read_in = named.frame.filename if named.frame else None
         note = Note(
