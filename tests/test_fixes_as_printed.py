@@ -1269,36 +1269,44 @@ for step in range(5):
     opt.zero_grad()
     total_loss.backward()
     opt.step()
-    logged.append(total_loss.item())
+    READ
 """
 
+TOTAL_READS = {  # how the loop reads the total, and whether a float there would break the learner's own code
+    "item": ("logged.append(total_loss.item())", True),
+    "stacked": ("logged.append(total_loss)\ncurve = torch.stack(logged)", True),
+    "isnan": ("if total_loss.isnan():\n        break", True),
+    "f-string": ('logged.append(f"{total_loss:.3f}")', False),
+    "print": ("print(step, total_loss)", False),
+}
 
-def test_a_total_the_loop_reads_with_item_is_kept_a_tensor_without_its_graph(tmp_path: Path) -> None:
-    """``total_loss += loss; total_loss.backward()``, the total logged with ``total_loss.item()``: the fix "add a
-    number instead (`total_loss += loss.item()`) and call backward() on this iteration's loss", applied, made the
-    learner's own ``total_loss.item()`` raise AttributeError on a float. The truth (no helpers): the detached copy
-    and ``loss.backward()`` run, and train as that fix by hand."""
+
+@pytest.mark.parametrize("read", TOTAL_READS)
+def test_a_total_the_loop_reads_as_a_tensor_is_kept_one_without_its_graph(read: str, tmp_path: Path) -> None:
+    """``total_loss += loss; total_loss.backward()``, the total then read by the loop: the fix "add a number instead
+    (`total_loss += loss.item()`) and call backward() on this iteration's loss", applied, made the learner's own
+    ``total_loss.item()``, ``.isnan()`` or ``torch.stack(logged)`` raise on a float. The truth (no helpers): the
+    printed fix runs; a number is offered only where a float serves (an f-string, print)."""
+    code, needs_a_tensor = TOTAL_READS[read]
+    source = TOTAL_READ_AS_A_TENSOR.replace("READ", code.replace("\n", "\n    "))
     with pytest.raises(RuntimeError, match="second time"):
-        _run(TOTAL_READ_AS_A_TENSOR, tmp_path / "as_written.py")
+        _run(source, tmp_path / "as_written.py")
     path = tmp_path / "watched.py"
     path.write_text(
         "from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n"
-        + "\n".join(f"    {line}" for line in TOTAL_READ_AS_A_TENSOR.strip("\n").split("\n"))
+        + "\n".join(f"    {line}" for line in source.strip("\n").split("\n"))
         + "\nexcept RuntimeError:\n  pass\n"
     )
     [item] = runpy.run_path(str(path))["w"].report.items
-    printed = re.fullmatch(
-        r"add a copy without its graph instead \(`(.+)`\) and call backward\(\) on this iter.+", item.fix
-    )
+    kept = "a copy without its graph" if needs_a_tensor else "a number"
+    printed = re.fullmatch(rf"add {kept} instead \(`(.+)`\) and call backward\(\) on this iteration's loss", item.fix)
     assert printed is not None, item.fix
-    fixed = TOTAL_READ_AS_A_TENSOR.replace("total_loss += loss", printed.group(1)).replace(
-        "total_loss.backward()", "loss.backward()"
-    )
+    fixed = source.replace("total_loss += loss", printed.group(1)).replace("total_loss.backward()", "loss.backward()")
     ran = _run(fixed, tmp_path / "fixed.py")
-    assert len(ran["logged"]) == 5 and not ran["total_loss"].requires_grad
-    as_a_number = fixed.replace(".detach()", ".item()")
-    with pytest.raises(AttributeError, match="'float' object has no attribute 'item'"):
-        _run(as_a_number, tmp_path / "number.py")
+    assert ran["step"] == 4 and not getattr(ran["total_loss"], "requires_grad", False)
+    if needs_a_tensor:
+        with pytest.raises((AttributeError, TypeError), match="float"):
+            _run(fixed.replace(".detach()", ".item()"), tmp_path / "number.py")
 
 
 def test_a_stale_forward_written_over_two_lines_is_computed_again_from_its_statements_first(tmp_path: Path) -> None:

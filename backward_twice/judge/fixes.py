@@ -125,21 +125,34 @@ def total_fix(summed_name: str, added: str, backward: str, read_in: tuple[str, i
     )
 
 
-_TENSOR_ONLY = frozenset({"item", "detach", "cpu", "cuda", "to", "numpy", "tolist", "clone", "mean", "sum", "float"})
+_NUMBER_SAFE_CALLS = frozenset({"print", "str", "float", "int", "round", "format", "repr", "abs", "math.isfinite"})
 
 
 def _read_as_a_tensor(name: str, filename: str, line: int) -> bool:
-    """Whether the function around ``line`` calls a method only a tensor has on ``name`` (``total_loss.item()``):
-    with a float there, the learner's own line would raise."""
+    """Whether the function around ``line`` reads ``name`` where a float would not do: a method of it
+    (``total_loss.item()``, ``.isnan()``), or handed on (``logged.append(total_loss)``, later stacked). Reads a
+    number serves as well are not: in an f-string, ``print``, ``float``, arithmetic, a comparison, its own ``+=``
+    and its ``.backward()`` (which the fix replaces)."""
     tree = parsed(filename)
     scope = function_around(tree, line) if tree is not None else None
-    return scope is not None and any(
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in _TENSOR_ONLY
-        and ast.unparse(node.func.value) == name
-        for node in ast.walk(scope)
-    )
+    if scope is None:
+        return False
+    parents = {id(child): node for node in ast.walk(scope) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(scope):
+        if not isinstance(node, (ast.Name, ast.Attribute)) or ast.unparse(node) != name:
+            continue
+        if not isinstance(node.ctx, ast.Load):
+            continue
+        parent = parents.get(id(node))
+        if isinstance(parent, ast.Attribute):  # a method or attribute of it: a float has almost none
+            if parent.attr != "backward":
+                return True
+        elif isinstance(parent, ast.Call) and node in parent.args:
+            if ast.unparse(parent.func) not in _NUMBER_SAFE_CALLS:
+                return True
+        elif isinstance(parent, (ast.List, ast.Tuple, ast.Dict, ast.Return, ast.Subscript, ast.keyword)):
+            return True
+    return False
 
 
 class Walked(Protocol):
