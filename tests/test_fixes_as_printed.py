@@ -1320,3 +1320,68 @@ def test_a_stale_forward_written_over_two_lines_is_computed_again_from_its_state
     statements = ["out = model(x)", "feats = out.tanh()"]
     fixed = _run(source.replace("    # RECOMPUTED", "\n".join(f"    {code}" for code in statements)), tmp_path / "f.py")
     assert fixed["loss_smooth"].grad_fn is not None
+
+
+UPDATED_BY_A_HELPER = """
+import torch
+
+
+def sgd(params, lr=0.1):
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad
+            p.grad = None
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(3, 6), torch.nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.l2(torch.tanh(self.l1(x)))
+
+    @torch.no_grad()
+    def update(self, lr):
+        for p in self.parameters():
+            p.sub_(lr * p.grad)
+            p.grad = None
+
+
+torch.manual_seed(0)
+model = Net()
+params = list(model.parameters())
+for it in range(3):
+    x, y = torch.randn(10, 3), torch.randn(10, 2)
+    h = torch.tanh(model.l1(x))
+    out = model.l2(h)
+    ((out - y) ** 2).mean().backward(retain_graph=True)
+    UPDATE
+    # RECOMPUTED
+    loss2 = out.abs().mean()
+    loss2.backward()
+    UPDATE
+"""
+
+
+@pytest.mark.parametrize("update", ["sgd(model.parameters())", "model.update(0.1)", "sgd(params)"])
+def test_an_update_a_function_of_the_learners_makes_is_the_step_whose_forward_is_computed_again(
+    update: str, tmp_path: Path
+) -> None:
+    """The update under no_grad written in a helper (``sgd(params)``) or a module's method (``model.update(lr)``):
+    the generic "use the out-of-place form" (applied to the update: the weights never train), or, over a list of the
+    weights, "compute line N again" for ``out`` alone, ``h`` left on the old ``l1``. The truth (no helpers): ``h``
+    and ``out`` computed again after the update run and train as the same loop does with ``torch.optim.SGD``."""
+    source = UPDATED_BY_A_HELPER.replace("UPDATE", update)
+    *named, step = _computed_again_as_printed(source, tmp_path)
+    assert named == ["h = torch.tanh(model.l1(x))", "out = model.l2(h)"], named
+    assert step == update, step
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _run(source, tmp_path / "as_written.py")
+    recomputed = source.replace("    # RECOMPUTED", "\n".join(f"    {code}" for code in named))
+    fixed = _run(recomputed, tmp_path / "fixed.py")
+    by_optimizer = recomputed.replace(
+        "params = list", "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nparams = list"
+    )
+    with_sgd = _run(by_optimizer.replace(f"    {update}\n", "    opt.step()\n    opt.zero_grad()\n"), tmp_path / "s.py")
+    assert all(torch.allclose(a, b) for a, b in zip(fixed["model"].parameters(), with_sgd["model"].parameters()))

@@ -10,6 +10,7 @@ Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.record.rec
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import traceback
 import types
@@ -161,7 +162,8 @@ def explain(
         if record.changed_by_step is None and record.changed_at is None and record.stepped_between is None:
             passes = recorder.loop.iteration_passes()
             since = passes[-1].sequence if passes else -1
-            by_hand = hand_update(walked, recorder.creation.line_of, call.site, learners, since)
+            in_the_raising_code = functools.partial(recorder.creation.call_line_of, site=call.site)
+            by_hand = hand_update(walked, in_the_raising_code, call.site, learners, since)
             if by_hand is not None:
                 record.changed_by_step, record.stale_node = learner_line_at(*by_hand[0]), by_hand[1]
                 record.updated_by_hand = True

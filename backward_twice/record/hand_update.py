@@ -54,9 +54,15 @@ def hand_update(
         ),
         None,
     )
-    if update is None:
-        return None
-    changed = {id(leaf) for leaf in _leaves_of(nearest)} | _leaves_its_loop_names(scope, update, frame)
+    changed = {id(leaf) for leaf in _leaves_of(nearest)}
+    if update is not None:
+        changed |= _leaves_its_loop_names(scope, update, frame)
+    else:  # ``sgd(model.parameters())``, ``model.update(lr)``: a function of the learner's that updates them
+        called = _call_that_updates(scope, site[1], raised[1], frame)
+        if called is None:
+            return None
+        update, weights = called
+        changed |= weights
     oldest = nearest._sequence_nr()
     for node in walked:
         sequence = node._sequence_nr()
@@ -101,19 +107,87 @@ def _leaves_its_loop_names(scope: ast.AST, update: ast.stmt, frame: types.FrameT
     )  # the innermost
     if loop is None or frame is None:
         return set()
-    iterable = loop.iter
-    if isinstance(iterable, (ast.Tuple, ast.List)):
-        values = [_looked_up(element, frame) for element in iterable.elts]
-        return {id(value) for value in values if isinstance(value, torch.Tensor)}
-    if (
-        isinstance(iterable, ast.Call)
-        and isinstance(iterable.func, ast.Attribute)
-        and iterable.func.attr == "parameters"
-        and not iterable.args
-        and isinstance(module := _looked_up(iterable.func.value, frame), torch.nn.Module)
+    return _weights_in(loop.iter, frame)
+
+
+def _weights_in(expression: ast.expr, frame: types.FrameType) -> set[int]:
+    """Ids of the weights an expression names plainly: a tuple or list display of names (``(w1, w2)``), a name that
+    holds a list, tuple or dict of them or a module (``params``, ``weights.values()``), a module's
+    ``.parameters()``; read in ``frame`` without running the learner's code."""
+    if isinstance(expression, (ast.Tuple, ast.List)):
+        values: list[object] = [_looked_up(element, frame) for element in expression.elts]
+    elif isinstance(expression, ast.Call) and isinstance(expression.func, ast.Attribute) and not expression.args:
+        owner = _looked_up(expression.func.value, frame)
+        method = expression.func.attr
+        if isinstance(owner, torch.nn.Module) and method in ("parameters", "named_parameters"):
+            return {id(parameter) for parameter in owner.parameters()}
+        values = list(owner.values()) if isinstance(owner, dict) and method == "values" else []
+    else:
+        held = _looked_up(expression, frame)
+        if isinstance(held, torch.nn.Module):
+            return {id(parameter) for parameter in held.parameters()}
+        values = (
+            list(held.values()) if isinstance(held, dict) else list(held) if isinstance(held, (list, tuple)) else []
+        )
+    return {id(value) for value in values if isinstance(value, torch.Tensor)}
+
+
+def _call_that_updates(
+    scope: ast.AST, saved: int, raised: int, frame: types.FrameType | None
+) -> tuple[ast.stmt, set[int]] | None:
+    """The statement between lines ``saved`` and ``raised`` of ``scope`` that calls a function or method of the
+    learner's whose code changes tensors in place under ``torch.no_grad()`` (``sgd(model.parameters())``,
+    ``model.update(0.1)``), and the ids of the weights it is handed (its arguments, a module method's own)."""
+    if frame is None:
+        return None
+    for statement in sorted(
+        (n for n in ast.walk(scope) if isinstance(n, ast.Expr) and saved < n.lineno < raised),
+        key=lambda n: n.lineno,
     ):
-        return {id(parameter) for parameter in module.parameters()}
-    return set()
+        call = statement.value
+        if not isinstance(call, ast.Call) or not isinstance(call.func, (ast.Name, ast.Attribute)):
+            continue
+        function = _looked_up(call.func, frame) if isinstance(call.func, ast.Name) else None
+        owner = _looked_up(call.func.value, frame) if isinstance(call.func, ast.Attribute) else None
+        if isinstance(owner, torch.nn.Module):  # a module's own method: found on its class, not run
+            function = getattr(type(owner), call.func.attr, None) if isinstance(call.func, ast.Attribute) else None
+        for _ in range(8):  # ``@torch.no_grad()``'s wrapper, a few levels at most (a wrapper may name itself)
+            wrapped = getattr(function, "__wrapped__", None)
+            if not isinstance(wrapped, types.FunctionType):
+                break
+            function = wrapped
+        code = getattr(function, "__code__", None)
+        if not isinstance(code, types.CodeType) or not _updates_under_no_grad(code):
+            continue
+        weights = set().union(*(_weights_in(argument, frame) for argument in call.args))
+        if isinstance(owner, torch.nn.Module):
+            weights |= {id(parameter) for parameter in owner.parameters()}
+        return statement, weights
+    return None
+
+
+def _updates_under_no_grad(code: types.CodeType) -> bool:
+    """Whether the function of ``code`` changes a tensor in place (not a ``.grad``) under ``torch.no_grad()``: in a
+    ``with`` block, or throughout, decorated ``@torch.no_grad()``."""
+    tree = parsed(code.co_filename)
+    function = (
+        next(
+            (
+                node
+                for node in ast.walk(tree)
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and code.co_firstlineno in (node.lineno, *(d.lineno for d in node.decorator_list))
+            ),
+            None,
+        )
+        if tree is not None
+        else None
+    )
+    if function is None:
+        return False
+    decorated = any(ast.unparse(d).endswith("no_grad()") for d in function.decorator_list)
+    statements = (n for n in ast.walk(function) if isinstance(n, ast.stmt)) if decorated else _under_no_grad(function)
+    return any(in_place_statement(code.co_filename, s.lineno) is s and not _changes_a_grad(s) for s in statements)
 
 
 def _looked_up(expression: ast.expr, frame: types.FrameType) -> object:
