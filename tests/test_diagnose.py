@@ -1112,3 +1112,40 @@ def test_a_partial_of_a_trainers_method_is_read_and_put_back_as_the_method_is(to
     assert torch.equal(trainer.model.weight, weights)
     if tool is diagnose:
         assert any("running_loss" in item.label for item in result.report.items), str(result)
+
+
+class _Distribution(torch.Tensor):
+    """BigGAN-PyTorch's ``utils.Distribution``: attributes set after construction, and a ``to`` that reads them."""
+
+    def init_distribution(self, dist_type: str) -> None:
+        self.dist_type = dist_type
+
+    def to(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        new_obj = _Distribution(self)
+        new_obj.init_distribution(self.dist_type)
+        new_obj.data = super().to(*args, **kwargs)
+        return new_obj
+
+
+@pytest.mark.parametrize("tool", [diagnose, audit_retain_graph, find_carried_graph])
+def test_a_tensor_subclass_with_its_own_to_is_copied_without_running_it(tool: Callable[..., Any]) -> None:
+    """BigGAN's noise ``z_``, a ``Distribution`` refilled in place each step: every step tool raised the subclass's
+    AttributeError from copying it (its ``to`` reads ``dist_type``, which a detached copy lacks) before the step
+    ran. The truth (no helpers): the step runs as written, and its noise is refilled each run."""
+    torch.manual_seed(0)
+    noise = _Distribution(torch.randn(2, 3))
+    noise.init_distribution("normal")
+    layer = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+
+    def step() -> None:
+        noise.normal_()
+        optimizer.zero_grad()
+        layer(noise).sum().backward()
+        optimizer.step()
+
+    step()  # the truth: it runs
+    values, weights = noise.clone(), layer.weight.detach().clone()
+    result = tool(step)
+    assert "raised" not in str(result), str(result)
+    assert torch.equal(noise, values) and torch.equal(layer.weight, weights) and noise.dist_type == "normal"

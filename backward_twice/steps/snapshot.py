@@ -47,8 +47,10 @@ _ITEMS = 4096  # the items of one container walked: a dataset's list of samples 
 
 
 def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of ``tensor`` on the CPU, without its graph."""
-    return tensor.detach().to("cpu", copy=True)
+    """A plain copy of ``tensor`` on the CPU, without its graph: ``torch.Tensor``'s own methods, so a subclass's
+    ``to`` (BigGAN's ``Distribution``, which reads attributes a copy lacks) runs none of the learner's code."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.to(torch.Tensor.detach(tensor), "cpu", copy=True)
 
 
 def _to_cpu(value: Any) -> Any:
@@ -286,7 +288,7 @@ class CpuSnapshot:
                     tensor.requires_grad_(kept.requires_grad)
                 # changed in place: an optimizer's step bumps the version; p.data.add_() and batch norm's running
                 # statistics do not, so an unbumped tensor is compared
-                if tensor._version != kept.version or not torch.equal(tensor.detach().cpu(), kept.value):
+                if tensor._version != kept.version or not torch.equal(cpu_copy(tensor), kept.value):
                     tensor.copy_(kept.value)
                     _set_version(tensor, kept.version)
                 if tensor.is_leaf and tensor.requires_grad != kept.requires_grad:  # ``p.requires_grad = False``
