@@ -111,4 +111,8 @@ LOOPS = [
     "pymarl_qmix_hidden_states",
     "spinningup_ddpg_frozen_critic",
     "recurrent_ppo_rollout_storage",
+    "taming_vqgan_adaptive_weight",
+    "esrgan_relativistic",
+    "pix2pixhd_feature_matching",
+    "biggan_ortho_ema",
 ]
