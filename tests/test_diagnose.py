@@ -1149,3 +1149,32 @@ def test_a_tensor_subclass_with_its_own_to_is_copied_without_running_it(tool: Ca
     result = tool(step)
     assert "raised" not in str(result), str(result)
     assert torch.equal(noise, values) and torch.equal(layer.weight, weights) and noise.dist_type == "normal"
+
+
+class _CallableTrainer(_LoggingTrainer):
+    """A trainer whose ``__call__`` is its step (its parent's), the batch kept on it."""
+
+    def __init__(self, batch: torch.Tensor) -> None:
+        super().__init__()
+        self.batch = batch
+
+    def __call__(self) -> None:
+        self.train_step(self.batch)
+
+
+_GLOBAL_TRAINER = _CallableTrainer(torch.randn(4, 3))
+
+
+@pytest.mark.parametrize("handed", ["the object", "a lambda calling a global one"])
+def test_an_object_whose_call_is_the_step_is_read_and_put_back_as_its_method_is(handed: str) -> None:
+    """``bt.diagnose(stepper)``, an object whose ``__call__`` trains: "healthy", its running total unseen, and the
+    runs left ``running_loss`` a tensor with their graphs and ``steps`` at 3; through ``lambda: stepper()`` on a
+    global the note came but the object stayed changed (a callable global was not read as state). The truth (no
+    helpers): three plain calls leave ``running_loss`` with a graph."""
+    torch.manual_seed(0)
+    trainer = _CallableTrainer(torch.randn(4, 3)) if handed == "the object" else _GLOBAL_TRAINER
+    trainer.running_loss, trainer.steps = 0.0, 0
+    step = trainer if handed == "the object" else (lambda: _GLOBAL_TRAINER())
+    result = diagnose(step)
+    assert trainer.running_loss == 0.0 and trainer.steps == 0, vars(trainer)
+    assert any("running_loss" in item.label for item in result.report.items), str(result)

@@ -61,9 +61,14 @@ def _global_binding(namespace: dict[str, Any], name: str, value: Any) -> NameBin
     return NameBinding(lambda: namespace.get(name), functools.partial(namespace.__setitem__, name), value)
 
 
+def _code_or_kind(value: Any) -> bool:
+    """A function, method, class or module: not state the runs may change (an object with ``__call__`` may be)."""
+    return inspect.isroutine(value) or isinstance(value, (type, types.ModuleType, functools.partial))
+
+
 def name_bindings(step: Callable[[], Any]) -> list[NameBinding]:
-    """A :class:`NameBinding` for each name the step holds in its closure and each global it reads (not
-    functions)."""
+    """A :class:`NameBinding` for each name the step holds in its closure and each global it reads (not functions,
+    classes or modules)."""
     bindings: list[NameBinding] = []
     code = getattr(step, "__code__", None)
     for _, cell in zip(code.co_freevars if code is not None else (), getattr(step, "__closure__", None) or ()):
@@ -75,7 +80,7 @@ def name_bindings(step: Callable[[], Any]) -> list[NameBinding]:
     namespace = getattr(step, "__globals__", {})
     closure = set(code.co_freevars) if code is not None else set()
     for name, value in known_names(step).items():
-        if name not in closure and namespace.get(name) is value and not callable(value):
+        if name not in closure and namespace.get(name) is value and not _code_or_kind(value):
             bindings.append(_global_binding(namespace, name, value))
     return bindings
 

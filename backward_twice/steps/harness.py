@@ -143,14 +143,17 @@ def run_step(
 
 def _as_written(step: Callable[[], Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
     """The function a ``functools.partial`` (of a partial) calls, and the arguments it gives it, by the names of
-    that function's parameters: what the step's code reads (``self`` of a bound method, ``batch``); ``step`` itself
-    and nothing else for any other callable."""
+    that function's parameters: what the step's code reads (``self`` of a bound method, ``batch``); an object's
+    ``__call__`` bound to it; ``step`` itself and nothing else for any other callable."""
     given: dict[str, Any] = {}
     while isinstance(step, functools.partial):
         with contextlib.suppress(TypeError, ValueError):  # a builtin with no signature: its arguments stay unnamed
             bound = inspect.signature(step.func).bind_partial(*step.args, **step.keywords)
             given = {**bound.arguments, **given}
         step = step.func
+    call = inspect.getattr_static(type(step), "__call__", None) if not isinstance(step, torch.nn.Module) else None
+    if isinstance(call, types.FunctionType):  # an object of the learner's whose ``__call__`` is the step: that
+        return types.MethodType(call, step), given  # method, bound to it
     return step, given
 
 

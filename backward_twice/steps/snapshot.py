@@ -160,7 +160,7 @@ class CpuSnapshot:
         self._seen: set[int] = set()  # what was walked: an object graph may hold itself
         self._owners: list[tuple[Any, dict[str, Any]]] = []  # a class or module of the learner's, its plain attributes
         self._namespaces: list[tuple[dict[str, Any], set[str]]] = []  # globals the runs may add a name to
-        learners = learners_code(skipped_dirs())
+        learners = self._learners = learners_code(skipped_dirs())
         functions = _learners_functions(step, learners)
         classes: list[type] = [type(model) for model in models]
         if inspect.ismethod(step):  # a trainer's ``train_step``: what its ``self`` holds (self.global_step += 1)
@@ -254,9 +254,12 @@ class CpuSnapshot:
             named = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
         elif isinstance(value, tuple):
             named = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
-        elif hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)) and not callable(value):
+        elif hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)) and (
+            not callable(value) or _learners_class(type(value), self._learners)
+        ):
             # an object's attributes, put back as they were: a distribution's lazily computed .probs is a graph
-            # that the runs would otherwise leave behind
+            # that the runs would otherwise leave behind; a callable object of the learner's is a trainer (its
+            # ``__call__`` the step), not a function
             self._objects.append((value, dict(vars(value))))
             named = [(f"{name}.{k}", v) for k, v in vars(value).items()]
         else:
