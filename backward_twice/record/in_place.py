@@ -4,8 +4,8 @@ changed (reading it raises the same check) and the node of the learner's in-plac
 (``h += 1``, ``h.mul_(2)``, ``h[mask] = 0``: an in-place change of a tensor that needs a gradient adds a node), and
 :func:`out_of_place` writes that statement out of place, as the fix.
 
-Used by :mod:`backward_twice.judge.in_place_fix`, :mod:`backward_twice.record.evidence` and
-:mod:`backward_twice.record.hand_update`.
+Used by :mod:`backward_twice.judge.in_place_fix`, :mod:`backward_twice.judge.notes`,
+:mod:`backward_twice.record.evidence` and :mod:`backward_twice.record.hand_update`.
 """
 
 from __future__ import annotations

@@ -254,8 +254,10 @@ class CpuSnapshot:
             named = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
         elif isinstance(value, tuple):
             named = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
-        elif hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)) and (
-            not callable(value) or _learners_class(type(value), self._learners)
+        elif (
+            hasattr(value, "__dict__")
+            and not isinstance(value, (type, types.ModuleType))
+            and (not callable(value) or _learners_class(type(value), self._learners))
         ):
             # an object's attributes, put back as they were: a distribution's lazily computed .probs is a graph
             # that the runs would otherwise leave behind; a callable object of the learner's is a trainer (its
