@@ -1385,3 +1385,46 @@ def test_an_update_a_function_of_the_learners_makes_is_the_step_whose_forward_is
     )
     with_sgd = _run(by_optimizer.replace(f"    {update}\n", "    opt.step()\n    opt.zero_grad()\n"), tmp_path / "s.py")
     assert all(torch.allclose(a, b) for a, b in zip(fixed["model"].parameters(), with_sgd["model"].parameters()))
+
+
+UPDATED_WITH_MOMENTUM_BY_HAND = """
+import torch
+
+torch.manual_seed(0)
+l1, l2 = torch.nn.Linear(3, 6), torch.nn.Linear(6, 2)
+params = [*l1.parameters(), *l2.parameters()]
+buffers = [torch.zeros_like(p) for p in params]
+for it in range(3):
+    x, y = torch.randn(10, 3), torch.randn(10, 2)
+    h = torch.tanh(l1(x))
+    out = l2(h)
+    ((out - y) ** 2).mean().backward(retain_graph=True)
+    with torch.no_grad():
+        UPDATE
+    # RECOMPUTED
+    loss2 = out.abs().mean()
+    loss2.backward()
+    for p in params:
+        p.grad = None
+"""
+
+UPDATES_BY_HAND = {
+    "momentum": "for p, buf in zip(params, buffers):\n"
+    "            buf.mul_(0.9).add_(p.grad)\n"
+    "            p -= 0.1 * buf",
+    "foreach": "torch._foreach_add_(params, [p.grad for p in params], alpha=-0.1)",
+}
+
+
+@pytest.mark.parametrize("update", UPDATES_BY_HAND)
+def test_an_update_by_hand_over_zipped_buffers_or_foreach_is_the_step(update: str, tmp_path: Path) -> None:
+    """A momentum kept by hand (``for p, buf in zip(params, buffers)``) named ``out`` alone, ``h`` left on the old
+    ``l1``; ``torch._foreach_add_`` was not seen as an update at all (the generic in-place fix). The truth (no
+    helpers): ``h`` and ``out`` computed again after the update run."""
+    source = UPDATED_WITH_MOMENTUM_BY_HAND.replace("UPDATE", UPDATES_BY_HAND[update])
+    *named, _ = _computed_again_as_printed(source, tmp_path)
+    assert named == ["h = torch.tanh(l1(x))", "out = l2(h)"], named
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _run(source, tmp_path / "as_written.py")
+    recomputed = source.replace("    # RECOMPUTED", "\n".join(f"    {code}" for code in named))
+    assert _run(recomputed, tmp_path / "fixed.py")["loss2"].grad_fn is not None

@@ -55,7 +55,9 @@ def hand_update(
         None,
     )
     changed = {id(leaf) for leaf in _leaves_of(nearest)}
-    if update is not None:
+    if update is not None and frame is not None and _foreach(update):  # ``torch._foreach_add_(params, grads)``
+        changed |= _weights_in(update.value.args[0], frame)  # type: ignore[attr-defined]
+    elif update is not None:
         changed |= _leaves_its_loop_names(scope, update, frame)
     else:  # ``sgd(model.parameters())``, ``model.update(lr)``: a function of the learner's that updates them
         called = _call_that_updates(scope, site[1], raised[1], frame)
@@ -69,6 +71,17 @@ def hand_update(
         if since <= sequence < oldest and any(id(leaf) in changed for leaf in _leaves_of(node)):
             oldest = sequence
     return (raised[0], update.lineno), oldest
+
+
+def _foreach(statement: ast.stmt) -> bool:
+    """Whether ``statement`` is a fused update of a list of weights: ``torch._foreach_add_(params, ...)``."""
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr.startswith("_foreach_")
+        and bool(call.args)
+    )
 
 
 def _leaves_of(node: Node) -> list[torch.Tensor]:
@@ -116,6 +129,8 @@ def _weights_in(expression: ast.expr, frame: types.FrameType) -> set[int]:
     ``.parameters()``; read in ``frame`` without running the learner's code."""
     if isinstance(expression, (ast.Tuple, ast.List)):
         values: list[object] = [_looked_up(element, frame) for element in expression.elts]
+    elif isinstance(expression, ast.Call) and isinstance(expression.func, ast.Name) and expression.func.id == "zip":
+        return set().union(*(_weights_in(argument, frame) for argument in expression.args))  # weights and buffers
     elif isinstance(expression, ast.Call) and isinstance(expression.func, ast.Attribute) and not expression.args:
         owner = _looked_up(expression.func.value, frame)
         method = expression.func.attr

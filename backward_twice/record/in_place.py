@@ -152,7 +152,8 @@ def _changes(statement: ast.stmt) -> bool:
 
 
 def _in_place_method(name: str) -> bool:
-    return name.endswith("_") and not name.startswith("_")
+    """``mul_``, ``add_``, and ``torch._foreach_add_`` (a fused optimizer update over a list of weights)."""
+    return name.endswith("_") and (not name.startswith("_") or name.startswith("_foreach_"))
 
 
 def out_of_place(statement: ast.stmt) -> str | None:
@@ -168,6 +169,7 @@ def out_of_place(statement: ast.stmt) -> str | None:
         isinstance(call, ast.Call)
         and isinstance(call.func, ast.Attribute)
         and _in_place_method(call.func.attr)
+        and not call.func.attr.startswith("_foreach_")  # ``torch._foreach_add_(ws, gs)``: no tensor to assign
         and isinstance(call.func.value, (ast.Name, ast.Attribute))
     ):
         fresh = ast.Call(ast.Attribute(call.func.value, call.func.attr[:-1]), call.args, call.keywords)
