@@ -3487,3 +3487,35 @@ def test_a_buffer_updated_from_itself_is_a_growing_graph_in_a_loop_of_two_passes
     [item] = w.report.items
     assert item.label == "`layer.avg` holds a graph that grows every iteration", str(w)
     assert item.fix.endswith(" under `with torch.no_grad():`"), item.fix
+
+
+def _features_before_the_loop(inside: bool) -> None:
+    """A frozen encoder's features taken before the loop without ``no_grad`` (a forum's autoencoder), batches cut
+    from them by their length; ``inside``: the features taken again inside the loop."""
+    torch.manual_seed(0)
+    encoder, classifier = torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(classifier.parameters(), lr=0.1)
+    inputs, labels = torch.randn(20, 4), torch.randint(0, 2, (20,))
+    features = encoder(inputs)
+    for _ in range(2):
+        start = 0
+        while start < len(features):
+            end = min(start + 10, len(features))
+            batch = encoder(inputs)[start:end] if inside else features[start:end]
+            loss = torch.nn.functional.cross_entropy(classifier(batch), labels[start:end])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            start = end
+
+
+def test_a_length_read_is_not_where_a_graph_comes_in() -> None:
+    """``end = min(start + 10, len(features))`` was shown as where "the graph built before the loop comes in here":
+    ``len()`` gives a number. The line that slices the features is. The truth (no helpers): as written the second
+    batch raises; the features taken inside the loop, it runs."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        _features_before_the_loop(inside=False)
+    [item] = w.report.items
+    assert item.lines[0].code.startswith("batch = "), item.lines
+    assert item.lines[0].label == "the graph built before the loop comes in here", item.lines[0]
+    _features_before_the_loop(inside=True)

@@ -140,14 +140,9 @@ def computed_again(filename: str, stale: int, loss: str, step: int, backward: in
     if tree is None:
         return [stale]
     statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
-    stale = next(  # a line inside a statement of several lines (``value_model(...)`` of ``values = \``): its first
-        (
-            n.lineno
-            for n in ast.walk(tree)
-            if isinstance(n, ast.stmt) and n.lineno < stale <= (n.end_lineno or 0) and not hasattr(n, "body")
-        ),
-        stale,
-    )
+    # a line inside a statement of several lines (``value_model(...)`` of ``values = \``): that statement's first
+    simple = (n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not hasattr(n, "body"))
+    stale = next((n.lineno for n in simple if n.lineno < stale <= (n.end_lineno or 0)), stale)
     body = innermost_loop_body(filename, backward) if backward is not None and backward < step else None
     if body is not None and body[0] <= step <= body[1] and stale < body[0]:
         return _read_by_the_loop(statements, stale, body)
@@ -473,12 +468,15 @@ def _reads(tree: ast.Module) -> dict[str, list[int]]:
 
 # what reading them gives holds no graph: ``print(loss.item())`` brings none in
 _NO_GRAPH = frozenset({"item", "tolist", "numpy", "detach", "shape", "size", "dtype", "device", "ndim", "dim"})
+_NUMBER_OF = frozenset({"len", "isinstance", "type", "id"})  # ``len(features)``: a number, no graph
 
 
 def _no_graph_of(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
     """Whether ``node`` is read only for a number, a copy without its graph or its shape, at the end of a chain of
-    calls on it (``loss.item()``, ``h.norm().item()``, ``h.detach().cpu()``)."""
+    calls on it (``loss.item()``, ``h.norm().item()``, ``h.detach().cpu()``), or its length (``len(h)``)."""
     parent = parents.get(id(node))
+    if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in _NUMBER_OF:
+        return True
     while (isinstance(parent, ast.Attribute) and parent.value is node) or (
         isinstance(parent, ast.Call) and parent.func is node
     ):
