@@ -905,12 +905,17 @@ def test_a_forward_the_losss_own_step_left_stale_is_computed_again_as_printed(tm
     watched = f"try:\n  with watch() as w:\n{textwrap.indent(ADVGAN, '    ')}\nexcept RuntimeError:\n  pass\n"
     path.write_text(f"from backward_twice.watcher import watch\n{watched}")
     [item] = runpy.run_path(str(path))["w"].report.items
-    printed = re.fullmatch(r"compute lines (\d+) and (\d+) again after the step at line \d+", item.fix)
+    printed = re.fullmatch(
+        r"compute lines (\d+) and (\d+) again after the step at line \d+; remove retain_graph=True at line (\d+)",
+        item.fix,
+    )
     assert printed is not None, item.fix
     source = ADVGAN.split("\n")
-    again = [source[int(number) - 4].strip() for number in printed.groups()]  # 3 lines above the source
+    *again, retain = [source[int(number) - 4].strip() for number in printed.groups()]  # 3 lines above the source
     assert again == [line.strip() for line in source[10:12]], (again, item.fix)
+    assert retain == "loss_G.backward(retain_graph=True)", item.fix  # each G step's graph is then walked once
     fixed = ADVGAN.replace("        # END OF ITERATION", "\n".join(f"        {line}" for line in again))
+    fixed = fixed.replace("loss_G.backward(retain_graph=True)", "loss_G.backward()")
     by_hand = ADVGAN.replace(
         "        opt_G.zero_grad()", "        opt_G.zero_grad()\n" + "\n".join(f"        {line}" for line in again)
     )
@@ -1144,7 +1149,7 @@ def test_a_loss_written_after_the_step_gets_every_line_it_reads_through_computed
     assert named == ["out = model(x)", "feats = out.tanh()"], named
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         _run(LOSS_AFTER_THE_STEP, tmp_path / "as_written.py")
-    fixed = LOSS_AFTER_THE_STEP.replace("    # RECOMPUTED", "".join(f"    {code}\n" for code in named).rstrip("\n"))
+    fixed = _recomputed(LOSS_AFTER_THE_STEP, named)
     assert _run(fixed, tmp_path / "fixed.py")["loss_smooth"].grad_fn is not None
 
 
@@ -1181,23 +1186,35 @@ def test_a_stale_forward_through_two_modules_is_computed_again_from_the_first(tm
     assert named == ["h = enc(x)", "out = dec(h)"], named
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         _run(source, tmp_path / "as_written.py")
-    printed = _run(source.replace("    # RECOMPUTED", "\n".join(f"    {code}" for code in named)), tmp_path / "p.py")
+    printed = _run(_recomputed(source, named), tmp_path / "p.py")
     assert printed["loss_reg"].grad_fn is not None
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in printed["enc"].parameters())
 
 
+def _recomputed(source: str, lines: list[str]) -> str:
+    """``source`` with ``lines`` computed again where it marks ``# RECOMPUTED``, and its one retain removed."""
+    recomputed = source.replace("    # RECOMPUTED", "\n".join(f"    {code}" for code in lines))
+    return recomputed.replace("backward(retain_graph=True)", "backward()")
+
+
 def _computed_again_as_printed(source: str, tmp_path: Path) -> list[str]:
     """The lines of ``source`` that the watched loop's one item says to compute again after the step, and the step's
-    line last."""
+    line last; the item also says to remove the one retain, which only the stale forward's reuse needed (the
+    fixed sources run without it: :func:`_recomputed`)."""
     path = tmp_path / "watched.py"
     body = "\n".join(f"    {line}" for line in source.strip("\n").split("\n"))
     path.write_text(
         f"from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n{body}\nexcept RuntimeError:\n  pass\n"
     )
     [item] = runpy.run_path(str(path))["w"].report.items
-    again = re.fullmatch(r"compute lines ([\d, ]+) and (\d+) again after the step at line (\d+)", item.fix)
+    again = re.fullmatch(
+        r"compute lines ([\d, ]+) and (\d+) again after the step at line (\d+)"
+        r"; remove retain_graph=True at line (\d+)",
+        item.fix,
+    )
     assert again is not None, item.fix
     lines = source.strip("\n").split("\n")
+    assert "retain_graph=True" in lines[int(again.group(4)) - 4], item.fix  # the band-aid the reuse needed
     numbers = [*again.group(1).split(", "), again.group(2), again.group(3)]
     return [lines[int(n) - 4].strip() for n in numbers]  # 3 lines above the source in the watched file: the lines
     # to compute again, then the step's
@@ -1241,7 +1258,7 @@ def test_a_hand_written_update_between_two_backward_calls_is_the_step_whose_forw
     assert update == "p -= 0.1 * p.grad", update
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         _run(UPDATED_BY_HAND_BETWEEN, tmp_path / "as_written.py")
-    recomputed = UPDATED_BY_HAND_BETWEEN.replace("    # RECOMPUTED", "\n".join(f"    {c}" for c in named))
+    recomputed = _recomputed(UPDATED_BY_HAND_BETWEEN, named)
     fixed = _run(recomputed, tmp_path / "f.py")
     update = "    with torch.no_grad():\n        for p in (w1, w2):\n            p -= 0.1 * p.grad\n"
     by_optimizer = (
@@ -1318,7 +1335,7 @@ def test_a_stale_forward_written_over_two_lines_is_computed_again_from_its_state
     *named, _ = _computed_again_as_printed(source, tmp_path)
     assert named == ["out = \\", "feats = out.tanh()"], named
     statements = ["out = model(x)", "feats = out.tanh()"]
-    fixed = _run(source.replace("    # RECOMPUTED", "\n".join(f"    {code}" for code in statements)), tmp_path / "f.py")
+    fixed = _run(_recomputed(source, statements), tmp_path / "f.py")
     assert fixed["loss_smooth"].grad_fn is not None
 
 
@@ -1378,7 +1395,7 @@ def test_an_update_a_function_of_the_learners_makes_is_the_step_whose_forward_is
     assert step == update, step
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         _run(source, tmp_path / "as_written.py")
-    recomputed = source.replace("    # RECOMPUTED", "\n".join(f"    {code}" for code in named))
+    recomputed = _recomputed(source, named)
     fixed = _run(recomputed, tmp_path / "fixed.py")
     by_optimizer = recomputed.replace(
         "params = list", "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nparams = list"
@@ -1426,5 +1443,5 @@ def test_an_update_by_hand_over_zipped_buffers_or_foreach_is_the_step(update: st
     assert named == ["h = torch.tanh(l1(x))", "out = l2(h)"], named
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         _run(source, tmp_path / "as_written.py")
-    recomputed = source.replace("    # RECOMPUTED", "\n".join(f"    {code}" for code in named))
+    recomputed = _recomputed(source, named)
     assert _run(recomputed, tmp_path / "fixed.py")["loss2"].grad_fn is not None

@@ -270,13 +270,16 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
             carries = "carry their" if len(wholes) > 1 else "carries its"
             fix = f"remove retain_graph=True once {carrier} no longer {carries} graph"
             verdicts.append(LineVerdict(line, GOES_WITH_CARRIED, runs, needed, held, why, fix))
-        elif needed and tally.needer_here is not None and _needed_by_the_detached(recorder, tally.needer_here):
+        elif needed and tally.needer_here is not None and (
+            _needed_by_the_detached(recorder, tally.needer_here) or _needed_by_the_stale(recorder, tally.needer_here)
+        ):
             later = calls[tally.needer_here]
             name = recorder.error.stale_through if recorder.error is not None else None
+            once = f"that loss uses `{name}.detach()`" if name else "that forward is computed again after the step"
+            walk = f"its walk through `{name}` into a forward" if name else "its walk into a forward"
             why = (
-                f"only {short(later.line)} needs the buffers it kept, and its walk through `{name}` into a forward "
-                f"an optimizer step made stale is the error; once that loss uses `{name}.detach()`, no backward "
-                "needs them"
+                f"only {short(later.line)} needs the buffers it kept, and {walk} an optimizer step made stale is "
+                f"the error; once {once}, no backward needs them"
             )
             fix = "remove retain_graph=True with the error's fix"
             verdicts.append(LineVerdict(line, GOES_WITH_THE_ERRORS_FIX, runs, needed, held, why, fix))
@@ -320,6 +323,23 @@ def _needed_by_the_detached(recorder: Recorder, needer: int) -> bool:
         and error.stale_through is not None
         and error.stale_only_through
         and not error.after_the_loop
+    )
+
+
+def _needed_by_the_stale(recorder: Recorder, needer: int) -> bool:
+    """Whether the call ``needer`` raised an in-place error by walking a forward a step made stale, whose fix
+    computes that forward again after the step, and every node it walked whose buffers an earlier backward kept was
+    built since the stale forward's first node: computed again, it walks none of them."""
+    error, call = recorder.error, recorder.calls.record(needer)
+    return (
+        error is not None
+        and call is not None
+        and error.call == needer
+        and error.stale_node is not None
+        and error.stale_through is None
+        and not error.after_the_loop
+        and bool(call.walked_kept)
+        and min(call.walked_kept) >= error.stale_node
     )
 
 

@@ -101,8 +101,8 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
                         f"use `{name}.detach()` in the loss line {later}'s backward walks: the step at line "
                         f"{step_number} changed the weights `{name}` comes from, and this loss does not train them"
                     )
-                    if band_aid is not None:  # the forum's band-aid that turned "a second time" into this error
-                        fix += f"; remove retain_graph=True at line {line_number(split_line(band_aid.line)[0])}"
+                if band_aid is not None:  # the forum's band-aid that turned "a second time" into this error
+                    fix += f"; remove retain_graph=True at line {line_number(split_line(band_aid.line)[0])}"
         elif error.changed_line is not None:
             changed_place, changed_code = split_line(error.changed_line)
             lines.insert(0, CodeLine(changed_place, changed_code, (0, len(changed_code)), "changed it in place"))
