@@ -270,8 +270,13 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
             carries = "carry their" if len(wholes) > 1 else "carries its"
             fix = f"remove retain_graph=True once {carrier} no longer {carries} graph"
             verdicts.append(LineVerdict(line, GOES_WITH_CARRIED, runs, needed, held, why, fix))
-        elif needed and tally.needer_here is not None and (
-            _needed_by_the_detached(recorder, tally.needer_here) or _needed_by_the_stale(recorder, tally.needer_here)
+        elif (
+            needed
+            and tally.needer_here is not None
+            and (
+                _needed_by_the_detached(recorder, tally.needer_here)
+                or _needed_by_the_stale(recorder, tally.needer_here)
+            )
         ):
             later = calls[tally.needer_here]
             name = recorder.error.stale_through if recorder.error is not None else None
