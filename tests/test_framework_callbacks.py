@@ -404,10 +404,11 @@ def test_a_trainers_step_override_with_a_second_backward_is_fixed_in_the_loss_co
     truth (no helpers): bare Python raises at the first step; ``compute_loss`` returning ``loss + self.aux``, the
     hook's backward removed, runs."""
     pytest.importorskip("transformers")
-    python, watched = run(tmp_path, HF_STEP_OVERRIDE_AUX_BACKWARD)
-    assert python.returncode == watched.returncode == 1
-    assert "backward through the graph a second time" in python.stderr.splitlines()[-1], python.stderr[-400:]
-    said = watched.stderr[watched.stderr.index("backward-twice:") :]
+    summed = HF_STEP_OVERRIDE_AUX_BACKWARD.replace(
+        "        return (loss, outputs) if return_outputs else loss",
+        "        loss = loss + self.aux\n        return (loss, outputs) if return_outputs else loss",
+    ).replace("        self.aux.backward()\n", "")
+    said = _said_then_fixed_runs(tmp_path, HF_STEP_OVERRIDE_AUX_BACKWARD, summed)
     fix = re.search(
         r"fix: add `self.aux` to the loss `compute_loss` returns \(line (\d+)\) and remove the backward at line (\d+)",
         said,
@@ -416,10 +417,51 @@ def test_a_trainers_step_override_with_a_second_backward_is_fixed_in_the_loss_co
     lines = HF_STEP_OVERRIDE_AUX_BACKWARD.split("\n")
     assert lines[int(fix.group(1)) - 1].strip() == "return (loss, outputs) if return_outputs else loss", said
     assert lines[int(fix.group(2)) - 1].strip() == "self.aux.backward()", said
-    summed = HF_STEP_OVERRIDE_AUX_BACKWARD.replace(
-        "        return (loss, outputs) if return_outputs else loss",
-        "        loss = loss + self.aux\n        return (loss, outputs) if return_outputs else loss",
-    ).replace("        self.aux.backward()\n", "")
+
+
+def _said_then_fixed_runs(tmp_path: Path, script: str, fixed_script: str) -> str:
+    """What the tool said of ``script``, which raises "a second time" under python and the tool alike, once
+    ``fixed_script`` (its fix applied) is seen to run to its end under python."""
+    python, watched = run(tmp_path, script)
+    assert python.returncode == watched.returncode == 1
+    assert "backward through the graph a second time" in python.stderr.splitlines()[-1], python.stderr[-400:]
     (tmp_path / "fixed").mkdir()
-    fixed, _ = run(tmp_path / "fixed", summed)
+    fixed, _ = run(tmp_path / "fixed", fixed_script)
     assert fixed.returncode == 0 and "trained" in fixed.stdout, fixed.stderr[-400:]
+    return watched.stderr[watched.stderr.index("backward-twice:") :]
+
+
+HF_CALLBACK_AUX_BACKWARD = (
+    HF_STEP_OVERRIDE_AUX_BACKWARD.replace(
+        '        return {"loss": F.cross_entropy(self.head(feats), labels), "feats": feats}',
+        "        self.aux = feats.pow(2).mean()\n"
+        '        return {"loss": F.cross_entropy(self.head(feats), labels), "feats": feats}',
+    )
+    .replace(
+        "class AuxTrainer(Trainer):",
+        "class AuxBackward(TrainerCallback):\n"
+        "    def on_step_end(self, args, state, control, model=None, **kwargs):\n"
+        "        model.aux.backward()\n\n\n"
+        "class AuxTrainer(Trainer):",
+    )
+    .replace("args=args, train_dataset=data)", "args=args, train_dataset=data, callbacks=[AuxBackward()])")
+)
+
+
+def test_a_trainer_callbacks_second_backward_is_fixed_in_the_loss_the_model_returns(tmp_path: Path) -> None:
+    """A ``TrainerCallback.on_step_end`` backpropagating ``model.aux`` after the ``Trainer``'s own backward: "add
+    `self.aux` (`model.aux` here) to the loss your step returns", a step the learner never wrote, whose returned loss
+    is detached. The truth (no helpers): bare Python raises at the first step; the model's forward returning its
+    loss plus ``self.aux``, the callback's backward removed, runs."""
+    pytest.importorskip("transformers")
+    script = HF_CALLBACK_AUX_BACKWARD.replace(
+        "import Trainer, TrainingArguments", "import Trainer, TrainerCallback, TrainingArguments"
+    )
+    script = script.replace("    def training_step", "    def unused_step")  # the Trainer's own step runs
+    assert "on_step_end" in script and "unused_step" in script
+    summed = script.replace(
+        '"loss": F.cross_entropy(self.head(feats), labels),',
+        '"loss": F.cross_entropy(self.head(feats), labels) + self.aux,',
+    ).replace("        model.aux.backward()\n", "        pass\n")
+    said = _said_then_fixed_runs(tmp_path, script, summed)
+    assert "fix: add `self.aux` (`model.aux` here) to the loss your model's forward returns" in said, said

@@ -63,9 +63,15 @@ def second_backward_fix(
         raiser = site_of(raised_at)
         backward = f" and remove the backward at line {raiser[1]}" if raiser else ""
         returned = "the loss your step returns"
-        if re.search(r"\.training_step\(", freer_code):  # a Hugging Face ``Trainer``'s step: it returns the loss
-            computed = _compute_loss_return(raiser) if raiser else None  # detached; ``compute_loss``'s is walked
-            returned = "the loss `compute_loss` returns" + (f" (line {computed})" if computed else "")
+        computed = _compute_loss_return(raiser) if raiser else None
+        if re.search(r"\.training_step\(", freer_code) or _in_a_trainer_callback(raiser):  # Hugging Face's
+            # ``Trainer``: its step returns the loss detached; the one it walks is ``compute_loss``'s, by default
+            # the model's own
+            returned = (
+                f"the loss `compute_loss` returns (line {computed})"
+                if computed
+                else "the loss your model's forward returns"
+            )
         return (
             f"add {added} to {returned}{backward}, so the framework's one backward walks both: a "
             "backward of its own after the framework's finds the buffers they share freed"
@@ -246,6 +252,17 @@ def _losses_iterated(raised_at: str) -> str | None:
         ):
             return ast.unparse(node.iter)
     return None
+
+
+def _in_a_trainer_callback(raiser: tuple[str, int] | None) -> bool:
+    """Whether the raising line is in a class derived from a Hugging Face ``TrainerCallback``."""
+    tree = parsed(raiser[0]) if raiser is not None else None
+    return raiser is not None and any(
+        isinstance(node, ast.ClassDef)
+        and node.lineno <= raiser[1] <= (node.end_lineno or 0)
+        and any(ast.unparse(base).endswith("TrainerCallback") for base in node.bases)
+        for node in (ast.walk(tree) if tree is not None else ())
+    )
 
 
 def _compute_loss_return(raiser: tuple[str, int]) -> int | None:
