@@ -115,4 +115,8 @@ LOOPS = [
     "esrgan_relativistic",
     "pix2pixhd_feature_matching",
     "biggan_ortho_ema",
+    "timm_train_one_epoch_ema",
+    "torchvision_classification_ema",
+    "nanogpt_train_accumulation",
+    "hf_run_clm_no_trainer",
 ]
