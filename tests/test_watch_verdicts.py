@@ -3519,3 +3519,46 @@ def test_a_length_read_is_not_where_a_graph_comes_in() -> None:
     assert item.lines[0].code.startswith("batch = "), item.lines
     assert item.lines[0].label == "the graph built before the loop comes in here", item.lines[0]
     _features_before_the_loop(inside=True)
+
+
+class _CachedAttention(torch.nn.Module):
+    """A hand-written attention keeping its keys and values in caches written by slice (meta-llama's ``cache_k``,
+    ``cache_v``), never detached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wk, self.wv = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.cache_k, self.cache_v = torch.zeros(2, 3, 4), torch.zeros(2, 3, 4)
+
+    def forward(self, x: torch.Tensor, detach: tuple[str, ...]) -> torch.Tensor:
+        for name in detach:
+            setattr(self, name, getattr(self, name).detach())
+        self.cache_k[:, :3] = self.wk(x)
+        self.cache_v[:, :3] = self.wv(x)
+        scores = (x @ self.cache_k.transpose(1, 2)).softmax(-1)
+        return scores @ self.cache_v
+
+
+def _cached_attention(detach: tuple[str, ...]) -> None:
+    torch.manual_seed(0)
+    attention = _CachedAttention()
+    optimizer = torch.optim.SGD(attention.parameters(), lr=0.1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        attention(torch.randn(2, 3, 4), detach).pow(2).mean().backward()
+        optimizer.step()
+
+
+def test_a_second_cache_written_by_slice_is_said_to_raise_too() -> None:
+    """meta-llama/llama-cookbook#247: ``cache_k`` and ``cache_v`` both carried, the second item "one graph at a time
+    (it does not pile up)": its own node (a slice's write) saves nothing, so it was not seen among the freed. The
+    truth (no helpers): detaching either cache alone still raises; both, it runs."""
+    for alone in ("cache_k", "cache_v"):
+        with pytest.raises(RuntimeError, match="second time"):
+            _cached_attention((alone,))
+    _cached_attention(("cache_k", "cache_v"))
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        _cached_attention(())
+    first, second = w.report.items
+    assert {"cache_k", "cache_v"} == {item.label.split("`")[1].rsplit(".", 1)[1] for item in (first, second)}, str(w)
+    assert second.why.endswith("already freed: with only the item above fixed, it still raises"), str(w)

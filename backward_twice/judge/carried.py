@@ -123,7 +123,11 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for node in named:  # a later iteration's node at the same place is this one's twin (read after the loop
             for place in places(split, node.sequence, first):  # rebound the name that held it)
                 twins.setdefault(place, node)
-        freed = set(call.freed_seen) if recorder.error is not None and recorder.error.call == call.index else set()
+        error = recorder.error if recorder.error is not None and recorder.error.call == call.index else None
+        freed, freed_names = set(), set()  # what the raising call found freed, and the names it reached that by
+        if error is not None:
+            freed = set(call.freed_seen)
+            freed_names = {n.name for n in (error.reached_through, *(n for n, _ in error.freed_also_through)) if n}
         for node in named:
             built = split.iteration_of_node(node.sequence)
             traced = (
@@ -183,7 +187,8 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             before = befores.get(line, ()) if not built else ()
             for spelled in (name, *aliases):
                 seen = (spelled, line, built or None, call.line, container, node.shape, iteration, {iteration})
-                add(spelled, _Carried(*seen, node.frame, chained, before, node.sequence in freed))
+                was_freed = node.sequence in freed or node.name in freed_names
+                add(spelled, _Carried(*seen, node.frame, chained, before, was_freed))
         if not named:
             built = split.iteration_of_node(max(old))
             line = f"(no name the loop holds; built {when(built)})"
