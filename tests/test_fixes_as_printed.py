@@ -1445,3 +1445,50 @@ def test_an_update_by_hand_over_zipped_buffers_or_foreach_is_the_step(update: st
         _run(source, tmp_path / "as_written.py")
     recomputed = _recomputed(source, named)
     assert _run(recomputed, tmp_path / "fixed.py")["loss2"].grad_fn is not None
+
+
+DRAWN_BY_A_GENERATOR = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+frozen = False
+if frozen:
+    with torch.no_grad():
+        data = torch.nn.Conv1d(1, 4, 1)(torch.randn(32, 1, 16)).mean(-1)
+else:
+    data = torch.nn.Conv1d(1, 4, 1)(torch.randn(32, 1, 16)).mean(-1)  # made once, outside the loop, with its graph
+if frozen:
+    data = data.detach()
+
+
+def cycle():
+    while True:
+        perm = torch.randperm(data.shape[0])
+        for i in range(0, data.shape[0], 8):
+            yield data[perm[i : i + 8]]
+
+
+batches = cycle()
+for step in range(3):
+    batch = next(batches)
+    loss = model(batch).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    # END OF ITERATION
+"""
+
+
+def test_a_global_a_generator_draws_from_is_detached_where_the_loop_can_assign_it(tmp_path: Path) -> None:
+    """lucidrains/denoising-diffusion-pytorch#109: a conv applied to the data before the loop, a generator
+    ``cycle()`` yielding batches of the global ``data`` (a ``data = data.detach()`` that never ran beside it): "add
+    `data = data.detach()` before line 20", the generator's ``while True:``, where the assignment makes ``data`` its
+    local (UnboundLocalError as printed). The truth (no helpers): detached in the loop, it runs."""
+    with pytest.raises(RuntimeError, match="second time"):
+        _run(DRAWN_BY_A_GENERATOR, tmp_path / "as_written.py")
+    fix = _carried_fix(DRAWN_BY_A_GENERATOR, tmp_path / "drawn.py")
+    assert "before line" not in fix and "data = data.detach()" in fix, fix
+    fixed = DRAWN_BY_A_GENERATOR.replace("    # END OF ITERATION", "    data = data.detach()")
+    assert _run(fixed, tmp_path / "fixed.py")["step"] == 2

@@ -209,7 +209,9 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             e.used_at,
             e.reached_from,
             len(e.times),
-            before_inner_loop(fix, None if at_entry else entry, _live_link(recorder)),
+            before_inner_loop(
+                fix, None if at_entry or _a_global_there(recorder, entry, name) else entry, _live_link(recorder)
+            ),
             e.shape,
             e.container,
             None if entry is None else learner_line_at(*entry),
@@ -404,10 +406,27 @@ def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _C
         return False
     if link is None or entry[0] != link.loop.filename:  # a step's runs: not in a loop of the step's own (per node)
         return link is not None or not recorder.by_runs or innermost_loop_body(*entry) is None
+    if _a_global_there(recorder, entry, whole):
+        return False  # ``data`` a generator the loop draws from reads: assigned there, it would be its local
     code = link.code  # a parameter of the loop's function (``beta`` of ``train(..., beta)``) may come in as a number
     if whole in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
         return False
     return not any(loop.header > link.loop.header for loop in enclosing(code, entry[1]))
+
+
+def _a_global_there(recorder: Recorder, entry: tuple[str, int] | None, name: str | None) -> bool:
+    """Whether the plain ``name`` is, at line ``entry``, read by a function other than the loop's without being
+    assigned there (a global or a closure's variable): a detach written there would make it that function's local."""
+    link = _live_link(recorder)
+    if entry is None or name is None or not name.isidentifier() or link is None or entry[0] != link.loop.filename:
+        return False
+    code = link.code
+    tree = parsed(entry[0])
+    function = function_around(tree, entry[1]) if tree is not None else None
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or function.lineno == code.co_firstlineno:
+        return False
+    assigned = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return name not in assigned | {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
 
 
 def _list_use(recorder: Recorder, carried: _Carried) -> str | None:
