@@ -1492,3 +1492,50 @@ def test_a_global_a_generator_draws_from_is_detached_where_the_loop_can_assign_i
     assert "before line" not in fix and "data = data.detach()" in fix, fix
     fixed = DRAWN_BY_A_GENERATOR.replace("    # END OF ITERATION", "    data = data.detach()")
     assert _run(fixed, tmp_path / "fixed.py")["step"] == 2
+
+
+ENCODED_ONCE_ON_A_DATASET = """
+import torch
+
+
+class Dataset:
+    def __init__(self, inputs, labels, encoder):
+        self.inputs, self.labels, self.encoder = inputs, labels, encoder
+
+    def materialize(self):
+        self.features = self.encoder(self.inputs)  # encoded once, with its graph
+        return self
+
+
+def loader(ds, batch_size):
+    for i in range(0, len(ds.labels), batch_size):
+        yield ds.features[i : i + batch_size], ds.labels[i : i + batch_size]
+
+
+torch.manual_seed(0)
+dataset = Dataset(torch.randn(48, 6), torch.randint(0, 2, (48,)), torch.nn.Linear(6, 8)).materialize()
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+for step, (x, y) in enumerate(loader(dataset, 16)):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_an_attribute_of_an_object_the_loop_draws_from_is_detached_after_it_is_built(tmp_path: Path) -> None:
+    """pyg-team/pytorch-frame#229: texts encoded once onto the dataset, the loop drawing batches from
+    ``loader(dataset, 16)``: "build `dataset` inside the loop", which the loop never reads (its ``for`` holds the
+    old one: as printed, the second batch still raises). The truth (no helpers): detached after the line that built
+    it, the loop runs."""
+    with pytest.raises(RuntimeError, match="second time"):
+        _run(ENCODED_ONCE_ON_A_DATASET, tmp_path / "as_written.py")
+    fix = _carried_fix(ENCODED_ONCE_ON_A_DATASET, tmp_path / "encoded.py")
+    printed = re.fullmatch(r"add `(.+)` after line (\d+), if it needs no gradient", fix)
+    assert printed is not None, fix
+    lines = ENCODED_ONCE_ON_A_DATASET.strip("\n").split("\n")
+    built = int(printed.group(2)) - 4  # 3 lines above the source in the watched file
+    assert lines[built].startswith("dataset = Dataset("), lines[built]
+    fixed = "\n".join([*lines[: built + 1], printed.group(1), *lines[built + 1 :]])
+    assert _run(fixed, tmp_path / "fixed.py")["step"] == 2

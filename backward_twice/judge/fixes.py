@@ -252,6 +252,11 @@ def carried_fix(
         return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"
     owner = re.match(r"^(\w+)\.\w+$", name)
     if before_loop and owner and _builds_an_owner(owner.group(1), built_at):
+        built, used = site_of(built_at), site_of(walked.used_at) if walked is not None else None
+        if built is not None and used is not None and _iterated_by_the_loop(owner.group(1), *used):
+            # ``for x, y in loader(dataset)``: the loop draws from the object made once; made again inside, it
+            # would not be the one the loop reads
+            return f"add `{name} = {name}.detach()` after line {built[1]}, if it needs no gradient"
         return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"
     with_lines = _with_the_lines(walked.lines_before if walked is not None else (), built_at)
     if before_loop and walked is not None and re.search(rf"(?<![\w.]){re.escape(name)}\s*\.backward\(", walked.used_at):
@@ -407,6 +412,17 @@ def _differentiated(name: str, built_at: str) -> bool:
         rf"\bgrad\(\s*[^,()]+,\s*[(\[]?\s*{spelled}\b|\binputs\s*=\s*[(\[]?\s*{spelled}\b|(?<![\w.]){spelled}\.grad\b"
     )
     return any(asked.search(text) for text in lines_of_file(built_at))
+
+
+def _iterated_by_the_loop(owner: str, filename: str, line: int) -> bool:
+    """Whether a ``for`` around ``line`` of ``filename`` takes its items from an expression that reads ``owner``."""
+    tree = parsed(filename)
+    loops = (n for n in ast.walk(tree) if isinstance(n, ast.For)) if tree is not None else iter(())
+    return any(
+        node.lineno <= line <= (node.end_lineno or 0)
+        and any(isinstance(n, ast.Name) and n.id == owner for n in ast.walk(node.iter))
+        for node in loops
+    )
 
 
 def _builds_an_owner(owner: str, built_at: str) -> bool:
