@@ -19,6 +19,7 @@ import torch
 from torch.autograd.graph import Node
 
 from backward_twice.record.in_place import in_place_statement, saved_changed
+from backward_twice.record.passes import plain_value
 from backward_twice.record.sources import function_around, parsed
 
 __all__ = ["hand_update"]
@@ -206,19 +207,13 @@ def _updates_under_no_grad(code: types.CodeType) -> bool:
 
 
 def _looked_up(expression: ast.expr, frame: types.FrameType) -> object:
-    """The value of a name or a chain of attributes (``self.net``) in ``frame``, read from the objects' own
-    dictionaries (a module's parameters and submodules too), so nothing the learner wrote runs; None otherwise."""
-    if isinstance(expression, ast.Name):
-        if expression.id in frame.f_locals:
-            return frame.f_locals[expression.id]
-        return frame.f_globals.get(expression.id)
-    if isinstance(expression, ast.Attribute):
+    """:func:`.plain_value`, and where that finds nothing, a module's parameter, buffer or submodule (``model.l1``),
+    kept in its dictionaries rather than its ``__dict__``: nothing the learner wrote runs."""
+    value = plain_value(frame, expression)
+    if value is None and isinstance(expression, ast.Attribute):
         owner = _looked_up(expression.value, frame)
-        own = getattr(owner, "__dict__", None)
-        if isinstance(own, dict) and expression.attr in own:
-            return own[expression.attr]
         if isinstance(owner, torch.nn.Module):
             for kept in (owner._modules, owner._parameters, owner._buffers):
                 if expression.attr in kept:
                     return kept[expression.attr]
-    return None
+    return value

@@ -22,8 +22,9 @@ counts its passes by one (``for i in range(n)``, ``enumerate``), those its count
 Nothing here reads a tensor; an optimizer's ``step`` is told from a scheduler's by reading the receiver's value (a
 name or a plain attribute, never a property).
 
-Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.record.folds`, :mod:`backward_twice.record.held`,
-:mod:`backward_twice.record.pass_stops`, :mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.stops`.
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.record.folds`,
+:mod:`backward_twice.record.hand_update`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.pass_stops`,
+:mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.stops`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from backward_twice.record.bound import bound_tokens, same_tokens, skipped_passe
 from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop, enclosing, step_calls
 
-__all__ = ["IterationLoop", "Link", "PassStart", "inside_a_step", "is_optimizer"]
+__all__ = ["IterationLoop", "Link", "PassStart", "inside_a_step", "is_optimizer", "plain_value"]
 
 _COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
 _OPTIMIZERS = os.path.join(os.path.dirname(torch.optim.__file__), "")  # torch/optim/: every step() runs through it
@@ -404,7 +405,7 @@ class IterationLoop:
                         continue
                     if id(frame) == outer.frame and not outer.loop.holds(call.line):
                         continue
-                    if call.method != "step" or self.is_optimizer(_value(frame, call.receiver)):
+                    if call.method != "step" or self.is_optimizer(plain_value(frame, call.receiver)):
                         return True
             if id(frame) == outer.frame:
                 return False
@@ -453,7 +454,7 @@ class IterationLoop:
             self._markers.pop(key, None)
 
 
-def _value(frame: types.FrameType, expression: ast.expr | None) -> Any:
+def plain_value(frame: types.FrameType, expression: ast.expr | None) -> Any:
     """What a name or a chain of plain attributes (``self.opt_g``) holds in ``frame``, without calling anything."""
     if isinstance(expression, ast.Name):
         names = frame.f_locals
@@ -461,7 +462,7 @@ def _value(frame: types.FrameType, expression: ast.expr | None) -> Any:
             return names[expression.id]
         return frame.f_globals.get(expression.id)
     if isinstance(expression, ast.Attribute):
-        owner = _value(frame, expression.value)
+        owner = plain_value(frame, expression.value)
         attributes = getattr(owner, "__dict__", None)
         return attributes.get(expression.attr) if isinstance(attributes, dict) else None
     return None
