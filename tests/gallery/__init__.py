@@ -119,4 +119,8 @@ LOOPS = [
     "torchvision_classification_ema",
     "nanogpt_train_accumulation",
     "hf_run_clm_no_trainer",
+    "stylegan2_r1_after_step",
+    "sam_two_step",
+    "vat_lds",
+    "began_k_balance",
 ]
