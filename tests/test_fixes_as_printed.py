@@ -1208,7 +1208,7 @@ def _computed_again_as_printed(source: str, tmp_path: Path) -> list[str]:
     )
     [item] = runpy.run_path(str(path))["w"].report.items
     again = re.fullmatch(
-        r"compute lines ([\d, ]+) and (\d+) again after the step at line (\d+)"
+        r"compute lines ([\d, ]+) and (\d+) again after (?:the step at )?line (\d+)"
         r"; remove retain_graph=True at line (\d+)",
         item.fix,
     )
@@ -1216,8 +1216,9 @@ def _computed_again_as_printed(source: str, tmp_path: Path) -> list[str]:
     lines = source.strip("\n").split("\n")
     assert "retain_graph=True" in lines[int(again.group(4)) - 4], item.fix  # the band-aid the reuse needed
     numbers = [*again.group(1).split(", "), again.group(2), again.group(3)]
+    assert lines[int(again.group(3)) - 3].strip() == "# RECOMPUTED", item.fix  # where they go: after the update ends
     return [lines[int(n) - 4].strip() for n in numbers]  # 3 lines above the source in the watched file: the lines
-    # to compute again, then the step's
+    # to compute again, then the line they go after
 
 
 UPDATED_BY_HAND_BETWEEN = """
@@ -1252,10 +1253,11 @@ def test_a_hand_written_update_between_two_backward_calls_is_the_step_whose_forw
     """``p -= lr * p.grad`` under no_grad between the two backward calls: "a tensor the graph saved was changed in
     place (x += ..., relu_(), optimizer.step()) ...: use the out-of-place form", which, applied to the update
     (``p = p - lr * p.grad``), leaves the weights untrained. The truth (no helpers): the forward computed again
-    after the update runs, and trains as the same loop with ``torch.optim.SGD``."""
+    after the update's ``with`` block runs (inside it, the forward has no graph), and trains as the same loop with
+    ``torch.optim.SGD``."""
     *named, update = _computed_again_as_printed(UPDATED_BY_HAND_BETWEEN, tmp_path)
     assert named == ["h = torch.tanh(x @ w1)", "out = h @ w2", "loss2 = out.abs().mean()"], named
-    assert update == "p -= 0.1 * p.grad", update
+    assert update == "p.grad.zero_()", update  # the end of the ``with torch.no_grad():`` that updates
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         _run(UPDATED_BY_HAND_BETWEEN, tmp_path / "as_written.py")
     recomputed = _recomputed(UPDATED_BY_HAND_BETWEEN, named)

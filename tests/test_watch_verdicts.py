@@ -3562,3 +3562,101 @@ def test_a_second_cache_written_by_slice_is_said_to_raise_too() -> None:
     first, second = w.report.items
     assert {"cache_k", "cache_v"} == {item.label.split("`")[1].rsplit(".", 1)[1] for item in (first, second)}, str(w)
     assert second.why.endswith("already freed: with only the item above fixed, it still raises"), str(w)
+
+
+class _Agent:
+    """toshikwa/soft-actor-critic.pytorch's SacAgent.learn(), shrunk (its issue #1): the policy loss is computed before
+    the critic's step, and walked after it; ``alpha`` is ``log_alpha.exp()``, a graph made in ``__init__``."""
+
+    def __init__(self) -> None:
+        self.policy = torch.nn.Linear(3, 2)
+        self.critic = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        self.policy_optim = torch.optim.Adam(self.policy.parameters(), lr=1e-2)
+        self.q_optim = torch.optim.Adam(self.critic.parameters(), lr=1e-2)
+        self.log_alpha = torch.zeros(1, requires_grad=True)
+        self.alpha_optim = torch.optim.Adam([self.log_alpha], lr=1e-2)
+        self.alpha = self.log_alpha.exp()
+
+    def policy_loss(self, states: torch.Tensor) -> torch.Tensor:
+        actions = torch.tanh(self.policy(states))
+        return (-self.critic(torch.cat([states, actions], 1)) - self.alpha * actions.sum(1, keepdim=True)).mean()
+
+    def learn(self, states: torch.Tensor, late: bool, detach_alpha: bool) -> None:
+        if detach_alpha:
+            self.alpha = self.alpha.detach()
+        q_loss = (self.critic(torch.cat([states, torch.rand(len(states), 2)], 1)) - 1).pow(2).mean()
+        policy_loss = self.policy_loss(states) if not late else None
+        _update(self.q_optim, q_loss)
+        _update(self.policy_optim, self.policy_loss(states) if policy_loss is None else policy_loss)
+        _update(self.alpha_optim, -(self.log_alpha * 0.5).mean())
+        self.alpha = self.log_alpha.exp()
+
+
+def _update(optim: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    optim.zero_grad()
+    loss.backward()
+    optim.step()
+
+
+def _sac(late: bool = False, detach_alpha: bool = False) -> None:
+    torch.manual_seed(0)
+    agent = _Agent()
+    for states in torch.randn(3, 8, 3):
+        agent.learn(states, late, detach_alpha)
+
+
+def test_a_policy_loss_computed_before_the_critics_step_is_the_cause_not_a_graph_carried_beside_it() -> None:
+    """It was "`agent.alpha` carries the graph built before the loop ... build `agent` inside the loop" (a new agent
+    each pass: training from scratch), the stale policy loss unsaid. The truth: computed after the critic's step, the
+    loop runs; ``alpha`` detached alone, it still raises."""
+    with pytest.raises(RuntimeError, match="inplace"):
+        _sac()
+    with pytest.raises(RuntimeError, match="inplace"):
+        _sac(detach_alpha=True)
+    _sac(late=True)
+    with pytest.raises(RuntimeError, match="inplace"), watch() as w:
+        _sac()
+    first, *others = w.report.items
+    source, start = inspect.getsourcelines(_Agent.learn)
+    stale = next(start + i for i, code in enumerate(source) if code.strip().startswith("policy_loss = "))
+    step_source, step_start = inspect.getsourcelines(_update)
+    step = next(step_start + i for i, code in enumerate(step_source) if code.strip() == "optim.step()")
+    assert first.label == f"this backward goes through line {stale}, computed before the step at line {step}", first
+    q_update = next(start + i for i, code in enumerate(source) if code.strip().startswith("_update(self.q_optim"))
+    assert first.fix == f"compute line {stale} again after line {q_update}", first.fix
+    assert all("build `agent`" not in item.fix for item in others), [item.fix for item in others]
+
+
+def _hand_update_then_reuse(again: bool) -> torch.nn.Module:
+    """A hand-written update (a loop over the weights under ``no_grad``), then a smoothness loss on the prediction
+    made before it; ``again``: the prediction computed again once the ``with`` block ends."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    xs, ys = torch.randn(3, 6, 3), torch.randn(3, 6, 2)
+    for x, y in zip(xs, ys):
+        yhat = net(x)
+        (yhat - y).pow(2).mean().backward(retain_graph=not again)
+        with torch.no_grad():
+            for w in net.parameters():
+                w -= 0.1 * w.grad
+                w.grad = None
+        if again:
+            yhat = net(x)
+        yhat.diff(dim=0).pow(2).mean().backward()
+    return net
+
+
+def test_a_forward_reused_after_a_hand_update_in_a_with_block_goes_again_after_the_block() -> None:
+    """It said "compute line N again after the step at line M", M the update inside the ``for`` inside ``with
+    torch.no_grad():``: put there, the forward runs under no_grad ("does not require grad"). The truth: computed again
+    after the ``with`` block, the loop runs."""
+    with pytest.raises(RuntimeError, match="inplace"):
+        _hand_update_then_reuse(again=False)
+    _hand_update_then_reuse(again=True)
+    with pytest.raises(RuntimeError, match="inplace"), watch() as w:
+        _hand_update_then_reuse(again=False)
+    [item] = w.report.items
+    source, start = inspect.getsourcelines(_hand_update_then_reuse)
+    forward = next(start + i for i, code in enumerate(source) if code.strip() == "yhat = net(x)")
+    block_end = next(start + i for i, code in enumerate(source) if code.strip() == "w.grad = None")
+    assert item.fix.startswith(f"compute line {forward} again after line {block_end}"), item.fix

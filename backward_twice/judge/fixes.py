@@ -253,9 +253,12 @@ def carried_fix(
     owner = re.match(r"^(\w+)\.\w+$", name)
     if before_loop and owner and _builds_an_owner(owner.group(1), built_at):
         built, used = site_of(built_at), site_of(walked.used_at) if walked is not None else None
-        if built is not None and used is not None and _iterated_by_the_loop(owner.group(1), *used):
+        if (built is not None and used is not None and _iterated_by_the_loop(owner.group(1), *used)) or (
+            built is not None and _builds_a_trainer(built_at)
+        ):
             # ``for x, y in loader(dataset)``: the loop draws from the object made once; made again inside, it
-            # would not be the one the loop reads
+            # would not be the one the loop reads; an agent that holds models and optimizers, made again, would
+            # start training afresh each pass
             return f"add `{name} = {name}.detach()` after line {built[1]}, if it needs no gradient"
         return f"build `{owner.group(1)}` inside the loop (or from detached tensors, if it needs no gradient)"
     with_lines = _with_the_lines(walked.lines_before if walked is not None else (), built_at)
@@ -431,6 +434,22 @@ def _builds_an_owner(owner: str, built_at: str) -> bool:
     makes an attribute, not the object."""
     assigns = re.match(rf"{re.escape(owner)}\s*=[^=]", built_at.split(": ", 1)[-1])
     return assigns is not None and not _builds_a_module(built_at)
+
+
+def _builds_a_trainer(built_at: str) -> bool:
+    """Whether the line ``built_at`` ("file:line: code") makes an object of a class of that file that builds an
+    optimizer or reads weights (``agent = SacAgent()``, whose ``__init__`` makes ``Adam(self.policy.parameters())``)."""
+    site, code = site_of(built_at), built_at.split(": ", 1)[-1]
+    call = re.match(r"[\w.]+\s*=\s*([\w.]+)\(", code)
+    tree = parsed(site[0]) if call is not None and site is not None else None
+    name = call.group(1).rsplit(".", 1)[-1] if call is not None else ""
+    return any(
+        isinstance(node, ast.ClassDef) and node.name == name and _TRAINS.search(ast.unparse(node))
+        for node in (ast.walk(tree) if tree is not None else ())
+    )
+
+
+_TRAINS = re.compile(r"\boptim\.|\.parameters\(\)|\b(Adam|AdamW|SGD|RMSprop)\(")
 
 
 def _builds_a_module(built_at: str) -> bool:

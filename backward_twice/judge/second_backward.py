@@ -18,7 +18,7 @@ from backward_twice.judge.uses import assigned_in_the_loss, read_in_the_loss, su
 from backward_twice.record.learner import lines_of_file, site_of
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["keep_one_update", "second_backward_fix"]
+__all__ = ["keep_one_update", "second_backward_fix", "where_the_step_ends"]
 
 _D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
 _G_OUTPUT = re.compile(r"(?i)^(?:self\.)?(?:fake\w*|gen(?:erated)?_\w+|\w*_fake)$")  # a generator's output, by name
@@ -280,3 +280,66 @@ def _class_around(site: tuple[str, int]) -> ast.ClassDef | None:
         if isinstance(node, ast.ClassDef) and node.lineno <= site[1] <= (node.end_lineno or 0)
     ]
     return max(classes, key=lambda node: node.lineno, default=None)
+
+
+def where_the_step_ends(
+    stale: tuple[str, int], step: tuple[str, int], callers: tuple[tuple[str, int], ...]
+) -> int | None:
+    """The last line of the statement, beside the one that computed ``stale`` in its function, that runs the step at
+    ``step``: the ``with torch.no_grad():`` around a hand update's loop, or the last call before the raising one of
+    the function that steps (``update_params(self.q2_optim, ...)``, its ``optim.step()`` in ``update_params``; the
+    raising call among ``callers``, the raising backward's frames, innermost first). None where that is the step's
+    own line, or nothing there runs it."""
+    tree = parsed(stale[0])
+    if tree is None:
+        return None
+    function = function_around(tree, stale[1])
+    stepper = parsed(step[0])
+    stepping = function_around(stepper, step[1]) if stepper is not None else None
+    own = step[0] == stale[0] and function_around(tree, step[1]) is function
+    name = getattr(stepping, "name", None)
+    raising = next(
+        (line for file, line in callers if file == stale[0] and function_around(tree, line) is function), None
+    )
+    for block in _blocks_around(function, stale[1]):
+        after = [s for s in block if s.lineno > stale[1]]
+        if own:
+            holding = next((s for s in after if s.lineno <= step[1] <= (s.end_lineno or s.lineno)), None)
+            if holding is not None:
+                end = holding.end_lineno or holding.lineno
+                return None if end == step[1] else end
+        elif name is not None and raising is not None:
+            before = [s for s in after if (s.end_lineno or s.lineno) < raising]
+            calling = [s for s in before if any(_calls(node, name) for node in ast.walk(s))]
+            if calling:
+                return calling[-1].end_lineno or calling[-1].lineno
+    return None
+
+
+def _blocks_around(function: ast.AST, line: int) -> list[list[ast.stmt]]:
+    """The statement lists of ``function`` that hold ``line``, innermost first."""
+    blocks: list[list[ast.stmt]] = []
+    body: list[ast.stmt] | None = getattr(function, "body", None)
+    while body:
+        blocks.append(body)
+        holding = next((s for s in body if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+        inner = [
+            b
+            for field in ("body", "orelse", "finalbody", "handlers")
+            for b in [getattr(holding, field, None)]
+            if isinstance(b, list) and b and any(s.lineno <= line <= (s.end_lineno or s.lineno) for s in b)
+        ]
+        if holding is None or isinstance(holding, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or not inner:
+            break
+        body = inner[0]
+    return blocks[::-1]
+
+
+def _calls(node: ast.AST, name: str) -> bool:
+    """Whether ``node`` calls a function named ``name`` (``update_params(...)``, ``self.update(...)``)."""
+    if not isinstance(node, ast.Call):
+        return False
+    called = node.func
+    return (isinstance(called, ast.Name) and called.id == name) or (
+        isinstance(called, ast.Attribute) and called.attr == name
+    )

@@ -32,7 +32,7 @@ from backward_twice.judge.fixes import ERROR_FIXES
 from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
 from backward_twice.judge.returned import loss_returned_at
-from backward_twice.judge.second_backward import second_backward_fix
+from backward_twice.judge.second_backward import second_backward_fix, where_the_step_ends
 from backward_twice.judge.states import whole_name
 from backward_twice.judge.twins import twin_in_iteration_1
 from backward_twice.judge.uses import graph_cut
@@ -95,6 +95,8 @@ class ErrorVerdict:
     stale_through: str | None = None  # the name to detach in the later loss, instead of computing it again
     cut: tuple[str, str] | None = None  # no graph: the learner's line whose operation cut it, and that operation
     returned_at: str | None = None  # a framework's backward: the learner's return of the loss it walked
+    step_ends: int | None = None  # the stale forward's line goes again after this line: the end of the statement
+    # beside it that runs the step (a hand update's ``with torch.no_grad():``, the call of a helper that steps)
 
 
 @dataclass(frozen=True)
@@ -307,6 +309,21 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
     return verdicts
 
 
+def _line_of_a_caller(
+    recorder: Recorder, node: int, own_line: tuple[str, int], callers: tuple[tuple[str, int], ...]
+) -> tuple[str, int] | None:
+    """The line of the nearest of ``callers`` (the raising call's outer frames, innermost first) that built ``node``:
+    its own line ``own_line`` where that function runs it (``logits = net(x)`` of ``one_step``, which calls
+    ``update``), else the line of its call that led there; None when none of them did."""
+    for caller in callers:
+        if _in_the_function_of(own_line, caller):
+            return own_line
+        line = recorder.creation.call_line_of(node, caller)
+        if line != own_line:
+            return line
+    return None
+
+
 def _in_the_function_of(site: tuple[str, int], raised: tuple[str, int]) -> bool:
     """Whether ``site`` lies in the function of the line ``raised`` (a step that built its forward and raised)."""
     tree = parsed(raised[0]) if site[0] == raised[0] else None
@@ -423,17 +440,18 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
             site = recorder.creation.call_line_of(record.stale_node, raised)
             twin = twin_in_iteration_1(recorder, split, record.stale_node) if site is None else None
             site = recorder.creation.call_line_of(twin, raised) if twin is not None else site
+            own_line = recorder.creation.line_of(record.stale_node)
             link = recorder.loop.innermost
             own = site is not None and _in_the_function_of(site, raised)  # a step's own forward, its loop outside
-            if (
-                site is not None
-                and link is not None
-                and not own
-                and site == recorder.creation.line_of(record.stale_node)
-            ):
-                # the raising code did not call what built it (StyleGAN2's R1 ``autograd.grad`` in its own function):
-                # the loop's line that did (``real_pred = discriminator(real_img)``), not the model's ``forward``
-                site = recorder.creation.call_line_of(record.stale_node, (link.loop.filename, link.loop.header))
+            if site is not None and not own and site == own_line:
+                # the raising code did not call what built it (StyleGAN2's R1 ``autograd.grad`` in its own function,
+                # SAC's policy loss walked in ``update_params``): the line of the nearest frame out that did
+                # (``real_pred = discriminator(real_img)``), not the model's ``forward``; else the loop's line
+                site = _line_of_a_caller(recorder, record.stale_node, own_line, record.raised_through[1:]) or (
+                    recorder.creation.call_line_of(record.stale_node, (link.loop.filename, link.loop.header))
+                    if link is not None
+                    else site
+                )
         stale = learner_line_at(*site) if site is not None else None
     elif record.changed_at is not None:
         changed = learner_line_at(*record.changed_at)
@@ -442,6 +460,9 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
     elif kind == "in-place version error":
         evidence = "a tensor it saved was changed in place after it was saved"
     caused = bool(carried) and through_carried and kind in ("backward a second time", "in-place version error")
+    if caused and record.stale_node is not None and split.iteration_of_node(record.stale_node) >= iteration:
+        caused = False  # the weights the step changed were saved by this iteration's own forward (SAC's policy loss
+        # computed before the critics' steps): a carried graph walked beside it did not raise
     fix = carried[0].fix if caused else fix  # the walk into an earlier iteration's graph is the cause: its fix
     return ErrorVerdict(
         kind,
@@ -457,7 +478,14 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
         record.stale_through if stale is not None else None,
         _graph_cut(recorder, record.line) if kind == "no graph" else None,
         loss_returned_at(record.line, recorder.creation.ran) if record.call is not None else None,
+        _step_ends(record, site_of(stale)) if stale is not None else None,
     )
+
+
+def _step_ends(record: ErrorRecord, stale: tuple[str, int] | None) -> int | None:
+    """The line after which the stale forward at ``stale`` goes again (:func:`where_the_step_ends`)."""
+    step = site_of(record.changed_by_step) if record.changed_by_step is not None else None
+    return where_the_step_ends(stale, step, record.raised_through) if stale and step else None
 
 
 def _graph_cut(recorder: Recorder, line: str) -> tuple[str, str] | None:

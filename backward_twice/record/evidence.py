@@ -106,6 +106,8 @@ class ErrorRecord:
     # learning: each network's loss reads the other's output), with the ids of the weights each one's graph reaches
     freed_also_through: tuple[tuple[NamedGraph, frozenset[int]], ...] = ()
     updated_by_hand: bool = False  # ``changed_by_step``: the learner's own update under no_grad (``p -= lr * p.grad``)
+    raised_through: tuple[tuple[str, int], ...] = ()  # (file, line) of the learner's frames the raising call ran
+    # under, innermost first (``update_params``'s backward, then ``learn``'s call of it): read for a stale forward
 
 
 def explain(
@@ -149,6 +151,7 @@ def explain(
         changed = _step_that_changed(recorder, walked)
         if changed is not None:
             record.changed_by_step, record.stale_node = changed
+            record.raised_through = _learner_sites(recorder, caller)
             if not _the_losss_own_step(changed[0], call.site):  # else the loss trains what went stale: no detach
                 record.stale_through, record.stale_only_through = _detachable(
                     recorder, walked, changed[1], caller, call
@@ -349,6 +352,19 @@ def _learners_frame(frame: types.FrameType | None, skipped: tuple[str, ...]) -> 
     while frame is not None and not site_of(frame, skipped, outward=False)[0]:
         frame = frame.f_back
     return frame
+
+
+def _learner_sites(recorder: Seen, frame: types.FrameType | None) -> tuple[tuple[str, int], ...]:
+    """(file, line) of each of the learner's frames from ``frame`` out to the watch's, innermost first."""
+    sites = []
+    while frame is not None:
+        site = site_of(frame, recorder.skipped, outward=False)
+        if site[0]:
+            sites.append(site)
+        if frame is recorder.outermost:
+            break
+        frame = frame.f_back
+    return tuple(sites)
 
 
 def _parameter_through(caller: types.FrameType, freed: Node) -> str | None:

@@ -91,7 +91,8 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
                         " (a GAN: D's loss on a fake G made after its step)" if _D_BACKWARD.search(raising.code) else ""
                     )
                 again = _computed_again(error.stale_line, raising.code, step_number, error.line)
-                fix = f"compute {again} again after the step at line {step_number}{gan}"
+                after = f"line {error.step_ends}" if error.step_ends is not None else f"the step at line {step_number}"
+                fix = f"compute {again} again after {after}{gan}"
                 summed = _summed_over_steps(error.stale_line, error.line, step_number)
                 if summed is not None:
                     fix = keep_one_update(*summed, step_number, line_number(raising.place))

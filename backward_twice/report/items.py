@@ -188,7 +188,7 @@ def carried_item(
         lines.append(raising)
     else:
         used_place, used_code = split_line(first.used_at)
-        again = f"walks it again in {into}"
+        again = f"walks it {'' if first.iteration is None and first.reached_from == 1 else 'again '}in {into}"
         if lines and lines[-1].place == used_place:  # one line: the retain that keeps it, and the walk again
             lines[-1] = CodeLine(used_place, used_code, lines[-1].span, f"{lines[-1].label}, and {again}")
         else:

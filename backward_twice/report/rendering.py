@@ -59,6 +59,9 @@ class Report:
     not_put_back: tuple[str, ...] = ()  # a step tool's runs: what they changed that nothing can put back
 
 
+_BACKWARDS_ERRORS = frozenset({"backward a second time", "in-place version error"})
+
+
 def build_report(
     v: Verdicts, runs_of: str | None = None, ended_by: str | None = None, in_runs: str | None = None
 ) -> Report:
@@ -80,7 +83,9 @@ def build_report(
         items.append(carried_item(findings, error, band_aids[0] if band_aids and first else None, v.stopped_after))
     if v.error is not None and not explained:
         band_aid = next((line for line in v.lines if line.verdict == GOES_WITH_THE_ERRORS_FIX), None)
-        items.append(error_item(v.error, band_aid))
+        # a backward's own error first, the item the traceback above is about; the loop's own error after the
+        # graphs found before it
+        items.insert(0 if v.error.kind in _BACKWARDS_ERRORS else len(items), error_item(v.error, band_aid))
     items += [no_graph_item(v.walks_no_graph, v.walks_no_graph_cut)] if v.walks_no_graph is not None else []
     items += [retain_item(line, v.stopped_after) for line in v.lines if line.verdict == "can go"]
     items += [note_item(n) for n in v.notes if n.grows and not n.parameter]  # freed buffers too: the nodes pile up
