@@ -8,8 +8,8 @@ before the first iteration, in a loop otherwise.
 :func:`rebinds_from_itself` tells a name each pass assigns from its own earlier value (``hidden = cell(x, hidden)``).
 :func:`reads_on_line` tells a line that reads a name from one that only assigns it.
 
-Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.notes`, :mod:`backward_twice.judge.stored` and
-:mod:`backward_twice.report.items`.
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.loop_body`, :mod:`backward_twice.judge.notes`,
+:mod:`backward_twice.judge.stored` and :mod:`backward_twice.report.items`.
 """
 
 from __future__ import annotations

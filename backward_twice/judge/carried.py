@@ -13,6 +13,7 @@ import re
 import sys
 from dataclasses import dataclass, replace
 
+from backward_twice.judge.accumulated import accumulated_gradients
 from backward_twice.judge.built import (
     assigns_from_itself,
     built_line,
@@ -24,6 +25,7 @@ from backward_twice.judge.built import (
     starts_without_a_tensor,
 )
 from backward_twice.judge.fixes import carried_fix, read_after_its_build
+from backward_twice.judge.loop_body import live_link, loop_body, where_read
 from backward_twice.judge.returned import computed_in_the_step
 from backward_twice.judge.states import one_state, whole_name, whole_state, whole_state_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
@@ -33,7 +35,6 @@ from backward_twice.record.iterations import Split
 from backward_twice.record.learner import learner_line_at, lines_of_file, site_of
 from backward_twice.record.loops import enclosing, innermost_loop_body, outermost_loop_around
 from backward_twice.record.names import CodeSite, NamedGraph
-from backward_twice.record.passes import IN_DIFFERENT_LOOPS, UNTRACED, Link
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.sources import function_around, parsed
 
@@ -99,6 +100,8 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         if call.create_graph and not walked_again and not chained:
             continue  # the last update, written in autograd and walked once (hypergradient descent's p - g * alpha):
             # a create_graph backward differentiates through it by design
+        if call.first_freed is None and call.error is None and accumulated_gradients(recorder, old, call.index):
+            continue  # one update's micro-batch gradients (AdaHessian's): its second derivative walks them by design
         top = [seq for seq in call.frontier if split.iteration_of_node(seq) < iteration]
         candidates = (
             recorder.names.get(seq) or next(filter(None, map(twins.get, places(split, seq, first))), None)
@@ -114,7 +117,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             # the names were not read at this pass (only at some): the failing call's own read found the name it
             # reached them through, one each pass assigns from itself (``hidden = cell(x, hidden)``), or one the loop
             # reads and never binds (a parameter ``x_pos`` of the function whose loop it is: built before the loop)
-            body, outer = _loop_body(recorder), recorder.error.outer_through
+            body, outer = loop_body(recorder), recorder.error.outer_through
             if not _kept_on(through, body) and outer is not None and _kept_on(outer, body):
                 through = outer  # a helper's parameter: the caller's name carries it (``loss, ctx = step(b, ctx)``)
             kept_on = _kept_on(through, body)
@@ -210,7 +213,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             e.reached_from,
             len(e.times),
             before_inner_loop(
-                fix, None if at_entry or _a_global_there(recorder, entry, name) else entry, _live_link(recorder)
+                fix, None if at_entry or _a_global_there(recorder, entry, name) else entry, live_link(recorder)
             ),
             e.shape,
             e.container,
@@ -250,7 +253,7 @@ def _detached_whole(name: str | None, carried: _Carried, fix: str) -> str | None
 
 def _body(recorder: Recorder) -> tuple[str, int, int] | None:
     """(file, first line, last line) of the iteration loop's body, else of the step the tool ran (diagnose)."""
-    body = _loop_body(recorder)
+    body = loop_body(recorder)
     return body if body is not None or recorder.roots_where is None else function_span(recorder.roots_where)
 
 
@@ -266,7 +269,7 @@ def _built_in_an_earlier_pass(recorder: Recorder, split: Split, old: list[int]) 
     earlier pass of the loop built: a name the loop's body assigns (SAC's ``alpha = log_alpha.exp()`` at the end of an
     update, read by the next one's loss). What was built before the loop, or around it (each model's output of a
     per-model loop, built in the batch loop's pass: one backward each), is consumed, not carried."""
-    span = _loop_body(recorder)
+    span = loop_body(recorder)
     if span is None:  # a step's runs, a framework's steps: any earlier one
         return any(split.iteration_of_node(seq) for seq in old)
     for seq in old:
@@ -285,7 +288,7 @@ def _read_in_the_loop(recorder: Recorder, node: NamedGraph) -> str:
     """Of the names of one tensor (``ret[1]`` and ``mems[0]`` after ``loss, mems = ret[0], ret[1:]``), the one the
     loop's body reads before it assigns it: where the graph comes into the next pass (``mems``, passed to the model;
     ``ret`` is assigned first). The name found first when no other is read so."""
-    spans = _spans(recorder, None)  # the loop's body, else the step's (a tool's runs of it)
+    spans = where_read(recorder, None)  # the loop's body, else the step's (a tool's runs of it)
     if not node.same or not spans:
         return node.name
     span = spans[0]
@@ -307,7 +310,7 @@ def _assigned_first(recorder: Recorder, through: NamedGraph) -> bool:
 def rebound_each_pass(recorder: Recorder, name: str) -> bool:
     """Whether the loop's body (or the step) assigns ``name`` before it reads it: ``out, h = model(x, h)`` rebinds
     ``out`` each pass, so a graph it holds grows only through what another name carries."""
-    return any(read_first(name, span) is False for span in _spans(recorder, None))
+    return any(read_first(name, span) is False for span in where_read(recorder, None))
 
 
 def _kept_in_a_list(recorder: Recorder, spellings: list[str], frame: CodeSite | None) -> str | None:
@@ -321,7 +324,7 @@ def _kept_in_a_list(recorder: Recorder, spellings: list[str], frame: CodeSite | 
         if item is None:
             continue
         whole = item.group(1).rsplit("[", 1)[0]
-        spans = _spans(recorder, frame)
+        spans = where_read(recorder, frame)
         if list_use(whole, spans) == "whole":
             return item.group(1)
     return None
@@ -333,7 +336,7 @@ def _bound_from_a_list(recorder: Recorder, carried: _Carried, lists: set[str]) -
     model(state)``, whose last value the list keeps too): an item the list keeps, past the items it is named by."""
     if carried.name is None or not carried.name.isidentifier():
         return False
-    body = _loop_body(recorder)
+    body = loop_body(recorder)
     if body is not None and read_first(carried.name, body) is False:
         return True
     spelled = re.escape(carried.name)
@@ -360,7 +363,7 @@ def _carrier(recorder: Recorder, spellings: list[str] | None) -> str | None:
     1 both held one tensor, but ``loss`` is rebound before anything reads it)."""
     if not spellings:
         return None
-    span = _loop_body(recorder)
+    span = loop_body(recorder)
     if len(spellings) == 1 or span is None:
         return spellings[0]
     live = (  # new[0][1]: new; ``layer.hidden`` of ``for layer in net``: the loop rebinds ``layer``
@@ -384,7 +387,7 @@ def _entry(recorder: Recorder, carried: _Carried) -> tuple[str, int] | None:
     if carried.name is None:
         return None
     whole = whole_name(carried.name, carried.container)
-    return first_read(whole, _spans(recorder, carried.frame), carried.container == "list", recorder.creation.ran)
+    return first_read(whole, where_read(recorder, carried.frame), carried.container == "list", recorder.creation.ran)
 
 
 def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _Carried, name: str | None) -> bool:
@@ -401,7 +404,7 @@ def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _C
         return reads_on_line(carried.built_at.split(": ", 1)[-1], whole)
     if one_line_loop(*entry):  # ``for x in data: h = cell(x, h); ...``: a line added before it runs once
         return False
-    link = _live_link(recorder)
+    link = live_link(recorder)
     if link is not None and outermost_loop_around(*entry, link.code) is not None:  # in a loop of a function it calls
         return False
     if link is None or entry[0] != link.loop.filename:  # a step's runs: not in a loop of the step's own (per node)
@@ -417,7 +420,7 @@ def _fix_at_entry(recorder: Recorder, entry: tuple[str, int] | None, carried: _C
 def _a_global_there(recorder: Recorder, entry: tuple[str, int] | None, name: str | None) -> bool:
     """Whether the plain ``name`` is, at line ``entry``, read by a function other than the loop's without being
     assigned there (a global or a closure's variable): a detach written there would make it that function's local."""
-    link = _live_link(recorder)
+    link = live_link(recorder)
     if entry is None or name is None or not name.isidentifier() or link is None or entry[0] != link.loop.filename:
         return False
     code = link.code
@@ -433,7 +436,7 @@ def _list_use(recorder: Recorder, carried: _Carried) -> str | None:
     """For a carrier that is an item of a list: how the learner's code uses that list (:func:`list_use`)."""
     if carried.name is None or carried.container != "list":
         return None
-    spans = _spans(recorder, carried.frame)
+    spans = where_read(recorder, carried.frame)
     used = site_of(carried.used_at)  # the function that runs the backward reads the list it sums (``finish_episode``)
     tree = parsed(used[0]) if used is not None else None
     if used is not None and tree is not None:
@@ -441,38 +444,6 @@ def _list_use(recorder: Recorder, carried: _Carried) -> str | None:
         if isinstance(around, (ast.FunctionDef, ast.AsyncFunctionDef)):
             spans.append((used[0], around.lineno, around.end_lineno or around.lineno))
     return list_use(re.sub(r"\[\d+\]$", "", carried.name), spans)
-
-
-def _live_link(recorder: Recorder) -> Link | None:
-    """The iteration loop, when the recorder could split the run by its passes (not a loop given up on: backward
-    calls in two loops one after the other leave the first as the innermost link)."""
-    return recorder.loop.innermost if recorder.loop.unusable is None else None
-
-
-def _loop_body(recorder: Recorder) -> tuple[str, int, int] | None:
-    """(file, first line, last line) of the body of the loop whose passes are the iterations; without one the
-    recorder could read (backward calls in two loops one after the other, untraced), the source's innermost loop
-    around the last backward call, where the run ended; None in a tool's runs of a step or a framework's loop."""
-    link = recorder.loop.innermost
-    if link is not None and recorder.loop.unusable is None:
-        return link.loop.filename, link.loop.body_first, link.loop.body_last
-    if recorder.loop.unusable not in (UNTRACED, IN_DIFFERENT_LOOPS) or not len(recorder.calls):
-        return None  # a tool's runs of a step, a framework's loop
-    filename, line = recorder.calls[len(recorder.calls) - 1].site
-    body = innermost_loop_body(filename, line)
-    return None if body is None else (filename, *body)
-
-
-def _spans(recorder: Recorder, frame: CodeSite | None) -> list[tuple[str, int, int]]:
-    """Where the learner's code may read a carrier: the loop's body, the code the name was found in (``frame``), the
-    step."""
-    body = _loop_body(recorder)
-    spans: list[tuple[str, int, int]] = [] if body is None else [body]
-    for where in (recorder.roots_where, frame):  # a step's own code first: what it reads is where a graph comes in
-        span = function_span(where) if where is not None else None
-        if span is not None:
-            spans.append(span)
-    return spans
 
 
 @dataclass(slots=True)

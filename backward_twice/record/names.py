@@ -9,7 +9,8 @@ spelling (``h`` before ``state['h']``). Frames are only read, never written (``f
 3.12 and a write-through view from 3.13: either way it is read item by item and left as it is).
 :func:`unstepped_optimizers` reads the same frames for the optimizers they name.
 
-Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.states`,
+Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.loop_body`,
+:mod:`backward_twice.judge.states`,
 :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.recorder` and
 :mod:`backward_twice.steps.harness`.
 """

@@ -22,7 +22,7 @@ counts its passes by one (``for i in range(n)``, ``enumerate``), those its count
 Nothing here reads a tensor; an optimizer's ``step`` is told from a scheduler's by reading the receiver's value (a
 name or a plain attribute, never a property).
 
-Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.record.folds`,
+Used by :mod:`backward_twice.judge.loop_body`, :mod:`backward_twice.record.folds`,
 :mod:`backward_twice.record.hand_update`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.pass_stops`,
 :mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.stops`.
 """

@@ -123,4 +123,5 @@ LOOPS = [
     "sam_two_step",
     "vat_lds",
     "began_k_balance",
+    "timm_adahessian_accumulation",
 ]
