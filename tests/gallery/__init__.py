@@ -124,4 +124,8 @@ LOOPS = [
     "vat_lds",
     "began_k_balance",
     "timm_adahessian_accumulation",
+    "dino_teacher_center",
+    "open_clip_logit_scale_accum",
+    "mae_pretrain_accum",
+    "lora_gpt2_ft_adapters",
 ]
