@@ -94,11 +94,14 @@ class Watch:
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
         self._thread_stop.disarm()
         self.recorder.__exit__(kind, exc, tb)
+        error = self.recorder.error
+        if exc is None and error is not None and error.past_the_loop:  # the learner's check after training, caught
+            error.after_the_loop = True
         if threading.excepthook is self._quiet_hook:  # a hook the code set meanwhile stays its own
             threading.excepthook = self._excepthook
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             self.ended_by = first_line(exc) if isinstance(exc, SystemExit) else "KeyboardInterrupt"
-        elif self.recorder.error is not None and self.recorder.error.after_the_loop:
+        elif exc is not None and self.recorder.error is not None and self.recorder.error.after_the_loop:
             self.ended_by = f"{first_line(exc, 200)} (raised after the loop)"
         try:
             self._verdicts = judge(self.recorder)

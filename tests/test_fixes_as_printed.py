@@ -1541,3 +1541,59 @@ def test_an_attribute_of_an_object_the_loop_draws_from_is_detached_after_it_is_b
     assert lines[built].startswith("dataset = Dataset("), lines[built]
     fixed = "\n".join([*lines[: built + 1], printed.group(1), *lines[built + 1 :]])
     assert _run(fixed, tmp_path / "fixed.py")["step"] == 2
+
+
+TOTAL_ON_A_TRAINER = """
+import torch
+
+
+class Trainer:
+    def __init__(self):
+        self.m = torch.nn.Linear(3, 1)
+        self.opt = torch.optim.SGD(self.m.parameters(), lr=0.05)
+        self.acc = 0
+
+    def train_step(self, x):
+        self.opt.zero_grad()
+        self.acc += self.m(x).abs().mean()
+        self.acc.backward()
+        self.opt.step()
+
+    def healthy(self):
+        return not bool(self.acc.isnan())
+
+
+torch.manual_seed(0)
+t = Trainer()
+for x in torch.randn(4, 6, 3):
+    t.train_step(x)
+    assert t.healthy()
+"""
+
+
+def test_a_total_on_self_that_another_method_reads_as_a_tensor_is_kept_one_without_its_graph(tmp_path: Path) -> None:
+    """``self.acc += ...; self.acc.backward()`` in ``train_step``, ``self.acc.isnan()`` in another method: the fix
+    "add a number instead (`self.acc += loss.item()`)", applied, raised "'float' object has no attribute 'isnan'".
+    The truth (no helpers): the printed fix (a copy without its graph) runs."""
+    with pytest.raises(RuntimeError, match="second time"):
+        _run(TOTAL_ON_A_TRAINER, tmp_path / "as_written.py")
+    path = tmp_path / "watched.py"
+    path.write_text(
+        "from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n"
+        + "\n".join(f"    {line}" for line in TOTAL_ON_A_TRAINER.strip("\n").split("\n"))
+        + "\nexcept RuntimeError:\n  pass\n"
+    )
+    [item] = runpy.run_path(str(path))["w"].report.items
+    printed = re.fullmatch(
+        r"name this iteration's loss \(`(loss = .+)`\), call `loss.backward\(\)`, and add a copy without its graph"
+        r" instead \(`(.+)`\)",
+        item.fix,
+    )
+    assert printed is not None, item.fix
+    fixed = TOTAL_ON_A_TRAINER.replace(
+        "        self.acc += self.m(x).abs().mean()\n        self.acc.backward()\n",
+        f"        {printed.group(1)}\n        loss.backward()\n        {printed.group(2)}\n",
+    )
+    assert fixed != TOTAL_ON_A_TRAINER
+    ran = _run(fixed, tmp_path / "fixed.py")
+    assert not ran["t"].acc.requires_grad

@@ -3660,3 +3660,144 @@ def test_a_forward_reused_after_a_hand_update_in_a_with_block_goes_again_after_t
     forward = next(start + i for i, code in enumerate(source) if code.strip() == "yhat = net(x)")
     block_end = next(start + i for i, code in enumerate(source) if code.strip() == "w.grad = None")
     assert item.fix.startswith(f"compute line {forward} again after line {block_end}"), item.fix
+
+
+def _heads_on_a_shared_body(again: bool) -> None:
+    """Two heads on a shared body, each loss backwarded, one step, then a loss on both heads' old outputs;
+    ``again``: the body and the heads computed again after the step."""
+    torch.manual_seed(0)
+    body, h1, h2 = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+    opt = torch.optim.Adam([*body.parameters(), *h1.parameters(), *h2.parameters()], lr=0.01)
+    for x in torch.randn(3, 5, 3):
+        z = torch.tanh(body(x))
+        a, b = h1(z), h2(z)
+        opt.zero_grad()
+        a.pow(2).mean().backward(retain_graph=True)
+        b.abs().mean().backward(retain_graph=not again)
+        opt.step()
+        if again:
+            z = torch.tanh(body(x))
+            a, b = h1(z), h2(z)
+        (a * b).mean().backward()
+        opt.step()
+
+
+def test_a_loss_on_two_stale_outputs_computes_both_again_not_one_detached() -> None:
+    """``(a * b).mean().backward()`` after the step, ``a`` and ``b`` both on stepped heads: "use `b.detach()` in the
+    loss ...: this loss does not train them", which, applied, still raised (``a`` saved stepped weights too), and
+    the loss does train ``h2`` through ``b``. The truth (no helpers): ``b`` detached still raises; ``z``, ``a`` and
+    ``b`` computed again after the step run, the second retain then not needed."""
+    with pytest.raises(RuntimeError, match="inplace"):
+        _heads_on_a_shared_body(again=False)
+    _heads_on_a_shared_body(again=True)
+    with pytest.raises(RuntimeError, match="inplace"), watch() as w:
+        _heads_on_a_shared_body(again=False)
+    [item] = w.report.items
+    source, start = inspect.getsourcelines(_heads_on_a_shared_body)
+    z, heads = (
+        next(start + i for i, code in enumerate(source) if code.strip() == want)
+        for want in ("z = torch.tanh(body(x))", "a, b = h1(z), h2(z)")
+    )
+    assert item.fix.startswith(f"compute lines {z} and {heads} again after the step"), item.fix
+    assert "detach" not in item.fix, item.fix
+
+
+def _three_steps_then_a_check(catch: bool) -> list[str]:
+    """Three passes of a plain loop, then the learner's own check after it: one more ``loss.backward()``, which
+    raises (the last pass's backward freed that graph); ``catch``: the check catches it."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = (model(torch.randn(5, 4)) - 1).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    try:
+        loss.backward()
+    except RuntimeError as error:
+        if not catch:
+            raise
+        return [str(error)]
+    return []
+
+
+def test_a_backward_after_the_loop_is_no_pass_of_it_and_caught_there_no_training_error() -> None:
+    """A backward after the loop ended (the learner checks that the graph is freed) made the run split by the
+    optimizer's steps, "4 iterations watched" of a loop of 3 passes, and, caught there, "1 thing to fix ... the loop
+    raised in iteration 3" while the script went on and exited 0. The truth (no helpers): the loop runs 3 passes
+    without error; the check raises after it."""
+    assert _three_steps_then_a_check(catch=True)
+    with watch() as w:
+        assert _three_steps_then_a_check(catch=True)
+    assert w.verdicts.error is None and not w.report.items, w.report
+    assert w.report.headline.startswith("backward-twice: healthy (3 iterations watched"), w.report.headline
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        _three_steps_then_a_check(catch=False)
+    assert "(3 iterations watched; a backward after the loop raised)" in w.report.headline, w.report.headline
+    [item] = w.report.items
+    assert item.label.startswith("a second backward through the graph"), item.label
+
+
+def _one_epoch_rebinding_its_names(
+    model: torch.nn.Module, batches: list[tuple[list[torch.Tensor], None]], epoch: int
+) -> int:
+    """DINO's ``train_one_epoch`` shape: the body rebinds two of the names its ``for`` binds before its backward; the
+    third (``_``, its loader's unused target) is the same in every pass."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    passes = 0
+    for it, (images, _) in enumerate(batches):
+        passes += 1
+        it = len(batches) * epoch + it  # the global iteration, as DINO numbers it
+        images = list(images)
+        loss = model(images[0]).pow(2).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return passes
+
+
+def test_a_batch_loop_whose_body_rebinds_its_names_before_the_backward_counts_each_pass() -> None:
+    """``it = len(data_loader) * epoch + it`` and ``images = [...]`` at the top of the body, in a function called
+    once per epoch: "4 iterations watched" for 6 passes (3 epochs of 2), every pass after the tracer's first two read
+    as the one before it. The truth: the loop's own count of its passes."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    batches = [([torch.randn(1, 2)], None) for _ in range(2)]
+    passes = 0
+    with watch() as w:
+        for epoch in range(3):
+            passes += _one_epoch_rebinding_its_names(model, batches, epoch)
+    assert passes == 6
+    assert w.report.headline.startswith(f"backward-twice: healthy ({passes} iterations watched"), w.report.headline
+
+
+def _one_epoch_stepping_every_other_pass(model: torch.nn.Module, batches: list[torch.Tensor]) -> int:
+    """OpenCLIP's accumulation shape: the first pass of each pair only caches its batch and ``continue``s."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    cached, passes = [], 0
+    for i, x in enumerate(batches):
+        passes += 1
+        cached.append(x)
+        if (i + 1) % 2 > 0:
+            continue
+        optimizer.zero_grad()
+        model(torch.cat(cached)).pow(2).mean().backward()
+        optimizer.step()
+        cached.clear()
+    return passes
+
+
+@pytest.mark.parametrize("epochs", [2, 3])
+def test_a_pass_with_no_backward_first_in_each_call_of_the_epoch_counts(epochs: int) -> None:
+    """A pass that only caches and ``continue``s, first in each call of the epoch's function: "6 iterations watched"
+    for 8 passes, the new call's first pass lost (the counter went back, in a frame of the same id, or the batches,
+    the same objects each epoch, read as the last event's). The truth: the loop's own count of its passes."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    batches = [torch.randn(3, 2) for _ in range(4 if epochs == 2 else 2)]
+    passes = 0
+    with watch() as w:
+        for _ in range(epochs):
+            passes += _one_epoch_stepping_every_other_pass(model, batches)
+    assert w.report.headline.startswith(f"backward-twice: healthy ({passes} iterations watched"), w.report.headline

@@ -22,7 +22,7 @@ from backward_twice.judge.states import as_spelled_in_its_methods, whole_state, 
 from backward_twice.judge.uses import bound_in
 from backward_twice.record.learner import lines_of_file, site_of, source_lines
 from backward_twice.record.loops import loop_inside, outermost_loop_without
-from backward_twice.record.sources import function_around, parsed
+from backward_twice.record.sources import class_around, function_around, parsed
 
 __all__ = [
     "ERROR_FIXES",
@@ -129,14 +129,15 @@ _NUMBER_SAFE_CALLS = frozenset({"print", "str", "float", "int", "round", "format
 
 
 def _read_as_a_tensor(name: str, filename: str, line: int) -> bool:
-    """Whether the function around ``line`` reads ``name`` where a float would not do: a method of it
-    (``total_loss.item()``, ``.isnan()``), or handed on (``logged.append(total_loss)``, later stacked). Reads a
-    number serves as well are not: in an f-string, ``print``, ``float``, arithmetic, a comparison, its own ``+=``
-    and its ``.backward()`` (which the fix replaces)."""
+    """Whether the function around ``line`` (the class, for ``self.`` names) reads ``name`` where a float would not do:
+    a method of it (``total_loss.item()``, ``.isnan()``), or handed on (``logged.append(total_loss)``, later stacked).
+    Reads a number serves as well are not: in an f-string, ``print``, ``float``, arithmetic, a comparison, its own
+    ``+=`` and its ``.backward()`` (which the fix replaces)."""
     tree = parsed(filename)
     scope = function_around(tree, line) if tree is not None else None
     if scope is None:
         return False
+    scope = (class_around((filename, line)) if name.startswith("self.") else None) or scope  # each method's reads
     parents = {id(child): node for node in ast.walk(scope) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(scope):
         if not isinstance(node, (ast.Name, ast.Attribute)) or ast.unparse(node) != name:

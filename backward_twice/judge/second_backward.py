@@ -16,7 +16,7 @@ import re
 from backward_twice.judge.fixes import total_fix
 from backward_twice.judge.uses import assigned_in_the_loss, read_in_the_loss, summed_over_steps
 from backward_twice.record.learner import lines_of_file, site_of
-from backward_twice.record.sources import function_around, parsed
+from backward_twice.record.sources import class_around, function_around, parsed
 
 __all__ = ["keep_one_update", "second_backward_fix", "where_the_step_ends"]
 
@@ -256,30 +256,19 @@ def _losses_iterated(raised_at: str) -> str | None:
 
 def _in_a_trainer_callback(raiser: tuple[str, int] | None) -> bool:
     """Whether the raising line is in a class derived from a Hugging Face ``TrainerCallback``."""
-    around = _class_around(raiser) if raiser is not None else None
+    around = class_around(raiser) if raiser is not None else None
     return around is not None and any(ast.unparse(base).endswith("TrainerCallback") for base in around.bases)
 
 
 def _compute_loss_return(raiser: tuple[str, int]) -> int | None:
     """The line of the first ``return`` of the ``compute_loss`` method of the class whose method raised (a Hugging
     Face ``Trainer`` subclass's), None where that class does not define one."""
-    around = _class_around(raiser)
+    around = class_around(raiser)
     for method in around.body if around is not None else ():
         if isinstance(method, ast.FunctionDef) and method.name == "compute_loss":
             returns = [n.lineno for n in ast.walk(method) if isinstance(n, ast.Return) and n.value]
             return min(returns, default=None)
     return None
-
-
-def _class_around(site: tuple[str, int]) -> ast.ClassDef | None:
-    """The innermost class of the file whose body holds the line ``site``."""
-    tree = parsed(site[0])
-    classes = [
-        node
-        for node in (ast.walk(tree) if tree is not None else ())
-        if isinstance(node, ast.ClassDef) and node.lineno <= site[1] <= (node.end_lineno or 0)
-    ]
-    return max(classes, key=lambda node: node.lineno, default=None)
 
 
 def where_the_step_ends(

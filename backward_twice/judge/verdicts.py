@@ -97,6 +97,7 @@ class ErrorVerdict:
     returned_at: str | None = None  # a framework's backward: the learner's return of the loss it walked
     step_ends: int | None = None  # the stale forward's line goes again after this line: the end of the statement
     # beside it that runs the step (a hand update's ``with torch.no_grad():``, the call of a helper that steps)
+    past_the_loop: bool = False  # a backward after the loop ended raised it (the learner's own check, not caught)
 
 
 @dataclass(frozen=True)
@@ -317,7 +318,7 @@ def _line_of_a_caller(
     ``update``), else the line of its call that led there; None when none of them did."""
     for caller in callers:
         if _in_the_function_of(own_line, caller):
-            return own_line
+            return own_line  # the caller's own code built it: not the call out of it
         line = recorder.creation.call_line_of(node, caller)
         if line != own_line:
             return line
@@ -325,14 +326,15 @@ def _line_of_a_caller(
 
 
 def _in_the_function_of(site: tuple[str, int], raised: tuple[str, int]) -> bool:
-    """Whether ``site`` lies in the function of the line ``raised`` (a step that built its forward and raised)."""
+    """Whether ``site`` lies in the function of the line ``raised`` (a step that built its forward and raised), or
+    both at a script's top level."""
     tree = parsed(raised[0]) if site[0] == raised[0] else None
     if tree is None:
         return False
     function = function_around(tree, raised[1])
-    return isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and function.body[0].lineno <= site[1] <= (
-        function.end_lineno or 0
-    )
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):  # a script's top level: its own lines
+        return function_around(tree, site[1]) is tree
+    return function.body[0].lineno <= site[1] <= (function.end_lineno or 0)
 
 
 def _needed_by_the_detached(recorder: Recorder, needer: int) -> bool:
@@ -479,6 +481,7 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
         _graph_cut(recorder, record.line) if kind == "no graph" else None,
         loss_returned_at(record.line, recorder.creation.ran) if record.call is not None else None,
         _step_ends(record, site_of(stale)) if stale is not None else None,
+        record.past_the_loop,
     )
 
 

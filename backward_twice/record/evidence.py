@@ -106,6 +106,9 @@ class ErrorRecord:
     # learning: each network's loss reads the other's output), with the ids of the weights each one's graph reaches
     freed_also_through: tuple[tuple[NamedGraph, frozenset[int]], ...] = ()
     updated_by_hand: bool = False  # ``changed_by_step``: the learner's own update under no_grad (``p -= lr * p.grad``)
+    past_the_loop: bool = (
+        False  # a backward's after the loop ended: if the learner's code catches it, no training error
+    )
     raised_through: tuple[tuple[str, int], ...] = ()  # (file, line) of the learner's frames the raising call ran
     # under, innermost first (``update_params``'s backward, then ``learn``'s call of it): read for a stale forward
 
@@ -115,6 +118,7 @@ def explain(
 ) -> ErrorRecord:
     """The error a backward call raised, with the recorder's evidence."""
     record = ErrorRecord(first_line(exc, 400), call.line, call.index)
+    record.past_the_loop = recorder.loop.past_its_end
     kind = error_kind(str(exc))
     freed = call.first_freed or _freed_unread(recorder, call, walked) if kind == "backward a second time" else None
     if freed is not None:
@@ -289,12 +293,22 @@ def _detachable(
         below = python_walk([node])
         if any(reached is target for reached in below):
             leads_to = frozenset(id(n.variable) for n in below if hasattr(n, "variable"))
-            if not trained - leads_to:
-                return None, False
+            if not trained - leads_to or leads_to - _stepped_since(recorder, stale):
+                return None, False  # it also trains weights no step changed (an actor through ``q_pi``): keep it
+            if _step_that_changed(recorder, python_walk([walked[0]], avoiding=node)) is not None:
+                return None, False  # another way in reaches weights a step changed (``a`` beside ``b``): still raises
             inside = {n._sequence_nr() for n in below}
             only = len(call.walked_kept) < _MAX_KEPT_READ and all(seq in inside for seq in call.walked_kept)
             return named.name, only
     return None, False
+
+
+def _stepped_since(recorder: Seen, sequence: int) -> frozenset[int]:
+    """The ids of the weights of each optimizer that stepped after node ``sequence`` was built."""
+    stepped = {step.optimizer for step in recorder.steps if step.sequence > sequence}
+    held = (recorder.optimizers_seen.get(key) for key in stepped)
+    optimizers = [optimizer for reference in held if reference is not None and (optimizer := reference()) is not None]
+    return frozenset(id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
 
 
 def _leaves(node: Node) -> frozenset[int]:

@@ -19,7 +19,7 @@ import torch
 from torch.autograd.graph import Node
 
 from backward_twice.record.in_place import in_place_statement, saved_changed
-from backward_twice.record.passes import plain_value
+from backward_twice.record.optimizers import plain_value
 from backward_twice.record.sources import function_around, parsed
 
 __all__ = ["hand_update"]

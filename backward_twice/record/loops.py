@@ -71,7 +71,11 @@ class Loop:
     targets: tuple[str, ...] = ()  # the names a ``for`` binds at each pass (``batch``; ``x, y``)
     shadowed: bool = False  # a loop inside it binds one of those names too (``for _`` in ``for _``)
     counter: int = -1  # which of ``targets`` counts the passes by one (``for i in range(n)``, ``enumerate``)
-    rebound: frozenset[str] = frozenset()  # of ``targets``, those its body assigns (``images = images.reshape(...)``)
+    rebound: frozenset[str] = frozenset()  # of ``targets``, those its body assigns (``images = images.reshape(...)``),
+    # but not where each assignment comes before the body's first backward or step
+    assigned: frozenset[str] = frozenset()  # of ``targets``, every one its body assigns
+    from_zero: bool = False  # its counter starts at 0 (``range(n)``, ``enumerate(data)``): in a new call of its
+    # function, the counter's value is how many passes ran before the first event there
     iterable: tuple[str, ...] = ()  # the names a ``for``'s iterable reads (``it`` of ``enumerate(it)``)
 
     def holds(self, line: int) -> bool:
@@ -194,7 +198,9 @@ def _read_scope(code: types.CodeType) -> _Scope:
                     first_try,
                     targets,
                     counter=targets.index(counter) if counter in targets else -1,
-                    rebound=_assigned(child.body, set(targets)),
+                    rebound=_rebound(child.body, set(targets)),
+                    assigned=_assigned(child.body, set(targets)),
+                    from_zero=counter in targets and isinstance(child, (ast.For, ast.AsyncFor)) and _from_zero(child),
                     iterable=(
                         ()
                         if isinstance(child, ast.While)
@@ -239,6 +245,21 @@ def _assigned(body: list[ast.stmt], names: set[str]) -> frozenset[str]:
     return frozenset(found)
 
 
+def _rebound(body: list[ast.stmt], names: set[str]) -> frozenset[str]:
+    """Those of ``names`` that ``body`` assigns where two events of one pass may read different values: every one it
+    assigns, unless each assignment comes before the body's first backward or step (DINO's ``it = len(data_loader) *
+    epoch + it`` at the top: read at each event, such a name changes once a pass)."""
+    first = next(
+        (
+            index
+            for index, statement in enumerate(body)
+            if any(isinstance(n, ast.Call) and _step_call(n) is not None for n in ast.walk(statement))
+        ),
+        0,
+    )
+    return _assigned(body[first:], names)
+
+
 def _counter(loop: ast.For | ast.AsyncFor) -> str | None:
     """The name that counts the loop's passes by one: ``i`` of ``for i in range(n)`` (or ``range(a, b)``) and of
     ``for i, batch in enumerate(...)``."""
@@ -251,6 +272,12 @@ def _counter(loop: ast.For | ast.AsyncFor) -> str | None:
     if call.func.id == "enumerate" and isinstance(target, ast.Tuple) and isinstance(target.elts[0], ast.Name):
         return target.elts[0].id
     return None
+
+
+def _from_zero(loop: ast.For | ast.AsyncFor) -> bool:
+    """Whether the loop's counter (:func:`_counter`) starts at 0: ``range(n)``, ``enumerate(data)``."""
+    call = loop.iter
+    return isinstance(call, ast.Call) and len(call.args) == 1 and not call.keywords
 
 
 def loops_of(code: types.CodeType) -> tuple[Loop, ...]:

@@ -23,13 +23,12 @@ Nothing here reads a tensor; an optimizer's ``step`` is told from a scheduler's 
 name or a plain attribute, never a property).
 
 Used by :mod:`backward_twice.judge.loop_body`, :mod:`backward_twice.record.folds`,
-:mod:`backward_twice.record.hand_update`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.pass_stops`,
+:mod:`backward_twice.record.held`, :mod:`backward_twice.record.pass_stops`,
 :mod:`backward_twice.record.recorder` and :mod:`backward_twice.record.stops`.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import os
 import types
@@ -42,11 +41,11 @@ import torch
 from backward_twice.record.bound import bound_tokens, same_tokens, skipped_passes
 from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop, enclosing, step_calls
+from backward_twice.record.optimizers import OPTIMIZERS, plain_value
 
-__all__ = ["IterationLoop", "Link", "PassStart", "inside_a_step", "is_optimizer", "plain_value"]
+__all__ = ["IterationLoop", "Link", "PassStart"]
 
 _COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
-_OPTIMIZERS = os.path.join(os.path.dirname(torch.optim.__file__), "")  # torch/optim/: every step() runs through it
 
 
 @dataclass(frozen=True)
@@ -106,6 +105,7 @@ class IterationLoop:
     chain: list[Link] | None = None
     passes: dict[tuple[int, int], list[PassStart]] = field(default_factory=dict)  # by Link.key
     unusable: str | None = None  # why no loop can split the run (None: one can, or no event came yet)
+    past_its_end: bool = False  # the last event came after the loop ended (a backward of the learner's check after it)
     loopless: int = 0  # backward calls outside every loop of the learner's before any inside one (a PINN's boundary
     # term from ``autograd.grad`` before its loop): before the loop, while a later one may yet come in a loop
     _markers: dict[tuple[int, int], _Marker] = field(default_factory=dict)
@@ -141,6 +141,8 @@ class IterationLoop:
         self._append(key, start)
         if last[0] == now[0]:
             start.number += skipped_passes(loop, last[1], now[1])
+        elif loop.from_zero:  # a new call of its function: the passes before this first event there had none
+            start.number += skipped_passes(loop, (), now[1])
 
     def _append(self, key: tuple[int, int], start: PassStart) -> None:
         passes = self.passes.get(key)
@@ -168,10 +170,14 @@ class IterationLoop:
         the learner's, or many such calls, and no loop splits the run."""
         if self.unusable is not None:
             return False
-        settled = self._settled(frame, boundary, calls, since, tracer.active, line)
+        past, self.past_its_end = self.past_its_end, False
+        settled = None if past else self._settled(frame, boundary, calls, since, tracer.active, line)
         if settled is not None:
             return settled
         path = self._path(frame, boundary, boundary_line)
+        if past and path:  # back in a loop after an event past the loop's end: the loop runs again (a critic's loop
+            self.unusable = IN_DIFFERENT_LOOPS  # in a step a framework calls, the generator's backward after it)
+            return False
         links = [link for link, _ in path]
         if self.chain is None:
             if not path:
@@ -195,6 +201,9 @@ class IterationLoop:
             while common < min(len(self.chain), len(keys)) and self.chain[common].key == keys[common]:
                 common += 1
             if common == 0:
+                if not path and self._past_the_loop(frame, boundary):
+                    self.past_its_end = True  # a backward after the loop ended (the learner's check, a saliency
+                    return False  # map): no pass of it, and its error is no training error
                 self.unusable = IN_DIFFERENT_LOOPS
                 return False
             self._keep(common)
@@ -285,6 +294,13 @@ class IterationLoop:
             return None
         return self._new_passes([(link, frames[link.frame]) for link in self.chain], [], calls, since, following)
 
+    def _past_the_loop(self, frame: types.FrameType | None, boundary: types.FrameType | None) -> bool:
+        """Whether the chain's outermost loop has ended: its frame has returned, or runs a line past the loop."""
+        assert self.chain is not None
+        outer = self.chain[0]
+        running = next((f for f in _outward(frame, boundary) if id(f) == outer.frame), None)
+        return running is None or not outer.loop.header <= running.f_lineno <= outer.loop.body_last
+
     def _lines_inward(self, frame: types.FrameType | None, boundary: types.FrameType | None) -> list[tuple[int, int]]:
         """(id of the frame, its line) of the learner's frames from ``boundary`` in to ``frame``."""
         lines: list[tuple[int, int]] = []
@@ -325,7 +341,11 @@ class IterationLoop:
                     position, nested = (inner_loops[0].header,), True  # line
             new = self._marked(link, frame, position, nested, calls, since, following)
             if outer_began and not new and not following:  # its enclosing loop went on: this loop began again
-                self._append(link.key, PassStart(since, calls))
+                began_again = PassStart(since, calls)
+                self._append(link.key, began_again)
+                began_again.number += skipped_passes(
+                    link.loop, (), self._markers[link.key][1]
+                )  # before its first event
                 new = True
             outer_began = outer_began or new
             began = began or (new and inner is not None and link.key == inner.key)
@@ -370,7 +390,7 @@ class IterationLoop:
         links: list[tuple[Link, types.FrameType]] = []
         while frame is not None:
             code = frame.f_code
-            if _OPTIMIZERS in code.co_filename:  # inside an optimizer's step (a closure it calls): a pass of a
+            if OPTIMIZERS in code.co_filename:  # inside an optimizer's step (a closure it calls): a pass of a
                 links.clear()  # loop there holds no step, so the iteration is a loop further out
             elif code.co_name not in _COMPREHENSIONS and self.is_learners(code):
                 loops = enclosing(code, frame.f_lineno)
@@ -448,46 +468,10 @@ class IterationLoop:
         key = (id(frame.f_code), loop.header)
         self._append(key, start)
         if loop.targets and not loop.shadowed and not loop.rebound.issuperset(loop.targets):  # else what the body
-            # binds: the next event's value is the body's
-            self._markers[key] = (id(frame), bound_tokens(frame, loop), ())
+            # binds: the next event's value is the body's; those it rebinds before its first event are not read yet
+            self._markers[key] = (id(frame), bound_tokens(frame, loop, loop.assigned - loop.rebound), ())
         else:
             self._markers.pop(key, None)
-
-
-def plain_value(frame: types.FrameType, expression: ast.expr | None) -> Any:
-    """What a name or a chain of plain attributes (``self.opt_g``) holds in ``frame``, without calling anything."""
-    if isinstance(expression, ast.Name):
-        names = frame.f_locals
-        if expression.id in names:
-            return names[expression.id]
-        return frame.f_globals.get(expression.id)
-    if isinstance(expression, ast.Attribute):
-        owner = plain_value(frame, expression.value)
-        attributes = getattr(owner, "__dict__", None)
-        return attributes.get(expression.attr) if isinstance(attributes, dict) else None
-    return None
-
-
-def inside_a_step(frame: types.FrameType | None) -> bool:
-    """Whether an optimizer's ``step()`` runs further out than ``frame`` (LBFGS calling its closure): a stop raised
-    there would leave the step half done."""
-    while frame is not None:
-        if frame.f_code.co_filename.startswith(_OPTIMIZERS):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def is_optimizer(value: Any) -> bool:
-    """An optimizer, a wrapper of one (Lightning's), or a GradScaler (``scaler.step(optimizer)``); never a
-    learning-rate scheduler, which holds its optimizer as ``.optimizer`` too (``scheduler.step()`` once per epoch,
-    outside the batch loop, must not make the epoch loop the iteration)."""
-    if isinstance(value, torch.optim.Optimizer):
-        return True
-    if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
-        return False
-    inner = getattr(value, "_optimizer", None) or getattr(value, "optimizer", None)
-    return isinstance(inner, torch.optim.Optimizer) or type(value).__name__ == "GradScaler"
 
 
 def _outward(frame: types.FrameType | None, boundary: types.FrameType | None) -> Iterator[types.FrameType]:

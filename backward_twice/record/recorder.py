@@ -56,7 +56,7 @@ import torch
 from torch.autograd.graph import Node
 
 from backward_twice.common.error_kinds import about_autograd, error_kind
-from backward_twice.record import forks, pass_stops, stops, walks
+from backward_twice.record import forks, optimizers, pass_stops, stops, walks
 from backward_twice.record.events import EventKey, Failure, IterationEnd, OptimizerKeys, StepEvent
 from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop, raised_at, raised_in
 from backward_twice.record.folds import CallLog, Folder, StepFolder, steps_kept
@@ -67,7 +67,7 @@ from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop
 from backward_twice.record.names import CodeSite, NamedGraph, unstepped_optimizers
 from backward_twice.record.nesting import CaughtErrors, Nesting
-from backward_twice.record.passes import IterationLoop, PassStart, inside_a_step, is_optimizer
+from backward_twice.record.passes import IterationLoop, PassStart
 from backward_twice.record.saved import graph_only_bytes
 from backward_twice.record.sources import refresh
 from backward_twice.record.stops import StopRecording
@@ -127,7 +127,7 @@ class Recorder:
         counter = torch._C._autograd._get_sequence_nr
         at_header = functools.partial(pass_stops.at_header, self)
         self.creation = LineTracer(counter, learners, self._pass_started, self.fail, at_header, learners.file)
-        self.loop = IterationLoop(self.is_learners, is_optimizer)
+        self.loop = IterationLoop(self.is_learners, optimizers.is_optimizer)
         self.key = f"{STAMP}.{next(_RECORDERS)}"  # another recorder's stamps (an earlier watch) mean nothing here
         self._lines: dict[tuple[str, int], str] = {}
         self._context: Any = None
@@ -457,7 +457,7 @@ class Recorder:
         if compiled:
             return None
         passes = self._saw_event(caller if learners is None else learners, line=site[1])
-        if self.iterations is not None and not inside_a_step(caller):  # never stopped half-way through a step
+        if self.iterations is not None and not optimizers.inside_a_step(caller):  # never half-way through a step
             if stop := pass_stops.stop_without_a_loop(self, site, frame=caller):
                 raise stop
             self.step_call.saw_backward(learners)

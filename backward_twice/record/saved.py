@@ -131,12 +131,13 @@ def graph_only_bytes(nodes: Sequence[Node]) -> int:
     return total
 
 
-def python_walk(roots: Sequence[Node | None]) -> list[Node]:
-    """Every node reachable from ``roots`` over ``next_functions``, each once, a layer at a time."""
-    seen: dict[int, Node] = {}
+def python_walk(roots: Sequence[Node | None], avoiding: Node | None = None) -> list[Node]:
+    """Every node reachable from ``roots`` over ``next_functions``, each once, a layer at a time; none through
+    ``avoiding`` (what a walk still reaches once that node's tensor is detached)."""
+    seen: dict[int, Node] = {} if avoiding is None else {id(avoiding): avoiding}
     layer = [root for root in roots if root is not None]
     while layer:
         fresh = {id(node): node for node in layer if id(node) not in seen}
         seen.update(fresh)
         layer = [child for node in fresh.values() for child, _ in node.next_functions if child is not None]
-    return list(seen.values())
+    return [node for node in seen.values() if node is not avoiding]

@@ -74,6 +74,17 @@ def refresh() -> None:
     _generation[0] += 1
 
 
+def class_around(site: tuple[str, int]) -> ast.ClassDef | None:
+    """The innermost class of the file ``site[0]`` whose body holds the line ``site[1]``."""
+    tree = parsed(site[0])
+    classes = [
+        node
+        for node in (ast.walk(tree) if tree is not None else ())
+        if isinstance(node, ast.ClassDef) and node.lineno <= site[1] <= (node.end_lineno or 0)
+    ]
+    return max(classes, key=lambda node: node.lineno, default=None)
+
+
 def function_around(tree: ast.Module, line: int) -> ast.AST:
     """The innermost function of ``tree`` whose body holds ``line`` (its ``def`` line and defaults run in the scope
     around it); the module itself outside any."""

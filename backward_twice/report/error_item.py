@@ -8,6 +8,7 @@ Used by :mod:`backward_twice.report.rendering`.
 
 from __future__ import annotations
 
+import ast
 import re
 
 from backward_twice.common.error_kinds import LEAF_IN_PLACE
@@ -168,15 +169,41 @@ def _computed_again(stale_line: str, raising_code: str, step: str, raising_line:
     backward in a loop, each line from 32 to that loop the loop reads)."""
     site, raised = site_of(stale_line), site_of(raising_line)
     backward = raised[1] if site and raised and raised[0] == site[0] else None
-    loss = re.match(r"\s*([\w.]+)\s*\.backward\(", raising_code)
+    losses = _backwarded_names(raising_code)
     lines = (
-        computed_again(site[0], site[1], loss.group(1), int(step), backward)
-        if site is not None and loss is not None and step.isdigit()
+        sorted({line for loss in losses for line in computed_again(site[0], site[1], loss, int(step), backward)})
+        if site is not None and step.isdigit()
         else []
     )
     if len(lines) < 2:
         return f"line {line_number(split_line(stale_line)[0])}"
     return f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
+
+
+def _backwarded_names(code: str) -> list[str]:
+    """The names the raising line's backward starts from: ``loss`` of ``loss.backward()``, ``a`` and ``b`` of
+    ``(a * b).mean().backward()`` (not the functions it calls)."""
+    plain = re.match(r"\s*([\w.]+)\s*\.backward\(", code)
+    if plain is not None:
+        return [plain.group(1)]
+    try:
+        tree = ast.parse(code.split("#", 1)[0].strip())
+    except SyntaxError:
+        return []
+    receivers = [
+        node.func.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward"
+    ]
+    called = {id(node.func) for receiver in receivers for node in ast.walk(receiver) if isinstance(node, ast.Call)}
+    return sorted(
+        {
+            node.id
+            for receiver in receivers
+            for node in ast.walk(receiver)
+            if isinstance(node, ast.Name) and id(node) not in called
+        }
+    )
 
 
 def _summed_over_steps(stale_line: str, raising_line: str, step: str) -> tuple[str, int] | None:

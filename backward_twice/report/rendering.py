@@ -138,6 +138,8 @@ def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str
     elif v.error is not None and v.error.caught:
         unit = "run" if runs_of else "iteration"
         watched += f"; a backward raised in {unit} {v.error.iteration}, and your code caught it"
+    elif v.error is not None and v.error.past_the_loop:
+        watched += "; a backward after the loop raised"
     elif v.error is not None:
         watched += (
             f"; run {v.error.iteration} raised" if runs_of else f"; the loop raised in iteration {v.error.iteration}"
