@@ -1597,3 +1597,105 @@ def test_a_total_on_self_that_another_method_reads_as_a_tensor_is_kept_one_witho
     assert fixed != TOTAL_ON_A_TRAINER
     ran = _run(fixed, tmp_path / "fixed.py")
     assert not ran["t"].acc.requires_grad
+
+
+PREDICTION_OUTSIDE_THE_CLOSURE = """
+import torch
+
+torch.manual_seed(0)
+x, y = torch.rand(20, 3), torch.rand(20, 1)
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.LBFGS(model.parameters(), max_iter=4)
+
+
+def main():
+    pred = model(x)
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(pred, y)
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+
+
+main()
+"""
+
+
+def test_a_prediction_an_lbfgs_closure_reads_from_outside_is_computed_inside_it(tmp_path: Path) -> None:
+    """``pred = model(x)`` before ``optimizer.step(closure)``, read in the closure (pytorch#111369): "add `pred =
+    pred.detach()` before line N", N inside the closure, where it made ``pred`` the closure's local
+    (UnboundLocalError), and a detached ``pred`` leaves the loss no graph. The truth (no helpers): the forward moved
+    into the closure runs."""
+    with pytest.raises(RuntimeError, match="second time"):
+        _run(PREDICTION_OUTSIDE_THE_CLOSURE, tmp_path / "as_written.py")
+    path = tmp_path / "watched.py"
+    path.write_text(
+        "from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n"
+        + "\n".join(f"    {line}" for line in PREDICTION_OUTSIDE_THE_CLOSURE.strip("\n").split("\n"))
+        + "\nexcept RuntimeError:\n  pass\n"
+    )
+    [item] = runpy.run_path(str(path))["w"].report.items
+    printed = re.match(r"compute `pred` inside `closure` \(move line (\d+) into it, before line (\d+)\)", item.fix)
+    assert printed is not None, item.fix
+    lines = PREDICTION_OUTSIDE_THE_CLOSURE.strip("\n").split("\n")
+    moved, before = int(printed.group(1)) - 4, int(printed.group(2)) - 4  # 3 lines above the source when watched
+    assert lines[moved].strip() == "pred = model(x)" and lines[before].strip().startswith("loss = "), item.fix
+    fixed = lines[:moved] + lines[moved + 1 : before] + ["        " + lines[moved].strip()] + lines[before:]
+    assert _run("\n".join(fixed) + "\n", tmp_path / "fixed.py")["model"].weight.grad is not None
+
+
+RETAINED_OUTSIDE_FREED_INSIDE = """
+import torch
+
+
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        with torch.enable_grad():
+            y = x.detach().requires_grad_() ** 2
+        ctx.save_for_backward(y, x)
+        ctx.inner = y
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        y, _ = ctx.saved_tensors
+        (grad,) = torch.autograd.grad(ctx.inner, ctx.inner.grad_fn.next_functions[0][0].variable, g)
+        return grad
+
+
+torch.manual_seed(0)
+t = torch.rand(5, requires_grad=True)
+opt = torch.optim.SGD([t], lr=0.1)
+for it in range(3):
+    opt.zero_grad()
+    loss = Square.apply(t).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_graph_an_autograd_functions_own_grad_frees_is_fixed_there_not_at_the_retained_backward(
+    tmp_path: Path,
+) -> None:
+    """The first backward already retains; the second raises because the ``torch.autograd.grad`` inside the
+    Function's backward freed its own graph (pytorch#65536): "add retain_graph=True to the earlier backward only",
+    which it has. The truth (no helpers): ``retain_graph=True`` on the inner call runs."""
+    with pytest.raises(RuntimeError, match="second time"):
+        _run(RETAINED_OUTSIDE_FREED_INSIDE, tmp_path / "as_written.py")
+    path = tmp_path / "watched.py"
+    path.write_text(
+        "from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n"
+        + "\n".join(f"    {line}" for line in RETAINED_OUTSIDE_FREED_INSIDE.strip("\n").split("\n"))
+        + "\nexcept RuntimeError:\n  pass\n"
+    )
+    [item] = runpy.run_path(str(path))["w"].report.items
+    printed = re.match(r"pass retain_graph=True to the call at line (\d+)", item.fix)
+    assert printed is not None, item.fix
+    lines = RETAINED_OUTSIDE_FREED_INSIDE.strip("\n").split("\n")
+    inner = int(printed.group(1)) - 4
+    assert "torch.autograd.grad(" in lines[inner], item.fix
+    lines[inner] = lines[inner].replace(", g)", ", g, retain_graph=True)")
+    assert _run("\n".join(lines) + "\n", tmp_path / "fixed.py")["t"].grad is not None

@@ -3801,3 +3801,72 @@ def test_a_pass_with_no_backward_first_in_each_call_of_the_epoch_counts(epochs: 
         for _ in range(epochs):
             passes += _one_epoch_stepping_every_other_pass(model, batches)
     assert w.report.headline.startswith(f"backward-twice: healthy ({passes} iterations watched"), w.report.headline
+
+
+def _actor_critic_update(q_again: bool) -> None:
+    """An actor's loss on ``q_pi = critic(s, a)``, computed before the critic's step and walked after it; the actor
+    learns through ``q_pi`` into its action. ``q_again``: ``q_pi`` computed again after the critic's step."""
+    torch.manual_seed(0)
+    actor, critic = torch.nn.Linear(3, 2), torch.nn.Linear(5, 1)
+    log_alpha = torch.zeros(1, requires_grad=True)  # SAC's temperature: the actor's loss trains it too
+    actor_opt = torch.optim.Adam([*actor.parameters(), log_alpha], lr=1e-2)
+    critic_opt = torch.optim.Adam(critic.parameters(), lr=1e-2)
+    for s, r in zip(torch.randn(3, 4, 3), torch.randn(3, 4, 1)):
+        a = torch.tanh(actor(s))
+        q_pi = critic(torch.cat([s, a], 1))
+        critic_loss = (critic(torch.cat([s, a.detach()], 1)) - r).pow(2).mean()
+        critic_opt.zero_grad()
+        critic_loss.backward()
+        critic_opt.step()
+        if q_again:
+            q_pi = critic(torch.cat([s, a], 1))
+        actor_loss = (log_alpha.exp() * a.pow(2).sum(1, keepdim=True) - q_pi).mean()
+        actor_opt.zero_grad()
+        actor_loss.backward()
+        actor_opt.step()
+
+
+def test_a_stale_q_the_actor_learns_through_is_computed_again_not_detached() -> None:
+    """It said "use `q_pi.detach()` in the loss ...: this loss does not train them": the actor's only way to Q is
+    through ``q_pi``; detached, it trains on the action penalty alone. The truth (no helpers): ``q_pi`` computed
+    again after the critic's step runs."""
+    with pytest.raises(RuntimeError, match="inplace"):
+        _actor_critic_update(q_again=False)
+    _actor_critic_update(q_again=True)
+    with pytest.raises(RuntimeError, match="inplace"), watch() as w:
+        _actor_critic_update(q_again=False)
+    [item] = w.report.items
+    source, start = inspect.getsourcelines(_actor_critic_update)
+    q_pi = next(start + i for i, code in enumerate(source) if code.strip() == "q_pi = critic(torch.cat([s, a], 1))")
+    assert item.fix.startswith(f"compute line {q_pi} again after the step"), item.fix
+
+
+STALE_AT_A_SCRIPTS_TOP_LEVEL = """
+import torch
+
+torch.manual_seed(0)
+value = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+value_opt = torch.optim.Adam(value.parameters(), lr=1e-2)
+for step in range(3):
+    delta = 1.0 - value(torch.randn(4))
+    value_opt.zero_grad()
+    (-delta).backward(retain_graph=True)
+    value_opt.step()
+    (delta * 2).backward()
+"""
+
+
+def test_a_stale_forward_at_a_scripts_top_level_is_named_there_when_the_script_is_run_from_code(tmp_path: Any) -> None:
+    """A script run by ``runpy.run_path`` inside ``with watch():``: "this backward goes through line 4" named the
+    runner's ``runpy.run_path(...)`` line, the nearest caller out of the script. The truth: the forward is the
+    script's ``delta = ...`` (computed again after the step, it runs)."""
+    script = tmp_path / "reinforce.py"
+    script.write_text(STALE_AT_A_SCRIPTS_TOP_LEVEL)
+    with pytest.raises(RuntimeError, match="inplace"):
+        runpy.run_path(str(script))
+    with pytest.raises(RuntimeError, match="inplace"), watch() as w:
+        runpy.run_path(str(script))
+    item = w.report.items[0]
+    forward = STALE_AT_A_SCRIPTS_TOP_LEVEL.split("\n").index("    delta = 1.0 - value(torch.randn(4))") + 1
+    assert item.label.startswith(f"this backward goes through line {forward},"), item.label
+    assert item.lines[0].place.startswith("reinforce.py:"), item.lines[0]

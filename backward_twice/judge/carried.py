@@ -24,6 +24,7 @@ from backward_twice.judge.built import (
     rebinds_from_itself,
     starts_without_a_tensor,
 )
+from backward_twice.judge.closures import read_by_a_closure
 from backward_twice.judge.fixes import carried_fix, read_after_its_build
 from backward_twice.judge.loop_body import live_link, loop_body, where_read
 from backward_twice.judge.returned import computed_in_the_step
@@ -229,9 +230,11 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for stored in (as_stored(named, recorder.creation.ran, site_of(e.built_at)) if stored_only and named else None,)
         for name in (named if stored is None else stored[0],)
         for entry in (_entry(recorder, e),)
-        for at_entry in (_fix_at_entry(recorder, entry, e, name),)
+        for in_closure in (read_by_a_closure(name, entry, e.built_at),)
+        for at_entry in (not in_closure and _fix_at_entry(recorder, entry, e, name),)
         for fix in (
-            read_after_its_build(name, entry, e.built_at, _body(recorder))
+            in_closure
+            or read_after_its_build(name, entry, e.built_at, _body(recorder))
             or computed_in_the_step(name, e.built_at)
             or carried_fix(name, e.built_at, _built_before(e), e.container, _list_use(recorder, e), e),
         )

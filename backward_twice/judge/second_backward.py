@@ -2,7 +2,9 @@
 names: a loss built inside the loop that runs the backward line twice, a GAN's D loss on ``fake.detach()``, a retain in
 the earlier backward only, the losses summed, the stale graph computed again after the step that changed its weights,
 one of two updates kept (an epoch's total after per-batch steps), or a total added to again after its first backward
-started again at 0 (SAM's second pass).
+started again at 0 (SAM's second pass); and where a stale forward's lines are: the learner's line that computed it, in
+the nearest of the raising backward's callers that did (:func:`line_of_a_caller`), and the end of the statement that
+runs the step it goes again after (:func:`where_the_step_ends`).
 
 Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.error_item`.
 """
@@ -12,13 +14,23 @@ from __future__ import annotations
 import ast
 import linecache
 import re
+from typing import TYPE_CHECKING
 
 from backward_twice.judge.fixes import total_fix
 from backward_twice.judge.uses import assigned_in_the_loss, read_in_the_loss, summed_over_steps
 from backward_twice.record.learner import lines_of_file, site_of
 from backward_twice.record.sources import class_around, function_around, parsed
 
-__all__ = ["keep_one_update", "second_backward_fix", "where_the_step_ends"]
+if TYPE_CHECKING:
+    from backward_twice.record.recorder import Recorder
+
+__all__ = [
+    "in_the_function_of",
+    "keep_one_update",
+    "line_of_a_caller",
+    "second_backward_fix",
+    "where_the_step_ends",
+]
 
 _D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
 _G_OUTPUT = re.compile(r"(?i)^(?:self\.)?(?:fake\w*|gen(?:erated)?_\w+|\w*_fake)$")  # a generator's output, by name
@@ -332,3 +344,30 @@ def _calls(node: ast.AST, name: str) -> bool:
     return (isinstance(called, ast.Name) and called.id == name) or (
         isinstance(called, ast.Attribute) and called.attr == name
     )
+
+
+def line_of_a_caller(
+    recorder: Recorder, node: int, own_line: tuple[str, int], callers: tuple[tuple[str, int], ...]
+) -> tuple[str, int] | None:
+    """The line of the nearest of ``callers`` (the raising call's outer frames, innermost first) that built ``node``:
+    its own line ``own_line`` where that function runs it (``logits = net(x)`` of ``one_step``, which calls
+    ``update``), else the line of its call that led there; None when none of them did."""
+    for caller in callers:
+        if in_the_function_of(own_line, caller):
+            return own_line  # the caller's own code built it: not the call out of it
+        line = recorder.creation.call_line_of(node, caller)
+        if line != own_line:
+            return line
+    return None
+
+
+def in_the_function_of(site: tuple[str, int], raised: tuple[str, int]) -> bool:
+    """Whether ``site`` lies in the function of the line ``raised`` (a step that built its forward and raised), or
+    both at a script's top level."""
+    tree = parsed(raised[0]) if site[0] == raised[0] else None
+    if tree is None:
+        return False
+    function = function_around(tree, raised[1])
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):  # a script's top level: its own lines
+        return function_around(tree, site[1]) is tree
+    return function.body[0].lineno <= site[1] <= (function.end_lineno or 0)

@@ -32,7 +32,12 @@ from backward_twice.judge.fixes import ERROR_FIXES
 from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
 from backward_twice.judge.returned import loss_returned_at
-from backward_twice.judge.second_backward import second_backward_fix, where_the_step_ends
+from backward_twice.judge.second_backward import (
+    in_the_function_of,
+    line_of_a_caller,
+    second_backward_fix,
+    where_the_step_ends,
+)
 from backward_twice.judge.states import whole_name
 from backward_twice.judge.twins import twin_in_iteration_1
 from backward_twice.judge.uses import graph_cut
@@ -41,7 +46,7 @@ from backward_twice.record.folds import CallLog, count_retains
 from backward_twice.record.iterations import Split, split_iterations
 from backward_twice.record.learner import learner_line_at, short, site_of
 from backward_twice.record.recorder import Recorder
-from backward_twice.record.sources import function_around, parsed
+from backward_twice.record.sources import parsed
 
 __all__ = [
     "ERROR_FIXES",
@@ -310,33 +315,6 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
     return verdicts
 
 
-def _line_of_a_caller(
-    recorder: Recorder, node: int, own_line: tuple[str, int], callers: tuple[tuple[str, int], ...]
-) -> tuple[str, int] | None:
-    """The line of the nearest of ``callers`` (the raising call's outer frames, innermost first) that built ``node``:
-    its own line ``own_line`` where that function runs it (``logits = net(x)`` of ``one_step``, which calls
-    ``update``), else the line of its call that led there; None when none of them did."""
-    for caller in callers:
-        if _in_the_function_of(own_line, caller):
-            return own_line  # the caller's own code built it: not the call out of it
-        line = recorder.creation.call_line_of(node, caller)
-        if line != own_line:
-            return line
-    return None
-
-
-def _in_the_function_of(site: tuple[str, int], raised: tuple[str, int]) -> bool:
-    """Whether ``site`` lies in the function of the line ``raised`` (a step that built its forward and raised), or
-    both at a script's top level."""
-    tree = parsed(raised[0]) if site[0] == raised[0] else None
-    if tree is None:
-        return False
-    function = function_around(tree, raised[1])
-    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):  # a script's top level: its own lines
-        return function_around(tree, site[1]) is tree
-    return function.body[0].lineno <= site[1] <= (function.end_lineno or 0)
-
-
 def _needed_by_the_detached(recorder: Recorder, needer: int) -> bool:
     """Whether the call ``needer`` is the one that raised an in-place error whose fix detaches the stale forward, and
     with that detach it walks nothing an earlier backward kept."""
@@ -430,6 +408,13 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
                 stepped if record.only_through or (source and record.another_trains) else None,
             )
             fix = _with_the_other_ways(recorder, freer.index, record, fix)
+    elif record.raised_inside is not None and kind == "backward a second time":
+        inside = (site_of(record.raised_inside) or ("", 0))[1]
+        evidence = f"the buffers it needs were freed by a call inside this backward, at {short(record.raised_inside)}"
+        fix = (
+            f"pass retain_graph=True to the call at line {inside}: each backward through this graph runs it again, on"
+            " the graph it walked the first time (or call backward through this graph once)"
+        )
     elif record.changed_by_step is None and record.changed_at is None and record.stepped_between is not None:
         # an optimizer's own method no step() hook sees (SAM's ``first_step``) changed the weights in place
         evidence = f"a tensor it saved was changed in place by the optimizer step at {short(record.stepped_between)}"
@@ -444,12 +429,12 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
             site = recorder.creation.call_line_of(twin, raised) if twin is not None else site
             own_line = recorder.creation.line_of(record.stale_node)
             link = recorder.loop.innermost
-            own = site is not None and _in_the_function_of(site, raised)  # a step's own forward, its loop outside
+            own = site is not None and in_the_function_of(site, raised)  # a step's own forward, its loop outside
             if site is not None and not own and site == own_line:
                 # the raising code did not call what built it (StyleGAN2's R1 ``autograd.grad`` in its own function,
                 # SAC's policy loss walked in ``update_params``): the line of the nearest frame out that did
                 # (``real_pred = discriminator(real_img)``), not the model's ``forward``; else the loop's line
-                site = _line_of_a_caller(recorder, record.stale_node, own_line, record.raised_through[1:]) or (
+                site = line_of_a_caller(recorder, record.stale_node, own_line, record.raised_through[1:]) or (
                     recorder.creation.call_line_of(record.stale_node, (link.loop.filename, link.loop.header))
                     if link is not None
                     else site

@@ -109,6 +109,8 @@ class ErrorRecord:
     past_the_loop: bool = (
         False  # a backward's after the loop ended: if the learner's code catches it, no training error
     )
+    raised_inside: str | None = None  # "file:line: code" of the learner's call that raised inside this backward (an
+    # ``autograd.grad`` a custom autograd.Function's backward runs): where the buffers it needs were freed
     raised_through: tuple[tuple[str, int], ...] = ()  # (file, line) of the learner's frames the raising call ran
     # under, innermost first (``update_params``'s backward, then ``learn``'s call of it): read for a stale forward
 
@@ -118,6 +120,7 @@ def explain(
 ) -> ErrorRecord:
     """The error a backward call raised, with the recorder's evidence."""
     record = ErrorRecord(first_line(exc, 400), call.line, call.index)
+    record.raised_inside = _raised_inside(recorder, exc)
     record.past_the_loop = recorder.loop.past_its_end
     kind = error_kind(str(exc))
     freed = call.first_freed or _freed_unread(recorder, call, walked) if kind == "backward a second time" else None
@@ -366,6 +369,16 @@ def _learners_frame(frame: types.FrameType | None, skipped: tuple[str, ...]) -> 
     while frame is not None and not site_of(frame, skipped, outward=False)[0]:
         frame = frame.f_back
     return frame
+
+
+def _raised_inside(recorder: Seen, exc: BaseException) -> str | None:
+    """The innermost of the learner's lines the error passed through inside the backward call (its traceback starts
+    at the call): a ``torch.autograd.grad`` or ``backward`` their autograd.Function's backward, or a hook, runs."""
+    inside = None
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        if site_of(frame, recorder.skipped, outward=False)[0]:
+            inside = (frame.f_code.co_filename, line)
+    return learner_line_at(*inside) if inside is not None else None
 
 
 def _learner_sites(recorder: Seen, frame: types.FrameType | None) -> tuple[tuple[str, int], ...]:

@@ -118,6 +118,10 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
             label = f"a second backward through the graph that line {line_number(freed_place)}'s backward freed"
             if not re.search(r"(?:backward|grad)\s*\(", freed_code):  # ``trainer.fit(...)``: the framework's
                 label = "a second backward through the graph the framework's backward freed"
+        elif (inside := re.search(r"by a call inside this backward, at (.+)$", error.evidence)) is not None:
+            inside_place, inside_code = split_line(inside.group(1))
+            lines.append(CodeLine(inside_place, inside_code, (0, len(inside_code)), "runs again, on what it freed"))
+            label = f"a second backward runs line {line_number(inside_place)} again, on the buffers its first run freed"
         else:
             label = "a second backward through a graph whose buffers were freed"
         why = "a backward frees the saved tensors it walked; this one needs them again"

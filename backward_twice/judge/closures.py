@@ -1,0 +1,58 @@
+"""A graph a closure reads from the function around it: ``pred = model(x)`` computed once, then read by the
+``closure`` an optimizer's ``step`` calls several times (LBFGS evaluates the loss again at each of its inner
+iterations), where each call's backward frees the graph the last one walked. A detach cannot go in the closure (the
+name would become its local); the forward goes in.
+
+Used by :mod:`backward_twice.judge.carried`.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from backward_twice.record.learner import site_of
+from backward_twice.record.sources import function_around, parsed
+
+__all__ = ["read_by_a_closure"]
+
+
+def read_by_a_closure(name: str | None, entry: tuple[str, int] | None, built_at: str) -> str | None:
+    """The fix for ``name``, built at ``built_at`` and first read at ``entry`` inside a function defined beside it
+    that an optimizer's ``step`` is handed (``optimizer.step(closure)``) and that never assigns it: compute it inside
+    that function. None for any other carrier."""
+    built = site_of(built_at)
+    if name is None or entry is None or not name.isidentifier() or built is None or built[0] != entry[0]:
+        return None
+    tree = parsed(entry[0])
+    closure = function_around(tree, entry[1]) if tree is not None else None
+    if tree is None or not isinstance(closure, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    if closure.lineno <= built[1] <= (closure.end_lineno or closure.lineno):
+        return None
+    outer = function_around(tree, closure.lineno)
+    if function_around(tree, built[1]) is not outer:
+        return None
+    assigned = {n.id for n in ast.walk(closure) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    if name in assigned:
+        return None
+    stepped = any(
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "step"
+        and any(
+            isinstance(arg, ast.Name) and arg.id == closure.name
+            for arg in [*call.args, *(k.value for k in call.keywords)]
+        )
+        for call in ast.walk(outer)
+    )
+    if not stepped:
+        return None
+    return (
+        f"compute `{name}` inside `{closure.name}` (move line {built[1]} into it, before line {entry[1]}): the "
+        f"optimizer's step calls `{closure.name}` several times, and each call's backward needs a graph of its own"
+    )
+
+
+def _arguments(call: ast.Call) -> list[ast.expr]:
+    """What ``call`` is given, by position and by keyword."""
+    return [*call.args, *(keyword.value for keyword in call.keywords)]
