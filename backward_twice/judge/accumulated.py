@@ -18,14 +18,17 @@ __all__ = ["accumulated_gradients"]
 
 
 def accumulated_gradients(recorder: Recorder, old: list[int], index: int) -> bool:
-    """Whether call ``index`` walks only what was built since the last optimizer step before it and the last
-    call other than a ``backward(create_graph=True)`` before it (``old``: the sequence numbers it walked from earlier
-    passes), with at least one such backward between: the micro-batches of one update, their gradients accumulated in
-    ``.grad`` with their graphs for that update's own second derivative (not ``autograd.grad``'s, which the learner
-    keeps by name: LiSSA's ``h_estimate``)."""
+    """Whether call ``index``, with an optimizer step after it, walks only what was built since the last step before
+    it and the last call other than a ``backward(create_graph=True)`` before it (``old``: the sequence numbers it
+    walked from earlier passes), with at least one such backward between: the micro-batches of one update, their
+    gradients accumulated in ``.grad`` with their graphs for that update's own second derivative (not
+    ``autograd.grad``'s, which the learner keeps by name: LiSSA's ``h_estimate``; not a hypergradient's updates
+    written in autograd, with no optimizer step)."""
     if not old:
         return False
     last_step = bisect.bisect_right(recorder.steps, index, key=lambda step: step.calls) - 1
+    if last_step + 1 >= len(recorder.steps):  # no optimizer step after it: no update these gradients are for (a
+        return False  # hypergradient's chained updates, written in autograd, are a carried graph)
     since = recorder.steps[last_step].sequence if last_step >= 0 else -1
     oldest, created = min(old), False
     for earlier in range(index - 1, -1, -1):  # newest first, back to the last step or plain backward
