@@ -3870,3 +3870,41 @@ def test_a_stale_forward_at_a_scripts_top_level_is_named_there_when_the_script_i
     forward = STALE_AT_A_SCRIPTS_TOP_LEVEL.split("\n").index("    delta = 1.0 - value(torch.randn(4))") + 1
     assert item.label.startswith(f"this backward goes through line {forward},"), item.label
     assert item.lines[0].place.startswith("reinforce.py:"), item.lines[0]
+
+
+class _KeepsKL:
+    """A training step that keeps each batch's KL term in a list, which another method stacks at the epoch's end
+    (a Lightning module's ``on_train_batch_end`` / ``on_train_epoch_end``, as learners write them)."""
+
+    def __init__(self) -> None:
+        self.model = torch.nn.Linear(3, 2)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.kls: list[torch.Tensor] = []
+
+    def step(self, x: torch.Tensor) -> None:
+        mu = self.model(x)
+        kl = mu.pow(2).mean()
+        self.opt.zero_grad()
+        (mu.abs().mean() + kl).backward(retain_graph=False)
+        self.opt.step()
+        self.kls.append(kl)
+
+    def epoch_end(self) -> torch.Tensor:
+        return torch.stack(self.kls).mean()
+
+
+def test_a_note_on_a_list_stacked_elsewhere_keeps_detached_tensors_not_numbers() -> None:
+    """The note said "`self.kls.append(kl.item())`, or `kl.detach()` if you need the tensor": the first, applied,
+    made the learner's own ``torch.stack(self.kls)`` raise on floats. The truth (no helpers): ``.detach()`` there
+    runs and keeps the same weights."""
+    torch.manual_seed(0)
+    keeper = _KeepsKL()
+    with watch() as w:
+        for x in torch.randn(3, 4, 3):
+            keeper.step(x)
+    keeper.epoch_end()
+    [note] = [item for item in w.report.items if item.kind == "note"]
+    assert note.fix == "`self.kls.append(kl.detach())`", note.fix
+    keeper.kls = [k.item() for k in keeper.kls]  # type: ignore[misc]
+    with pytest.raises(TypeError, match="float"):
+        keeper.epoch_end()

@@ -24,12 +24,7 @@ from backward_twice.record.learner import lines_of_file, site_of, source_lines
 from backward_twice.record.loops import loop_inside, outermost_loop_without
 from backward_twice.record.sources import class_around, function_around, parsed
 
-__all__ = [
-    "ERROR_FIXES",
-    "carried_fix",
-    "items_of_one_list",
-    "total_fix",
-]
+__all__ = ["ERROR_FIXES", "carried_fix", "items_of_one_list", "read_as_a_tensor", "total_fix"]
 
 ERROR_FIXES = {
     "backward a second time": "a backward freed this graph's buffers and a later one goes through them: add "
@@ -103,7 +98,7 @@ def total_fix(summed_name: str, added: str, backward: str, read_in: tuple[str, i
     (``total_loss.item()`` for its log)."""
     added = _without_comment(added)
     if re.fullmatch(r"[\w.]+", added):
-        if read_in is not None and _read_as_a_tensor(summed_name, *read_in):
+        if read_in is not None and read_as_a_tensor(summed_name, *read_in):
             return (
                 f"add a copy without its graph instead (`{summed_name} += {added}.detach()`) and call backward() "
                 "on this iteration's loss"
@@ -117,7 +112,7 @@ def total_fix(summed_name: str, added: str, backward: str, read_in: tuple[str, i
         )
     kept = (
         "a copy without its graph instead (`{} += loss.detach()`)"
-        if read_in is not None and _read_as_a_tensor(summed_name, *read_in)
+        if read_in is not None and read_as_a_tensor(summed_name, *read_in)
         else "a number instead (`{} += loss.item()`)"
     )
     return (  # the term has no name of its own (Reptile's ``task_loss = task_loss + F.mse_loss(...)``): one for it
@@ -125,10 +120,13 @@ def total_fix(summed_name: str, added: str, backward: str, read_in: tuple[str, i
     )
 
 
-_NUMBER_SAFE_CALLS = frozenset({"print", "str", "float", "int", "round", "format", "repr", "abs", "math.isfinite"})
+_NUMBER_SAFE_CALLS = frozenset(
+    {"print", "str", "float", "int", "round", "format", "repr", "abs", "math.isfinite", "len"}
+)
+_LIST_METHODS = frozenset({"append", "extend", "insert", "pop", "clear", "remove", "copy"})
 
 
-def _read_as_a_tensor(name: str, filename: str, line: int) -> bool:
+def read_as_a_tensor(name: str, filename: str, line: int) -> bool:
     """Whether the function around ``line`` (the class, for ``self.`` names) reads ``name`` where a float would not do:
     a method of it (``total_loss.item()``, ``.isnan()``), or handed on (``logged.append(total_loss)``, later stacked).
     Reads a number serves as well are not: in an f-string, ``print``, ``float``, arithmetic, a comparison, its own
@@ -145,8 +143,8 @@ def _read_as_a_tensor(name: str, filename: str, line: int) -> bool:
         if not isinstance(node.ctx, ast.Load):
             continue
         parent = parents.get(id(node))
-        if isinstance(parent, ast.Attribute):  # a method or attribute of it: a float has almost none
-            if parent.attr != "backward":
+        if isinstance(parent, ast.Attribute):  # a method or attribute of it: a float has almost none (a list's own
+            if parent.attr != "backward" and parent.attr not in _LIST_METHODS:  # methods read no item)
                 return True
         elif isinstance(parent, ast.Call) and node in parent.args:
             if ast.unparse(parent.func) not in _NUMBER_SAFE_CALLS:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.built import reads_on_line
-from backward_twice.judge.fixes import computed_inside, items_of_one_list
+from backward_twice.judge.fixes import computed_inside, items_of_one_list, read_as_a_tensor
 from backward_twice.judge.notes import fed_line, growing_line
 from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note, plural
 from backward_twice.record.learner import place as place_of
@@ -359,7 +359,7 @@ def note_item(note: Note) -> Item:
         lines = (CodeLine(_short_place(place_of(filename, number)), text, span_of(text, note.name), where),)
         if appended and note.entry:  # an item with entries (a model's outputs): what is read of it, detached
             fix = f"`{note.name}.{method}({appended}[{note.entry}].detach())`, with each entry you read detached"
-        elif appended and note.one_element:
+        elif appended and note.one_element and not read_as_a_tensor(note.name, filename, number):
             fix = f"`{note.name}.{method}({appended}.item())`, or `{appended}.detach()` if you need the tensor"
         elif appended:
             fix = f"`{note.name}.{method}({appended}.detach())`"
