@@ -696,3 +696,31 @@ def test_the_audit_of_a_step_that_catches_its_backwards_error_says_the_step_goes
     said = audit_retain_graph(step, models=net, optimizers=opt).summary()
     assert "As written a backward of the step raises FloatingPointError" in said, said
     assert "and the step catches it and goes on" in said, said
+
+
+def test_a_retain_expression_false_for_the_last_call_is_no_retain_judged() -> None:
+    """EWC's Fisher estimate (kuc2477/pytorch-ewc): one ``autograd.grad`` per sample of one batch's graph,
+    ``retain_graph=(i < len(losses) - 1)``. The last call, with retain_graph=False, was counted among the
+    "retain_graph=True judged" and called "can go". The truth (no helpers): the first two calls' retain is needed
+    (dropped, the next call raises); the last keeps nothing."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    x = torch.randn(3, 3)
+
+    def fisher_step() -> None:
+        losses = model(x).squeeze(1).unbind()
+        for i, loss in enumerate(losses):
+            autograd_grad(loss, list(model.parameters()), retain_graph=i < len(losses) - 1)
+
+    def without_the_first_retain() -> None:
+        losses = model(x).squeeze(1).unbind()
+        autograd_grad(losses[0], list(model.parameters()))
+        autograd_grad(losses[1], list(model.parameters()))
+
+    with pytest.raises(RuntimeError, match="second time"):
+        without_the_first_retain()
+    audit = audit_retain_graph(fisher_step, model)
+    assert [c.retain_graph for c in audit.calls] == [True, True, False], audit
+    assert verdicts(audit) == [True, True, None], audit
+    assert "2 retain_graph=True judged: 2 needed, 0 can go." in audit.summary(), audit.summary()
+    assert "can go" not in audit.calls[2].fix, audit.calls[2]

@@ -179,7 +179,8 @@ def audit_report(run: StepRun) -> RetainAudit:
             why = "create_graph=True with retain_graph=False: it frees the graph it walked"
             fix = "remove retain_graph=False: a later backward walks it" if walked_again else "nothing to change"
             needed = None
-        elif line is None or line.verdict.startswith("not a retain"):
+        elif line is None or line.verdict.startswith("not a retain") or not c.retain_graph:  # a line whose retain
+            # is an expression, false this call (EWC's ``retain_graph=(i < len(loglikelihoods))`` for the last sample)
             why, fix = (
                 (CREATE_GRAPH_NOTE, "nothing to change here")
                 if c.create_graph

@@ -128,4 +128,8 @@ LOOPS = [
     "open_clip_logit_scale_accum",
     "mae_pretrain_accum",
     "lora_gpt2_ft_adapters",
+    "ewc_fisher_per_sample_grads",
+    "si_small_omega",
+    "agem_buffer_projection",
+    "lwf_old_logits",
 ]

@@ -94,11 +94,11 @@ class RetainSwitch:
 
     drop: dict[str, set[int] | str] = field(default_factory=dict)  # marker -> run numbers, or "all"
     started: dict[str, int] = field(default_factory=dict)
-    kept: dict[str, int] = field(default_factory=dict)  # runs whose value asked to retain
+    kept: dict[str, list[bool]] = field(default_factory=dict)  # per run, whether its value asked to retain
 
     def __call__(self, marker: str, value: Any) -> Any:
         self.started[marker] = self.started.get(marker, 0) + 1
-        self.kept[marker] = self.kept.get(marker, 0) + bool(value)
+        self.kept.setdefault(marker, []).append(bool(value))
         wanted = self.drop.get(marker, set())
         if wanted == "all" or (isinstance(wanted, set) and self.started[marker] in wanted):
             return None  # what the call gets when the keyword is not written at all
@@ -235,12 +235,13 @@ def judge_retains(module: types.ModuleType, iterations: int) -> dict[str, Retain
             not drive(variant(module, RetainSwitch({marker: {run}}), marked), iterations).same_as(reference)
             for run in range(1, completed + 1)
         )
-        if not completed or not counting.kept.get(marker):  # a line that never ran (or only raised), or whose
-            continue  # retain_graph= was never true (timm's `i < self.n_samples - 1` with one sample): no verdict
+        retained = sum(counting.kept.get(marker, [])[:completed])  # the runs that kept a graph: a run whose value
+        if not retained:  # was false keeps nothing (EWC's last sample); a line that never ran (or only raised), or
+            continue  # whose retain_graph= was never true (timm's `i < self.n_samples - 1`, one sample): no verdict
         verdict = "can go" if without.same_as(reference) else "needed"
         if verdict == "needed" and carried and goes_with_the_carried_fix(module, iterations, marker, marked, carried):
             verdict = "goes with the carried fix"
-        verdicts[marker] = RetainVerdict(verdict, completed, needed_runs)
+        verdicts[marker] = RetainVerdict(verdict, retained, needed_runs)
     return verdicts
 
 
