@@ -3908,3 +3908,54 @@ def test_a_note_on_a_list_stacked_elsewhere_keeps_detached_tensors_not_numbers()
     keeper.kls = [k.item() for k in keeper.kls]  # type: ignore[misc]
     with pytest.raises(TypeError, match="float"):
         keeper.epoch_end()
+
+
+def _reinforce_updated_twice_on_one_episode(log_probs_as: str) -> list[torch.Tensor]:
+    """pytorch/examples#151's REINFORCE: an episode's log-probs kept in a list, then two updates on samples of it.
+    ``log_probs_as``: "kept" (as asked: the second update walks the episode's freed graph), "detached" (the list keeps
+    detached copies), "computed again" (each update computes its samples' log-probs from the states and actions)."""
+    torch.manual_seed(0)
+    policy = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=0.01)
+    states, actions, log_probs = [], [], []
+    for _ in range(6):
+        state = torch.randn(1, 4)
+        m = torch.distributions.Categorical(logits=policy(state))
+        action = m.sample()
+        states.append(state)
+        actions.append(action)
+        log_probs.append(m.log_prob(action))
+    if log_probs_as == "detached":
+        log_probs = [log_prob.detach() for log_prob in log_probs]
+    for picked in ([0, 2, 4], [2, 3, 4]):
+        chosen = [log_probs[i] for i in picked]
+        if log_probs_as == "computed again":
+            chosen = [torch.distributions.Categorical(logits=policy(states[i])).log_prob(actions[i]) for i in picked]
+        loss = -torch.cat(chosen).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return [p.detach().clone() for p in policy.parameters()]
+
+
+def test_a_list_the_loss_trains_only_through_is_computed_again_not_kept_detached() -> None:
+    """Two updates on one episode's kept log-probs: the fix said "keep detached copies in `log_probs`", with which
+    the loss has no gradient and its backward raises. The truth (no helpers): as written, the second update raises;
+    detached copies raise "does not require grad"; the log-probs computed again from the kept states and actions
+    train."""
+    with pytest.raises(RuntimeError, match="second time"):
+        _reinforce_updated_twice_on_one_episode("kept")
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        _reinforce_updated_twice_on_one_episode("detached")
+    trained = _reinforce_updated_twice_on_one_episode("computed again")
+    assert not torch.equal(trained[0], torch.nn.Linear(4, 2).weight)
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        _reinforce_updated_twice_on_one_episode("kept")
+    source = inspect.getsource(_reinforce_updated_twice_on_one_episode).splitlines()
+    line = _reinforce_updated_twice_on_one_episode.__code__.co_firstlineno + source.index(
+        "        log_probs.append(m.log_prob(action))"
+    )
+    fixes = [item.fix for item in w.report.items]
+    assert any(fix.startswith(f"compute `m.log_prob(action)` (line {line}) again") for fix in fixes), fixes
+    assert not any("detached copies in `log_probs` (" in fix for fix in fixes), fixes
+

@@ -30,6 +30,7 @@ from backward_twice.judge.loop_body import live_link, loop_body, where_read
 from backward_twice.judge.returned import computed_in_the_step
 from backward_twice.judge.states import one_state, whole_name, whole_state, whole_state_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
+from backward_twice.judge.trained_through import computed_again_fix
 from backward_twice.judge.twins import iteration_1_start, places, twin_in_iteration_1
 from backward_twice.judge.uses import bound_in, first_read, list_use, read_first
 from backward_twice.record.iterations import Split
@@ -236,9 +237,28 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             in_closure
             or read_after_its_build(name, entry, e.built_at, _body(recorder))
             or computed_in_the_step(name, e.built_at)
-            or carried_fix(name, e.built_at, _built_before(e), e.container, _list_use(recorder, e), e),
+            or _unless_it_trains_nothing(
+                recorder,
+                e,
+                name,
+                carried_fix(name, e.built_at, _built_before(e), e.container, _list_use(recorder, e), e),
+            ),
         )
     ]
+
+
+def _unless_it_trains_nothing(recorder: Recorder, carried: _Carried, name: str | None, fix: str) -> str:
+    """``fix``, unless it detaches what the raising backward walked and its loss trains nothing but through graphs
+    built before this pass: with the detach, nothing trains (and the backward raises); then the fix computes the
+    carried values again where they are walked (:func:`computed_again_fix`)."""
+    error = recorder.error
+    if error is None or not error.trains_only_old or carried.used_at != error.line or not name:
+        return fix
+    if not fix.startswith(("keep detached copies", "add `")) or ".detach()" not in fix:
+        return fix  # (one that computes it afresh, a graph built before the loop computed inside it, is right)
+    if carried.container != "list" and _built_before(carried):
+        return fix
+    return computed_again_fix(name, carried.container, carried.built_at)
 
 
 def _built_before(carried: _Carried) -> bool:

@@ -19,6 +19,7 @@ import re
 from typing import Protocol
 
 from backward_twice.judge.states import as_spelled_in_its_methods, whole_state, whole_state_fix
+from backward_twice.judge.trained_through import appended_to
 from backward_twice.judge.uses import bound_in
 from backward_twice.record.learner import lines_of_file, site_of, source_lines
 from backward_twice.record.loops import loop_inside, outermost_loop_without
@@ -236,18 +237,16 @@ def carried_fix(
             )
         if use == "whole":
             return f"clear `{whole}` after each update (`{whole}.clear()`): each backward walks this iteration's items"
-        grown = re.compile(rf"(?<![\w.]){re.escape(whole)}\.append\((.+)\)\s*$")
-        lines = lines_of_file(built_at)  # else the line of its file that grows it
-        appended = grown.search(code) or next(filter(None, map(grown.search, lines)), None)
+        appended, lines = (appended_to(whole, built_at) or (None,))[0], lines_of_file(built_at)
         backward = walked.used_at.split(": ", 1)[-1] if walked is not None else ""
         if appended and re.search(rf"(?<![\w.]){re.escape(whole)}\[[^\]]+\]\.backward\(", backward):  # old item
-            return f"call `{appended.group(1)}.backward()`: `{whole}[...]` reads an item an earlier pass appended"
+            return f"call `{appended}.backward()`: `{whole}[...]` reads an item an earlier pass appended"
         used = site_of(walked.used_at) if walked is not None else None
-        if appended and use == "indexed" and used is not None and not _read_again(lines, appended, used[1]):
+        if appended and use == "indexed" and used is not None and not _read_again(lines, whole, appended, used[1]):
             # the last few read back (a moving window) and this pass's only through the list: the items before
             # this pass's need no graph, this pass's keeps it until its backward
             return f"add `{whole}[-1] = {whole}[-1].detach()` after line {used[1]}'s backward"
-        kept = f"{whole}.append({appended.group(1) if appended else 'out'}.detach())"
+        kept = f"{whole}.append({appended or 'out'}.detach())"
         return f"keep detached copies in `{whole}` (`{kept}`), or clear it each iteration"
     owner = re.match(r"^(\w+)\.\w+$", name)
     if before_loop and owner and _builds_an_owner(owner.group(1), built_at):
@@ -315,12 +314,11 @@ def read_after_its_build(
     return None
 
 
-def _read_again(lines: list[str], appended: re.Match[str], backward: int) -> bool:
+def _read_again(lines: list[str], whole: str, item: str, backward: int) -> bool:
     """Whether what the list's ``append`` line appends (``hidden`` of ``bank.append(hidden)``) is read again by its
     own name between the last such line before the backward's line ``backward`` of the same file and that line
     (``(hidden.sum() + recent.sum()).backward()``): then detached copies in the list leave this pass its gradient."""
-    item = appended.group(1)
-    start = max((n for n, text in enumerate(lines[:backward], 1) if appended.group(0) in text), default=None)
+    start = max((n for n, text in enumerate(lines[:backward], 1) if f"{whole}.append({item})" in text), default=None)
     if start is None or not item.isidentifier():
         return True
     return any(re.search(rf"(?<![\w.]){re.escape(item)}\b", text) for text in lines[start:backward])

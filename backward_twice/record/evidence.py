@@ -29,7 +29,7 @@ from backward_twice.record.in_place import changed_in_place
 from backward_twice.record.learner import LearnersCode, first_line, learner_line, learner_line_at, skipped_dirs
 from backward_twice.record.learner import site_of as site_of_line
 from backward_twice.record.names import NamedGraph, named_optimizers, names_holding_graphs, site_of
-from backward_twice.record.saved import grad_fn_of, python_walk, saved_data
+from backward_twice.record.saved import grad_fn_of, python_walk, saved_data, weights_in, weights_past, weights_under
 from backward_twice.record.sources import function_around, parsed
 from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
 
@@ -113,6 +113,8 @@ class ErrorRecord:
     # ``autograd.grad`` a custom autograd.Function's backward runs): where the buffers it needs were freed
     raised_through: tuple[tuple[str, int], ...] = ()  # (file, line) of the learner's frames the raising call ran
     # under, innermost first (``update_params``'s backward, then ``learn``'s call of it): read for a stale forward
+    trains_only_old: bool = False  # the loss reaches no weight but through graphs built before this pass: with what
+    # carries them detached, it trains nothing (an episode's log-probs, read again)
 
 
 def explain(
@@ -137,7 +139,7 @@ def explain(
         first = call.first_walked_again if call.first_walked_again >= 0 else freed.position
         record.through_walked = call.first_freed is None or at == first
         through = record.reached_through
-        record.through_sources = _leaves(walked[at]) if through is not None and 0 <= at < len(walked) else frozenset()
+        record.through_sources = weights_under(walked[at]) if through and 0 <= at < len(walked) else frozenset()
         learners = _learners_frame(caller, recorder.skipped)
         freed_node = walked[freed.position]
         record.parameter_through = _parameter_through(learners, freed_node) if through and learners else None
@@ -147,8 +149,12 @@ def explain(
             if seq in live and through is not None and live[seq].name != through.name and not live[seq].aliases
         )
         record.outer_through = _outer_name(recorder, learners, through) if through and learners else None
-        record.only_through = bool(through) and 0 <= at < len(walked) and _leaves(walked[0]) <= record.through_sources
-        freer = recorder.calls.record(freed.freed_by)
+        trained = weights_under(walked[0])
+        record.only_through = bool(through) and 0 <= at < len(walked) and trained <= record.through_sources
+        freer, passes = recorder.calls.record(freed.freed_by), recorder.loop.iteration_passes()
+        # what the loss trains through nodes built in this pass: none, and a detach of the name that carries the
+        # old graph leaves it nothing to train
+        record.trains_only_old = bool(trained and passes) and not weights_past(walked[0], passes[-1].sequence)
         if learners is not None and freer is not None:
             record.stepped_between = _optimizer_call_between(freer.site, call.site, learners)
         record.another_trains = _another_trains(recorder, caller, record.through_sources, freed.freed_by, call.index)
@@ -208,7 +214,7 @@ def _other_ways_in(
         for named, below in ways
         if not any(other is not named and any(n._sequence_nr() == other.sequence for n in below) for other, _ in ways)
     ]
-    return tuple((named, _weights_in(below)) for named, below in nearest)
+    return tuple((named, weights_in(below)) for named, below in nearest)
 
 
 def _another_trains(
@@ -288,7 +294,7 @@ def _detachable(
         n.sequence: n
         for n, _ in names_holding_graphs(caller, recorder.skipped, recorder.events, recorder.roots, recorder.outermost)
     }
-    trained = _leaves(walked[0])
+    trained = weights_under(walked[0])
     for node in walked[1:]:
         named = live.get(node._sequence_nr())
         if named is None or named.container is not None or "." in named.name:
@@ -312,15 +318,6 @@ def _stepped_since(recorder: Seen, sequence: int) -> frozenset[int]:
     held = (recorder.optimizers_seen.get(key) for key in stepped)
     optimizers = [optimizer for reference in held if reference is not None and (optimizer := reference()) is not None]
     return frozenset(id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
-
-
-def _leaves(node: Node) -> frozenset[int]:
-    """The ids of the tensors whose gradients the graph under ``node`` accumulates (the weights it trains)."""
-    return _weights_in(python_walk([node]))
-
-
-def _weights_in(nodes: list[Node]) -> frozenset[int]:
-    return frozenset(id(n.variable) for n in nodes if hasattr(n, "variable"))
 
 
 def _optimizer_call_between(

@@ -6,6 +6,8 @@
   them, as the course's saved-tensor meter counts (a parameter, or an input or activation a Python name still
   holds, is alive anyway); a saved 0-dim scalar counts too;
 * :func:`python_walk`: every node a graph reaches from some roots, over ``next_functions``;
+* :func:`weights_under`, :func:`weights_past`: the weights a graph trains, and those it still trains with the graphs
+  built before a point cut off;
 * :func:`grad_fn_of`: a tensor's ``grad_fn``, or None where PyTorch refuses the read.
 
 Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.names`,
@@ -24,7 +26,17 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
-__all__ = ["grad_fn_of", "graph_only_bytes", "has_saved_data", "python_walk", "saved_data", "saves_tensors"]
+__all__ = [
+    "grad_fn_of",
+    "graph_only_bytes",
+    "has_saved_data",
+    "python_walk",
+    "saved_data",
+    "saves_tensors",
+    "weights_in",
+    "weights_past",
+    "weights_under",
+]
 
 _storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 _saved_attributes: dict[type, tuple[str, ...]] = {}
@@ -141,3 +153,31 @@ def python_walk(roots: Sequence[Node | None], avoiding: Node | None = None) -> l
         seen.update(fresh)
         layer = [child for node in fresh.values() for child, _ in node.next_functions if child is not None]
     return [node for node in seen.values() if node is not avoiding]
+
+
+def weights_in(nodes: list[Node]) -> frozenset[int]:
+    """The ids of the tensors whose gradients ``nodes`` accumulate (their ``AccumulateGrad`` nodes' weights)."""
+    return frozenset(id(n.variable) for n in nodes if hasattr(n, "variable"))
+
+
+def weights_under(node: Node) -> frozenset[int]:
+    """The ids of the tensors whose gradients the graph under ``node`` accumulates (the weights it trains)."""
+    return weights_in(python_walk([node]))
+
+
+def weights_past(root: Node, since: int) -> frozenset[int]:
+    """The ids of the weights the graph under ``root`` trains through nodes built at or after engine sequence number
+    ``since`` alone: what a loss still trains once each graph built before (an earlier pass's) is detached. A weight's
+    ``AccumulateGrad`` node carries the largest sequence number, so no weight is cut off for its own node's age."""
+    seen: dict[int, Node] = {}
+    layer = [root] if root._sequence_nr() >= since else []
+    while layer:
+        fresh = {id(node): node for node in layer if id(node) not in seen}
+        seen.update(fresh)
+        layer = [
+            child
+            for node in fresh.values()
+            for child, _ in node.next_functions
+            if child is not None and child._sequence_nr() >= since
+        ]
+    return weights_in(list(seen.values()))
