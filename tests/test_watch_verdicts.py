@@ -3959,3 +3959,38 @@ def test_a_list_the_loss_trains_only_through_is_computed_again_not_kept_detached
     assert any(fix.startswith(f"compute `m.log_prob(action)` (line {line}) again") for fix in fixes), fixes
     assert not any("detached copies in `log_probs` (" in fix for fix in fixes), fixes
 
+
+def _lbfgs_in_a_while_loop(optimizer_class: type[torch.optim.Optimizer]) -> tuple[int, int]:
+    """A ``while`` loop whose one step is ``optimizer.step(closure)``: LBFGS calls the closure (and its backward)
+    several times inside that step, SGD once. Returns (passes, backward calls)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = optimizer_class(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    passes, backward_calls = 0, [0]
+    while passes < 3:
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            backward_calls[0] += 1
+            return loss
+
+        optimizer.step(closure)
+        passes += 1
+    return passes, backward_calls[0]
+
+
+@pytest.mark.parametrize("optimizer_class", [torch.optim.LBFGS, torch.optim.SGD])
+def test_a_while_loop_whose_step_runs_a_closure_counts_its_own_passes(
+    optimizer_class: type[torch.optim.Optimizer],
+) -> None:
+    """LBFGS in a ``while`` loop: "7 iterations watched" for 3 passes (each backward inside the step, and the step's
+    own event after them, came back to the loop's line: a new pass each). The truth: the loop's own count."""
+    passes, calls = _lbfgs_in_a_while_loop(optimizer_class)
+    with watch() as w:
+        assert _lbfgs_in_a_while_loop(optimizer_class) == (passes, calls)
+    headline = f"backward-twice: healthy ({passes} iterations watched, {calls} backward call"
+    assert w.report.headline.startswith(headline), w.report.headline
+

@@ -2,8 +2,8 @@
 plain attribute holds (:func:`plain_value`), whether a value is an optimizer (:func:`is_optimizer`: not a scheduler),
 and whether an optimizer's ``step()`` runs around a frame (:func:`inside_a_step`: LBFGS calling its closure).
 
-Used by :mod:`backward_twice.record.hand_update`, :mod:`backward_twice.record.passes` and
-:mod:`backward_twice.record.recorder`.
+Used by :mod:`backward_twice.record.hand_update`, :mod:`backward_twice.record.passes`,
+:mod:`backward_twice.record.positions` and :mod:`backward_twice.record.recorder`.
 """
 
 from __future__ import annotations

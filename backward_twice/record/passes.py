@@ -42,6 +42,7 @@ from backward_twice.record.bound import bound_tokens, same_tokens, skipped_passe
 from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop, enclosing, step_calls
 from backward_twice.record.optimizers import OPTIMIZERS, plain_value
+from backward_twice.record.positions import Frames, Position, StepWindow, frames_between, position_of
 
 __all__ = ["IterationLoop", "Link", "PassStart"]
 
@@ -76,7 +77,7 @@ class PassStart:
 
 # Where a loop's frame was at the last event: the frame's id, what its ``for`` bound, the lines from it in. A tuple,
 # not an object: one is made at every event.
-_Marker = tuple[int, tuple[Any, ...], tuple[int, ...]]
+_Marker = tuple[int, tuple[Any, ...], Position]
 
 
 # Why no loop splits the run, where the source still shows the loop around the backward calls (the judge reads it)
@@ -109,6 +110,7 @@ class IterationLoop:
     loopless: int = 0  # backward calls outside every loop of the learner's before any inside one (a PINN's boundary
     # term from ``autograd.grad`` before its loop): before the loop, while a later one may yet come in a loop
     _markers: dict[tuple[int, int], _Marker] = field(default_factory=dict)
+    _step: StepWindow = field(default_factory=StepWindow)  # the optimizer step the last event ran inside
 
     @property
     def innermost(self) -> Link | None:
@@ -171,7 +173,7 @@ class IterationLoop:
         if self.unusable is not None:
             return False
         past, self.past_its_end = self.past_its_end, False
-        settled = None if past else self._settled(frame, boundary, calls, since, tracer.active, line)
+        settled = None if past else self._settled(frame, boundary, calls, since, tracer.active, line, step)
         if settled is not None:
             return settled
         path = self._path(frame, boundary, boundary_line)
@@ -209,9 +211,8 @@ class IterationLoop:
             self._keep(common)
             self.chain[:] = links[:common]  # the same loops, in the frames they run in now (the next epoch's call)
         self._drop_partial_loops(frame)
-        inward = self._lines_inward(frame, boundary)
-        offset = next((f.f_lasti for f in _outward(frame, boundary) if self.is_learners(f.f_code)), -1)
-        return self._new_passes(path, inward, calls, since, tracer.active, offset)
+        inward, stepping = frames_between(frame, boundary, self.is_learners)
+        return self._new_passes(path, inward, calls, since, tracer.active, self._step.within(stepping, step), step)
 
     def _settled(
         self,
@@ -221,6 +222,7 @@ class IterationLoop:
         since: int,
         following: bool,
         line: int = 0,
+        step: bool = False,
     ) -> bool | None:
         """Once the tracer stopped following the loop (past its second pass), an event in the iteration loop's own
         frame is read the short way: only that loop's marker (None: the long way, for an event elsewhere). With no
@@ -260,17 +262,10 @@ class IterationLoop:
                 number += skipped_passes(loop, last[1], bound)
             passes.append(PassStart(since, calls, -1, number))
             return True
-        inward = [(id(found), line)]
-        between = []  # the learner's frames from the loop's in to the event's
-        offset = -1
-        while frame is not found and frame is not None:
-            if self.is_learners(frame.f_code):
-                between.append((id(frame), frame.f_lineno))
-                offset = frame.f_lasti if offset < 0 else offset
-            frame = frame.f_back
-        inward.extend(reversed(between))
-        offset = found.f_lasti if offset < 0 else offset
-        return self._new_passes([(inner, found)], inward, calls, since, following, offset)
+        between, stepping = frames_between(frame, found, self.is_learners)
+        inward = [(id(found), line, found.f_lasti), *(f for f in between if f[0] != id(found))]  # its line as read
+        within = self._step.within(stepping, step)
+        return self._new_passes([(inner, found)], inward, calls, since, following, within, step)
 
     def _with_outer_loops(
         self, found: types.FrameType, boundary: types.FrameType | None, calls: int, since: int, following: bool
@@ -301,45 +296,35 @@ class IterationLoop:
         running = next((f for f in _outward(frame, boundary) if id(f) == outer.frame), None)
         return running is None or not outer.loop.header <= running.f_lineno <= outer.loop.body_last
 
-    def _lines_inward(self, frame: types.FrameType | None, boundary: types.FrameType | None) -> list[tuple[int, int]]:
-        """(id of the frame, its line) of the learner's frames from ``boundary`` in to ``frame``."""
-        lines: list[tuple[int, int]] = []
-        while frame is not None:
-            if self.is_learners(frame.f_code):
-                lines.append((id(frame), frame.f_lineno))
-            if frame is boundary:
-                break
-            frame = frame.f_back
-        return lines[::-1]
-
     def _new_passes(
         self,
         path: list[tuple[Link, types.FrameType]],
-        inward: list[tuple[int, int]],
+        inward: Frames,
         calls: int,
         since: int,
         following: bool,
-        offset: int = -1,
+        within: bool = False,
+        step: bool = False,
     ) -> bool:
-        """Update each chain loop's marker; unless ``following``, a changed one is a new pass. ``offset``: the
-        instruction the innermost of the learner's frames is at (two events on one line, ``loss.backward();
-        opt.step()``, are in one pass: the second is further on)."""
+        """Update each chain loop's marker; unless ``following``, a changed one is a new pass (by its position,
+        :mod:`backward_twice.record.positions`, where lines tell it; ``within``: in the last event's optimizer step,
+        no new one)."""
         inner = self.innermost
         began = outer_began = False  # ``path`` is outermost first
-        frames = [frame_id for frame_id, _ in inward]
+        frames = [frame_id for frame_id, _, _ in inward]
         for link, frame in path:
             if link.key not in self.passes:
                 continue
             nested = False
-            position: tuple[int, ...] = ()  # a ``for`` whose names no inner loop rebinds: told by what it binds
+            position: Position = ()  # a ``for`` whose names no inner loop rebinds: told by what it binds
             if not (link.loop.targets and not link.loop.shadowed):
                 start = frames.index(id(frame)) if id(frame) in frames else 0
                 line = inward[start][1] if id(frame) in frames else frame.f_lineno
-                position = (*(line for _, line in inward[start:]), offset)
+                position = position_of(inward, start, step)
                 inner_loops = [loop for loop in enclosing(frame.f_code, line) if loop.header > link.loop.header]
                 if inner_loops:  # inside a loop nested in this one: at this loop's level, the event is that loop's
-                    position, nested = (inner_loops[0].header,), True  # line
-            new = self._marked(link, frame, position, nested, calls, since, following)
+                    position, nested = ((inner_loops[0].header, -1),), True  # line
+            new = self._marked(link, frame, position, nested, calls, since, following or within)
             if outer_began and not new and not following:  # its enclosing loop went on: this loop began again
                 began_again = PassStart(since, calls)
                 self._append(link.key, began_again)
@@ -355,7 +340,7 @@ class IterationLoop:
         self,
         link: Link,
         frame: types.FrameType,
-        position: tuple[int, ...],
+        position: Position,
         nested: bool,
         calls: int,
         since: int,
@@ -447,8 +432,8 @@ class IterationLoop:
             return
         bound = bound_tokens(frame, inner.loop)
         if not inner.loop.targets or inner.loop.shadowed:  # a ``while``: raised before the last event's line
-            if last[2] and line < last[2][0]:
-                self._markers[inner.key] = (id(frame), bound, (line,))
+            if last[2] and line < last[2][0][0]:
+                self._markers[inner.key] = (id(frame), bound, ((line, -1),))
                 self._append_after(inner.key, inner.loop, last, (id(frame), bound), PassStart(since, calls))
         elif not same_tokens(last[1], bound):
             self._markers[inner.key] = (id(frame), bound, ())
