@@ -96,6 +96,17 @@ def _run(source: str, path: Path) -> dict:
     return runpy.run_path(str(path))
 
 
+def _items_watched(source: str, path: Path) -> list:
+    """The report's items for ``source`` run under ``watch()`` as a script (its error caught): ``source`` stands 3
+    lines lower than in its own file."""
+    path.write_text(
+        "from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n"
+        + "\n".join(f"    {line}" for line in source.strip("\n").split("\n"))
+        + "\nexcept RuntimeError:\n  pass\n"
+    )
+    return list(runpy.run_path(str(path))["w"].report.items)
+
+
 def _trains_as_by_hand(source: str, by_hand: str, fix: str, name: str, tmp_path: Path) -> None:
     """The loop with ``fix`` added at the end of each iteration trains ``name`` as the loop fixed ``by_hand`` does."""
     expected = _run(by_hand, tmp_path / "by_hand.py")[name].state_dict()
@@ -1310,13 +1321,7 @@ def test_a_total_the_loop_reads_as_a_tensor_is_kept_one_without_its_graph(read: 
     source = TOTAL_READ_AS_A_TENSOR.replace("READ", code.replace("\n", "\n    "))
     with pytest.raises(RuntimeError, match="second time"):
         _run(source, tmp_path / "as_written.py")
-    path = tmp_path / "watched.py"
-    path.write_text(
-        "from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n"
-        + "\n".join(f"    {line}" for line in source.strip("\n").split("\n"))
-        + "\nexcept RuntimeError:\n  pass\n"
-    )
-    [item] = runpy.run_path(str(path))["w"].report.items
+    [item] = _items_watched(source, tmp_path / "watched.py")
     kept = "a copy without its graph" if needs_a_tensor else "a number"
     printed = re.fullmatch(rf"add {kept} instead \(`(.+)`\) and call backward\(\) on this iteration's loss", item.fix)
     assert printed is not None, item.fix
@@ -1577,13 +1582,7 @@ def test_a_total_on_self_that_another_method_reads_as_a_tensor_is_kept_one_witho
     The truth (no helpers): the printed fix (a copy without its graph) runs."""
     with pytest.raises(RuntimeError, match="second time"):
         _run(TOTAL_ON_A_TRAINER, tmp_path / "as_written.py")
-    path = tmp_path / "watched.py"
-    path.write_text(
-        "from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n"
-        + "\n".join(f"    {line}" for line in TOTAL_ON_A_TRAINER.strip("\n").split("\n"))
-        + "\nexcept RuntimeError:\n  pass\n"
-    )
-    [item] = runpy.run_path(str(path))["w"].report.items
+    [item] = _items_watched(TOTAL_ON_A_TRAINER, tmp_path / "watched.py")
     printed = re.fullmatch(
         r"name this iteration's loss \(`(loss = .+)`\), call `loss.backward\(\)`, and add a copy without its graph"
         r" instead \(`(.+)`\)",
@@ -1629,13 +1628,7 @@ def test_a_prediction_an_lbfgs_closure_reads_from_outside_is_computed_inside_it(
     into the closure runs."""
     with pytest.raises(RuntimeError, match="second time"):
         _run(PREDICTION_OUTSIDE_THE_CLOSURE, tmp_path / "as_written.py")
-    path = tmp_path / "watched.py"
-    path.write_text(
-        "from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n"
-        + "\n".join(f"    {line}" for line in PREDICTION_OUTSIDE_THE_CLOSURE.strip("\n").split("\n"))
-        + "\nexcept RuntimeError:\n  pass\n"
-    )
-    [item] = runpy.run_path(str(path))["w"].report.items
+    [item] = _items_watched(PREDICTION_OUTSIDE_THE_CLOSURE, tmp_path / "watched.py")
     printed = re.match(r"compute `pred` inside `closure` \(move line (\d+) into it, before line (\d+)\)", item.fix)
     assert printed is not None, item.fix
     lines = PREDICTION_OUTSIDE_THE_CLOSURE.strip("\n").split("\n")
@@ -1683,19 +1676,58 @@ def test_a_graph_an_autograd_functions_own_grad_frees_is_fixed_there_not_at_the_
     """The first backward already retains; the second raises because the ``torch.autograd.grad`` inside the
     Function's backward freed its own graph (pytorch#65536): "add retain_graph=True to the earlier backward only",
     which it has. The truth (no helpers): ``retain_graph=True`` on the inner call runs."""
+    assert _with_the_printed_retain(RETAINED_OUTSIDE_FREED_INSIDE, tmp_path)["t"].grad is not None
+
+
+def _with_the_printed_retain(source: str, tmp_path: Path) -> dict:
+    """``source`` raises as written; watched, its one item says "pass retain_graph=True to the call at line N", an
+    ``autograd.grad(..., g)`` call: the names of ``source`` run with that retain added there."""
     with pytest.raises(RuntimeError, match="second time"):
-        _run(RETAINED_OUTSIDE_FREED_INSIDE, tmp_path / "as_written.py")
-    path = tmp_path / "watched.py"
-    path.write_text(
-        "from backward_twice.watcher import watch\ntry:\n  with watch() as w:\n"
-        + "\n".join(f"    {line}" for line in RETAINED_OUTSIDE_FREED_INSIDE.strip("\n").split("\n"))
-        + "\nexcept RuntimeError:\n  pass\n"
-    )
-    [item] = runpy.run_path(str(path))["w"].report.items
+        _run(source, tmp_path / "as_written.py")
+    [item] = _items_watched(source, tmp_path / "watched.py")
     printed = re.match(r"pass retain_graph=True to the call at line (\d+)", item.fix)
     assert printed is not None, item.fix
-    lines = RETAINED_OUTSIDE_FREED_INSIDE.strip("\n").split("\n")
+    lines = source.strip("\n").split("\n")
     inner = int(printed.group(1)) - 4
     assert "torch.autograd.grad(" in lines[inner], item.fix
     lines[inner] = lines[inner].replace(", g)", ", g, retain_graph=True)")
-    assert _run("\n".join(lines) + "\n", tmp_path / "fixed.py")["t"].grad is not None
+    return _run("\n".join(lines) + "\n", tmp_path / "fixed.py")
+
+
+TWO_GRADIENTS_INSIDE = """
+import torch
+
+
+class SmoothScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        with torch.enable_grad():
+            x_, w_ = x.detach().requires_grad_(), w.detach().requires_grad_()
+            out = torch.nn.functional.softplus(x_ * w_) * torch.sigmoid(x_)
+        ctx.saved = (out, x_, w_)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        out, x_, w_ = ctx.saved
+        gx = torch.autograd.grad(out, x_, g)[0]
+        gw = torch.autograd.grad(out, w_, g)[0]
+        return gx, gw
+
+
+torch.manual_seed(0)
+lin = torch.nn.Linear(3, 5)
+scale = torch.nn.Parameter(torch.ones(5))
+opt = torch.optim.SGD([*lin.parameters(), scale], lr=0.1)
+for it in range(3):
+    opt.zero_grad()
+    SmoothScale.apply(lin(torch.randn(4, 3)), scale).pow(2).mean().backward()
+    opt.step()
+"""
+
+
+def test_a_functions_second_inner_grad_is_fixed_at_the_first_that_freed_the_graph(tmp_path: Path) -> None:
+    """A custom Function's ``backward`` asks for two gradients, one ``autograd.grad`` each; the second raises: "pass
+    retain_graph=True to the call at line N" named the second call, with which it still raises. The truth (no
+    helpers): retain_graph=True on the first call runs."""
+    assert _with_the_printed_retain(TWO_GRADIENTS_INSIDE, tmp_path)["scale"].grad is not None

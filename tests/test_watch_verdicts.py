@@ -3994,3 +3994,52 @@ def test_a_while_loop_whose_step_runs_a_closure_counts_its_own_passes(
     headline = f"backward-twice: healthy ({passes} iterations watched, {calls} backward call"
     assert w.report.headline.startswith(headline), w.report.headline
 
+
+def _lbfgs_on_features(computed_inside: bool) -> list[torch.Tensor]:
+    """An encoder and a head trained by LBFGS, the encoder's ``features`` computed outside the closure (as a learner
+    wrote it: LBFGS's second call of the closure walks the graph the first call's backward freed) or inside it (the
+    fix as printed: the line moved in)."""
+    torch.manual_seed(0)
+    encoder, head = torch.nn.Linear(5, 8), torch.nn.Linear(8, 1)
+    optimizer = torch.optim.LBFGS([*encoder.parameters(), *head.parameters()], lr=0.5, max_iter=4)
+    x, y = torch.randn(16, 5), torch.randn(16, 1)
+    for _ in range(2):
+        features = torch.tanh(encoder(x))
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(head(features), y)  # noqa: B023 (the pass's own, as learners write it)
+            loss.backward()
+            return loss
+
+        def closure_with_the_forward() -> torch.Tensor:
+            optimizer.zero_grad()
+            features = torch.tanh(encoder(x))
+            loss = torch.nn.functional.mse_loss(head(features), y)
+            loss.backward()
+            return loss
+
+        optimizer.step(closure_with_the_forward if computed_inside else closure)
+    return [p.detach().clone() for p in [*encoder.parameters(), *head.parameters()]]
+
+
+def test_a_forward_outside_the_closure_lbfgs_runs_twice_in_one_step_is_computed_inside_it() -> None:
+    """LBFGS calls the closure several times in one step; ``features`` from outside it: "build `features` inside the
+    loop that runs line N's backward" (the learner's loop builds it each pass already; the loop meant is LBFGS's).
+    The truth (no helpers): as written the first step raises; computed inside the closure it trains."""
+    with pytest.raises(RuntimeError, match="second time"):
+        _lbfgs_on_features(computed_inside=False)
+    _lbfgs_on_features(computed_inside=True)
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        _lbfgs_on_features(computed_inside=False)
+    source = inspect.getsource(_lbfgs_on_features).splitlines()
+    first = _lbfgs_on_features.__code__.co_firstlineno
+    built = first + source.index("        features = torch.tanh(encoder(x))")
+    read = first + next(
+        i
+        for i, line in enumerate(source)
+        if line.endswith("(head(features), y)  # noqa: B023 (the pass's own, as learners write it)")
+    )
+    [item] = w.report.items
+    assert item.fix.startswith(f"compute `features` inside `closure` (move line {built} into it, before line {read})")
+

@@ -3,7 +3,7 @@
 iterations), where each call's backward frees the graph the last one walked. A detach cannot go in the closure (the
 name would become its local); the forward goes in.
 
-Used by :mod:`backward_twice.judge.carried`.
+Used by :mod:`backward_twice.judge.carried` and :mod:`backward_twice.judge.second_backward`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import ast
 from backward_twice.record.learner import site_of
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["read_by_a_closure"]
+__all__ = ["read_by_a_closure", "read_by_the_raising_closure"]
 
 
 def read_by_a_closure(name: str | None, entry: tuple[str, int] | None, built_at: str) -> str | None:
@@ -40,9 +40,8 @@ def read_by_a_closure(name: str | None, entry: tuple[str, int] | None, built_at:
         and isinstance(call.func, ast.Attribute)
         and call.func.attr == "step"
         and any(
-            isinstance(arg, ast.Name) and arg.id == closure.name
-            for arg in [*call.args, *(k.value for k in call.keywords)]
-        )
+            isinstance(n, ast.Name) and n.id == closure.name for arg in _arguments(call) for n in ast.walk(arg)
+        )  # ``optimizer.step(closure)``, or one of two closures it is handed
         for call in ast.walk(outer)
     )
     if not stepped:
@@ -51,6 +50,32 @@ def read_by_a_closure(name: str | None, entry: tuple[str, int] | None, built_at:
         f"compute `{name}` inside `{closure.name}` (move line {built[1]} into it, before line {entry[1]}): the "
         f"optimizer's step calls `{closure.name}` several times, and each call's backward needs a graph of its own"
     )
+
+
+def read_by_the_raising_closure(name: str, raised_at: tuple[str, int]) -> str | None:
+    """:func:`read_by_a_closure`'s fix for ``name`` where the backward at ``raised_at`` runs in the closure that reads
+    it (LBFGS's second call of it walks the graph its first call's backward freed): built at the last assignment of
+    ``name`` before the closure, in the function around it."""
+    tree = parsed(raised_at[0])
+    closure = function_around(tree, raised_at[1]) if tree is not None else None
+    if tree is None or not isinstance(closure, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    reads = [
+        n.lineno for n in ast.walk(closure) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+    ]
+    outer = function_around(tree, closure.lineno)
+    built = [
+        node
+        for node in ast.walk(outer if outer is not None else tree)
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        and node.lineno < closure.lineno
+        and function_around(tree, node.lineno) is outer
+        and any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in ast.walk(node))
+    ]
+    if not reads or not built:
+        return None
+    last = max(built, key=lambda node: node.lineno)
+    return read_by_a_closure(name, (raised_at[0], min(reads)), f"{raised_at[0]}:{last.lineno}: {ast.unparse(last)}")
 
 
 def _arguments(call: ast.Call) -> list[ast.expr]:

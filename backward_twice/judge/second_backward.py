@@ -16,6 +16,7 @@ import linecache
 import re
 from typing import TYPE_CHECKING
 
+from backward_twice.judge.closures import read_by_the_raising_closure
 from backward_twice.judge.fixes import total_fix
 from backward_twice.judge.uses import assigned_in_the_loss, read_in_the_loss, summed_over_steps
 from backward_twice.record.learner import lines_of_file, site_of
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
 
 __all__ = [
+    "earlier_backward_in_its_function",
     "in_the_function_of",
     "keep_one_update",
     "line_of_a_caller",
@@ -148,6 +150,9 @@ def second_backward_fix(
         # one loss differentiated twice (DARTS: its gradient for the architecture, then for the weights): nothing
         # to detach, as detaching the root leaves nothing to differentiate
         return f"add retain_graph=True to {line} only: both differentiate `{through}`"
+    closure = read_by_the_raising_closure(through, raiser) if freed_at == raised_at and raiser else None
+    if closure is not None:  # LBFGS runs the closure (and its backward) several times in one step
+        return closure
     if freed_at == raised_at:
         return (
             f"build `{through}` inside the loop that runs {line}, or use `{through}.detach()` there if this loss "
@@ -371,3 +376,23 @@ def in_the_function_of(site: tuple[str, int], raised: tuple[str, int]) -> bool:
     if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):  # a script's top level: its own lines
         return function_around(tree, site[1]) is tree
     return function.body[0].lineno <= site[1] <= (function.end_lineno or 0)
+
+
+def earlier_backward_in_its_function(filename: str, line: int) -> int | None:
+    """The line of the nearest ``autograd.grad``, ``backward`` or ``autograd.backward`` call before ``line`` in the
+    function around it (a custom autograd.Function's ``backward`` asking for two gradients, one call each): the call
+    that freed the graph the one at ``line`` walks. None where none comes before it (one call in a loop)."""
+    tree = parsed(filename)
+    function = function_around(tree, line) if tree is not None else None
+    if tree is None or function is None:
+        return None
+    calls = [
+        node.lineno
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, (ast.Attribute, ast.Name))
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) in ("grad", "backward")
+        and node.lineno < line
+        and function_around(tree, node.lineno) is function
+    ]
+    return max(calls, default=None)

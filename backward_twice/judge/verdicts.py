@@ -33,6 +33,7 @@ from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
 from backward_twice.judge.returned import loss_returned_at
 from backward_twice.judge.second_backward import (
+    earlier_backward_in_its_function,
     in_the_function_of,
     line_of_a_caller,
     second_backward_fix,
@@ -409,11 +410,15 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
             )
             fix = _with_the_other_ways(recorder, freer.index, record, fix)
     elif record.raised_inside is not None and kind == "backward a second time":
-        inside = (site_of(record.raised_inside) or ("", 0))[1]
+        inside = site_of(record.raised_inside) or ("", 0)
         evidence = f"the buffers it needs were freed by a call inside this backward, at {short(record.raised_inside)}"
+        earlier = earlier_backward_in_its_function(*inside)
         fix = (
-            f"pass retain_graph=True to the call at line {inside}: each backward through this graph runs it again, on"
-            " the graph it walked the first time (or call backward through this graph once)"
+            f"pass retain_graph=True to the call at line {inside[1]}: each backward through this graph runs it again,"
+            " on the graph it walked the first time (or call backward through this graph once)"
+            if earlier is None
+            else f"pass retain_graph=True to the call at line {earlier}: the call at line {inside[1]} walks the graph"
+            " it freed"
         )
     elif record.changed_by_step is None and record.changed_at is None and record.stepped_between is not None:
         # an optimizer's own method no step() hook sees (SAM's ``first_step``) changed the weights in place
