@@ -4043,3 +4043,69 @@ def test_a_forward_outside_the_closure_lbfgs_runs_twice_in_one_step_is_computed_
     [item] = w.report.items
     assert item.fix.startswith(f"compute `features` inside `closure` (move line {built} into it, before line {read})")
 
+
+class _Runner:
+    """A learner's trainer class: ``self.total`` starts as a number, then ``+=`` each step's loss (in place, from the
+    second step on); ``end_epoch`` compares it with ``self.best`` as tensors."""
+
+    def __init__(self, in_place: bool) -> None:
+        self.model = torch.nn.Linear(5, 3)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-2)
+        self.in_place = in_place
+        self.total: Any = 0.0
+        self.best = torch.tensor(float("inf"))
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        if self.in_place:
+            self.total += loss
+        else:
+            self.total = self.total + loss
+
+    def end_epoch(self) -> None:
+        if self.best > self.total:
+            self.best = self.total
+        self.total = 0.0
+
+
+def _epochs_of_a_runner(in_place: bool) -> _Runner:
+    torch.manual_seed(0)
+    runner = _Runner(in_place)
+    batches = [(torch.randn(4, 5), torch.randint(0, 3, (4,))) for _ in range(3)]
+    for _ in range(2):
+        for x, y in batches:
+            runner.step(x, y)
+        runner.end_epoch()
+    return runner
+
+
+def _steps_held(tensor: torch.Tensor) -> int:
+    """How many cross-entropy nodes the graph under ``tensor`` holds: one per step it still keeps."""
+    return sum(type(node).__name__.startswith("NllLoss") for node in _walk_nodes(tensor.grad_fn))
+
+
+def _walk_nodes(root: Any) -> list[Any]:
+    seen, layer = {}, [root]
+    while layer:
+        fresh = {id(node): node for node in layer if node is not None and id(node) not in seen}
+        seen.update(fresh)
+        layer = [child for node in fresh.values() for child, _ in node.next_functions]
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["+=", "= ... +"])
+def test_a_total_and_a_best_on_a_trainers_self_are_noted_each_where_it_grows(in_place: bool) -> None:
+    """``self.total += loss`` (in place) in a trainer's method was "healthy": the note of ``r.total`` (read in the
+    loop's frame, not growing) and ``self.total`` (growing) merged into the first. With ``self.best = self.total``
+    too, the two were one note of ``self``, whose "fix" put ``.item()`` on the model's input. The truth (no helpers):
+    ``self.best`` holds the graphs of 3 steps, ``self.total`` of each step of its epoch."""
+    runner = _epochs_of_a_runner(in_place)
+    assert _steps_held(runner.best) == 3
+    with watch() as w:
+        _epochs_of_a_runner(in_place)
+    names = [item.label.split("`")[1] for item in w.report.items]
+    assert names[0] == "self.total" and set(names) <= {"self.total", "self.best"}, w.report
+    assert all(".item())" not in item.fix for item in w.report.items), w.report

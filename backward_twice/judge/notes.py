@@ -191,7 +191,12 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
     found = [_bounded(note, recorder, split) for note in _one_per_line(_one_per_container(list(by_name.values())))]
     found = _one_per_object(found)
     spelled = [_fed_object(_where_it_grows(note, recorder), note) for note in found]
-    return list({note.name: note for note in reversed(spelled)}.values())[::-1]  # one list reached two ways: one
+    merged: dict[str, Note] = {}  # one list reached two ways (``r.total`` and, in its method, ``self.total``): one
+    for note in spelled:  # note, growing where either reading saw it grow (an in-place ``self.total += loss``)
+        first = merged.get(note.name)
+        if first is None or (note.grows and not first.grows):
+            merged[note.name] = note
+    return list(merged.values())
 
 
 def _bounded(note: Note, recorder: Recorder, split: Split) -> Note:
@@ -330,7 +335,9 @@ def _from_a_parameter(filename: str, line: int, code: str) -> bool:
 def _attribute_of_an_object(note: Note) -> bool:
     """Whether ``note`` is a growing attribute of a name (``losses.avg``), not an item, a parameter or a buffer."""
     plain = note.grows and not note.parameter and not note.bound  # a deque's note is its own (the last N graphs)
-    return plain and re.fullmatch(r"\w+\.\w+", note.name) is not None
+    # not a method's own ``self``: its attributes (a trainer's ``self.total`` and ``self.best``) are the learner's
+    # lines to change, each where it grows; no call of the loop feeds that object
+    return plain and re.fullmatch(r"\w+\.\w+", note.name) is not None and not note.name.startswith("self.")
 
 
 def fed_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -> tuple[int, str, str] | None:
