@@ -132,4 +132,8 @@ LOOPS = [
     "si_small_omega",
     "agem_buffer_projection",
     "lwf_old_logits",
+    "deepar_missing_z_filled",
+    "ncf_neumf_negative_sampling",
+    "detr_set_criterion",
+    "nerf_coarse_fine_rays",
 ]
