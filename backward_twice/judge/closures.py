@@ -9,6 +9,7 @@ Used by :mod:`backward_twice.judge.carried` and :mod:`backward_twice.judge.secon
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 
 from backward_twice.record.learner import site_of
 from backward_twice.record.sources import function_around, parsed
@@ -35,15 +36,7 @@ def read_by_a_closure(name: str | None, entry: tuple[str, int] | None, built_at:
     assigned = {n.id for n in ast.walk(closure) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     if name in assigned:
         return None
-    stepped = any(
-        isinstance(call, ast.Call)
-        and isinstance(call.func, ast.Attribute)
-        and call.func.attr == "step"
-        and any(
-            isinstance(n, ast.Name) and n.id == closure.name for arg in _arguments(call) for n in ast.walk(arg)
-        )  # ``optimizer.step(closure)``, or one of two closures it is handed
-        for call in ast.walk(outer)
-    )
+    stepped = any(_steps_with(node, closure.name) for node in ast.walk(outer))  # ``optimizer.step(closure)``
     if not stepped:
         return None
     return (
@@ -55,27 +48,51 @@ def read_by_a_closure(name: str | None, entry: tuple[str, int] | None, built_at:
 def read_by_the_raising_closure(name: str, raised_at: tuple[str, int]) -> str | None:
     """:func:`read_by_a_closure`'s fix for ``name`` where the backward at ``raised_at`` runs in the closure that reads
     it (LBFGS's second call of it walks the graph its first call's backward freed): built at the last assignment of
-    ``name`` before the closure, in the function around it."""
+    ``name`` before the closure, in the function around it (or the script's top level)."""
     tree = parsed(raised_at[0])
     closure = function_around(tree, raised_at[1]) if tree is not None else None
     if tree is None or not isinstance(closure, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
+    outer = function_around(tree, closure.lineno)
+    scope: ast.AST = outer if outer is not None else tree
+    own = list(_own_nodes(scope))
+    if not any(_steps_with(node, closure.name) for node in own):  # no optimizer's step is handed it: no closure
+        return None
     reads = [
         n.lineno for n in ast.walk(closure) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
     ]
-    outer = function_around(tree, closure.lineno)
     built = [
         node
-        for node in ast.walk(outer if outer is not None else tree)
+        for node in own
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
         and node.lineno < closure.lineno
-        and function_around(tree, node.lineno) is outer
         and any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in ast.walk(node))
     ]
     if not reads or not built:
         return None
     last = max(built, key=lambda node: node.lineno)
     return read_by_a_closure(name, (raised_at[0], min(reads)), f"{raised_at[0]}:{last.lineno}: {ast.unparse(last)}")
+
+
+def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``scope``'s own code: not inside a function, lambda or class defined in it."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _steps_with(node: ast.AST, closure: str) -> bool:
+    """Whether ``node`` is a ``.step(...)`` call handed ``closure`` (or one of two closures, by an expression)."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "step"
+        and any(isinstance(n, ast.Name) and n.id == closure for arg in _arguments(node) for n in ast.walk(arg))
+    )
 
 
 def _arguments(call: ast.Call) -> list[ast.expr]:
