@@ -4109,3 +4109,119 @@ def test_a_total_and_a_best_on_a_trainers_self_are_noted_each_where_it_grows(in_
     names = [item.label.split("`")[1] for item in w.report.items]
     assert names[0] == "self.total" and set(names) <= {"self.total", "self.best"}, w.report
     assert all(".item())" not in item.fix for item in w.report.items), w.report
+
+
+def _anchor_built_before_the_loop(detached: bool) -> None:
+    """An anchor's output computed once before the loop and the only input of each pass's loss (``detached``: the
+    detach the fix offered)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    anchor, targets = torch.randn(8, 4), [torch.randn(8, 2) for _ in range(3)]
+    anchor_out = model(anchor).detach() if detached else model(anchor)
+    for target in targets:
+        loss = torch.nn.functional.mse_loss(anchor_out, target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def _anchor_computed_inside_the_loop() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    anchor, targets = torch.randn(8, 4), [torch.randn(8, 2) for _ in range(3)]
+    for target in targets:
+        loss = torch.nn.functional.mse_loss(model(anchor), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def test_a_graph_built_before_the_loop_that_is_the_losss_only_way_is_not_offered_a_detach() -> None:
+    """ "compute `anchor_out` inside the loop (or `anchor_out = anchor_out.detach()`, if it needs no gradient)": the
+    loss trains through nothing else. The truth (no helpers): detached, its backward raises "does not require grad";
+    computed inside the loop, it trains."""
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        _anchor_built_before_the_loop(detached=True)
+    _anchor_computed_inside_the_loop()
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        _anchor_built_before_the_loop(detached=False)
+    fixes = [item.fix for item in w.report.items]
+    assert any(fix.startswith("compute `anchor_out` inside the loop") for fix in fixes), fixes
+    assert not any("needs no gradient" in fix for fix in fixes), fixes
+
+
+_SOME_PASSES: dict[str, Any] = {}
+
+
+def _forward_in_every_other_call() -> None:
+    """A step whose forward runs in every other call only (kept in a dict between calls), walked in each."""
+    model, optimizer, x, y = _SOME_PASSES["parts"]
+    if _SOME_PASSES["calls"] % 2 == 0:
+        _SOME_PASSES["pred"] = model(x)
+    _SOME_PASSES["calls"] += 1
+    loss = ((_SOME_PASSES["pred"] - y) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def test_a_step_that_walks_an_earlier_calls_only_forward_is_told_to_compute_it_not_detach_it() -> None:
+    """``bt.diagnose`` (a harness's runs, no loop of the learner's): "add `pred = pred.detach()` at the end of each
+    iteration", with which the loss has no gradient. The truth (no helpers): the second call raises; with the forward
+    in every call it trains."""
+    from backward_twice.steps.diagnose import diagnose
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    _SOME_PASSES.update(parts=(model, optimizer, torch.randn(16, 3), torch.randn(16, 1)), calls=0)
+    _forward_in_every_other_call()
+    with pytest.raises(RuntimeError, match="second time"):
+        _forward_in_every_other_call()
+    _SOME_PASSES["calls"] = 0
+    report = diagnose(_forward_in_every_other_call, models=model, optimizers=optimizer)
+    fixes = [item.fix for item in report.report.items]
+    assert any("again in each iteration that walks it" in fix for fix in fixes), fixes
+    assert not any("'].detach()` at" in fix for fix in fixes), fixes
+
+
+def _second_order_updates(reset: bool) -> None:
+    """Micro-batches' ``backward(create_graph=True)`` accumulated in ``.grad``, then an update scaled by a Hessian-
+    vector product through those gradients (AdaHessian-like, by hand); ``reset``: the gradients set to None after it
+    (``model.zero_grad(set_to_none=True)``, the printed fix), as PyTorch's warning asks."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+    batches = [(torch.randn(3, 4), torch.randn(3, 1)) for _ in range(6)]
+    for step in range(3):
+        for x, y in batches[2 * step : 2 * step + 2]:
+            loss = torch.nn.functional.mse_loss(model(x), y) / 2
+            loss.backward(create_graph=True)
+        params = list(model.parameters())
+        grads = [p.grad for p in params]
+        probes = [torch.randint_like(p, high=2) * 2 - 1 for p in params]
+        curvatures = torch.autograd.grad(grads, params, grad_outputs=probes)
+        with torch.no_grad():
+            for p, g, h in zip(params, grads, curvatures):
+                p -= 0.05 * g / (h.abs() + 1.0)
+        if reset:
+            model.zero_grad(set_to_none=True)
+
+
+def test_gradients_left_with_their_graphs_across_updates_are_named_and_reset() -> None:
+    """``backward(create_graph=True)`` into ``.grad``, never reset after the update: "a tensor no name of yours holds
+    carries iteration 1's graph into iteration 2" (the weights' ``.grad`` held it). The truth (no helpers): as written
+    the second update's Hessian-vector product walks iteration 1's graph, which the first one freed, and raises; with
+    the gradients set to None after each update, it trains."""
+    with pytest.raises(RuntimeError, match="second time"):
+        _second_order_updates(reset=False)
+    _second_order_updates(reset=True)
+    with pytest.raises(RuntimeError, match="second time"), watch() as w:
+        _second_order_updates(reset=False)
+    [item] = w.report.items
+    assert re.match(r"`model\[\d\]\.(weight|bias)\.grad` carries iteration 1's graph into iteration 2", item.label), (
+        item
+    )
+    assert item.fix.startswith("set the gradients to None after each update (`model.zero_grad(set_to_none=True)`"), item
+    assert "loss.backward(create_graph=True)" in item.lines[0].code, item

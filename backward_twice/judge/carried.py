@@ -26,11 +26,12 @@ from backward_twice.judge.built import (
 )
 from backward_twice.judge.closures import read_by_a_closure
 from backward_twice.judge.fixes import carried_fix, read_after_its_build
+from backward_twice.judge.grads import gradients_fix
 from backward_twice.judge.loop_body import live_link, loop_body, where_read
 from backward_twice.judge.returned import computed_in_the_step
 from backward_twice.judge.states import one_state, whole_name, whole_state, whole_state_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
-from backward_twice.judge.trained_through import computed_again_fix
+from backward_twice.judge.trained_through import without_a_detach
 from backward_twice.judge.twins import iteration_1_start, places, twin_in_iteration_1
 from backward_twice.judge.uses import bound_in, first_read, list_use, read_first
 from backward_twice.record.iterations import Split
@@ -145,6 +146,9 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
                 untraced = twin is not None and recorder.creation.line_of(node.sequence) is None
                 line = built_line(replace(node, sequence=twin) if untraced and twin else node, built == 0, recorder)
             name, container = node.name, node.container
+            if container == "grad":  # a weight's gradient the engine built in ``backward(create_graph=True)``: its line
+                calls = (c for c in recorder.calls if c.create_graph and c.start <= node.sequence <= c.end)
+                line = next((c.line for c in calls), line)
             carrier = None if held_now else _carrier(recorder, recorder.carriers.get(node.sequence))
             if (
                 through is not None
@@ -205,6 +209,8 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
     ]
     for key in rebound if len(rebound) < len(found) else []:  # assigned before any read: it carries nothing into
         del found[key]  # the next pass (``hids`` of ``logits, hids = model(data, mems)``); what does is another name
+    for key in [key for key, e in found.items() if (e.name or "").endswith(".grad")][1:]:  # each weight's ``.grad``:
+        del found[key]  # one cause, one fix for all of them
     stored_only = recorder.loop.innermost is None and not recorder.by_runs  # a framework's ``fit`` runs the loop
     return [
         CarriedFinding(
@@ -237,6 +243,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             in_closure
             or read_after_its_build(name, entry, e.built_at, _body(recorder))
             or computed_in_the_step(name, e.built_at)
+            or (name and name.endswith(".grad") and gradients_fix(name))
             or _unless_it_trains_nothing(
                 recorder,
                 e,
@@ -248,17 +255,12 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
 
 
 def _unless_it_trains_nothing(recorder: Recorder, carried: _Carried, name: str | None, fix: str) -> str:
-    """``fix``, unless it detaches what the raising backward walked and its loss trains nothing but through graphs
-    built before this pass: with the detach, nothing trains (and the backward raises); then the fix computes the
-    carried values again where they are walked (:func:`computed_again_fix`)."""
+    """``fix``, unless the raising backward walked ``carried``'s graph and its loss trains nothing but through graphs
+    built before this pass (:func:`without_a_detach`)."""
     error = recorder.error
     if error is None or not error.trains_only_old or carried.used_at != error.line or not name:
         return fix
-    if not fix.startswith(("keep detached copies", "add `")) or ".detach()" not in fix:
-        return fix  # (one that computes it afresh, a graph built before the loop computed inside it, is right)
-    if carried.container != "list" and _built_before(carried):
-        return fix
-    return computed_again_fix(name, carried.container, carried.built_at)
+    return without_a_detach(fix, name, carried.container, carried.built_at, _built_before(carried))
 
 
 def _built_before(carried: _Carried) -> bool:

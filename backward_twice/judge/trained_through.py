@@ -12,7 +12,7 @@ import re
 
 from backward_twice.record.learner import lines_of_file, site_of
 
-__all__ = ["appended_to", "computed_again_fix"]
+__all__ = ["appended_to", "computed_again_fix", "without_a_detach"]
 
 
 def appended_to(whole: str, built_at: str) -> tuple[str, int] | None:
@@ -45,3 +45,18 @@ def computed_again_fix(name: str, container: str | None, built_at: str) -> str:
         f"compute `{name}` (line {line}) again in each iteration that walks it: the loss trains through nothing "
         f"else, so `{name}.detach()` would train nothing"
     )
+
+
+def without_a_detach(fix: str, name: str, container: str | None, built_at: str, built_before: bool) -> str:
+    """``fix`` for a carrier the loss trains only through, without a detach: an alternative detach it offers (``(or
+    `x.detach()`, if it needs no gradient)``: it needs one) dropped, and a fix that detaches (``keep detached copies``,
+    ``add `x = x.detach()```) replaced by :func:`computed_again_fix`; one that computes it afresh is right as it is.
+    ``built_before``: a graph built before the loop (not a list), whose fix computes it inside the loop already."""
+    alternative = fix.find(" (or `")
+    if alternative > 0 and ".detach()" in fix[alternative:] and fix.endswith(")"):
+        return fix[:alternative]
+    if not fix.startswith(("keep detached copies", "add `")) or ".detach()" not in fix:
+        return fix
+    if container != "list" and built_before:
+        return fix
+    return computed_again_fix(name, container, built_at)

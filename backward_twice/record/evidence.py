@@ -23,7 +23,7 @@ import torch
 from torch.autograd.graph import Node
 
 from backward_twice.common.error_kinds import error_kind
-from backward_twice.record.events import StepEvent
+from backward_twice.record.events import IterationEnd, StepEvent
 from backward_twice.record.hand_update import hand_update
 from backward_twice.record.in_place import changed_in_place
 from backward_twice.record.learner import LearnersCode, first_line, learner_line, learner_line_at, skipped_dirs
@@ -64,6 +64,8 @@ class Seen(Protocol):
     def creation(self) -> LineTracer: ...
     @property
     def loop(self) -> IterationLoop: ...
+    @property
+    def marks(self) -> list[IterationEnd]: ...
 
 
 @dataclass
@@ -151,10 +153,11 @@ def explain(
         record.outer_through = _outer_name(recorder, learners, through) if through and learners else None
         trained = weights_under(walked[0])
         record.only_through = bool(through) and 0 <= at < len(walked) and trained <= record.through_sources
-        freer, passes = recorder.calls.record(freed.freed_by), recorder.loop.iteration_passes()
-        # what the loss trains through nodes built in this pass: none, and a detach of the name that carries the
-        # old graph leaves it nothing to train
-        record.trains_only_old = bool(trained and passes) and not weights_past(walked[0], passes[-1].sequence)
+        freer, passes, marks = recorder.calls.record(freed.freed_by), recorder.loop.iteration_passes(), recorder.marks
+        # what the loss trains through nodes built in this pass (a harness's run: since its last mark): none, and a
+        # detach of the name that carries the old graph leaves it nothing to train
+        since = passes[-1].sequence if passes else marks[-1].sequence if marks else None
+        record.trains_only_old = bool(trained) and since is not None and not weights_past(walked[0], since)
         if learners is not None and freer is not None:
             record.stepped_between = _optimizer_call_between(freer.site, call.site, learners)
         record.another_trains = _another_trains(recorder, caller, record.through_sources, freed.freed_by, call.index)

@@ -2,7 +2,8 @@
 
 :func:`graphs_under` follows a value down to where a learner's state lives: ``h``, ``state[0]``, ``buffers['h']``,
 ``model.memory``, ``trainer.hidden[0]``, ``past.layers[0].keys``: items of lists, tuples, deques and dicts, a
-module's tensor attributes, buffers and parameters (an EMA's weights updated in place outside ``torch.no_grad()``),
+module's tensor attributes, buffers and parameters (an EMA's weights updated in place outside ``torch.no_grad()``)
+and its weights' gradients with a graph (``backward(create_graph=True)``'s, ``model[0].weight.grad``),
 a plain object's attributes (four levels at most, and a budget of objects per name: a dataset is not walked), and,
 one level below a framework's trainer, the callbacks of the learner's classes in its callback lists (Lightning's
 ``trainer.callbacks``, transformers' ``trainer.callback_handler.callbacks``: an inline ``callbacks=[Cb()]`` has no
@@ -156,8 +157,14 @@ class _Walk:
                     self.graph_of(f"{prefix}{suffix}.{key}", item, "buffer" if item.grad_fn is not None else None)
         for suffix, module in tree.modules:  # their own dicts, read now: a parameter replaced since is the new one
             for key, parameter in module._parameters.items():
-                if parameter is not None and parameter.grad_fn is not None:  # an in-place update outside
-                    self.graph_of(f"{prefix}{suffix}.{key}", parameter, "parameter")  # torch.no_grad() (an EMA)
+                if parameter is None:
+                    continue
+                if parameter.grad_fn is not None:  # an in-place update outside torch.no_grad() (an EMA)
+                    self.graph_of(f"{prefix}{suffix}.{key}", parameter, "parameter")
+                    continue
+                grad = parameter._grad  # a leaf's: no warning (a non-leaf's read warns)
+                if grad is not None and grad.grad_fn is not None:  # what ``backward(create_graph=True)`` left there
+                    self.graph_of(f"{prefix}{suffix}.{key}.grad", grad, "grad")
 
 
 def _learners_callbacks(name: str, attributes: dict[str, Any], skipped: tuple[str, ...]) -> Iterator[tuple[str, Any]]:
