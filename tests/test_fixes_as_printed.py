@@ -1731,3 +1731,42 @@ def test_a_functions_second_inner_grad_is_fixed_at_the_first_that_freed_the_grap
     retain_graph=True to the call at line N" named the second call, with which it still raises. The truth (no
     helpers): retain_graph=True on the first call runs."""
     assert _with_the_printed_retain(TWO_GRADIENTS_INSIDE, tmp_path)["scale"].grad is not None
+
+
+FEATURES_BUILT_BY_TWO_LINES_OUTSIDE_THE_CLOSURE = """
+import torch
+
+torch.manual_seed(0)
+encoder, head = torch.nn.Linear(3, 5), torch.nn.Linear(5, 1)
+optimizer = torch.optim.LBFGS([*encoder.parameters(), *head.parameters()], lr=0.5, max_iter=3)
+x, y = torch.randn(20, 3), torch.randn(20, 1)
+for step in range(2):
+    h = encoder(x)
+    z = torch.tanh(h) * 2
+    def closure():
+        optimizer.zero_grad()
+        loss = ((head(z) - y) ** 2).mean()
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+"""
+
+
+def test_features_an_lbfgs_closure_reads_are_moved_into_it_with_the_line_they_come_from(tmp_path: Path) -> None:
+    """``h = encoder(x)`` then ``z = torch.tanh(h) * 2`` before the closure that reads ``z``: "move line 12 into it",
+    with which the closure still walks the graph ``h`` brings from outside, and raises. The truth (no helpers): both
+    lines moved into the closure run."""
+    with pytest.raises(RuntimeError, match="second time"):
+        _run(FEATURES_BUILT_BY_TWO_LINES_OUTSIDE_THE_CLOSURE, tmp_path / "as_written.py")
+    [item] = _items_watched(FEATURES_BUILT_BY_TWO_LINES_OUTSIDE_THE_CLOSURE, tmp_path / "watched.py")
+    printed = re.match(
+        r"compute `z` inside `closure` \(move lines (\d+) and (\d+) into it, before line (\d+)\)", item.fix
+    )
+    assert printed is not None, item.fix
+    lines = FEATURES_BUILT_BY_TWO_LINES_OUTSIDE_THE_CLOSURE.strip("\n").split("\n")
+    first, second, before = (int(n) - 4 for n in printed.groups())  # 3 lines above the source when watched
+    assert [lines[first].strip(), lines[second].strip()] == ["h = encoder(x)", "z = torch.tanh(h) * 2"], item.fix
+    assert lines[before].strip().startswith("loss = "), item.fix
+    moved = ["        " + lines[first].strip(), "        " + lines[second].strip()]
+    fixed = lines[:first] + lines[second + 1 : before] + moved + lines[before:]
+    assert _run("\n".join(fixed) + "\n", tmp_path / "fixed.py")["encoder"].weight.grad is not None

@@ -36,13 +36,46 @@ def read_by_a_closure(name: str | None, entry: tuple[str, int] | None, built_at:
     assigned = {n.id for n in ast.walk(closure) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     if name in assigned:
         return None
-    stepped = any(_steps_with(node, closure.name) for node in ast.walk(outer))  # ``optimizer.step(closure)``
-    if not stepped:
+    own = list(_own_nodes(outer if outer is not None else tree))
+    if not any(_steps_with(node, closure.name) for node in own):  # ``optimizer.step(closure)``
         return None
+    lines = _lines_it_comes_from(own, built[1])
+    moved = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
     return (
-        f"compute `{name}` inside `{closure.name}` (move line {built[1]} into it, before line {entry[1]}): the "
+        f"compute `{name}` inside `{closure.name}` (move {moved} into it, before line {entry[1]}): the "
         f"optimizer's step calls `{closure.name}` several times, and each call's backward needs a graph of its own"
     )
+
+
+def _lines_it_comes_from(own: list[ast.AST], line: int) -> list[int]:
+    """The line that builds the closure's name, and before it in its block each assignment of a name only the lines
+    so taken read (``h = enc(x)`` before ``z = torch.tanh(h) * 2``): moved alone, the closure would still walk the
+    graph ``h`` brought from outside."""
+    blocks = [
+        block
+        for node in own
+        for block in (getattr(node, "body", None), getattr(node, "orelse", None))
+        if isinstance(block, list) and any(stmt.lineno == line for stmt in block)
+    ]
+    block = blocks[0] if blocks else []
+    at = next((i for i, stmt in enumerate(block) if stmt.lineno == line), None)
+    if at is None:
+        return [line]
+    taken = [block[at]]
+    wanted = _read_in(block[at])
+    for stmt in reversed(block[:at]):
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
+        if not isinstance(target, ast.Name) or target.id not in wanted:
+            continue
+        readers = [n for n in own if isinstance(n, ast.Name) and n.id == target.id and isinstance(n.ctx, ast.Load)]
+        if all(any(taker.lineno <= n.lineno <= (taker.end_lineno or taker.lineno) for taker in taken) for n in readers):
+            taken.append(stmt)
+            wanted |= _read_in(stmt)
+    return sorted(stmt.lineno for stmt in taken)
+
+
+def _read_in(stmt: ast.stmt) -> set[str]:
+    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def read_by_the_raising_closure(name: str, raised_at: tuple[str, int]) -> str | None:
