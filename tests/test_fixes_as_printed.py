@@ -1333,6 +1333,103 @@ def test_a_total_the_loop_reads_as_a_tensor_is_kept_one_without_its_graph(read: 
             _run(fixed.replace(".detach()", ".item()"), tmp_path / "number.py")
 
 
+LOSSES_LOGGED = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+losses = []
+lines = []
+for step in range(4):
+    x = torch.randn(6, 3)
+    loss = (model(x) - 1).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss)
+    READ
+"""
+
+LIST_READS = {  # how the loop reads its list of losses, and whether a float there would break the learner's code
+    "an item in an f-string": ('lines.append(f"{losses[-1]:.4f}")', False),
+    "summed in an f-string": ('lines.append(f"{sum(losses) / len(losses):.4f}")', False),
+    "an item's method": ("lines.append(losses[-1].item())", True),
+    "stacked": ("lines.append(torch.stack(losses).mean().item())", True),
+}
+
+
+@pytest.mark.parametrize("read", LIST_READS)
+def test_a_list_of_losses_read_as_numbers_keeps_numbers(read: str, tmp_path: Path) -> None:
+    """A list of losses read only as numbers (its last item, or its sum, in an f-string) was told to keep detached
+    tensors: ``losses[-1]`` and ``sum(losses)`` counted as reads that need a tensor. The truth (no helpers): with
+    ``loss.item()`` appended the loop prints the same lines and holds no graph; where the loop calls an item's
+    method or stacks the list, a float raises, and the detached tensor is offered."""
+    code, needs_a_tensor = LIST_READS[read]
+    source = LOSSES_LOGGED.replace("READ", code)
+    as_written = _run(source, tmp_path / "as_written.py")
+    assert all(loss.requires_grad for loss in as_written["losses"])
+    [item] = _items_watched(source, tmp_path / "watched.py")
+    printed = re.match(r"`(losses\.append\(loss\.(item|detach)\(\)\))`", item.fix)
+    assert printed is not None and (printed.group(2) == "detach") == needs_a_tensor, item.fix
+    fixed = _run(source.replace("losses.append(loss)", printed.group(1)), tmp_path / "fixed.py")
+    assert not any(getattr(loss, "requires_grad", False) for loss in fixed["losses"])
+    assert [str(line) for line in fixed["lines"]] == [str(line) for line in as_written["lines"]] or needs_a_tensor
+    if needs_a_tensor:
+        with pytest.raises((AttributeError, TypeError)):
+            _run(source.replace("losses.append(loss)", "losses.append(loss.item())"), tmp_path / "number.py")
+
+
+TRAINER_TOTALS = """
+import torch
+class Trainer:
+    def __init__(self):
+        self.net = torch.nn.Linear(3, 1)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.05)
+        self.totals = {"loss": 0.0}
+        self.best = torch.tensor(float("inf"))
+    def epoch(self, batches):
+        self.total = torch.zeros(())
+        for x in batches:
+            loss = (self.net(x) - 1).pow(2).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            self.totals["loss"] = self.totals["loss"] + loss
+            self.total = self.total + loss
+        self.best = min(self.best, self.total)
+torch.manual_seed(0)
+trainer = Trainer()
+batches = [torch.randn(4, 3) for _ in range(3)]
+for _ in range(3):
+    trainer.epoch(batches)
+"""
+
+
+def _losses_under(tensor: torch.Tensor) -> int:
+    """How many steps' losses the graph under ``tensor`` holds (each step's loss ends in one ``MeanBackward0``)."""
+    seen, layer = set(), [tensor.grad_fn]
+    while layer:
+        fresh = [node for node in layer if node is not None and node not in seen]
+        seen.update(fresh)
+        layer = [child for node in fresh for child, _ in node.next_functions]
+    return sum(type(node).__name__ == "MeanBackward0" for node in seen)
+
+
+def test_a_dicts_total_and_a_best_taken_by_min_are_noted_at_their_own_lines(tmp_path: Path) -> None:
+    """``self.totals["loss"] = self.totals["loss"] + loss`` was noted at the loss's line as ``self.totals['loss']``
+    (no line spelled its key with those quotes), and ``self.best = min(self.best, self.total)`` at the loss's line,
+    "one more iteration's graph every iteration". The truth (no helpers): the dict's total holds all 9 steps' graphs,
+    ``self.best`` one epoch's 3 (it takes the total's, and grows no further)."""
+    trainer = _run(TRAINER_TOTALS, tmp_path / "as_written.py")["trainer"]
+    assert _losses_under(trainer.totals["loss"]) == 9 and _losses_under(trainer.best) == 3
+    items = {item.label.split("`")[1]: item for item in _items_watched(TRAINER_TOTALS, tmp_path / "watched.py")}
+    totals, best = items['self.totals["loss"]'], items["self.best"]
+    assert totals.lines[0].code == 'self.totals["loss"] = self.totals["loss"] + loss', totals
+    assert totals.lines[0].span is not None and "every iteration" in totals.label
+    assert best.lines[0].code == "self.best = min(self.best, self.total)", best
+    assert best.label == "`self.best` keeps earlier iterations' graphs alive", best
+
+
 def test_a_stale_forward_written_over_two_lines_is_computed_again_from_its_statements_first(tmp_path: Path) -> None:
     """Dreamer's ``imaginated_values = \\`` / ``value_model(...)`` before the value step, the actor's loss written
     after it from ``lambda_value_target`` (cross32768/Dreamer_PyTorch#2): "compute line 421 again" named the second

@@ -122,7 +122,8 @@ def total_fix(summed_name: str, added: str, backward: str, read_in: tuple[str, i
 
 
 _NUMBER_SAFE_CALLS = frozenset(
-    {"print", "str", "float", "int", "round", "format", "repr", "abs", "math.isfinite", "len"}
+    {"print", "str", "float", "int", "round", "format", "repr", "abs", "math.isfinite", "len", "sum", "min", "max"}
+    | {"sorted", "math.fsum", "statistics.mean", "np.mean", "numpy.mean"}
 )
 _LIST_METHODS = frozenset({"append", "extend", "insert", "pop", "clear", "remove", "copy"})
 
@@ -144,6 +145,8 @@ def read_as_a_tensor(name: str, filename: str, line: int) -> bool:
         if not isinstance(node.ctx, ast.Load):
             continue
         parent = parents.get(id(node))
+        while isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.ctx, ast.Load):
+            node, parent = parent, parents.get(id(parent))  # an item of it (``losses[-1]``) is read as the item is
         if isinstance(parent, ast.Attribute):  # a method or attribute of it: a float has almost none (a list's own
             if parent.attr != "backward" and parent.attr not in _LIST_METHODS:  # methods read no item)
                 return True

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from backward_twice.record.names import NamedGraph
     from backward_twice.record.recorder import Recorder
 
-__all__ = ["Note", "growing_line", "notes"]
+__all__ = ["Note", "assigned_line", "growing_line", "notes"]
 
 
 @dataclass(frozen=True)
@@ -222,8 +222,12 @@ def _where_it_grows(note: Note, recorder: Recorder) -> Note:
         )
         for file in files
     ]
-    grown = (found for found in placed if found.grows_in and growing_line(found.name, found.grows_in, found.ran))
-    return next(grown, placed[-1] if placed else note)
+    for found in placed:
+        line = growing_line(found.name, found.grows_in, found.ran) if found.grows_in else None
+        spelled = re.search(_either_quote(found.name), line[1]) if line is not None else None
+        if spelled is not None:  # as the line spells its keys (``self.totals["critic"]``)
+            return dataclasses.replace(found, name=spelled.group(0))
+    return placed[-1] if placed else note
 
 
 def _ran_in(recorder: Recorder, filename: str) -> frozenset[int]:
@@ -417,6 +421,41 @@ def _below_a_submodule(name: str) -> bool:
     return re.sub(r"\[[^\]]*\]", "", re.sub(r"^\w+", "", name)).count(".") > 1
 
 
+def _either_quote(name: str) -> str:
+    """A pattern of ``name`` whose keys may be quoted either way (``self.totals["critic"]`` for
+    ``self.totals['critic']``)."""
+    return "".join("['\"]" if char in "'\"" else re.escape(char) for char in name)
+
+
+def assigned_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -> tuple[int, str] | None:
+    """The last line of ``filename`` that assigns ``name`` a new value (``self.best = self.total``), of those that ran
+    while traced when any did: where a name no line grows takes the graphs it holds."""
+    pattern = re.compile(rf"(?<![\w.]){_either_quote(name)}\s*=(?!=)")
+    lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)
+    found = [(number, code.strip()) for number, code in lines if pattern.search(code)]
+    found = [candidate for candidate in found if _reads_a_value(candidate[1])] or found  # not its start value
+    if any(number in ran for number, _ in found):
+        found = [candidate for candidate in found if candidate[0] in ran]
+    return found[-1] if found else None
+
+
+def _reads_a_value(code: str) -> bool:
+    """Whether the assignment ``code`` gives its target a value read from a name (``self.best = min(self.best,
+    self.total)``), not one it makes (``self.best = torch.tensor(float("inf"))``)."""
+    try:
+        statement = ast.parse(code).body[0]
+    except (SyntaxError, IndexError):
+        return False
+    if not isinstance(statement, ast.Assign):
+        return False
+    called = {id(node.func) for node in ast.walk(statement.value) if isinstance(node, ast.Call)}
+    modules = {id(node.value) for node in ast.walk(statement.value) if isinstance(node, ast.Attribute)}
+    return any(
+        isinstance(node, ast.Name) and id(node) not in called and id(node) not in modules
+        for node in ast.walk(statement.value)
+    ) or any(isinstance(node, ast.Attribute) and id(node) not in called for node in ast.walk(statement.value))
+
+
 def growing_line(
     name: str, filename: str, ran: frozenset[int] = frozenset()
 ) -> tuple[int, str, str | None, str] | None:
@@ -425,10 +464,11 @@ def growing_line(
     what it appends when that is a name or an attribute and the method that appends it; one that appends a number
     (``history.append(loss.item())``, a baseline before the loop) only if no other line grows it, one that appends no
     name (a fill before the loop: ``bank.appendleft(F.normalize(torch.randn(4, 4)))``) only if no line appends one."""
+    spelled = _either_quote(name)
     pattern = re.compile(
-        rf"(?<![\w.]){re.escape(name)}\s*(\.(append|appendleft)\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.appendleft\("
-        rf"|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=|=(?!=)[^#]*?(?:[-+*]\s*{re.escape(name)}(?![\w.(\[])"
-        rf"|(?<![\w.]){re.escape(name)}\s*[-+*]))"
+        rf"(?<![\w.]){spelled}\s*(\.(append|appendleft)\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.appendleft\("
+        rf"|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=|=(?!=)[^#]*?(?:[-+*]\s*{spelled}(?![\w.(\[])"
+        rf"|(?<![\w.]){spelled}\s*[-+*]))"
     )
     lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)  # a comment quoting it: no
     found = [

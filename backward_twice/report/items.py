@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list, read_as_a_tensor
-from backward_twice.judge.notes import fed_line, growing_line
+from backward_twice.judge.notes import assigned_line, fed_line, growing_line
 from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note, plural
 from backward_twice.record.learner import place as place_of
 
@@ -363,6 +363,10 @@ def note_item(note: Note) -> Item:
             fix = f"`{note.name}.{method}({appended}.item())`, or `{appended}.detach()` if you need the tensor"
         elif appended:
             fix = f"`{note.name}.{method}({appended}.detach())`"
+    assigned = assigned_line(note.name, filename, note.ran) if grows is None and filename is not None else None
+    if assigned is not None and filename is not None and not note.attributes:  # ``self.best = self.total``
+        number, text = assigned
+        lines = (CodeLine(_short_place(place_of(filename, number)), text, span_of(text, note.name), "gets them here"),)
     each = f" (about {format_bytes(note.held_bytes)} each)" if note.held_bytes else ""
     fed = fed_line(note.name, filename, note.ran) if note.attributes and filename is not None else None
     if fed is not None and filename is not None:  # a meter fed the loss: the call that feeds it is the line to change
@@ -385,6 +389,9 @@ def note_item(note: Note) -> Item:
     elif note.reset:  # total = 0 every few passes: it holds several, not all
         label = f"`{note.name}` keeps several iterations' graphs alive at once"
         why = f"no later backward walks them, but `{note.name}` holds them until the loop resets it{each}"
+    elif assigned is not None:  # no line grows it: it takes what another name grew (``best = min(best, total)``)
+        label = f"`{note.name}` keeps earlier iterations' graphs alive"
+        why = f"no later backward walks them, but `{note.name}` holds them{each}"
     else:
         label = f"`{note.name}` keeps one more iteration's graph alive every iteration"
         why = f"no later backward walks them, but `{note.name}` holds them all{each}"
