@@ -598,6 +598,44 @@ def test_a_modules_plain_attributes_and_the_learners_own_random_streams_are_put_
     assert streams[2].bit_generator.state == before[2]
 
 
+@pytest.mark.parametrize("tool", [diagnose, audit_retain_graph, find_carried_graph], ids=lambda t: t.__name__)
+def test_numpy_arrays_the_step_shuffles_in_place_are_put_back(tool: Callable[..., Any]) -> None:
+    """SASRec's in-process sampler shuffles its users' index array in place (``self.rng.shuffle(self.uids)``): the
+    tools put back its stream and its counter, and left the array shuffled, so the learner's next batches were others
+    than without the tool. The truth: the arrays before and after, and the learner's run after the tool's."""
+    import numpy
+
+    class Sampler:
+        def __init__(self) -> None:
+            self.rng, self.uids, self.counter = numpy.random.RandomState(0), numpy.arange(6), 0
+
+    def steps_taken(tool_first: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = nn.Linear(6, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = {"sampler": Sampler(), "order": numpy.arange(6)}
+
+        def step() -> None:
+            sampler = state["sampler"]
+            sampler.rng.shuffle(sampler.uids)
+            numpy.random.RandomState(1).shuffle(state["order"])
+            sampler.counter += 1
+            x = torch.tensor(sampler.uids * state["order"], dtype=torch.float32)[None]
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+
+        if tool_first:
+            tool(step, models=model, optimizers=optimizer)
+            assert state["sampler"].counter == 0
+            assert state["sampler"].uids.tolist() == state["order"].tolist() == list(range(6))
+        for _ in range(3):
+            step()
+        return model.weight.detach().clone()
+
+    assert torch.equal(steps_taken(tool_first=True), steps_taken(tool_first=False))
+
+
 def test_a_trainers_bound_method_as_the_step_has_its_self_found_and_put_back() -> None:
     """``bt.diagnose(trainer.train_step)``: its model, optimizer and counter live on ``self``, which no closure or
     global name reaches; the runs left the batch norm's running statistics and ``self.global_step`` three runs on.

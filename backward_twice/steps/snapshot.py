@@ -7,13 +7,14 @@ the optimizers' state (put back into the very objects the learner holds: ``optim
 imported), and what the step reaches by name: its closure and globals, and those of the learner's functions it calls
 (``global seen; seen += 1`` in a ``log()`` helper), the plain attributes of the learner's classes and modules it
 names (``Trainer.calls += 1``, ``cfg.lr *= 0.5`` in a configuration module), and the tensors, lists, dicts, tuples
-and objects in them, six levels deep (the leaves that require grad among them: a hand-written ``W``). A leaf that
-requires grad the step reaches some other way is copied the first time a backward walks to it (before it
-accumulates), and the optimizers' parameters (an LBFGS image) are copied with them. An optimizer nobody passed (one
-the step builds every call, one kept where no name reaches) is adopted at its first ``step()``, before it changes
-anything. :meth:`CpuSnapshot.restore` puts everything back: the values, each tensor's attributes (``p.exp_avg`` a
-learner's optimizer keeps on a parameter) and its version counter, so a graph built before the runs that saved a
-parameter still walks as it would have without them. An iterator the step reads from (a DataLoader's, a generator) is
+and objects in them, six levels deep (the leaves that require grad among them: a hand-written ``W``; the numpy
+arrays, up to 16 MiB each: an index array the step shuffles in place). A leaf that requires grad the step reaches
+some other way is copied the first time a backward walks to it (before it accumulates), and the optimizers'
+parameters (an LBFGS image) are copied with them. An optimizer nobody passed (one the step builds every call, one
+kept where no name reaches) is adopted at its first ``step()``, before it changes anything.
+:meth:`CpuSnapshot.restore` puts everything back: the values, each tensor's attributes (``p.exp_avg`` a learner's
+optimizer keeps on a parameter) and its version counter, so a graph built before the runs that saved a parameter
+still walks as it would have without them. An iterator the step reads from (a DataLoader's, a generator) is
 left where the runs leave it: its place lives beyond its attributes (worker processes, a frame), so putting those back
 would break it; :meth:`CpuSnapshot.moved` says how far it moved.
 
@@ -44,6 +45,13 @@ __all__ = ["CpuSnapshot", "cpu_copy"]
 _DEPTH = 6  # how deep containers and objects are walked: a learner's nested lists of states
 _FUNCTIONS = 64  # the learner's functions a step calls, followed at most
 _ITEMS = 4096  # the items of one container walked: a dataset's list of samples is not copied whole
+_ARRAY_BYTES = 1 << 24  # a numpy array larger than this (a dataset's) is not copied
+
+
+def _an_array(value: Any) -> bool:
+    """Whether ``value`` is a numpy array (numpy is not imported for it)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray)
 
 
 def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -158,6 +166,7 @@ class CpuSnapshot:
         self._iterators: list[tuple[str, Any, Any]] = []  # (its name, the iterator, where it was)
         self._streams: list[tuple[Callable[[Any], Any], Any]] = []  # (what puts a random stream back, its state)
         self._seen: set[int] = set()  # what was walked: an object graph may hold itself
+        self._arrays: list[tuple[Any, Any]] = []  # (a numpy array, its values)
         self._owners: list[tuple[Any, dict[str, Any]]] = []  # a class or module of the learner's, its plain attributes
         self._namespaces: list[tuple[dict[str, Any], set[str]]] = []  # globals the runs may add a name to
         learners = self._learners = learners_code(skipped_dirs())
@@ -241,6 +250,10 @@ class CpuSnapshot:
         self._seen.add(id(value))
         if isinstance(value, Iterator):
             self._iterators.append((name, value, _place(value)))
+            return
+        if _an_array(value):  # a numpy array the step may change in place (``rng.shuffle(self.uids)``)
+            if value.flags.writeable and value.nbytes <= _ARRAY_BYTES:
+                self._arrays.append((value, value.copy()))
             return
         stream = _stream(value)
         if stream is not None:  # a random stream of the learner's own: a torch.Generator, random.Random, numpy's
@@ -328,6 +341,8 @@ class CpuSnapshot:
             put(value)
         for put, state in self._streams:
             put(state)
+        for array, values in self._arrays:
+            array[...] = values
         for container, items in self._containers:
             _put_items(container, items)
         for owner, attributes in self._owners:
