@@ -136,4 +136,8 @@ LOOPS = [
     "ncf_neumf_negative_sampling",
     "detr_set_criterion",
     "nerf_coarse_fine_rays",
+    "glow_actnorm_first_batch",
+    "ncsn_anneal_dsm",
+    "wav2letter_ctc",
+    "sasrec_bce_negatives",
 ]
