@@ -1379,6 +1379,38 @@ def test_a_list_of_losses_read_as_numbers_keeps_numbers(read: str, tmp_path: Pat
             _run(source.replace("losses.append(loss)", "losses.append(loss.item())"), tmp_path / "number.py")
 
 
+LISTS_KEPT = """
+import torch
+torch.manual_seed(0)
+cell = torch.nn.GRUCell(3, 4)
+opt = torch.optim.SGD(cell.parameters(), lr=0.05)
+history = []
+for step in range(4):
+    x = torch.randn(2, 3)
+    h = cell(x)
+    loss = h.pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    record = [x, h, step]
+    history.append(record)
+"""
+
+
+def test_a_list_of_lists_of_tensors_kept_is_told_to_detach_each_tensor(tmp_path: Path) -> None:
+    """A replay memory of transitions, each a list (``storage.append(S)``, S = [word, states, encoded]; rentruewang/
+    brief#1): the note's advice was "`states_list.append(S.detach())`", an AttributeError on a list. The truth (no
+    helpers): the printed advice, applied, runs and leaves no graph in the list; ``.detach()`` on the item raises."""
+    with pytest.raises(AttributeError, match="detach"):
+        _run(LISTS_KEPT.replace("history.append(record)", "history.append(record.detach())"), tmp_path / "d.py")
+    [item] = _items_watched(LISTS_KEPT, tmp_path / "watched.py")
+    printed = re.fullmatch(r"`(history\.append\(.+\))`", item.fix)
+    assert printed is not None and "tree_map" in item.fix, item.fix
+    fixed = _run(LISTS_KEPT.replace("history.append(record)", printed.group(1)), tmp_path / "fixed.py")
+    kept = [value for record in fixed["history"] for value in record if isinstance(value, torch.Tensor)]
+    assert len(kept) == 8 and not any(value.requires_grad for value in kept)
+
+
 TRAINER_TOTALS = """
 import torch
 class Trainer:

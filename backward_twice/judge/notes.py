@@ -59,6 +59,7 @@ class Note:
     attributes: tuple[str, ...] = ()  # an object whose attributes grow together (a meter's ``sum`` and ``avg``): one
     # note of the object, whose method the loop feeds the tensor to
     entry: str = ""  # the key, in the items it keeps, of the newest graph (``'logits'`` of a model's outputs kept)
+    nested: bool = False  # its items are lists or tuples of tensors (``states_list.append([word, states])``)
 
 
 def _updated_in_place(named: NamedGraph | None, grows: bool, recorder: Recorder | None = None) -> bool:
@@ -152,9 +153,11 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             built = split.iteration_of_node(grown.newest)
             line = built_line(named, built == 0, recorder)
             grower = _container(grown.newest_name or named.name, name)
-            keys = re.match(r"\[\d+\](\['[^\]]*'\])", (grown.newest_name or named.name)[len(grower) :])
+            item = (grown.newest_name or named.name)[len(grower) :]  # ``[7]``, ``[7]['logits']``, ``[7][1]``
+            keys = re.match(r"\[\d+\](\['[^\]]*'\])", item)  # an item's entry: a dict's
+            nested = re.match(r"\[\d+\]\[\d+\]", item) is not None  # an item's item: a list's
             note = Note(grower, line, grown.newest_bytes, True, one_element=_one_element(named.shape))
-            note = dataclasses.replace(note, entry=keys.group(1)[1:-1] if keys else "")  # an item's entry: a dict's
+            note = dataclasses.replace(note, entry=keys.group(1)[1:-1] if keys else "", nested=nested)
             by_name[grower] = dataclasses.replace(note, grows_in=named.frame.filename if named.frame else None)
     from_before: set[str] = set()  # names whose note's line is where their graph began, before the loop
     for holder, sequence, built, held_graph, spans in held:

@@ -357,7 +357,10 @@ def note_item(note: Note) -> Item:
     if grows is not None and filename is not None:
         number, text, appended, method = grows
         lines = (CodeLine(_short_place(place_of(filename, number)), text, span_of(text, note.name), where),)
-        if appended and note.entry:  # an item with entries (a model's outputs): what is read of it, detached
+        if appended and note.nested:  # a list of tensors each item: each detached, as a carried state's are
+            kept = f"torch.utils._pytree.tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, {appended})"
+            fix = f"`{note.name}.{method}({kept})`"
+        elif appended and note.entry:  # an item with entries (a model's outputs): what is read of it, detached
             fix = f"`{note.name}.{method}({appended}[{note.entry}].detach())`, with each entry you read detached"
         elif appended and note.one_element and not read_as_a_tensor(note.name, filename, number):
             fix = f"`{note.name}.{method}({appended}.item())`, or `{appended}.detach()` if you need the tensor"
