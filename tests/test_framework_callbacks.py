@@ -465,3 +465,120 @@ def test_a_trainer_callbacks_second_backward_is_fixed_in_the_loss_the_model_retu
     ).replace("        model.aux.backward()\n", "        pass\n")
     said = _said_then_fixed_runs(tmp_path, script, summed)
     assert "fix: add `self.aux` (`model.aux` here) to the loss your model's forward returns" in said, said
+
+
+# A learner's step that calls backward on the loss it returns: the trainer then runs its own on the same loss.
+LIGHTNING_STEP_WITH_ITS_OWN_BACKWARD = """
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+
+
+class Reg(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self.net(x), y)
+        loss.backward()
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+model = Reg()
+trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=4))
+"""
+
+HF_COMPUTE_LOSS_WITH_ITS_OWN_BACKWARD = """
+import os
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+import torch.nn.functional as F
+from transformers import Trainer, TrainingArguments
+
+
+class Reg(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def forward(self, x, labels=None):
+        return {"logits": self.net(x)}
+
+
+class MyTrainer(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(inputs["x"])
+        loss = F.mse_loss(outputs["logits"], inputs["labels"])
+        loss.backward()
+        return (loss, outputs) if return_outputs else loss
+
+
+torch.manual_seed(0)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+data = [{"x": x[i], "labels": y[i]} for i in range(16)]
+model = Reg()
+with tempfile.TemporaryDirectory() as output_dir:
+    args = TrainingArguments(output_dir=output_dir, max_steps=4, per_device_train_batch_size=4, report_to=[],
+                             save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True,
+                             remove_unused_columns=False)
+    trainer = MyTrainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+"""
+
+OWN_BACKWARD_IN_THE_STEP = {
+    "lightning": ("pytorch_lightning", LIGHTNING_STEP_WITH_ITS_OWN_BACKWARD, "trainer.fit("),
+    "transformers": ("transformers", HF_COMPUTE_LOSS_WITH_ITS_OWN_BACKWARD, "trainer.train()"),
+}
+
+
+def _fitted(script: str, path: Path, call: str = "") -> dict[str, Any]:
+    """``script`` run from ``path`` (``call``: the line to watch, under ``with watch() as w:``): its names."""
+    if call:
+        indent = script[: script.index(call)].rsplit("\n", 1)[1]
+        script = script.replace(f"{indent}{call}", f"{indent}with watch() as w:\n{indent}    {call}", 1)
+    path.write_text(textwrap.dedent(script))
+    namespace: dict[str, Any] = {"__name__": "__main__", "watch": watch}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("framework", OWN_BACKWARD_IN_THE_STEP)
+def test_a_step_that_calls_backward_on_the_loss_it_returns_is_told_to_remove_that_call(
+    framework: str, tmp_path: Path
+) -> None:
+    """``loss.backward()`` in a Lightning ``training_step`` (or a ``Trainer``'s ``compute_loss``) that returns the
+    loss (VinAIResearch/PSENet-Image-Enhancement#1): the fix was "add retain_graph=True to the earlier backward only",
+    which keeps a backward that trains nothing, and a graph, every step. The truth (no helpers): as written the
+    trainer's own backward raises; without the learner's call it trains (the thread's fix)."""
+    package, script, call = OWN_BACKWARD_IN_THE_STEP[framework]
+    pytest.importorskip(package)
+    with pytest.raises(RuntimeError, match="second time"):
+        _fitted(script, tmp_path / "as_written.py")
+    removed = _fitted(script.replace("        loss.backward()\n", ""), tmp_path / "removed.py")
+    torch = removed["torch"]
+    torch.manual_seed(0)
+    assert not torch.equal(removed["model"].net[0].weight, removed["Reg"]().net[0].weight)  # it trained
+    with pytest.raises(RuntimeError, match="second time") as raised:
+        _fitted(script, tmp_path / "watched.py", call)
+    line = script.splitlines().index("        loss.backward()") + 1
+    returned = next(
+        i for i, text in enumerate(script.splitlines(), 1) if text.strip().startswith("return") and "loss" in text
+    )
+    step = "training_step" if framework == "lightning" else "compute_loss"
+    fix = (
+        f"remove `loss.backward()` at line {line}: the trainer calls backward() itself on the loss `{step}` returns "
+        f"(line {returned})"
+    )
+    assert f"fix: {fix}" in "\n".join(raised.value.__notes__), raised.value.__notes__

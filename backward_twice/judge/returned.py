@@ -1,7 +1,9 @@
 """The learner's step method a framework's trainer runs (PyTorch Lightning's ``training_step``, a Hugging Face
 ``Trainer``'s ``compute_loss``): for a backward the trainer runs, the learner's nearest line is the ``trainer.fit(...)``
 call, which says nothing of the loss, where the ``return`` of their step method that ran gives the loss the backward
-walked; and a graph built once in the class's ``__init__`` (a regulariser from the weights) is computed in that method.
+walked; a ``loss.backward()`` of the learner's own in that method, on the loss it returns, is one backward too many
+(the trainer runs its own); and a graph built once in the class's ``__init__`` (a regulariser from the weights) is
+computed in that method.
 
 Used by :mod:`backward_twice.judge.carried` and :mod:`backward_twice.judge.verdicts`.
 """
@@ -16,7 +18,7 @@ from collections.abc import Collection
 from backward_twice.record.learner import learner_line_at, site_of
 from backward_twice.record.sources import function_around, memo, parsed
 
-__all__ = ["computed_in_the_step", "loss_returned_at"]
+__all__ = ["backward_of_the_returned_loss", "computed_in_the_step", "loss_returned_at"]
 
 _STEP_METHODS = frozenset({"training_step", "compute_loss"})  # Lightning's, the Hugging Face Trainer's
 _A_BACKWARD = re.compile(r"\bbackward\s*\(|\.grad\s*\(")
@@ -66,4 +68,32 @@ def computed_in_the_step(name: str | None, built_at: str) -> str | None:
     return (
         f"compute `{name}` in `{step.name}` (line {step.lineno}), from each step's weights (or add `{name} = "
         f"{name}.detach()` after line {site[1]}, if it needs no gradient)"
+    )
+
+
+def backward_of_the_returned_loss(freed_at: str, returned: str | None) -> str | None:
+    """The fix where the learner's step method calls backward on the loss it returns (``loss.backward()`` at
+    ``freed_at``, ``return loss`` at ``returned``) and the trainer's own backward of that loss then raised: remove the
+    learner's call. PyTorch Lightning zeroes the gradients between the step and its backward, and a Hugging Face
+    ``Trainer`` adds its backward's to them: either way the trainer's backward is the one that trains. None for any
+    other pair of backward calls."""
+    freer, back = site_of(freed_at), site_of(returned) if returned is not None else None
+    code = freed_at.split(": ", 1)[-1].split("#", 1)[0].strip()
+    own = re.fullmatch(r"([\w.]+)\.backward\(\s*\)", code)
+    tree = parsed(freer[0]) if freer is not None and back is not None and freer[0] == back[0] else None
+    if tree is None or own is None or freer is None or back is None or returned is None:
+        return None
+    step = function_around(tree, back[1])
+    if (
+        not isinstance(step, ast.FunctionDef)
+        or step.name not in _STEP_METHODS
+        or function_around(tree, freer[1]) != step
+    ):
+        return None
+    returned_code = returned.split(": ", 1)[-1]
+    if not re.search(rf"(?<![\w.]){re.escape(own.group(1))}(?![\w(\[])", returned_code):
+        return None
+    return (
+        f"remove `{code}` at line {freer[1]}: the trainer calls backward() itself on the loss `{step.name}` returns "
+        f"(line {back[1]})"
     )

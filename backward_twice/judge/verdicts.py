@@ -31,7 +31,7 @@ from backward_twice.judge.carried import CarriedFinding, carried_findings, rebou
 from backward_twice.judge.fixes import ERROR_FIXES
 from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
-from backward_twice.judge.returned import loss_returned_at
+from backward_twice.judge.returned import backward_of_the_returned_loss, loss_returned_at
 from backward_twice.judge.second_backward import (
     earlier_backward_in_its_function,
     in_the_function_of,
@@ -409,6 +409,8 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
                 stepped if record.only_through or (source and record.another_trains) else None,
             )
             fix = _with_the_other_ways(recorder, freer.index, record, fix)
+        returned = loss_returned_at(record.line, recorder.creation.ran) if record.call is not None else None
+        fix = backward_of_the_returned_loss(freer.line, returned) or fix  # the trainer's own backward raised
     elif record.raised_inside is not None and kind == "backward a second time":
         inside = site_of(record.raised_inside) or ("", 0)
         evidence = f"the buffers it needs were freed by a call inside this backward, at {short(record.raised_inside)}"
