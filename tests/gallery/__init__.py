@@ -140,4 +140,8 @@ LOOPS = [
     "ncsn_anneal_dsm",
     "wav2letter_ctc",
     "sasrec_bce_negatives",
+    "bilstm_crf_tutorial",
+    "lstm_pos_tagger_tutorial",
+    "fgsm_attack_tutorial",
+    "transformer_lm_tutorial",
 ]
