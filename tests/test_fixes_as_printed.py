@@ -1411,6 +1411,207 @@ def test_a_list_of_lists_of_tensors_kept_is_told_to_detach_each_tensor(tmp_path:
     assert len(kept) == 8 and not any(value.requires_grad for value in kept)
 
 
+PRIOR_BUILT_ONCE = """
+import torch
+import torch.distributions as dd
+torch.manual_seed(0)
+log_std = torch.nn.Parameter(torch.tensor([1.0]))
+std = torch.exp(log_std)
+mean = torch.nn.Parameter(torch.tensor([1.0]))
+dist = dd.Normal(loc=mean, scale=std)
+optim = torch.optim.SGD([log_std, mean], lr=0.01)
+target = dd.Normal(5.0, 5.0)
+for i in range(4):
+    samples = dist.rsample((64,))
+    cost = -(target.log_prob(samples) - dist.log_prob(samples)).sum()
+    optim.zero_grad()
+    cost.backward()
+    optim.step()
+"""
+
+LOADER_BUILT_FROM_FEATURES = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+conv = torch.nn.Conv1d(1, 2, 1)
+feats = conv(torch.randn(16, 1, 8))
+loader = DataLoader(TensorDataset(feats, torch.randn(16, 1)), batch_size=4, shuffle=True)
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+steps = 0
+for x, y in loader:
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    steps += 1
+"""
+
+
+def test_a_distribution_built_once_from_a_graph_is_computed_in_the_loop_with_it(tmp_path: Path) -> None:
+    """A distribution built before the loop from ``std = torch.exp(log_std)`` (discuss.pytorch.org 50139): "compute
+    `std` inside the loop (or `std = std.detach()`...)"; done, ``dist`` still held the first ``std`` and the loop
+    raised the same error. The truth (no helpers): ``std`` and ``dist`` both computed in the loop run, and train
+    ``log_std``; ``std`` alone, computed or detached at the top of the loop, raises as before."""
+    lines = PRIOR_BUILT_ONCE.strip("\n").split("\n")
+    for alone in ("std = torch.exp(log_std)", "std = std.detach()"):
+        with pytest.raises(RuntimeError, match="second time"):
+            _run(PRIOR_BUILT_ONCE.replace("    samples =", f"    {alone}\n    samples ="), tmp_path / "alone.py")
+    [item] = _items_watched(PRIOR_BUILT_ONCE, tmp_path / "watched.py")
+    printed = re.match(r"compute `std` and `dist` inside the loop \(move lines (\d+) and (\d+) into it\)", item.fix)
+    assert printed is not None, item.fix
+    moved = [lines[int(number) - 3 - 1] for number in printed.groups()]
+    assert moved == ["std = torch.exp(log_std)", "dist = dd.Normal(loc=mean, scale=std)"], moved
+    fixed = "\n".join(line for line in lines if line not in moved).replace(
+        "    samples =", "".join(f"    {line}\n" for line in moved) + "    samples ="
+    )
+    ran = _run(fixed, tmp_path / "fixed.py")
+    assert ran["i"] == 3 and not torch.equal(ran["log_std"].detach(), torch.tensor([1.0]))
+
+
+def test_features_a_data_loader_is_built_from_once_are_detached_where_they_are_built(tmp_path: Path) -> None:
+    """``TensorDataset(conv(raw), y)`` in a DataLoader (denoising-diffusion-pytorch#109's cause): "compute `feats`
+    inside the loop (or `feats = feats.detach()`...)", though the loop takes its batches from the loader, which
+    keeps the first ``feats``: neither changes what it reads. The truth (no helpers): detached where it is built, the
+    loop runs all its batches; detached at the top of the loop, it raises as before."""
+    with pytest.raises(RuntimeError, match="second time"):
+        _run(
+            LOADER_BUILT_FROM_FEATURES.replace("    loss =", "    feats = feats.detach()\n    loss ="),
+            tmp_path / "a.py",
+        )
+    [item] = _items_watched(LOADER_BUILT_FROM_FEATURES, tmp_path / "watched.py")
+    printed = re.match(r"add `(feats = feats\.detach\(\))` after line (\d+):", item.fix)
+    assert printed is not None, item.fix
+    lines = LOADER_BUILT_FROM_FEATURES.strip("\n").split("\n")
+    after = int(printed.group(2)) - 3
+    assert lines[after - 1] == "feats = conv(torch.randn(16, 1, 8))", lines[after - 1]
+    fixed = "\n".join([*lines[:after], printed.group(1), *lines[after:]])
+    assert _run(fixed, tmp_path / "fixed.py")["steps"] == 4
+
+
+REPLAY_OF_TUPLES = """
+import torch
+torch.manual_seed(0)
+policy = torch.nn.Linear(4, 3)
+opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+memory = []
+s = torch.randn(4)
+for t in range(6):
+    dist = torch.distributions.Categorical(logits=policy(s))
+    a = dist.sample()
+    logp = dist.log_prob(a)
+    r = float(a == 1)
+    s2 = torch.randn(4)
+    memory.append((s, a, logp, r, s2))
+    opt.zero_grad()
+    (-logp * (r + 0.1)).backward()
+    opt.step()
+    s = s2
+"""
+
+
+def test_a_list_of_tuples_kept_is_one_note_with_the_places_that_hold_graphs_detached(tmp_path: Path) -> None:
+    """A replay memory of transitions appended as a tuple (``memory.append((s, a, logp, r, s2))``): 8 notes, one per
+    item (``memory[0][2]``, ...), each "growing", with advice no line could take. The truth (no helpers): only
+    ``logp`` holds a graph; with it detached at the append the loop trains the same and the memory holds none."""
+    as_written = _run(REPLAY_OF_TUPLES, tmp_path / "as_written.py")
+    assert [isinstance(x, torch.Tensor) and x.grad_fn is not None for x in as_written["memory"][0]] == [
+        False,
+        False,
+        True,
+        False,
+        False,
+    ]
+    [item] = _items_watched(REPLAY_OF_TUPLES, tmp_path / "watched.py")
+    assert item.fix == "`memory.append((s, a, logp.detach(), r, s2))`", item.fix
+    fixed = _run(REPLAY_OF_TUPLES.replace("memory.append((s, a, logp, r, s2))", item.fix.strip("`")), tmp_path / "f.py")
+    assert not any(getattr(x, "requires_grad", False) for record in fixed["memory"] for x in record)
+    assert torch.equal(fixed["policy"].weight, as_written["policy"].weight)
+
+
+SWITCHED_OFF = """
+import torch
+torch.manual_seed(0)
+encoder, critic = torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)
+opt_e = torch.optim.SGD(encoder.parameters(), lr=0.1)
+opt_c = torch.optim.SGD(critic.parameters(), lr=0.1)
+
+def requires_grad(model, flag=True):
+    for p in model.parameters():
+        p.requires_grad = flag
+
+for step in range(3):
+    x = torch.randn(5, 4)
+    requires_grad(encoder, False)
+    code = encoder(x)
+    c_loss = critic(code.detach()).pow(2).mean()
+    opt_c.zero_grad()
+    c_loss.backward()
+    opt_c.step()
+    requires_grad(encoder, True)
+    requires_grad(critic, False)
+    e_loss = (code - 1).pow(2).mean()
+    opt_e.zero_grad()
+    e_loss.backward()
+    opt_e.step()
+    requires_grad(critic, True)
+"""
+
+
+def test_weights_switched_off_before_the_forward_a_loss_comes_from_are_named(tmp_path: Path) -> None:
+    """A GAN's toggles (rosinality/swapping-autoencoder#12's ``requires_grad(encoder, False)``) before the forward
+    that a later loss reuses after switching them back on: "compute the loss outside torch.no_grad()", where the
+    code has none. The truth (no helpers): as written the encoder's backward raises that the loss does not require
+    grad; without the toggle before the forward it trains."""
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        _run(SWITCHED_OFF, tmp_path / "as_written.py")
+    [item] = _items_watched(SWITCHED_OFF, tmp_path / "watched.py")
+    source = SWITCHED_OFF.strip("\n").split("\n")
+    off = 3 + source.index("    requires_grad(encoder, False)") + 1
+    on = 3 + source.index("    requires_grad(encoder, True)") + 1
+    assert item.label == f"the loss has no graph: line {off} switches off the gradients of `encoder`", item.label
+    assert item.fix == (
+        f"compute this loss's forward through `encoder` after line {on} switches their gradients back on, or do not "
+        f"switch them off before it (line {off})"
+    ), item.fix
+    fixed = _run(SWITCHED_OFF.replace("    requires_grad(encoder, False)\n", ""), tmp_path / "fixed.py")
+    assert fixed["step"] == 2
+
+
+AUTOGRAD_LEFT_OFF = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    x = torch.randn(5, 4)
+    if step == 1:
+        torch.set_grad_enabled(False)
+        score = model(x).mean().item()
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_autograd_turned_off_by_a_call_and_left_off_is_named_at_that_call(tmp_path: Path) -> None:
+    """``torch.set_grad_enabled(False)`` called (not a ``with``) for an evaluation inside the loop, never turned on
+    again: "compute the loss outside torch.no_grad()", where the code has none. The truth (no helpers): the backward
+    of iteration 2 raises; with autograd turned on before the loss, the loop runs."""
+    with torch.enable_grad(), pytest.raises(RuntimeError, match="does not require grad"):  # it leaves autograd off:
+        _run(AUTOGRAD_LEFT_OFF, tmp_path / "as_written.py")  # the block puts it back on for the tests after this one
+    with torch.enable_grad():
+        [item] = _items_watched(AUTOGRAD_LEFT_OFF, tmp_path / "watched.py")
+    assert torch.is_grad_enabled()
+    off = 3 + AUTOGRAD_LEFT_OFF.strip("\n").split("\n").index("        torch.set_grad_enabled(False)") + 1
+    assert item.label == f"the loss has no graph: line {off} turns autograd off", item.label
+    assert item.fix == "call `torch.set_grad_enabled(True)` before the forward this loss is computed from", item.fix
+    fixed = AUTOGRAD_LEFT_OFF.replace("    loss =", "    torch.set_grad_enabled(True)\n    loss =")
+    with torch.enable_grad():
+        assert _run(fixed, tmp_path / "fixed.py")["step"] == 2
+
+
 TRAINER_TOTALS = """
 import torch
 class Trainer:

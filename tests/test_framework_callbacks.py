@@ -582,3 +582,31 @@ def test_a_step_that_calls_backward_on_the_loss_it_returns_is_told_to_remove_tha
         f"(line {returned})"
     )
     assert f"fix: {fix}" in "\n".join(raised.value.__notes__), raised.value.__notes__
+
+
+def test_a_lightning_step_that_calls_backward_on_another_loss_returns_their_sum_instead(tmp_path: Path) -> None:
+    """``aux_loss.backward()`` in a ``training_step`` that returns ``loss`` (the two share a trunk): the fix offered
+    a retain on the learner's call, which runs, but Lightning zeroes the gradients before its own backward, so the
+    auxiliary loss trained nothing. The truth (no helpers): as written Lightning's backward raises; returning the
+    sum trains the auxiliary head."""
+    pytest.importorskip("pytorch_lightning")
+    script = LIGHTNING_STEP_WITH_ITS_OWN_BACKWARD.replace(
+        "        loss = F.mse_loss(self.net(x), y)\n        loss.backward()\n",
+        "        h = self.net[:2](x)\n        loss = F.mse_loss(self.net[2](h), y)\n"
+        "        aux_loss = h.pow(2).mean()\n        aux_loss.backward()\n",
+    )
+    assert "aux_loss.backward()" in script
+    with pytest.raises(RuntimeError, match="second time") as raised:
+        _fitted(script, tmp_path / "watched.py", "trainer.fit(")
+    lines = script.splitlines()
+    line, returned = lines.index("        aux_loss.backward()") + 1, lines.index("        return loss") + 1
+    fix = (
+        f"remove `aux_loss.backward()` at line {line} and return `loss + aux_loss` (line {returned}): the trainer "
+        "calls backward() only on the loss `training_step` returns"
+    )
+    assert f"fix: {fix}" in "\n".join(raised.value.__notes__), raised.value.__notes__
+    summed = script.replace("        aux_loss.backward()\n", "").replace(
+        "        return loss\n", "        return loss + aux_loss\n"
+    )
+    fitted = _fitted(summed, tmp_path / "summed.py")
+    assert fitted["trainer"].global_step == 4

@@ -27,6 +27,7 @@ from backward_twice.judge.built import (
 from backward_twice.judge.closures import read_by_a_closure
 from backward_twice.judge.fixes import carried_fix, read_after_its_build
 from backward_twice.judge.grads import gradients_fix
+from backward_twice.judge.kept_by import kept_by_a_name_fix
 from backward_twice.judge.loop_body import live_link, loop_body, where_read
 from backward_twice.judge.returned import computed_in_the_step
 from backward_twice.judge.states import one_state, whole_name, whole_state, whole_state_fix
@@ -244,6 +245,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
             or read_after_its_build(name, entry, e.built_at, _body(recorder))
             or computed_in_the_step(name, e.built_at)
             or (name and name.endswith(".grad") and gradients_fix(name))
+            or (_built_before(e) and kept_by_a_name_fix(name, entry, e.built_at, e.lines_before))
             or _unless_it_trains_nothing(
                 recorder,
                 e,

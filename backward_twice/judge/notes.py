@@ -60,6 +60,7 @@ class Note:
     # note of the object, whose method the loop feeds the tensor to
     entry: str = ""  # the key, in the items it keeps, of the newest graph (``'logits'`` of a model's outputs kept)
     nested: bool = False  # its items are lists or tuples of tensors (``states_list.append([word, states])``)
+    positions: tuple[int, ...] = ()  # ``nested``: the places in an item that held graphs (``(s, a, logp, r)``: 2)
 
 
 def _updated_in_place(named: NamedGraph | None, grows: bool, recorder: Recorder | None = None) -> bool:
@@ -157,7 +158,10 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             keys = re.match(r"\[\d+\](\['[^\]]*'\])", item)  # an item's entry: a dict's
             nested = re.match(r"\[\d+\]\[\d+\]", item) is not None  # an item's item: a list's
             note = Note(grower, line, grown.newest_bytes, True, one_element=_one_element(named.shape))
+            places = (re.match(rf"{re.escape(grower)}\[\d+\]\[(\d+)\]", seen) for seen in grown.seen)
+            positions = tuple(sorted({int(place.group(1)) for place in places if place is not None}))
             note = dataclasses.replace(note, entry=keys.group(1)[1:-1] if keys else "", nested=nested)
+            note = dataclasses.replace(note, positions=positions)
             by_name[grower] = dataclasses.replace(note, grows_in=named.frame.filename if named.frame else None)
     from_before: set[str] = set()  # names whose note's line is where their graph began, before the loop
     for holder, sequence, built, held_graph, spans in held:
@@ -389,8 +393,9 @@ def _keyed_by_a_variable(built_at: str, whole: str) -> bool:
 
 
 def _list_of(note: Note) -> str | None:
-    """``losses`` of the note of ``losses[3]``; None for anything else."""
-    item = re.match(r"^(.+?)\[\d+\]$", note.name)
+    """``losses`` of the note of ``losses[3]`` (and of ``history[3][1]``, an item of a list of lists); None for
+    anything else."""
+    item = re.match(r"^(.+?)(?:\[\d+\])+$", note.name)
     return item.group(1) if item is not None and not note.parameter else None
 
 
@@ -436,7 +441,7 @@ def assigned_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -
     pattern = re.compile(rf"(?<![\w.]){_either_quote(name)}\s*=(?!=)")
     lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)
     found = [(number, code.strip()) for number, code in lines if pattern.search(code)]
-    found = [candidate for candidate in found if _reads_a_value(candidate[1])] or found  # not its start value
+    found = [candidate for candidate in found if _reads_a_value(candidate[1])]  # not its start value (``Tracker()``)
     if any(number in ran for number, _ in found):
         found = [candidate for candidate in found if candidate[0] in ran]
     return found[-1] if found else None

@@ -90,9 +90,15 @@ def backward_of_the_returned_loss(freed_at: str, returned: str | None) -> str | 
         or function_around(tree, freer[1]) != step
     ):
         return None
-    returned_code = returned.split(": ", 1)[-1]
+    returned_code = returned.split(": ", 1)[-1].split("#", 1)[0].strip()
     if not re.search(rf"(?<![\w.]){re.escape(own.group(1))}(?![\w(\[])", returned_code):
-        return None
+        alone = re.fullmatch(r"return\s+([\w.]+)", returned_code)  # another loss: the one returned trains alone
+        if alone is None:
+            return None
+        return (
+            f"remove `{code}` at line {freer[1]} and return `{alone.group(1)} + {own.group(1)}` (line {back[1]}): the "
+            f"trainer calls backward() only on the loss `{step.name}` returns"
+        )
     return (
         f"remove `{code}` at line {freer[1]}: the trainer calls backward() itself on the loss `{step.name}` returns "
         f"(line {back[1]})"

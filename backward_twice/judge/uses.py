@@ -11,8 +11,8 @@ optimizer step then changed; :func:`summed_over_steps` the total a backward walk
 an optimizer step came between; :func:`graph_cut` the line whose operation left a loss without a graph.
 
 Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes`,
-:mod:`backward_twice.judge.second_backward`, :mod:`backward_twice.judge.verdicts` and
-:mod:`backward_twice.report.error_item`.
+:mod:`backward_twice.judge.frozen`, :mod:`backward_twice.judge.second_backward`, :mod:`backward_twice.judge.verdicts`
+and :mod:`backward_twice.report.error_item`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ __all__ = [
     "assigned_in_the_loss",
     "bound_in",
     "computed_again",
+    "computed_through",
     "first_read",
     "graph_cut",
     "list_use",
@@ -240,7 +241,7 @@ def graph_cut(
     quiet = memo(filename, ("without grad",), functools.partial(without_grad, tree))
     lines = linecache.getlines(filename)
     rewrapped: tuple[int, str] | None = None  # ``torch.tensor(batch_loss)``: the cut is where that number came from
-    for line, _ in _computed_through(filename, tree, backward, ran):
+    for line, _ in computed_through(filename, tree, backward, ran):
         if line in quiet:
             return line, "torch.no_grad()"
         cuts = (
@@ -262,7 +263,7 @@ def read_in_the_loss(filename: str, backward: int, name: str) -> int | None:
     tree = parsed(filename)
     if tree is None:
         return None
-    return next((line for line, reads in _computed_through(filename, tree, backward) if name in reads), None)
+    return next((line for line, reads in computed_through(filename, tree, backward) if name in reads), None)
 
 
 def assigned_in_the_loss(filename: str, backward: int, name: str) -> tuple[int, frozenset[str]] | None:
@@ -274,12 +275,12 @@ def assigned_in_the_loss(filename: str, backward: int, name: str) -> tuple[int, 
     statements = memo(filename, ("reads and writes",), functools.partial(_statements, tree))
     writes = {line: assigned for line, _, assigned in statements}
     return next(
-        ((line, reads) for line, reads in _computed_through(filename, tree, backward) if name in writes.get(line, ())),
+        ((line, reads) for line, reads in computed_through(filename, tree, backward) if name in writes.get(line, ())),
         None,
     )
 
 
-def _computed_through(
+def computed_through(
     filename: str, tree: ast.Module, backward: int, ran: Collection[tuple[str, int]] = ()
 ) -> Iterator[tuple[int, frozenset[str]]]:
     """(line, what it reads) of the backward's own statement at line ``backward``, then of each statement before it

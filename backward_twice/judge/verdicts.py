@@ -29,6 +29,7 @@ from backward_twice.common.error_kinds import error_kind
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.carried import CarriedFinding, carried_findings, rebound_each_pass
 from backward_twice.judge.fixes import ERROR_FIXES
+from backward_twice.judge.frozen import switched_off_at
 from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
 from backward_twice.judge.returned import backward_of_the_returned_loss, loss_returned_at
@@ -104,6 +105,7 @@ class ErrorVerdict:
     step_ends: int | None = None  # the stale forward's line goes again after this line: the end of the statement
     # beside it that runs the step (a hand update's ``with torch.no_grad():``, the call of a helper that steps)
     past_the_loop: bool = False  # a backward after the loop ended raised it (the learner's own check, not caught)
+    frozen: tuple[tuple[str, int, int], ...] = ()  # no graph: what ``cut``'s toggles switched off (name, off, on)
 
 
 @dataclass(frozen=True)
@@ -458,6 +460,10 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
         caused = False  # the weights the step changed were saved by this iteration's own forward (SAC's policy loss
         # computed before the critics' steps): a carried graph walked beside it did not raise
     fix = carried[0].fix if caused else fix  # the walk into an earlier iteration's graph is the cause: its fix
+    frozen: tuple[tuple[str, int, int], ...] = ()
+    cut = _graph_cut(recorder, record.line) if kind == "no graph" else None
+    if kind == "no graph" and cut is None:  # weights switched off before the forward (a GAN's toggle)
+        cut, frozen = switched_off_at(record.line, recorder.creation.ran)
     return ErrorVerdict(
         kind,
         record.message,
@@ -470,10 +476,11 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
         changed,
         record.caught,
         record.stale_through if stale is not None else None,
-        _graph_cut(recorder, record.line) if kind == "no graph" else None,
+        cut,
         loss_returned_at(record.line, recorder.creation.ran) if record.call is not None else None,
         _step_ends(record, site_of(stale)) if stale is not None else None,
         record.past_the_loop,
+        frozen,
     )
 
 

@@ -7,7 +7,8 @@ disk again (a recorder does so when it starts). :func:`memo` keeps what a caller
 as that tree is the file's. :func:`function_around` finds the function a line belongs to.
 
 Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.closures`,
-:mod:`backward_twice.judge.fixes`, :mod:`backward_twice.judge.notes`, :mod:`backward_twice.judge.returned`,
+:mod:`backward_twice.judge.fixes`, :mod:`backward_twice.judge.frozen`, :mod:`backward_twice.judge.kept_by`,
+:mod:`backward_twice.judge.notes`, :mod:`backward_twice.judge.returned`,
 :mod:`backward_twice.judge.second_backward`, :mod:`backward_twice.judge.stored`, :mod:`backward_twice.judge.uses`,
 :mod:`backward_twice.judge.verdicts`, :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.hand_update`,
 :mod:`backward_twice.record.in_place`, :mod:`backward_twice.record.loops`, :mod:`backward_twice.record.past_handlers`

@@ -12,6 +12,7 @@ import ast
 import re
 
 from backward_twice.common.error_kinds import LEAF_IN_PLACE
+from backward_twice.judge.frozen import FROZEN, GRAD_OFF
 from backward_twice.judge.second_backward import keep_one_update
 from backward_twice.judge.uses import computed_again, summed_over_steps
 from backward_twice.judge.verdicts import ErrorVerdict, LineVerdict
@@ -125,6 +126,28 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
         else:
             label = "a second backward through a graph whose buffers were freed"
         why = "a backward frees the saved tensors it walked; this one needs them again"
+    elif error.kind == "no graph" and (cut := error.cut) is not None and cut[1] in (FROZEN, GRAD_OFF):
+        cut_place, cut_code = split_line(cut[0])
+        number = line_number(cut_place)
+        if cut[1] == GRAD_OFF:
+            lines.insert(0, CodeLine(cut_place, cut_code, (0, len(cut_code)), "autograd off from here"))
+            label = f"the loss has no graph: line {number} turns autograd off"
+            why = f"autograd records nothing from line {number} on, and the loss was computed before it was on again"
+            fix = "call `torch.set_grad_enabled(True)` before the forward this loss is computed from"
+        else:
+            names = _listed([f"`{name}`" for name, _, _ in error.frozen])
+            offs, ons = sorted({off for _, off, _ in error.frozen}), sorted({on for _, _, on in error.frozen if on})
+            switched = f"line {offs[0]} switches" if len(offs) == 1 else f"lines {_listed(offs)} switch"
+            lines.insert(0, CodeLine(cut_place, cut_code, (0, len(cut_code)), "switches their gradients off"))
+            label = f"the loss has no graph: {switched} off the gradients of {names}"
+            why = f"the loss is computed from {names}, whose weights had requires_grad=False when that forward ran"
+            back_on = f"line {ons[0]} switches" if len(ons) == 1 else f"lines {_listed(ons)} switch"
+            fix = (
+                f"compute this loss's forward through {names} after {back_on} their gradients back on, or do not "
+                f"switch them off before it ({'line' if len(offs) == 1 else 'lines'} {_listed(offs)})"
+                if ons
+                else f"switch the gradients of {names} back on before the forward this loss is computed from"
+            )
     elif error.kind == "no graph" and (cut := error.cut) is not None:
         cut_place, cut_code = split_line(cut[0])
         under = cut[1] == "torch.no_grad()"
@@ -222,6 +245,12 @@ def _first_sentence(message: str, most: int = 110) -> str:
     """The first sentence of an error's message, cut at ``most`` characters: the whole message is in the evidence."""
     sentence = re.split(r"(?<=[.!?])\s", message.strip(), maxsplit=1)[0]
     return sentence if len(sentence) <= most else sentence[: most - 3].rstrip() + "..."
+
+
+def _listed(words: list[str] | list[int]) -> str:
+    """ "a", "a and b", "a, b and c"."""
+    said = [str(word) for word in words]
+    return said[0] if len(said) == 1 else f"{', '.join(said[:-1])} and {said[-1]}"
 
 
 def _first_clause(fix: str) -> str:

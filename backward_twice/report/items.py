@@ -357,7 +357,10 @@ def note_item(note: Note) -> Item:
     if grows is not None and filename is not None:
         number, text, appended, method = grows
         lines = (CodeLine(_short_place(place_of(filename, number)), text, span_of(text, note.name), where),)
-        if appended and note.nested:  # a list of tensors each item: each detached, as a carried state's are
+        literal = _with_places_detached(text, note.positions) if note.nested and not appended else None
+        if literal is not None:  # ``memory.append((s, a, logp, r))``: the places that held graphs, detached
+            fix = f"`{note.name}.{method}({literal})`"
+        elif appended and note.nested:  # a list of tensors each item: each detached, as a carried state's are
             kept = f"torch.utils._pytree.tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, {appended})"
             fix = f"`{note.name}.{method}({kept})`"
         elif appended and note.entry:  # an item with entries (a model's outputs): what is read of it, detached
@@ -399,6 +402,31 @@ def note_item(note: Note) -> Item:
         label = f"`{note.name}` keeps one more iteration's graph alive every iteration"
         why = f"no later backward walks them, but `{note.name}` holds them all{each}"
     return Item("note", label, lines, why, fix, to_fix=False)
+
+
+def _with_places_detached(code: str, positions: tuple[int, ...]) -> str | None:
+    """The tuple or list ``code`` appends (``memory.append((s, a, logp, r))``), with the names at ``positions``
+    detached (``(s, a, logp.detach(), r)``); None where it appends no literal, or a place is no name."""
+    try:
+        statement = ast.parse(code.strip()).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    item = call.args[0] if isinstance(call, ast.Call) and len(call.args) == 1 else None
+    if not isinstance(item, (ast.Tuple, ast.List)) or not positions or max(positions) >= len(item.elts):
+        return None
+    if any(not isinstance(item.elts[i], (ast.Name, ast.Attribute, ast.Subscript)) for i in positions):
+        return None
+    source = code.strip()  # each place as the line spells it (``"train"``, not ``'train'``)
+    parts = [
+        (ast.get_source_segment(source, e) or ast.unparse(e)) + (".detach()" if i in positions else "")
+        for i, e in enumerate(item.elts)
+    ]
+    return (
+        f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+        if isinstance(item, ast.Tuple)
+        else f"[{', '.join(parts)}]"
+    )
 
 
 def _line_order(place: str) -> tuple[str, int]:
