@@ -636,6 +636,24 @@ def test_numpy_arrays_the_step_shuffles_in_place_are_put_back(tool: Callable[...
     assert torch.equal(steps_taken(tool_first=True), steps_taken(tool_first=False))
 
 
+def test_attributes_the_step_keeps_on_itself_are_put_back() -> None:
+    """``step.calls += 1`` (a counter on the step function itself, read to freeze a layer after N calls): the
+    tools left it three calls on, and the learner's own run froze the layer early. The truth: the counter before
+    and after."""
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        step.calls += 1  # type: ignore[attr-defined]
+        optimizer.zero_grad()
+        model(torch.randn(4, 3)).pow(2).mean().backward()
+        optimizer.step()
+
+    step.calls = 0  # type: ignore[attr-defined]
+    assert diagnose(step, models=model, optimizers=optimizer).healthy
+    assert step.calls == 0  # type: ignore[attr-defined]
+
+
 def test_a_trainers_bound_method_as_the_step_has_its_self_found_and_put_back() -> None:
     """``bt.diagnose(trainer.train_step)``: its model, optimizer and counter live on ``self``, which no closure or
     global name reaches; the runs left the batch norm's running statistics and ``self.global_step`` three runs on.

@@ -1578,6 +1578,53 @@ def test_weights_switched_off_before_the_forward_a_loss_comes_from_are_named(tmp
     assert fixed["step"] == 2
 
 
+def test_weights_switched_off_and_never_on_again_are_named_without_a_crash(tmp_path: Path) -> None:
+    """The same toggles with the encoder never switched on again: the report's own code raised an IndexError
+    ("could not judge this run"; ``bt.diagnose`` raised it into the learner's code). The truth (no helpers): as
+    written it raises that the loss does not require grad; switched on before the forward, it trains."""
+    source = SWITCHED_OFF.replace("    requires_grad(encoder, True)\n", "")
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        _run(source, tmp_path / "as_written.py")
+    [item] = _items_watched(source, tmp_path / "watched.py")
+    assert item.fix == "switch the gradients of `encoder` back on before the forward this loss is computed from"
+    fixed = source.replace("    code = encoder(x)", "    requires_grad(encoder, True)\n    code = encoder(x)")
+    assert _run(fixed, tmp_path / "fixed.py")["step"] == 2
+
+
+STEP_LOSSES_WALKED = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step_losses = []
+for i in range(4):
+    opt.zero_grad()
+    loss = model(torch.randn(4, 4)).pow(2).mean()
+    step_losses.append(loss)
+    step_losses[-1].backward()
+    opt.step()
+"""
+
+
+def test_a_list_whose_last_item_the_loop_calls_backward_on_keeps_a_detached_copy_after_the_backward(
+    tmp_path: Path,
+) -> None:
+    """``step_losses.append(loss); step_losses[-1].backward()``: the note's advice was
+    ``step_losses.append(loss.detach())``, after which the backward raised that the loss needs no grad. The truth
+    (no helpers): the backward on ``loss`` and a detached copy kept train as written, and hold no graph."""
+    as_written = _run(STEP_LOSSES_WALKED, tmp_path / "as_written.py")
+    [item] = _items_watched(STEP_LOSSES_WALKED, tmp_path / "watched.py")
+    assert item.fix == (
+        "call `loss.backward()` in place of `step_losses[-1].backward()`, and `step_losses.append(loss.detach())`"
+    ), item.fix
+    fixed = STEP_LOSSES_WALKED.replace("step_losses[-1].backward()", "loss.backward()").replace(
+        "step_losses.append(loss)", "step_losses.append(loss.detach())"
+    )
+    ran = _run(fixed, tmp_path / "fixed.py")
+    assert torch.equal(ran["model"].weight, as_written["model"].weight)
+    assert not any(loss.requires_grad for loss in ran["step_losses"])
+
+
 AUTOGRAD_LEFT_OFF = """
 import torch
 torch.manual_seed(0)

@@ -601,9 +601,13 @@ def test_a_lightning_step_that_calls_backward_on_another_loss_returns_their_sum_
     lines = script.splitlines()
     line, returned = lines.index("        aux_loss.backward()") + 1, lines.index("        return loss") + 1
     fix = (
-        f"remove `aux_loss.backward()` at line {line} and return `loss + aux_loss` (line {returned}): the trainer "
-        "calls backward() only on the loss `training_step` returns"
+        f"remove `aux_loss.backward()` at line {line} and add `aux_loss` to the loss `training_step` returns "
+        f"(`loss + aux_loss`, line {returned}): the trainer calls backward() only on that loss"
     )
+    assert f"fix: {fix}" in "\n".join(raised.value.__notes__), raised.value.__notes__
+    as_a_dict = script.replace("        return loss\n", '        return {"loss": loss, "aux": aux_loss.detach()}\n')
+    with pytest.raises(RuntimeError, match="second time") as raised:  # the dict's loss is the one it trains
+        _fitted(as_a_dict, tmp_path / "dict.py", "trainer.fit(")
     assert f"fix: {fix}" in "\n".join(raised.value.__notes__), raised.value.__notes__
     summed = script.replace("        aux_loss.backward()\n", "").replace(
         "        return loss\n", "        return loss + aux_loss\n"

@@ -38,26 +38,25 @@ def switched_off(
     if tree is None or function is None:
         return None
     lines = sorted(line for line, _ in computed_through(filename, tree, backward, ran) if line != backward)
-    toggles = [  # (line, name, switched on), in the order the code runs them (a branch the tracer did not see run
+    every = [  # (line, name, switched on), in the order the code runs them (a branch the tracer did not see run
         (statement.lineno, name, on)  # counts too: it traces some passes only, and the raising one may be another)
         for statement in sorted(_statements(function), key=lambda s: s.lineno)
-        if statement.lineno < backward
         for name, on in _toggles(statement)
     ]
-    if not toggles or not lines:
+    toggles = [toggle for toggle in every if toggle[0] < backward]
+    if not every or not lines:
         return None
     off: dict[str, int] = {}  # a name switched off when a statement of the loss read it -> the line that did
     for line in lines:
         code = linecache.getline(filename, line).split("#", 1)[0]
-        for name in {name for _, name, _ in toggles}:
-            state = [(at, on) for at, toggled, on in toggles if toggled == name and at < line]
+        for name in {name for _, name, _ in every}:
             read = name == _GRAD_MODE or re.search(rf"(?<![\w.]){re.escape(name)}\b", code) is not None
-            if state and read and not state[-1][1]:
-                off.setdefault(name, state[-1][0])
-    if _GRAD_MODE in off and lines[-1] >= off[_GRAD_MODE]:  # the loss itself computed with autograd off
-        grad_off = [(at, on) for at, name, on in toggles if name == _GRAD_MODE and at < lines[-1]]
-        if grad_off and not grad_off[-1][1]:
-            return grad_off[-1][0], GRAD_OFF, ()
+            state = _state_at(every, name, line, backward)
+            if state is not None and read and not state[1]:
+                off.setdefault(name, state[0])
+    grad_off = _state_at(every, _GRAD_MODE, lines[-1], backward)
+    if grad_off is not None and not grad_off[1]:  # the loss itself computed with autograd off
+        return grad_off[0], GRAD_OFF, ()
     frozen = sorted((line, name) for name, line in off.items() if name != _GRAD_MODE)
     again = {
         name: min((at for at, n, on in toggles if n == name and on and at > line), default=0) for line, name in frozen
@@ -67,6 +66,17 @@ def switched_off(
     if not frozen:
         return None
     return frozen[0][0], FROZEN, tuple((name, line, again[name]) for line, name in frozen)
+
+
+def _state_at(toggles: list[tuple[int, str, bool]], name: str, line: int, backward: int) -> tuple[int, bool] | None:
+    """(the toggle's line, on) of ``name`` when ``line`` runs: the last toggle before it; else, where none is before
+    it, one an earlier pass left after the backward at line ``backward`` when no toggle of the function switches it
+    on (``torch.set_grad_enabled(False)`` for an evaluation after the step, never undone); None if neither."""
+    before = [(at, on) for at, toggled, on in toggles if toggled == name and at < line]
+    if before:
+        return before[-1]
+    after = [(at, on) for at, toggled, on in toggles if toggled == name and at > backward]
+    return after[-1] if after and not any(on for _, on in after) else None
 
 
 def switched_off_at(

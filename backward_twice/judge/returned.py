@@ -51,6 +51,17 @@ def _step_returns(tree: ast.Module) -> list[int]:
     )
 
 
+def _the_loss_returned(code: str) -> str | None:
+    """The name of the loss a ``return`` statement hands the trainer: ``return loss``, ``return {"loss": loss, ...}``,
+    ``return (loss, outputs) if return_outputs else loss``; None for any other."""
+    spelled = (
+        re.fullmatch(r"return\s+([\w.]+)", code)
+        or re.match(r"return\s+\{\s*[\"']loss[\"']\s*:\s*([\w.]+)\s*[,}]", code)
+        or re.fullmatch(r"return\s+\(?\s*([\w.]+)\s*,.*\)?\s+if\s+.+\s+else\s+\1", code)
+    )
+    return spelled.group(1) if spelled is not None else None
+
+
 def computed_in_the_step(name: str | None, built_at: str) -> str | None:
     """The fix for ``self.X`` carried from the ``__init__`` that built it (``self.l2_penalty = sum(p.pow(2).sum() for p
     in self.model.parameters())``) into each step of a framework's trainer: compute it in the class's step method,
@@ -90,14 +101,13 @@ def backward_of_the_returned_loss(freed_at: str, returned: str | None) -> str | 
         or function_around(tree, freer[1]) != step
     ):
         return None
-    returned_code = returned.split(": ", 1)[-1].split("#", 1)[0].strip()
-    if not re.search(rf"(?<![\w.]){re.escape(own.group(1))}(?![\w(\[])", returned_code):
-        alone = re.fullmatch(r"return\s+([\w.]+)", returned_code)  # another loss: the one returned trains alone
-        if alone is None:
-            return None
+    loss = _the_loss_returned(returned.split(": ", 1)[-1].split("#", 1)[0].strip())
+    if loss is None:
+        return None
+    if loss != own.group(1):  # another loss: the one returned trains alone, and the learner's trains nothing
         return (
-            f"remove `{code}` at line {freer[1]} and return `{alone.group(1)} + {own.group(1)}` (line {back[1]}): the "
-            f"trainer calls backward() only on the loss `{step.name}` returns"
+            f"remove `{code}` at line {freer[1]} and add `{own.group(1)}` to the loss `{step.name}` returns "
+            f"(`{loss} + {own.group(1)}`, line {back[1]}): the trainer calls backward() only on that loss"
         )
     return (
         f"remove `{code}` at line {freer[1]}: the trainer calls backward() itself on the loss `{step.name}` returns "

@@ -141,7 +141,7 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
             lines.insert(0, CodeLine(cut_place, cut_code, (0, len(cut_code)), "switches their gradients off"))
             label = f"the loss has no graph: {switched} off the gradients of {names}"
             why = f"the loss is computed from {names}, whose weights had requires_grad=False when that forward ran"
-            back_on = f"line {ons[0]} switches" if len(ons) == 1 else f"lines {_listed(ons)} switch"
+            back_on = (f"line {ons[0]} switches" if len(ons) == 1 else f"lines {_listed(ons)} switch") if ons else ""
             fix = (
                 f"compute this loss's forward through {names} after {back_on} their gradients back on, or do not "
                 f"switch them off before it ({'line' if len(offs) == 1 else 'lines'} {_listed(offs)})"

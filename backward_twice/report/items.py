@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import linecache
 import re
 from dataclasses import dataclass
 
@@ -357,7 +358,13 @@ def note_item(note: Note) -> Item:
     if grows is not None and filename is not None:
         number, text, appended, method = grows
         lines = (CodeLine(_short_place(place_of(filename, number)), text, span_of(text, note.name), where),)
+        walked = _item_walked(note.name, filename) if appended else None
         literal = _with_places_detached(text, note.positions) if note.nested and not appended else None
+        if walked is not None:  # ``losses[-1].backward()``: the backward needs the graph the append keeps
+            fix = (
+                f"call `{appended}.backward()` in place of `{walked}`, and `{note.name}.{method}({appended}.detach())`"
+            )
+            literal = appended = None
         if literal is not None:  # ``memory.append((s, a, logp, r))``: the places that held graphs, detached
             fix = f"`{note.name}.{method}({literal})`"
         elif appended and note.nested:  # a list of tensors each item: each detached, as a carried state's are
@@ -402,6 +409,14 @@ def note_item(note: Note) -> Item:
         label = f"`{note.name}` keeps one more iteration's graph alive every iteration"
         why = f"no later backward walks them, but `{note.name}` holds them all{each}"
     return Item("note", label, lines, why, fix, to_fix=False)
+
+
+def _item_walked(name: str, filename: str) -> str | None:
+    """The call of ``filename`` that runs backward on an item of the list ``name`` (``losses[-1].backward()``), as
+    written; None if none does."""
+    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\[[^\]]+\]\.backward\([^)]*\)")
+    found = (pattern.search(line.split("#", 1)[0]) for line in linecache.getlines(filename))
+    return next((match.group(0) for match in found if match is not None), None)
 
 
 def _with_places_detached(code: str, positions: tuple[int, ...]) -> str | None:

@@ -190,6 +190,8 @@ class CpuSnapshot:
                     self._plain_attributes(value, name)  # ``import config as cfg``: ``cfg.lr *= 0.5``
         if inspect.ismethod(step):
             self._walk(step.__self__, 0, "self")
+        if isinstance(getattr(step, "__dict__", None), dict) and vars(step):  # ``step.calls += 1``
+            self._objects.append((step, dict(vars(step))))
         for name, value in hooked or ():  # what the models' hooks write to (a list of activations)
             self._walk(value, 0, name)
         for cls in classes:
