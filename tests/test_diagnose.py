@@ -654,6 +654,33 @@ def test_attributes_the_step_keeps_on_itself_are_put_back() -> None:
     assert step.calls == 0  # type: ignore[attr-defined]
 
 
+def test_an_error_of_the_tools_own_judgment_is_said_and_raises_nothing_into_the_learners_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An IndexError in the report's own code (the switched-off item of an earlier commit, found by a probe) went up
+    through ``bt.diagnose`` into the learner's code, where the watch says "could not judge this run". The truth:
+    the step's runs still happen and are put back; the diagnosis says the tool failed and claims no health."""
+    import backward_twice.steps.diagnose as diagnosing
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(diagnosing, "build_report", broken)
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(torch.randn(4, 3)).pow(2).mean().backward()
+        optimizer.step()
+
+    result = diagnose(step, models=model, optimizers=optimizer)
+    assert result.verdict.startswith("backward-twice could not judge the runs of step (an error of its own: IndexError")
+    assert not result.healthy and torch.equal(model.weight, before)
+    assert "could not judge" in str(result)
+
+
 def test_a_trainers_bound_method_as_the_step_has_its_self_found_and_put_back() -> None:
     """``bt.diagnose(trainer.train_step)``: its model, optimizer and counter live on ``self``, which no closure or
     global name reaches; the runs left the batch norm's running statistics and ``self.global_step`` three runs on.

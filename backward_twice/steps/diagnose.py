@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from backward_twice.judge.verdicts import plural
+from backward_twice.record.learner import first_line
 from backward_twice.report.rendering import Item, Report, build_report, render_html, render_text
 from backward_twice.steps.audit import RetainAudit, audit_report
 from backward_twice.steps.carried import CarriedGraphReport, carried_report
@@ -62,7 +63,7 @@ class Diagnosis:
 
     @property
     def healthy(self) -> bool:
-        return not self.report.items and self.error is None
+        return not self.report.items and self.error is None and self.report.stopped_watching is None
 
     @property
     def verdict(self) -> str:
@@ -99,14 +100,20 @@ def diagnose(
         run = run_step(step, models, optimizers, iterations, who="diagnose")
     except (TypeError, ValueError) as exc:  # the input checks: raised here, not deep in the harness
         raise type(exc)(str(exc)) from None
-    carried, audit = carried_report(run), audit_report(run)
     e = run.verdicts.error
     name = getattr(step, "__name__", "step")
     runs_of = "the cell" if name == "<cell>" else "the step" if name.startswith("<") else name
-    if run.recorder.loop.iteration_passes():  # the step's own loop around its backward calls: its passes are the
-        built = build_report(run.verdicts, in_runs=f"{plural(run.runs, 'run')} of {runs_of}")  # iterations
-    else:
-        built = build_report(run.verdicts, runs_of=runs_of)
+    try:
+        carried, audit = carried_report(run), audit_report(run)
+        if run.recorder.loop.iteration_passes():  # the step's own loop around its backward calls: its passes are
+            built = build_report(run.verdicts, in_runs=f"{plural(run.runs, 'run')} of {runs_of}")  # the iterations
+        else:
+            built = build_report(run.verdicts, runs_of=runs_of)
+    except Exception as error:  # the runs stand, put back; the diagnosis says the tool failed, and claims nothing
+        problem = f"backward-twice could not judge the runs of {runs_of} (an error of its own: {first_line(error)})"
+        carried = CarriedGraphReport((), run.runs, None, run.not_put_back)
+        audit = RetainAudit(None, not_put_back=run.not_put_back)
+        built = Report(problem, (), (), problem)
     report = replace(built, not_put_back=run.not_put_back)
     return Diagnosis(
         None if e is None else e.kind,
