@@ -9,9 +9,9 @@ Used by :mod:`backward_twice.judge.carried` and :mod:`backward_twice.judge.secon
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 
 from backward_twice.record.learner import site_of
+from backward_twice.record.loops import own_nodes
 from backward_twice.record.sources import function_around, parsed
 
 __all__ = ["read_by_a_closure", "read_by_the_raising_closure"]
@@ -36,7 +36,7 @@ def read_by_a_closure(name: str | None, entry: tuple[str, int] | None, built_at:
     assigned = {n.id for n in ast.walk(closure) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     if name in assigned:
         return None
-    own = list(_own_nodes(outer if outer is not None else tree))
+    own = list(own_nodes(outer if outer is not None else tree))
     if not any(_steps_with(node, closure.name) for node in own):  # ``optimizer.step(closure)``
         return None
     lines = _lines_it_comes_from(own, built[1])
@@ -88,7 +88,7 @@ def read_by_the_raising_closure(name: str, raised_at: tuple[str, int]) -> str | 
         return None
     outer = function_around(tree, closure.lineno)
     scope: ast.AST = outer if outer is not None else tree
-    own = list(_own_nodes(scope))
+    own = list(own_nodes(scope))
     if not any(_steps_with(node, closure.name) for node in own):  # no optimizer's step is handed it: no closure
         return None
     reads = [
@@ -105,17 +105,6 @@ def read_by_the_raising_closure(name: str, raised_at: tuple[str, int]) -> str | 
         return None
     last = max(built, key=lambda node: node.lineno)
     return read_by_a_closure(name, (raised_at[0], min(reads)), f"{raised_at[0]}:{last.lineno}: {ast.unparse(last)}")
-
-
-def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of ``scope``'s own code: not inside a function, lambda or class defined in it."""
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
 
 
 def _steps_with(node: ast.AST, closure: str) -> bool:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import ast
 import linecache
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 
 from backward_twice.judge.uses import computed_through
 from backward_twice.record.learner import learner_line_at, site_of
+from backward_twice.record.loops import own_nodes
 from backward_twice.record.sources import function_around, parsed
 
 __all__ = ["FROZEN", "GRAD_OFF", "switched_off", "switched_off_at"]
@@ -40,7 +41,7 @@ def switched_off(
     lines = sorted(line for line, _ in computed_through(filename, tree, backward, ran) if line != backward)
     every = [  # (line, name, switched on), in the order the code runs them (a branch the tracer did not see run
         (statement.lineno, name, on)  # counts too: it traces some passes only, and the raising one may be another)
-        for statement in sorted(_statements(function), key=lambda s: s.lineno)
+        for statement in sorted((n for n in own_nodes(function) if isinstance(n, ast.stmt)), key=lambda s: s.lineno)
         for name, on in _toggles(statement)
     ]
     toggles = [toggle for toggle in every if toggle[0] < backward]
@@ -87,18 +88,6 @@ def switched_off_at(
     site = site_of(backward)
     off = switched_off(*site, ran=ran) if site is not None else None
     return ((learner_line_at(site[0], off[0]), off[1]), off[2]) if site is not None and off is not None else (None, ())
-
-
-def _statements(function: ast.AST) -> Iterator[ast.stmt]:
-    """The statements of ``function``, its own (not those of a function or class it defines)."""
-    todo = list(ast.iter_child_nodes(function))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        if isinstance(node, ast.stmt):
-            yield node
-        todo.extend(ast.iter_child_nodes(node))
 
 
 def _toggles(statement: ast.stmt) -> list[tuple[str, bool]]:
