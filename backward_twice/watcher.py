@@ -26,6 +26,7 @@ import threading
 import types
 from typing import Any
 
+from backward_twice.judge.failsafe import could_not_judge, judged
 from backward_twice.judge.verdicts import Verdicts, judge
 from backward_twice.record.learner import first_line, place, without_tool_frames
 from backward_twice.record.recorder import Recorder, StopRecording
@@ -103,11 +104,14 @@ class Watch:
             self.ended_by = first_line(exc) if isinstance(exc, SystemExit) else "KeyboardInterrupt"
         elif exc is not None and self.recorder.error is not None and self.recorder.error.after_the_loop:
             self.ended_by = f"{first_line(exc, 200)} (raised after the loop)"
-        try:
-            self._verdicts = judge(self.recorder)
-            self._report = build_report(self._verdicts, ended_by=self.ended_by)
-        except Exception as error:  # the loop's own outcome stands; the report says the tool failed
-            self._problem = f"backward-twice could not judge this run (an error of its own: {first_line(error)})"
+        self._verdicts, self._problem = judged(self.recorder, "this run")
+        if self._problem is None:
+            try:
+                self._report = build_report(self._verdicts, ended_by=self.ended_by)
+            except Exception as error:  # the loop's own outcome stands; the report says the tool failed
+                self._problem = could_not_judge("this run", error)
+        if self._problem is not None:  # what every part of the watch shows: nothing judged, and why
+            self._report = Report(self._problem, (), (), self._problem)
         if isinstance(exc, Exception):
             exc.__traceback__ = without_tool_frames(exc.__traceback__)
             _without_the_stop(exc)
@@ -136,7 +140,7 @@ class Watch:
 
     @property
     def healthy(self) -> bool:
-        return not self.report.items and self.verdicts.calls > 0
+        return not self.report.items and self.verdicts.calls > 0 and self._problem is None
 
     def evidence(self) -> str:
         """The report with its evidence: how the iterations were split, each backward's verdicts, bytes."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import html
+import importlib
 import importlib.util
 import inspect
 import linecache
@@ -1261,3 +1262,42 @@ def test_an_object_whose_call_is_the_step_is_read_and_put_back_as_its_method_is(
     result = diagnose(step)
     assert trainer.running_loss == 0.0 and trainer.steps == 0, vars(trainer)
     assert any("running_loss" in item.label for item in result.report.items), str(result)
+
+
+@pytest.mark.parametrize("broken", ["judge.failsafe.judge", "steps.audit.audit_report", "steps.carried.carried_report"])
+def test_every_step_tool_says_when_its_own_judgment_fails_and_raises_nothing_into_the_learners_code(
+    broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bt.audit_retain_graph`` and ``bt.find_carried_graph`` had no guard: an error of the judgment's own code
+    (``judge`` itself, or the report each builds) went up into the learner's code; ``bt.diagnose`` guarded only its
+    report. The truth: the step's runs still happen and are put back, and each tool says it could not judge and
+    claims nothing (no "can go", no "no graph carried", no health)."""
+    module, name = broken.rsplit(".", 1)
+
+    def planted(*args: Any, **kwargs: Any) -> Any:
+        raise IndexError("a planted failure")
+
+    for where in (f"backward_twice.{module}", "backward_twice.steps.diagnose"):  # diagnose holds the reports' builders
+        if where.endswith("diagnose") and module.startswith("judge"):
+            continue
+        monkeypatch.setattr(importlib.import_module(where), name, planted)
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+
+    def train_step() -> None:
+        optimizer.zero_grad()
+        model(torch.randn(4, 3)).pow(2).mean().backward(retain_graph=True)
+        optimizer.step()
+
+    said = "backward-twice could not judge the runs of train_step (an error of its own: IndexError: a planted failure)"
+    diagnosis = diagnose(train_step, models=model, optimizers=optimizer)
+    audit = audit_retain_graph(train_step, models=model, optimizers=optimizer)
+    carried = find_carried_graph(train_step, models=model, optimizers=optimizer)
+    assert torch.equal(model.weight, before)
+    if broken != "steps.carried.carried_report":
+        assert audit.summary() == said and repr(audit).startswith(f"retain_graph audit: {said}"), repr(audit)
+        assert not audit.calls and not audit.lines
+    if broken != "steps.audit.audit_report":
+        assert carried.verdict() == said and str(carried) == said and not carried.found, str(carried)
+    assert diagnosis.verdict == said and not diagnosis.healthy and not diagnosis.items, diagnosis.verdict

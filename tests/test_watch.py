@@ -926,3 +926,30 @@ def test_a_tensor_subclass_sees_only_the_loops_own_calls_under_the_watch() -> No
     with watch() as w:
         watched = loop()
     assert watched == bare and w.verdicts.calls == 3, (watched, bare)
+
+
+@pytest.mark.parametrize("broken", ["backward_twice.judge.failsafe.judge", "backward_twice.watcher.build_report"])
+def test_when_the_watch_cannot_judge_every_part_of_it_says_so_and_none_raises(
+    broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an error of its own judgment the watch's text said "could not judge this run", but ``w.healthy``,
+    ``w.verdicts``, ``w.report`` and ``w.to_json()`` judged again and raised that error into the learner's code (the
+    command reads ``w.verdicts`` too). The truth: the loop ran as bare Python runs it; each part says the tool failed
+    and none claims health."""
+    module, name = broken.rsplit(".", 1)
+
+    def planted(*args: object, **kwargs: object) -> None:
+        raise IndexError("a planted failure")
+
+    monkeypatch.setattr(importlib.import_module(module), name, planted)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch() as w:
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(3, 4)).pow(2).mean().backward()
+            optimizer.step()
+    said = "backward-twice could not judge this run (an error of its own: IndexError: a planted failure)"
+    assert str(w) == said and w.evidence() == said and said in w._repr_html_()
+    assert not w.healthy and w.report.headline == said and not w.report.items
+    assert w.verdicts.calls == 3 and w.to_json()["headline"] == said and w.to_json()["stopped_watching"] == said

@@ -13,9 +13,9 @@
   one every iteration, a running total) a note to show;
 * the error, by kind (:func:`backward_twice.common.error_kinds.error_kind`), with the recorder's evidence.
 
-Used by :mod:`backward_twice.report.error_item`, :mod:`backward_twice.report.items`,
-:mod:`backward_twice.report.rendering`, :mod:`backward_twice.steps.audit`, :mod:`backward_twice.steps.diagnose`,
-:mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.
+Used by :mod:`backward_twice.judge.failsafe`, :mod:`backward_twice.report.error_item`,
+:mod:`backward_twice.report.items`, :mod:`backward_twice.report.rendering`, :mod:`backward_twice.steps.audit`,
+:mod:`backward_twice.steps.diagnose`, :mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.
 """
 
 from __future__ import annotations

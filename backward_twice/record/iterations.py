@@ -11,8 +11,8 @@ rule can use what came later: in a GAN, which optimizer steps last in a cycle).
 
 Without a loop, an iteration ends at its event.
 
-Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.notes`, :mod:`backward_twice.judge.verdicts` and
-:mod:`backward_twice.record.recorder`.
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.failsafe`, :mod:`backward_twice.judge.notes`,
+:mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.record.recorder`.
 """
 
 from __future__ import annotations

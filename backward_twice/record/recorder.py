@@ -38,8 +38,9 @@ With ``keep_buffers=True`` (the step tools' runs) every call keeps its buffers a
 error where the step as written would (a walk through a node a non-retaining call already walked): the runs
 behave as written, and a graph built before the step is still usable afterwards.
 
-Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.loop_body`,
-:mod:`backward_twice.judge.verdicts`, :mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.failsafe`,
+:mod:`backward_twice.judge.loop_body`, :mod:`backward_twice.judge.verdicts`, :mod:`backward_twice.steps.harness` and
+:mod:`backward_twice.watcher`.
 """
 
 from __future__ import annotations

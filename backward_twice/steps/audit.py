@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from backward_twice.common.units import format_bytes
+from backward_twice.judge.failsafe import could_not_judge
 from backward_twice.judge.verdicts import (
     CREATE_GRAPH_NOTE,
     GOES_WITH_CARRIED,
@@ -34,7 +35,7 @@ from backward_twice.judge.verdicts import (
     retain_written_at,
 )
 from backward_twice.record.learner import short
-from backward_twice.steps.harness import StepRun, run_step
+from backward_twice.steps.harness import StepRun, run_step, step_name
 
 __all__ = ["BackwardCall", "RetainAudit", "audit_report", "audit_retain_graph"]
 
@@ -86,8 +87,11 @@ class RetainAudit:
     lines: list[LineVerdict] = field(default_factory=list)
     not_put_back: tuple[str, ...] = ()  # what the runs changed that nothing can put back (an iterator moved on)
     caught: bool = False  # a backward raised ``error`` and the step caught it and went on
+    problem: str | None = None  # the tool's own failure to judge the runs: then it claims nothing
 
     def summary(self) -> str:
+        if self.problem is not None:
+            return self.problem
         retains = [c for c in self.calls if c.needed is not None]
         band_aids = sum(1 for c in retains if c.band_aid)  # needed only through a carried graph: not "needed"
         needed = sum(1 for c in retains if c.needed and not c.band_aid)
@@ -231,4 +235,10 @@ def audit_retain_graph(
         run = run_step(step, models, optimizers, iterations, who="audit_retain_graph")
     except (TypeError, ValueError) as exc:  # the input checks: raised here, not deep in the harness
         raise type(exc)(str(exc)) from None
-    return audit_report(run)
+    problem = run.problem  # the harness's own failure to judge the runs, if it had one
+    if problem is None:
+        try:
+            return audit_report(run)
+        except Exception as error:  # said in the report, never raised into the learner's code
+            problem = could_not_judge(f"the runs of {step_name(step)}", error)
+    return RetainAudit(None, not_put_back=run.not_put_back, problem=problem)

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from backward_twice.steps.harness import StepRun, run_step
+from backward_twice.judge.failsafe import could_not_judge
+from backward_twice.steps.harness import StepRun, run_step, step_name
 
 __all__ = [
     "ITERATION_KEY",
@@ -82,12 +83,15 @@ class CarriedGraphReport:
     not_put_back: tuple[str, ...] = ()  # what the runs changed that nothing can put back (an iterator moved on)
     error_iteration: int | None = None  # the run that raised ``error`` first (None: the last one run)
     caught: bool = False  # a backward raised ``error`` and the step caught it and went on
+    problem: str | None = None  # the tool's own failure to judge the runs: then it claims nothing
 
     @property
     def found(self) -> bool:
         return bool(self.findings)
 
     def verdict(self) -> str:
+        if self.problem is not None:
+            return self.problem
         runs = f"{self.iterations_run} iteration{'' if self.iterations_run == 1 else 's'}"
         if not self.found:
             text = f"No graph carried across iterations in {runs}."
@@ -207,4 +211,10 @@ def find_carried_graph(
         run = run_step(step, models, optimizers, iterations, who="find_carried_graph")
     except (TypeError, ValueError) as exc:  # the input checks: raised here, not deep in the harness
         raise type(exc)(str(exc)) from None
-    return carried_report(run)
+    problem = run.problem  # the harness's own failure to judge the runs, if it had one
+    if problem is None:
+        try:
+            return carried_report(run)
+        except Exception as error:  # said in the report, never raised into the learner's code
+            problem = could_not_judge(f"the runs of {step_name(step)}", error)
+    return CarriedGraphReport((), run.runs, None, run.not_put_back, problem=problem)

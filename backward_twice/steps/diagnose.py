@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
+from backward_twice.judge.failsafe import could_not_judge
 from backward_twice.judge.verdicts import plural
-from backward_twice.record.learner import first_line
 from backward_twice.report.rendering import Item, Report, build_report, render_html, render_text
 from backward_twice.steps.audit import RetainAudit, audit_report
 from backward_twice.steps.carried import CarriedGraphReport, carried_report
-from backward_twice.steps.harness import run_step
+from backward_twice.steps.harness import run_step, step_name
 
 __all__ = ["Diagnosis", "diagnose"]
 
@@ -101,18 +101,20 @@ def diagnose(
     except (TypeError, ValueError) as exc:  # the input checks: raised here, not deep in the harness
         raise type(exc)(str(exc)) from None
     e = run.verdicts.error
-    name = getattr(step, "__name__", "step")
-    runs_of = "the cell" if name == "<cell>" else "the step" if name.startswith("<") else name
-    try:
-        carried, audit = carried_report(run), audit_report(run)
-        if run.recorder.loop.iteration_passes():  # the step's own loop around its backward calls: its passes are
-            built = build_report(run.verdicts, in_runs=f"{plural(run.runs, 'run')} of {runs_of}")  # the iterations
-        else:
-            built = build_report(run.verdicts, runs_of=runs_of)
-    except Exception as error:  # the runs stand, put back; the diagnosis says the tool failed, and claims nothing
-        problem = f"backward-twice could not judge the runs of {runs_of} (an error of its own: {first_line(error)})"
-        carried = CarriedGraphReport((), run.runs, None, run.not_put_back)
-        audit = RetainAudit(None, not_put_back=run.not_put_back)
+    runs_of = step_name(step)
+    problem = run.problem  # the harness's own failure to judge the runs, if it had one
+    if problem is None:
+        try:
+            carried, audit = carried_report(run), audit_report(run)
+            if run.recorder.loop.iteration_passes():  # the step's own loop around its backward calls: its passes
+                built = build_report(run.verdicts, in_runs=f"{plural(run.runs, 'run')} of {runs_of}")  # are the
+            else:  # iterations
+                built = build_report(run.verdicts, runs_of=runs_of)
+        except Exception as error:  # the runs stand, put back; the diagnosis says the tool failed, claims nothing
+            problem = could_not_judge(f"the runs of {runs_of}", error)
+    if problem is not None:
+        carried = CarriedGraphReport((), run.runs, None, run.not_put_back, problem=problem)
+        audit = RetainAudit(None, not_put_back=run.not_put_back, problem=problem)
         built = Report(problem, (), (), problem)
     report = replace(built, not_put_back=run.not_put_back)
     return Diagnosis(

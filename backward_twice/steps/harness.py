@@ -39,14 +39,15 @@ from typing import Any
 
 import torch
 
-from backward_twice.judge.verdicts import Verdicts, judge
+from backward_twice.judge.failsafe import judged
+from backward_twice.judge.verdicts import Verdicts
 from backward_twice.record.loops import calls_outside_loops, holds_a_backward, loops_of, step_calls
 from backward_twice.record.names import CodeSite
 from backward_twice.record.recorder import Recorder
 from backward_twice.record.step_input import as_items, check_step, hook_owners, known_names
 from backward_twice.steps.snapshot import CpuSnapshot, cpu_copy
 
-__all__ = ["StepRun", "reachable", "run_step"]
+__all__ = ["StepRun", "reachable", "run_step", "step_name"]
 
 
 @dataclass
@@ -59,6 +60,7 @@ class StepRun:
     runs: int
     gradients: dict[str, torch.Tensor | None] = field(default_factory=dict)
     not_put_back: tuple[str, ...] = ()  # what the runs changed that nothing can put back (an iterator moved on)
+    problem: str | None = None  # the tool's own failure to judge the runs (then ``verdicts`` hold no finding)
 
 
 def run_step(
@@ -138,7 +140,14 @@ def run_step(
     finally:
         recorder.outermost = None  # a frame holds its variables: not kept past the run
         snapshot.restore()
-    return StepRun(recorder, judge(recorder), runs, kept, snapshot.moved(runs))
+    verdicts, problem = judged(recorder, f"the runs of {step_name(step)}", runs)
+    return StepRun(recorder, verdicts, runs, kept, snapshot.moved(runs), problem)
+
+
+def step_name(step: Callable[[], Any]) -> str:
+    """What the tools' reports call ``step``: its name ("train_step"), "the cell" (``%%diagnose``), "the step"."""
+    name = getattr(step, "__name__", "step")
+    return "the cell" if name == "<cell>" else "the step" if name.startswith("<") else name
 
 
 def _as_written(step: Callable[[], Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
