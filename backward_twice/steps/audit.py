@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from backward_twice.common.units import format_bytes
-from backward_twice.judge.failsafe import could_not_judge
 from backward_twice.judge.verdicts import (
     CREATE_GRAPH_NOTE,
     GOES_WITH_CARRIED,
@@ -35,7 +34,7 @@ from backward_twice.judge.verdicts import (
     retain_written_at,
 )
 from backward_twice.record.learner import short
-from backward_twice.steps.harness import StepRun, run_step, step_name
+from backward_twice.steps.harness import StepRun, reported, run_step
 
 __all__ = ["BackwardCall", "RetainAudit", "audit_report", "audit_retain_graph"]
 
@@ -235,10 +234,4 @@ def audit_retain_graph(
         run = run_step(step, models, optimizers, iterations, who="audit_retain_graph")
     except (TypeError, ValueError) as exc:  # the input checks: raised here, not deep in the harness
         raise type(exc)(str(exc)) from None
-    problem = run.problem  # the harness's own failure to judge the runs, if it had one
-    if problem is None:
-        try:
-            return audit_report(run)
-        except Exception as error:  # said in the report, never raised into the learner's code
-            problem = could_not_judge(f"the runs of {step_name(step)}", error)
-    return RetainAudit(None, not_put_back=run.not_put_back, problem=problem)
+    return reported(run, step, audit_report, lambda why: RetainAudit(None, not_put_back=run.not_put_back, problem=why))

@@ -30,8 +30,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from backward_twice.judge.failsafe import could_not_judge
-from backward_twice.steps.harness import StepRun, run_step, step_name
+from backward_twice.steps.harness import StepRun, reported, run_step
 
 __all__ = [
     "ITERATION_KEY",
@@ -211,10 +210,6 @@ def find_carried_graph(
         run = run_step(step, models, optimizers, iterations, who="find_carried_graph")
     except (TypeError, ValueError) as exc:  # the input checks: raised here, not deep in the harness
         raise type(exc)(str(exc)) from None
-    problem = run.problem  # the harness's own failure to judge the runs, if it had one
-    if problem is None:
-        try:
-            return carried_report(run)
-        except Exception as error:  # said in the report, never raised into the learner's code
-            problem = could_not_judge(f"the runs of {step_name(step)}", error)
-    return CarriedGraphReport((), run.runs, None, run.not_put_back, problem=problem)
+    return reported(
+        run, step, carried_report, lambda why: CarriedGraphReport((), run.runs, None, run.not_put_back, problem=why)
+    )

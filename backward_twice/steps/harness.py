@@ -35,11 +35,11 @@ import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from backward_twice.judge.failsafe import judged
+from backward_twice.judge.failsafe import could_not_judge, judged
 from backward_twice.judge.verdicts import Verdicts
 from backward_twice.record.loops import calls_outside_loops, holds_a_backward, loops_of, step_calls
 from backward_twice.record.names import CodeSite
@@ -47,7 +47,9 @@ from backward_twice.record.recorder import Recorder
 from backward_twice.record.step_input import as_items, check_step, hook_owners, known_names
 from backward_twice.steps.snapshot import CpuSnapshot, cpu_copy
 
-__all__ = ["StepRun", "reachable", "run_step", "step_name"]
+__all__ = ["StepRun", "reachable", "reported", "run_step", "step_name"]
+
+Built = TypeVar("Built")  # the report a tool builds
 
 
 @dataclass
@@ -142,6 +144,20 @@ def run_step(
         snapshot.restore()
     verdicts, problem = judged(recorder, f"the runs of {step_name(step)}", runs)
     return StepRun(recorder, verdicts, runs, kept, snapshot.moved(runs), problem)
+
+
+def reported(
+    run: StepRun, step: Callable[[], Any], build: Callable[[StepRun], Built], claims_nothing: Callable[[str], Built]
+) -> Built:
+    """``build(run)``, a tool's report of the runs; where judging them failed (in the harness or in ``build``),
+    ``claims_nothing(why)``: the report that says so and finds nothing. Nothing raises into the learner's code."""
+    problem = run.problem
+    if problem is None:
+        try:
+            return build(run)
+        except Exception as error:
+            problem = could_not_judge(f"the runs of {step_name(step)}", error)
+    return claims_nothing(problem)
 
 
 def step_name(step: Callable[[], Any]) -> str:
