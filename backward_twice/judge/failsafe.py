@@ -1,8 +1,7 @@
 """Judging that never raises into the learner's code: :func:`judged` judges a recording and, where the tool's own
 code fails, gives verdicts that claim nothing (no finding, no line) and the sentence that says so.
 
-Used by :mod:`backward_twice.steps.audit`, :mod:`backward_twice.steps.carried`, :mod:`backward_twice.steps.diagnose`,
-:mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.
+Used by :mod:`backward_twice.steps.diagnose`, :mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.
 """
 
 from __future__ import annotations
