@@ -144,4 +144,7 @@ LOOPS = [
     "lstm_pos_tagger_tutorial",
     "fgsm_attack_tutorial",
     "transformer_lm_tutorial",
+    "snntorch_tutorial5_leaky",
+    "fedprox_niid_bench",
+    "der_mammoth_logit_replay",
 ]
