@@ -3,6 +3,7 @@ truth does (established here without the tool: the loop detached by hand, or as 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import runpy
 import textwrap
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from backward_twice.watcher import watch
 
 # An NTM's controller state on its module, as loudinthecloud/pytorch-ntm keeps it (``CopyTaskNTM.forward``:
 # ``o, self.previous_state = self.ntm(x, self.previous_state)``, a tuple of (reads list, (h, c), heads list)), with
@@ -2147,3 +2150,111 @@ def test_features_an_lbfgs_closure_reads_are_moved_into_it_with_the_line_they_co
     moved = ["        " + lines[first].strip(), "        " + lines[second].strip()]
     fixed = lines[:first] + lines[second + 1 : before] + moved + lines[before:]
     assert _run("\n".join(fixed) + "\n", tmp_path / "fixed.py")["encoder"].weight.grad is not None
+
+
+TBPTT_DETACHED = """
+import torch
+torch.manual_seed(0)
+cell, head = torch.nn.RNNCell(4, 8), torch.nn.Linear(8, 1)
+opt = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.1)
+xs, ys, h = torch.randn(4, 3, 4), torch.randn(4, 3, 1), torch.zeros(3, 8)
+"""
+
+
+@pytest.mark.parametrize("off_by", ["an earlier cell", "a caller's no_grad"])
+def test_autograd_left_off_before_the_loop_is_named_not_the_loops_detach(off_by: str) -> None:
+    """A cell runs ``torch.set_grad_enabled(False)``; the next, a watched loop whose state is ``h.detach()`` each pass,
+    raises that the loss does not require grad. The report blamed the loop's ``.detach()`` ("compute the loss from what
+    line 3 applies `.detach()` to"): with that fix applied it still raises. The truth (no helpers): with
+    ``torch.set_grad_enabled(True)`` before the loop, the loop as written runs, its ``.detach()`` kept."""
+    names: dict = {}
+    exec(TBPTT_DETACHED, names)
+
+    def train(watched: bool, grad_on_first: bool = False) -> None:
+        if grad_on_first:
+            torch.set_grad_enabled(True)
+        names["w"] = watch() if watched else contextlib.nullcontext()
+        with names["w"]:
+            for i in range(4):
+                h = names["cell"](names["xs"][i], names["h"].detach())
+                loss = ((names["head"](h) - names["ys"][i]) ** 2).mean()
+                names["opt"].zero_grad()
+                loss.backward()
+                names["opt"].step()
+                names["h"] = h
+
+    with torch.enable_grad():  # the test leaves autograd as it found it
+        off = torch.no_grad() if off_by == "a caller's no_grad" else contextlib.nullcontext()
+        if off_by == "an earlier cell":
+            torch.set_grad_enabled(False)
+        with off, pytest.raises(RuntimeError, match="does not require grad"):
+            train(watched=False)
+        if off_by == "an earlier cell":
+            torch.set_grad_enabled(False)
+        with off, pytest.raises(RuntimeError, match="does not require grad"):
+            train(watched=True)
+        [item] = names["w"].report.items
+        with off:
+            train(watched=False, grad_on_first=True)  # the fix as printed: the loop then runs
+    assert item.label == "the loss has no graph: autograd was already off when this code began", item.label
+    assert item.fix == "call `torch.set_grad_enabled(True)` before the loop", item.fix
+    assert ".detach()" not in item.why and "torch.set_grad_enabled(False)" in item.why, item.why
+
+
+ONE_FORWARD_GAN = """
+import torch
+import torch.nn.functional as F
+torch.manual_seed(0)
+g = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+d = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.LeakyReLU(0.2), torch.nn.Linear(8, 1))
+g_optimizer = torch.optim.Adam(g.parameters(), lr=1e-3)
+d_optimizer = torch.optim.Adam(d.parameters(), lr=1e-3)
+def losses(d, g, x_real):
+    dgz = torch.sigmoid(d(g(torch.randn(x_real.shape[0], 4))))
+    dx = torch.sigmoid(d(x_real))
+    ones, zeros = torch.ones_like(dx), torch.zeros_like(dx)
+    return F.binary_cross_entropy(dx, ones) + F.binary_cross_entropy(dgz, zeros), F.binary_cross_entropy(dgz, ones)
+for step, x_real in enumerate([torch.randn(6, 2) + 2.0 for _ in range(3)]):
+    d_loss, g_loss = losses(d, g, x_real)
+    d_optimizer.zero_grad()
+    d_loss.backward(retain_graph=True)
+    d_optimizer.step()
+    g_optimizer.zero_grad()
+    g_loss.backward()
+    g_optimizer.step()
+"""
+
+
+def test_a_retain_for_a_gans_second_loss_from_one_forward_goes_with_computing_that_forward_again(
+    tmp_path: Path,
+) -> None:
+    """D's and G's losses from one call (a forum question, 2025: ``d_loss, g_loss = loss_nonsaturating(d, g, x)``),
+    D stepped before ``g_loss.backward()``: the fix "compute line 16 again after the step" was right, but the
+    ``retain_graph=True`` that only let G's backward reach that stale graph was left "needed" (G's nodes, built
+    before D's in that call, counted as older than the stale forward); it took a second run of the tool. The truth
+    (no helpers): as written, the in-place error; without the retain, "a second time"; with the forward computed
+    again, the loop runs, and with the retain removed too it trains to the same weights."""
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _run(ONE_FORWARD_GAN, tmp_path / "as_written.py")
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _run(ONE_FORWARD_GAN.replace("backward(retain_graph=True)", "backward()"), tmp_path / "no_retain.py")
+    [item] = _items_watched(ONE_FORWARD_GAN, tmp_path / "watched.py")
+    lines = ONE_FORWARD_GAN.strip("\n").split("\n")
+    forward, step, retain = (
+        3 + lines.index(code) + 1
+        for code in (
+            "    d_loss, g_loss = losses(d, g, x_real)",
+            "    d_optimizer.step()",
+            "    d_loss.backward(retain_graph=True)",
+        )
+    )
+    assert item.fix.startswith(f"compute line {forward} again after the step at line {step}"), item.fix
+    assert item.fix.endswith(f"; remove retain_graph=True at line {retain}"), item.fix
+    again = ONE_FORWARD_GAN.replace(
+        "    g_optimizer.zero_grad()", "    d_loss, g_loss = losses(d, g, x_real)\n    g_optimizer.zero_grad()"
+    )
+    torch.manual_seed(0)
+    kept = _run(again, tmp_path / "again.py")
+    removed = _run(again.replace("backward(retain_graph=True)", "backward()"), tmp_path / "again_no_retain.py")
+    for net in ("g", "d"):
+        assert all(torch.equal(a, b) for a, b in zip(kept[net].parameters(), removed[net].parameters(), strict=True))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import runpy
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -614,3 +615,52 @@ def test_a_lightning_step_that_calls_backward_on_another_loss_returns_their_sum_
     )
     fitted = _fitted(summed, tmp_path / "summed.py")
     assert fitted["trainer"].global_step == 4
+
+
+ACTOR_CRITIC_ACCELERATED = """
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+torch.manual_seed(0)
+accelerator = Accelerator(cpu=True)
+actor = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+critic = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+actor_opt = torch.optim.Adam(actor.parameters(), lr=1e-2)
+critic_opt = torch.optim.Adam(critic.parameters(), lr=1e-2)
+actor, critic, actor_opt, critic_opt = accelerator.prepare(actor, critic, actor_opt, critic_opt)
+for s, r in [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(3)]:
+    action = actor(s)
+    actor_loss = -critic(torch.cat([s, action], 1)).mean()
+    actor_opt.zero_grad()
+    accelerator.backward(actor_loss)
+    actor_opt.step()
+    q = critic(torch.cat([s, action], 1))
+    critic_loss = F.mse_loss(q, r)
+    critic_opt.zero_grad()
+    accelerator.backward(critic_loss)
+    critic_opt.step()
+"""
+
+
+def test_a_critic_loss_on_the_actors_output_under_accelerate_detaches_it_as_without_accelerate(tmp_path: Path) -> None:
+    """accelerate's prepared optimizers wrap the torch ones: the actor's wrapper was taken for an optimizer that did
+    not step and trains the actor, so the fix was "compute `action` again after line 17's step" (the critic's loss
+    then trains the actor too), where the same loop without accelerate, or in a function, got `action.detach()`. The
+    truth (no helpers): as written, "a second time" at the critic's backward; with `action.detach()` in the critic's
+    input, it runs."""
+    pytest.importorskip("accelerate")
+    script = tmp_path / "actor_critic.py"
+    script.write_text(ACTOR_CRITIC_ACCELERATED)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        runpy.run_path(str(script))
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), watch() as w:
+        runpy.run_path(str(script))
+    [item] = w.report.items
+    line = ACTOR_CRITIC_ACCELERATED.split("\n").index("    q = critic(torch.cat([s, action], 1))") + 1
+    assert item.fix.startswith(f"use `action.detach()` at line {line} "), item.fix
+    script.write_text(
+        ACTOR_CRITIC_ACCELERATED.replace(
+            "critic(torch.cat([s, action], 1))\n", "critic(torch.cat([s, action.detach()], 1))\n"
+        )
+    )
+    runpy.run_path(str(script))

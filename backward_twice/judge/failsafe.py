@@ -6,10 +6,14 @@ Used by :mod:`backward_twice.steps.diagnose`, :mod:`backward_twice.steps.harness
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from backward_twice.judge.verdicts import Verdicts, judge
 from backward_twice.record.iterations import Split
 from backward_twice.record.learner import first_line
-from backward_twice.record.recorder import Recorder
+
+if TYPE_CHECKING:
+    from backward_twice.record.recorder import Recorder
 
 __all__ = ["could_not_judge", "judged"]
 

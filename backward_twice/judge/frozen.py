@@ -19,10 +19,11 @@ from backward_twice.record.learner import learner_line_at, site_of
 from backward_twice.record.loops import own_nodes
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["FROZEN", "GRAD_OFF", "switched_off", "switched_off_at"]
+__all__ = ["FROZEN", "GRAD_OFF", "GRAD_OFF_BEFORE", "switched_off", "switched_off_at"]
 
 FROZEN = "requires_grad=False"  # the operation of weights switched off
 GRAD_OFF = "torch.set_grad_enabled(False)"
+GRAD_OFF_BEFORE = "autograd off before the code ran"  # left off by an earlier cell, or a caller's ``torch.no_grad()``
 _GRAD_MODE = "grad mode"  # the target of ``torch.set_grad_enabled``: all of autograd
 
 

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field, replace
 from backward_twice.common.error_kinds import error_kind
 from backward_twice.common.units import format_bytes
 from backward_twice.judge.carried import CarriedFinding, carried_findings, rebound_each_pass
+from backward_twice.judge.errors_fix import needed_by_the_detached, needed_by_the_stale
 from backward_twice.judge.fixes import ERROR_FIXES
-from backward_twice.judge.frozen import switched_off_at
+from backward_twice.judge.frozen import GRAD_OFF, GRAD_OFF_BEFORE, switched_off_at
 from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
 from backward_twice.judge.returned import backward_of_the_returned_loss, loss_returned_at
@@ -285,8 +286,7 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
             needed
             and tally.needer_here is not None
             and (
-                _needed_by_the_detached(recorder, tally.needer_here)
-                or _needed_by_the_stale(recorder, tally.needer_here)
+                needed_by_the_detached(recorder, tally.needer_here) or needed_by_the_stale(recorder, tally.needer_here)
             )
         ):
             later = calls[tally.needer_here]
@@ -316,36 +316,6 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
             )
             verdicts.append(LineVerdict(line, "can go", runs, 0, held, why, "remove retain_graph=True"))
     return verdicts
-
-
-def _needed_by_the_detached(recorder: Recorder, needer: int) -> bool:
-    """Whether the call ``needer`` is the one that raised an in-place error whose fix detaches the stale forward, and
-    with that detach it walks nothing an earlier backward kept."""
-    error = recorder.error
-    return (
-        error is not None
-        and error.call == needer
-        and error.stale_through is not None
-        and error.stale_only_through
-        and not error.after_the_loop
-    )
-
-
-def _needed_by_the_stale(recorder: Recorder, needer: int) -> bool:
-    """Whether the call ``needer`` raised an in-place error by walking a forward a step made stale, whose fix
-    computes that forward again after the step, and every node it walked whose buffers an earlier backward kept was
-    built since the stale forward's first node: computed again, it walks none of them."""
-    error, call = recorder.error, recorder.calls.record(needer)
-    return (
-        error is not None
-        and call is not None
-        and error.call == needer
-        and error.stale_node is not None
-        and error.stale_through is None
-        and not error.after_the_loop
-        and bool(call.walked_kept)
-        and min(call.walked_kept) >= error.stale_node
-    )
 
 
 def retain_written_at(line: str, site: tuple[str, int]) -> str:
@@ -464,6 +434,8 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
     cut = _graph_cut(recorder, record.line) if kind == "no graph" else None
     if kind == "no graph" and cut is None:  # weights switched off before the forward (a GAN's toggle)
         cut, frozen = switched_off_at(record.line, recorder.creation.ran)
+    if kind == "no graph" and record.grad_off and (cut is None or cut[1] not in ("torch.no_grad()", GRAD_OFF)):
+        cut, frozen = (record.line, GRAD_OFF_BEFORE), ()  # no line of the loop's: an earlier cell's, a caller's
     return ErrorVerdict(
         kind,
         record.message,

@@ -28,7 +28,7 @@ from backward_twice.record.hand_update import hand_update
 from backward_twice.record.in_place import changed_in_place
 from backward_twice.record.learner import LearnersCode, first_line, learner_line, learner_line_at, skipped_dirs
 from backward_twice.record.learner import site_of as site_of_line
-from backward_twice.record.names import NamedGraph, named_optimizers, names_holding_graphs, site_of
+from backward_twice.record.names import NamedGraph, named_optimizers, names_holding_graphs, site_of, unwrapped
 from backward_twice.record.saved import grad_fn_of, python_walk, saved_data, weights_in, weights_past, weights_under
 from backward_twice.record.sources import function_around, parsed
 from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
@@ -117,6 +117,7 @@ class ErrorRecord:
     # under, innermost first (``update_params``'s backward, then ``learn``'s call of it): read for a stale forward
     trains_only_old: bool = False  # the loss reaches no weight but through graphs built before this pass: with what
     # carries them detached, it trains nothing (an episode's log-probs, read again)
+    grad_off: bool = False  # autograd was off at the raising call (a ``torch.set_grad_enabled(False)`` left on)
 
 
 def explain(
@@ -125,7 +126,7 @@ def explain(
     """The error a backward call raised, with the recorder's evidence."""
     record = ErrorRecord(first_line(exc, 400), call.line, call.index)
     record.raised_inside = _raised_inside(recorder, exc)
-    record.past_the_loop = recorder.loop.past_its_end
+    record.past_the_loop, record.grad_off = recorder.loop.past_its_end, not torch.is_grad_enabled()
     kind = error_kind(str(exc))
     freed = call.first_freed or _freed_unread(recorder, call, walked) if kind == "backward a second time" else None
     if freed is not None:
@@ -227,7 +228,8 @@ def _another_trains(
     ``freer`` and ``call``, holds one of the weights ``sources``: the later loss's own optimizer trains them too."""
     between = {recorder.optimizers_seen.get(step.optimizer) for step in recorder.steps if freer < step.calls <= call}
     stepped = {id(optimizer) for reference in between if reference is not None and (optimizer := reference())}
-    others = (optimizer for _, optimizer in named_optimizers(frame, recorder.skipped) if id(optimizer) not in stepped)
+    named = (optimizer for _, optimizer in named_optimizers(frame, recorder.skipped))
+    others = (optimizer for optimizer in named if id(unwrapped(optimizer, stepped)) not in stepped)  # a wrapper's too
     return bool(sources) and any(_holds(optimizer, sources) for optimizer in others)
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "simpler",
     "site_of",
     "unstepped_optimizers",
+    "unwrapped",
 ]
 
 
@@ -101,7 +102,7 @@ def unstepped_optimizers(frame: types.FrameType | None, skipped: tuple[str, ...]
     return [
         f"{name} ({type(value).__name__})"
         for name, value in named_optimizers(frame, skipped)
-        if id(_unwrapped(value, stepped)) not in stepped
+        if id(unwrapped(value, stepped)) not in stepped
     ]
 
 
@@ -119,7 +120,7 @@ def named_optimizers(
         frame = frame.f_back
 
 
-def _unwrapped(optimizer: torch.optim.Optimizer, stepped: Container[int]) -> torch.optim.Optimizer:
+def unwrapped(optimizer: torch.optim.Optimizer, stepped: Container[int]) -> torch.optim.Optimizer:
     """The optimizer a wrapper steps (Lightning's ``LightningOptimizer`` keeps it as ``_optimizer``, accelerate's
     ``AcceleratedOptimizer`` as ``optimizer``): the one whose step the hooks saw. Read from the instance's own dict:
     no property runs."""

@@ -20,9 +20,8 @@
 * the error a backward raised, with the call that freed the buffers it needed, or the optimizer step that changed
   a saved tensor in place (:mod:`.evidence`).
 
-Over a long run, the records of the older iterations that walked nothing of an earlier one are folded into counts
-(:mod:`.folds`), whether the passes of a loop or, without one, the optimizer steps split the run: the memory a watch
-holds stays bounded, and the verdicts read the counts with the records.
+Over a long run, the records of older iterations (passes, or optimizer steps) that walked nothing of an earlier one fold
+into counts (:mod:`.folds`): a watch's memory stays bounded; the verdicts read counts and records.
 
 ``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
 :class:`StopRecording` raised there, outside any ``try`` of the body), with what taking its item changed put back;
@@ -38,9 +37,8 @@ With ``keep_buffers=True`` (the step tools' runs) every call keeps its buffers a
 error where the step as written would (a walk through a node a non-retaining call already walked): the runs
 behave as written, and a graph built before the step is still usable afterwards.
 
-Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.failsafe`,
-:mod:`backward_twice.judge.loop_body`, :mod:`backward_twice.judge.verdicts`, :mod:`backward_twice.steps.harness` and
-:mod:`backward_twice.watcher`.
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.loop_body`,
+:mod:`backward_twice.judge.verdicts`, :mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.
 """
 
 from __future__ import annotations
