@@ -147,4 +147,12 @@ LOOPS = [
     "snntorch_tutorial5_leaky",
     "fedprox_niid_bench",
     "der_mammoth_logit_replay",
+    "word2vec_sgns_negative_sampling",
+    "lightgcn_bpr_propagated_per_batch",
+    "glove_weighted_least_squares",
+    "awd_lstm_weight_drop_asgd",
+    "dcgan_fake_detach",
+    "vae_mnist",
+    "gat_cora_full_batch",
+    "siamese_pairs",
 ]
