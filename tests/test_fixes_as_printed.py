@@ -2258,3 +2258,179 @@ def test_a_retain_for_a_gans_second_loss_from_one_forward_goes_with_computing_th
     removed = _run(again.replace("backward(retain_graph=True)", "backward()"), tmp_path / "again_no_retain.py")
     for net in ("g", "d"):
         assert all(torch.equal(a, b) for a, b in zip(kept[net].parameters(), removed[net].parameters(), strict=True))
+
+
+DISTRIBUTION_BUILT_ONCE = """
+import torch
+from torch.distributions import Bernoulli
+torch.manual_seed(0)
+p = torch.tensor(0.2, requires_grad=True)
+optimizer = torch.optim.SGD([p], lr=0.01)
+pi = Bernoulli(p)
+for step in range(3):
+    optimizer.zero_grad()
+    l1 = 2 * pi.log_prob(torch.tensor(1.0))
+    l2 = 3 * pi.log_prob(torch.tensor(0.0))
+    (l1 + l2).backward()
+    optimizer.step()
+"""
+
+
+def test_a_distribution_built_once_before_the_loop_is_built_inside_it(tmp_path: Path) -> None:
+    """``pi = Bernoulli(p)`` before the loop computes ``pi.logits`` at its first ``log_prob`` and keeps it
+    (pytorch/pytorch#11192 in a loop): the fix was "compute `pi.logits` (line 10) again in each iteration", a line
+    already in the loop, which gives back the cached tensor; with the forum's retain it was "add `pi.logits =
+    pi.logits.detach()`", after which the loss trains nothing. The truth (no helpers): as written, "a second time" in
+    pass 2; with line 7 moved into the loop it runs (and with the retain too)."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _run(DISTRIBUTION_BUILT_ONCE, tmp_path / "as_written.py")
+    moved = DISTRIBUTION_BUILT_ONCE.replace("pi = Bernoulli(p)\n", "").replace(
+        "    optimizer.zero_grad()\n", "    optimizer.zero_grad()\n    pi = Bernoulli(p)\n"
+    )
+    trained = _run(moved, tmp_path / "moved.py")["p"]
+    band_aid = DISTRIBUTION_BUILT_ONCE.replace("(l1 + l2).backward()", "(l1 + l2).backward(retain_graph=True)")
+    for source in (DISTRIBUTION_BUILT_ONCE, band_aid):
+        [item] = _items_watched(source, tmp_path / "watched.py")
+        built = 3 + source.strip("\n").split("\n").index("pi = Bernoulli(p)") + 1
+        assert item.fix.startswith(f"build `pi` inside the loop (move line {built} into it)"), item.fix
+    assert torch.allclose(
+        trained, _run(moved.replace("backward()", "backward(retain_graph=True)"), tmp_path / "r.py")["p"]
+    )
+
+
+EVALUATE_LEAVES_AUTOGRAD_OFF = """
+import torch
+import torch.nn.functional as F
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(8, 3), torch.randn(8, 1)
+def evaluate(model, x, y):
+    torch.set_grad_enabled(False)
+    return F.mse_loss(model(x), y).item()
+for step in range(3):
+    opt.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    score = evaluate(model, x, y)
+"""
+
+
+def test_autograd_left_off_by_a_function_the_loop_calls_is_named_at_that_functions_line(tmp_path: Path) -> None:
+    """``evaluate()``, called at the end of each pass, turns autograd off with a call and never on again: the second
+    pass's loss has no graph. The report said "autograd was already off when this code began" (the first pass
+    trained) and "call `torch.set_grad_enabled(True)` before the loop", which leaves it raising. The truth (no
+    helpers): as written "does not require grad" in pass 2; with autograd turned on before the loss, it runs."""
+    with torch.enable_grad(), pytest.raises(RuntimeError, match="does not require grad"):
+        _run(EVALUATE_LEAVES_AUTOGRAD_OFF, tmp_path / "as_written.py")
+    with torch.enable_grad():
+        [item] = _items_watched(EVALUATE_LEAVES_AUTOGRAD_OFF, tmp_path / "watched.py")
+        off = 3 + EVALUATE_LEAVES_AUTOGRAD_OFF.strip("\n").split("\n").index("    torch.set_grad_enabled(False)") + 1
+        assert item.label == f"the loss has no graph: line {off} turns autograd off", item.label
+        fixed = EVALUATE_LEAVES_AUTOGRAD_OFF.replace("    loss =", "    torch.set_grad_enabled(True)\n    loss =")
+        assert _run(fixed, tmp_path / "fixed.py")["step"] == 2
+
+
+def test_inference_mode_around_the_loop_is_named_and_its_fix_trains() -> None:
+    """A caller's ``torch.inference_mode()`` around ``train()``: "autograd was already off ... call
+    `torch.set_grad_enabled(True)` before the loop", which inference mode ignores (it still raises). The truth (no
+    helpers): the loop raises that the loss does not require grad; inside ``torch.inference_mode(False)`` it runs."""
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train(escape: bool = False) -> None:
+        with torch.inference_mode(False) if escape else contextlib.nullcontext():
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.randn(4, 3)).pow(2).mean().backward()
+                opt.step()
+
+    w = watch()
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="does not require grad"), w:
+        train()
+    [item] = w.report.items
+    assert item.label == "the loss has no graph: inference mode was already on when this code began", item.label
+    assert "torch.inference_mode(False)" in item.fix, item.fix
+    with torch.inference_mode():
+        train(escape=True)
+
+
+GAN_THIRD_LOSS = """
+import torch
+import torch.nn.functional as F
+torch.manual_seed(0)
+g = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+d = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.LeakyReLU(0.2), torch.nn.Linear(8, 1))
+g_optimizer = torch.optim.Adam(g.parameters(), lr=1e-3)
+d_optimizer = torch.optim.Adam(d.parameters(), lr=1e-3)
+def losses(d, g, x_real, z):
+    fake = g(z)
+    dgz = torch.sigmoid(d(fake))
+    dx = torch.sigmoid(d(x_real))
+    ones, zeros = torch.ones_like(dx), torch.zeros_like(dx)
+    d_loss = F.binary_cross_entropy(dx, ones) + F.binary_cross_entropy(dgz, zeros)
+    return d_loss, F.binary_cross_entropy(dgz, ones), fake
+for step, x_real in enumerate([torch.randn(6, 2) + 2.0 for _ in range(3)]):
+    z = torch.randn(6, 4)
+    d_loss, g_loss, fake = losses(d, g, x_real, z)
+    aux = fake.pow(2).mean()
+    d_optimizer.zero_grad()
+    d_loss.backward(retain_graph=True)
+    d_optimizer.step()
+    g_optimizer.zero_grad()
+    g_loss.backward()
+    aux.backward()
+    g_optimizer.step()
+"""
+
+
+def test_the_retain_stays_where_a_later_loss_still_walks_the_first_forward(tmp_path: Path) -> None:
+    """A third loss computed from the first forward (``aux``) and walked after G's backward: computing that forward
+    again for G's loss still leaves ``aux`` walking the first one, so the retain is needed; the fix said "remove
+    retain_graph=True" too, and applied it raised "a second time". The truth (no helpers): with the forward computed
+    again and the retain kept, the loop runs; with the retain removed as well, it raises."""
+    [item] = _items_watched(GAN_THIRD_LOSS, tmp_path / "watched.py")
+    assert item.fix.startswith("compute line ") and "remove retain_graph=True" not in item.fix, item.fix
+    again = GAN_THIRD_LOSS.replace(
+        "    g_optimizer.zero_grad()", "    d_loss, g_loss, _ = losses(d, g, x_real, z)\n    g_optimizer.zero_grad()"
+    )
+    _run(again, tmp_path / "again.py")
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _run(again.replace("backward(retain_graph=True)", "backward()"), tmp_path / "again_no_retain.py")
+
+
+TENSOR_LOGGER = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+class TensorLogger:
+    def __init__(self):
+        self.records = {}
+    def log(self, name, value):
+        self.records.setdefault(name, []).append(value)
+logger = TensorLogger()
+for x, y in [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]:
+    opt.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    logger.log("train/loss", loss)
+"""
+
+
+def test_a_logger_of_the_learners_fed_the_loss_tensor_is_noted_at_the_call_that_feeds_it(tmp_path: Path) -> None:
+    """``logger.log("train/loss", loss)`` into a dict of lists: the note sat at the loss line ("each iteration's
+    graph starts here") with a fix that, applied there, leaves the loss no graph. The truth (no helpers): the records
+    hold the graphs of all 4 passes; fed ``loss.item()``, they hold none and the weights are the same."""
+    ran = _run(TENSOR_LOGGER, tmp_path / "as_written.py")
+    assert sum(t.grad_fn is not None for t in ran["logger"].records["train/loss"]) == 4
+    [item] = _items_watched(TENSOR_LOGGER, tmp_path / "watched.py")
+    [line] = item.lines
+    assert line.code == 'logger.log("train/loss", loss)' and item.fix == '`logger.log("train/loss", loss.item())`', (
+        line,
+        item.fix,
+    )
+    fixed = _run(TENSOR_LOGGER.replace('("train/loss", loss)', '("train/loss", loss.item())'), tmp_path / "f.py")
+    assert torch.equal(fixed["model"].weight, ran["model"].weight)

@@ -664,3 +664,73 @@ def test_a_critic_loss_on_the_actors_output_under_accelerate_detaches_it_as_with
         )
     )
     runpy.run_path(str(script))
+
+
+# A Lightning module with manual optimization that accumulates two batches per step and carries a GRU's hidden state
+# between its training_step calls on ``self`` (truncated BPTT by hand, as Lightning-AI/pytorch-lightning#17848
+# sketches it), with the forum's ``retain_graph=True``; FIX switches in the detach.
+LIGHTNING_ACCUMULATED_HIDDEN = """
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+
+
+class Seq(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.rnn = torch.nn.GRU(3, 5, batch_first=True)
+        self.head = torch.nn.Linear(5, 1)
+        self.hidden = None
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        opt = self.optimizers()
+        out, self.hidden = self.rnn(x, self.hidden)
+        loss = F.mse_loss(self.head(out), y) / 2
+        self.manual_backward(loss, retain_graph=RETAIN)
+        if (batch_idx + 1) % 2 == 0:
+            opt.step()
+            opt.zero_grad()
+        FIX
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(8, 4, 3), torch.randn(8, 4, 1))
+model = Seq()
+trainer = pl.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=4, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=2))
+print("weights", [round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()])
+"""
+
+
+def test_a_retain_a_later_training_step_of_one_accumulated_step_needs_goes_with_the_carried_fix(tmp_path: Path) -> None:
+    """Two batches per optimizer step: the framework's iteration holds two calls of ``training_step``, and the second
+    walks the first's graph through ``self.hidden``. The retain was "needed: a later backward of the same iteration
+    walks the buffers it kept", beside the carried item's detach of ``self.hidden``. The truth (no helpers): as
+    written the in-place error at batch 3; without the retain "a second time" at batch 2; with the detach, the retain
+    kept or removed trains to the same weights."""
+    pytest.importorskip("pytorch_lightning")
+    as_written = LIGHTNING_ACCUMULATED_HIDDEN.replace("RETAIN", "True").replace("        FIX\n", "")
+    for folder in ("as_written", "kept", "removed"):
+        (tmp_path / folder).mkdir()
+    python, watched = run(tmp_path / "as_written", as_written, "--verbose")
+    assert python.returncode == watched.returncode == 1
+    assert "modified by an inplace operation" in python.stderr.splitlines()[-1], python.stderr[-400:]
+    said = watched.stderr[watched.stderr.index("backward-twice:") :]
+    fix = "fix: add `self.hidden = self.hidden.detach()` after line 18, and remove retain_graph=True at line 20"
+    assert fix in said, said
+    evidence = watched.stdout.splitlines()  # --verbose: the evidence after the traceback's diagnosis
+    retain = next(line for line in evidence if "retain_graph=True at" in line and "manual_backward" in line)
+    assert "goes with the carried fix" in retain and "a later call of `training_step` needs it" in retain, retain
+    assert "needed in" not in retain, retain
+    fixed = LIGHTNING_ACCUMULATED_HIDDEN.replace("        FIX\n", "        self.hidden = self.hidden.detach()\n")
+    kept, _ = run(tmp_path / "kept", fixed.replace("RETAIN", "True"))
+    removed, _ = run(tmp_path / "removed", fixed.replace("RETAIN", "False"))
+    assert kept.returncode == removed.returncode == 0, kept.stderr[-400:] + removed.stderr[-400:]
+    weights = [line for line in kept.stdout.splitlines() if line.startswith("weights")]
+    assert weights and weights == [line for line in removed.stdout.splitlines() if line.startswith("weights")]

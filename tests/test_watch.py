@@ -953,3 +953,31 @@ def test_when_the_watch_cannot_judge_every_part_of_it_says_so_and_none_raises(
     assert str(w) == said and w.evidence() == said and said in w._repr_html_()
     assert not w.healthy and w.report.headline == said and not w.report.items
     assert w.verdicts.calls == 3 and w.to_json()["headline"] == said and w.to_json()["stopped_watching"] == said
+
+
+def test_an_iterator_the_loop_names_keeps_the_item_pass_n_plus_1_took_and_the_draws_it_made() -> None:
+    """``watch(iterations=2)`` around ``for x in data:`` over a generator that draws each batch: the stop at the top
+    of pass 3 left the generator one item on (nothing can take an item back) but put the random streams back to
+    pass 2's end: a state no bare run leaves (a next cell's draws repeat what item 3 drew). The truth (no helpers):
+    a loop that breaks at the top of pass 3 leaves the generator at item 4 and the streams past item 3's draw."""
+
+    def batches() -> Any:
+        while True:
+            yield torch.randn(3, 4)
+
+    def run(watched: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = batches()
+        with watch(iterations=2) if watched else contextlib.nullcontext():
+            for passes, x in enumerate(data):
+                if not watched and passes == 2:
+                    break
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                opt.step()
+        return next(data), torch.rand(1), model.weight.detach().clone()
+
+    watched, bare = run(watched=True), run(watched=False)
+    assert all(torch.equal(a, b) for a, b in zip(watched, bare, strict=True)), (watched, bare)

@@ -15,6 +15,7 @@ import re
 import runpy
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -4225,3 +4226,37 @@ def test_gradients_left_with_their_graphs_across_updates_are_named_and_reset() -
     )
     assert item.fix.startswith("set the gradients to None after each update (`model.zero_grad(set_to_none=True)`"), item
     assert "loss.backward(create_graph=True)" in item.lines[0].code, item
+
+
+SPARSE_PROPAGATION_ONCE = """
+import torch
+torch.manual_seed(0)
+graph = torch.sparse_coo_tensor(torch.tensor([[0, 1, 2], [1, 0, 2]]), torch.ones(3), (6, 6))
+emb = torch.nn.Parameter(torch.randn(6, 3))
+opt = torch.optim.SGD([emb], lr=0.1)
+propagated = torch.sparse.mm(graph, emb)
+for batch in range(3):
+    opt.zero_grad()
+    propagated.pow(2).sum().backward()
+    opt.step()
+"""
+
+
+def test_a_carried_graph_that_saved_a_sparse_tensor_is_judged_not_a_failure_of_the_tool(tmp_path: Path) -> None:
+    """LightGCN's propagation (``torch.sparse.mm(graph, emb)``) computed once per epoch and reused by each batch: the
+    tool read the bytes of the saved sparse adjacency through its storage, which a sparse tensor has not
+    ("Cannot access storage of SparseTensorImpl"), switched itself off as it started, and the error came with no
+    diagnosis. The truth (no helpers): "a second time" at the second batch; with the propagation inside the loop,
+    it runs."""
+    script = tmp_path / "lightgcn.py"
+    script.write_text(SPARSE_PROPAGATION_ONCE)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        runpy.run_path(str(script))
+    with pytest.raises(RuntimeError, match="backward through the graph a second time") as raised, watch() as w:
+        runpy.run_path(str(script))
+    assert w.report.stopped_watching is None, w.report.stopped_watching
+    [item] = w.report.items
+    assert "`propagated`" in item.label and "retain_graph" not in item.fix, (item.label, item.fix)
+    assert any("backward-twice" in note for note in raised.value.__notes__)
+    script.write_text(SPARSE_PROPAGATION_ONCE.replace("    propagated.pow", "    torch.sparse.mm(graph, emb).pow"))
+    runpy.run_path(str(script))

@@ -24,6 +24,7 @@ from backward_twice.judge.built import (
     rebinds_from_itself,
     starts_without_a_tensor,
 )
+from backward_twice.judge.cached import cached_on_an_object_fix
 from backward_twice.judge.closures import read_by_a_closure
 from backward_twice.judge.fixes import carried_fix, read_after_its_build
 from backward_twice.judge.grads import gradients_fix
@@ -242,6 +243,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for at_entry in (not in_closure and _fix_at_entry(recorder, entry, e, name),)
         for fix in (
             in_closure
+            or cached_on_an_object_fix(name, e.built_at)
             or read_after_its_build(name, entry, e.built_at, _body(recorder))
             or computed_in_the_step(name, e.built_at)
             or (name and name.endswith(".grad") and gradients_fix(name))

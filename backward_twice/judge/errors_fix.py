@@ -8,7 +8,11 @@ Used by :mod:`backward_twice.judge.verdicts`.
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
+
+from backward_twice.record.loops import own_nodes
+from backward_twice.record.sources import function_around, parsed
 
 if TYPE_CHECKING:
     from backward_twice.record.recorder import Recorder
@@ -59,4 +63,19 @@ def _all_built_by_the_stale_line(recorder: Recorder, call: CallRecord, stale: in
         line is not None
         and not any(oldest < step.sequence < newest for step in recorder.steps)
         and all(recorder.creation.call_line_of(seq, call.site) == line for seq in call.walked_kept)
+        and not _a_backward_after(*call.site)
+    )
+
+
+def _a_backward_after(filename: str, line: int) -> bool:
+    """Whether the code around ``line`` calls a backward (``.backward(``, ``autograd.grad(``) after it: a third loss
+    that may walk the first forward's graph still, which the raising one never let run (unseen: judged needed)."""
+    tree = parsed(filename)
+    scope = function_around(tree, line) if tree is not None else None
+    return scope is not None and any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("backward", "manual_backward", "grad")
+        and node.lineno > line
+        for node in own_nodes(scope)
     )

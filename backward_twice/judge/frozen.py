@@ -19,11 +19,20 @@ from backward_twice.record.learner import learner_line_at, site_of
 from backward_twice.record.loops import own_nodes
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["FROZEN", "GRAD_OFF", "GRAD_OFF_BEFORE", "switched_off", "switched_off_at"]
+__all__ = [
+    "FROZEN",
+    "GRAD_OFF",
+    "GRAD_OFF_BEFORE",
+    "INFERENCE_BEFORE",
+    "switched_off",
+    "switched_off_at",
+    "switched_off_elsewhere",
+]
 
 FROZEN = "requires_grad=False"  # the operation of weights switched off
 GRAD_OFF = "torch.set_grad_enabled(False)"
 GRAD_OFF_BEFORE = "autograd off before the code ran"  # left off by an earlier cell, or a caller's ``torch.no_grad()``
+INFERENCE_BEFORE = "inference mode on before the code ran"  # a caller's ``torch.inference_mode()``
 _GRAD_MODE = "grad mode"  # the target of ``torch.set_grad_enabled``: all of autograd
 
 
@@ -89,6 +98,31 @@ def switched_off_at(
     site = site_of(backward)
     off = switched_off(*site, ran=ran) if site is not None else None
     return ((learner_line_at(site[0], off[0]), off[1]), off[2]) if site is not None and off is not None else (None, ())
+
+
+def switched_off_elsewhere(backward: str, inference: bool, after_a_backward: bool) -> tuple[str, str]:
+    """("file:line: code", operation) for a loss computed with autograd off where no line of the backward's own
+    function turned it off: inference mode on (the backward's line); where an earlier backward ran (autograd was on
+    then), the first ``torch.set_grad_enabled(False)`` of another function of its file, or of its top level, that
+    nothing after it in that code turns on again (an ``evaluate()`` the loop calls); else autograd off before the
+    code ran (the backward's line: an earlier cell's, a caller's)."""
+    site = site_of(backward)
+    tree = parsed(site[0]) if site is not None and not inference and after_a_backward else None
+    if tree is None or site is None:
+        return backward, INFERENCE_BEFORE if inference else GRAD_OFF_BEFORE
+    own = function_around(tree, site[1])
+    scopes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    left_off: list[int] = []
+    for scope in (scope for scope in scopes if scope is not own):
+        statements = sorted((n for n in own_nodes(scope) if isinstance(n, ast.stmt)), key=lambda s: s.lineno)
+        grad = [
+            (statement.lineno, on) for statement in statements for name, on in _toggles(statement) if name == _GRAD_MODE
+        ]
+        if grad and not grad[-1][1]:
+            left_off.append(grad[-1][0])
+    if not left_off:
+        return backward, GRAD_OFF_BEFORE
+    return learner_line_at(site[0], min(left_off)), GRAD_OFF
 
 
 def _toggles(statement: ast.stmt) -> list[tuple[str, bool]]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backward_twice.judge.built import built_line
+from backward_twice.judge.fed import fed_line
 from backward_twice.judge.twins import twin_in_iteration_1
 from backward_twice.record.held import HeldGraph, item_of
 from backward_twice.record.in_place import in_place_statement
@@ -320,6 +321,13 @@ def _fed_object(placed: Note, note: Note) -> Note:
     ``log``), fed the loss by a call of the loop's (``logger.log(batch_loss)``): the object's note, at that call, as
     a meter's; ``placed`` (``note`` placed where its name grows) as it is otherwise."""
     plain = note.grows and not note.parameter and not note.bound and not note.attributes
+    # a logger's entry, keyed by the name the loop logs it under (``logger.records['train/loss']``, grown by
+    # ``self.records.setdefault(key, []).append(value)``, no line the name spells): the call that feeds it
+    keyed = re.fullmatch(r"(\w+)\.\w+\[(['\"])(.+?)\2\]", note.name) if plain else None
+    fed = fed_line(keyed.group(1), placed.grows_in, placed.ran) if keyed and placed.grows_in else None
+    key = (f'"{keyed.group(3)}"', f"'{keyed.group(3)}'") if keyed is not None and keyed.group(1) != "self" else ()
+    if keyed is not None and fed is not None and any(spelled in fed[1] for spelled in key):
+        return dataclasses.replace(placed, name=keyed.group(1), attributes=(note.name,))
     owner = re.fullmatch(r"(\w+(?:\.\w+)*)\.\w+", note.name) if plain else None
     if owner is None or owner.group(1) == "self" or not placed.name.startswith("self.") or placed.grows_in is None:
         return placed  # (a method's own ``self``: what it feeds itself, ``self.log(...)``, is no object of the loop's)
@@ -349,18 +357,6 @@ def _attribute_of_an_object(note: Note) -> bool:
     # not a method's own ``self``: its attributes (a trainer's ``self.total`` and ``self.best``) are the learner's
     # lines to change, each where it grows; no call of the loop feeds that object
     return plain and re.fullmatch(r"\w+\.\w+", note.name) is not None and not note.name.startswith("self.")
-
-
-def fed_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -> tuple[int, str, str] | None:
-    """The line of ``filename`` that feeds the object ``name`` a value by one of its methods (``losses.update(loss,
-    images.size(0))``), with that call written to feed it a number (``losses.update(loss.item(), images.size(0))``)."""
-    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\.\w+\(\s*([\w.]+(?:\[[^\]]*\])?)\s*(?=[,)])")
-    for number, text in enumerate((line.split("#", 1)[0] for line in linecache.getlines(filename)), 1):
-        match = pattern.search(text)
-        if match is not None and (not ran or number in ran):
-            fed = text[: match.start(1)] + f"{match.group(1)}.item()" + text[match.end(1) :]
-            return number, text.strip(), fed.strip()
-    return None
 
 
 def _one_per_line(found: list[Note]) -> list[Note]:

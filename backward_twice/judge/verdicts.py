@@ -30,7 +30,8 @@ from backward_twice.common.units import format_bytes
 from backward_twice.judge.carried import CarriedFinding, carried_findings, rebound_each_pass
 from backward_twice.judge.errors_fix import needed_by_the_detached, needed_by_the_stale
 from backward_twice.judge.fixes import ERROR_FIXES
-from backward_twice.judge.frozen import GRAD_OFF, GRAD_OFF_BEFORE, switched_off_at
+from backward_twice.judge.frozen import GRAD_OFF, switched_off_at, switched_off_elsewhere
+from backward_twice.judge.hooks import hook_around
 from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
 from backward_twice.judge.returned import backward_of_the_returned_loss, loss_returned_at
@@ -245,7 +246,18 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
     """One verdict per line that wrote ``retain_graph=True`` (or ``create_graph=True``), from the counts of its
     calls: those kept as records, and those a long run folded (:mod:`backward_twice.record.folds`)."""
     tallies = {site: replace(tally) for site, tally in calls.retains.items()}
-    count_retains(calls, lambda index, later: _same_iteration(split, index, later), tallies)
+    # a framework's hook called twice in one of its steps: its calls are the passes a carried graph crosses
+    hooks: dict[tuple[str, int], str | None] = {}
+    by_steps = bool(carried) and not recorder.loop.iteration_passes()
+
+    def same(index: int, later: int) -> bool:
+        first, then = calls.record(index), calls.record(later)
+        if by_steps and first is not None and first.site not in hooks:
+            hooks[first.site] = hook_around(*first.site)
+        crosses = first is not None and then is not None and first.site == then.site and bool(hooks.get(first.site))
+        return _same_iteration(split, index, later) and not crosses
+
+    count_retains(calls, same, tallies)
     verdicts = []
     for tally in sorted(tallies.values(), key=lambda t: t.first):
         line, runs, needed, held = retain_written_at(tally.line, tally.site), tally.runs, tally.needed, tally.held
@@ -274,9 +286,15 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
                 if fixed.startswith("move line ")
                 else "detached"
             )
+            hook = hooks.get(tally.site)
+            needer = (
+                f"a later call of `{hook}` needs it: {short(later.line)}"
+                if hook and _same_iteration(split, tally.first, later.index)
+                else f"a later iteration needs it: {short(later.line)} in iteration "
+                f"{split.iteration_of_call(later.index)}"
+            )
             why = (
-                f"only a later iteration needs it: {short(later.line)} in iteration "
-                f"{split.iteration_of_call(later.index)} follows {carrier} back into the buffers it kept; once "
+                f"only {needer} follows {carrier} back into the buffers it kept; once "
                 f"{carrier} {'are' if len(wholes) > 1 else 'is'} {freed}, no backward needs them"
             )
             carries = "carry their" if len(wholes) > 1 else "carries its"
@@ -434,8 +452,12 @@ def _error(recorder: Recorder, split: Split, carried: list[CarriedFinding]) -> E
     cut = _graph_cut(recorder, record.line) if kind == "no graph" else None
     if kind == "no graph" and cut is None:  # weights switched off before the forward (a GAN's toggle)
         cut, frozen = switched_off_at(record.line, recorder.creation.ran)
-    if kind == "no graph" and record.grad_off and (cut is None or cut[1] not in ("torch.no_grad()", GRAD_OFF)):
-        cut, frozen = (record.line, GRAD_OFF_BEFORE), ()  # no line of the loop's: an earlier cell's, a caller's
+    off = record.grad_off or record.inference
+    if kind == "no graph" and off and (cut is None or cut[1] not in ("torch.no_grad()", GRAD_OFF)):
+        cut, frozen = (
+            switched_off_elsewhere(record.line, record.inference, bool(record.call)),
+            (),
+        )  # not by a line of the loop's own
     return ErrorVerdict(
         kind,
         record.message,

@@ -3,8 +3,8 @@ key of an event the recorder read the learner's names at; an optimizer's key in 
 where a recorder failed (:class:`Failure`).
 
 Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.folds`,
-:mod:`backward_twice.record.iterations`, :mod:`backward_twice.record.pass_stops` and
-:mod:`backward_twice.record.recorder`.
+:mod:`backward_twice.record.iterations`, :mod:`backward_twice.record.pass_stops`, :mod:`backward_twice.record.recorder`
+and :mod:`backward_twice.record.stale_step`.
 """
 
 from __future__ import annotations

@@ -29,8 +29,15 @@ from backward_twice.record.in_place import changed_in_place
 from backward_twice.record.learner import LearnersCode, first_line, learner_line, learner_line_at, skipped_dirs
 from backward_twice.record.learner import site_of as site_of_line
 from backward_twice.record.names import NamedGraph, named_optimizers, names_holding_graphs, site_of, unwrapped
-from backward_twice.record.saved import grad_fn_of, python_walk, saved_data, weights_in, weights_past, weights_under
+from backward_twice.record.saved import (
+    grad_fn_of,
+    python_walk,
+    weights_in,
+    weights_past,
+    weights_under,
+)
 from backward_twice.record.sources import function_around, parsed
+from backward_twice.record.stale_step import step_that_changed
 from backward_twice.record.walks import CallRecord, CallsSoFar, FreedEarlier
 
 if TYPE_CHECKING:
@@ -118,6 +125,7 @@ class ErrorRecord:
     trains_only_old: bool = False  # the loss reaches no weight but through graphs built before this pass: with what
     # carries them detached, it trains nothing (an episode's log-probs, read again)
     grad_off: bool = False  # autograd was off at the raising call (a ``torch.set_grad_enabled(False)`` left on)
+    inference: bool = False  # and inference mode was on (a caller's ``torch.inference_mode()``)
 
 
 def explain(
@@ -127,6 +135,7 @@ def explain(
     record = ErrorRecord(first_line(exc, 400), call.line, call.index)
     record.raised_inside = _raised_inside(recorder, exc)
     record.past_the_loop, record.grad_off = recorder.loop.past_its_end, not torch.is_grad_enabled()
+    record.inference = torch.is_inference_mode_enabled()
     kind = error_kind(str(exc))
     freed = call.first_freed or _freed_unread(recorder, call, walked) if kind == "backward a second time" else None
     if freed is not None:
@@ -165,7 +174,7 @@ def explain(
         if through is not None and 0 <= at < len(walked):
             record.freed_also_through = _other_ways_in(walked, at, set(call.freed_seen), live)
     elif kind == "in-place version error":
-        changed = _step_that_changed(recorder, walked)
+        changed = step_that_changed(recorder, walked)
         if changed is not None:
             record.changed_by_step, record.stale_node = changed
             record.raised_through = _learner_sites(recorder, caller)
@@ -309,7 +318,7 @@ def _detachable(
             leads_to = frozenset(id(n.variable) for n in below if hasattr(n, "variable"))
             if not trained - leads_to or leads_to - _stepped_since(recorder, stale):
                 return None, False  # it also trains weights no step changed (an actor through ``q_pi``): keep it
-            if _step_that_changed(recorder, python_walk([walked[0]], avoiding=node)) is not None:
+            if step_that_changed(recorder, python_walk([walked[0]], avoiding=node)) is not None:
                 return None, False  # another way in reaches weights a step changed (``a`` beside ``b``): still raises
             inside = {n._sequence_nr() for n in below}
             only = len(call.walked_kept) < _MAX_KEPT_READ and all(seq in inside for seq in call.walked_kept)
@@ -430,43 +439,6 @@ def _the_losss_own_step(step_line: str, raised_at: tuple[str, int]) -> bool:
         and node.lineno > raised_at[1]
     ]
     return min(steps, default=None) == step[1]
-
-
-def _step_that_changed(recorder: Seen, walked: list[Node]) -> tuple[str, int] | None:
-    """The learner's line of the last optimizer step whose parameters a walked node saved, if one stepped after
-    that node was built, and that node's sequence number: of the oldest such node built since the step before the
-    one nearest the loss, or that reads such a parameter itself (``h = enc(x)`` under ``out = dec(h)``: computing
-    ``out`` again alone would leave ``h`` on the old weights)."""
-    stepped = {step.optimizer: step for step in recorder.steps}  # each optimizer's last step
-    if not stepped:
-        return None
-    params: dict[int, list[int]] = {}  # a parameter's storage -> the optimizers that step it, those that kept a state
-    for optimizer_id in stepped:  # for it first (an Adam made over the wrong model's weights steps none of them)
-        reference = recorder.optimizers_seen.get(optimizer_id)
-        optimizer = reference() if reference is not None else None
-        for group in optimizer.param_groups if optimizer is not None else ():
-            for p in group["params"]:
-                owners = params.setdefault(p.untyped_storage().data_ptr(), [])
-                owners.insert(0, optimizer_id) if optimizer is not None and optimizer.state.get(p) else owners.append(
-                    optimizer_id
-                )
-    found: tuple[str, int] | None = None
-    since = -1  # where the nearest stale node's stretch began: the step before it
-    for node in walked:
-        sequence = node._sequence_nr()
-        if found is not None and (sequence >= found[1] or sequence < since):
-            continue
-        tensors = list(saved_data(node) or ())
-        if found is not None:  # an older node that reads a weight the step changed (``Linear(x)``, no grad for
-            tensors += [leaf for n, _ in node.next_functions if (leaf := getattr(n, "variable", None)) is not None]
-        for tensor in tensors:
-            owners = [o for o in params.get(tensor.untyped_storage().data_ptr(), ()) if stepped[o].sequence > sequence]
-            if owners:
-                if found is None:
-                    since = max((s.sequence for s in recorder.steps if s.sequence <= sequence), default=-1)
-                found = stepped[owners[0]].line, sequence
-                break
-    return found
 
 
 def outside_the_loop(exc: BaseException, loop: Link | None) -> bool:

@@ -11,8 +11,8 @@
 * :func:`grad_fn_of`: a tensor's ``grad_fn``, or None where PyTorch refuses the read.
 
 Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.names`,
-:mod:`backward_twice.record.objects`, :mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.walks` and
-:mod:`helpers.growth`.
+:mod:`backward_twice.record.objects`, :mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.stale_step`,
+:mod:`backward_twice.record.walks` and :mod:`helpers.growth`.
 """
 
 from __future__ import annotations
@@ -129,6 +129,8 @@ def graph_only_bytes(nodes: Sequence[Node]) -> int:
             outside = (tensor.requires_grad and not tensor._is_view() and grad_fn_of(tensor) is None) or (
                 sys.getrefcount(tensor) > 4
             )
+            if tensor.layout != torch.strided:  # sparse, nested: no one storage to count (not counted)
+                continue
             storage = tensor.untyped_storage()
             entry = storages.get(storage.data_ptr())
             if entry is None:
@@ -141,6 +143,19 @@ def graph_only_bytes(nodes: Sequence[Node]) -> int:
         if not entry.outside and _storage_use_count(entry.storage._cdata) - 1 == len(entry.impls):
             total += entry.storage.nbytes()
     return total
+
+
+def storage_address(tensor: torch.Tensor) -> int:
+    """The address of the storage that holds ``tensor``'s values (a sparse tensor's: its values'); its id where no
+    storage can be read (a nested tensor)."""
+    try:
+        if tensor.layout == torch.sparse_coo:
+            tensor = tensor._values()
+        elif tensor.layout != torch.strided:
+            tensor = tensor.values()
+        return tensor.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):
+        return id(tensor)
 
 
 def python_walk(roots: Sequence[Node | None], avoiding: Node | None = None) -> list[Node]:

@@ -336,7 +336,8 @@ class TakenItem:
     and the place of an iterator of Python's own its iterable names (``it = iter(batches)`` read on by a next cell:
     ``for x in it``, ``enumerate(it)``). The state is then that of N passes (a ``while``'s condition drawing from a
     stream included). A function's variables are not written (no frame is): the stop unwinds its frame. An iterator
-    of another kind (a DataLoader's, a generator) keeps the item it gave: nothing can take it back."""
+    of another kind that the iterable names (a DataLoader's, a generator) keeps the item it gave, as nothing can take
+    it back, and the streams keep what giving it drew: the state of a loop that breaks at the top of pass N+1."""
 
     def __init__(self) -> None:
         self._where: tuple[int, int] | None = None  # (id(frame), header line) of the loop whose header kept them
@@ -351,8 +352,10 @@ class TakenItem:
         self._namespace = frame.f_globals if top_level else None  # a module's dict (a cell's, IPython's user_ns)
         if self._namespace is not None:
             self._names = {name: self._namespace.get(name, _UNBOUND) for name in loop.targets}
-        self._streams = _random_streams()
         self._places = _iterator_places(frame, loop)
+        named = _iterators_named(frame, loop)
+        restored = {id(iterator) for iterator, _ in self._places}
+        self._streams = [] if any(id(it) not in restored for it in named) else _random_streams()
 
     def put_back(self, frame: types.FrameType, loop: Loop) -> None:
         """Put back what ``loop``'s header kept in ``frame``."""
@@ -377,17 +380,20 @@ class TakenItem:
 _UNBOUND = object()  # a name the loop binds that its header found unbound (the body deleted it)
 
 
+def _iterators_named(frame: types.FrameType, loop: Loop) -> list[Iterator[Any]]:
+    """The iterators the names ``loop``'s iterable reads hold (``it`` of ``for x in it``, ``enumerate(it)``)."""
+    names = frame.f_locals  # read only: the values the names hold
+    values = (names[name] if name in names else frame.f_globals.get(name) for name in loop.iterable or ())
+    return [value for value in values if isinstance(value, Iterator)]
+
+
 def _iterator_places(frame: types.FrameType, loop: Loop) -> list[tuple[Any, Any]]:
     """(iterator, place) for each name ``loop``'s iterable reads that holds an iterator of Python's own whose place
     can be read and set (a list's, a tuple's, a range's: ``__reduce__`` and ``__setstate__``)."""
-    if not loop.iterable:
-        return []
-    names = frame.f_locals  # read only: the values the names hold
     places = []
-    for name in loop.iterable:
-        value = names[name] if name in names else frame.f_globals.get(name)
+    for value in _iterators_named(frame, loop):
         kind = type(value)
-        if kind.__module__ == "builtins" and isinstance(value, Iterator) and hasattr(value, "__setstate__"):
+        if kind.__module__ == "builtins" and hasattr(value, "__setstate__"):
             reduced = value.__reduce__()
             if isinstance(reduced, tuple) and len(reduced) == 3:
                 places.append((value, reduced[2]))

@@ -12,7 +12,7 @@ import ast
 import re
 
 from backward_twice.common.error_kinds import LEAF_IN_PLACE
-from backward_twice.judge.frozen import FROZEN, GRAD_OFF, GRAD_OFF_BEFORE
+from backward_twice.judge.frozen import FROZEN, GRAD_OFF, GRAD_OFF_BEFORE, INFERENCE_BEFORE
 from backward_twice.judge.second_backward import keep_one_update
 from backward_twice.judge.uses import computed_again, summed_over_steps
 from backward_twice.judge.verdicts import ErrorVerdict, LineVerdict
@@ -126,6 +126,13 @@ def error_item(error: ErrorVerdict, band_aid: LineVerdict | None = None) -> Item
         else:
             label = "a second backward through a graph whose buffers were freed"
         why = "a backward frees the saved tensors it walked; this one needs them again"
+    elif error.kind == "no graph" and (cut := error.cut) is not None and cut[1] == INFERENCE_BEFORE:
+        label = "the loss has no graph: inference mode was already on when this code began"
+        why = (
+            "a `torch.inference_mode()` around it (a caller's, or a decorator's) was still in force: autograd recorded "
+            "nothing, and `torch.set_grad_enabled(True)` does not undo it"
+        )
+        fix = "run the loop outside `torch.inference_mode()`, or inside `with torch.inference_mode(False):`"
     elif error.kind == "no graph" and (cut := error.cut) is not None and cut[1] == GRAD_OFF_BEFORE:
         label = "the loss has no graph: autograd was already off when this code began"
         why = (

@@ -1,0 +1,78 @@
+"""A graph cached on an object built once before the loop: ``pi = Bernoulli(p)`` computes ``pi.logits`` at its first
+``pi.log_prob(...)`` and keeps it (torch.distributions' lazy attributes), so every later pass walks the first pass's
+graph (pytorch/pytorch#11192). Neither computing the attribute again (the object gives back what it cached) nor
+detaching it (the loss may train through nothing else) is the fix: the object is built inside the loop.
+
+Used by :mod:`backward_twice.judge.carried`.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import torch
+
+from backward_twice.record.learner import site_of
+from backward_twice.record.loops import own_nodes
+from backward_twice.record.sources import function_around, parsed
+
+__all__ = ["cached_on_an_object_fix"]
+
+
+def cached_on_an_object_fix(name: str | None, built_at: str) -> str | None:
+    """For ``holder.attribute`` (``name``), first computed at ``built_at``: where no line of the file assigns that
+    attribute, and ``holder`` is assigned once in the code around ``built_at``, by a call, outside any loop and before
+    the loop that holds ``built_at``, by a call of a torch.distributions class, the fix that moves that assignment into
+    the loop; None otherwise."""
+    site = site_of(built_at)
+    holder, _, attribute = (name or "").partition(".")
+    tree = parsed(site[0]) if site is not None and holder.isidentifier() and attribute.isidentifier() else None
+    if tree is None or site is None or _assigned_anywhere(tree, attribute):
+        return None
+    scope = function_around(tree, site[1])
+    loops = [n for n in own_nodes(scope) if isinstance(n, (ast.For, ast.While)) and _holds(n, site[1])]
+    if not loops:
+        return None
+    loop = min(loops, key=lambda n: n.lineno)  # the outermost loop of that code around the use
+    assignments = [
+        n
+        for n in own_nodes(scope)
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == holder for t in n.targets)
+    ]
+    if len(assignments) != 1 or not _a_distribution(assignments[0].value) or assignments[0].lineno >= loop.lineno:
+        return None
+    built = assignments[0].lineno
+    if any(_holds(n, built) for n in own_nodes(scope) if isinstance(n, (ast.For, ast.While))):
+        return None
+    return (
+        f"build `{holder}` inside the loop (move line {built} into it): `{holder}` computes `{name}` at its first use "
+        f"and keeps it, so each pass walks the graph of the pass that first used it"
+    )
+
+
+def _a_distribution(value: ast.expr) -> bool:
+    """Whether ``value`` calls a class of torch.distributions by its name (``Bernoulli(p)``, ``D.Normal(m, s)``)."""
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    kind = getattr(torch.distributions, called, None) if called in torch.distributions.__all__ else None
+    return isinstance(kind, type) and issubclass(kind, torch.distributions.Distribution)
+
+
+def _holds(loop: ast.For | ast.While, line: int) -> bool:
+    return loop.lineno <= line <= (loop.end_lineno or loop.lineno)
+
+
+def _assigned_anywhere(tree: ast.AST, attribute: str) -> bool:
+    """Whether a statement of ``tree`` assigns an ``attribute`` of any object (the learner's, then: not a cache)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(target, ast.Attribute) and target.attr == attribute for target in targets):
+            return True
+    return False
