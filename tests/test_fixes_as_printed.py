@@ -2434,3 +2434,77 @@ def test_a_logger_of_the_learners_fed_the_loss_tensor_is_noted_at_the_call_that_
     )
     fixed = _run(TENSOR_LOGGER.replace('("train/loss", loss)', '("train/loss", loss.item())'), tmp_path / "f.py")
     assert torch.equal(fixed["model"].weight, ran["model"].weight)
+
+
+DCGAN_BAND_AID = """
+import torch
+torch.manual_seed(0)
+netG = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+netD = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.LeakyReLU(0.2), torch.nn.Linear(8, 1), torch.nn.Sigmoid())
+criterion = torch.nn.BCELoss()
+optimizerD = torch.optim.Adam(netD.parameters(), lr=2e-4)
+optimizerG = torch.optim.Adam(netG.parameters(), lr=2e-4)
+for real in [torch.randn(6, 2) + 2.0 for _ in range(3)]:
+    netD.zero_grad()
+    errD_real = criterion(netD(real), torch.ones(6, 1))
+    errD_real.backward()
+    fake = netG(torch.randn(6, 4))
+    output = netD(fake)
+    errD_fake = criterion(output, torch.zeros(6, 1))
+    errD_fake.backward(retain_graph=True)
+    optimizerD.step()
+    netG.zero_grad()
+    output = netD(fake)
+    errG = criterion(output, torch.ones(6, 1))
+    errG.backward()
+    optimizerG.step()
+"""
+
+
+def test_a_dcgan_d_loss_band_aid_is_needed_and_fake_detach_is_named_in_its_place(tmp_path: Path) -> None:
+    """DCGAN with the forum's ``errD_fake.backward(retain_graph=True)`` in place of ``netD(fake.detach())``: "healthy
+    ... retain_graph=True at line 16 needed" and "keep it", which endorses the band-aid. The truth (no helpers):
+    without the retain, G's backward raises "a second time"; with ``fake.detach()`` in D's forward and no retain, the
+    loop runs and trains to the same weights (D's loss never trained G: its gradients are zeroed before G's)."""
+    as_written = _run(DCGAN_BAND_AID, tmp_path / "as_written.py")
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _run(DCGAN_BAND_AID.replace("backward(retain_graph=True)", "backward()"), tmp_path / "no_retain.py")
+    detached = DCGAN_BAND_AID.replace(
+        "    output = netD(fake)\n    errD_fake", "    output = netD(fake.detach())\n    errD_fake"
+    )
+    fixed = _run(detached.replace("backward(retain_graph=True)", "backward()"), tmp_path / "fixed.py")
+    for net in ("netG", "netD"):
+        assert all(
+            torch.equal(a, b) for a, b in zip(as_written[net].parameters(), fixed[net].parameters(), strict=True)
+        )
+    path = tmp_path / "watched.py"
+    path.write_text(
+        "from backward_twice.watcher import watch\nwith watch() as w:\n" + textwrap.indent(DCGAN_BAND_AID, "    ")
+    )
+    lines = DCGAN_BAND_AID.split("\n")
+    retain, read = (
+        lines.index("    errD_fake.backward(retain_graph=True)") + 3,
+        lines.index("    output = netD(fake)") + 3,
+    )
+    headline = runpy.run_path(str(path))["w"].report.headline
+    assert headline.endswith(
+        f"retain_graph=True at line {retain} needed (or `fake.detach()` at line {read} in its place))"
+    ), headline
+
+
+def test_a_distribution_a_function_builds_once_before_the_loop_is_built_inside_it(tmp_path: Path) -> None:
+    """``pi = make_pi(p)``, a function of the script that returns ``Bernoulli(p)``: the fix was the old "compute
+    `pi.logits` (line 14) again in each iteration", naming the loss line. The truth (no helpers): as written "a second
+    time" in pass 2; with line 8 moved into the loop it runs."""
+    source = DISTRIBUTION_BUILT_ONCE.replace(
+        "pi = Bernoulli(p)\n", "def make_pi(p):\n    return Bernoulli(p)\npi = make_pi(p)\n"
+    )
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _run(source, tmp_path / "as_written.py")
+    [item] = _items_watched(source, tmp_path / "watched.py")
+    built = 3 + source.strip("\n").split("\n").index("pi = make_pi(p)") + 1
+    assert item.fix.startswith(f"build `pi` inside the loop (move line {built} into it)"), item.fix
+    moved = source.replace("pi = make_pi(p)\n", "").replace(
+        "    optimizer.zero_grad()\n", "    optimizer.zero_grad()\n    pi = make_pi(p)\n"
+    )
+    _run(moved, tmp_path / "moved.py")

@@ -734,3 +734,65 @@ def test_a_retain_a_later_training_step_of_one_accumulated_step_needs_goes_with_
     assert kept.returncode == removed.returncode == 0, kept.stderr[-400:] + removed.stderr[-400:]
     weights = [line for line in kept.stdout.splitlines() if line.startswith("weights")]
     assert weights and weights == [line for line in removed.stdout.splitlines() if line.startswith("weights")]
+
+
+LIGHTNING_LOCAL_STATE = """
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+
+
+class M(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.cell = torch.nn.GRUCell(3, 4)
+        self.head = torch.nn.Linear(4, 1)
+        self.h = None
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        opt = self.optimizers()
+        h = self.cell(x, self.h)
+        self.h = h
+        loss = F.mse_loss(self.head(h), y)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        FIX
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(8, 3), torch.randn(8, 1))
+model = M()
+before = model.cell.weight_ih.detach().clone()
+trainer = pl.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=4, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=2))
+print("cell trained:", not torch.equal(before, model.cell.weight_ih))
+"""
+
+
+def test_a_state_a_lightning_step_keeps_on_self_is_detached_on_self_not_as_the_steps_local(tmp_path: Path) -> None:
+    """``h = self.cell(x, self.h); self.h = h``: the fix named the step's local, "add `h = h.detach()` before line
+    19", after which the loss reads a detached ``h`` and the cell never trains (a probe: its weights unchanged). The
+    local ends with each call; ``self.h`` carries the graph into the next. The truth (no helpers): as written "a
+    second time" at batch 2; with ``self.h`` detached after line 19 it runs and the cell trains."""
+    pytest.importorskip("pytorch_lightning")
+    for folder in ("as_written", "fixed"):
+        (tmp_path / folder).mkdir()
+    python, watched = run(tmp_path / "as_written", LIGHTNING_LOCAL_STATE.replace("        FIX\n", ""))
+    assert python.returncode == watched.returncode == 1
+    assert "backward through the graph a second time" in python.stderr.splitlines()[-1], python.stderr[-400:]
+    said = watched.stderr[watched.stderr.index("backward-twice:") :]
+    assert "fix: add `self.h = self.h.detach()` after line 19" in said, said
+    fixed, _ = run(
+        tmp_path / "fixed",
+        LIGHTNING_LOCAL_STATE.replace("        FIX\n", "").replace(
+            "        self.h = h\n", "        self.h = h\n        self.h = self.h.detach()\n"
+        ),
+    )
+    assert fixed.returncode == 0 and "cell trained: True" in fixed.stdout, fixed.stderr[-400:]

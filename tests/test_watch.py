@@ -981,3 +981,32 @@ def test_an_iterator_the_loop_names_keeps_the_item_pass_n_plus_1_took_and_the_dr
 
     watched, bare = run(watched=True), run(watched=False)
     assert all(torch.equal(a, b) for a, b in zip(watched, bare, strict=True)), (watched, bare)
+
+
+def test_a_zip_of_a_generator_and_a_list_iterator_keeps_both_items_pass_n_plus_1_took() -> None:
+    """``for x, t in zip(batches, targets)`` under ``watch(iterations=2)``: the generator kept the item pass 3 took,
+    but the list iterator's place was put back, so the two went one item out of step for a next cell's ``zip``. The
+    truth (no helpers): a loop that breaks at the top of pass 3 leaves both one item on, and the streams past item
+    3's draw."""
+
+    def batches() -> Any:
+        while True:
+            yield torch.randn(3, 4)
+
+    def run(watched: bool) -> tuple[torch.Tensor, int, torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data, targets = batches(), iter(list(range(100, 110)))
+        with watch(iterations=2) if watched else contextlib.nullcontext():
+            for passes, (x, t) in enumerate(zip(data, targets)):
+                if not watched and passes == 2:
+                    break
+                opt.zero_grad()
+                (model(x).pow(2).mean() * t).backward()
+                opt.step()
+        return next(data), next(targets), torch.rand(1)
+
+    watched, bare = run(watched=True), run(watched=False)
+    assert torch.equal(watched[0], bare[0]) and watched[1] == bare[1] == 103, (watched, bare)
+    assert torch.equal(watched[2], bare[2])

@@ -22,8 +22,8 @@ __all__ = ["cached_on_an_object_fix"]
 def cached_on_an_object_fix(name: str | None, built_at: str) -> str | None:
     """For ``holder.attribute`` (``name``), first computed at ``built_at``: where no line of the file assigns that
     attribute, and ``holder`` is assigned once in the code around ``built_at``, by a call, outside any loop and before
-    the loop that holds ``built_at``, by a call of a torch.distributions class, the fix that moves that assignment into
-    the loop; None otherwise."""
+    the loop that holds ``built_at``, by a call of a torch.distributions class (or of a function of the file that
+    returns one), the fix that moves that assignment into the loop; None otherwise."""
     site = site_of(built_at)
     holder, _, attribute = (name or "").partition(".")
     tree = parsed(site[0]) if site is not None and holder.isidentifier() and attribute.isidentifier() else None
@@ -39,7 +39,9 @@ def cached_on_an_object_fix(name: str | None, built_at: str) -> str | None:
         for n in own_nodes(scope)
         if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == holder for t in n.targets)
     ]
-    if len(assignments) != 1 or not _a_distribution(assignments[0].value) or assignments[0].lineno >= loop.lineno:
+    if len(assignments) != 1 or assignments[0].lineno >= loop.lineno:
+        return None
+    if not _a_distribution(assignments[0].value) and not _returns_a_distribution(tree, assignments[0].value):
         return None
     built = assignments[0].lineno
     if any(_holds(n, built) for n in own_nodes(scope) if isinstance(n, (ast.For, ast.While))):
@@ -58,6 +60,15 @@ def _a_distribution(value: ast.expr) -> bool:
     called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
     kind = getattr(torch.distributions, called, None) if called in torch.distributions.__all__ else None
     return isinstance(kind, type) and issubclass(kind, torch.distributions.Distribution)
+
+
+def _returns_a_distribution(tree: ast.Module, value: ast.expr) -> bool:
+    """Whether ``value`` calls a function of the file (``make_pi(p)``) that returns a torch.distributions class's
+    call."""
+    called = value.func.id if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) else None
+    functions = (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == called)
+    returns = (n for function in functions for n in own_nodes(function) if isinstance(n, ast.Return))
+    return any(n.value is not None and _a_distribution(n.value) for n in returns)
 
 
 def _holds(loop: ast.For | ast.While, line: int) -> bool:

@@ -387,12 +387,13 @@ def _named_first(found: list[_Carried]) -> list[_Carried]:
 
 
 def _carrier(recorder: Recorder, spellings: list[str] | None) -> str | None:
-    """Of the names that held a graph at an iteration's start (simplest first), the first one the loop's body does
-    not assign before it reads it: ``smooth`` of ``loss = ...; smooth = 0.9 * smooth + 0.1 * loss`` (in iteration
-    1 both held one tensor, but ``loss`` is rebound before anything reads it)."""
+    """Of the names that held a graph at an iteration's start (simplest first), the first the loop's body does not
+    assign before it reads (``smooth = 0.9 * smooth + 0.1 * loss``, not ``loss``); in a framework's step, self's."""
     if not spellings:
         return None
     span = loop_body(recorder)
+    if span is None and recorder.loop.innermost is None and not recorder.by_runs:  # a framework calls the step: its
+        return next((s for s in spellings if s.startswith("self.")), spellings[0])  # locals end, ``self.h`` lives on
     if len(spellings) == 1 or span is None:
         return spellings[0]
     live = (  # new[0][1]: new; ``layer.hidden`` of ``for layer in net``: the loop rebinds ``layer``

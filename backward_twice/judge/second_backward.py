@@ -6,7 +6,8 @@ started again at 0 (SAM's second pass); and where a stale forward's lines are: t
 the nearest of the raising backward's callers that did (:func:`line_of_a_caller`), and the end of the statement that
 runs the step it goes again after (:func:`where_the_step_ends`).
 
-Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.error_item`.
+Used by :mod:`backward_twice.judge.gan_retain`, :mod:`backward_twice.judge.verdicts` and
+:mod:`backward_twice.report.error_item`.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ __all__ = [
     "where_the_step_ends",
 ]
 
-_D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
-_G_OUTPUT = re.compile(r"(?i)^(?:self\.)?(?:fake\w*|gen(?:erated)?_\w+|\w*_fake)$")  # a generator's output, by name
+D_LOSS = re.compile(r"\bloss_?[Dd](?![a-z])|\b[Dd]_?loss|\berrD")  # a discriminator's loss: loss_D, d_loss, errD
+G_OUTPUT = re.compile(r"(?i)^(?:self\.)?(?:fake\w*|gen(?:erated)?_\w+|\w*_fake)$")  # a generator's output, by name
 _GAN = re.compile(r"(?i)fake|discriminator|\bnet_?D\b|\bD\(|\berrD|\bd_?loss|\bloss_?D\b|\bgen(erated)?_")  # G, D
 
 
@@ -111,7 +112,7 @@ def second_backward_fix(
     if step is not None and epoch is not None and later is not None:  # an epoch's backward of the batches' losses,
         return keep_one_update(*epoch, step[1], later)  # each batch stepped
     made = assigned_in_the_loss(freer[0], freer[1], through) if step is not None and freer is not None else None
-    fake = next((name for name in sorted(made[1]) if _G_OUTPUT.search(name)), None) if made is not None else None
+    fake = next((name for name in sorted(made[1]) if G_OUTPUT.search(name)), None) if made is not None else None
     if step is not None and freer is not None and made is not None and fake is not None:  # D's output on G's
         code = linecache.getline(freer[0], made[0]).split("#", 1)[0].strip()  # ``fake`` in both losses: D's
         return (  # loss walked G's graph too
@@ -123,7 +124,7 @@ def second_backward_fix(
             f"compute `{through}` again after line {step[1]}'s step: line {later}'s backward needs the graph {line} "
             "freed, and that step changed the weights it saved"
         )
-    if later is not None and _D_LOSS.search(raised_at.split(": ", 1)[-1]) and not _D_LOSS.search(freed_at):
+    if later is not None and D_LOSS.search(raised_at.split(": ", 1)[-1]) and not D_LOSS.search(freed_at):
         # G's backward first, then D's through the same fake: D's loss is the one to detach it in
         if parameter is not None and parameter != through:
             return (

@@ -11,8 +11,8 @@ optimizer step then changed; :func:`summed_over_steps` the total a backward walk
 an optimizer step came between; :func:`graph_cut` the line whose operation left a loss without a graph.
 
 Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes`,
-:mod:`backward_twice.judge.frozen`, :mod:`backward_twice.judge.second_backward`, :mod:`backward_twice.judge.verdicts`
-and :mod:`backward_twice.report.error_item`.
+:mod:`backward_twice.judge.frozen`, :mod:`backward_twice.judge.gan_retain`, :mod:`backward_twice.judge.second_backward`,
+:mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.error_item`.
 """
 
 from __future__ import annotations

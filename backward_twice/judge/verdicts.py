@@ -31,6 +31,7 @@ from backward_twice.judge.carried import CarriedFinding, carried_findings, rebou
 from backward_twice.judge.errors_fix import needed_by_the_detached, needed_by_the_stale
 from backward_twice.judge.fixes import ERROR_FIXES
 from backward_twice.judge.frozen import GRAD_OFF, switched_off_at, switched_off_elsewhere
+from backward_twice.judge.gan_retain import detach_in_the_d_loss
 from backward_twice.judge.hooks import hook_around
 from backward_twice.judge.in_place_fix import in_place_fix
 from backward_twice.judge.notes import Note, notes
@@ -84,6 +85,7 @@ class LineVerdict:
     held_bytes: int
     why: str
     fix: str
+    instead: str | None = None  # the change that makes a needed one useless ("`fake.detach()` at line 173")
 
 
 @dataclass(frozen=True)
@@ -325,7 +327,14 @@ def _lines(calls: CallLog, split: Split, recorder: Recorder, carried: list[Carri
                 f'backward through the graph a second time"'
             )
             fix = f"keep it: a later backward needs these buffers ({short(later.line)})"
-            verdicts.append(LineVerdict(line, "needed", runs, needed, held, why, fix))
+            detach = detach_in_the_d_loss(tally.site, later.site)  # a GAN's D loss walking G's graph
+            instead = None if detach is None else f"`{detach[0]}.detach()` at line {detach[1]}"
+            if instead is not None and detach is not None:
+                fix = (
+                    f"keep it, or use {instead} and remove it: then D's backward walks nothing of G's graph, and a "
+                    f"GAN's D loss must not train what `{detach[0]}` comes from"
+                )
+            verdicts.append(LineVerdict(line, "needed", runs, needed, held, why, fix, instead))
         else:
             stopped = " before the error" if recorder.error is not None else ""
             why = (

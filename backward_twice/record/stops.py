@@ -337,7 +337,8 @@ class TakenItem:
     ``for x in it``, ``enumerate(it)``). The state is then that of N passes (a ``while``'s condition drawing from a
     stream included). A function's variables are not written (no frame is): the stop unwinds its frame. An iterator
     of another kind that the iterable names (a DataLoader's, a generator) keeps the item it gave, as nothing can take
-    it back, and the streams keep what giving it drew: the state of a loop that breaks at the top of pass N+1."""
+    it back, and then so do the others it names (``zip(it, other)``), and the streams keep what giving it drew: the
+    state of a loop that breaks at the top of pass N+1."""
 
     def __init__(self) -> None:
         self._where: tuple[int, int] | None = None  # (id(frame), header line) of the loop whose header kept them
@@ -353,9 +354,11 @@ class TakenItem:
         if self._namespace is not None:
             self._names = {name: self._namespace.get(name, _UNBOUND) for name in loop.targets}
         self._places = _iterator_places(frame, loop)
-        named = _iterators_named(frame, loop)
         restored = {id(iterator) for iterator, _ in self._places}
-        self._streams = [] if any(id(it) not in restored for it in named) else _random_streams()
+        if any(id(it) not in restored for it in _iterators_named(frame, loop)):  # one keeps its item: so do all (the
+            self._places, self._streams = [], []  # ``zip(it, other)`` of a bare break), with what taking them drew
+        else:
+            self._streams = _random_streams()
 
     def put_back(self, frame: types.FrameType, loop: Loop) -> None:
         """Put back what ``loop``'s header kept in ``frame``."""

@@ -156,8 +156,10 @@ def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str
     if not items:
         needed = [line_number(split_line(line.line)[0]) for line in v.lines if line.verdict == "needed"]
         where = " and ".join(dict.fromkeys(needed))
+        instead = next((line.instead for line in v.lines if line.verdict == "needed" and line.instead), None)
         retains = (
             f"retain_graph=True at line{'s' if len(set(needed)) > 1 else ''} {where} needed"
+            + (f" (or {instead} in its place)" if instead else "")
             if needed
             else "no retain_graph=True to drop"
         )
