@@ -21,9 +21,9 @@ __all__ = ["cached_on_an_object_fix"]
 
 def cached_on_an_object_fix(name: str | None, built_at: str) -> str | None:
     """For ``holder.attribute`` (``name``), first computed at ``built_at``: where no line of the file assigns that
-    attribute, and ``holder`` is assigned once in the code around ``built_at``, by a call, outside any loop and before
-    the loop that holds ``built_at``, by a call of a torch.distributions class (or of a function of the file that
-    returns one), the fix that moves that assignment into the loop; None otherwise."""
+    attribute, and ``holder`` is assigned once in the code around ``built_at``, outside any loop and before the loop
+    that holds ``built_at``, by a call of a torch.distributions class (or of a function of the file that returns
+    one), the fix that moves that assignment into the loop; None otherwise."""
     site = site_of(built_at)
     holder, _, attribute = (name or "").partition(".")
     tree = parsed(site[0]) if site is not None and holder.isidentifier() and attribute.isidentifier() else None

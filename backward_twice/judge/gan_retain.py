@@ -20,8 +20,8 @@ __all__ = ["detach_in_the_d_loss"]
 
 
 def detach_in_the_d_loss(retaining: tuple[str, int], needer: tuple[str, int]) -> tuple[str, int] | None:
-    """(``fake``, the line of the D loss's statement that reads it) where the backward at ``retaining`` is a GAN's D
-    loss (``errD_fake``, ``d_loss``, ``loss_D``), the later one at ``needer``, in the same file, is not, and the two
+    """(``fake``, the line of the D loss's statement that feeds it to D) where the backward at ``retaining`` is a GAN's
+    D loss (``errD_fake``, ``d_loss``, ``loss_D``), the later one at ``needer``, in the same file, is not, and the later
     loss reads ``fake`` again after the D loss's backward (G's loss on its own ``netD(fake)``, not on D's output); None
     otherwise."""
     if retaining[0] != needer[0] or not D_LOSS.search(linecache.getline(*retaining)):
@@ -44,8 +44,8 @@ def detach_in_the_d_loss(retaining: tuple[str, int], needer: tuple[str, int]) ->
 
 
 def _reads(line: int, reads: frozenset[str], spelled: str) -> bool:
-    """Whether the statement at ``line`` reads ``spelled`` (``fake``; ``state["fake"]``, which reads list with single
-    quotes)."""
+    """Whether the statement at ``line`` reads ``spelled`` (``fake``; ``state["fake"]``, which ``reads`` spells with
+    single quotes)."""
     return spelled in reads or spelled.replace('"', "'") in reads
 
 
