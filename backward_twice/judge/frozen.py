@@ -49,11 +49,8 @@ def switched_off(
     if tree is None or function is None:
         return None
     lines = sorted(line for line, _ in computed_through(filename, tree, backward, ran) if line != backward)
-    every = [  # (line, name, switched on), in the order the code runs them (a branch the tracer did not see run
-        (statement.lineno, name, on)  # counts too: it traces some passes only, and the raising one may be another)
-        for statement in sorted((n for n in own_nodes(function) if isinstance(n, ast.stmt)), key=lambda s: s.lineno)
-        for name, on in _toggles(statement)
-    ]
+    # a branch the tracer did not see run counts too: it traces some passes only, and the raising one may be another
+    every = _toggles_in(function)
     toggles = [toggle for toggle in every if toggle[0] < backward]
     if not every or not lines:
         return None
@@ -114,15 +111,18 @@ def switched_off_elsewhere(backward: str, inference: bool, after_a_backward: boo
     scopes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
     left_off: list[int] = []
     for scope in (scope for scope in scopes if scope is not own):
-        statements = sorted((n for n in own_nodes(scope) if isinstance(n, ast.stmt)), key=lambda s: s.lineno)
-        grad = [
-            (statement.lineno, on) for statement in statements for name, on in _toggles(statement) if name == _GRAD_MODE
-        ]
+        grad = [(line, on) for line, name, on in _toggles_in(scope) if name == _GRAD_MODE]
         if grad and not grad[-1][1]:
             left_off.append(grad[-1][0])
     if not left_off:
         return backward, GRAD_OFF_BEFORE
     return learner_line_at(site[0], min(left_off)), GRAD_OFF
+
+
+def _toggles_in(scope: ast.AST) -> list[tuple[int, str, bool]]:
+    """(line, name, switched on) of each toggle among ``scope``'s own statements, in the order the code runs them."""
+    statements = sorted((n for n in own_nodes(scope) if isinstance(n, ast.stmt)), key=lambda s: s.lineno)
+    return [(statement.lineno, name, on) for statement in statements for name, on in _toggles(statement)]
 
 
 def _toggles(statement: ast.stmt) -> list[tuple[str, bool]]:
