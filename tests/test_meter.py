@@ -525,3 +525,33 @@ def test_a_tensor_unpacked_from_the_graph_is_an_owner_while_it_lives(saved_stora
     loss.backward()
     assert truth.dead_bytes() == everything > hidden_bytes
     assert meter.peak_graph_only_bytes == everything and meter.graph_only_bytes == 0
+
+
+def test_a_saved_sparse_tensor_trains_inside_the_meter_and_is_counted_in_no_figure():
+    # For the gradient of the weights, torch.sparse.mm saves only its sparse operand, which has no strided storage
+    # to ask about; the same product from a dense adjacency saves (and counts) the adjacency.
+    adjacency = torch.eye(4).to_sparse()
+    weights = torch.randn(4, 3, requires_grad=True)
+    meter = SavedTensorMeter()
+    with meter:
+        propagated = torch.sparse.mm(adjacency, weights)
+        assert (meter.saved_tensors, meter.saved_bytes) == (0, 0)
+    dense_only = SavedTensorMeter()
+    with dense_only:
+        dense = adjacency.to_dense() @ weights
+        assert (dense_only.saved_tensors, dense_only.saved_bytes) == (1, 4 * 4 * 4)
+    propagated.sum().backward()
+    dense.sum().backward()
+    assert weights.grad is not None
+    assert torch.equal(weights.grad, 2 * torch.ones(4, 3))
+    assert meter.saved_tensors == 0
+
+
+def test_a_saved_sparse_tensor_changed_in_place_still_raises_inside_the_meter():
+    adjacency = torch.eye(3).to_sparse().coalesce()
+    weights = torch.randn(3, 2, requires_grad=True)
+    with SavedTensorMeter():
+        propagated = torch.sparse.mm(adjacency, weights)
+    adjacency.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        propagated.sum().backward()

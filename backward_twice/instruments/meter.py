@@ -84,6 +84,17 @@ class _StorageEntry:
         self.confirmed = False
 
 
+class _UncountedBox:
+    """What autograd keeps in place of a saved tensor that has no strided storage to count (a sparse or nested
+    tensor): its detached view and version, for the same in-place check, and no entry."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.version = tensor._version
+
+
 class _SavedBox:
     """What autograd keeps in place of a saved tensor while a meter is active.
 
@@ -169,7 +180,9 @@ class SavedTensorMeter:
     be entered again (the lab does, once per forward); meters cannot be nested.
 
     Not counted: a Python number in an expression (``x * 2``) is kept by the graph as a 0-dim
-    tensor that never passes through saved-tensor hooks (it is a few bytes).
+    tensor that never passes through saved-tensor hooks (it is a few bytes); a saved sparse or
+    nested tensor, which has no strided storage to ask about (its values are the tensors it was
+    built from), is kept and checked like the others but counted in no figure.
 
     Saved-tensor hooks switch off autograd's check that a saved tensor was not modified in place;
     the meter repeats that check itself, so a step that raises "modified by an inplace
@@ -243,7 +256,11 @@ class SavedTensorMeter:
         return self._hooks is not None
 
     # -- hooks (each constant-time: no loop over entries) -------------------------------------
-    def _pack(self, tensor: torch.Tensor) -> _SavedBox:
+    def _pack(self, tensor: torch.Tensor) -> _SavedBox | _UncountedBox:
+        if tensor.layout != torch.strided:
+            # A sparse or nested tensor has no storage of its own to ask about (reading one raises); its values'
+            # storages are the tensors it was built from. It is kept, checked, and not counted.
+            return _UncountedBox(tensor.detach())
         storage = tensor.untyped_storage()
         # The key is the address of the C++ storage itself: unique among live storages on every
         # device, and valid for as long as a box holds the storage, which is as long as the entry
@@ -262,8 +279,8 @@ class SavedTensorMeter:
         return _SavedBox(tensor.detach(), entry)
 
     @staticmethod
-    def _unpack(box: _SavedBox) -> torch.Tensor:
-        tensor, version, entry = box.tensor, box.version, box.entry
+    def _unpack(box: _SavedBox | _UncountedBox) -> torch.Tensor:
+        tensor, version = box.tensor, box.version
         # With saved-tensor hooks installed, autograd no longer checks whether a saved tensor
         # was modified in place after it was saved; without this check a step that raises
         # "modified by an inplace operation" would run silently inside the meter.
@@ -274,8 +291,8 @@ class SavedTensorMeter:
                 f"expected version {version} instead. (Checked by SavedTensorMeter: its saved-tensor "
                 "hooks replace autograd's own check, which reports the same error without a meter.)"
             )
-        if entry.confirmed:
-            entry.meter._unconfirm(entry)  # the unpacked tensor is a new owner for as long as it lives
+        if type(box) is _SavedBox and box.entry.confirmed:
+            box.entry.meter._unconfirm(box.entry)  # the unpacked tensor is a new owner for as long as it lives
         return tensor
 
     def _unconfirm(self, entry: _StorageEntry) -> None:
