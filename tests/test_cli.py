@@ -447,12 +447,16 @@ for _ in range(4):
 
 @pytest.mark.parametrize(
     ("maxlen", "headline"),
-    [(2, "keeps the last 2 iterations' graphs alive"), (8, "keeps one more iteration's graph alive every iteration")],
+    [
+        (2, "keeps the last 2 iterations' graphs alive"),
+        (8, "keeps up to the last 8 iterations' graphs alive (4 so far)"),
+    ],
 )
 def test_a_deque_of_key_graphs_is_one_note_of_what_it_holds(tmp_path: Path, maxlen: int, headline: str) -> None:
     """A MoCo-style queue as a deque, the keys enqueued with their graphs: with maxlen 2 it was "healthy" (read at
     each pass's first event, the deque had pushed its oldest graph out, so its count never grew), although it
-    holds the last 2 passes' graphs; with maxlen 8 it still grows in the 4 passes watched, and says so."""
+    holds the last 2 passes' graphs; with maxlen 8 it still fills up in the 4 passes watched: it was "one more
+    iteration's graph alive every iteration", "holds them all", where its maxlen keeps at most 8 (the 4 it holds)."""
     (tmp_path / "train.py").write_text(MOCO_DEQUE.replace("MAXLEN", str(maxlen)))
     done = _run(tmp_path, "watch", "train.py")
     assert done.returncode == 0, done.stderr
@@ -460,6 +464,49 @@ def test_a_deque_of_key_graphs_is_one_note_of_what_it_holds(tmp_path: Path, maxl
     assert f"1. `self.queue` {headline}\n" in done.stdout, done.stdout
     assert "train.py:16 | self.queue.append(keys)" in done.stdout, done.stdout
     assert "keep in mind: `self.queue.append(keys.detach())`" in done.stdout, done.stdout
+
+
+RECENT_LOSSES = """
+import collections
+
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+recent = collections.deque(maxlen=3)
+for _ in range(6):
+    optimizer.zero_grad()
+    loss = (model(torch.randn(8, 4)) - torch.randn(8, 1)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    recent.append(loss)
+print("graphs held:", sum(item.grad_fn is not None for item in recent))
+"""
+
+
+@pytest.mark.parametrize(
+    ("iterations", "headline"),
+    [
+        ("2", "keeps up to the last 3 iterations' graphs alive (2 so far)"),
+        ("3", "keeps the last 3 iterations' graphs alive"),
+        ("6", "keeps the last 3 iterations' graphs alive"),
+    ],
+)
+def test_a_deque_not_yet_full_when_the_run_stops_keeps_up_to_its_maxlen(
+    tmp_path: Path, iterations: str, headline: str
+) -> None:
+    """A learner's last losses in ``collections.deque(maxlen=3)``: at ``--iterations 2`` it was "keeps one more
+    iteration's graph alive every iteration ... holds them all", which the deque's maxlen makes false (the bare run
+    holds 3 graphs after 6 passes, not 6); what it holds after 2 passes is 2 graphs."""
+    (tmp_path / "train.py").write_text(RECENT_LOSSES)
+    bare = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bare.stdout == "graphs held: 3\n", bare.stderr
+    done = _run(tmp_path, "watch", "--iterations", iterations, "train.py")
+    assert done.returncode == 0, done.stderr
+    assert f"1. `recent` {headline}\n" in done.stdout, done.stdout
+    assert "holds them until newer ones push them out" in done.stdout, done.stdout
+    assert "holds them all" not in done.stdout, done.stdout
 
 
 WHERE_AM_I = """

@@ -62,6 +62,7 @@ class Note:
     entry: str = ""  # the key, in the items it keeps, of the newest graph (``'logits'`` of a model's outputs kept)
     nested: bool = False  # its items are lists or tuples of tensors (``states_list.append([word, states])``)
     positions: tuple[int, ...] = ()  # ``nested``: the places in an item that held graphs (``(s, a, logp, r)``: 2)
+    so_far: int = 0  # ``bound`` of a deque never full in the run (its maxlen): the iterations' graphs it held last
 
 
 def _updated_in_place(named: NamedGraph | None, grows: bool, recorder: Recorder | None = None) -> bool:
@@ -210,11 +211,19 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
 def _bounded(note: Note, recorder: Recorder, split: Split) -> Note:
     """``note`` as the note of the deque it is (an item of), when that deque was full of graphs of 2 or more
     iterations at once: it keeps the last that many iterations' graphs (the most seen at one read), not one more
-    every iteration; ``note`` as it is otherwise (a deque still filling up grows, as a list does)."""
+    every iteration. A deque never full in the run (``--iterations 2`` of a ``deque(maxlen=3)``) that held one graph
+    of each of its iterations keeps up to its maxlen of them: so its note says, with how many it held at the last
+    start. ``note`` as it is otherwise (a deque that takes several graphs a pass and never filled up grows, as a list
+    does)."""
     queue = _root(note.name)
     reads = recorder.full.get(queue, [])
     last = max((len({split.iteration_of_node(sequence) for sequence in held}) for held in reads), default=0)
-    return dataclasses.replace(note, name=queue, grows=True, reset=False, bound=last) if last > 1 else note
+    if last > 1:
+        return dataclasses.replace(note, name=queue, grows=True, reset=False, bound=last)
+    maxlen, held = recorder.filling.get(queue, (0, frozenset()))
+    if not reads and len({split.iteration_of_node(sequence) for sequence in held}) == len(held) > 1:
+        return dataclasses.replace(note, name=queue, grows=True, reset=False, bound=maxlen, so_far=len(held))
+    return note
 
 
 def _where_it_grows(note: Note, recorder: Recorder) -> Note:

@@ -166,6 +166,8 @@ class Holding(Protocol):
     @property
     def full(self) -> dict[str, list[frozenset[int]]]: ...
     @property
+    def filling(self) -> dict[str, tuple[int, frozenset[int]]]: ...
+    @property
     def key(self) -> str: ...
 
 
@@ -263,6 +265,8 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
         held_under = {name: {s: n for s, n in held.items() if s < built_before} for name, held in held_under.items()}
     note_growth(recorder.growth, held_under or {}, nodes, recorder.key)
     for queue, (maxlen, held) in (bounded or {}).items():
+        if 1 < len(held) < maxlen:  # not full yet (a short run): its maxlen says how many it would hold
+            recorder.filling[queue] = (maxlen, frozenset(held))
         reads = recorder.full.setdefault(queue, []) if len(held) >= maxlen > 1 else None  # one graph: a rebinding
         if reads is not None and len(reads) < _FULL_READS:
             reads.append(frozenset(held))

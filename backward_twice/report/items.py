@@ -394,6 +394,8 @@ def note_item(note: Note) -> Item:
         why = f"no later backward walks them, but {held} {hold} them all{each}"
     elif note.bound:  # a deque full of graphs: each append pushes the oldest out, so it holds these, no more
         label = f"`{note.name}` keeps the last {note.bound} iterations' graphs alive"
+        if note.so_far:  # never full in this run: its maxlen
+            label = f"`{note.name}` keeps up to the last {note.bound} iterations' graphs alive ({note.so_far} so far)"
         why = f"no later backward walks them, but `{note.name}` holds them until newer ones push them out{each}"
     elif note.entries > 1:  # one line builds each entry of a dict: one note, the dict's
         kept = "several iterations' graphs alive at once" if note.reset else "one more iteration's graph alive"
