@@ -155,4 +155,8 @@ LOOPS = [
     "vae_mnist",
     "gat_cora_full_batch",
     "siamese_pairs",
+    "ntm_copy_task_init_sequence",
+    "tent_entropy_adaptation",
+    "mp_pde_pushforward",
+    "tgn_memory_detach",
 ]
