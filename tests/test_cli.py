@@ -509,6 +509,66 @@ def test_a_deque_not_yet_full_when_the_run_stops_keeps_up_to_its_maxlen(
     assert "holds them all" not in done.stdout, done.stdout
 
 
+LOSSES_IN_STATE = """
+import torch
+
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1), "losses": []}
+
+
+def iteration(state):
+    model, opt, losses = state["model"], state["opt"], state["losses"]
+    opt.zero_grad()
+    loss = model(torch.randn(4, 3)).pow(2).mean()
+    loss.backward()
+    losses.append(loss / 4)
+    opt.step()
+
+
+def run(state, iterations=3):
+    for _ in range(iterations):
+        iteration(state)
+
+
+if __name__ == "__main__":
+    run(build())
+"""
+
+
+@pytest.mark.parametrize("iterations", [(), ("--iterations", "2"), ("--iterations", "3")])
+def test_a_list_grown_under_a_functions_own_name_is_named_at_its_append_at_every_run_length(
+    tmp_path: Path, iterations: tuple[str, ...]
+) -> None:
+    """Past the two passes the line tracer follows, the list's newest graph has no logged line: the note named
+    ``def iteration(state):`` with no code ("train.py:11 (losses[1], iteration) |"); and, grown as the function's own
+    ``losses``, the list got the generic fix. The line is iteration 1's twin's, the name the one the line grows."""
+    (tmp_path / "train.py").write_text(LOSSES_IN_STATE)
+    done = _run(tmp_path, "watch", *iterations, "train.py")
+    assert done.returncode == 0, done.stderr
+    assert "1 note (" in done.stdout.splitlines()[0], done.stdout
+    assert "1. `losses` keeps one more iteration's graph alive every iteration\n" in done.stdout, done.stdout
+    assert "train.py:16 | losses.append(loss / 4)\n" in done.stdout, done.stdout
+    assert "keep in mind: `losses.append((loss / 4).item())`, or `(loss / 4).detach()`" in done.stdout, done.stdout
+    assert "(losses[" not in done.stdout, done.stdout
+
+
+def test_a_list_a_caller_names_otherwise_is_one_note_in_process(tmp_path: Path) -> None:
+    """The caller holds the state as ``st``, the loop as ``state``: two notes of one list (``state['losses']`` and
+    ``st['losses']``), where the docs promise one item per graph."""
+    (tmp_path / "losses_in_state.py").write_text(LOSSES_IN_STATE)
+    (tmp_path / "drive.py").write_text(
+        "import backward_twice as bt\nimport losses_in_state as m\n"
+        "st = m.build()\nwith bt.watch() as w:\n    m.run(st)\nprint(w)\n"
+    )
+    done = subprocess.run([sys.executable, "drive.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("backward-twice: 1 note (3 iterations watched)\n"), done.stdout
+    assert "losses_in_state.py:16 | losses.append(loss / 4)\n" in done.stdout, done.stdout
+
+
 WHERE_AM_I = """
 import json
 import sys

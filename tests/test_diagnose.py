@@ -1301,3 +1301,63 @@ def test_every_step_tool_says_when_its_own_judgment_fails_and_raises_nothing_int
     if broken != "steps.audit.audit_report":
         assert carried.verdict() == said and str(carried) == said and not carried.found, str(carried)
     assert diagnosis.verdict == said and not diagnosis.healthy and not diagnosis.items, diagnosis.verdict
+
+
+def _gallery_variant(tmp_path: Path, name: str, *changes: tuple[str, str]) -> Any:
+    """The gallery module ``name`` with each (line as published, lines in its place) changed, imported from
+    ``tmp_path``."""
+    source = (Path(__file__).parent / "gallery" / f"{name}.py").read_text(encoding="utf-8")
+    for published, changed in changes:
+        assert source.count(published + "\n") == 1, published
+        source = source.replace(published + "\n", changed)
+    (tmp_path / f"{name}_variant.py").write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"{name}_variant", tmp_path / f"{name}_variant.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_carried_graph_whose_step_first_meets_a_changed_saved_tensor_gets_the_in_place_error_as_written(
+    tmp_path: Path,
+) -> None:
+    """pyg's TGN without its ``memory.detach()``: the step as written raises PyTorch's in-place error at run 3 (a
+    node its backward runs first saved a tensor since changed in place), before it reaches iteration 1's freed graph.
+    The step tools, which keep every call's buffers to read the walks, raised "backward through the graph a second
+    time" at the freed node instead: the wrong error, and a "why" about buffers the step as written never reaches."""
+    module = _gallery_variant(tmp_path, "tgn_memory_detach", ("    memory.detach()  # @detach", ""))
+    step = module.step_function(module.build())
+    with pytest.raises(RuntimeError) as as_written:
+        for _ in range(3):
+            step()
+    assert "modified by an inplace operation" in str(as_written.value)
+    for tool in (diagnose, find_carried_graph, audit_retain_graph):
+        state = module.build()
+        models = [value for value in state.values() if isinstance(value, nn.Module)]
+        optimizers = [value for value in state.values() if isinstance(value, torch.optim.Optimizer)]
+        report = str(tool(module.step_function(state), models=models, optimizers=optimizers))
+        assert "second time" not in report, report
+        if tool is not audit_retain_graph:  # the audit's two runs end before run 3
+            assert "modified by an inplace operation" in report, report
+
+
+def test_a_tuple_carried_into_the_next_iteration_is_no_note_as_well(tmp_path: Path) -> None:
+    """pytorch-ntm's copy task with ``net.init_sequence`` called once, before the loop: diagnose's item 1 was the
+    carried ``previous_state`` (its items), and a note said the same tuple holds graphs no later backward walks."""
+    once = "    net.init_sequence(2)\n    return {"
+    module = _gallery_variant(
+        tmp_path,
+        "ntm_copy_task_init_sequence",
+        ("    net.init_sequence(batch_size)  # @init_sequence", ""),
+        (
+            '    return {"net": net, "criterion": nn.BCELoss(), "optimizer": optimizer, "loader": loader, "batch": 0,',
+            once + '"net": net, "criterion": nn.BCELoss(), "optimizer": optimizer, "loader": loader, "batch": 0,\n',
+        ),
+    )
+    state = module.build()
+    models = [value for value in state.values() if isinstance(value, nn.Module)]
+    optimizers = [value for value in state.values() if isinstance(value, torch.optim.Optimizer)]
+    report = str(diagnose(module.step_function(state), models=models, optimizers=optimizers))
+    assert "`state['net'].previous_state` carries iteration 1's graph into iteration 2" in report, report
+    assert "no later backward walks them" not in report, report
+    assert "note" not in report.splitlines()[0], report

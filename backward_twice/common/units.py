@@ -1,8 +1,8 @@
-"""Byte counts as every report and notebook prints them."""
+"""Byte counts as every report and notebook prints them, and counts of things as the reports print them."""
 
 from __future__ import annotations
 
-__all__ = ["format_bytes"]
+__all__ = ["format_bytes", "plural"]
 
 
 def format_bytes(n: int) -> str:
@@ -18,3 +18,8 @@ def format_bytes(n: int) -> str:
         if value < 1024 or unit == "GiB":
             return f"{value:.1f} {unit}"
     raise AssertionError("unreachable")
+
+
+def plural(count: int, word: str) -> str:
+    """``plural(2, "note")`` -> ``'2 notes'``; ``plural(1, "note")`` -> ``'1 note'``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"

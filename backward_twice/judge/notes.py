@@ -8,7 +8,7 @@ note says it does not grow. A deque with a maxlen that was full of graphs (a mem
 last few iterations' graphs, no more: its note says how many, in every way in (a watch reads it after a pass's own
 append has pushed the oldest out, diagnose before), and never that it grows every iteration.
 
-Used by :mod:`backward_twice.judge.verdicts` and :mod:`backward_twice.report.items`.
+Used by :mod:`backward_twice.judge.verdicts`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from backward_twice.judge.built import built_line
 from backward_twice.judge.fed import fed_line
+from backward_twice.judge.grows_at import either_quote, growing_line, local_alias
 from backward_twice.judge.twins import twin_in_iteration_1
 from backward_twice.record.held import HeldGraph, item_of
 from backward_twice.record.in_place import in_place_statement
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from backward_twice.record.names import NamedGraph
     from backward_twice.record.recorder import Recorder
 
-__all__ = ["Note", "assigned_line", "growing_line", "notes"]
+__all__ = ["Note", "notes"]
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         named = recorder.names.get(grown.newest)
         if grown.grew and named is not None and not _below_a_submodule(name):
             built = split.iteration_of_node(grown.newest)
-            line = built_line(named, built == 0, recorder)
+            line = built_line(_logged(named, recorder, split), built == 0, recorder)
             grower = _container(grown.newest_name or named.name, name)
             item = (grown.newest_name or named.name)[len(grower) :]  # ``[7]``, ``[7]['logits']``, ``[7][1]``
             keys = re.match(r"\[\d+\](\['[^\]]*'\])", item)  # an item's entry: a dict's
@@ -168,10 +169,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
     from_before: set[str] = set()  # names whose note's line is where their graph began, before the loop
     for holder, sequence, built, held_graph, spans in held:
         grows = _root(holder) in growing or spans > 1
-        named = recorder.names[sequence]
-        twin = twin_in_iteration_1(recorder, split, sequence) if recorder.creation.line_of(sequence) is None else None
-        if twin is not None and recorder.creation.line_of(twin) is not None:  # past the traced passes: iteration
-            named = dataclasses.replace(named, sequence=twin)  # 1's node at the same place has its line logged
+        named = _logged(recorder.names[sequence], recorder, split)
         line = built_line(named, built == 0, recorder)
         parameter = _updated_in_place(named, grows, recorder)
         one = _one_element(named.shape)
@@ -208,6 +206,19 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
     return list(merged.values())
 
 
+def _logged(named: NamedGraph, recorder: Recorder, split: Split) -> NamedGraph:
+    """``named``, or, for a node built past the traced passes (the tracer follows two), its twin: iteration 1's node
+    at the same place, whose line the tracer logged (the newest of a growing list's graphs, ``losses[2]``)."""
+    twin = (
+        twin_in_iteration_1(recorder, split, named.sequence)
+        if recorder.creation.line_of(named.sequence) is None
+        else None
+    )
+    if twin is not None and recorder.creation.line_of(twin) is not None:
+        return dataclasses.replace(named, sequence=twin)
+    return named
+
+
 def _bounded(note: Note, recorder: Recorder, split: Split) -> Note:
     """``note`` as the note of the deque it is (an item of), when that deque was full of graphs of 2 or more
     iterations at once: it keeps the last that many iterations' graphs (the most seen at one read), not one more
@@ -241,9 +252,14 @@ def _where_it_grows(note: Note, recorder: Recorder) -> Note:
     ]
     for found in placed:
         line = growing_line(found.name, found.grows_in, found.ran) if found.grows_in else None
-        spelled = re.search(_either_quote(found.name), line[1]) if line is not None else None
+        spelled = re.search(either_quote(found.name), line[1]) if line is not None else None
         if spelled is not None:  # as the line spells its keys (``self.totals["critic"]``)
             return dataclasses.replace(found, name=spelled.group(0))
+    for found in placed:  # grown under a function's own name for it (``losses = state["losses"]``)
+        at = built[1] if built is not None and built[0] == found.grows_in and not note.parameter else None
+        alias = local_alias(found.name, found.grows_in, at) if found.grows_in and at is not None else None
+        if alias is not None:
+            return dataclasses.replace(found, name=alias)
     return placed[-1] if placed else note
 
 
@@ -432,65 +448,3 @@ def _below_a_submodule(name: str) -> bool:
     """``model.block.loss`` (an attribute two levels below what the loop holds), not ``model.hidden`` nor
     ``ema.shadow['0.weight']`` (a key's dots are no attributes)."""
     return re.sub(r"\[[^\]]*\]", "", re.sub(r"^\w+", "", name)).count(".") > 1
-
-
-def _either_quote(name: str) -> str:
-    """A pattern of ``name`` whose keys may be quoted either way (``self.totals["critic"]`` for
-    ``self.totals['critic']``)."""
-    return "".join("['\"]" if char in "'\"" else re.escape(char) for char in name)
-
-
-def assigned_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -> tuple[int, str] | None:
-    """The last line of ``filename`` that assigns ``name`` a new value (``self.best = self.total``), of those that ran
-    while traced when any did: where a name no line grows takes the graphs it holds."""
-    pattern = re.compile(rf"(?<![\w.]){_either_quote(name)}\s*=(?!=)")
-    lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)
-    found = [(number, code.strip()) for number, code in lines if pattern.search(code)]
-    found = [candidate for candidate in found if _reads_a_value(candidate[1])]  # not its start value (``Tracker()``)
-    if any(number in ran for number, _ in found):
-        found = [candidate for candidate in found if candidate[0] in ran]
-    return found[-1] if found else None
-
-
-def _reads_a_value(code: str) -> bool:
-    """Whether the assignment ``code`` gives its target a value read from a name (``self.best = min(self.best,
-    self.total)``), not one it makes (``self.best = torch.tensor(float("inf"))``)."""
-    try:
-        statement = ast.parse(code).body[0]
-    except (SyntaxError, IndexError):
-        return False
-    if not isinstance(statement, ast.Assign):
-        return False
-    called = {id(node.func) for node in ast.walk(statement.value) if isinstance(node, ast.Call)}
-    modules = {id(node.value) for node in ast.walk(statement.value) if isinstance(node, ast.Attribute)}
-    return any(
-        isinstance(node, ast.Name) and id(node) not in called and id(node) not in modules
-        for node in ast.walk(statement.value)
-    ) or any(isinstance(node, ast.Attribute) and id(node) not in called for node in ast.walk(statement.value))
-
-
-def growing_line(
-    name: str, filename: str, ran: frozenset[int] = frozenset()
-) -> tuple[int, str, str | None, str] | None:
-    """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``bank.appendleft(k)``,
-    ``losses.append(outputs.loss)``, ``history += [loss]``, ``cache[key] = out``, ``total = total + loss``), with
-    what it appends when that is a name or an attribute and the method that appends it; one that appends a number
-    (``history.append(loss.item())``, a baseline before the loop) only if no other line grows it, one that appends no
-    name (a fill before the loop: ``bank.appendleft(F.normalize(torch.randn(4, 4)))``) only if no line appends one."""
-    spelled = _either_quote(name)
-    pattern = re.compile(
-        rf"(?<![\w.]){spelled}\s*(\.(append|appendleft)\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.appendleft\("
-        rf"|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=|=(?!=)[^#]*?(?:[-+*]\s*{spelled}(?![\w.(\[])"
-        rf"|(?<![\w.]){spelled}\s*[-+*]))"
-    )
-    lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)  # a comment quoting it: no
-    found = [
-        (number, code.strip(), match.group(3), match.group(2) or "append")
-        for number, code in lines
-        if (match := pattern.search(code))
-    ]
-    if any(number in ran for number, _, _, _ in found):  # a branch that never ran is not where it grows
-        found = [candidate for candidate in found if candidate[0] in ran]
-    tensors = [f for f in found if not re.search(r"\.(item|tolist)\(\)|\bfloat\(", f[1])] or found[:1]
-    named = [f for f in tensors if f[2]]  # a name appended (``bank.appendleft(k)``), not a fill before the loop
-    return (named or tensors)[0] if tensors else None

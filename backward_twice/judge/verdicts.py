@@ -15,7 +15,7 @@
 
 Used by :mod:`backward_twice.judge.failsafe`, :mod:`backward_twice.report.error_item`,
 :mod:`backward_twice.report.items`, :mod:`backward_twice.report.rendering`, :mod:`backward_twice.steps.audit`,
-:mod:`backward_twice.steps.diagnose`, :mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.
+:mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from backward_twice.common.error_kinds import error_kind
-from backward_twice.common.units import format_bytes
+from backward_twice.common.units import format_bytes, plural
 from backward_twice.judge.carried import CarriedFinding, carried_findings, rebound_each_pass
 from backward_twice.judge.errors_fix import needed_by_the_detached, needed_by_the_stale
 from backward_twice.judge.fixes import ERROR_FIXES
@@ -63,7 +63,6 @@ __all__ = [
     "Note",
     "Verdicts",
     "judge",
-    "plural",
 ]
 
 CREATE_GRAPH_NOTE = "create_graph=True: builds a graph of the gradient; not a retain that can go"
@@ -228,16 +227,13 @@ def _build_each_item_inside(finding: CarriedFinding) -> str:
 
 
 def _one_of(name: str, names: set[str]) -> bool:
-    """Whether ``name`` is one of ``names``, or, spelled from inside a method (``self.features``, as the line that
-    grows it spells it), the same attribute of an object one of ``names`` spells from outside (``saver.features``)."""
-    if name in names:
+    """Whether ``name`` is one of ``names`` or holds one as an item (``state`` of ``state[1][0]``), or, spelled from
+    inside a method (``self.features``, as the line that grows it spells it), the same attribute of an object one of
+    ``names`` spells from outside (``saver.features``)."""
+    if name in names or any(other.startswith(f"{name}[") for other in names):
         return True
     inside = re.fullmatch(r"self(\..+)", name)
     return inside is not None and any(re.fullmatch(rf"\w+{re.escape(inside.group(1))}", other) for other in names)
-
-
-def plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def _same_iteration(split: Split, index: int, later: int) -> bool:

@@ -8,7 +8,9 @@
 * :func:`python_walk`: every node a graph reaches from some roots, over ``next_functions``;
 * :func:`weights_under`, :func:`weights_past`: the weights a graph trains, and those it still trains with the graphs
   built before a point cut off;
-* :func:`grad_fn_of`: a tensor's ``grad_fn``, or None where PyTorch refuses the read.
+* :func:`grad_fn_of`: a tensor's ``grad_fn``, or None where PyTorch refuses the read;
+* :func:`changed_in_place`: whether a node's backward would raise PyTorch's in-place error (the one read that
+  unpacks, which is where PyTorch checks a saved tensor's version).
 
 Used by :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.names`,
 :mod:`backward_twice.record.objects`, :mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.stale_step`,
@@ -27,6 +29,7 @@ import torch
 from torch.autograd.graph import Node
 
 __all__ = [
+    "changed_in_place",
     "grad_fn_of",
     "graph_only_bytes",
     "has_saved_data",
@@ -91,6 +94,23 @@ def has_saved_data(node: Node) -> bool:
         return any(data is not None for data in _saved_items(node))
     except _Freed:
         return False
+
+
+def changed_in_place(node: Node) -> bool:
+    """Whether a tensor ``node`` saved was changed in place since: unpacking it raises PyTorch's "modified by an
+    inplace operation", as ``node``'s backward would (a node whose buffers were freed tells nothing: False)."""
+    for name in _raw_names(type(node)):
+        short = name[len("_raw_saved_") :]
+        try:  # a custom Function's are its ``saved_tensors``
+            getattr(node, "_saved_" + short) if hasattr(type(node), "_saved_" + short) else getattr(
+                node, "saved_" + short
+            )
+        except RuntimeError as error:
+            if "modified by an inplace operation" in str(error):
+                return True
+        except Exception:  # a slot PyTorch does not unpack for Python (an optional list): nothing to tell
+            continue
+    return False
 
 
 def saves_tensors(node: Node) -> bool:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch.autograd.graph import Node
 
-from backward_twice.record.saved import has_saved_data, python_walk, saves_tensors
+from backward_twice.record.saved import changed_in_place, has_saved_data, python_walk, saves_tensors
 
 __all__ = [
     "RAISES_AT_THE_CALL",
@@ -175,7 +175,9 @@ def stamp_walk(
         if not kept_then and call.first_freed is None and (not keep_buffers or has_saved_data(node)):
             position = next(i for i, walked in enumerate(order) if walked is node)
             call.first_freed = FreedEarlier(position, earlier)
-            if keep_buffers:
+            # as written, a node the engine runs first whose saved tensor was changed in place raises PyTorch's
+            # in-place error before this one is reached: with its buffers kept, the engine raises it itself
+            if keep_buffers and not any(changed_in_place(before) for before in order[:position]):
                 metadata[key] = stamp  # as written the engine stops here: this call walks it no further
                 call.walked = position + 1 - leaves
                 call.frontier = _frontier(order, boundary) if call.old else ()

@@ -17,12 +17,12 @@ import linecache
 import re
 from dataclasses import dataclass
 
-from backward_twice.common.units import format_bytes
+from backward_twice.common.units import format_bytes, plural
 from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fed import fed_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list, read_as_a_tensor
-from backward_twice.judge.notes import assigned_line, growing_line
-from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note, plural
+from backward_twice.judge.grows_at import assigned_line, growing_line
+from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note
 from backward_twice.record.learner import place as place_of
 
 __all__ = [

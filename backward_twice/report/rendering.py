@@ -22,7 +22,7 @@ import unicodedata
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from backward_twice.common.units import format_bytes
+from backward_twice.common.units import format_bytes, plural
 from backward_twice.judge.fixes import one_graph_before_the_loop
 from backward_twice.judge.verdicts import (
     GOES_WITH_CARRIED,
@@ -30,7 +30,6 @@ from backward_twice.judge.verdicts import (
     CarriedFinding,
     Note,
     Verdicts,
-    plural,
 )
 from backward_twice.report.error_item import error_item
 from backward_twice.report.items import (

@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
+from backward_twice.common.units import plural
 from backward_twice.judge.failsafe import could_not_judge
-from backward_twice.judge.verdicts import plural
 from backward_twice.report.rendering import Item, Report, build_report, render_html, render_text
 from backward_twice.steps.audit import RetainAudit, audit_report
 from backward_twice.steps.carried import CarriedGraphReport, carried_report
