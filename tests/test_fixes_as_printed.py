@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 import runpy
+import sys
 import textwrap
 from pathlib import Path
 
@@ -2508,3 +2509,97 @@ def test_a_distribution_a_function_builds_once_before_the_loop_is_built_inside_i
         "    optimizer.zero_grad()\n", "    optimizer.zero_grad()\n    pi = make_pi(p)\n"
     )
     _run(moved, tmp_path / "moved.py")
+
+
+# lab-cosmo/torch-pme#62 ("Caching destroys computational graph"): a calculator caches its k-vectors, computed from
+# ``cell`` with their graph, and computes them again only when the cell's values change; each pass builds a fresh
+# ``cell`` that needs a gradient, with the same values.
+CACHED_ON_SELF = """
+import torch
+from torch import nn
+
+
+class Calculator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3))
+        self._cell_cache = None
+        self._kvectors = None
+
+    def forward(self, positions, cell):
+        if self._cell_cache is None or not torch.allclose(cell, self._cell_cache):
+            self._kvectors = torch.linalg.inv(cell).T * self.scale
+            self._cell_cache = cell.detach().clone()
+        return torch.cos(positions @ self._kvectors).sum() / torch.det(cell)
+
+
+torch.manual_seed(0)
+calculator = Calculator()
+optimizer = torch.optim.SGD(calculator.parameters(), lr=0.01)
+cell_grads = []
+for _ in range(3):
+    positions = torch.rand(5, 3, requires_grad=True)
+    cell = (5 * torch.eye(3)).requires_grad_()
+    optimizer.zero_grad()
+    calculator(positions, cell).backward()
+    optimizer.step()
+    cell_grads.append(cell.grad)
+    # END OF ITERATION
+"""
+
+
+def test_a_value_a_method_caches_with_its_graph_is_computed_every_call_not_detached(tmp_path: Path) -> None:
+    """The watch named ``self._kvectors`` (no ``self`` where the loop runs: a NameError as printed) with "add
+    `self._kvectors = self._kvectors.detach()` at the end of each iteration"; in a watch around an imported loop, the
+    carrier was ``positions``, built fresh each pass. The truth, without the tool: the loop with the cache's ``if``
+    always true is the calculator as it should be; detaching the cached value runs but gives another pass's ``cell``
+    no gradient through it (``cell.grad`` differs from pass 2 on). The fix as printed, computing the line every
+    call, trains as that."""
+    guard = "        if self._cell_cache is None or not torch.allclose(cell, self._cell_cache):"
+    assert CACHED_ON_SELF.count(guard) == 1
+    uncached = _run(CACHED_ON_SELF.replace(guard, "        if True:"), tmp_path / "uncached.py")
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _run(CACHED_ON_SELF, tmp_path / "as_written.py")
+    detached = _run(
+        CACHED_ON_SELF.replace("    # END OF ITERATION", "    calculator._kvectors = calculator._kvectors.detach()"),
+        tmp_path / "detached.py",
+    )
+    assert not torch.allclose(detached["cell_grads"][1], uncached["cell_grads"][1])
+    [item] = [item for item in _items_watched(CACHED_ON_SELF, tmp_path / "watched.py") if item.kind == "carried"]
+    assert item.label.startswith("`calculator._kvectors` carries iteration 1's graph"), item.label
+    line = 3 + next(
+        i for i, text in enumerate(CACHED_ON_SELF.strip("\n").split("\n"), 1) if "self._kvectors = torch" in text
+    )
+    assert item.fix == (
+        f"compute line {line} on every call (the `if` at line {line - 1} skips it once `self._cell_cache` is set): "
+        "each later pass reuses the graph of the pass that computed it"
+    ), item.fix
+    fixed = _run(CACHED_ON_SELF.replace(guard, "        if True:"), tmp_path / "fixed.py")  # the line, every call
+    assert all(torch.equal(a, b) for a, b in zip(fixed["cell_grads"], uncached["cell_grads"], strict=True))
+
+
+def test_a_value_cached_on_a_module_imported_from_another_file_is_named_there_not_by_a_fresh_input(
+    tmp_path: Path,
+) -> None:
+    """The same loop in a module the learner imports, run under ``watch()`` from another file: the carrier was
+    ``positions`` ("add `positions = positions.detach()` before line N", which still raises), a tensor each pass
+    builds afresh. The names walk had read the module's attributes once, while ``self._kvectors`` was still None,
+    and never looked at it again; and the error's evidence took the nearest name in the engine's order, which does
+    not lead to the freed graph."""
+    head, loop = CACHED_ON_SELF.split("torch.manual_seed(0)\n")
+    module = head + "def train():\n" + textwrap.indent("torch.manual_seed(0)\n" + loop, "    ")
+    (tmp_path / "pme_like.py").write_text(module)
+    (tmp_path / "driver.py").write_text(
+        "import sys\nsys.path.insert(0, sys.argv[1])\nimport pme_like\nfrom backward_twice.watcher import watch\n"
+        "try:\n    with watch() as w:\n        pme_like.train()\nexcept RuntimeError:\n    pass\n"
+    )
+    saved = sys.argv
+    sys.argv = ["driver.py", str(tmp_path)]
+    try:
+        report = runpy.run_path(str(tmp_path / "driver.py"))["w"].report
+    finally:
+        sys.argv = saved
+        sys.modules.pop("pme_like", None)
+    [item] = [item for item in report.items if item.kind == "carried"]
+    assert item.label.startswith("`calculator._kvectors` carries iteration 1's graph"), item.label
+    assert "positions" not in item.fix, item.fix

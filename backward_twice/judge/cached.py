@@ -1,7 +1,13 @@
-"""A graph cached on an object built once before the loop: ``pi = Bernoulli(p)`` computes ``pi.logits`` at its first
-``pi.log_prob(...)`` and keeps it (torch.distributions' lazy attributes), so every later pass walks the first pass's
-graph (pytorch/pytorch#11192). Neither computing the attribute again (the object gives back what it cached) nor
-detaching it (the loss may train through nothing else) is the fix: the object is built inside the loop.
+"""A graph cached, so that every later pass walks the graph of the pass that computed it:
+
+* on an object built once before the loop: ``pi = Bernoulli(p)`` computes ``pi.logits`` at its first
+  ``pi.log_prob(...)`` and keeps it (torch.distributions' lazy attributes; pytorch/pytorch#11192). Neither computing
+  the attribute again (the object gives back what it cached) nor detaching it (the loss may train through nothing
+  else) is the fix: the object is built inside the loop;
+* by a method of the learner's, under an ``if`` that skips it once its cache is set (``if self._cell_cache is None
+  or not torch.allclose(cell, self._cell_cache): self._kvectors = ...``; lab-cosmo/torch-pme#62): detaching it keeps
+  the pass's gradient from flowing through this pass's inputs (a fresh ``cell`` each pass); the fix computes it on
+  every call.
 
 Used by :mod:`backward_twice.judge.carried`.
 """
@@ -9,6 +15,7 @@ Used by :mod:`backward_twice.judge.carried`.
 from __future__ import annotations
 
 import ast
+import re
 
 import torch
 
@@ -23,7 +30,12 @@ def cached_on_an_object_fix(name: str | None, built_at: str) -> str | None:
     """For ``holder.attribute`` (``name``), first computed at ``built_at``: where no line of the file assigns that
     attribute, and ``holder`` is assigned once in the code around ``built_at``, outside any loop and before the loop
     that holds ``built_at``, by a call of a torch.distributions class (or of a function of the file that returns
-    one), the fix that moves that assignment into the loop; None otherwise."""
+    one), the fix that moves that assignment into the loop; where ``built_at`` assigns ``self.attribute`` under an
+    ``if`` that skips it once a cache is set (:func:`_guarded_cache_fix`), the fix that computes it every call; None
+    otherwise."""
+    guarded = _guarded_cache_fix(name, built_at)
+    if guarded is not None:
+        return guarded
     site = site_of(built_at)
     holder, _, attribute = (name or "").partition(".")
     tree = parsed(site[0]) if site is not None and holder.isidentifier() and attribute.isidentifier() else None
@@ -87,3 +99,46 @@ def _assigned_anywhere(tree: ast.AST, attribute: str) -> bool:
         if any(isinstance(target, ast.Attribute) and target.attr == attribute for target in targets):
             return True
     return False
+
+
+def _guarded_cache_fix(name: str | None, built_at: str) -> str | None:
+    """Where ``built_at`` assigns ``self.<the attribute name ends in>`` in the body of an ``if`` whose test reads an
+    attribute of ``self`` that body assigns (the cache's key, or the attribute itself: ``if self._kvectors is None``),
+    the fix that computes that line on every call; None otherwise."""
+    site = site_of(built_at)
+    attribute = re.search(r"\.(\w+)$", name or "")
+    tree = parsed(site[0]) if site is not None and attribute is not None else None
+    if tree is None or site is None or attribute is None:
+        return None
+    guards = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and any(_assigns_self(statement, attribute.group(1)) and statement.lineno == site[1] for statement in node.body)
+    ]
+    for guard in guards:
+        read = {n.attr for n in ast.walk(guard.test) if isinstance(n, ast.Attribute) and _on_self(n)}
+        assigned = {
+            target.attr
+            for statement in guard.body
+            if isinstance(statement, ast.Assign)
+            for target in statement.targets
+            if isinstance(target, ast.Attribute) and _on_self(target)
+        }
+        keys = sorted(read & assigned)
+        if keys:
+            return (
+                f"compute line {site[1]} on every call (the `if` at line {guard.lineno} skips it once "
+                f"`self.{keys[0]}` is set): each later pass reuses the graph of the pass that computed it"
+            )
+    return None
+
+
+def _assigns_self(statement: ast.stmt, attribute: str) -> bool:
+    """Whether ``statement`` assigns ``self.<attribute>``."""
+    targets = statement.targets if isinstance(statement, ast.Assign) else []
+    return any(isinstance(t, ast.Attribute) and t.attr == attribute and _on_self(t) for t in targets)
+
+
+def _on_self(node: ast.Attribute) -> bool:
+    return isinstance(node.value, ast.Name) and node.value.id == "self"

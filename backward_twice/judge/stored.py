@@ -126,7 +126,8 @@ def as_the_line_names_it(name: str | None, built_at: str) -> str | None:
     """A name found only through a framework's private attributes (``trainer._accelerator_connector.strategy._model.h``
     under PyTorch Lightning), as the learner's own line that built it names it (``self.h``, when that line is
     ``self.h = self.rnn(x, self.h)``): the attribute the line assigns on ``self`` is the one the name ends in."""
-    if name is None or not any(part.startswith("_") for part in re.split(r"[.\[]", name)):
+    path = re.sub(r"(\.\w+)((?:\[[^\]]*\])*)$", "", name) if name is not None else ""  # a private attribute of its
+    if name is None or not any(part.startswith("_") for part in re.split(r"[.\[]", path)):  # own is the learner's
         return name
     code = built_at.split(": ", 1)[-1]
     targets = re.split(r"(?<![=!<>])(?:\+|-|\*|/)?=(?!=)", code, maxsplit=1)

@@ -277,7 +277,10 @@ def _through(
     held_now = {n.name for n in live.values()}
     stale: NamedGraph | None = None
     stale_at = position
+    reaching = _reaching(walked, position)
     for index in range(position, -1, -1):
+        if index not in reaching:  # run before it, off its way: a name of this pass's own (``positions``)
+            continue
         sequence = walked[index]._sequence_nr()
         named = live.get(sequence)
         if named is not None and (stale is None or (index > 0 and any(c in named.name for c in ".["))):
@@ -288,6 +291,18 @@ def _through(
         if stale is None and kept is not None:
             stale, stale_at = kept, index
     return (stale, False, stale_at) if stale is not None else (None, False, position)
+
+
+def _reaching(walked: list[Node], position: int) -> set[int]:
+    """The positions in ``walked`` (the engine's order: a node before those it leads to) of the nodes whose graph
+    reaches ``walked[position]``, that one included."""
+    reaching = {position}
+    ways = {id(walked[position])}
+    for index in range(position - 1, -1, -1):
+        if any(next_node is not None and id(next_node) in ways for next_node, _ in walked[index].next_functions):
+            reaching.add(index)
+            ways.add(id(walked[index]))
+    return reaching
 
 
 _MAX_KEPT_READ = 256  # as walks lists them: past it the list was cut, and no claim is made that a detach frees all

@@ -200,6 +200,12 @@ class _Tree:
 _trees: weakref.WeakKeyDictionary[torch.nn.Module, _Tree] = weakref.WeakKeyDictionary()
 
 
+# What every module's ``__dict__`` holds from ``nn.Module.__init__`` (``_compiled_call_impl``, None until compiled)
+_MODULES_OWN = frozenset(("training", "_compiled_call_impl")) | frozenset(
+    name for name in getattr(torch.nn.Module, "__annotations__", {}) if name.startswith("_")
+)
+
+
 def _keys(module: torch.nn.Module) -> tuple[str, ...]:
     """Which of a module's own attributes can hold a tensor with a graph, read once per size of its ``__dict__``."""
     attributes = module.__dict__
@@ -214,6 +220,8 @@ def _keys(module: torch.nn.Module) -> tuple[str, ...]:
             # (``self.running_loss = 0``, then ``+= loss``: the size of ``__dict__`` stays)
             or ((isinstance(v, (tuple, list, collections.deque)) or v is None) and not k.startswith("_"))
             or (own and type(v) in (int, float, dict) and not k.startswith("_"))  # an EMA's ``self.shadow = {}``
+            # a learner's private cache, None until a forward fills it (``self._kvectors``): the size stays
+            or (own and v is None and k not in _MODULES_OWN)
         )
         cached = _tensor_keys[module] = (len(attributes), keys)
     return cached[1]
