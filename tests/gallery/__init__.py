@@ -159,4 +159,8 @@ LOOPS = [
     "tent_entropy_adaptation",
     "mp_pde_pushforward",
     "tgn_memory_detach",
+    "minrf_rectified_flow",
+    "pixelcnn_masked_conv",
+    "realnvp_2d_moons",
+    "consistency_training_ema",
 ]
