@@ -232,6 +232,7 @@ def verdicts_json(v: Verdicts) -> dict[str, Any]:
             }
             for n in v.notes
         ],
+        "inside": {"calls": v.inside[0], "first": v.inside[1]},  # backward calls inside another backward, unjudged
     }
 
 

@@ -569,6 +569,126 @@ def test_a_list_a_caller_names_otherwise_is_one_note_in_process(tmp_path: Path) 
     assert "losses_in_state.py:16 | losses.append(loss / 4)\n" in done.stdout, done.stdout
 
 
+IMPLICIT_BACKWARD = """
+import torch
+
+torch.manual_seed(0)
+layer = torch.nn.Linear(3, 3)
+optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+for _ in range(3):
+    x = torch.randn(4, 3)
+    z = torch.tanh(layer(x))
+    z0 = z.clone().detach().requires_grad_()
+    f0 = torch.tanh(layer(z0))
+
+    def backward_hook(grad):
+        for _ in range(2):
+            grad = torch.autograd.grad(f0, z0, grad, retain_graph=RETAIN)[0] + grad
+        return grad
+
+    z.register_hook(backward_hook)
+    loss = z.pow(2).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_backward_calls_inside_a_backwards_hook_are_counted_and_said_unjudged(tmp_path: Path) -> None:
+    """A Deep Equilibrium model's implicit backward: a tensor hook runs ``autograd.grad(f0, z0, y,
+    retain_graph=True)`` once per solver step. The recorder passes such calls through unjudged, and the report said
+    "no retain_graph=True to drop" as if it had judged that one; its retain is needed (without it the second solver
+    step raises). The headline now says how many calls it passed and where the first is."""
+    (tmp_path / "without.py").write_text(IMPLICIT_BACKWARD.replace("RETAIN", "False"))
+    bare = subprocess.run([sys.executable, "without.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "backward through the graph a second time" in bare.stderr, bare.stderr
+    (tmp_path / "deq.py").write_text(IMPLICIT_BACKWARD.replace("RETAIN", "True"))
+    done = _run(tmp_path, "watch", "--json", "report.json", "deq.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        "backward-twice: healthy (3 iterations watched, 3 backward calls, nothing carried, no retain_graph=True to "
+        "drop; 6 backward calls inside another backward (line 15) not judged)\n"
+    ), done.stdout
+    inside = json.loads((tmp_path / "report.json").read_text())["inside"]
+    assert inside["calls"] == 6 and inside["first"].startswith("deq.py:15: grad = torch.autograd.grad("), inside
+
+
+LOSSES_PER_EPOCH = """\"\"\"Keeps each epoch's losses for its mean: epoch_losses.append(loss) in the loop below.\"\"\"
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+epoch_losses = []
+for epoch in range(2):
+    for _ in range(4):
+        optimizer.zero_grad()
+        loss = model(torch.randn(2, 3)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        epoch_losses.append(loss)
+    print("epoch mean", round(torch.stack(epoch_losses).mean().item(), 4), len(epoch_losses))
+    epoch_losses.clear()
+"""
+
+
+@pytest.mark.parametrize(
+    ("iterations", "headline", "why"),
+    [
+        ("2", "keeps one more iteration's graph alive every iteration", "holds them all"),
+        ("6", "keeps several iterations' graphs alive at once", "holds them until the loop resets it"),
+        ("8", "keeps several iterations' graphs alive at once", "holds them until the loop resets it"),
+    ],
+)
+def test_a_list_cleared_each_epoch_is_named_at_its_append_and_said_to_be_reset(
+    tmp_path: Path, iterations: str, headline: str, why: str
+) -> None:
+    """The note named line 1, the module's docstring that quotes ``epoch_losses.append(loss)`` (h69a); and once
+    the list had been cleared at an epoch's end it still "holds them all", where the bare run shows it holds one
+    epoch's graphs at most (4, then 4)."""
+    (tmp_path / "train.py").write_text(LOSSES_PER_EPOCH)
+    bare = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert [line.split()[-1] for line in bare.stdout.splitlines()] == ["4", "4"], bare.stderr
+    done = _run(tmp_path, "watch", "--iterations", iterations, "train.py")
+    assert done.returncode == 0, done.stderr
+    assert f"1. `epoch_losses` {headline}\n" in done.stdout, done.stdout
+    assert "train.py:14 | epoch_losses.append(loss)\n" in done.stdout, done.stdout
+    assert f"but `epoch_losses` {why}" in done.stdout, done.stdout
+
+
+TWO_LISTS_IN_ONE_DICT = """
+import torch
+
+torch.manual_seed(0)
+encoder, head = torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD([*encoder.parameters(), *head.parameters()], lr=0.1)
+history = {"parts": [], "totals": []}
+for _ in range(6):
+    optimizer.zero_grad()
+    h = encoder(torch.randn(8, 4))
+    reconstruction, penalty = head(h).pow(2).mean(), h.pow(2).mean() * 0.01
+    (reconstruction + penalty).backward()
+    optimizer.step()
+    history["parts"].extend([reconstruction / 2, penalty / 2])
+    history["totals"] += [reconstruction + penalty]
+print("graphs held", *(sum(t.grad_fn is not None for t in kept) for kept in history.values()))
+"""
+
+
+def test_two_lists_of_one_dict_that_both_grow_are_two_notes(tmp_path: Path) -> None:
+    """A dict of two lists, both given tensors with their graphs each pass (h69c): only the list of the newest
+    graph was a note; the other showed only once that one was fixed. The bare run holds 12 and 6 graphs."""
+    (tmp_path / "train.py").write_text(TWO_LISTS_IN_ONE_DICT)
+    bare = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bare.stdout == "graphs held 12 6\n", bare.stderr
+    done = _run(tmp_path, "watch", "train.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("graphs held 12 6\nbackward-twice: 2 notes (6 iterations watched)\n"), done.stdout
+    assert '`history["totals"]` keeps one more iteration\'s graph alive every iteration' in done.stdout, done.stdout
+    assert '`history["parts"]` keeps one more iteration\'s graph alive every iteration' in done.stdout, done.stdout
+    assert 'train.py:14 | history["parts"].extend([reconstruction / 2, penalty / 2])' in done.stdout, done.stdout
+
+
 WHERE_AM_I = """
 import json
 import sys

@@ -1361,3 +1361,19 @@ def test_a_tuple_carried_into_the_next_iteration_is_no_note_as_well(tmp_path: Pa
     assert "`state['net'].previous_state` carries iteration 1's graph into iteration 2" in report, report
     assert "no later backward walks them" not in report, report
     assert "note" not in report.splitlines()[0], report
+
+
+def test_a_models_growing_state_read_from_the_callers_dict_is_one_note_per_tensor(tmp_path: Path) -> None:
+    """RealNVP's BatchNorm with its running statistics kept with their graphs (h69b), its model handed to diagnose
+    from the caller's dict: every note came twice, under the step's ``model.model[1].running_mean`` and under the
+    caller's ``state['model'].model[1].running_mean`` (16 notes for 8 tensors)."""
+    module = _gallery_variant(
+        tmp_path,
+        "realnvp_2d_moons",
+        ("        self.running_mean = m", "        self.running_mean = 0.9 * self.running_mean + 0.1 * m\n"),
+        ("        self.running_var = v", "        self.running_var = 0.9 * self.running_var + 0.1 * v\n"),
+    )
+    state = module.build()
+    report = str(diagnose(module.step_function(state), models=[state["model"]], optimizers=[state["optimizer"]]))
+    assert report.startswith("backward-twice: 8 notes ("), report
+    assert "state['model'].model[1].running_mean" not in report, report

@@ -796,3 +796,25 @@ def test_a_state_a_lightning_step_keeps_on_self_is_detached_on_self_not_as_the_s
         ),
     )
     assert fixed.returncode == 0 and "cell trained: True" in fixed.stdout, fixed.stderr[-400:]
+
+
+@pytest.mark.parametrize("framework", ["transformers", "pytorch_lightning"])
+def test_a_callbacks_list_is_a_note_where_iterations_2_stops_the_frameworks_loop(
+    framework: str, tmp_path: Path
+) -> None:
+    """The callback appends after the optimizer step, where the names were last read, and a framework's stop read
+    nothing more: at ``--iterations 2`` the list held one graph at each read and the run was "healthy", though it
+    holds 2 graphs when the framework's call returns (the bare run with ``max_steps=2`` keeps 2). The stop now reads
+    what step 2 left held, as a loop of the learner's own does."""
+    pytest.importorskip(framework)
+    script = HF_CALLBACK_KEEPS_AUX if framework == "transformers" else LIGHTNING_CALLBACK_KEEPS_AUX
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "watched").mkdir()
+    python, _ = run(tmp_path / "bare", script.replace("max_steps=4", "max_steps=2"))
+    assert python.returncode == 0 and "graphs kept 2" in python.stdout, python.stderr[-2000:]
+    _, watched = run(tmp_path / "watched", script, "--iterations", "2")
+    assert watched.returncode == 0, watched.stderr[-2000:]
+    said = watched.stdout[watched.stdout.index("backward-twice:") :]
+    assert said.startswith("backward-twice: 1 note (2 iterations watched, then stopped as asked)"), said
+    listed = "self.aux_history" if framework == "transformers" else "self.aux_losses"
+    assert f"1. `{listed}` keeps one more iteration's graph alive every iteration" in said, said

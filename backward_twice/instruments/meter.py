@@ -181,8 +181,10 @@ class SavedTensorMeter:
 
     Not counted: a Python number in an expression (``x * 2``) is kept by the graph as a 0-dim
     tensor that never passes through saved-tensor hooks (it is a few bytes); a saved sparse or
-    nested tensor, which has no strided storage to ask about (its values are the tensors it was
-    built from), is kept and checked like the others but counted in no figure.
+    nested tensor, which has no strided storage to ask about, is kept and checked like the others
+    but counted in no figure: where only the graph holds its values (a ``to_sparse()`` copy made in
+    the forward), or a dense tensor the graph saved shares their storage, ``graph_only_bytes`` is
+    short by those bytes.
 
     Saved-tensor hooks switch off autograd's check that a saved tensor was not modified in place;
     the meter repeats that check itself, so a step that raises "modified by an inplace
@@ -258,8 +260,8 @@ class SavedTensorMeter:
     # -- hooks (each constant-time: no loop over entries) -------------------------------------
     def _pack(self, tensor: torch.Tensor) -> _SavedBox | _UncountedBox:
         if tensor.layout != torch.strided:
-            # A sparse or nested tensor has no storage of its own to ask about (reading one raises); its values'
-            # storages are the tensors it was built from. It is kept, checked, and not counted.
+            # A sparse or nested tensor has no storage of its own to ask about (reading one raises): it is kept,
+            # checked, and not counted (the class docstring says which figures that leaves short).
             return _UncountedBox(tensor.detach())
         storage = tensor.untyped_storage()
         # The key is the address of the C++ storage itself: unique among live storages on every

@@ -27,7 +27,8 @@ def assigned_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -
     while traced when any did: where a name no line grows takes the graphs it holds."""
     pattern = re.compile(rf"(?<![\w.]){either_quote(name)}\s*=(?!=)")
     lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)
-    found = [(number, code.strip()) for number, code in lines if pattern.search(code)]
+    prose = _prose(filename)
+    found = [(number, code.strip()) for number, code in lines if number not in prose and pattern.search(code)]
     found = [candidate for candidate in found if _reads_a_value(candidate[1])]  # not its start value (``Tracker()``)
     if any(number in ran for number, _ in found):
         found = [candidate for candidate in found if candidate[0] in ran]
@@ -66,10 +67,11 @@ def growing_line(
         rf"|(?<![\w.]){spelled}\s*[-+*]))"
     )
     lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)  # a comment quoting it: no
+    prose = _prose(filename)  # nor a docstring
     found = [
         (number, code.strip(), match.group(3), match.group(2) or "append")
         for number, code in lines
-        if (match := pattern.search(code))
+        if number not in prose and (match := pattern.search(code))
     ]
     if any(number in ran for number, _, _, _ in found):  # a branch that never ran is not where it grows
         found = [candidate for candidate in found if candidate[0] in ran]
@@ -123,3 +125,16 @@ def local_alias(name: str, filename: str, line: int) -> str | None:
                 if growing_line(bound.id, filename) is not None:  # somewhere: the line may lie in a helper
                     return bound.id
     return None
+
+
+def _prose(filename: str) -> frozenset[int]:
+    """The lines of ``filename`` that only a string statement spans (a docstring quoting ``losses.append(loss)``)."""
+    tree = parsed(filename)
+    if tree is None:
+        return frozenset()
+    strings = (
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    )
+    return frozenset(line for node in strings for line in range(node.lineno, (node.end_lineno or node.lineno) + 1))

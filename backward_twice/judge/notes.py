@@ -27,7 +27,7 @@ from backward_twice.judge.built import built_line
 from backward_twice.judge.fed import fed_line
 from backward_twice.judge.grows_at import either_quote, growing_line, local_alias
 from backward_twice.judge.twins import twin_in_iteration_1
-from backward_twice.record.held import HeldGraph, item_of
+from backward_twice.record.held import Growth, HeldGraph, item_of
 from backward_twice.record.in_place import in_place_statement
 from backward_twice.record.iterations import Split
 from backward_twice.record.learner import site_of
@@ -151,16 +151,21 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         reach_back.setdefault(holder, []).append((held_graph.sighting, spans))
     reset = {holder for holder, seen in reach_back.items() if _dropped([spans for _, spans in sorted(seen)])}
     by_name: dict[str, Note] = {}
-    for name, grown in recorder.growth.items():  # a list or dict that holds one more graph at every start
-        named = recorder.names.get(grown.newest)
+    growing_lists = (  # a list or dict that holds one more graph at every start; each, where one name holds several
+        (name, grown, newest, spelled, nbytes)
+        for name, grown in recorder.growth.items()
+        for newest, spelled, nbytes in _each_grown(grown)
+    )
+    for name, grown, newest, newest_name, newest_bytes in growing_lists:
+        named = recorder.names.get(newest)
         if grown.grew and named is not None and not _below_a_submodule(name):
-            built = split.iteration_of_node(grown.newest)
+            built = split.iteration_of_node(newest)
             line = built_line(_logged(named, recorder, split), built == 0, recorder)
-            grower = _container(grown.newest_name or named.name, name)
-            item = (grown.newest_name or named.name)[len(grower) :]  # ``[7]``, ``[7]['logits']``, ``[7][1]``
+            grower = _container(newest_name or named.name, name)
+            item = (newest_name or named.name)[len(grower) :]  # ``[7]``, ``[7]['logits']``, ``[7][1]``
             keys = re.match(r"\[\d+\](\['[^\]]*'\])", item)  # an item's entry: a dict's
             nested = re.match(r"\[\d+\]\[\d+\]", item) is not None  # an item's item: a list's
-            note = Note(grower, line, grown.newest_bytes, True, one_element=_one_element(named.shape))
+            note = Note(grower, line, newest_bytes, True, reset=grown.emptied, one_element=_one_element(named.shape))
             places = (re.match(rf"{re.escape(grower)}\[\d+\]\[(\d+)\]", seen) for seen in grown.seen)
             positions = tuple(sorted({int(place.group(1)) for place in places if place is not None}))
             note = dataclasses.replace(note, entry=keys.group(1)[1:-1] if keys else "", nested=nested)
@@ -195,6 +200,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
             from_before.add(holder)
         for alias in named.aliases if holder == named.name else ():  # the other outputs of one node (w1, w2)
             by_name.setdefault(alias, Note(alias, line, 0, grows, one_element=one, grows_in=read_in))
+    by_name = _one_per_tensor(by_name)
     found = [_bounded(note, recorder, split) for note in _one_per_line(_one_per_container(list(by_name.values())))]
     found = _one_per_object(found)
     spelled = [_fed_object(_where_it_grows(note, recorder), note) for note in found]
@@ -204,6 +210,32 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
         if first is None or (note.grows and not first.grows):
             merged[note.name] = note
     return list(merged.values())
+
+
+def _each_grown(grown: Growth) -> list[tuple[int, str, int]]:
+    """(newest node, its spelling, graph-only bytes) of each list or dict under a name that grew: the newest's own
+    first, then any other that grew beside it (``state['parts']`` beside ``state['totals']``)."""
+    main = item_of(grown.newest_name) or grown.newest_name.rsplit(".", 1)[0]
+    others = [found for container, found in grown.grown_in.items() if container != main]
+    return [(grown.newest, grown.newest_name, grown.newest_bytes), *others]
+
+
+def _one_per_tensor(by_name: dict[str, Note]) -> dict[str, Note]:
+    """``by_name`` less the notes of a tensor another note names more simply: the same path from another root that
+    holds the simpler name's root under that name (``state['model'].model[1].running_mean``, a step tool's models
+    read from its caller, beside ``model.model[1].running_mean``, the step's own name)."""
+    paths = {name: re.findall(r"\.\w+|\[[^\]]*\]", re.sub(r"^\w+", "", name)) for name in by_name}
+    roots = {name: re.match(r"\w*", name).group(0) for name in by_name}  # type: ignore[union-attr]
+    dropped = {
+        longer
+        for longer in by_name
+        for shorter in by_name
+        if paths[shorter]
+        and len(paths[shorter]) < len(paths[longer])
+        and paths[longer][-len(paths[shorter]) :] == paths[shorter]
+        and paths[longer][-len(paths[shorter]) - 1] in (f"['{roots[shorter]}']", f".{roots[shorter]}")
+    }
+    return {name: note for name, note in by_name.items() if name not in dropped}
 
 
 def _logged(named: NamedGraph, recorder: Recorder, split: Split) -> NamedGraph:

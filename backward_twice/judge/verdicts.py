@@ -127,6 +127,10 @@ class Verdicts:
     walks_no_graph: str | None = None  # the line of a backward, when every backward read walked no graph at all
     nested: int = 0  # the watches and diagnoses of the learner's own code this recording made way for
     walks_no_graph_cut: tuple[str, str] | None = None  # ("file:line: code", operation) that cut that loss's graph
+    inside: tuple[int, str | None] = (
+        0,
+        None,
+    )  # backward calls run inside another (a hook's), unjudged; the first's line
 
 
 def judge(recorder: Recorder) -> Verdicts:
@@ -160,8 +164,7 @@ def judge(recorder: Recorder) -> Verdicts:
         else f"backward-twice stopped watching after {plural(failure.calls, 'backward call')}: an error of its own "
         f"({failure.where}: {failure.error}); the loop went on as written, and what follows covers what ran before"
     )
-    stopped = recorder.iterations if recorder.stopped else None
-    read = [call for call in calls if call.read]
+    stopped, read = recorder.iterations if recorder.stopped else None, [call for call in calls if call.read]
     # a loss with no graph (made a leaf: ``loss.requires_grad = True`` after a ``.data`` cut it): nothing trains
     leaf = read[0].line if read and not any(call.walked for call in read) and error is None else None
     cut = _graph_cut(recorder, leaf) if leaf is not None else None  # the forum's requires_grad=True on a cut loss
@@ -178,6 +181,7 @@ def judge(recorder: Recorder) -> Verdicts:
         leaf,
         recorder.nesting.made_way,
         cut,
+        (recorder.inside.count, short(learner_line_at(*recorder.inside.first)) if recorder.inside.first else None),
     )
 
 

@@ -8,7 +8,8 @@ per name: a name rebound every iteration holds one iteration's graph at a time, 
 full of graphs is kept with the nodes it holds, this pass's with them: each append pushes its oldest graph out, so
 read at a pass's first event (after the pass's own append) its count of earlier passes' graphs stays the same.
 
-Used by :mod:`backward_twice.record.recorder` and :mod:`backward_twice.judge.notes`.
+Used by :mod:`backward_twice.judge.notes`, :mod:`backward_twice.record.pass_stops` and
+:mod:`backward_twice.record.recorder`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,17 @@ from backward_twice.record.passes import IterationLoop
 from backward_twice.record.saved import graph_only_bytes, python_walk
 from backward_twice.record.walks import kept
 
-__all__ = ["Growth", "HeldGraph", "Holding", "event_names", "held_graph", "item_of", "note_growth", "note_names"]
+__all__ = [
+    "Growth",
+    "HeldGraph",
+    "Holding",
+    "event_names",
+    "held_graph",
+    "item_of",
+    "note_growth",
+    "note_names",
+    "read_at_its_stop",
+]
 
 _MAX_NAMES, _HELD_PER_NAME = 50_000, 8  # names kept; graphs a name is followed into (at passes 2-4, 8, ..., 128)
 _CARRIER_SPELLINGS = 8  # names kept per graph held into an iteration
@@ -62,6 +73,11 @@ class Growth:
     # the spellings that held a graph at some start (up to _SPELLINGS_SEEN): a count that grows by those alone is a
     # fixed set of keys each rewritten in its own iterations (StyleGAN2's ``loss_dict``), not a name that grows
     seen: set[str] = field(default_factory=set)
+    emptied: bool = False  # a list under the name that grew let its oldest graph go by a later start (a clear)
+    oldest: dict[str, int] = field(default_factory=dict)  # each list's oldest node at the last start
+    # each list or dict under the name that grew (``state['parts']`` beside ``state['totals']``): its newest node,
+    # that node's spelling and graph-only bytes when it last grew
+    grown_in: dict[str, tuple[int, str, int]] = field(default_factory=dict)
 
 
 def held_graph(node: Node, sighting: int, holder: str, key: str, reached: list[Node] | None = None) -> HeldGraph:
@@ -92,20 +108,33 @@ def note_growth(
         more = {c for c, count in containers.items() if count > grown.by_container.get(c, count) and c in new}
         if not full:
             grown.seen.update(held.values())
-        if len(held) > grown.count and grown.count and more:
+        lists = {_container_of(spelled) for spelled in grown.seen | set(held.values()) if _LIST_ITEM.search(spelled)}
+        if (len(held) > grown.count or lists & more) and grown.count and more:  # a list grew (another let one go)
             grown.grew += 1
             grown.newest = max(
                 (s for s, spelled in held.items() if spelled.endswith("]") and _container_of(spelled) in more),
                 default=max(s for s, spelled in held.items() if _container_of(spelled) in more),
             )
             grown.newest_name = held[grown.newest]
-            newest = nodes.get(grown.newest)
-            reached = python_walk([newest]) if newest is not None else []
-            grown.newest_bytes = graph_only_bytes([n for n in reached if kept(n, key)])
+            for container in more:
+                sequence = max(s for s, spelled in held.items() if _container_of(spelled) == container)
+                newest = nodes.get(sequence)
+                reached = python_walk([newest]) if newest is not None else []
+                nbytes = graph_only_bytes([n for n in reached if kept(n, key)])
+                grown.grown_in[container] = (sequence, held[sequence], nbytes)
+            grown.newest_bytes = grown.grown_in.get(_container_of(grown.newest_name), (0, "", 0))[2]
+        members: dict[str, set[int]] = {}
+        for sequence, spelled in held.items():
+            if _LIST_ITEM.search(spelled):
+                members.setdefault(_container_of(spelled), set()).add(sequence)
+        if grown.grew and any(oldest not in members.get(c, ()) for c, oldest in grown.oldest.items()):
+            grown.emptied = True  # read at passes 1-4, 8, 16, ...: a count alone may look the same after a clear
+        grown.oldest = {c: min(nodes) for c, nodes in members.items()}
         grown.count, grown.by_container = len(held), dict(containers)
 
 
 _SPELLINGS_SEEN = 64  # past as many, a name's growth is read from its counts alone
+_LIST_ITEM = re.compile(r"\[\d+\]$")  # a spelling that ends in a list's item
 
 
 def _container_of(spelled: str) -> str:
@@ -169,6 +198,7 @@ class Holding(Protocol):
     def filling(self) -> dict[str, tuple[int, frozenset[int]]]: ...
     @property
     def key(self) -> str: ...
+    def fail(self, where: str, error: BaseException) -> None: ...
 
 
 def event_names(recorder: Holding, frame: types.FrameType, opens: bool = False) -> None:
@@ -185,6 +215,19 @@ def event_names(recorder: Holding, frame: types.FrameType, opens: bool = False) 
             if opens:
                 recorder.starts.append(len(recorder.sightings))
             note_names(recorder, frame)
+
+
+def read_at_its_stop(recorder: Holding, frame: types.FrameType | None) -> None:
+    """What a framework's step N left held into step N+1, read where ``iterations=N`` stops its loop (its call
+    returning into the learner's code, ``frame`` the framework's frame that returns): a callback's ``on_step_end``
+    appends after the optimizer step, where the names were last read. Nothing when ``frame`` is None (the framework
+    called the learner's step again) or the run stopped after one step."""
+    try:
+        if frame is not None and len(recorder.starts) > 1:
+            recorder.starts.append(len(recorder.sightings))
+            note_names(recorder, frame)
+    except Exception as error:
+        recorder.fail("where your framework's loop stopped", error)
 
 
 def _in_the_loops_frame(recorder: Holding, named: NamedGraph) -> bool:

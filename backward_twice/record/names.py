@@ -10,9 +10,8 @@ spelling (``h`` before ``state['h']``). Frames are only read, never written (``f
 :func:`unstepped_optimizers` reads the same frames for the optimizers they name.
 
 Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.loop_body`,
-:mod:`backward_twice.judge.states`,
-:mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`, :mod:`backward_twice.record.recorder` and
-:mod:`backward_twice.steps.harness`.
+:mod:`backward_twice.judge.states`, :mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.held`,
+:mod:`backward_twice.record.inside`, :mod:`backward_twice.record.recorder` and :mod:`backward_twice.steps.harness`.
 """
 
 from __future__ import annotations
@@ -76,6 +75,9 @@ class NamedGraph:
 
 
 _own_files: dict[str, bool] = {}
+
+
+_ITEM = re.compile(r"\[\d+\]$")  # a spelling that ends in a list's item
 
 
 def site_of(frame: types.FrameType | None, skipped: tuple[str, ...], outward: bool = True) -> tuple[str, int]:
@@ -192,7 +194,9 @@ def names_holding_graphs(
             for spelled, tensor, node, kind in graphs_under(name, value, skipped, deques):
                 sequence = node._sequence_nr()
                 if held_under is not None and lasting and claimed.setdefault(name, source) is source:
-                    held_under.setdefault(name, {}).setdefault(sequence, spelled)
+                    under = held_under.setdefault(name, {})  # one tensor, two spellings: a list's item counts (a
+                    if sequence not in under or (_ITEM.search(spelled) and not _ITEM.search(under[sequence])):
+                        under[sequence] = spelled  # callback's list grows, though the trainer's last outputs hold it)
                     queue = re.sub(r"\[\d+\]$", "", spelled)  # a tensor that is an item of a deque: counted there
                     if bounded is not None and deques and queue in deques:
                         bounded.setdefault(queue, (deques[queue], set()))[1].add(sequence)

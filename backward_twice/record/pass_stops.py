@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import types
 from collections.abc import Sized
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from backward_twice.record import stops
 from backward_twice.record.events import IterationEnd
+from backward_twice.record.held import read_at_its_stop
 from backward_twice.record.lines import LineTracer
 from backward_twice.record.loops import Loop
 from backward_twice.record.passes import IterationLoop, PassStart
 from backward_twice.record.stops import StopRecording
 
-__all__ = ["Stoppable", "at_header", "stop_due", "stop_here", "stop_without_a_loop"]
+if TYPE_CHECKING:
+    from backward_twice.record.held import Holding
+
+__all__ = ["Stoppable", "at_header", "framework_returned", "stop_due", "stop_here", "stop_without_a_loop"]
 
 
 class Stoppable(Protocol):
@@ -78,6 +82,14 @@ def stop_here(recorder: Stoppable, sequence: int, frame: types.FrameType, loop: 
     recorder.stopped = True
     recorder.stop_pass = PassStart(sequence, len(recorder.calls), len(recorder.sightings), number)
     recorder.read_at_the_stop(frame)
+    return StopRecording(recorder.iterations)
+
+
+def framework_returned(recorder: Stoppable, frame: types.FrameType | None) -> StopRecording:
+    """The stop where a framework's call returns into the learner's code after step N (``frame``: the framework's frame
+    that returns; None where its loop went on and called the learner's step again), with what step N left held read
+    there first (:func:`.held.read_at_its_stop`)."""
+    read_at_its_stop(cast("Holding", recorder), frame)
     return StopRecording(recorder.iterations)
 
 

@@ -4,38 +4,37 @@
 
 * every backward and ``torch.autograd.grad`` call: the learner's line (:meth:`.learner.LearnersCode.site`), its
   ``retain_graph`` (as written), ``create_graph`` and ``inputs``, and what it walked: the engine's own list
-  (``torch._C._current_graph_task_execution_order()``, read in a prehook on the root with multithreading off;
-  several roots: a walk over ``next_functions``), stamped by :func:`.walks.stamp_walk` (the recorder holds no node
-  and no tensor between calls), at every call but a plain line's past its first (:class:`.walks.WalkSampling`);
+  (``torch._C._current_graph_task_execution_order()``, read in a prehook on the root with multithreading off; several
+  roots: a walk over ``next_functions``), stamped by :func:`.walks.stamp_walk` (the recorder holds no node and no tensor
+  between calls), at every call but a plain line's past its first (:class:`.walks.WalkSampling`);
 * the bytes the walked graph still holds after a retaining call, counted as the saved-tensor meter counts them (one
-  storage once, and only when the graph alone holds it): at a line's first four such calls, then at its 8th, 16th,
-  ... (a line builds a graph of the same size each time, and the count walks it);
+  storage once, and only when the graph alone holds it): at a line's first four such calls, then at its 8th, 16th, ...
+  (a line builds a graph of the same size each time, and the count walks it);
 * iterations: the passes of the learner's own loop (:mod:`.passes`: the line tracer of :mod:`.lines` for the first
-  passes, then their first events); without one, the evidence (:mod:`.iterations`). Which iteration built a node
-  comes from its ``_sequence_nr()`` against the engine's counter at each pass start (torch.compile's own calls are
-  none of the loop's);
-* the names that hold tensors with a graph at the start of iterations 1 to 4, then of the 8th, 16th, ... (the
-  learner's frames, their globals, attributes of the modules and objects they hold, items of lists, tuples and
-  dicts), so a verdict names the learner's own variable and the line that assigned it;
-* the error a backward raised, with the call that freed the buffers it needed, or the optimizer step that changed
-  a saved tensor in place (:mod:`.evidence`).
+  passes, then their first events); without one, the evidence (:mod:`.iterations`). Which iteration built a node comes
+  from its ``_sequence_nr()`` against the engine's counter at each pass start (torch.compile's own calls are none of the
+  loop's);
+* the names that hold tensors with a graph at the start of iterations 1 to 4, then of the 8th, 16th, ... (the learner's
+  frames, their globals, attributes of the modules and objects they hold, items of lists, tuples and dicts), so a
+  verdict names the learner's own variable and the line that assigned it;
+* the error a backward raised, with the call that freed the buffers it needed, or the optimizer step that changed a
+  saved tensor in place (:mod:`.evidence`).
 
 Over a long run, the records of older iterations (passes, or optimizer steps) that walked nothing of an earlier one fold
 into counts (:mod:`.folds`): a watch's memory stays bounded; the verdicts read counts and records.
 
 ``iterations=N`` ends the run at the top of pass N+1 of the learner's loop, before its first statement (a
 :class:`StopRecording` raised there, outside any ``try`` of the body), with what taking its item changed put back;
-without a loop of theirs, a framework's loop is asked to end after step N (the stop then comes where the learner's
-call into it, ``trainer.fit(...)``, returns), else the run stops at the next call of their step function, backward or
-step (:mod:`.pass_stops`, :mod:`.stops`); a framework's iterations are its optimizer steps (gradient accumulation:
-several backward calls each), never the calls of the first backward's line.
+without a loop of theirs, a framework's loop is asked to end after step N (the stop then comes where the learner's call
+into it, ``trainer.fit(...)``, returns), else the run stops at the next call of their step function, backward or step
+(:mod:`.pass_stops`, :mod:`.stops`); a framework's iterations are its optimizer steps (gradient accumulation: several
+backward calls each), never the calls of the first backward's line.
 
 The recorder never breaks the loop it watches: every hook and trace function is guarded, and an error of its own
 switches it off for the rest of the run (:attr:`Recorder.failure` says why); the loop goes on as bare Python would.
 
-With ``keep_buffers=True`` (the step tools' runs) every call keeps its buffers and the recorder raises PyTorch's own
-error where the step as written would (a walk through a node a non-retaining call already walked): the runs
-behave as written, and a graph built before the step is still usable afterwards.
+With ``keep_buffers=True`` (the step tools' runs) every call keeps its buffers, and the recorder raises PyTorch's own
+error where the step as written would: the runs behave as written, and a graph built before them stays usable.
 
 Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.loop_body`,
 :mod:`backward_twice.judge.verdicts`, :mod:`backward_twice.steps.harness` and :mod:`backward_twice.watcher`.
@@ -60,6 +59,7 @@ from backward_twice.record.events import EventKey, Failure, IterationEnd, Optimi
 from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop, raised_at, raised_in
 from backward_twice.record.folds import CallLog, Folder, StepFolder, steps_kept
 from backward_twice.record.held import Growth, HeldGraph, event_names, note_names
+from backward_twice.record.inside import InsideCalls
 from backward_twice.record.iterations import iteration_start, split_iterations
 from backward_twice.record.learner import first_line, intercepting, learners_code, skipped_dirs
 from backward_twice.record.lines import LineTracer
@@ -120,7 +120,7 @@ class Recorder:
         self.error: ErrorRecord | None = None
         self.failure: Failure | None = None  # set when the recorder failed and switched itself off
         self.pending: list[str] = []  # optimizers the code names that never stepped before the error
-        self.start, self.finish, self.stopped = 0, 0, False
+        self.start, self.finish, self.stopped, self.inside = 0, 0, False, InsideCalls()
         self.stop_pass: PassStart | None = None  # the pass that never ran: where the last watched one ended
         self.skipped = skipped_dirs()
         learners = self.is_learners = learners_code(self.skipped)
@@ -373,7 +373,7 @@ class Recorder:
             event_names(self, caller, opens=by_steps)
         if by_steps and pass_stops.stop_without_a_loop(self, None, mark=False):  # a framework: asked to end, else
             if self.framework_stop.ask(caller):  # and the learner's code stops where the framework's call returns
-                stop, step = (lambda: StopRecording(self.iterations)), self.step_call.code
+                stop, step = functools.partial(pass_stops.framework_returned, self), self.step_call.code
                 self.framework_stop.stop_on_return(caller, self.is_learners, stop, step)
             self.step_call.arm(lambda: pass_stops.stop_without_a_loop(self, None))
         if by_steps and not self.marks and not self.by_runs:  # the steps split the run: fold as a loop's
@@ -389,8 +389,8 @@ class Recorder:
     def _on_backward(
         self, engine: Callable[..., Any], outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        if self._depth or self.off:  # a backward inside a backward (a hook's): the outer call is the learner's
-            return engine(outputs, *args, **kwargs)
+        if self._depth or self.off:  # a backward inside a backward (a hook's), counted: the outer call is judged
+            return self.inside.passed(self._depth, self.skipped, engine, outputs, args, kwargs)
         caller = sys._getframe(2)  # past intercepting's wrapper, the engine entry's own frame
         try:
             if self.creation.active:  # a pause costs two calls: only while the tracer is on (the first passes)

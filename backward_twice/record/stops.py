@@ -129,7 +129,7 @@ class FrameworkStop:
         self._lightning: Any = None  # the Lightning trainer told to stop: its flag is put back when the watch ends
         self._around: bool | None = None  # whether a trainer runs the loop (looked once)
         self._returning: types.FrameType | None = None  # the framework's call the learner's code made (``fit``)
-        self._stop: Callable[[], BaseException] | None = None
+        self._stop: Callable[[types.FrameType | None], BaseException] | None = None
         self._step: types.CodeType | None = None  # the learner's step function: called again, the trainer went on
         self._package = ""  # the asked trainer's top package (``pytorch_lightning``, ``transformers``)
         self.ends_on_its_own = False  # the step that ended iteration N was its last anyway: no stop was raised
@@ -181,7 +181,7 @@ class FrameworkStop:
         self,
         frame: types.FrameType,
         learners: Callable[[types.CodeType], bool],
-        stop: Callable[[], BaseException],
+        stop: Callable[[types.FrameType | None], BaseException],
         step: types.CodeType | None = None,
     ) -> None:
         """Once the trainer ends its loop as asked, raise ``stop()`` where the learner's code called into the
@@ -205,13 +205,13 @@ class FrameworkStop:
             stop = self._stop  # the trainer went on: pass N+1 starts here
             self._disarm()
             if stop is not None:
-                raise stop()
+                raise stop(None)
         if event != "return" or frame is not self._returning:
             return
         stop = self._stop
         self._disarm()
         if stop is not None:
-            raise stop()  # out of the framework's call, into the learner's line
+            raise stop(frame)  # out of the framework's call, into the learner's line
 
     def _disarm(self) -> None:
         self._returning = self._stop = self._step = None

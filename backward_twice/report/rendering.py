@@ -161,7 +161,7 @@ def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str
             + (f" (or {instead} in its place)" if instead else "")
             if needed
             else "no retain_graph=True to drop"
-        )
+        ) + _inside(v)
         calls = plural(v.calls, "backward call")
         if v.iterations_run > 1:
             return f"backward-twice: healthy ({watched}, {calls}, nothing carried, {retains})"
@@ -173,8 +173,23 @@ def _headline(v: Verdicts, items: list[Item], runs_of: str | None, ended_by: str
     return f"backward-twice: {counted} ({watched})"
 
 
+def _inside(v: Verdicts) -> str:
+    """What the headline says of the backward calls run inside another backward, which no verdict judged."""
+    count, first = v.inside
+    if not count:
+        return ""
+    where = f" (line {line_number(split_line(first)[0])})" if first else ""
+    return f"; {plural(count, 'backward call')} inside another backward{where} not judged"
+
+
 def _evidence(v: Verdicts) -> tuple[str, ...]:
     out = [f"iterations: {v.split.how}; {plural(v.calls, 'backward call')}"]
+    if v.inside[0]:
+        first = f"; the first at {v.inside[1]}" if v.inside[1] else ""
+        out.append(
+            f"inside: {plural(v.inside[0], 'backward call')} run inside another backward (a hook's, a custom "
+            f"Function's), passed through as written and not judged{first}"
+        )
     if v.error is not None:
         out.append(f"error: {v.error.message}")
         if v.error.evidence:
