@@ -689,6 +689,151 @@ def test_two_lists_of_one_dict_that_both_grow_are_two_notes(tmp_path: Path) -> N
     assert 'train.py:14 | history["parts"].extend([reconstruction / 2, penalty / 2])' in done.stdout, done.stdout
 
 
+TWO_APPENDS = """
+import torch
+
+torch.manual_seed(0)
+encoder, head_a, head_b = torch.nn.Linear(4, 3), torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD([*encoder.parameters(), *head_a.parameters(), *head_b.parameters()], lr=0.1)
+recent = []
+for _ in range(4):
+    optimizer.zero_grad()
+    h = encoder(torch.randn(8, 4))
+    loss_a, loss_b = head_a(h).pow(2).mean(), head_b(h).abs().mean()
+    (loss_a + loss_b).backward()
+    optimizer.step()
+    recent.append(loss_a)
+    recent.append(loss_b)
+print("graphs held", sum(t.grad_fn is not None for t in recent if torch.is_tensor(t)))
+"""
+
+
+def test_a_list_given_two_tensors_a_pass_is_named_at_both_appends_and_fixed_at_both(tmp_path: Path) -> None:
+    """Two appends a pass (h69c): the note named the first line only, and its fix as printed left the second
+    append keeping a graph every pass (the bare run with that fix still holds 4 graphs; with both, none)."""
+    (tmp_path / "train.py").write_text(TWO_APPENDS)
+    done = _run(tmp_path, "watch", "train.py")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "train.py:14 | recent.append(loss_a)\n" in done.stdout
+        and "train.py:15 | recent.append(loss_b)\n" in done.stdout
+    )
+    fix = "keep in mind: `recent.append(loss_a.item())` and `recent.append(loss_b.item())`\n"
+    assert fix in done.stdout, done.stdout
+    fixed = TWO_APPENDS.replace("recent.append(loss_a)", "recent.append(loss_a.item())")
+    (tmp_path / "fixed.py").write_text(fixed.replace("recent.append(loss_b)", "recent.append(loss_b.item())"))
+    bare = subprocess.run([sys.executable, "fixed.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bare.stdout == "graphs held 0\n", bare.stderr
+
+
+DEQUE_OF_DICTS = """
+import collections
+
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+log = collections.deque(maxlen=3)
+for _ in range(7):
+    optimizer.zero_grad()
+    out = model(torch.randn(8, 4))
+    loss = out.pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    log.append({"loss": loss, "pred_mean": out.mean()})
+print("graphs held", sum(item["loss"].grad_fn is not None for item in log))
+"""
+
+
+@pytest.mark.parametrize(
+    ("iterations", "headline"),
+    [
+        ((), "keeps the last 3 iterations' graphs alive"),
+        (("--iterations", "2"), "keeps up to the last 3 iterations' graphs alive (2 so far)"),
+        (("--iterations", "3"), "keeps the last 3 iterations' graphs alive"),
+    ],
+)
+def test_a_deque_of_dicts_of_tensors_is_one_note_of_its_last_items(
+    tmp_path: Path, iterations: tuple[str, ...], headline: str
+) -> None:
+    """A ``deque(maxlen=3)`` of dicts of tensors (h69c): 6 notes, one per entry of each slot, each "one more
+    iteration's graph alive every iteration", where the bare run holds the last 3 passes' graphs."""
+    (tmp_path / "train.py").write_text(DEQUE_OF_DICTS)
+    bare = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bare.stdout == "graphs held 3\n", bare.stderr
+    done = _run(tmp_path, "watch", *iterations, "train.py")
+    assert done.returncode == 0, done.stderr
+    assert "backward-twice: 1 note (" in done.stdout, done.stdout
+    assert f"1. `log` {headline}\n" in done.stdout, done.stdout
+
+
+LOG_BY_SETDEFAULT = """
+import torch
+
+
+class Trainer:
+    def __init__(self):
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(4, 2)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.log = {}
+
+    def fit(self, passes):
+        for _ in range(passes):
+            loss = self.model(torch.randn(8, 4)).pow(2).mean()
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            self.log.setdefault("loss", []).append(loss)
+
+
+trainer = Trainer()
+trainer.fit(6)
+print("graphs held", sum(t.grad_fn is not None for t in trainer.log["loss"]))
+"""
+
+
+def test_a_list_a_dict_makes_at_its_first_append_is_one_note_at_that_append(tmp_path: Path) -> None:
+    """``self.log.setdefault("loss", []).append(loss)`` (h70a): two notes, ``self.log['loss']`` and
+    ``trainer.log['loss']``, each at the loss line, for one list (6 graphs in the bare run)."""
+    (tmp_path / "train.py").write_text(LOG_BY_SETDEFAULT)
+    done = _run(tmp_path, "watch", "train.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("graphs held 6\nbackward-twice: 1 note (6 iterations watched)\n"), done.stdout
+    assert 'train.py:18 | self.log.setdefault("loss", []).append(loss)\n' in done.stdout, done.stdout
+
+
+LOSS_AND_MEAN = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+history = {"loss": [], "mean": []}
+for _ in range(6):
+    out = model(torch.randn(8, 4))
+    loss = out.pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    history["loss"].append(loss)
+    history["mean"].append(out.mean())
+"""
+
+
+def test_an_item_of_a_growing_list_is_no_note_of_its_own_at_a_later_start(tmp_path: Path) -> None:
+    """``history['loss']`` and ``history['mean']`` grow (h70a): at ``--iterations 3`` a third note named one item,
+    ``history['loss'][1]``, at the loss line."""
+    (tmp_path / "train.py").write_text(LOSS_AND_MEAN)
+    done = _run(tmp_path, "watch", "--iterations", "3", "train.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("backward-twice: 2 notes (3 iterations watched, then stopped as asked)\n"), (
+        done.stdout
+    )
+    assert "][" not in done.stdout.split("more:")[0].replace("[]", ""), done.stdout
+
+
 WHERE_AM_I = """
 import json
 import sys

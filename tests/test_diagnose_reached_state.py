@@ -269,3 +269,39 @@ def test_what_a_models_hook_keeps_is_judged_and_put_back_though_the_step_never_n
 
 
 _hooked: dict[str, _Features] = {}
+
+
+class _Whitened(torch.nn.Module):
+    """A weight's Gram matrix cached on the module at its first forward, with its graph (``self._gram``, None until
+    then): from the second call on each loss walks the first call's graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4) * 0.3)
+        self._gram: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._gram is None:
+            self._gram = self.w @ self.w.T + torch.eye(4)
+        return x @ self._gram
+
+
+@pytest.mark.parametrize("tool", ["diagnose", "find_carried_graph", "audit_retain_graph"])
+def test_a_private_cache_a_forward_fills_is_put_back_to_none_by_the_step_tools(tool: str) -> None:
+    """The step tools' runs filled ``net._gram`` (None before) with a graph of their own and left it there: the
+    snapshot kept a module's private attributes only when they held a tensor or a tuple (h69c). The learner's next
+    step then used the runs' cached graph, not the one its own first call builds."""
+    import backward_twice as bt
+
+    torch.manual_seed(0)
+    net = _Whitened()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        (net(x) - y).pow(2).mean().backward()
+        optimizer.step()
+
+    getattr(bt, tool)(step, models=[net], optimizers=[optimizer])
+    assert net._gram is None

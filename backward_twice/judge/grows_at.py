@@ -13,7 +13,7 @@ import re
 
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["assigned_line", "either_quote", "growing_line", "local_alias"]
+__all__ = ["Grows", "assigned_line", "beside", "either_quote", "growing_line", "growing_lines", "local_alias"]
 
 
 def either_quote(name: str) -> str:
@@ -52,15 +52,31 @@ def _reads_a_value(code: str) -> bool:
     ) or any(isinstance(node, ast.Attribute) and id(node) not in called for node in ast.walk(statement.value))
 
 
-def growing_line(
+# (line number, its code, what it appends when that is a name or an attribute, the method that appends it)
+Grows = tuple[int, str, str | None, str]
+
+
+def growing_line(name: str, filename: str, ran: frozenset[int] = frozenset()) -> Grows | None:
+    """The first of :func:`growing_lines`; None if no line grows ``name``."""
+    found = growing_lines(name, filename, ran)
+    return found[0] if found else None
+
+
+def growing_lines(
     name: str, filename: str, ran: frozenset[int] = frozenset()
-) -> tuple[int, str, str | None, str] | None:
-    """The line of ``filename`` where ``name`` grows (``losses.append(loss)``, ``bank.appendleft(k)``,
+) -> list[tuple[int, str, str | None, str]]:
+    """The lines of ``filename`` where ``name`` grows (``losses.append(loss)``, ``bank.appendleft(k)``,
     ``losses.append(outputs.loss)``, ``history += [loss]``, ``cache[key] = out``, ``total = total + loss``), with
     what it appends when that is a name or an attribute and the method that appends it; one that appends a number
     (``history.append(loss.item())``, a baseline before the loop) only if no other line grows it, one that appends no
-    name (a fill before the loop: ``bank.appendleft(F.normalize(torch.randn(4, 4)))``) only if no line appends one."""
+    name (a fill before the loop: ``bank.appendleft(F.normalize(torch.randn(4, 4)))``) only if no line appends one;
+    every line that appends a name (two appends a pass: ``recent.append(loss_a)``, ``recent.append(loss_b)``), else
+    the first that grows it."""
     spelled = either_quote(name)
+    keyed = re.fullmatch(r"(.+)\[(['\"])(\w+)\2\]", name)  # a dict's list, made at its first append
+    if keyed is not None:  # ``self.log.setdefault("loss", []).append(v)`` grows ``self.log['loss']``
+        made = rf"{either_quote(keyed.group(1))}\.setdefault\(\s*['\"]{keyed.group(3)}['\"]\s*,[^)]*\)"
+        spelled = rf"(?:{spelled}|{made})"
     pattern = re.compile(
         rf"(?<![\w.]){spelled}\s*(\.(append|appendleft)\(([\w.]+(?:\[[\w'\"]+\])?)\)|\.append\(|\.appendleft\("
         rf"|\.extend\(|\[[^\]]*\]\s*=[^=]|\+=|=(?!=)[^#]*?(?:[-+*]\s*{spelled}(?![\w.(\[])"
@@ -68,7 +84,7 @@ def growing_line(
     )
     lines = enumerate((text.split("#", 1)[0] for text in linecache.getlines(filename)), 1)  # a comment quoting it: no
     prose = _prose(filename)  # nor a docstring
-    found = [
+    found: list[Grows] = [
         (number, code.strip(), match.group(3), match.group(2) or "append")
         for number, code in lines
         if number not in prose and (match := pattern.search(code))
@@ -78,9 +94,11 @@ def growing_line(
     tensors = [f for f in found if not re.search(r"\.(item|tolist)\(\)|\bfloat\(", f[1])] or found[:1]
     named = [f for f in tensors if f[2]]  # a name appended (``bank.appendleft(k)``), not a fill before the loop
     if not named:  # an expression of names without a call (``losses.append(loss / 4)``): it, in brackets
-        computed = [(n, code, f"({expression})", how) for n, code, _, how in tensors if (expression := _computed(code))]
+        computed: list[Grows] = [
+            (n, code, f"({expression})", how) for n, code, _, how in tensors if (expression := _computed(code))
+        ]
         named = computed if len(computed) == 1 else []
-    return (named or tensors)[0] if tensors else None
+    return named or tensors[:1]
 
 
 def _computed(code: str) -> str | None:
@@ -138,3 +156,21 @@ def _prose(filename: str) -> frozenset[int]:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
     )
     return frozenset(line for node in strings for line in range(node.lineno, (node.end_lineno or node.lineno) + 1))
+
+
+def beside(filename: str, line: int, other: int) -> bool:
+    """Whether ``other`` runs with ``line`` each pass: in the innermost loop of ``filename`` around ``line``, or, with
+    none, in the same function."""
+    tree = parsed(filename)
+    if tree is None:
+        return False
+    scope = function_around(tree, line)
+    loops = [
+        node
+        for node in ast.walk(scope)
+        if isinstance(node, (ast.For, ast.While)) and node.lineno < line <= (node.end_lineno or node.lineno)
+    ]
+    if loops:
+        inner = max(loops, key=lambda node: node.lineno)
+        return inner.lineno < other <= (inner.end_lineno or inner.lineno)
+    return function_around(tree, other) is scope

@@ -260,12 +260,14 @@ def _bounded(note: Note, recorder: Recorder, split: Split) -> Note:
     does)."""
     queue = _root(note.name)
     reads = recorder.full.get(queue, [])
-    last = max((len({split.iteration_of_node(sequence) for sequence in held}) for held in reads), default=0)
+    maxlen, held, items = recorder.filling.get(queue, (0, frozenset(), 0))
+    # each item one pass's (a dict of its tensors, one built after the step: dated from the next pass), at most maxlen
+    last = max((len({split.iteration_of_node(sequence) for sequence in read}) for read in reads), default=0)
+    last = min(last, maxlen) if maxlen else last
     if last > 1:
         return dataclasses.replace(note, name=queue, grows=True, reset=False, bound=last)
-    maxlen, held = recorder.filling.get(queue, (0, frozenset()))
-    if not reads and len({split.iteration_of_node(sequence) for sequence in held}) == len(held) > 1:
-        return dataclasses.replace(note, name=queue, grows=True, reset=False, bound=maxlen, so_far=len(held))
+    if not reads and len({split.iteration_of_node(sequence) for sequence in held}) == items > 1:
+        return dataclasses.replace(note, name=queue, grows=True, reset=False, bound=maxlen, so_far=items)
     return note
 
 
@@ -324,11 +326,19 @@ def _as_grown(container: str, filename: str, framework: bool = False) -> str | N
         rf"(?<![\w.])((?:\w+\.)+{tail.group(1)})((?:\[[^\]]*\])*)\s*=(?!=)[^#]*?"
         r"(?:[-+*]\s*\1\2(?![\w.(\[])|(?<![\w.])\1\2\s*[-+*])"
     )
+    key = re.fullmatch(r"\['(\w+)'\]", keys)  # a dict's list made at its first append: ``setdefault("loss", [])``
+    made = (
+        re.compile(rf"(?<![\w.])((?:\w+\.)*{tail.group(1)})\.setdefault\(\s*['\"]{key.group(1)}['\"]") if key else None
+    )
     found = [
-        (spelling.group(1) == whole, spelling.group(1) + spelling.group(2))
+        (spelling.group(1) == whole, spelling.group(1) + (keys if spelling.re is made else spelling.group(2)))
         for code in (text.split("#", 1)[0] for text in linecache.getlines(filename))
-        for spelling in [pattern.search(code) or (summed.search(code) if framework else None)]
-        if spelling is not None and spelling.group(2).replace('"', "'") == keys
+        for spelling in [
+            pattern.search(code)
+            or (made.search(code) if made else None)
+            or (summed.search(code) if framework else None)
+        ]
+        if spelling is not None and (spelling.re is made or spelling.group(2).replace('"', "'") == keys)
     ]
     return max(found, key=lambda candidate: candidate[0])[1] if found else None
 
@@ -343,6 +353,8 @@ def _one_per_container(found: list[Note]) -> list[Note]:
     merged: set[str] = set()
     for note in found:
         whole = lists[note.name]
+        if whole is not None and whole in names and whole != note.name:
+            continue  # the list's own note stands for its item (``history['loss'][1]``, read at a later start)
         if whole is None or items[whole] == 1:
             kept.append(note)
         elif whole not in merged:
@@ -446,9 +458,9 @@ def _keyed_by_a_variable(built_at: str, whole: str) -> bool:
 
 
 def _list_of(note: Note) -> str | None:
-    """``losses`` of the note of ``losses[3]`` (and of ``history[3][1]``, an item of a list of lists); None for
-    anything else."""
-    item = re.match(r"^(.+?)(?:\[\d+\])+$", note.name)
+    """``losses`` of the note of ``losses[3]`` (and of ``history[3][1]``, an item of a list of lists, and of
+    ``log[0]['loss']``, an entry of a list's item); None for anything else."""
+    item = re.match(r"^(.+?)(?:\[\d+\])+(?:\['[^\]]*'\])*$", note.name)
     return item.group(1) if item is not None and not note.parameter else None
 
 

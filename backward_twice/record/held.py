@@ -195,7 +195,7 @@ class Holding(Protocol):
     @property
     def full(self) -> dict[str, list[frozenset[int]]]: ...
     @property
-    def filling(self) -> dict[str, tuple[int, frozenset[int]]]: ...
+    def filling(self) -> dict[str, tuple[int, frozenset[int], int]]: ...
     @property
     def key(self) -> str: ...
     def fail(self, where: str, error: BaseException) -> None: ...
@@ -248,7 +248,7 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
     recorder.sightings.append(torch._C._autograd._get_sequence_nr())
     at_start = bool(recorder.starts) and recorder.starts[-1] == sighting
     held_under: dict[str, dict[int, str]] | None = {} if at_start else None
-    bounded: dict[str, tuple[int, set[int]]] | None = {} if at_start else None
+    bounded: dict[str, tuple[int, set[int], set[str]]] | None = {} if at_start else None
     nodes: dict[int, Node] = {}
     loop = recorder.loop.innermost
     lives = CodeSite(loop.code.co_filename, loop.code.co_firstlineno, loop.code.co_name) if loop is not None else None
@@ -307,9 +307,9 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
     if held_under and built_before is not None:  # read inside the pass: what it built is not held into it
         held_under = {name: {s: n for s, n in held.items() if s < built_before} for name, held in held_under.items()}
     note_growth(recorder.growth, held_under or {}, nodes, recorder.key)
-    for queue, (maxlen, held) in (bounded or {}).items():
-        if 1 < len(held) < maxlen:  # not full yet (a short run): its maxlen says how many it would hold
-            recorder.filling[queue] = (maxlen, frozenset(held))
-        reads = recorder.full.setdefault(queue, []) if len(held) >= maxlen > 1 else None  # one graph: a rebinding
+    for queue, (maxlen, held, items) in (bounded or {}).items():  # full or not by its items (a dict of tensors each)
+        if len(items) > 1:  # its maxlen bounds what it holds; not full yet (a short run), it says how many it would
+            recorder.filling[queue] = (maxlen, frozenset(held), len(items))
+        reads = recorder.full.setdefault(queue, []) if len(items) >= maxlen > 1 else None  # one graph: a rebinding
         if reads is not None and len(reads) < _FULL_READS:
             reads.append(frozenset(held))

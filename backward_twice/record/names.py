@@ -146,7 +146,7 @@ def names_holding_graphs(
     roots_where: CodeSite | None = None,
     held_under: dict[str, dict[int, str]] | None = None,
     lives: CodeSite | None = None,
-    bounded: dict[str, tuple[int, set[int]]] | None = None,
+    bounded: dict[str, tuple[int, set[int], set[str]]] | None = None,
 ) -> Iterator[tuple[NamedGraph, Node]]:
     """(name, node) for each node a name holds: the learner's frames from ``frame`` out (up to, not including,
     ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. ``held_under``, if
@@ -197,9 +197,11 @@ def names_holding_graphs(
                     under = held_under.setdefault(name, {})  # one tensor, two spellings: a list's item counts (a
                     if sequence not in under or (_ITEM.search(spelled) and not _ITEM.search(under[sequence])):
                         under[sequence] = spelled  # callback's list grows, though the trainer's last outputs hold it)
-                    queue = re.sub(r"\[\d+\]$", "", spelled)  # a tensor that is an item of a deque: counted there
+                    queue = re.sub(r"\[\d+\](?:\[[^\]]*\])*$", "", spelled)  # a deque's item, or in one: counted there
                     if bounded is not None and deques and queue in deques:
-                        bounded.setdefault(queue, (deques[queue], set()))[1].add(sequence)
+                        _, nodes, places = bounded.setdefault(queue, (deques[queue], set(), set()))
+                        nodes.add(sequence)
+                        places.add(spelled[len(queue) :].split("]", 1)[0])  # its place in the deque: ``[2]``
                 # a function's own variable, or an item of a tuple it holds (``ret = model(x, *mems)``: made by
                 # this call, it dies with it; what keeps the tensor is another name, ``mems``)
                 bare = source.function and (isinstance(value, tuple) or ("[" not in spelled and "." not in spelled))

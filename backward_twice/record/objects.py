@@ -14,7 +14,7 @@ learner's objects refused to be read (a ``__getattr__`` of its own) is kept, and
 never the loop. A module's submodules worth looking into are read once and again when they change
 (:func:`_tree`), not at every walk.
 
-Used by :mod:`backward_twice.record.names`.
+Used by :mod:`backward_twice.record.names` and :mod:`backward_twice.steps.snapshot`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from torch.autograd.graph import Node
 from backward_twice.record.learner import learners_class
 from backward_twice.record.saved import grad_fn_of
 
-__all__ = ["ATOMS", "ATOM_TYPES", "Found", "graphs_under"]
+__all__ = ["ATOMS", "ATOM_TYPES", "MODULE_OWN_ATTRIBUTES", "Found", "graphs_under"]
 
 ATOM_TYPES = (int, float, complex, bool, str, bytes, type(None))
 ATOMS = frozenset(ATOM_TYPES)  # values that hold no tensor, told by type
@@ -201,7 +201,7 @@ _trees: weakref.WeakKeyDictionary[torch.nn.Module, _Tree] = weakref.WeakKeyDicti
 
 
 # What every module's ``__dict__`` holds from ``nn.Module.__init__`` (``_compiled_call_impl``, None until compiled)
-_MODULES_OWN = frozenset(("training", "_compiled_call_impl")) | frozenset(
+MODULE_OWN_ATTRIBUTES = frozenset(("training", "_compiled_call_impl")) | frozenset(
     name for name in getattr(torch.nn.Module, "__annotations__", {}) if name.startswith("_")
 )
 
@@ -221,7 +221,7 @@ def _keys(module: torch.nn.Module) -> tuple[str, ...]:
             or ((isinstance(v, (tuple, list, collections.deque)) or v is None) and not k.startswith("_"))
             or (own and type(v) in (int, float, dict) and not k.startswith("_"))  # an EMA's ``self.shadow = {}``
             # a learner's private cache, None until a forward fills it (``self._kvectors``): the size stays
-            or (own and v is None and k not in _MODULES_OWN)
+            or (own and v is None and k not in MODULE_OWN_ATTRIBUTES)
         )
         cached = _tensor_keys[module] = (len(attributes), keys)
     return cached[1]

@@ -114,7 +114,7 @@ class Recorder:
         self.growth: dict[str, Growth] = {}  # a name whose count of graphs held at an iteration's start grew
         self.held_per_name: dict[str, int] = {}  # how many graphs each name was followed into
         self.full: dict[str, list[frozenset[int]]] = {}  # a deque full of graphs -> the nodes it held at starts
-        self.filling: dict[str, tuple[int, frozenset[int]]] = {}  # a deque not full: maxlen, nodes at the last start
+        self.filling: dict[str, tuple[int, frozenset[int], int]] = {}  # a deque not full: maxlen, nodes, items
         self.event_sightings: dict[EventKey, int] = {}  # an event -> its sighting
         self.starts: list[int] = []  # of those, the ones at an iteration's start
         self.error: ErrorRecord | None = None

@@ -21,7 +21,7 @@ from backward_twice.common.units import format_bytes, plural
 from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fed import fed_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list, read_as_a_tensor
-from backward_twice.judge.grows_at import assigned_line, growing_line
+from backward_twice.judge.grows_at import assigned_line, beside, growing_line, growing_lines
 from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note
 from backward_twice.record.learner import place as place_of
 
@@ -351,7 +351,7 @@ def note_item(note: Note) -> Item:
     place, code = split_line(note.built_at)
     filename = note.grows_in
     grows = growing_line(note.name, filename, note.ran) if filename is not None and not note.attributes else None
-    lines = (CodeLine(place, code, None, "each iteration's graph starts here"),)
+    lines: tuple[CodeLine, ...] = (CodeLine(place, code, None, "each iteration's graph starts here"),)
     where = "each graph goes in here" if note.bound else "grows here"
     fix = "keep a number (`.item()`) or a detached tensor (`.detach()`) instead"
     if not note.one_element:  # `.item()` raises on a tensor of several numbers
@@ -377,6 +377,13 @@ def note_item(note: Note) -> Item:
             fix = f"`{note.name}.{method}({appended}.item())`, or `{appended}.detach()` if you need the tensor"
         elif appended:
             fix = f"`{note.name}.{method}({appended}.detach())`"
+        also = [f for f in growing_lines(note.name, filename, note.ran)[1:] if f[2] and beside(filename, number, f[0])]
+        if appended and also and not (walked or literal or note.nested or note.entry):  # two appends a pass: both
+            lines += tuple(
+                CodeLine(_short_place(place_of(filename, n)), t, span_of(t, note.name), where) for n, t, *_ in also
+            )
+            kept = "item" if "item()" in fix else "detach"
+            fix = " and ".join(f"`{note.name}.{how}({what}.{kept}())`" for _, _, what, how in [grows, *also])
     assigned = assigned_line(note.name, filename, note.ran) if grows is None and filename is not None else None
     if assigned is not None and filename is not None and not note.attributes:  # ``self.best = self.total``
         number, text = assigned

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from backward_twice.record.learner import LearnersCode, learners_code, skipped_dirs
+from backward_twice.record.objects import MODULE_OWN_ATTRIBUTES
 from backward_twice.record.step_input import global_namespace, held_bindings, known_names
 
 __all__ = ["CpuSnapshot", "cpu_copy"]
@@ -139,7 +140,9 @@ class CpuSnapshot:
             for model in models
             for module in model.modules()
             for name, value in vars(module).items()
-            if isinstance(value, (torch.Tensor, tuple)) or not name.startswith("_")  # ``self.counter += 1`` too
+            if isinstance(value, (torch.Tensor, tuple))
+            or not name.startswith("_")  # ``self.counter += 1`` too
+            or (value is None and name not in MODULE_OWN_ATTRIBUTES)  # a cache a forward fills (``self._gram``)
         ]
         self._module_keys = [(module, set(vars(module))) for model in models for module in model.modules()]
         self._registered: list[tuple[dict[str, Any], dict[str, Any]]] = [  # a step may replace a registered
