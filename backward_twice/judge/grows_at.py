@@ -11,6 +11,7 @@ import ast
 import linecache
 import re
 
+from backward_twice.record.loops import innermost_loop_body
 from backward_twice.record.sources import function_around, parsed
 
 __all__ = ["Grows", "assigned_line", "beside", "either_quote", "growing_line", "growing_lines", "local_alias"]
@@ -159,18 +160,10 @@ def _prose(filename: str) -> frozenset[int]:
 
 
 def beside(filename: str, line: int, other: int) -> bool:
-    """Whether ``other`` runs with ``line`` each pass: in the innermost loop of ``filename`` around ``line``, or, with
-    none, in the same function."""
+    """Whether ``other`` runs with ``line`` each pass: in the body of the innermost loop of ``filename`` around
+    ``line`` (:func:`.loops.innermost_loop_body`), or, with none, in the same function."""
+    body = innermost_loop_body(filename, line)
+    if body is not None:
+        return body[0] <= other <= body[1]
     tree = parsed(filename)
-    if tree is None:
-        return False
-    scope = function_around(tree, line)
-    loops = [
-        node
-        for node in ast.walk(scope)
-        if isinstance(node, (ast.For, ast.While)) and node.lineno < line <= (node.end_lineno or node.lineno)
-    ]
-    if loops:
-        inner = max(loops, key=lambda node: node.lineno)
-        return inner.lineno < other <= (inner.end_lineno or inner.lineno)
-    return function_around(tree, other) is scope
+    return tree is not None and function_around(tree, other) is function_around(tree, line)

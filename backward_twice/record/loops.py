@@ -23,10 +23,11 @@ Nothing here imports torch, reads a frame's variables or writes to a frame.
 
 Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.cached`, :mod:`backward_twice.judge.carried`,
 :mod:`backward_twice.judge.closures`, :mod:`backward_twice.judge.errors_fix`, :mod:`backward_twice.judge.fixes`,
-:mod:`backward_twice.judge.frozen`, :mod:`backward_twice.judge.hooks`, :mod:`backward_twice.judge.loop_body`,
-:mod:`backward_twice.judge.stored`, :mod:`backward_twice.judge.uses`, :mod:`backward_twice.record.bound`,
-:mod:`backward_twice.record.lines`, :mod:`backward_twice.record.pass_stops`, :mod:`backward_twice.record.passes`,
-:mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.stops` and :mod:`backward_twice.steps.harness`.
+:mod:`backward_twice.judge.frozen`, :mod:`backward_twice.judge.grows_at`, :mod:`backward_twice.judge.hooks`,
+:mod:`backward_twice.judge.loop_body`, :mod:`backward_twice.judge.stored`, :mod:`backward_twice.judge.uses`,
+:mod:`backward_twice.record.bound`, :mod:`backward_twice.record.lines`, :mod:`backward_twice.record.pass_stops`,
+:mod:`backward_twice.record.passes`, :mod:`backward_twice.record.recorder`, :mod:`backward_twice.record.stops` and
+:mod:`backward_twice.steps.harness`.
 """
 
 from __future__ import annotations
