@@ -225,7 +225,7 @@ def _one_per_tensor(by_name: dict[str, Note]) -> dict[str, Note]:
     holds the simpler name's root under that name (``state['model'].model[1].running_mean``, a step tool's models
     read from its caller, beside ``model.model[1].running_mean``, the step's own name)."""
     paths = {name: re.findall(r"\.\w+|\[[^\]]*\]", re.sub(r"^\w+", "", name)) for name in by_name}
-    roots = {name: re.match(r"\w*", name).group(0) for name in by_name}  # type: ignore[union-attr]
+    roots = {name: re.findall(r"^\w*", name)[0] for name in by_name}
     dropped = {
         longer
         for longer in by_name

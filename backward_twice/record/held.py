@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch.autograd.graph import Node
 
-from backward_twice.record.names import CodeSite, NamedGraph, names_holding_graphs, simpler
+from backward_twice.record.names import LIST_ITEM, CodeSite, NamedGraph, names_holding_graphs, simpler
 from backward_twice.record.passes import IterationLoop
 from backward_twice.record.saved import graph_only_bytes, python_walk
 from backward_twice.record.walks import kept
@@ -108,7 +108,7 @@ def note_growth(
         more = {c for c, count in containers.items() if count > grown.by_container.get(c, count) and c in new}
         if not full:
             grown.seen.update(held.values())
-        lists = {_container_of(spelled) for spelled in grown.seen | set(held.values()) if _LIST_ITEM.search(spelled)}
+        lists = {_container_of(spelled) for spelled in grown.seen | set(held.values()) if LIST_ITEM.search(spelled)}
         if (len(held) > grown.count or lists & more) and grown.count and more:  # a list grew (another let one go)
             grown.grew += 1
             grown.newest = max(
@@ -125,7 +125,7 @@ def note_growth(
             grown.newest_bytes = grown.grown_in.get(_container_of(grown.newest_name), (0, "", 0))[2]
         members: dict[str, set[int]] = {}
         for sequence, spelled in held.items():
-            if _LIST_ITEM.search(spelled):
+            if LIST_ITEM.search(spelled):
                 members.setdefault(_container_of(spelled), set()).add(sequence)
         if grown.grew and any(oldest not in members.get(c, ()) for c, oldest in grown.oldest.items()):
             grown.emptied = True  # read at passes 1-4, 8, 16, ...: a count alone may look the same after a clear
@@ -134,7 +134,6 @@ def note_growth(
 
 
 _SPELLINGS_SEEN = 64  # past as many, a name's growth is read from its counts alone
-_LIST_ITEM = re.compile(r"\[\d+\]$")  # a spelling that ends in a list's item
 
 
 def _container_of(spelled: str) -> str:

@@ -34,6 +34,7 @@ from backward_twice.record.objects import ATOM_TYPES, ATOMS, graphs_under
 from backward_twice.record.saved import unseen_by_subclasses
 
 __all__ = [
+    "LIST_ITEM",
     "CodeSite",
     "NamedGraph",
     "named_optimizers",
@@ -77,7 +78,7 @@ class NamedGraph:
 _own_files: dict[str, bool] = {}
 
 
-_ITEM = re.compile(r"\[\d+\]$")  # a spelling that ends in a list's item
+LIST_ITEM = re.compile(r"\[\d+\]$")  # a spelling that ends in a list's item
 
 
 def site_of(frame: types.FrameType | None, skipped: tuple[str, ...], outward: bool = True) -> tuple[str, int]:
@@ -195,7 +196,7 @@ def names_holding_graphs(
                 sequence = node._sequence_nr()
                 if held_under is not None and lasting and claimed.setdefault(name, source) is source:
                     under = held_under.setdefault(name, {})  # one tensor, two spellings: a list's item counts (a
-                    if sequence not in under or (_ITEM.search(spelled) and not _ITEM.search(under[sequence])):
+                    if sequence not in under or (LIST_ITEM.search(spelled) and not LIST_ITEM.search(under[sequence])):
                         under[sequence] = spelled  # callback's list grows, though the trainer's last outputs hold it)
                     queue = re.sub(r"\[\d+\](?:\[[^\]]*\])*$", "", spelled)  # a deque's item, or in one: counted there
                     if bounded is not None and deques and queue in deques:
