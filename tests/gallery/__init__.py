@@ -163,4 +163,8 @@ LOOPS = [
     "pixelcnn_masked_conv",
     "realnvp_2d_moons",
     "consistency_training_ema",
+    "jacobian_reg_mnist_mlp",
+    "hnn_spring",
+    "dataset_condensation_gm",
+    "meta_weight_net",
 ]
