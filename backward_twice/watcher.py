@@ -24,11 +24,12 @@ import re
 import sys
 import threading
 import types
+from collections.abc import Callable
 from typing import Any
 
 from backward_twice.judge.failsafe import could_not_judge, judged
 from backward_twice.judge.verdicts import Verdicts, judge
-from backward_twice.record.learner import first_line, place, without_tool_frames
+from backward_twice.record.learner import first_line, lend_timed_cell_source, place, without_tool_frames
 from backward_twice.record.recorder import Recorder, StopRecording
 from backward_twice.record.thread_stop import ThreadStop
 from backward_twice.report.rendering import Report, build_report, render_html, render_text, report_json
@@ -75,11 +76,13 @@ class Watch:
         self._excepthook = threading.excepthook
         self._quiet_hook: Any = None
         self._thread_stop = ThreadStop()
+        self._take_back: Callable[[], None] = lambda: None
 
     def __enter__(self) -> Watch:
         self._verdicts = self._report = None
         caller = sys._getframe(1)
         self.recorder.boundary = caller
+        self._take_back = lend_timed_cell_source(caller)  # a ``%%time`` cell's lines, while it runs
         if not self._more_given:
             name = _with_name(caller) or "w"
             in_a_cell = place(caller.f_code.co_filename, 1).startswith("Cell ")  # a script has no new cell
@@ -112,6 +115,7 @@ class Watch:
                 self._problem = could_not_judge("this run", error)
         if self._problem is not None:  # what every part of the watch shows: nothing judged, and why
             self._report = Report(self._problem, (), (), self._problem)
+        self._take_back()
         if isinstance(exc, Exception):
             exc.__traceback__ = without_tool_frames(exc.__traceback__)
             _without_the_stop(exc)

@@ -449,14 +449,15 @@ for _ in range(4):
     ("maxlen", "headline"),
     [
         (2, "keeps the last 2 iterations' graphs alive"),
-        (8, "keeps up to the last 8 iterations' graphs alive (4 so far)"),
+        (8, "keeps up to the last 8 iterations' graphs alive"),
     ],
 )
 def test_a_deque_of_key_graphs_is_one_note_of_what_it_holds(tmp_path: Path, maxlen: int, headline: str) -> None:
     """A MoCo-style queue as a deque, the keys enqueued with their graphs: with maxlen 2 it was "healthy" (read at
     each pass's first event, the deque had pushed its oldest graph out, so its count never grew), although it
     holds the last 2 passes' graphs; with maxlen 8 it still fills up in the 4 passes watched: it was "one more
-    iteration's graph alive every iteration", "holds them all", where its maxlen keeps at most 8 (the 4 it holds)."""
+    iteration's graph alive every iteration", "holds them all", where its maxlen keeps at most 8 (the 4 it holds; no
+    count: the passes are read at their first events, and none sees the run's end)."""
     (tmp_path / "train.py").write_text(MOCO_DEQUE.replace("MAXLEN", str(maxlen)))
     done = _run(tmp_path, "watch", "train.py")
     assert done.returncode == 0, done.stderr
@@ -507,6 +508,34 @@ def test_a_deque_not_yet_full_when_the_run_stops_keeps_up_to_its_maxlen(
     assert f"1. `recent` {headline}\n" in done.stdout, done.stdout
     assert "holds them until newer ones push them out" in done.stdout, done.stdout
     assert "holds them all" not in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("maxlen", "passes", "item", "held", "kept"),
+    [
+        (4, 7, "loss", 4, "the last 4"),  # full at pass 6's read
+        (7, 7, "loss", 7, "up to the last 7"),  # full at the end: the last read, at pass 6's backward, saw 5
+        (10, 6, '{"loss": loss, "mean": out.mean()}', 6, "up to the last 10"),  # ``out.mean()``: built after the step
+    ],
+)
+def test_a_deque_watched_to_its_end_tells_no_count_its_reads_did_not_see(
+    tmp_path: Path, maxlen: int, passes: int, item: str, held: int, kept: str
+) -> None:
+    """A deque of losses (h71a): ``deque(maxlen=4)`` over 7 passes was "up to the last 4 ... (3 so far)" where the
+    bare run ends holding 4 (read at passes 1-4 and 8; now 6 too: full); a ``deque(maxlen=10)`` of dicts with a tensor
+    built after the step, over 6 passes, was "one more iteration's graph alive every iteration ... holds them all",
+    where its maxlen bounds it at 10. A count its reads did not see is not given."""
+    source = RECENT_LOSSES.replace("maxlen=3", f"maxlen={maxlen}").replace("range(6)", f"range({passes})")
+    source = source.replace("    loss = (model(", "    out = model(torch.randn(8, 4))\n    loss = (model(")
+    source = source.replace("recent.append(loss)", f"recent.append({item})").replace(".grad_fn is not None", "")
+    source = source.replace("sum(item for item in recent)", "len(recent)")
+    (tmp_path / "train.py").write_text(source)
+    bare = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bare.stdout == f"graphs held: {held}\n", bare.stderr
+    done = _run(tmp_path, "watch", "train.py")
+    assert done.returncode == 0, done.stderr
+    assert f"1. `recent` keeps {kept} iterations' graphs alive\n" in done.stdout, done.stdout
+    assert "holds them until newer ones push them out" in done.stdout, done.stdout
 
 
 LOSSES_IN_STATE = """
@@ -567,6 +596,108 @@ def test_a_list_a_caller_names_otherwise_is_one_note_in_process(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("backward-twice: 1 note (3 iterations watched)\n"), done.stdout
     assert "losses_in_state.py:16 | losses.append(loss / 4)\n" in done.stdout, done.stdout
+
+
+def _printed_by_python(tmp_path: Path, source: str) -> str:
+    """What ``source``, run by python as ``fixed.py`` in ``tmp_path`` (a fix applied as printed), prints."""
+    (tmp_path / "fixed.py").write_text(source)
+    bare = subprocess.run([sys.executable, "fixed.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bare.returncode == 0, bare.stderr
+    return bare.stdout
+
+
+RECORDED_BY_A_HELPER = """
+import torch
+
+
+def record(store, a, b):
+    store.append(a)
+    store.append(b)
+
+
+def train(passes):
+    torch.manual_seed(0)
+    encoder, head_a, head_b = torch.nn.Linear(4, 3), torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD([*encoder.parameters(), *head_a.parameters(), *head_b.parameters()], lr=0.1)
+    recent = []
+    for _ in range(passes):
+        optimizer.zero_grad()
+        h = encoder(torch.randn(8, 4))
+        loss_a, loss_b = head_a(h).pow(2).mean(), head_b(h).abs().mean()
+        (loss_a + loss_b).backward()
+        optimizer.step()
+        record(recent, loss_a, loss_b)
+    return recent
+
+
+recent = train(4)
+print("graphs held", sum(t.grad_fn is not None for t in recent if torch.is_tensor(t)))
+"""
+
+
+@pytest.mark.parametrize("iterations", [(), ("--iterations", "2")])
+def test_a_list_a_helper_grows_is_named_at_the_helpers_appends(tmp_path: Path, iterations: tuple[str, ...]) -> None:
+    """``record(recent, loss_a, loss_b)`` appending both to its parameter ``store`` (h71a): the note sat at the loss
+    line ("each iteration's graph starts here") with the generic fix. The truth (no helpers): the list holds 8
+    graphs after 4 passes; with the printed lines in place of the helper's appends, none."""
+    (tmp_path / "train.py").write_text(RECORDED_BY_A_HELPER)
+    bare = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bare.stdout == "graphs held 8\n", bare.stderr
+    done = _run(tmp_path, "watch", *iterations, "train.py")
+    assert done.returncode == 0, done.stderr
+    assert "train.py:6 | store.append(a)\n" in done.stdout and "train.py:7 | store.append(b)\n" in done.stdout
+    fix = "keep in mind: `store.append(a.item())` and `store.append(b.item())`\n"
+    assert fix in done.stdout, done.stdout
+    fixed = RECORDED_BY_A_HELPER.replace("store.append(a)", "store.append(a.item())")
+    assert _printed_by_python(tmp_path, fixed.replace("store.append(b)", "store.append(b.item())")) == "graphs held 0\n"
+
+
+FIELDS_IN_NESTED_STATE = """
+import torch
+
+
+def build():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    return {"net": net, "opt": torch.optim.Adam(net.parameters(), 1e-3), "stats": {"fields": []}}
+
+
+def iteration(state):
+    net, opt, stats = state["net"], state["opt"], state["stats"]
+    loss = net(torch.randn(16, 2)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    field = net(torch.randn(16, 2))
+    stats["fields"].append(field)
+
+
+def run(state, iterations=4):
+    for _ in range(iterations):
+        iteration(state)
+
+
+if __name__ == "__main__":
+    state = build()
+    run(state)
+    print("graphs held", sum(t.grad_fn is not None for t in state["stats"]["fields"]))
+"""
+
+
+@pytest.mark.parametrize("iterations", [(), ("--iterations", "2")])
+def test_a_list_in_a_dict_of_the_state_is_a_note_at_its_append(tmp_path: Path, iterations: tuple[str, ...]) -> None:
+    """``stats["fields"].append(field)`` with ``stats = state["stats"]`` (h72b, the HNN's test fields): "healthy",
+    the list two dicts down in a variable of the loop's function was never read as growing. The truth (no helpers):
+    4 graphs held after 4 passes; with the printed line in place, none."""
+    (tmp_path / "train.py").write_text(FIELDS_IN_NESTED_STATE)
+    done = _run(tmp_path, "watch", *iterations, "train.py")
+    assert done.returncode == 0, done.stderr
+    assert '1. `stats["fields"]` keeps one more iteration\'s graph alive every iteration\n' in done.stdout, done.stdout
+    assert 'keep in mind: `stats["fields"].append(field.detach())`\n' in done.stdout, done.stdout
+    (tmp_path / "fixed.py").write_text(FIELDS_IN_NESTED_STATE.replace(".append(field)", ".append(field.detach())"))
+    for script, held in (("train.py", 4), ("fixed.py", 0)):
+        bare = subprocess.run([sys.executable, script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert bare.stdout == f"graphs held {held}\n", bare.stderr
 
 
 IMPLICIT_BACKWARD = """
@@ -721,9 +852,8 @@ def test_a_list_given_two_tensors_a_pass_is_named_at_both_appends_and_fixed_at_b
     fix = "keep in mind: `recent.append(loss_a.item())` and `recent.append(loss_b.item())`\n"
     assert fix in done.stdout, done.stdout
     fixed = TWO_APPENDS.replace("recent.append(loss_a)", "recent.append(loss_a.item())")
-    (tmp_path / "fixed.py").write_text(fixed.replace("recent.append(loss_b)", "recent.append(loss_b.item())"))
-    bare = subprocess.run([sys.executable, "fixed.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert bare.stdout == "graphs held 0\n", bare.stderr
+    fixed = fixed.replace("recent.append(loss_b)", "recent.append(loss_b.item())")
+    assert _printed_by_python(tmp_path, fixed) == "graphs held 0\n"
 
 
 DEQUE_OF_DICTS = """

@@ -2603,3 +2603,132 @@ def test_a_value_cached_on_a_module_imported_from_another_file_is_named_there_no
     [item] = [item for item in report.items if item.kind == "carried"]
     assert item.label.startswith("`calculator._kvectors` carries iteration 1's graph"), item.label
     assert "positions" not in item.fix, item.fix
+
+
+LOG_BY_SETDEFAULT = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+log = {}
+for _ in range(6):
+    out = model(torch.randn(8, 4))
+    loss = out.pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    log.setdefault("loss", []).append(loss)
+    log.setdefault("mean", []).append(out.mean())
+"""
+
+
+def test_a_list_a_dict_makes_at_its_first_append_keeps_its_setdefault_in_the_printed_fix(tmp_path: Path) -> None:
+    """``log.setdefault("loss", []).append(loss)`` (h71a): the fix was ``log['loss'].append(loss.item())``, a KeyError
+    as printed at the first pass, and ``out.mean()`` appended got no line at all. The truth (no helpers): as written
+    the lists hold 12 graphs; with each printed line in place of its append, none, and the weights are the same."""
+    ran = _run(LOG_BY_SETDEFAULT, tmp_path / "as_written.py")
+    assert sum(t.grad_fn is not None for kept in ran["log"].values() for t in kept) == 12
+    fixes = sorted(
+        re.match(r"`([^`]+)`", item.fix).group(1) for item in _items_watched(LOG_BY_SETDEFAULT, tmp_path / "w.py")
+    )
+    assert fixes == [
+        'log.setdefault("loss", []).append(loss.item())',
+        'log.setdefault("mean", []).append(out.mean().item())',
+    ], fixes
+    fixed_source = LOG_BY_SETDEFAULT
+    for fix in fixes:  # each in place of the append whose list it names, indented as that append
+        head = re.escape(fix.split(".append(")[0])
+        fixed_source = re.sub(rf"(?m)^(\s*){head}\.append\(.*\)$", lambda m, f=fix: m.group(1) + f, fixed_source)
+    assert fixed_source.count(".item())") == 2, fixed_source
+    fixed = _run(fixed_source, tmp_path / "fixed.py")
+    assert all(isinstance(v, float) for kept in fixed["log"].values() for v in kept)
+    assert torch.equal(fixed["model"].weight, ran["model"].weight)
+
+
+MUTUAL_OVER_MODELS = """
+import torch
+import torch.nn.functional as F
+torch.manual_seed(0)
+models = [torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)) for _ in range(2)]
+optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+loss_kl = torch.nn.KLDivLoss(reduction="batchmean")
+for images, labels in [(torch.randn(6, 8), torch.randint(0, 4, (6,))) for _ in range(3)]:
+    outputs = []
+    for model in models:
+        outputs.append(model(images))
+    for i in range(2):
+        ce_loss = F.cross_entropy(outputs[i], labels)
+        kl_loss = 0
+        for j in range(2):
+            if i != j:
+                kl_loss += loss_kl(F.log_softmax(outputs[i], dim=1),
+                                   F.softmax(outputs[j], dim=1))
+        loss = ce_loss + kl_loss
+        optimizers[i].zero_grad()
+        loss.backward()
+        optimizers[i].step()
+"""
+
+
+@pytest.mark.parametrize("retain", ["", "retain_graph=True"])
+def test_mutual_learning_over_a_list_of_models_detaches_the_other_models_output_as_printed(
+    tmp_path: Path, retain: str
+) -> None:
+    """Deep mutual learning's loop over its models (chxy95/Deep-Mutual-Learning#5): each model's loss reads the other's
+    output as its target. The fix was "compute `model(images)` (line 11) again ... detached copies in `outputs` would
+    train nothing" (with the band-aid: "build the `outputs` item each pass reads inside the loop"). The truth (no
+    helpers): as written pass 2 raises (a second backward; with the retain, the in-place error of model 0's step);
+    with the thread's answer, `outputs[j].detach()` where the target is read, it trains; the printed fix is that."""
+    source = MUTUAL_OVER_MODELS.replace("loss.backward()", f"loss.backward({retain})")
+    error = "modified by an inplace operation" if retain else "backward through the graph a second time"
+    with pytest.raises(RuntimeError, match=error):
+        _run(source, tmp_path / "as_written.py")
+    thread = _run(source.replace("softmax(outputs[j]", "softmax(outputs[j].detach()"), tmp_path / "thread.py")
+    [item] = _items_watched(source, tmp_path / "watched.py")
+    printed = re.match(r"use `outputs\[j\]\.detach\(\)` at line (\d+): ", item.fix)
+    assert printed is not None and "outputs[i]" in item.fix, item.fix
+    assert ("remove retain_graph=True at line 23" in item.fix) == bool(retain), item.fix
+    lines = source.split("\n")
+    at = int(printed.group(1)) - 3  # the watched copy stands 3 lines lower; ``lines[0]`` is the empty first
+    assert "outputs[j]" in lines[at], (at, lines[at])
+    lines[at] = lines[at].replace("outputs[j]", "outputs[j].detach()")
+    fixed = _run("\n".join(lines).replace(f"backward({retain})", "backward()"), tmp_path / "fixed.py")
+    for mine, theirs in zip(fixed["models"], thread["models"], strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(mine.parameters(), theirs.parameters(), strict=True))
+
+
+INPUT_GRADIENT_PENALTY = """
+import torch
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for data, target in [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(3)]:
+    data.requires_grad = True
+    opt.zero_grad()
+    output = net(data)
+    loss_super = torch.nn.functional.cross_entropy(output, target)
+    grad_x, = torch.autograd.grad(output.sum(), data)
+    loss = loss_super + 0.1 * grad_x.pow(2).sum()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_gradient_penalty_written_without_create_graph_gets_create_graph_as_printed(tmp_path: Path) -> None:
+    """Double backprop without ``create_graph=True`` (h72b): "use `output.detach()` ... or add retain_graph=True to
+    line 13's backward only", where the detach raises ("does not require grad") and the retain trains exactly as no
+    penalty at all. The truth (no helpers): as written the loss's backward raises; with the retain, the weights are
+    those of ``loss_super`` alone; with ``create_graph=True`` on the grad line, the penalty trains."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _run(INPUT_GRADIENT_PENALTY, tmp_path / "as_written.py")
+    [item] = _items_watched(INPUT_GRADIENT_PENALTY, tmp_path / "watched.py")
+    assert item.fix.startswith("add create_graph=True to line 13's `autograd.grad` if the loss trains through"), item
+    assert item.fix.endswith(", else retain_graph=True"), item.fix
+    grad_line = "torch.autograd.grad(output.sum(), data"
+    created = _run(INPUT_GRADIENT_PENALTY.replace(grad_line, f"{grad_line}, create_graph=True"), tmp_path / "c.py")
+    retained = _run(INPUT_GRADIENT_PENALTY.replace(grad_line, f"{grad_line}, retain_graph=True"), tmp_path / "r.py")
+    without = INPUT_GRADIENT_PENALTY.replace(" + 0.1 * grad_x.pow(2).sum()", "")  # the grad kept: the same draws
+    no_penalty = _run(without.replace(grad_line, f"{grad_line}, retain_graph=True"), tmp_path / "n.py")
+    weights = [[p.detach() for p in ran["net"].parameters()] for ran in (created, retained, no_penalty)]
+    assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[2], strict=True))
+    assert not all(torch.allclose(a, b) for a, b in zip(weights[0], weights[2], strict=True))

@@ -609,6 +609,31 @@ def test_a_running_total_reset_every_few_passes_is_not_said_to_hold_them_all() -
     assert "until the loop resets it" in item.why and "holds them all" not in item.why, item.why
 
 
+@pytest.mark.parametrize("every", [3, 4, 8])
+@pytest.mark.parametrize("passes", [12, 24])
+def test_a_total_added_to_before_the_backward_and_reset_every_k_passes_holds_several(every: int, passes: int) -> None:
+    """ML2021 HW7's loop (pai4451/ML2021#2): ``train_loss += loss`` before the backward, reset every K passes. It
+    was "holds them all" at K=4 and K=8 (read at the first backward, from passes 1-4, 8, 16: after a reset the total
+    already holds that pass's graph, so no read saw it hold fewer). The truth: after each reset the total holds no
+    graph, and at most the K passes' since."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_loss: Any = 0
+    with watch() as w:
+        for step in range(1, passes + 1):
+            loss = ((model(torch.randn(8, 4)) - torch.randn(8, 1)) ** 2).mean()
+            train_loss += loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step % every == 0:
+                train_loss = 0
+    (item,) = w.report.items
+    assert item.label == "`train_loss` keeps several iterations' graphs alive at once", str(w)
+    assert "until the loop resets it" in item.why and "holds them all" not in item.why, item.why
+
+
 def test_a_list_grown_with_an_attribute_is_found_at_its_append(tmp_path: Any) -> None:
     """The transformers tutorial's loop keeping ``outputs.loss`` for logging: the line where ``losses`` grows is the
     ``append`` (not ``losses = []``, which builds nothing), and what it appends is ``outputs.loss``."""

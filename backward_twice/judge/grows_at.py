@@ -94,41 +94,69 @@ def growing_lines(
         found = [candidate for candidate in found if candidate[0] in ran]
     tensors = [f for f in found if not re.search(r"\.(item|tolist)\(\)|\bfloat\(", f[1])] or found[:1]
     named = [f for f in tensors if f[2]]  # a name appended (``bank.appendleft(k)``), not a fill before the loop
-    if not named:  # an expression of names without a call (``losses.append(loss / 4)``): it, in brackets
+    if not named:  # an expression of names (``losses.append(loss / 4)``, ``log.append(out.mean())``)
         computed: list[Grows] = [
-            (n, code, f"({expression})", how) for n, code, _, how in tensors if (expression := _computed(code))
+            (n, code, expression, how) for n, code, _, how in tensors if (expression := _computed(code))
         ]
         named = computed if len(computed) == 1 else []
     return named or tensors[:1]
 
 
 def _computed(code: str) -> str | None:
-    """The argument of the one ``.append(...)`` or ``.appendleft(...)`` of the statement ``code`` when it computes from
-    names with operators and calls nothing (``loss / 4``, ``-out[0]``); None otherwise."""
+    """The argument of the ``.append(...)`` or ``.appendleft(...)`` of the statement ``code`` when it computes from
+    names with operators and calls nothing (``loss / 4`` and ``-out[0]``, given in brackets) or is a tensor method of
+    a name called without arguments (``out.mean()``); None otherwise."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
         return None
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
-    if len(calls) != 1 or len(calls[0].args) != 1 or calls[0].keywords:
+    appends = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("append", "appendleft")
+        and len(node.args) == 1
+        and not node.keywords
+    ]
+    if len(appends) != 1:
         return None
-    called, argument = calls[0].func, calls[0].args[0]
-    appends = isinstance(called, ast.Attribute) and called.attr in ("append", "appendleft")
-    operators = isinstance(argument, (ast.BinOp, ast.UnaryOp))
+    argument = appends[0].args[0]
     names = any(isinstance(node, ast.Name) for node in ast.walk(argument))
-    return ast.unparse(argument) if appends and operators and names else None
+    calls = [node for node in ast.walk(argument) if isinstance(node, ast.Call)]
+    if isinstance(argument, (ast.BinOp, ast.UnaryOp)) and names and not calls:
+        return f"({ast.unparse(argument)})"
+    if not isinstance(argument, ast.Call) or argument.args or argument.keywords:
+        return None
+    method = isinstance(argument.func, ast.Attribute) and isinstance(argument.func.value, ast.Name)
+    return ast.unparse(argument) if method else None
+
+
+def receiver(code: str, method: str) -> str | None:
+    """What the statement ``code`` calls ``method`` on, as written: ``log.setdefault("loss", [])`` of
+    ``log.setdefault("loss", []).append(loss)``, where the list's name ``log['loss']`` would raise a KeyError before
+    the first append; None if ``code`` is no statement or calls no ``method``."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method:
+            return ast.get_source_segment(code, node.func.value)
+    return None
 
 
 def local_alias(name: str, filename: str, line: int) -> str | None:
     """The plain name a statement of the function of ``filename`` around ``line`` binds to what ``name`` ends in, when
     that name grows there: ``losses`` of ``model, opt, losses = state["model"], state["opt"], state["losses"]`` (or
-    ``losses = st["losses"]``, the same list under a caller's name) for ``state['losses']``; None if none does."""
+    ``losses = st["losses"]``, the same list under a caller's name) for ``state['losses']``; else the parameter of a
+    function the list is passed to that grows it; None if none does."""
     tail = re.search(r"(\.\w+|\[[^\]]*\])$", name)
     tree = parsed(filename)
-    if tail is None or tree is None:
+    if tree is None:
         return None
-    ending = tail.group(1).replace('"', "'")
-    for node in ast.walk(function_around(tree, line)):
+    ending = tail.group(1).replace('"', "'") if tail is not None else None
+    for node in ast.walk(function_around(tree, line)) if ending is not None else ():
         if not isinstance(node, ast.Assign) or len(node.targets) != 1:
             continue
         target, value = node.targets[0], node.value
@@ -138,11 +166,50 @@ def local_alias(name: str, filename: str, line: int) -> str | None:
             else [(target, value)]
         )
         for bound, read in pairs:
-            aliased = isinstance(read, (ast.Subscript, ast.Attribute)) and isinstance(bound, ast.Name)
-            if aliased and ast.unparse(read).replace('"', "'").endswith(ending):
-                assert isinstance(bound, ast.Name)
-                if growing_line(bound.id, filename) is not None:  # somewhere: the line may lie in a helper
-                    return bound.id
+            if not isinstance(read, (ast.Subscript, ast.Attribute)) or not isinstance(bound, ast.Name):
+                continue
+            same = ending and ast.unparse(read).replace('"', "'").endswith(ending)
+            if same and growing_line(bound.id, filename) is not None:  # somewhere: the line may lie in a helper
+                return bound.id
+            rest = _past(ast.unparse(read), name)  # ``stats = state["stats"]``: ``stats["fields"]``, as it grows
+            grown = growing_line(bound.id + rest, filename) if rest else None
+            if grown is not None:
+                spelled = re.search(either_quote(bound.id + (rest or "")), grown[1])
+                return spelled.group(0) if spelled is not None else bound.id + (rest or "")
+    return _parameter_it_is_passed_as(name, filename, tree, function_around(tree, line))
+
+
+def _past(read: str, name: str) -> str | None:
+    """What ``name`` reads past what ``read`` does, when ``read``'s keys and attributes (its root aside) begin
+    ``name``'s: ``['fields']`` of ``st['stats']['fields']`` past ``state["stats"]``; None otherwise."""
+    steps = re.compile(r"\.\w+|\[[^\]]*\]")
+    took, wanted = steps.findall(read.replace('"', "'")), steps.findall(name.replace('"', "'"))
+    fits = 0 < len(took) < len(wanted) and wanted[: len(took)] == took
+    return "".join(wanted[len(took) :]) if fits else None
+
+
+def _parameter_it_is_passed_as(name: str, filename: str, tree: ast.Module, caller: ast.AST) -> str | None:
+    """The parameter of a function of ``filename`` that grows what ``caller`` passes it as ``name``: ``store`` of
+    ``def record(store, a, b): store.append(a)`` called ``record(recent, loss_a, loss_b)``; None if none does."""
+    functions = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    methods = {
+        f.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body if isinstance(f, ast.FunctionDef)
+    }
+    for call in (node for node in ast.walk(caller) if isinstance(node, ast.Call)):
+        callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
+        function = functions.get(callee) if isinstance(callee, str) else None
+        if function is None:
+            continue
+        shift = 1 if isinstance(call.func, ast.Attribute) and function.name in methods else 0  # ``self``
+        params = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]][shift:]
+        passed = [(params[i] if i < len(params) else None, value) for i, value in enumerate(call.args)]
+        passed += [(keyword.arg, keyword.value) for keyword in call.keywords]
+        for param, value in passed:
+            if param is None or ast.unparse(value).replace('"', "'") != name.replace('"', "'"):
+                continue
+            grows = growing_line(param, filename)
+            if grows is not None and function.lineno <= grows[0] <= (function.end_lineno or function.lineno):
+                return param
     return None
 
 

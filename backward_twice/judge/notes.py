@@ -64,6 +64,9 @@ class Note:
     nested: bool = False  # its items are lists or tuples of tensors (``states_list.append([word, states])``)
     positions: tuple[int, ...] = ()  # ``nested``: the places in an item that held graphs (``(s, a, logp, r)``: 2)
     so_far: int = 0  # ``bound`` of a deque never full in the run (its maxlen): the iterations' graphs it held last
+    up_to: bool = (
+        False  # ``bound`` is a deque's maxlen it was not seen to fill (``so_far``: read where the run stopped)
+    )
 
 
 def _updated_in_place(named: NamedGraph | None, grows: bool, recorder: Recorder | None = None) -> bool:
@@ -149,7 +152,7 @@ def notes(recorder: Recorder, split: Split) -> list[Note]:
     reach_back: dict[str, list[tuple[int, int]]] = {}  # holder -> (sighting, how many iterations its graph spans)
     for holder, _, _, held_graph, spans in held:
         reach_back.setdefault(holder, []).append((held_graph.sighting, spans))
-    reset = {holder for holder, seen in reach_back.items() if _dropped([spans for _, spans in sorted(seen)])}
+    reset = {holder for holder, seen in reach_back.items() if _dropped([s for _, s in sorted(seen)], holder, recorder)}
     by_name: dict[str, Note] = {}
     growing_lists = (  # a list or dict that holds one more graph at every start; each, where one name holds several
         (name, grown, newest, spelled, nbytes)
@@ -254,10 +257,10 @@ def _logged(named: NamedGraph, recorder: Recorder, split: Split) -> NamedGraph:
 def _bounded(note: Note, recorder: Recorder, split: Split) -> Note:
     """``note`` as the note of the deque it is (an item of), when that deque was full of graphs of 2 or more
     iterations at once: it keeps the last that many iterations' graphs (the most seen at one read), not one more
-    every iteration. A deque never full in the run (``--iterations 2`` of a ``deque(maxlen=3)``) that held one graph
-    of each of its iterations keeps up to its maxlen of them: so its note says, with how many it held at the last
-    start. ``note`` as it is otherwise (a deque that takes several graphs a pass and never filled up grows, as a list
-    does)."""
+    every iteration. A deque not seen full (``--iterations 2`` of a ``deque(maxlen=3)``) that held one graph of each
+    of its iterations keeps up to its maxlen of them, with how many it held where the run stopped or after a step's
+    call (a loop's passes are read at their first events: none sees its end). ``note`` as it is otherwise (a deque
+    that takes several graphs a pass and never filled up grows, as a list does)."""
     queue = _root(note.name)
     reads = recorder.full.get(queue, [])
     maxlen, held, items = recorder.filling.get(queue, (0, frozenset(), 0))
@@ -266,8 +269,9 @@ def _bounded(note: Note, recorder: Recorder, split: Split) -> Note:
     last = min(last, maxlen) if maxlen else last
     if last > 1:
         return dataclasses.replace(note, name=queue, grows=True, reset=False, bound=last)
-    if not reads and len({split.iteration_of_node(sequence) for sequence in held}) == items > 1:
-        return dataclasses.replace(note, name=queue, grows=True, reset=False, bound=maxlen, so_far=items)
+    if not reads and len({split.iteration_of_node(sequence) for sequence in held}) >= items > 1:
+        so_far = items if recorder.stopped or recorder.by_runs else 0
+        return dataclasses.replace(note, name=queue, grows=True, reset=False, bound=maxlen, so_far=so_far, up_to=True)
     return note
 
 
@@ -469,9 +473,11 @@ def _one_element(shape: tuple[int, ...] | None) -> bool:
     return shape is None or math.prod(shape) == 1
 
 
-def _dropped(spans: list[int]) -> bool:
-    """Whether a later start saw fewer iterations' graphs than an earlier one (``total = 0`` every few passes)."""
-    return any(later < earlier for earlier, later in itertools.pairwise(spans))
+def _dropped(spans: list[int], holder: str, recorder: Recorder) -> bool:
+    """Whether a later start saw fewer iterations' graphs than an earlier one, or ``holder`` with this pass's alone
+    or a plain number after it held earlier passes' (``total = 0`` every few passes)."""
+    grown = recorder.growth.get(holder)
+    return any(later < earlier for earlier, later in itertools.pairwise(spans)) or (grown is not None and grown.emptied)
 
 
 def _more_entries(root: str, entries: dict[tuple[str, int], set[str]]) -> bool:

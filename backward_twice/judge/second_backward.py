@@ -178,6 +178,12 @@ def second_backward_fix(
         if freer is not None and read is not None and read != freer[1]:  # the line to change: where D's loss reads it
             return f"use `{through}.detach()` at line {read} (`{code}`): the step after {line} {untrained}"
         return f"use `{through}.detach()` in the loss {line} walks: the step after it {untrained}"
+    if re.search(r"\bgrad\s*\(", freer_code) and not re.search(r"\bcreate_graph\s*=", freer_code):
+        # a gradient the loss is built from (an input-gradient penalty) has no graph without create_graph=True
+        return (
+            f"add create_graph=True to line {freer[1] if freer else '?'}'s `autograd.grad` if the loss trains through "
+            "the gradient it returns (a gradient penalty; it keeps the graph too), else retain_graph=True"
+        )
     gan = " (a GAN's D loss)" if _GAN.search(f"{freer_code} {through}") else ""
     return (
         f"use `{through}.detach()` in the loss {line} walks if it must not train what `{through}` comes from{gan}; if "

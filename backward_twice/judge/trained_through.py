@@ -3,16 +3,19 @@
 ``-log_prob.detach() * R`` has no gradient, and its backward raises). The fix computes the carried values again in
 the iteration that walks them, from inputs the learner keeps.
 
-Used by :mod:`backward_twice.judge.carried` and :mod:`backward_twice.judge.fixes`.
+Used by :mod:`backward_twice.judge.carried`, :mod:`backward_twice.judge.fixes` and
+:mod:`backward_twice.judge.verdicts`.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 
 from backward_twice.record.learner import lines_of_file, site_of
+from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["appended_to", "computed_again_fix", "without_a_detach"]
+__all__ = ["appended_to", "built_each_pass_fix", "computed_again_fix", "read_for_another_pass", "without_a_detach"]
 
 
 def appended_to(whole: str, built_at: str) -> tuple[str, int] | None:
@@ -27,6 +30,48 @@ def appended_to(whole: str, built_at: str) -> tuple[str, int] | None:
     return next(((match.group(1), n) for n, match in found if match is not None), None)
 
 
+def read_for_another_pass(whole: str, built_at: str) -> tuple[int, str, str] | None:
+    """Where a loop after ``built_at``, over the items of the list ``whole``, reads in each pass another pass's item
+    beside its own: ``outputs[j]`` beside ``outputs[i]`` in ``for i in range(model_num): ... F.softmax(outputs[j])``
+    (mutual learning over a list of models, chxy95/Deep-Mutual-Learning#5): (its line, ``outputs[j]``,
+    ``outputs[i]``); None if no loop there does."""
+    site = site_of(built_at)
+    tree = parsed(site[0]) if site is not None else None
+    if site is None or tree is None:
+        return None
+    for loop in ast.walk(function_around(tree, site[1])):
+        if not isinstance(loop, ast.For) or loop.lineno <= site[1] or not isinstance(loop.target, ast.Name):
+            continue
+        reads = [
+            node
+            for statement in loop.body
+            for node in ast.walk(statement)
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and ast.unparse(node.value) == whole
+        ]
+        own = [read for read in reads if ast.unparse(read.slice) == loop.target.id]
+        others = [read for read in reads if ast.unparse(read.slice) != loop.target.id]
+        if own and others:
+            return others[0].lineno, ast.unparse(others[0]), ast.unparse(own[0])
+    return None
+
+
+def _another_pass_detached(line: int, read: str, own: str) -> str:
+    return (
+        f"use `{read}.detach()` at line {line}: each pass's loss trains through `{own}`, and `{read}` is another pass's"
+    )
+
+
+def built_each_pass_fix(whole: str, container: str | None, built_at: str) -> str:
+    """The fix where the items of ``whole``, built before the loop, went stale when a step changed the weights their
+    graphs saved (an episode's log-probs, then an update per item): each pass's item built inside the loop; where
+    each pass reads another pass's item beside its own (:func:`read_for_another_pass`), that item detached."""
+    other = read_for_another_pass(whole, built_at) if container == "list" else None
+    if other is not None:
+        return _another_pass_detached(*other)
+    item = f"the `{whole}` item each pass reads" if container == "list" else f"`{whole}`"  # or the loop's ``for``
+    return f"build {item} inside the loop: each backward walks a graph of its own"  # takes it
+
+
 def computed_again_fix(name: str, container: str | None, built_at: str) -> str:
     """The fix where the loss trains only through ``name``'s graph of an earlier pass: compute it again where it is
     walked, not a detached copy."""
@@ -34,6 +79,9 @@ def computed_again_fix(name: str, container: str | None, built_at: str) -> str:
     item = re.match(r"^(.*)\[[^\]]*\]$", name)
     if item and container == "list":
         whole = item.group(1)
+        other = read_for_another_pass(whole, built_at)
+        if other is not None:  # its own item trains; another pass's, read as a target, that pass's backward frees
+            return _another_pass_detached(*other)
         appended = appended_to(whole, built_at)
         what = f"`{appended[0]}` (line {appended[1]})" if appended else f"the items of `{whole}`"
         return (

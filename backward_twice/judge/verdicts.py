@@ -44,6 +44,7 @@ from backward_twice.judge.second_backward import (
     where_the_step_ends,
 )
 from backward_twice.judge.states import whole_name
+from backward_twice.judge.trained_through import built_each_pass_fix
 from backward_twice.judge.twins import twin_in_iteration_1
 from backward_twice.judge.uses import graph_cut
 from backward_twice.record.evidence import ErrorRecord
@@ -145,7 +146,8 @@ def judge(recorder: Recorder) -> Verdicts:
         kept = [n for n in kept if not (n.grows and not n.parameter and rebound_each_pass(recorder, n.name))]
     error = _error(recorder, split, carried)
     if error is not None and error.carried and _items_stale_after_a_step(recorder, carried[0]):
-        carried[0] = replace(carried[0], fix=_build_each_item_inside(carried[0]))
+        whole = whole_name(carried[0].name or "", carried[0].container)
+        carried[0] = replace(carried[0], fix=built_each_pass_fix(whole, carried[0].container, carried[0].built_at))
     last_end = split.ends[-1] if split.ends else None
     raised_in_a_pass = (  # not a ``finally:``'s, nor one the loop caught and went on past, nor a call of an
         recorder.error is not None  # iteration that ended (a framework's hook after its step, the step's own)
@@ -222,12 +224,6 @@ def _items_stale_after_a_step(recorder: Recorder, finding: CarriedFinding) -> bo
     error = recorder.error
     stale = error is not None and error.changed_by_step is not None and finding.iteration in (None, 0)
     return stale and finding.name is not None and (finding.container == "list" or "the loop takes `" in finding.fix)
-
-
-def _build_each_item_inside(finding: CarriedFinding) -> str:
-    whole = whole_name(finding.name or "", finding.container)
-    item = f"the `{whole}` item each pass reads" if finding.container == "list" else f"`{whole}`"  # or the loop's
-    return f"build {item} inside the loop: each backward walks a graph of its own"  # ``for`` takes it
 
 
 def _one_of(name: str, names: set[str]) -> bool:

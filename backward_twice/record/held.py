@@ -36,6 +36,7 @@ __all__ = [
     "event_names",
     "held_graph",
     "item_of",
+    "names_read_due",
     "note_growth",
     "note_names",
     "read_at_its_stop",
@@ -200,6 +201,13 @@ class Holding(Protocol):
     def fail(self, where: str, error: BaseException) -> None: ...
 
 
+def names_read_due(count: int) -> bool:
+    """Whether the names are read at a loop's ``count``-th pass: the first 4, then the 6th, 8th, 12th, 16th, 24th,
+    ...: a read costs a walk of the loop's objects, and what grows keeps growing; reads at powers of two alone would
+    meet a total reset every 4 or 8 passes at the same point of its cycle each time, and never see it emptied."""
+    return count <= 4 or count & (count - 1) == 0 or (count % 3 == 0 and (count // 3) & (count // 3 - 1) == 0)
+
+
 def event_names(recorder: Holding, frame: types.FrameType, opens: bool = False) -> None:
     """At an event (a backward call, an optimizer step, a mark): with a loop of the learner's, the names are read at
     its passes' starts instead (what is held there is what can carry a graph into the next iteration); without one,
@@ -248,6 +256,7 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
     at_start = bool(recorder.starts) and recorder.starts[-1] == sighting
     held_under: dict[str, dict[int, str]] | None = {} if at_start else None
     bounded: dict[str, tuple[int, set[int], set[str]]] | None = {} if at_start else None
+    atoms: set[str] | None = set() if at_start else None
     nodes: dict[int, Node] = {}
     loop = recorder.loop.innermost
     lives = CodeSite(loop.code.co_filename, loop.code.co_firstlineno, loop.code.co_name) if loop is not None else None
@@ -261,6 +270,7 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
         held_under,
         lives,
         bounded,
+        atoms,
     ):
         sequence = named.sequence
         nodes[sequence] = node
@@ -303,9 +313,13 @@ def note_names(recorder: Holding, frame: types.FrameType | None, built_before: i
             if held_in or (built_before is not None and earliest(node, reached) < built_before):
                 recorder.held_from[sequence] = held_graph(node, sighting, holder, recorder.key, reached)
                 recorder.held_per_name[holder] = followed + 1
+            elif followed:  # it held earlier passes' graphs, now this pass's alone: the loop reset it (``total = 0``)
+                recorder.growth.setdefault(holder, Growth()).emptied = True
     if held_under and built_before is not None:  # read inside the pass: what it built is not held into it
         held_under = {name: {s: n for s, n in held.items() if s < built_before} for name, held in held_under.items()}
     note_growth(recorder.growth, held_under or {}, nodes, recorder.key)
+    for name in (atoms or set()) & recorder.held_per_name.keys():  # a total that held graphs, set back to 0
+        recorder.growth.setdefault(name, Growth()).emptied = True
     for queue, (maxlen, held, items) in (bounded or {}).items():  # full or not by its items (a dict of tensors each)
         if len(items) > 1:  # its maxlen bounds what it holds; not full yet (a short run), it says how many it would
             recorder.filling[queue] = (maxlen, frozenset(held), len(items))

@@ -42,6 +42,7 @@ from backward_twice.record.step_input import known_names
 
 __all__ = [
     "ENGINE_ENTRY",
+    "TIMED_CELL",
     "LearnersCode",
     "first_line",
     "intercepting",
@@ -49,6 +50,7 @@ __all__ = [
     "learner_line_at",
     "learners_class",
     "learners_code",
+    "lend_timed_cell_source",
     "lines_of_file",
     "passed_optimizers_only",
     "place",
@@ -59,6 +61,8 @@ __all__ = [
     "source_lines",
     "without_tool_frames",
 ]
+
+TIMED_CELL = "<timed exec>"  # the file IPython's ``%%time`` compiles a cell's statements under
 
 
 _TOOL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # backward_twice/
@@ -92,7 +96,7 @@ def skipped_dirs() -> tuple[str, ...]:
 def _learners_file(filename: str, skipped: tuple[str, ...]) -> bool:
     """Whether code of ``filename`` is the learner's: a real file or a notebook cell outside ``skipped``. One
     ``realpath`` per file for the whole process, not per watch: each watch meets the same files again."""
-    real = not filename.startswith("<") or filename.startswith("<ipython")
+    real = not filename.startswith("<") or filename.startswith(("<ipython", TIMED_CELL))
     return real and not os.path.realpath(filename).startswith(skipped)
 
 
@@ -202,6 +206,29 @@ def learners_code(skipped: tuple[str, ...]) -> LearnersCode:
 
 Site = tuple[str, int]  # (file, line)
 _COMPILERS = tuple(f"{os.sep}torch{os.sep}{part}{os.sep}" for part in ("_functorch", "_dynamo", "_inductor", "fx"))
+
+
+def lend_timed_cell_source(frame: types.FrameType) -> Callable[[], None]:
+    """Give ``linecache`` the source of the ``%%time`` cell ``frame`` runs (IPython keeps none for its code: the loop
+    could not be read, nor stopped at its top) and return what takes it back, leaving linecache as it was (a later
+    ``%%time`` cell, or its traceback, must not read this cell's lines); a no-op for any other frame."""
+    try:
+        timed = frame.f_code.co_filename == TIMED_CELL and frame.f_back is not None
+        source = frame.f_back.f_locals.get("expr") if timed and frame.f_back else None  # as ``time`` compiled it
+    except Exception:  # a shell of its own kind: its cell is read as without the tool
+        source = None
+    if not isinstance(source, str):
+        return lambda: None
+    before = linecache.cache.get(TIMED_CELL)
+    linecache.cache[TIMED_CELL] = (len(source), None, source.splitlines(keepends=True), TIMED_CELL)
+
+    def take_back() -> None:
+        if before is None:
+            linecache.cache.pop(TIMED_CELL, None)
+        else:
+            linecache.cache[TIMED_CELL] = before
+
+    return take_back
 
 
 def place(filename: str, lineno: int) -> str:

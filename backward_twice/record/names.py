@@ -148,6 +148,7 @@ def names_holding_graphs(
     held_under: dict[str, dict[int, str]] | None = None,
     lives: CodeSite | None = None,
     bounded: dict[str, tuple[int, set[int], set[str]]] | None = None,
+    atoms: set[str] | None = None,
 ) -> Iterator[tuple[NamedGraph, Node]]:
     """(name, node) for each node a name holds: the learner's frames from ``frame`` out (up to, not including,
     ``outermost``: a tool's own frame, beyond which lie its caller's names), then ``roots()``. ``held_under``, if
@@ -156,7 +157,7 @@ def names_holding_graphs(
     of globals, and the lists and objects of the function ``lives`` names (the one the iteration's loop runs
     in, whose variables live from pass to pass). ``bounded``, if given with it, gathers for each deque with a maxlen
     among those (a memory bank's queue) its maxlen and the nodes its items hold: full of graphs, it holds the last
-    few, no more."""
+    few, no more. ``atoms``, if given, gathers the names that hold a plain number or None (``total = 0``: reset)."""
     sources: list[_Namespace] = []
     globals_seen: set[int] = set()
     # Past the loop's own frame (or, with no loop of the learner's, past a framework's frame: a trainer's loop), a
@@ -188,6 +189,8 @@ def names_holding_graphs(
         alike: dict[int, dict[str, int]] = {}  # node -> spelling -> the tensor's id (one tensor, several names)
         for name, value in items:
             if type(value) in ATOMS or name.startswith("__") or isinstance(value, _NOT_NAMES):
+                if atoms is not None and type(value) in ATOMS:
+                    atoms.add(name)
                 continue
             # a function's own variables are rebound each call; an outer namespace's name is shadowed by an inner's
             lasting = not source.function or ((source.outside or source.frame == lives) and _grows_in_place(value))
@@ -343,11 +346,15 @@ _SAME_NAMES = 8  # other names of one tensor kept
 _NOT_NAMES = (types.ModuleType, type, types.FunctionType)  # what a namespace names that holds no state of the loop
 
 
-def _grows_in_place(value: Any) -> bool:
+def _grows_in_place(value: Any, depth: int = 0) -> bool:
     """Whether a function's variable can hold more graphs at each pass while it keeps its value: a list, or an
     object whose attributes do (grad-cam's ``ActivationsAndGradients``); a dict of a pass's values (a step's
     outputs) is rebuilt each pass, and gains keys as the first passes run, unless it holds lists (a history kept as
-    ``defaultdict(list)``, whose lists grow)."""
+    ``defaultdict(list)``, whose lists grow), itself or in a dict it holds (``state["stats"]["fields"]``)."""
     if isinstance(value, dict):
-        return any(isinstance(item, (list, collections.deque)) for item in itertools.islice(value.values(), 64))
+        return any(
+            isinstance(item, (list, collections.deque)) or (depth < 2 and _grows_in_place(item, depth + 1))
+            for item in itertools.islice(value.values(), 64)
+            if isinstance(item, (list, collections.deque, dict))
+        )
     return isinstance(value, list) or not isinstance(value, (torch.Tensor, tuple, *ATOM_TYPES))

@@ -58,7 +58,7 @@ from backward_twice.record import forks, optimizers, pass_stops, stops, walks
 from backward_twice.record.events import EventKey, Failure, IterationEnd, OptimizerKeys, StepEvent
 from backward_twice.record.evidence import ErrorRecord, explain, outside_the_loop, raised_at, raised_in
 from backward_twice.record.folds import CallLog, Folder, StepFolder, steps_kept
-from backward_twice.record.held import Growth, HeldGraph, event_names, note_names
+from backward_twice.record.held import Growth, HeldGraph, event_names, names_read_due, note_names
 from backward_twice.record.inside import InsideCalls
 from backward_twice.record.iterations import iteration_start, split_iterations
 from backward_twice.record.learner import first_line, intercepting, learners_code, skipped_dirs
@@ -320,8 +320,8 @@ class Recorder:
             raise StopRecording(self.iterations)
         start.sighting = len(self.sightings)  # the names read next belong to this pass or a later one
         count = start.number
-        if count <= 4 or count & (count - 1) == 0:  # the first passes, then the 8th, 16th, ...: a read costs a walk
-            self.starts.append(start.sighting)  # of the loop's objects; what grows keeps growing, what is held stays
+        if names_read_due(count):  # the first passes, then the 6th, 8th, 12th, 16th, ...: a read costs a walk of
+            self.starts.append(start.sighting)  # the loop's objects; what grows keeps growing, what is held stays
             start.looked = True
             note_names(self, frame, built_before=start.sequence)
         self._gap = max(self._gap, count - passes[-2].number if len(passes) > 1 else 1)  # passes with no event

@@ -11,9 +11,10 @@ Used by :mod:`backward_twice.judge.built`, :mod:`backward_twice.judge.cached`, :
 :mod:`backward_twice.judge.frozen`, :mod:`backward_twice.judge.gan_retain`, :mod:`backward_twice.judge.grows_at`,
 :mod:`backward_twice.judge.hooks`, :mod:`backward_twice.judge.kept_by`, :mod:`backward_twice.judge.notes`,
 :mod:`backward_twice.judge.returned`, :mod:`backward_twice.judge.second_backward`, :mod:`backward_twice.judge.stored`,
-:mod:`backward_twice.judge.uses`, :mod:`backward_twice.judge.verdicts`, :mod:`backward_twice.record.evidence`,
-:mod:`backward_twice.record.hand_update`, :mod:`backward_twice.record.in_place`, :mod:`backward_twice.record.loops`,
-:mod:`backward_twice.record.past_handlers` and :mod:`backward_twice.record.recorder`.
+:mod:`backward_twice.judge.trained_through`, :mod:`backward_twice.judge.uses`, :mod:`backward_twice.judge.verdicts`,
+:mod:`backward_twice.record.evidence`, :mod:`backward_twice.record.hand_update`, :mod:`backward_twice.record.in_place`,
+:mod:`backward_twice.record.loops`, :mod:`backward_twice.record.past_handlers` and
+:mod:`backward_twice.record.recorder`.
 """
 
 from __future__ import annotations

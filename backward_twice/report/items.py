@@ -21,7 +21,7 @@ from backward_twice.common.units import format_bytes, plural
 from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fed import fed_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list, read_as_a_tensor
-from backward_twice.judge.grows_at import assigned_line, beside, growing_line, growing_lines
+from backward_twice.judge.grows_at import assigned_line, beside, growing_line, growing_lines, receiver
 from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note
 from backward_twice.record.learner import place as place_of
 
@@ -358,32 +358,33 @@ def note_item(note: Note) -> Item:
         fix = "keep a detached tensor (`.detach()`) instead"
     if grows is not None and filename is not None:
         number, text, appended, method = grows
+        owner = receiver(text, method) or note.name  # a list ``setdefault`` makes is appended to as the line does
         lines = (CodeLine(_short_place(place_of(filename, number)), text, span_of(text, note.name), where),)
         walked = _item_walked(note.name, filename) if appended else None
         literal = _with_places_detached(text, note.positions) if note.nested and not appended else None
         if walked is not None:  # ``losses[-1].backward()``: the backward needs the graph the append keeps
-            fix = (
-                f"call `{appended}.backward()` in place of `{walked}`, and `{note.name}.{method}({appended}.detach())`"
-            )
+            fix = f"call `{appended}.backward()` in place of `{walked}`, and `{owner}.{method}({appended}.detach())`"
             literal = appended = None
         if literal is not None:  # ``memory.append((s, a, logp, r))``: the places that held graphs, detached
-            fix = f"`{note.name}.{method}({literal})`"
+            fix = f"`{owner}.{method}({literal})`"
         elif appended and note.nested:  # a list of tensors each item: each detached, as a carried state's are
             kept = f"torch.utils._pytree.tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, {appended})"
-            fix = f"`{note.name}.{method}({kept})`"
+            fix = f"`{owner}.{method}({kept})`"
         elif appended and note.entry:  # an item with entries (a model's outputs): what is read of it, detached
-            fix = f"`{note.name}.{method}({appended}[{note.entry}].detach())`, with each entry you read detached"
+            fix = f"`{owner}.{method}({appended}[{note.entry}].detach())`, with each entry you read detached"
         elif appended and note.one_element and not read_as_a_tensor(note.name, filename, number):
-            fix = f"`{note.name}.{method}({appended}.item())`, or `{appended}.detach()` if you need the tensor"
+            fix = f"`{owner}.{method}({appended}.item())`, or `{appended}.detach()` if you need the tensor"
         elif appended:
-            fix = f"`{note.name}.{method}({appended}.detach())`"
+            fix = f"`{owner}.{method}({appended}.detach())`"
         also = [f for f in growing_lines(note.name, filename, note.ran)[1:] if f[2] and beside(filename, number, f[0])]
         if appended and also and not (walked or literal or note.nested or note.entry):  # two appends a pass: both
             lines += tuple(
                 CodeLine(_short_place(place_of(filename, n)), t, span_of(t, note.name), where) for n, t, *_ in also
             )
             kept = "item" if "item()" in fix else "detach"
-            fix = " and ".join(f"`{note.name}.{how}({what}.{kept}())`" for _, _, what, how in [grows, *also])
+            fix = " and ".join(
+                f"`{receiver(t, how) or note.name}.{how}({what}.{kept}())`" for _, t, what, how in [grows, *also]
+            )
     assigned = assigned_line(note.name, filename, note.ran) if grows is None and filename is not None else None
     if assigned is not None and filename is not None and not note.attributes:  # ``self.best = self.total``
         number, text = assigned
@@ -401,8 +402,9 @@ def note_item(note: Note) -> Item:
         why = f"no later backward walks them, but {held} {hold} them all{each}"
     elif note.bound:  # a deque full of graphs: each append pushes the oldest out, so it holds these, no more
         label = f"`{note.name}` keeps the last {note.bound} iterations' graphs alive"
-        if note.so_far:  # never full in this run: its maxlen
-            label = f"`{note.name}` keeps up to the last {note.bound} iterations' graphs alive ({note.so_far} so far)"
+        if note.up_to:  # not seen full in this run: its maxlen
+            so_far = f" ({note.so_far} so far)" if note.so_far else ""
+            label = f"`{note.name}` keeps up to the last {note.bound} iterations' graphs alive{so_far}"
         why = f"no later backward walks them, but `{note.name}` holds them until newer ones push them out{each}"
     elif note.entries > 1:  # one line builds each entry of a dict: one note, the dict's
         kept = "several iterations' graphs alive at once" if note.reset else "one more iteration's graph alive"

@@ -206,7 +206,8 @@ def _evidence(v: Verdicts) -> tuple[str, ...]:
         place, code = split_line(line.line)
         out.append(f"retain_graph=True at {place}: {code}: {line.verdict}; {line.why}")
     for n in v.notes:
-        last = f"up to the last {n.bound} ({n.so_far} so far)" if n.so_far else f"the last {n.bound}"
+        so_far = f" ({n.so_far} so far)" if n.so_far else ""
+        last = f"up to the last {n.bound}{so_far}" if n.up_to else f"the last {n.bound}"
         kept = f", holds {last} iterations' graphs" if n.bound else ", grows" if n.grows else ""
         out.append(f"held: {n.name} ({format_bytes(n.held_bytes)}{kept})")
     return tuple(out)
