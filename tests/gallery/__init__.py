@@ -167,4 +167,8 @@ LOOPS = [
     "hnn_spring",
     "dataset_condensation_gm",
     "meta_weight_net",
+    "bentrevett_seq2seq_bahdanau",
+    "udacity_char_rnn_hidden_data",
+    "graves_transducer_log_alpha",
+    "nbeats_fit_loss_history",
 ]
