@@ -606,6 +606,41 @@ def _printed_by_python(tmp_path: Path, source: str) -> str:
     return bare.stdout
 
 
+LOOP_NAME_REUSED = """
+import torch
+
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 3)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+pair = (net, "unused")
+losses = []
+for _ in range(6):
+    _, tag = pair
+    loss = net(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss)
+    print("pass done")
+"""
+
+
+@pytest.mark.parametrize(("iterations", "passes"), [((), 6), (("--iterations", "3"), 3)])
+def test_a_loop_whose_body_rebinds_its_name_to_one_object_is_told_by_its_lines(
+    tmp_path: Path, iterations: tuple[str, ...], passes: int
+) -> None:
+    """``for _ in range(6):`` with ``_, tag = pair`` in the body (h73a): "healthy (2 iterations watched, 6 backward
+    calls)", and ``--iterations 3`` ran all 6 passes: what ``_`` held at each event was the same object every pass,
+    so no new pass was seen. The truth: 6 passes, ``losses`` holds 6 graphs."""
+    (tmp_path / "train.py").write_text(LOOP_NAME_REUSED)
+    done = _run(tmp_path, "watch", *iterations, "train.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("pass done\n") == passes, done.stdout
+    stopped = ", then stopped as asked" if iterations else ""
+    assert f"backward-twice: 1 note ({passes} iterations watched{stopped})\n" in done.stdout, done.stdout
+    assert "1. `losses` keeps one more iteration's graph alive every iteration\n" in done.stdout, done.stdout
+
+
 RECORDED_BY_A_HELPER = """
 import torch
 
@@ -650,6 +685,78 @@ def test_a_list_a_helper_grows_is_named_at_the_helpers_appends(tmp_path: Path, i
     assert fix in done.stdout, done.stdout
     fixed = RECORDED_BY_A_HELPER.replace("store.append(a)", "store.append(a.item())")
     assert _printed_by_python(tmp_path, fixed.replace("store.append(b)", "store.append(b.item())")) == "graphs held 0\n"
+
+
+RECORDED_BY_A_METHOD = """
+import torch
+
+
+class Trainer:
+    def __init__(self):
+        torch.manual_seed(0)
+        self.net = torch.nn.Linear(4, 1)
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.1)
+        self.recent = []
+
+    def record(self, store, loss):
+        store.append(loss)
+
+    def fit(self, passes):
+        for _ in range(passes):
+            self.optimizer.zero_grad()
+            loss = self.net(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            self.optimizer.step()
+            self.record(self.recent, loss)
+
+
+t = Trainer()
+t.fit(6)
+"""
+
+RECORDED_BESIDE_LOG_PROBS = """
+import torch
+
+
+def record(store, a):
+    store.append(a)
+
+
+torch.manual_seed(0)
+policy = torch.nn.Linear(4, 3)
+optimizer = torch.optim.SGD(policy.parameters(), lr=0.1)
+history = []
+for episode in range(6):
+    log_probs, rewards = [], []
+    for t in range(4):
+        dist = torch.distributions.Categorical(logits=policy(torch.randn(4)))
+        action = dist.sample()
+        record(log_probs, dist.log_prob(action))
+        rewards.append(float(action == 1))
+    loss = -(torch.stack(log_probs) * torch.tensor(rewards)).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    record(history, loss)
+"""
+
+
+def test_a_helper_method_is_one_note_and_a_helper_that_grows_two_lists_gets_no_fix_of_its_own(tmp_path: Path) -> None:
+    """h73a: ``self.record(self.recent, loss)`` was two notes of one list (``store`` at the helper's append, and
+    ``t.recent`` at the loss line); a ``record()`` that also fills REINFORCE's ``log_probs`` got
+    ``store.append(a.item())``, which, applied, raised at ``torch.stack(log_probs)`` ("expected Tensor")."""
+    (tmp_path / "method.py").write_text(RECORDED_BY_A_METHOD)
+    done = _run(tmp_path, "watch", "method.py")
+    assert done.stdout.startswith("backward-twice: 1 note (6 iterations watched)\n"), done.stdout
+    assert "keep in mind: `store.append(loss.item())`, or `loss.detach()` if you need the tensor" in done.stdout
+    (tmp_path / "shared.py").write_text(RECORDED_BESIDE_LOG_PROBS)
+    done = _run(tmp_path, "watch", "shared.py")
+    assert done.stdout.startswith("backward-twice: 1 note (6 iterations watched)\n"), done.stdout
+    assert "store.append(" not in done.stdout, done.stdout
+    applied = RECORDED_BESIDE_LOG_PROBS.replace("    store.append(a)", "    store.append(a.item())")
+    (tmp_path / "applied.py").write_text(applied)
+    bare = subprocess.run([sys.executable, "applied.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "expected Tensor" in bare.stderr, bare.stderr
 
 
 FIELDS_IN_NESTED_STATE = """

@@ -2732,3 +2732,120 @@ def test_a_gradient_penalty_written_without_create_graph_gets_create_graph_as_pr
     weights = [[p.detach() for p in ran["net"].parameters()] for ran in (created, retained, no_penalty)]
     assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[2], strict=True))
     assert not all(torch.allclose(a, b) for a, b in zip(weights[0], weights[2], strict=True))
+
+
+TOTAL_LOGGED_EVERY_K = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train_loss = 0
+logged = []
+for step in range(1, 13):
+    loss = ((model(torch.randn(8, 4)) - torch.randn(8, 1)) ** 2).mean()
+    train_loss += loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if step % 4 == 0:
+        logged.append(train_loss.item() / 4)
+        train_loss = 0
+"""
+
+
+@pytest.mark.parametrize("read", ["train_loss.item() / 4", "float(train_loss) / 4"])
+def test_a_total_the_loop_reads_as_a_tensor_is_added_to_detached_as_printed(tmp_path: Path, read: str) -> None:
+    """ML2021 HW7's ``train_loss += output.loss``, logged with ``train_loss.item()`` (pai4451/ML2021#2): the note said
+    "keep a number (`.item()`) or a detached tensor (`.detach()`)", whose first, applied, raised "'float' object has
+    no attribute 'item'" at the log line. The truth (no helpers): the thread's ``.detach()`` trains and logs as
+    written; where the log reads a number (``float(...)``), ``.item()`` does too (a float total: equal to rounding)."""
+    source = TOTAL_LOGGED_EVERY_K.replace("train_loss.item() / 4", read)
+    ran = _run(source, tmp_path / "as_written.py")
+    [item] = _items_watched(source, tmp_path / "watched.py")
+    printed = re.match(r"`([^`]+)`", item.fix)
+    assert printed is not None, item.fix
+    expected = "train_loss += loss.detach()" if ".item()" in read else "train_loss += loss.item()"
+    assert printed.group(1) == expected, item.fix
+    fixed = _run(source.replace("    train_loss += loss\n", f"    {printed.group(1)}\n"), tmp_path / "fixed.py")
+    assert fixed["logged"] == pytest.approx(ran["logged"]) and torch.equal(fixed["model"].weight, ran["model"].weight)
+
+
+MUTUAL_OVER_A_DICT = """
+import torch
+import torch.nn.functional as F
+torch.manual_seed(0)
+models = {k: torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)) for k in "ab"}
+opts = {k: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for k, m in models.items()}
+kl = torch.nn.KLDivLoss(reduction="batchmean")
+for images, labels in [(torch.randn(6, 8), torch.randint(0, 4, (6,))) for _ in range(3)]:
+    outputs = {k: m(images) for k, m in models.items()}
+    for k in outputs:
+        kl_loss = 0
+        for other in outputs:
+            if other != k:
+                kl_loss += kl(F.log_softmax(outputs[k], dim=1), F.softmax(outputs[other], dim=1))
+        loss = F.cross_entropy(outputs[k], labels) + kl_loss
+        opts[k].zero_grad()
+        loss.backward()
+        opts[k].step()
+"""
+
+
+def test_mutual_learning_over_a_dict_of_models_detaches_the_other_models_output_as_printed(tmp_path: Path) -> None:
+    """The same over a dict of models (h73a): "compute `outputs['a']` inside the loop", which, applied, still raised
+    a second backward. The truth: the target's ``outputs[other].detach()`` trains; the printed fix is that."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _run(MUTUAL_OVER_A_DICT, tmp_path / "as_written.py")
+    hand = MUTUAL_OVER_A_DICT.replace("softmax(outputs[other]", "softmax(outputs[other].detach()")
+    thread = _run(hand, tmp_path / "hand.py")
+    [item] = _items_watched(MUTUAL_OVER_A_DICT, tmp_path / "watched.py")
+    printed = re.match(r"use `outputs\[other\]\.detach\(\)` at line (\d+): ", item.fix)
+    assert printed is not None, item.fix
+    lines = MUTUAL_OVER_A_DICT.split("\n")
+    at = int(printed.group(1)) - 3  # the watched copy stands 3 lines lower; ``lines[0]`` is the empty first
+    assert "softmax(outputs[other]" in lines[at], lines[at]
+    lines[at] = lines[at].replace("outputs[other]", "outputs[other].detach()")
+    fixed = _run("\n".join(lines), tmp_path / "fixed.py")
+    for k in "ab":
+        assert all(torch.equal(a, b) for a, b in zip(fixed["models"][k].parameters(), thread["models"][k].parameters()))
+
+
+MUTUAL_OVER_ZIP = """
+import torch
+import torch.nn.functional as F
+torch.manual_seed(0)
+models = [torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)) for _ in range(2)]
+optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+start = [p.detach().clone() for m in models for p in m.parameters()]
+kl = torch.nn.KLDivLoss(reduction="batchmean")
+for images, labels in [(torch.randn(6, 8), torch.randint(0, 4, (6,))) for _ in range(3)]:
+    outputs = [model(images) for model in models]
+    for i, (opt, out) in enumerate(zip(optimizers, outputs)):
+        kl_loss = 0
+        for j, other in enumerate(outputs):
+            if j != i:
+                kl_loss = kl_loss + kl(F.log_softmax(out, dim=1), F.softmax(other, dim=1))
+        loss = F.cross_entropy(out, labels) + kl_loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_mutual_learning_over_zip_detaches_the_other_models_output_as_printed(tmp_path: Path) -> None:
+    """The same over ``zip(optimizers, outputs)`` (h73a): "add `out = out.detach()` as the loop's body begins",
+    which, applied, trained nothing (both models kept their first weights). The truth: ``other.detach()`` in the
+    target trains every model; the printed fix is that."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _run(MUTUAL_OVER_ZIP, tmp_path / "as_written.py")
+    [item] = _items_watched(MUTUAL_OVER_ZIP, tmp_path / "watched.py")
+    printed = re.match(r"use `other\.detach\(\)` at line (\d+): ", item.fix)
+    assert printed is not None and "trains through `out`" in item.fix, item.fix
+    lines = MUTUAL_OVER_ZIP.split("\n")
+    at = int(printed.group(1)) - 3  # the watched copy stands 3 lines lower; ``lines[0]`` is the empty first
+    lines[at] = lines[at].replace("softmax(other,", "softmax(other.detach(),")
+    fixed = _run("\n".join(lines), tmp_path / "fixed.py")
+    hand = _run(MUTUAL_OVER_ZIP.replace("softmax(other,", "softmax(other.detach(),"), tmp_path / "hand.py")
+    now = [p for m in fixed["models"] for p in m.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(now, [p for m in hand["models"] for p in m.parameters()]))
+    assert all(not torch.equal(a, b) for a, b in zip(now, fixed["start"]))  # every model trained

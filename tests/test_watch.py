@@ -1010,3 +1010,24 @@ def test_a_zip_of_a_generator_and_a_list_iterator_keeps_both_items_pass_n_plus_1
     watched, bare = run(watched=True), run(watched=False)
     assert torch.equal(watched[0], bare[0]) and watched[1] == bare[1] == 103, (watched, bare)
     assert torch.equal(watched[2], bare[2])
+
+
+def test_a_watch_around_a_watched_loop_that_raises_leaves_the_judging_to_the_inner_one() -> None:
+    """Two watches nested (h72c): the inner one named the carried ``h``; the outer one, which saw no backward call of
+    its own, judged the error it saw go by: "1 iteration watched ... add retain_graph=True to the earlier backward
+    only", the forum's band-aid. The truth: pass 2 raises through ``h`` (detached, the loop runs)."""
+    torch.manual_seed(0)
+    cell, head = torch.nn.RNNCell(4, 8), torch.nn.Linear(8, 1)
+    h = torch.zeros(3, 8)
+    with (
+        pytest.raises(RuntimeError, match="backward through the graph a second time"),
+        watch() as outer,
+        watch() as inner,
+    ):
+        for _ in range(3):
+            h = cell(torch.randn(3, 4), h)
+            head(h).pow(2).mean().backward()
+    assert str(inner).startswith("backward-twice: 1 thing to fix (2 iterations watched; the loop raised in iter")
+    assert [c.name for c in inner.verdicts.carried] == ["h"], str(inner)
+    assert str(outer).startswith("backward-twice: no backward call seen outside your code's own bt.watch"), str(outer)
+    assert "retain_graph=True" not in str(outer), str(outer)

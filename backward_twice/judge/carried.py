@@ -33,7 +33,7 @@ from backward_twice.judge.loop_body import live_link, loop_body, where_read
 from backward_twice.judge.returned import computed_in_the_step
 from backward_twice.judge.states import one_state, whole_name, whole_state, whole_state_fix
 from backward_twice.judge.stored import as_stored, as_the_line_names_it, before_inner_loop
-from backward_twice.judge.trained_through import without_a_detach
+from backward_twice.judge.trained_through import another_pass_fix, without_a_detach
 from backward_twice.judge.twins import iteration_1_start, places, twin_in_iteration_1
 from backward_twice.judge.uses import bound_in, first_read, list_use, read_first
 from backward_twice.record.iterations import Split
@@ -243,6 +243,7 @@ def carried_findings(recorder: Recorder, split: Split) -> list[CarriedFinding]:
         for at_entry in (not in_closure and _fix_at_entry(recorder, entry, e, name),)
         for fix in (
             in_closure
+            or another_pass_fix(name, e.built_at)
             or cached_on_an_object_fix(name, e.built_at)
             or read_after_its_build(name, entry, e.built_at, _body(recorder))
             or computed_in_the_step(name, e.built_at)
@@ -345,9 +346,8 @@ def rebound_each_pass(recorder: Recorder, name: str) -> bool:
 def _kept_in_a_list(recorder: Recorder, spellings: list[str], frame: CodeSite | None) -> str | None:
     """The item, as ``saved_actions[0]``, of a list that a spelling reaches a tensor of an item through
     (``saved_actions[0][1]``: an actor-critic's ``SavedAction(log_prob, value)`` tuples, appended every step), when
-    the loop's code reads that list only whole (``zip(saved_actions, returns)``): the list is what keeps them, and
-    clearing it the fix; None for any other spellings (a list of LSTM states rebuilt each pass is detached item by
-    item)."""
+    the loop's code reads that list only whole (``zip(saved_actions, returns)``): the list keeps them, and clearing
+    it is the fix; None for any other spellings (a list of LSTM states rebuilt each pass is detached item by item)."""
     for spelled in spellings:
         item = re.fullmatch(r"([\w.]+\[\d+\])(?:\[\d+\])+", spelled)
         if item is None:

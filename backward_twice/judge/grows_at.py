@@ -1,6 +1,8 @@
 """Where a note's name grows, as the learner's code spells it: the line that appends to it or adds to it
 (:func:`growing_line`), the line that gives it another name's graphs (:func:`assigned_line`), and the local name a
-function gives it before it grows it (:func:`local_alias`: ``losses`` of ``losses = state["losses"]``).
+function gives it before it grows it (:func:`local_alias`: ``losses`` of ``losses = state["losses"]``, or the
+parameter of a helper it is passed to); what such a line appends to, as written (:func:`receiver`), and what a
+``total += term`` adds (:func:`added_to`).
 
 Used by :mod:`backward_twice.judge.notes` and :mod:`backward_twice.report.items`.
 """
@@ -10,11 +12,21 @@ from __future__ import annotations
 import ast
 import linecache
 import re
+from collections import Counter
 
 from backward_twice.record.loops import innermost_loop_body
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["Grows", "assigned_line", "beside", "either_quote", "growing_line", "growing_lines", "local_alias"]
+__all__ = [
+    "Grows",
+    "added_to",
+    "assigned_line",
+    "beside",
+    "either_quote",
+    "growing_line",
+    "growing_lines",
+    "local_alias",
+]
 
 
 def either_quote(name: str) -> str:
@@ -132,6 +144,20 @@ def _computed(code: str) -> str | None:
     return ast.unparse(argument) if method else None
 
 
+def added_to(code: str) -> tuple[str, str] | None:
+    """(the total, the term) of the statement ``code`` when it is ``total += term`` with a term of names, attributes,
+    items or method calls (``output.loss``, ``loss.sum()``); a term with operators in brackets; None otherwise."""
+    try:
+        statement = ast.parse(code).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    if not isinstance(statement, ast.AugAssign) or not isinstance(statement.op, ast.Add):
+        return None
+    term = statement.value
+    plain = isinstance(term, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
+    return ast.unparse(statement.target), ast.unparse(term) if plain else f"({ast.unparse(term)})"
+
+
 def receiver(code: str, method: str) -> str | None:
     """What the statement ``code`` calls ``method`` on, as written: ``log.setdefault("loss", [])`` of
     ``log.setdefault("loss", []).append(loss)``, where the list's name ``log['loss']`` would raise a KeyError before
@@ -189,23 +215,33 @@ def _past(read: str, name: str) -> str | None:
 
 
 def _parameter_it_is_passed_as(name: str, filename: str, tree: ast.Module, caller: ast.AST) -> str | None:
-    """The parameter of a function of ``filename`` that grows what ``caller`` passes it as ``name``: ``store`` of
-    ``def record(store, a, b): store.append(a)`` called ``record(recent, loss_a, loss_b)``; None if none does."""
+    """The parameter of a function of ``filename`` that grows what ``caller`` passes it as ``name`` (``self.recent``
+    for ``trainer.recent`` too): ``store`` of ``def record(store, a, b): store.append(a)`` called
+    ``record(recent, loss_a, loss_b)``; None if none does, or the function is called from elsewhere as well (a fix
+    of its appends would change every list it grows: REINFORCE's log-probs beside the losses)."""
     functions = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    called = Counter(
+        node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    )
+    wanted = name.replace('"', "'")
     methods = {
         f.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body if isinstance(f, ast.FunctionDef)
     }
     for call in (node for node in ast.walk(caller) if isinstance(node, ast.Call)):
         callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
         function = functions.get(callee) if isinstance(callee, str) else None
-        if function is None:
+        if function is None or called[callee] > 1:
             continue
         shift = 1 if isinstance(call.func, ast.Attribute) and function.name in methods else 0  # ``self``
         params = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]][shift:]
         passed = [(params[i] if i < len(params) else None, value) for i, value in enumerate(call.args)]
         passed += [(keyword.arg, keyword.value) for keyword in call.keywords]
         for param, value in passed:
-            if param is None or ast.unparse(value).replace('"', "'") != name.replace('"', "'"):
+            spelled = ast.unparse(value).replace('"', "'")
+            mine = spelled.startswith("self.") and spelled[4:] == re.sub(r"^\w+", "", wanted)  # a method's own
+            if param is None or (spelled != wanted and not mine):
                 continue
             grows = growing_line(param, filename)
             if grows is not None and function.lineno <= grows[0] <= (function.end_lineno or function.lineno):

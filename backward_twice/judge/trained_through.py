@@ -15,7 +15,14 @@ import re
 from backward_twice.record.learner import lines_of_file, site_of
 from backward_twice.record.sources import function_around, parsed
 
-__all__ = ["appended_to", "built_each_pass_fix", "computed_again_fix", "read_for_another_pass", "without_a_detach"]
+__all__ = [
+    "another_pass_fix",
+    "appended_to",
+    "built_each_pass_fix",
+    "computed_again_fix",
+    "read_for_another_pass",
+    "without_a_detach",
+]
 
 
 def appended_to(whole: str, built_at: str) -> tuple[str, int] | None:
@@ -59,6 +66,46 @@ def _another_pass_detached(line: int, read: str, own: str) -> str:
     return (
         f"use `{read}.detach()` at line {line}: each pass's loss trains through `{own}`, and `{read}` is another pass's"
     )
+
+
+def another_pass_fix(name: str | None, built_at: str) -> str | None:
+    """The fix where ``name`` is an item of a list or dict built before the loop whose passes each read another
+    pass's item beside their own (:func:`read_for_another_pass`: ``outputs[j]``, ``outputs[other]``); else None."""
+    item = re.match(r"^(.*)\[[^\]]*\]$", name or "")
+    other = read_for_another_pass(item.group(1), built_at) if item else _taken_beside_others(name, built_at)
+    return _another_pass_detached(*other) if other else None
+
+
+def _taken_beside_others(name: str | None, built_at: str) -> tuple[int, str, str] | None:
+    """Where a loop after ``built_at`` takes ``name`` from what it iterates (``for i, (opt, out) in
+    enumerate(zip(optimizers, outputs))``) and a loop inside it iterates that again, reading each other item
+    (``for j, other in enumerate(outputs): ... F.softmax(other)``): (that read's line, ``other``, ``name``)."""
+    site = site_of(built_at)
+    tree = parsed(site[0]) if site is not None and name and name.isidentifier() else None
+    if site is None or tree is None:
+        return None
+    for loop in ast.walk(function_around(tree, site[1])):
+        if not isinstance(loop, ast.For) or loop.lineno <= site[1]:
+            continue
+        if name not in {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}:
+            continue
+        iterated = {n.id for n in ast.walk(loop.iter) if isinstance(n, ast.Name)}
+        for inner in ast.walk(loop):
+            if inner is loop or not isinstance(inner, ast.For):
+                continue
+            if not iterated & {n.id for n in ast.walk(inner.iter) if isinstance(n, ast.Name)}:
+                continue
+            bound = {n.id for n in ast.walk(inner.target) if isinstance(n, ast.Name)}
+            reads = [
+                argument
+                for call in ast.walk(inner)
+                if isinstance(call, ast.Call)
+                for argument in call.args
+                if isinstance(argument, ast.Name) and argument.id in bound
+            ]
+            if reads:
+                return reads[0].lineno, reads[0].id, name
+    return None
 
 
 def built_each_pass_fix(whole: str, container: str | None, built_at: str) -> str:

@@ -71,7 +71,8 @@ class Loop:
     kind: str
     starts_with_try: bool = False
     targets: tuple[str, ...] = ()  # the names a ``for`` binds at each pass (``batch``; ``x, y``)
-    shadowed: bool = False  # a loop inside it binds one of those names too (``for _`` in ``for _``)
+    shadowed: bool = False  # a loop inside it binds one of those names too (``for _`` in ``for _``), or its body
+    # rebinds each of them from values that do not read it (``_, tag = pair``): they tell no pass
     counter: int = -1  # which of ``targets`` counts the passes by one (``for i in range(n)``, ``enumerate``)
     rebound: frozenset[str] = frozenset()  # of ``targets``, those its body assigns (``images = images.reshape(...)``),
     # but not where each assignment comes before the body's first backward or step
@@ -199,6 +200,7 @@ def _read_scope(code: types.CodeType) -> _Scope:
                     kind,
                     first_try,
                     targets,
+                    shadowed=bool(targets) and _untied(child.body, set(targets)).issuperset(targets),
                     counter=targets.index(counter) if counter in targets else -1,
                     rebound=_rebound(child.body, set(targets)),
                     assigned=_assigned(child.body, set(targets)),
@@ -221,7 +223,8 @@ def _read_scope(code: types.CodeType) -> _Scope:
     loops = [
         replace(
             loop,
-            shadowed=any(
+            shadowed=loop.shadowed
+            or any(
                 other is not loop and loop.holds(other.header) and set(other.targets) & set(loop.targets)
                 for other in loops
             ),
@@ -235,15 +238,29 @@ def _read_scope(code: types.CodeType) -> _Scope:
 
 def _assigned(body: list[ast.stmt], names: set[str]) -> frozenset[str]:
     """Those of ``names`` that a statement of ``body`` (nested blocks too, not nested functions) assigns."""
+    stored = (n for n in _body_nodes(body) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+    return frozenset(n.id for n in stored if n.id in names)
+
+
+def _body_nodes(body: list[ast.stmt]) -> list[ast.AST]:
+    """The statements of ``body`` and their nodes, outside the functions, classes and lambdas nested in it."""
+    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+    return [
+        node for statement in body if not isinstance(statement, nested) for node in (statement, *own_nodes(statement))
+    ]
+
+
+def _untied(body: list[ast.stmt], names: set[str]) -> frozenset[str]:
+    """Those of ``names`` that a statement of ``body`` assigns from a value that does not read the name itself
+    (``_, tag = pair``: the same object each pass, whatever the ``for`` bound), where ``x = x.to(device)`` and DINO's
+    ``it = len(data_loader) * epoch + it`` stay tied to it: what such a name holds at an event tells no pass."""
     found: set[str] = set()
-    stack: list[ast.AST] = list(body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in names:
-            found.add(node.id)
-        stack.extend(ast.iter_child_nodes(node))
+    for node in _body_nodes(body):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            read = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+            bound = node.targets if isinstance(node, ast.Assign) else [node.target]
+            stored = {n.id for target in bound for n in ast.walk(target) if isinstance(n, ast.Name)}
+            found |= (stored & names) - read
     return frozenset(found)
 
 

@@ -21,7 +21,7 @@ from backward_twice.common.units import format_bytes, plural
 from backward_twice.judge.built import reads_on_line
 from backward_twice.judge.fed import fed_line
 from backward_twice.judge.fixes import computed_inside, items_of_one_list, read_as_a_tensor
-from backward_twice.judge.grows_at import assigned_line, beside, growing_line, growing_lines, receiver
+from backward_twice.judge.grows_at import added_to, assigned_line, beside, growing_line, growing_lines, receiver
 from backward_twice.judge.verdicts import CREATE_GRAPH_KEEPS, CarriedFinding, ErrorVerdict, LineVerdict, Note
 from backward_twice.record.learner import place as place_of
 
@@ -376,6 +376,11 @@ def note_item(note: Note) -> Item:
             fix = f"`{owner}.{method}({appended}.item())`, or `{appended}.detach()` if you need the tensor"
         elif appended:
             fix = f"`{owner}.{method}({appended}.detach())`"
+        elif (added := added_to(text)) is not None:  # ``train_loss += loss``: what it adds, as a number if it may
+            total, term = added
+            fix = f"`{total} += {term}.detach()`"
+            if note.one_element and not read_as_a_tensor(note.name, filename, number):
+                fix = f"`{total} += {term}.item()`, or {fix} if you need the tensor"
         also = [f for f in growing_lines(note.name, filename, note.ran)[1:] if f[2] and beside(filename, number, f[0])]
         if appended and also and not (walked or literal or note.nested or note.entry):  # two appends a pass: both
             lines += tuple(

@@ -80,7 +80,7 @@ def build_report(
         first = index == 0
         error = v.error if explained and first else None
         items.append(carried_item(findings, error, band_aids[0] if band_aids and first else None, v.stopped_after))
-    if v.error is not None and not explained:
+    if v.error is not None and not explained and not (v.calls == 0 and v.nested):  # the inner watch's to judge
         band_aid = next((line for line in v.lines if line.verdict == GOES_WITH_THE_ERRORS_FIX), None)
         # a backward's own error first, the item the traceback above is about; the loop's own error after the
         # graphs found before it
